@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# ds.sh: the project's entry point (README's two commands).
+#
+#   ./ds.sh run     install what is missing, build, train (the main job)
+#   ./ds.sh test    install what is missing, build, run the whole test suite
+#                   (release build + sanitizer build); .ci/run runs exactly this
+#   ./ds.sh deps | build | bench
+#
+# Runs as root on Debian 12 (apt-get); as another user it uses sudo when a
+# package is missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
+      libfabric-dev libfabric-bin libsodium-dev libinih-dev libcriterion-dev
+      libopenblas-dev zlib1g-dev dataset-fashion-mnist
+      python3-torch python3-numpy iproute2 nftables libclang-rt-14-dev)
+
+# nvcc lives outside PATH on Debian's CUDA install.
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="$PATH:/usr/local/cuda/bin"
+fi
+
+deps() {
+  local missing=()
+  for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "ds.sh: installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+build() {
+  local dir=${1:-build}; shift || true
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$@"
+  fi
+  ninja -C "$dir"
+}
+
+cmd_run() {
+  deps
+  build build
+  exec build/node/dsnode run --config conf/examples/single.ini "$@"
+}
+
+cmd_test() {
+  deps
+  build build
+  meson test -C build --print-errorlogs --num-processes 2
+  # Sanitizer build: AddressSanitizer + UBSan over the unit suites.
+  build build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
+}
+
+cmd_bench() {
+  deps
+  build build
+  build/tools/dsbench/dsbench "$@"
+}
+
+case "${1:-}" in
+  run) shift; cmd_run "$@" ;;
+  test) shift; cmd_test "$@" ;;
+  deps) deps ;;
+  build) shift; deps; build build "$@" ;;
+  bench) shift; cmd_bench "$@" ;;
+  *) echo "usage: $0 run|test|deps|build|bench" >&2; exit 2 ;;
+esac

@@ -1,0 +1,37 @@
+/* kernels/cpu/avx2.c: AVX2 + FMA variants (8 lanes); see simd_tmpl.c.
+ * Built with -mavx2 -mfma; only called when ds_cpu_flags() has DS_CPU_AVX2. */
+#include "config.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+#define SFX avx2
+#define W 8
+typedef __m256 vf;
+typedef __m256d vd;
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vadd _mm256_add_ps
+#define vmul _mm256_mul_ps
+#define vmax _mm256_max_ps
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)    /* a*b + c */
+#define vfnma(a, b, c) _mm256_fnmadd_ps(a, b, c)  /* c - a*b */
+#define vsel_gt0(y, v) _mm256_and_ps(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ), v)
+#define vd_zero _mm256_setzero_pd
+#define vd_add _mm256_add_pd
+#define vd_fma(a, b, c) _mm256_fmadd_pd(a, b, c)
+#define vd_store _mm256_storeu_pd
+#define vd_lo(v) _mm256_cvtps_pd(_mm256_castps256_ps128(v))
+#define vd_hi(v) _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))
+
+static inline double vd_hsum(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+#include "kernels/cpu/simd_tmpl.c"

@@ -1,0 +1,33 @@
+/* kernels/cpu/avx512.c: AVX-512 variants (16 lanes); see simd_tmpl.c.
+ * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma; only called
+ * when ds_cpu_flags() has DS_CPU_AVX512. */
+#include "config.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+#define SFX avx512
+#define W 16
+typedef __m512 vf;
+typedef __m512d vd;
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vadd _mm512_add_ps
+#define vmul _mm512_mul_ps
+#define vmax _mm512_max_ps
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vfnma(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define vsel_gt0(y, v) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), v)
+#define vd_zero _mm512_setzero_pd
+#define vd_add _mm512_add_pd
+#define vd_fma(a, b, c) _mm512_fmadd_pd(a, b, c)
+#define vd_store _mm512_storeu_pd
+#define vd_lo(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
+#define vd_hi(v) _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1))
+#define vd_hsum(v) _mm512_reduce_add_pd(v)
+
+#include "kernels/cpu/simd_tmpl.c"

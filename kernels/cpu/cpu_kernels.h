@@ -1,0 +1,47 @@
+/*
+ * kernels/cpu/cpu_kernels.h: every CPU variant of every kernel family.
+ *
+ * _c is the plain C reference (compiled without SIMD flags), _blas calls
+ * OpenBLAS through CBLAS, _avx2 and _avx512 are intrinsics compiled with
+ * their own flags. Tests (tests/test_kernels.c) compare each against _c on
+ * seeded random inputs of odd sizes; `dsbench kernels` times them.
+ */
+#ifndef DS_KERNELS_CPU_KERNELS_H
+#define DS_KERNELS_CPU_KERNELS_H
+
+#include "kernels/kernels.h"
+
+DS_DECL_GEMM(ds_gemm_c);
+DS_DECL_GEMM(ds_gemm_blas);
+DS_DECL_BIAS_ADD(ds_bias_add_c);
+DS_DECL_BIAS_GRAD(ds_bias_grad_c);
+DS_DECL_RELU_FWD(ds_relu_fwd_c);
+DS_DECL_RELU_BWD(ds_relu_bwd_c);
+DS_DECL_SOFTMAX_XENT(ds_softmax_xent_c);
+DS_DECL_SGD(ds_sgd_c);
+DS_DECL_AXPY(ds_axpy_c);
+DS_DECL_SCALE(ds_scale_c);
+DS_DECL_DOT(ds_dot_c);
+DS_DECL_NRM2(ds_nrm2_c);
+DS_DECL_SUM(ds_sum_c);
+
+#define DS_DECL_SIMD_VARIANTS(sfx) \
+    DS_DECL_BIAS_ADD(ds_bias_add_##sfx); \
+    DS_DECL_BIAS_GRAD(ds_bias_grad_##sfx); \
+    DS_DECL_RELU_FWD(ds_relu_fwd_##sfx); \
+    DS_DECL_RELU_BWD(ds_relu_bwd_##sfx); \
+    DS_DECL_SGD(ds_sgd_##sfx); \
+    DS_DECL_AXPY(ds_axpy_##sfx); \
+    DS_DECL_SCALE(ds_scale_##sfx); \
+    DS_DECL_DOT(ds_dot_##sfx); \
+    DS_DECL_NRM2(ds_nrm2_##sfx); \
+    DS_DECL_SUM(ds_sum_##sfx)
+
+DS_DECL_SIMD_VARIANTS(avx2);
+DS_DECL_SIMD_VARIANTS(avx512);
+
+/* Fill the compute ops of *ops with the variants allowed by `flags`
+ * (DS_CPU_*). Memory ops are the host ones. */
+void ds_ops_fill_cpu(ds_ops *ops, unsigned flags);
+
+#endif

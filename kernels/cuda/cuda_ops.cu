@@ -1,0 +1,383 @@
+/*
+ * kernels/cuda/cuda_ops.cu: the CUDA backend's op table.
+ *
+ * One process owns one device (DESIGN 1), so the stream and cuBLAS handle
+ * are per process. Every compute op is queued on that stream; reductions and
+ * softmax cross-entropy copy their scalar results back, which synchronizes.
+ * "No driver" and "no device" are normal answers: ds_ops_init_cuda returns
+ * -ENODEV with the reason and the caller uses the CPU.
+ *
+ * Each kernel mirrors a C reference in kernels/cpu/ref.c; tests/test_cuda.c
+ * compares them on seeded random inputs and skips when no device answers.
+ * Run it with: meson test -C build cuda --verbose
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "kernels/kernels.h"
+}
+
+#define THREADS 256
+
+static cudaStream_t g_stream;
+static cublasHandle_t g_blas;
+static double *g_scratch;      /* device: reduction results */
+static int g_ready;
+
+static unsigned grid_for(size_t n)
+{
+    size_t g = (n + THREADS - 1) / THREADS;
+    if (g > 65535 * 8)
+        g = 65535 * 8;
+    return g ? (unsigned)g : 1;
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static void *cu_alloc(size_t bytes)
+{
+    void *p = NULL;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (!rounded)
+        rounded = 64;
+    if (cudaMalloc(&p, rounded) != cudaSuccess)
+        return NULL;
+    if (cudaMemset(p, 0, rounded) != cudaSuccess) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+
+static int cu_err(cudaError_t e) { return e == cudaSuccess ? 0 : -EIO; }
+
+static int cu_upload(void *dst, const void *src, size_t bytes)
+{
+    int ret = cu_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
+    return ret ? ret : cu_err(cudaStreamSynchronize(g_stream));
+}
+
+static int cu_download(void *dst, const void *src, size_t bytes)
+{
+    int ret = cu_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
+    return ret ? ret : cu_err(cudaStreamSynchronize(g_stream));
+}
+
+static int cu_copy(void *dst, const void *src, size_t bytes)
+{
+    return cu_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
+}
+
+static int cu_memzero(void *dst, size_t bytes)
+{
+    return cu_err(cudaMemsetAsync(dst, 0, bytes, g_stream));
+}
+
+static int cu_sync(void) { return cu_err(cudaStreamSynchronize(g_stream)); }
+
+/* ---- GEMM: row-major on top of column-major cuBLAS ------------------------- */
+
+/* A row-major matrix seen column-major is its transpose, so C = op(A) op(B)
+ * (row-major) is C^T = op(B)^T op(A)^T (column-major): swap the operands. */
+static void cu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
+                    const float *a, int lda, const float *b, int ldb, float beta,
+                    float *c, int ldc)
+{
+    cublasSgemm(g_blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
+                &beta, c, ldc);
+}
+
+/* ---- elementwise ------------------------------------------------------------ */
+
+__global__ void k_bias_add(float *y, const float *bias, int rows, int cols)
+{
+    size_t total = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % cols];
+}
+
+static void cu_bias_add(float *y, const float *bias, int rows, int cols)
+{
+    k_bias_add<<<grid_for((size_t)rows * cols), THREADS, 0, g_stream>>>(y, bias, rows, cols);
+}
+
+__global__ void k_bias_grad(float *db, const float *dy, int rows, int cols)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        double s = 0;
+        for (int r = 0; r < rows; r++)
+            s += dy[(size_t)r * cols + c];
+        db[c] = (float)s;
+    }
+}
+
+static void cu_bias_grad(float *db, const float *dy, int rows, int cols)
+{
+    k_bias_grad<<<grid_for((size_t)cols), THREADS, 0, g_stream>>>(db, dy, rows, cols);
+}
+
+__global__ void k_relu_fwd(float *y, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void cu_relu_fwd(float *y, const float *x, size_t n)
+{
+    k_relu_fwd<<<grid_for(n), THREADS, 0, g_stream>>>(y, x, n);
+}
+
+__global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+static void cu_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
+{
+    k_relu_bwd<<<grid_for(n), THREADS, 0, g_stream>>>(dx, dy, y, n);
+}
+
+__global__ void k_sgd(float *theta, float *mom, const float *grad, size_t n, float lr,
+                      float mu, float wd, int nesterov)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = grad[i] + wd * theta[i];
+        if (mu != 0.0f) {
+            const float m = mu * mom[i] + g;
+            mom[i] = m;
+            g = nesterov ? g + mu * m : m;
+        }
+        theta[i] -= lr * g;
+    }
+}
+
+static void cu_sgd(float *theta, float *mom, const float *grad, size_t n, const ds_sgd_params *p)
+{
+    k_sgd<<<grid_for(n), THREADS, 0, g_stream>>>(theta, mom, grad, n, p->lr, p->momentum,
+                                                 p->weight_decay, p->nesterov);
+}
+
+__global__ void k_axpy(size_t n, float a, const float *x, float *y)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] += a * x[i];
+}
+
+static void cu_axpy(size_t n, float a, const float *x, float *y)
+{
+    k_axpy<<<grid_for(n), THREADS, 0, g_stream>>>(n, a, x, y);
+}
+
+__global__ void k_scale(size_t n, float a, float *x)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= a;
+}
+
+static void cu_scale(size_t n, float a, float *x)
+{
+    k_scale<<<grid_for(n), THREADS, 0, g_stream>>>(n, a, x);
+}
+
+/* ---- reductions: grid-stride partial sums in double, block tree, one
+ * atomicAdd per block into g_scratch[slot] ---------------------------------- */
+
+enum { RED_SUM, RED_DOT, RED_SQ };
+
+__global__ void k_reduce(int kind, size_t n, const float *x, const float *y, double *out)
+{
+    __shared__ double part[THREADS];
+    double s = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const double v = x[i];
+        s += kind == RED_SUM ? v : kind == RED_DOT ? v * (double)y[i] : v * v;
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        atomicAdd(out, part[0]);
+}
+
+static double cu_reduce(int kind, size_t n, const float *x, const float *y)
+{
+    double h = 0;
+    unsigned g = grid_for(n);
+    if (g > 1024)
+        g = 1024;
+    cudaMemsetAsync(g_scratch, 0, sizeof(double), g_stream);
+    k_reduce<<<g, THREADS, 0, g_stream>>>(kind, n, x, y, g_scratch);
+    cu_download(&h, g_scratch, sizeof(h));
+    return h;
+}
+
+static double cu_dot(size_t n, const float *x, const float *y) { return cu_reduce(RED_DOT, n, x, y); }
+static double cu_nrm2(size_t n, const float *x) { return sqrt(cu_reduce(RED_SQ, n, x, x)); }
+static double cu_sum(size_t n, const float *x) { return cu_reduce(RED_SUM, n, x, x); }
+
+/* ---- softmax cross-entropy: one thread per row ------------------------------ */
+
+__global__ void k_softmax_xent(float *dlogits, const float *logits, const int32_t *labels,
+                               int rows, int cols, double *out)
+{
+    __shared__ double part_loss[THREADS];
+    __shared__ double part_good[THREADS];
+    double loss = 0, good = 0;
+    const float inv_rows = 1.0f / (float)rows;
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+        const float *x = logits + (size_t)r * cols;
+        int best = 0;
+        for (int c = 1; c < cols; c++)
+            if (x[c] > x[best])
+                best = c;
+        const float mx = x[best];
+        double se = 0;
+        for (int c = 0; c < cols; c++)
+            se += exp((double)(x[c] - mx));
+        const int y = labels[r];
+        loss += log(se) - (double)(x[y] - mx);
+        good += best == y;
+        if (dlogits) {
+            float *d = dlogits + (size_t)r * cols;
+            for (int c = 0; c < cols; c++) {
+                const float p = (float)(exp((double)(x[c] - mx)) / se);
+                d[c] = (p - (c == y ? 1.0f : 0.0f)) * inv_rows;
+            }
+        }
+    }
+    part_loss[threadIdx.x] = loss;
+    part_good[threadIdx.x] = good;
+    __syncthreads();
+    for (int w = THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) {
+            part_loss[threadIdx.x] += part_loss[threadIdx.x + w];
+            part_good[threadIdx.x] += part_good[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        atomicAdd(&out[0], part_loss[0]);
+        atomicAdd(&out[1], part_good[0]);
+    }
+}
+
+static void cu_softmax_xent(float *dlogits, const float *logits, const int32_t *labels,
+                            int rows, int cols, double *loss_sum, int64_t *correct)
+{
+    double h[2] = {0, 0};
+    unsigned g = grid_for((size_t)rows);
+    if (g > 256)
+        g = 256;
+    cudaMemsetAsync(g_scratch, 0, 2 * sizeof(double), g_stream);
+    k_softmax_xent<<<g, THREADS, 0, g_stream>>>(dlogits, logits, labels, rows, cols, g_scratch);
+    cu_download(h, g_scratch, sizeof(h));
+    *loss_sum = h[0];
+    *correct = (int64_t)(h[1] + 0.5);
+}
+
+/* ---- init -------------------------------------------------------------------- */
+
+extern "C" int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "no CUDA driver or device (%s)", cudaGetErrorString(e));
+        return -ENODEV;
+    }
+    if (device >= count) {
+        snprintf(why, why_len, "CUDA device %d asked for, %d present", device, count);
+        return -ENODEV;
+    }
+    struct cudaDeviceProp prop;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
+        snprintf(why, why_len, "CUDA device %d unusable (%s)", device, cudaGetErrorString(e));
+        return -ENODEV;
+    }
+    if (!g_ready) {
+        if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
+            snprintf(why, why_len, "cudaStreamCreate failed");
+            return -ENODEV;
+        }
+        if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) {
+            snprintf(why, why_len, "cublasCreate failed");
+            goto fail_stream;
+        }
+        cublasSetStream(g_blas, g_stream);
+        if (cudaMalloc(&g_scratch, 4 * sizeof(double)) != cudaSuccess) {
+            snprintf(why, why_len, "cudaMalloc of scratch failed");
+            goto fail_blas;
+        }
+        g_ready = 1;
+    }
+
+    memset(ops, 0, sizeof(*ops));
+    ops->kind = DS_BACKEND_CUDA;
+    snprintf(ops->name, sizeof(ops->name), "cuda:%d %.80s", device, prop.name);
+    ops->alloc = cu_alloc;
+    ops->free = cu_free;
+    ops->upload = cu_upload;
+    ops->download = cu_download;
+    ops->copy = cu_copy;
+    ops->memzero = cu_memzero;
+    ops->sync = cu_sync;
+    ops->gemm = cu_gemm;
+    ops->bias_add = cu_bias_add;
+    ops->bias_grad = cu_bias_grad;
+    ops->relu_fwd = cu_relu_fwd;
+    ops->relu_bwd = cu_relu_bwd;
+    ops->softmax_xent = cu_softmax_xent;
+    ops->sgd = cu_sgd;
+    ops->axpy = cu_axpy;
+    ops->scale = cu_scale;
+    ops->dot = cu_dot;
+    ops->nrm2 = cu_nrm2;
+    ops->sum = cu_sum;
+    snprintf(why, why_len, "CUDA device %d: %s, %d SMs, %.1f GiB", device, prop.name,
+             prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    return 0;
+
+fail_blas:
+    cublasDestroy(g_blas);
+fail_stream:
+    cudaStreamDestroy(g_stream);
+    return -ENODEV;
+}
+
+extern "C" void ds_ops_fini(ds_ops *ops)
+{
+    if (ops && ops->kind == DS_BACKEND_CUDA && g_ready) {
+        cudaStreamSynchronize(g_stream);
+        cudaFree(g_scratch);
+        cublasDestroy(g_blas);
+        cudaStreamDestroy(g_stream);
+        g_scratch = NULL;
+        g_ready = 0;
+    }
+}

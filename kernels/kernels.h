@@ -1,0 +1,147 @@
+/*
+ * kernels/kernels.h: the compute backend as a table of function pointers.
+ *
+ * Every kernel family has one signature macro (DS_DECL_*) that declares its
+ * typedef and every variant, so a variant whose prototype drifts fails to
+ * compile. ds_ops is filled with the plain C reference first; the CPU init
+ * then overrides what the machine's SIMD supports (see cpu.h for the mask),
+ * and the CUDA init builds a complete table of device kernels instead.
+ *
+ * Pointers handed to the compute ops of a table are that backend's memory:
+ * host memory for the CPU table, device memory for the CUDA table. Move data
+ * with ops->upload / ops->download. Reductions (dot, sum, nrm2) return their
+ * value on the host and accumulate in double.
+ *
+ * One dsnode process owns one accelerator (DESIGN 1), so the CUDA backend
+ * keeps its stream and cuBLAS handle per process; compute ops are ordered on
+ * that stream and ops->sync waits for them.
+ *
+ * Matrices are row-major throughout. Fused softmax cross-entropy takes int32
+ * class labels.
+ */
+#ifndef DS_KERNELS_KERNELS_H
+#define DS_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum ds_backend_kind {
+    DS_BACKEND_CPU = 0,
+    DS_BACKEND_CUDA = 1,
+};
+
+/* Parameters of one optimizer step (DESIGN 3). */
+typedef struct ds_sgd_params {
+    float lr;           /* learning rate for this step (after warm-up) */
+    float momentum;     /* 0 disables the momentum buffer */
+    float weight_decay; /* L2 coefficient added to the gradient */
+    int nesterov;       /* 1: Nesterov momentum (needs momentum > 0) */
+} ds_sgd_params;
+
+/* C = alpha * op(A) * op(B) + beta * C, row-major, op(X) = X or X^T.
+ * op(A) is m x k, op(B) is k x n, C is m x n. */
+#define DS_DECL_GEMM(name) \
+    void (name)(int trans_a, int trans_b, int m, int n, int k, float alpha, \
+                const float *a, int lda, const float *b, int ldb, float beta, \
+                float *c, int ldc)
+/* y[r][c] += bias[c] for r < rows, c < cols. */
+#define DS_DECL_BIAS_ADD(name) \
+    void (name)(float *y, const float *bias, int rows, int cols)
+/* db[c] = sum over r of dy[r][c]. */
+#define DS_DECL_BIAS_GRAD(name) \
+    void (name)(float *db, const float *dy, int rows, int cols)
+/* y = max(x, 0); y may alias x. */
+#define DS_DECL_RELU_FWD(name) \
+    void (name)(float *y, const float *x, size_t n)
+/* dx = y > 0 ? dy : 0, where y is the forward output; dx may alias dy. */
+#define DS_DECL_RELU_BWD(name) \
+    void (name)(float *dx, const float *dy, const float *y, size_t n)
+/* Softmax cross-entropy over rows of logits (rows x cols). Writes the
+ * gradient of the MEAN loss w.r.t. the logits into dlogits (may be NULL for
+ * evaluation), returns the SUM of per-row losses in *loss_sum and the number
+ * of rows whose arg-max equals the label in *correct. Host outputs. */
+#define DS_DECL_SOFTMAX_XENT(name) \
+    void (name)(float *dlogits, const float *logits, const int32_t *labels, \
+                int rows, int cols, double *loss_sum, int64_t *correct)
+/* One SGD step (DESIGN 3): g' = g + wd*theta; m = mu*m + g';
+ * theta -= lr * (nesterov ? g' + mu*m : m). With momentum 0, mom is unused. */
+#define DS_DECL_SGD(name) \
+    void (name)(float *theta, float *mom, const float *grad, size_t n, \
+                const ds_sgd_params *p)
+/* y += a * x */
+#define DS_DECL_AXPY(name) \
+    void (name)(size_t n, float a, const float *x, float *y)
+/* x *= a */
+#define DS_DECL_SCALE(name) \
+    void (name)(size_t n, float a, float *x)
+/* sum x[i]*y[i] */
+#define DS_DECL_DOT(name) \
+    double (name)(size_t n, const float *x, const float *y)
+/* sqrt(sum x[i]^2) */
+#define DS_DECL_NRM2(name) \
+    double (name)(size_t n, const float *x)
+/* sum x[i] */
+#define DS_DECL_SUM(name) \
+    double (name)(size_t n, const float *x)
+
+typedef DS_DECL_GEMM(*ds_gemm_fn);
+typedef DS_DECL_BIAS_ADD(*ds_bias_add_fn);
+typedef DS_DECL_BIAS_GRAD(*ds_bias_grad_fn);
+typedef DS_DECL_RELU_FWD(*ds_relu_fwd_fn);
+typedef DS_DECL_RELU_BWD(*ds_relu_bwd_fn);
+typedef DS_DECL_SOFTMAX_XENT(*ds_softmax_xent_fn);
+typedef DS_DECL_SGD(*ds_sgd_fn);
+typedef DS_DECL_AXPY(*ds_axpy_fn);
+typedef DS_DECL_SCALE(*ds_scale_fn);
+typedef DS_DECL_DOT(*ds_dot_fn);
+typedef DS_DECL_NRM2(*ds_nrm2_fn);
+typedef DS_DECL_SUM(*ds_sum_fn);
+
+typedef struct ds_ops {
+    enum ds_backend_kind kind;
+    char name[96];      /* "cpu-avx512", "cpu-ref", "cuda:0 NVIDIA H200", ... */
+
+    /* Memory of this backend. alloc returns 64-byte aligned, zeroed memory
+     * or NULL; the caller owns it and releases it with free (NULL is fine). */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    int (*upload)(void *dst, const void *src_host, size_t bytes);
+    int (*download)(void *dst_host, const void *src, size_t bytes);
+    int (*copy)(void *dst, const void *src, size_t bytes);
+    int (*memzero)(void *dst, size_t bytes);
+    int (*sync)(void);
+
+    ds_gemm_fn gemm;
+    ds_bias_add_fn bias_add;
+    ds_bias_grad_fn bias_grad;
+    ds_relu_fwd_fn relu_fwd;
+    ds_relu_bwd_fn relu_bwd;
+    ds_softmax_xent_fn softmax_xent;
+    ds_sgd_fn sgd;
+    ds_axpy_fn axpy;
+    ds_scale_fn scale;
+    ds_dot_fn dot;
+    ds_nrm2_fn nrm2;
+    ds_sum_fn sum;
+} ds_ops;
+
+/* Fill *ops with the CPU table: the C reference, overridden by the SIMD
+ * variants allowed by ds_cpu_flags() (which honours DS_KERNELS). */
+void ds_ops_init_cpu(ds_ops *ops);
+
+/* Fill *ops with the CUDA table for device `device`. Returns 0, or
+ * -ENODEV when CUDA is not built in, no driver answers or no device exists
+ * (a normal state: the caller falls back to the CPU), with the reason in
+ * why[0..why_len). */
+int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len);
+
+/* Choose a backend by name: "auto" (CUDA when a device answers, else CPU),
+ * "cpu" or "cuda". Returns 0, -ENODEV when "cuda" was asked for and is not
+ * available, -EINVAL for an unknown name; `why` receives a one-line note
+ * for the log either way (e.g. why auto chose the CPU). */
+int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len);
+
+/* Release what the backend holds (CUDA stream and handle). */
+void ds_ops_fini(ds_ops *ops);
+
+#endif

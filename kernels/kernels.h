@@ -141,6 +141,9 @@ int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len);
  * for the log either way (e.g. why auto chose the CPU). */
 int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len);
 
+/* Threads OpenBLAS may use for the CPU GEMM (1 = the caller's thread). */
+void ds_blas_set_threads(int n);
+
 /* Release what the backend holds (CUDA stream and handle). */
 void ds_ops_fini(ds_ops *ops);
 

@@ -11,3 +11,8 @@ DS_DECL_GEMM(ds_gemm_blas)
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb,
                 beta, c, ldc);
 }
+
+void ds_blas_set_threads(int n)
+{
+    openblas_set_num_threads(n > 0 ? n : 1);
+}

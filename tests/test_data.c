@@ -1,0 +1,271 @@
+/*
+ * tests/test_data.c: the IDX loader on the real Fashion-MNIST files and on
+ * each class of malformed file (missing, directory, wrong magic, truncated,
+ * corrupt gzip, trailing bytes, mismatched counts, bad label, oversized
+ * declaration); the minibatch sampler.
+ * Run: meson test -C build data --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "node/data.h"
+
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+
+static char dir[256];
+static char err[512];
+
+static void mkdir_tmp(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/ds_test_data_XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void rm_tmp(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+TestSuite(data, .init = mkdir_tmp, .fini = rm_tmp);
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = v >> 24;
+    p[1] = v >> 16;
+    p[2] = v >> 8;
+    p[3] = v;
+}
+
+/* Write an IDX file (gzip unless raw) with the given header and `len` data
+ * bytes (value i*7 for images, i%10 for labels), plus `extra` trailing. */
+static void write_idx(const char *name, int ndims, const uint32_t *dims, size_t len, int labels,
+                      size_t extra, int raw)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    size_t hl = 4 + 4 * (size_t)ndims;
+    uint8_t *buf = malloc(hl + len + extra + 1);
+    buf[0] = buf[1] = 0;
+    buf[2] = 8;
+    buf[3] = (uint8_t)ndims;
+    for (int i = 0; i < ndims; i++)
+        put_u32(buf + 4 + 4 * i, dims[i]);
+    for (size_t i = 0; i < len + extra; i++)
+        buf[hl + i] = labels ? (uint8_t)(i % 10) : (uint8_t)(i * 7);
+    if (raw) {
+        FILE *f = fopen(path, "wb");
+        fwrite(buf, 1, hl + len + extra, f);
+        fclose(f);
+    } else {
+        gzFile g = gzopen(path, "wb");
+        gzwrite(g, buf, (unsigned)(hl + len + extra));
+        gzclose(g);
+    }
+    free(buf);
+}
+
+static const char *p(const char *name)
+{
+    static char path[2][512];
+    static int k;
+    k ^= 1;
+    snprintf(path[k], sizeof(path[k]), "%s/%s", dir, name);
+    return path[k];
+}
+
+static void good_pair(uint32_t n)
+{
+    uint32_t di[3] = {n, 4, 5}, dl[1] = {n};
+    write_idx("img.gz", 3, di, (size_t)n * 20, 0, 0, 0);
+    write_idx("lab.gz", 1, dl, n, 1, 0, 0);
+}
+
+static int load(void)
+{
+    ds_dataset d;
+    int r = ds_dataset_load(&d, p("img.gz"), p("lab.gz"), err, sizeof(err));
+    if (r == 0)
+        ds_dataset_free(&d);
+    return r;
+}
+
+Test(data, real_fashion_mnist)
+{
+    ds_dataset tr, te;
+    int r = ds_dataset_load_fmnist(&tr, &te, FMNIST, err, sizeof(err));
+    cr_assert_eq(r, 0, "%s", err);
+    cr_expect_eq(tr.n, 60000);
+    cr_expect_eq(te.n, 10000);
+    cr_expect_eq(tr.rows, 28);
+    cr_expect_eq(tr.cols, 28);
+    int count[10] = {0};
+    for (size_t i = 0; i < te.n; i++)
+        count[te.labels[i]]++;
+    for (int c = 0; c < 10; c++)
+        cr_expect_eq(count[c], 1000, "class %d has %d test images", c, count[c]);
+    ds_dataset_free(&tr);
+    ds_dataset_free(&te);
+}
+
+Test(data, small_good_file_and_raw_idx)
+{
+    good_pair(3);
+    cr_expect_eq(load(), 0, "%s", err);
+    uint32_t di[3] = {3, 4, 5};
+    write_idx("img.gz", 3, di, 60, 0, 0, 1); /* uncompressed IDX is accepted */
+    cr_expect_eq(load(), 0, "%s", err);
+}
+
+Test(data, missing_file)
+{
+    good_pair(3);
+    ds_dataset d;
+    int r = ds_dataset_load(&d, p("nope.gz"), p("lab.gz"), err, sizeof(err));
+    cr_expect_eq(r, -ENOENT);
+    cr_expect(strstr(err, "nope.gz: cannot open: No such file or directory"), "%s", err);
+}
+
+Test(data, directory_instead_of_file)
+{
+    good_pair(3);
+    ds_dataset d;
+    int r = ds_dataset_load(&d, dir, p("lab.gz"), err, sizeof(err));
+    cr_expect_eq(r, -EISDIR);
+    cr_expect(strstr(err, "is a directory"), "%s", err);
+}
+
+Test(data, wrong_magic)
+{
+    good_pair(3);
+    uint32_t dl[1] = {3};
+    write_idx("img.gz", 1, dl, 3, 0, 0, 0); /* a label file where images belong */
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "img.gz: bad IDX magic 00 00 08 01, expected 00 00 08 03"), "%s", err);
+}
+
+Test(data, truncated_data)
+{
+    good_pair(3);
+    uint32_t di[3] = {3, 4, 5};
+    write_idx("img.gz", 3, di, 59, 0, 0, 0);
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "img.gz: truncated: the data needs 60 bytes, file has 59"), "%s", err);
+}
+
+Test(data, truncated_header)
+{
+    good_pair(3);
+    FILE *f = fopen(p("lab.gz"), "wb");
+    fwrite("\0\0\x08", 1, 3, f);
+    fclose(f);
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "lab.gz: truncated: the IDX magic needs 4 bytes"), "%s", err);
+}
+
+Test(data, truncated_gzip_stream)
+{
+    good_pair(2000);
+    /* Cut the compressed file in half: zlib reports an unexpected end. */
+    struct stat st;
+    cr_assert_eq(stat(p("img.gz"), &st), 0);
+    cr_assert_eq(truncate(p("img.gz"), st.st_size / 2), 0);
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "img.gz: ") && (strstr(err, "truncated") || strstr(err, "corrupt")), "%s", err);
+}
+
+Test(data, corrupt_gzip_stream)
+{
+    good_pair(2000);
+    FILE *f = fopen(p("img.gz"), "r+b");
+    fseek(f, 40, SEEK_SET);
+    for (int i = 0; i < 64; i++)
+        fputc(0xA5 ^ i, f);
+    fclose(f);
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "img.gz: corrupt compressed data"), "%s", err);
+}
+
+Test(data, trailing_bytes)
+{
+    good_pair(3);
+    uint32_t dl[1] = {3};
+    write_idx("lab.gz", 1, dl, 3, 1, 5, 0);
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "lab.gz: trailing bytes after the 3 declared"), "%s", err);
+}
+
+Test(data, mismatched_counts)
+{
+    good_pair(3);
+    uint32_t dl[1] = {4};
+    write_idx("lab.gz", 1, dl, 4, 1, 0, 0);
+    cr_expect_eq(load(), -EINVAL);
+    cr_expect(strstr(err, "lab.gz: 4 labels, but ") && strstr(err, "img.gz has 3 images"), "%s", err);
+}
+
+Test(data, label_out_of_range)
+{
+    good_pair(3);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/lab.gz", dir);
+    gzFile g = gzopen(path, "wb");
+    const uint8_t b[] = {0, 0, 8, 1, 0, 0, 0, 3, 1, 12, 2};
+    gzwrite(g, b, sizeof(b));
+    gzclose(g);
+    cr_expect_eq(load(), -EINVAL);
+    cr_expect(strstr(err, "lab.gz: label 12 at index 1, expected 0..9"), "%s", err);
+}
+
+Test(data, oversized_declaration_is_refused_before_allocation)
+{
+    good_pair(3);
+    uint32_t di[3] = {0x7fffffff, 28, 28};
+    write_idx("img.gz", 3, di, 16, 0, 0, 0);
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "img.gz: declares more than 2147483648 bytes"), "%s", err);
+}
+
+Test(data, zero_dimension)
+{
+    good_pair(3);
+    uint32_t di[3] = {3, 0, 5};
+    write_idx("img.gz", 3, di, 0, 0, 0, 0);
+    cr_expect_eq(load(), -EBADMSG);
+    cr_expect(strstr(err, "img.gz: dimension 1 is 0"), "%s", err);
+}
+
+Test(data, sampler_is_a_permutation_per_epoch_and_seeded)
+{
+    ds_sampler a, b;
+    cr_assert_eq(ds_sampler_init(&a, 1000, 42), 0);
+    cr_assert_eq(ds_sampler_init(&b, 1000, 42), 0);
+    uint32_t ia[1000], ib[1000];
+    ds_sampler_next(&a, ia, 1000);
+    ds_sampler_next(&b, ib, 1000);
+    cr_expect_eq(memcmp(ia, ib, sizeof(ia)), 0);
+    char seen[1000] = {0};
+    for (int i = 0; i < 1000; i++)
+        seen[ia[i]]++;
+    for (int i = 0; i < 1000; i++)
+        cr_expect_eq(seen[i], 1);
+    /* Next epoch differs, and another seed differs. */
+    ds_sampler_next(&a, ib, 1000);
+    cr_expect_neq(memcmp(ia, ib, sizeof(ia)), 0);
+    cr_expect_eq(a.epoch, 1);
+    ds_sampler c;
+    cr_assert_eq(ds_sampler_init(&c, 1000, 43), 0);
+    ds_sampler_next(&c, ib, 1000);
+    cr_expect_neq(memcmp(ia, ib, sizeof(ia)), 0);
+    ds_sampler_free(&a);
+    ds_sampler_free(&b);
+    ds_sampler_free(&c);
+    cr_expect_eq(ds_sampler_init(&c, 0, 1), -EINVAL);
+}

@@ -1,0 +1,165 @@
+/*
+ * tests/test_model.c: finite-difference gradient checks of every layer op
+ * (softmax cross-entropy alone, a dense layer alone, dense + ReLU) and of
+ * the whole MLP loss, on the reference and the fastest CPU tables.
+ * Run: meson test -C build model --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "node/model.h"
+#include "testutil.h"
+
+/* Central differences of the mean loss w.r.t. every parameter, in double
+ * bookkeeping over float evaluations; compare with the analytic gradient. */
+static void gradcheck(const ds_ops *ops, int input, const int *hidden, int n_hidden, int classes,
+                      int batch, uint64_t seed)
+{
+    ds_model m;
+    cr_assert_eq(ds_model_init_mlp(&m, ops, input, hidden, n_hidden, classes, batch), 0);
+    float *theta = calloc(m.n_params, sizeof(float));
+    float *grad = calloc(m.n_params, sizeof(float));
+    float *x = calloc((size_t)batch * input, sizeof(float));
+    int32_t *y = calloc((size_t)batch, sizeof(int32_t));
+    ds_model_init_params(&m, theta, seed);
+    /* Non-zero biases so their gradients are exercised away from zero. */
+    for (int l = 0; l < m.n_layers; l++)
+        ds_t_fill(theta + m.layer[l].off + (size_t)m.layer[l].in * m.layer[l].out, m.layer[l].out,
+                  seed + 100 + l, -0.3f, 0.3f);
+    ds_t_fill(x, (size_t)batch * input, seed + 1, -1, 1);
+    for (int b = 0; b < batch; b++)
+        y[b] = b % classes;
+
+    double loss;
+    int64_t good;
+    cr_assert_eq(ds_model_forward_backward(&m, theta, grad, x, y, batch, &loss, &good), 0);
+
+    const float eps = 1e-2f;
+    int bad = 0;
+    for (size_t i = 0; i < m.n_params; i++) {
+        const float keep = theta[i];
+        double lp, lm;
+        theta[i] = keep + eps;
+        ds_model_forward_backward(&m, theta, NULL, x, y, batch, &lp, &good);
+        theta[i] = keep - eps;
+        ds_model_forward_backward(&m, theta, NULL, x, y, batch, &lm, &good);
+        theta[i] = keep;
+        const double num = (lp - lm) / (2.0 * eps) / batch;
+        const double d = fabs(num - grad[i]);
+        if (d > 2e-3 + 2e-2 * fabs(num)) {
+            if (bad < 10)
+                cr_log_error("%s seed=%llu param %zu: analytic %.6g numeric %.6g", ops->name,
+                             (unsigned long long)seed, i, grad[i], num);
+            bad++;
+        }
+    }
+    cr_expect_eq(bad, 0, "%d of %zu gradients differ (%s)", bad, m.n_params, ops->name);
+    free(theta);
+    free(grad);
+    free(x);
+    free(y);
+    ds_model_fini(&m);
+}
+
+static void each_table(void (*fn)(const ds_ops *))
+{
+    ds_ops o;
+    ds_ops_fill_cpu(&o, 0);
+    fn(&o);
+    ds_ops_fill_cpu(&o, ds_cpu_detect());
+    fn(&o);
+}
+
+static void softmax_only(const ds_ops *o)
+{
+    /* With no hidden layer and the identity input, the check covers the
+     * softmax cross-entropy gradient and the dense layer's dW and db. */
+    gradcheck(o, 6, NULL, 0, 5, 7, 11);
+}
+
+static void one_hidden(const ds_ops *o)
+{
+    const int h[] = {9};
+    gradcheck(o, 5, h, 1, 4, 6, 12);
+}
+
+static void whole_mlp(const ds_ops *o)
+{
+    const int h[] = {16, 11};
+    gradcheck(o, 13, h, 2, 10, 8, 13);
+}
+
+Test(model, gradcheck_dense_softmax) { each_table(softmax_only); }
+Test(model, gradcheck_dense_relu) { each_table(one_hidden); }
+Test(model, gradcheck_whole_mlp) { each_table(whole_mlp); }
+
+Test(model, softmax_xent_gradient_numeric)
+{
+    /* The fused op alone: d(mean loss)/d logits by central differences. */
+    const int rows = 5, cols = 7;
+    float logits[35], d[35];
+    int32_t labels[5] = {0, 6, 3, 3, 1};
+    ds_t_fill(logits, 35, 99, -3, 3);
+    double loss, lp, lm;
+    int64_t good;
+    ds_softmax_xent_c(d, logits, labels, rows, cols, &loss, &good);
+    for (int i = 0; i < 35; i++) {
+        const float keep = logits[i];
+        logits[i] = keep + 1e-2f;
+        ds_softmax_xent_c(NULL, logits, labels, rows, cols, &lp, &good);
+        logits[i] = keep - 1e-2f;
+        ds_softmax_xent_c(NULL, logits, labels, rows, cols, &lm, &good);
+        logits[i] = keep;
+        const double num = (lp - lm) / 2e-2 / rows;
+        cr_expect(fabs(num - d[i]) < 1e-4 + 1e-3 * fabs(num), "[%d] analytic %g numeric %g", i, d[i], num);
+    }
+}
+
+Test(model, layout_is_contiguous_layer_table)
+{
+    ds_ops o;
+    ds_ops_fill_cpu(&o, 0);
+    ds_model m;
+    const int h[] = {256, 256};
+    cr_assert_eq(ds_model_init_mlp(&m, &o, 784, h, 2, 10, 64), 0);
+    cr_expect_eq(m.n_layers, 3);
+    cr_expect_eq(m.n_params, (size_t)784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10);
+    size_t off = 0;
+    for (int i = 0; i < m.n_layers; i++) {
+        cr_expect_eq(m.layer[i].off, off);
+        off += m.layer[i].len;
+    }
+    cr_expect_str_eq(m.layer[2].name, "fc3");
+    cr_expect_eq(m.layer[2].relu, 0);
+    ds_model_fini(&m);
+    const int bad[] = {0};
+    cr_expect_eq(ds_model_init_mlp(&m, &o, 784, bad, 1, 10, 64), -EINVAL);
+}
+
+Test(model, init_is_deterministic_and_bounded)
+{
+    ds_ops o;
+    ds_ops_fill_cpu(&o, 0);
+    ds_model m;
+    const int h[] = {32};
+    cr_assert_eq(ds_model_init_mlp(&m, &o, 100, h, 1, 10, 4), 0);
+    float *a = calloc(m.n_params, 4), *b = calloc(m.n_params, 4);
+    ds_model_init_params(&m, a, 5);
+    ds_model_init_params(&m, b, 5);
+    cr_expect_eq(memcmp(a, b, m.n_params * 4), 0);
+    ds_model_init_params(&m, b, 6);
+    cr_expect_neq(memcmp(a, b, m.n_params * 4), 0);
+    const float bound = sqrtf(6.0f / 100);
+    for (size_t i = 0; i < (size_t)100 * 32; i++)
+        cr_expect(fabsf(a[i]) <= bound);
+    for (size_t i = 100 * 32; i < 100 * 32 + 32; i++)
+        cr_expect_eq(a[i], 0.0f);
+    free(a);
+    free(b);
+    ds_model_fini(&m);
+}

@@ -144,6 +144,18 @@ int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len);
 /* Threads OpenBLAS may use for the CPU GEMM (1 = the caller's thread). */
 void ds_blas_set_threads(int n);
 
+/* The kernels OpenBLAS loaded ("SkylakeX", "Haswell", "Prescott", ...), and
+ * the OPENBLAS_CORETYPE this CPU deserves when they are weaker (else NULL). */
+const char *ds_blas_corename(void);
+const char *ds_blas_wanted_coretype(void);
+
+/* Call first thing in main(): when OpenBLAS loaded kernels weaker than the
+ * CPU supports (it falls back to SSE3 on CPUs it does not recognise, as on
+ * many VMs) and OPENBLAS_CORETYPE is unset, re-execute the program once with
+ * it set. Returns only when no re-exec was needed or possible.
+ * DS_BLAS_KEEP=1 turns this off. */
+void ds_blas_reexec_if_needed(char **argv);
+
 /* Release what the backend holds (CUDA stream and handle). */
 void ds_ops_fini(ds_ops *ops);
 

@@ -1,0 +1,148 @@
+/*
+ * tools/dsbench/bench_train.c: `dsbench train`: samples/s and final test
+ * accuracy of one dsnode CPU node (MLP 784-256-256-10, batch 64, one BLAS
+ * thread), beside PyTorch training the same MLP with the same data, batch,
+ * initialisation rule and optimizer on one thread (tools/torch_mlp.py),
+ * measured in the same run. Rounds alternate dsnode and PyTorch so both see
+ * the same machine load; the best round of each is reported, and the ratio
+ * of the two.
+ *
+ *   dsbench train [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/dsnode.h"
+#include "tools/dsbench/bench.h"
+
+typedef struct run_result {
+    double samples_per_s, test_acc, train_s;
+} run_result;
+
+static int run_dsnode(int steps, int batch, run_result *r)
+{
+    ds_train_cfg c;
+    ds_trainer t;
+    char err[512];
+    ds_train_cfg_defaults(&c);
+    snprintf(c.backend, sizeof(c.backend), "cpu");
+    c.batch = batch;
+    c.threads = 1;
+    if (ds_trainer_init(&t, &c, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsbench train: %s\n", err);
+        return -1;
+    }
+    const double t0 = ds_bench_now();
+    for (int s = 0; s < steps; s++) {
+        if (ds_trainer_compute_grad(&t, NULL, NULL) < 0) {
+            fprintf(stderr, "dsbench train: step %d failed\n", s);
+            ds_trainer_fini(&t);
+            return -1;
+        }
+        ds_trainer_apply_grad(&t);
+    }
+    t.ops.sync();
+    r->train_s = ds_bench_now() - t0;
+    r->samples_per_s = (double)steps * batch / r->train_s;
+    ds_trainer_evaluate(&t, NULL, &r->test_acc);
+    fprintf(stderr, "dsnode  (%s, OpenBLAS %s): %.0f samples/s, test_acc %.4f\n", t.ops.name,
+            ds_blas_corename(), r->samples_per_s, r->test_acc);
+    ds_trainer_fini(&t);
+    return 0;
+}
+
+static int run_torch(int steps, int batch, run_result *r)
+{
+    char cmd[1024], line[1024];
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/torch_mlp.py --steps %d --batch %d --threads 1",
+             ds_bench_tools_dir(), steps, batch);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    int ok = 0;
+    while (fgets(line, sizeof(line), p)) {
+        const char *a = strstr(line, "\"samples_per_s\": ");
+        const char *b = strstr(line, "\"test_acc\": ");
+        const char *c = strstr(line, "\"train_s\": ");
+        if (a && b && c) {
+            r->samples_per_s = strtod(a + 17, NULL);
+            r->test_acc = strtod(b + 12, NULL);
+            r->train_s = strtod(c + 11, NULL);
+            ok = 1;
+        }
+    }
+    int st = pclose(p);
+    if (!ok || st != 0) {
+        fprintf(stderr, "dsbench train: PyTorch baseline failed (%s)\n", cmd);
+        return -1;
+    }
+    fprintf(stderr, "pytorch (cpu, 1 thread): %.0f samples/s, test_acc %.4f\n", r->samples_per_s,
+            r->test_acc);
+    return 0;
+}
+
+int ds_bench_train(int argc, char **argv)
+{
+    int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1;
+    for (int i = 1; i < argc; i++) {
+        if (ds_bench_flag_json(argv[i], &json))
+            continue;
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-torch"))
+            torch = 0;
+        else {
+            fprintf(stderr, "usage: dsbench train [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]\n");
+            return 2;
+        }
+    }
+    if (steps < 1 || rounds < 1 || batch < 1) {
+        fprintf(stderr, "dsbench train: steps, rounds and batch must be >= 1\n");
+        return 2;
+    }
+    ds_log_setup("dsbench", DS_LOG_WARN, NULL);
+
+    run_result best_ds = {0}, best_pt = {0};
+    for (int r = 0; r < rounds; r++) {
+        run_result a, b = {0};
+        if (run_dsnode(steps, batch, &a) < 0)
+            return 1;
+        if (a.samples_per_s > best_ds.samples_per_s)
+            best_ds = a;
+        if (torch) {
+            if (run_torch(steps, batch, &b) < 0)
+                return 1;
+            if (b.samples_per_s > best_pt.samples_per_s)
+                best_pt = b;
+        }
+    }
+
+    ds_row row;
+    ds_row_table(&row, json);
+    ds_row_str(&row, "impl", "dsnode");
+    ds_row_int(&row, "steps", steps);
+    ds_row_int(&row, "batch", batch);
+    ds_row_num(&row, "samples_per_s", best_ds.samples_per_s, 0);
+    ds_row_num(&row, "test_acc", best_ds.test_acc, 4);
+    ds_row_num(&row, "speedup_vs_torch", torch ? best_ds.samples_per_s / best_pt.samples_per_s : NAN, 2);
+    ds_row_end(&row);
+    if (torch) {
+        ds_row_str(&row, "impl", "pytorch");
+        ds_row_int(&row, "steps", steps);
+        ds_row_int(&row, "batch", batch);
+        ds_row_num(&row, "samples_per_s", best_pt.samples_per_s, 0);
+        ds_row_num(&row, "test_acc", best_pt.test_acc, 4);
+        ds_row_num(&row, "speedup_vs_torch", 1.0, 2);
+        ds_row_end(&row);
+    }
+    return 0;
+}

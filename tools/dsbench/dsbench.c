@@ -1,0 +1,42 @@
+/*
+ * tools/dsbench/dsbench.c: benchmark driver. `dsbench <command> [--json]`.
+ * Each command lives in bench_<command>.c; results are Markdown rows for
+ * docs/benchmarks.md, or JSON lines with --json.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "tools/dsbench/bench.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"train", ds_bench_train, "samples/s and accuracy of one CPU node vs PyTorch (same MLP, batch)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dsbench <command> [options] [--json]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    ds_blas_reexec_if_needed(argv);
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dsbench: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""PyTorch baseline for `dsbench train`: the same MLP, data, batch and
+optimizer as one dsnode CPU node, on one thread. Prints one JSON object:
+{"samples_per_s": ..., "test_acc": ..., "steps": ..., "train_s": ...}.
+
+Comparison script only (Debian's python3-torch); dsnode itself has no Python.
+"""
+import argparse
+import gzip
+import json
+import math
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+
+MEAN, STD = 0.2860, 0.3530
+
+
+def load_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype != 8:
+        sys.exit(f"{path}: not an unsigned-byte IDX file")
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--hidden", default="256,256")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--weight-decay", type=float, default=1e-4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    d = a.data
+    xtr = load_idx(f"{d}/train-images-idx3-ubyte.gz").reshape(-1, 784)
+    ytr = load_idx(f"{d}/train-labels-idx1-ubyte.gz")
+    xte = load_idx(f"{d}/t10k-images-idx3-ubyte.gz").reshape(-1, 784)
+    yte = load_idx(f"{d}/t10k-labels-idx1-ubyte.gz")
+    norm = lambda x: (torch.from_numpy(x.astype(np.float32)) / 255.0 - MEAN) / STD
+    xtr, xte = norm(xtr), norm(xte)
+    ytr = torch.from_numpy(ytr.astype(np.int64))
+    yte = torch.from_numpy(yte.astype(np.int64))
+
+    sizes = [784] + [int(h) for h in a.hidden.split(",")] + [10]
+    layers = []
+    for i in range(len(sizes) - 1):
+        lin = torch.nn.Linear(sizes[i], sizes[i + 1])
+        last = i == len(sizes) - 2
+        # Same initialisation rule as dsnode: He-uniform before ReLU,
+        # Xavier-uniform for the output layer, zero biases.
+        bound = math.sqrt(6.0 / sizes[i]) if not last else math.sqrt(6.0 / (sizes[i] + sizes[i + 1]))
+        torch.nn.init.uniform_(lin.weight, -bound, bound)
+        torch.nn.init.zeros_(lin.bias)
+        layers.append(lin)
+        if not last:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
+                          weight_decay=a.weight_decay)
+    lossf = torch.nn.CrossEntropyLoss()
+
+    n = xtr.shape[0]
+    perm = torch.randperm(n)
+    pos = 0
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        if pos + a.batch > n:
+            perm = torch.randperm(n)
+            pos = 0
+        idx = perm[pos:pos + a.batch]
+        pos += a.batch
+        opt.zero_grad(set_to_none=True)
+        loss = lossf(model(xtr[idx]), ytr[idx])
+        loss.backward()
+        opt.step()
+    train_s = time.perf_counter() - t0
+
+    with torch.no_grad():
+        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    print(json.dumps({"samples_per_s": a.steps * a.batch / train_s, "test_acc": acc,
+                      "steps": a.steps, "train_s": train_s, "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()

@@ -44,5 +44,6 @@ const char *ds_bench_tools_dir(void);
 
 /* Commands. */
 int ds_bench_train(int argc, char **argv);
+int ds_bench_topology(int argc, char **argv);
 
 #endif

@@ -17,6 +17,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"train", ds_bench_train, "samples/s and accuracy of one CPU node vs PyTorch (same MLP, batch)"},
+    {"topology", ds_bench_topology, "cost of one round's schedule per view size, vs a plain shuffle"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,119 @@
+/*
+ * conf/conf.h: dsnode's configuration (DESIGN 8).
+ *
+ * A configuration is one plain struct, ds_conf, generated from the key list
+ * in conf/keys.h: one nested struct per ini section, one field per key, so
+ * code reads c->train.lr, c->gossip.timeout_ms, c->cluster.seeds[i]. Nothing
+ * in it points to the heap: a ds_conf can be copied with memcpy, compared
+ * with memcmp (every setter zero-fills unused bytes), and needs no free.
+ *
+ * Field types (consumers rely on these exactly):
+ *   str       char key[DS_CONF_STR_MAX]            NUL-terminated
+ *   int       int64_t key
+ *   float     double key                           always finite
+ *   bool      bool key
+ *   enum      char key[DS_CONF_ENUM_MAX]           one of the listed names,
+ *                                                  lower case, exactly
+ *   int list  int64_t key[DS_CONF_LIST_MAX]; int key_count;
+ *   str list  char key[DS_CONF_LIST_MAX][DS_CONF_STR_MAX]; int key_count;
+ *
+ * The usual sequence (dsnode run / check-config):
+ *   ds_conf c;  char err[DS_CONF_ERR_MAX];
+ *   ds_conf_defaults(&c);
+ *   ds_conf_load(&c, path, err, sizeof err);      stops at the first error
+ *   ds_conf_set(&c, "train.lr=0.1", err, sizeof err);   once per --set
+ *   ds_conf_check(&c, err, sizeof err);           cross-key rules
+ * Every error is ONE line in err, "FILE:LINE: section.key: expected <what>,
+ * found '<text>'" and friends (docs/config.md lists them), and a failed call
+ * leaves *c exactly as it was.
+ *
+ * Relative paths in the config are kept as written; node/ resolves them
+ * against its working directory (docs/config.md).
+ */
+#ifndef DS_CONF_CONF_H
+#define DS_CONF_CONF_H
+
+#include <float.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "conf/keys.h"
+
+#define DS_CONF_STR_MAX 256  /* bytes of a str field, NUL included */
+#define DS_CONF_ENUM_MAX 32  /* bytes of an enum field, NUL included */
+#define DS_CONF_LIST_MAX 16  /* items of a list field */
+#define DS_CONF_LINE_MAX 8192 /* longest line of a config file */
+#define DS_CONF_FILE_MAX (1 << 20) /* largest config file, bytes */
+#define DS_CONF_ERR_MAX 2048 /* an err buffer this large never truncates */
+
+/* The struct, generated from conf/keys.h. */
+#define DS_CONF_FIELD_STR(sec, key, def, check, help) char key[DS_CONF_STR_MAX];
+#define DS_CONF_FIELD_INT(sec, key, def, min, max, help) int64_t key;
+#define DS_CONF_FIELD_FLOAT(sec, key, def, min, max, bounds, help) double key;
+#define DS_CONF_FIELD_BOOL(sec, key, def, help) bool key;
+#define DS_CONF_FIELD_ENUM(sec, key, def, choices, help) char key[DS_CONF_ENUM_MAX];
+#define DS_CONF_FIELD_ILIST(sec, key, def, imin, imax, cmin, cmax, help) \
+    int64_t key[DS_CONF_LIST_MAX]; \
+    int key##_count;
+#define DS_CONF_FIELD_SLIST(sec, key, def, check, cmin, cmax, help) \
+    char key[DS_CONF_LIST_MAX][DS_CONF_STR_MAX]; \
+    int key##_count;
+#define DS_CONF_FIELD_(type, sec, key, def, ...) DS_CONF_FIELD_##type(sec, key, def, __VA_ARGS__)
+#define DS_CONF_STRUCT_SECTION_(sec, X) struct ds_conf_##sec { DS_CONF_KEYS_##sec(X) } sec;
+
+typedef struct ds_conf {
+    DS_CONF_SECTIONS(DS_CONF_STRUCT_SECTION_, DS_CONF_FIELD_)
+} ds_conf;
+
+/* Fill *c with every key's default (zeroing all bytes first). */
+void ds_conf_defaults(ds_conf *c);
+
+/* Load the ini file at path over *c: keys the file names replace what *c
+ * holds, the others keep it. Returns 0, or a negative errno with ONE line in
+ * err (err_len bytes, may be NULL/0): -ENOENT, -EACCES, -EISDIR, ... when the
+ * file cannot be read, -EFBIG above DS_CONF_FILE_MAX, -EINVAL for content.
+ * Stops at the first error; on any error *c is unchanged (the file is loaded
+ * into a copy). path and err are borrowed for the call.
+ *
+ * Not thread-safe against other users of inih in the process: it sets inih's
+ * runtime options for the duration of the parse and restores them. */
+int ds_conf_load(ds_conf *c, const char *path, char *err, size_t err_len);
+
+/* Apply one "section.key=value" (the --set override; blanks around the key
+ * and the value are ignored). 0 or -EINVAL with ONE line in err, prefixed
+ * "--set <assignment>: "; on error *c is unchanged. */
+int ds_conf_set(ds_conf *c, const char *assignment, char *err, size_t err_len);
+
+/* Validate *c: every key against its own constraint (a struct filled by code
+ * rather than by the loader gets the same checks) and then the rules that
+ * tie keys together:
+ *   gossip.mix = crossover needs sparsify.method = none (dense only);
+ *   security.mode = none needs node.listen and every cluster.seeds entry on
+ *   loopback (127.0.0.0/8 or localhost);
+ *   train.nesterov = true needs train.momentum > 0.
+ * 0 or -EINVAL with ONE line in err. */
+int ds_conf_check(const ds_conf *c, char *err, size_t err_len);
+
+/* Write *c as ini text (every key, in list order) that ds_conf_load turns
+ * back into an identical struct when loaded over ds_conf_defaults. 0, or
+ * -EIO when writing to out failed. out is borrowed. */
+int ds_conf_dump(const ds_conf *c, FILE *out);
+
+/* One line per key: section.key, type, default, constraint, help. */
+void ds_conf_help(FILE *out);
+
+/* Parse "host:port": host is an IPv4 address in dotted decimal or an RFC 1123
+ * hostname (labels of [A-Za-z0-9-], 1..63 characters, at most 253 in all);
+ * port is decimal 1..65535. IPv6 is not accepted. On success copies the host
+ * into host (host_len bytes; host may be NULL to only validate) and the port
+ * into *port (may be NULL). Returns 0, -EINVAL for a malformed string, or
+ * -ENAMETOOLONG when the host does not fit in host_len. */
+int ds_conf_parse_hostport(const char *s, char *host, size_t host_len, uint16_t *port);
+
+/* 1 when host (as returned by ds_conf_parse_hostport) is a loopback address:
+ * IPv4 127.0.0.0/8 or "localhost" (any case); 0 otherwise. */
+int ds_conf_host_is_loopback(const char *host);
+
+#endif

@@ -1,0 +1,147 @@
+/*
+ * conf/keys.h: THE list of dsnode's configuration keys (DESIGN 8).
+ *
+ * Everything the configuration system knows about a key is written here once:
+ * its section, name, type, default, constraint and help line. conf.h expands
+ * the list into the struct ds_conf (one nested struct per section, so code
+ * reads c->train.lr); conf.c expands it into the key table that drives the
+ * ini handler, the per-key validation, the dump and the help text. Adding a
+ * key is one line here, one row in docs/config.md and one case in
+ * tests/test_conf.c (the test refuses a key it has no case for).
+ *
+ * Each section has its own list, DS_CONF_KEYS_<section>(X), so the struct can
+ * be generated section by section; DS_CONF_SECTIONS(S, X) names the sections
+ * in order and hands each one's list to S together with X.
+ *
+ * Entry forms (X receives the type token first, then section and key):
+ *   X(STR,   section, key, "default", CHECK, "help")
+ *            CHECK is ANY, NONEMPTY, NAME, NAME_OR_EMPTY, HOSTPORT or
+ *            HOSTPORT_OR_EMPTY (see conf.c, check_str)
+ *   X(INT,   section, key, "default", min, max, "help")
+ *   X(FLOAT, section, key, "default", min, max, "bounds", "help")
+ *            bounds is "[]", "(]", "[)" or "()": which ends are inclusive;
+ *            max == DBL_MAX means no upper bound
+ *   X(BOOL,  section, key, "default", "help")
+ *   X(ENUM,  section, key, "default", "choice|choice|...", "help")
+ *   X(ILIST, section, key, "default", item_min, item_max, count_min, count_max, "help")
+ *   X(SLIST, section, key, "default", CHECK, count_min, count_max, "help")
+ *
+ * Defaults are written as text and parsed by the same code that parses a
+ * config file, so a default can never be something a user could not write.
+ * The min/max expressions use <stdint.h> and <float.h> names; the files that
+ * expand this list include those headers.
+ */
+#ifndef DS_CONF_KEYS_H
+#define DS_CONF_KEYS_H
+
+#define DS_CONF_SECTIONS(S, X) \
+    S(node, X) \
+    S(cluster, X) \
+    S(train, X) \
+    S(sparsify, X) \
+    S(gossip, X) \
+    S(transport, X) \
+    S(security, X) \
+    S(status, X)
+
+#define DS_CONF_KEYS_node(X) \
+    X(STR, node, name, "node0", NAME, \
+      "this node's name, unique in the cluster (logs, status, handshake, data shuffle)") \
+    X(STR, node, listen, "127.0.0.1:7000", HOSTPORT, \
+      "address this node listens on for its peers") \
+    X(STR, node, group, "", NAME_OR_EMPTY, \
+      "nodes with the same group all-reduce gradients every step; empty = a group of its own") \
+    X(STR, node, data_dir, ".", NONEMPTY, \
+      "directory for this node's outputs and state") \
+    X(ENUM, node, log_level, "info", "error|warn|info|debug", \
+      "log threshold")
+
+#define DS_CONF_KEYS_cluster(X) \
+    X(STR, cluster, id, "dsnode", NAME, \
+      "cluster id, bound into every message's associated data") \
+    X(SLIST, cluster, seeds, "", HOSTPORT, 0, 16, \
+      "peers to contact when joining; empty = this node starts the cluster") \
+    X(INT, cluster, seed, "1", 0, INT64_MAX, \
+      "cluster seed for data shuffles and the topology; the same on every node") \
+    X(STR, cluster, key_file, "", ANY, \
+      "path of the 32-byte cluster pre-shared key (dsnode keygen --cluster)") \
+    X(STR, cluster, identity_file, "", ANY, \
+      "path of this node's Ed25519 secret key (dsnode keygen)") \
+    X(STR, cluster, allowed_keys, "", ANY, \
+      "path of the allow-list of node public keys, one per line")
+
+#define DS_CONF_KEYS_train(X) \
+    X(ENUM, train, backend, "auto", "auto|cpu|cuda", \
+      "compute backend; auto = CUDA when a device answers, else the CPU") \
+    X(ENUM, train, model, "mlp", "mlp", \
+      "model architecture") \
+    X(ILIST, train, hidden, "256,256", 1, 65536, 1, 8, \
+      "hidden layer sizes of the MLP") \
+    X(STR, train, dataset_dir, "/usr/share/datasets/fashion-mnist", NONEMPTY, \
+      "directory holding the Fashion-MNIST IDX files (gzip)") \
+    X(INT, train, batch_size, "64", 1, 65536, \
+      "minibatch size of each node") \
+    X(FLOAT, train, lr, "0.05", 0, 10, "(]", \
+      "learning rate, reached at the end of the warm-up") \
+    X(FLOAT, train, momentum, "0.9", 0, 1, "[)", \
+      "SGD momentum; 0 = none") \
+    X(FLOAT, train, weight_decay, "0.0001", 0, 1, "[]", \
+      "L2 weight decay") \
+    X(BOOL, train, nesterov, "false", \
+      "Nesterov momentum (needs momentum > 0)") \
+    X(INT, train, warmup_steps, "0", 0, INT64_MAX, \
+      "steps of linear learning-rate warm-up; 0 = none") \
+    X(INT, train, steps, "3000", 1, INT64_MAX, \
+      "training steps") \
+    X(INT, train, eval_every, "500", 0, INT64_MAX, \
+      "test accuracy every N steps; 0 = only at the end") \
+    X(INT, train, log_every, "100", 1, INT64_MAX, \
+      "log the training loss every N steps") \
+    X(INT, train, threads, "1", 1, 256, \
+      "BLAS threads of the CPU backend")
+
+#define DS_CONF_KEYS_sparsify(X) \
+    X(ENUM, sparsify, method, "micro", "none|random|topk|threshold|sage|micro|deft", \
+      "sparsifier for what a node sends; none = dense") \
+    X(FLOAT, sparsify, density, "0.01", 0, 1, "(]", \
+      "fraction of a segment's values sent per exchange") \
+    X(BOOL, sparsify, error_feedback, "true", \
+      "keep what was not sent and send it later") \
+    X(FLOAT, sparsify, threshold, "0", 0, DBL_MAX, "[]", \
+      "starting threshold; 0 = automatic (exact k-th largest |v| of the first call)")
+
+#define DS_CONF_KEYS_gossip(X) \
+    X(ENUM, gossip, topology, "crossover", "crossover|ring|exponential|random|allreduce", \
+      "who exchanges with whom each round; allreduce = dense all-reduce baseline, no gossip") \
+    X(ENUM, gossip, mix, "pairwise", "pairwise|crossover", \
+      "mixing rule; crossover is dense only (sparsify.method = none)") \
+    X(FLOAT, gossip, weight, "0.3333333333", 0, 0.5, "(]", \
+      "pairwise mixing weight w") \
+    X(INT, gossip, segments, "0", 0, INT64_MAX, \
+      "segments of the model per round; 0 = one per layer") \
+    X(INT, gossip, every, "1", 1, INT64_MAX, \
+      "gossip every N training steps") \
+    X(INT, gossip, timeout_ms, "2000", 1, 600000, \
+      "how long to wait for a peer in a round before skipping it") \
+    X(BOOL, gossip, overlap, "false", \
+      "overlap a round's exchanges with the next step's computation")
+
+#define DS_CONF_KEYS_transport(X) \
+    X(STR, transport, provider, "tcp", NONEMPTY, \
+      "libfabric provider: tcp, shm, verbs, efa, cxi, ...") \
+    X(INT, transport, op_timeout_ms, "5000", 1, 600000, \
+      "deadline of every transport operation") \
+    X(INT, transport, max_inflight_mb, "64", 1, 65536, \
+      "cap on bytes in flight to one peer, in MiB")
+
+#define DS_CONF_KEYS_security(X) \
+    X(ENUM, security, mode, "encrypt", "encrypt|auth|none", \
+      "encrypt = AEAD on every message; auth = authenticate only; none = only if every address is loopback")
+
+#define DS_CONF_KEYS_status(X) \
+    X(STR, status, listen, "", HOSTPORT_OR_EMPTY, \
+      "HTTP address serving /metrics and /status; empty = off") \
+    X(STR, status, file, "", ANY, \
+      "file the status JSON is written to; empty = off")
+
+#endif

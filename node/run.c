@@ -3,16 +3,22 @@
  * signal, summarise.
  *
  * The summary is the one line a launcher needs, on stdout:
- *   summary node=NAME status=done|stopped steps=N loss=L test_acc=A
- *           samples_per_s=S wall_s=W backend=B
- * Everything else goes to the log (stderr).
+ *   summary node=NAME status=done|stopped|failed steps=N loss=L test_acc=A
+ *           samples_per_s=S wall_s=W backend=B bytes_sent=X bytes_received=Y
+ *           rounds=R
+ * Everything else goes to the log (stderr). At exit the final parameters
+ * go to <node.data_dir>/model.bin (see ds_run_save_model) so a launcher can
+ * measure how far the nodes' models are apart.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kernels/kernels.h"
 #include "node/log.h"
@@ -43,6 +49,45 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     t->threads = (int)c->train.threads;
     t->init_seed = (uint64_t)c->cluster.seed;
     t->data_seed = ds_rng_hash_str((uint64_t)c->cluster.seed, c->node.name);
+}
+
+int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+        snprintf(err, err_len, "%s: cannot create: %s", dir, strerror(errno));
+        return -errno;
+    }
+    const size_t n = t->n_params;
+    float *host = malloc(n * sizeof(float));
+    if (!host) {
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
+    int ret = t->ops.download(host, t->theta, n * sizeof(float));
+    FILE *f = ret == 0 ? fopen(tmp, "wb") : NULL;
+    if (!f) {
+        ret = ret ? ret : -errno;
+        snprintf(err, err_len, "%s: cannot write: %s", tmp, strerror(-ret));
+        free(host);
+        return ret;
+    }
+    uint8_t hdr[16] = "DSMODEL1";
+    for (int i = 0; i < 8; i++)
+        hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
+    /* The file is little-endian float32; this host is too (x86-64, and the
+     * static_assert in wire.h pins the byte order for the whole node). */
+    int ok = fwrite(hdr, 1, 16, f) == 16 && fwrite(host, sizeof(float), n, f) == n;
+    ok = (fclose(f) == 0) && ok;
+    free(host);
+    if (!ok || rename(tmp, path) < 0) {
+        snprintf(err, err_len, "%s: write failed: %s", path, strerror(errno));
+        unlink(tmp);
+        return -EIO;
+    }
+    return 0;
 }
 
 int ds_node_run(const ds_conf *c)
@@ -117,9 +162,12 @@ int ds_node_run(const ds_conf *c)
     const char *status = ret < 0 ? "failed" : stop_signal ? "stopped" : "done";
     ds_info("train", "summary status=%s steps=%lld test_acc=%.4f", status, (long long)t.step,
             test_acc);
+    if (ds_run_save_model(c->node.data_dir, &t, err, sizeof(err)) < 0)
+        ds_warn("train", "final model not saved: %s", err);
     printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
-           "wall_s=%.1f backend=%s\n",
-           c->node.name, status, (long long)t.step, loss, test_acc, sps, wall, t.ops.name);
+           "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu\n",
+           c->node.name, status, (long long)t.step, loss, test_acc, sps, wall, t.ops.name,
+           0ull, 0ull, 0ull);
     fflush(stdout);
     ds_trainer_fini(&t);
     if (ret < 0)

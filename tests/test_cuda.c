@@ -1,0 +1,206 @@
+/*
+ * tests/test_cuda.c: the CUDA op table against the C reference on seeded
+ * random inputs of odd sizes, and a short training run on the device.
+ * Every test skips (never fails) when no CUDA device answers: this build
+ * machine has nvcc but no GPU. Criterion forks per test, so CUDA is
+ * initialised inside each test, never in a constructor.
+ * Run: meson test -C build cuda --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
+#include "node/train.h"
+#include "testutil.h"
+
+static ds_ops dev;
+
+static void need_device(void)
+{
+    char why[256];
+    int r = ds_ops_init_cuda(&dev, 0, why, sizeof(why));
+    if (r == -ENODEV)
+        cr_skip_test("no CUDA device: %s", why);
+    cr_assert_eq(r, 0, "%s", why);
+}
+
+static float *up(const float *h, size_t n)
+{
+    float *d = dev.alloc(n * sizeof(float));
+    cr_assert_not_null(d);
+    cr_assert_eq(dev.upload(d, h, n * sizeof(float)), 0);
+    return d;
+}
+
+static void down(float *h, const float *d, size_t n)
+{
+    cr_assert_eq(dev.download(h, d, n * sizeof(float)), 0);
+}
+
+static const size_t sizes[] = {1, 7, 255, 256, 257, 1000, 65537};
+
+Test(cuda, elementwise_and_reductions_match_reference)
+{
+    need_device();
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        const size_t n = sizes[si];
+        const uint64_t seed = 40 + si;
+        float *x = malloc(n * 4), *y = malloc(n * 4), *r0 = malloc(n * 4), *r1 = malloc(n * 4);
+        ds_t_fill(x, n, seed, -1, 1);
+        ds_t_fill(y, n, seed + 1, -1, 1);
+        float *dx = up(x, n), *dy = up(y, n);
+
+        ds_relu_fwd_c(r0, x, n);
+        dev.relu_fwd(dy, dx, n);
+        down(r1, dy, n);
+        cr_expect(ds_t_close("relu_fwd", seed, r1, r0, n, 0, 0));
+
+        ds_relu_bwd_c(r0, y, x, n);
+        cr_assert_eq(dev.upload(dy, y, n * 4), 0);
+        dev.relu_bwd(dy, dy, dx, n);
+        down(r1, dy, n);
+        cr_expect(ds_t_close("relu_bwd", seed, r1, r0, n, 0, 0));
+
+        memcpy(r0, y, n * 4);
+        ds_axpy_c(n, 0.3f, x, r0);
+        cr_assert_eq(dev.upload(dy, y, n * 4), 0);
+        dev.axpy(n, 0.3f, dx, dy);
+        down(r1, dy, n);
+        cr_expect(ds_t_close("axpy", seed, r1, r0, n, 1e-6, 1e-6));
+
+        ds_scale_c(n, -2.5f, r0);
+        dev.scale(n, -2.5f, dy);
+        down(r1, dy, n);
+        cr_expect(ds_t_close("scale", seed, r1, r0, n, 1e-6, 1e-6));
+
+        cr_expect(ds_t_close_d(dev.dot(n, dx, dx), ds_dot_c(n, x, x), 1e-9 * n, 1e-9));
+        cr_expect(ds_t_close_d(dev.sum(n, dx), ds_sum_c(n, x), 1e-9 * n, 1e-9));
+        cr_expect(ds_t_close_d(dev.nrm2(n, dx), ds_nrm2_c(n, x), 1e-9 * n, 1e-9));
+        dev.free(dx);
+        dev.free(dy);
+        free(x);
+        free(y);
+        free(r0);
+        free(r1);
+    }
+    ds_ops_fini(&dev);
+}
+
+Test(cuda, sgd_matches_reference)
+{
+    need_device();
+    const ds_sgd_params ps[] = {{0.1f, 0, 0, 0}, {0.05f, 0.9f, 1e-4f, 0}, {0.01f, 0.9f, 5e-4f, 1}};
+    for (size_t pi = 0; pi < 3; pi++) {
+        const size_t n = 70001;
+        float *t = malloc(n * 4), *m = malloc(n * 4), *g = malloc(n * 4), *r = malloc(n * 4);
+        ds_t_fill(t, n, pi, -1, 1);
+        ds_t_fill(m, n, pi + 10, -0.1f, 0.1f);
+        ds_t_fill(g, n, pi + 20, -1, 1);
+        float *dt = up(t, n), *dm = up(m, n), *dg = up(g, n);
+        for (int rep = 0; rep < 3; rep++) {
+            ds_sgd_c(t, m, g, n, &ps[pi]);
+            dev.sgd(dt, dm, dg, n, &ps[pi]);
+        }
+        down(r, dt, n);
+        cr_expect(ds_t_close("sgd theta", pi, r, t, n, 1e-6, 1e-5));
+        down(r, dm, n);
+        cr_expect(ds_t_close("sgd momentum", pi, r, m, n, 1e-6, 1e-5));
+        dev.free(dt);
+        dev.free(dm);
+        dev.free(dg);
+        free(t);
+        free(m);
+        free(g);
+        free(r);
+    }
+    ds_ops_fini(&dev);
+}
+
+Test(cuda, gemm_bias_softmax_match_reference)
+{
+    need_device();
+    const int shapes[][3] = {{64, 256, 784}, {17, 10, 33}, {3, 5, 7}};
+    for (int s = 0; s < 3; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                float *a = malloc((size_t)m * k * 4), *b = malloc((size_t)k * n * 4);
+                float *c0 = malloc((size_t)m * n * 4), *c1 = malloc((size_t)m * n * 4);
+                ds_t_fill(a, (size_t)m * k, s, -1, 1);
+                ds_t_fill(b, (size_t)k * n, s + 5, -1, 1);
+                ds_t_fill(c0, (size_t)m * n, s + 9, -1, 1);
+                float *da = up(a, (size_t)m * k), *db = up(b, (size_t)k * n), *dc = up(c0, (size_t)m * n);
+                const int lda = ta ? m : k, ldb = tb ? k : n;
+                ds_gemm_c(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 0.25f, c0, n);
+                dev.gemm(ta, tb, m, n, k, 0.5f, da, lda, db, ldb, 0.25f, dc, n);
+                down(c1, dc, (size_t)m * n);
+                cr_expect(ds_t_close("gemm", s, c1, c0, (size_t)m * n, 1e-3, 1e-3), "%dx%dx%d ta=%d tb=%d", m, n, k, ta, tb);
+                dev.free(da);
+                dev.free(db);
+                dev.free(dc);
+                free(a);
+                free(b);
+                free(c0);
+                free(c1);
+            }
+
+    const int rows = 37, cols = 10;
+    float lg[370], d0[370], d1[370], bias[10], bg0[10], bg1[10];
+    int32_t lab[37];
+    ds_t_fill(lg, 370, 3, -4, 4);
+    ds_t_fill(bias, 10, 4, -1, 1);
+    for (int r = 0; r < rows; r++)
+        lab[r] = (r * 7) % cols;
+    float *dl = up(lg, 370), *dd = dev.alloc(370 * 4), *dbias = up(bias, 10), *dbg = dev.alloc(40);
+    int32_t *dlab = dev.alloc(sizeof(lab));
+    cr_assert_eq(dev.upload(dlab, lab, sizeof(lab)), 0);
+    double l0, l1;
+    int64_t g0, g1;
+    ds_softmax_xent_c(d0, lg, lab, rows, cols, &l0, &g0);
+    dev.softmax_xent(dd, dl, dlab, rows, cols, &l1, &g1);
+    down(d1, dd, 370);
+    cr_expect(ds_t_close("softmax_xent grad", 3, d1, d0, 370, 1e-6, 1e-4));
+    cr_expect(ds_t_close_d(l1, l0, 1e-4, 1e-5), "loss %g vs %g", l1, l0);
+    cr_expect_eq(g1, g0);
+    ds_bias_add_c(lg, bias, rows, cols);
+    dev.bias_add(dl, dbias, rows, cols);
+    down(d1, dl, 370);
+    cr_expect(ds_t_close("bias_add", 4, d1, lg, 370, 1e-6, 1e-6));
+    ds_bias_grad_c(bg0, lg, rows, cols);
+    dev.bias_grad(dbg, dl, rows, cols);
+    down(bg1, dbg, 10);
+    cr_expect(ds_t_close("bias_grad", 4, bg1, bg0, 10, 1e-5, 1e-5));
+    dev.free(dl);
+    dev.free(dd);
+    dev.free(dbias);
+    dev.free(dbg);
+    dev.free(dlab);
+    ds_ops_fini(&dev);
+}
+
+Test(cuda, short_training_run_on_device, .timeout = 300)
+{
+    need_device();
+    ds_ops_fini(&dev);
+    ds_train_cfg c;
+    ds_trainer t;
+    char err[512];
+    ds_train_cfg_defaults(&c);
+    snprintf(c.backend, sizeof(c.backend), "cuda");
+    cr_assert_eq(ds_trainer_init(&t, &c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(t.ops.kind, DS_BACKEND_CUDA);
+    for (int s = 0; s < 300; s++) {
+        cr_assert_eq(ds_trainer_compute_grad(&t, NULL, NULL), 0);
+        ds_trainer_apply_grad(&t);
+    }
+    double loss, acc;
+    cr_assert_eq(ds_trainer_evaluate(&t, &loss, &acc), 0);
+    cr_log_info("cuda: 300 steps, test accuracy %.4f", acc);
+    cr_expect_gt(acc, 0.75);
+    ds_trainer_fini(&t);
+}

@@ -89,6 +89,8 @@
       "L2 weight decay") \
     X(BOOL, train, nesterov, "false", \
       "Nesterov momentum (needs momentum > 0)") \
+    X(ENUM, train, lr_schedule, "cosine", "constant|cosine", \
+      "learning rate after the warm-up: constant, or cosine decay to 0 at train.steps") \
     X(INT, train, warmup_steps, "0", 0, INT64_MAX, \
       "steps of linear learning-rate warm-up; 0 = none") \
     X(INT, train, steps, "3000", 1, INT64_MAX, \

@@ -46,6 +46,8 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     t->weight_decay = c->train.weight_decay;
     t->nesterov = c->train.nesterov;
     t->warmup_steps = c->train.warmup_steps;
+    t->cosine = !strcmp(c->train.lr_schedule, "cosine");
+    t->total_steps = c->train.steps;
     t->threads = (int)c->train.threads;
     t->init_seed = (uint64_t)c->cluster.seed;
     t->data_seed = ds_rng_hash_str((uint64_t)c->cluster.seed, c->node.name);

@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,8 @@ void ds_train_cfg_defaults(ds_train_cfg *c)
     c->lr = 0.05;
     c->momentum = 0.9;
     c->weight_decay = 1e-4;
+    c->cosine = 1;
+    c->total_steps = 3000;
     c->threads = 1;
     c->init_seed = 1;
     c->data_seed = 1;
@@ -171,9 +174,13 @@ int ds_trainer_compute_grad(ds_trainer *t, double *loss, double *acc)
 
 float ds_trainer_lr(const ds_trainer *t)
 {
-    const int64_t w = t->cfg.warmup_steps;
+    const int64_t w = t->cfg.warmup_steps, total = t->cfg.total_steps;
     if (w > 0 && t->step < w)
         return (float)(t->cfg.lr * (double)(t->step + 1) / (double)w);
+    if (t->cfg.cosine && total > w) {
+        const double p = (double)(t->step - w) / (double)(total - w);
+        return p >= 1 ? 0.0f : (float)(t->cfg.lr * 0.5 * (1.0 + cos(M_PI * p)));
+    }
     return (float)t->cfg.lr;
 }
 

@@ -6,7 +6,7 @@
  * split in two so the gossip and group layers can act in between:
  *   ds_trainer_compute_grad()   next minibatch -> forward/backward -> grad
  *   ds_trainer_apply_grad()     SGD (momentum, weight decay, Nesterov,
- *                               linear warm-up) on theta
+ *                               linear warm-up, cosine decay) on theta
  */
 #ifndef DS_NODE_TRAIN_H
 #define DS_NODE_TRAIN_H
@@ -29,6 +29,8 @@ typedef struct ds_train_cfg {
     double lr, momentum, weight_decay;
     int nesterov;
     int64_t warmup_steps;
+    int cosine;             /* 1: cosine decay of lr to 0 at total_steps */
+    int64_t total_steps;
     int threads;            /* BLAS threads on the CPU backend */
     uint64_t init_seed;     /* parameter init: the same on every node */
     uint64_t data_seed;     /* this node's shuffle: differs per node */
@@ -64,7 +66,8 @@ void ds_trainer_fini(ds_trainer *t);
  * batch accuracy go to *loss and *acc (either may be NULL). */
 int ds_trainer_compute_grad(ds_trainer *t, double *loss, double *acc);
 
-/* Learning rate of the next optimizer step (after warm-up). */
+/* Learning rate of the next optimizer step: linear warm-up over
+ * warmup_steps, then constant or cosine decay from lr to 0 at total_steps. */
 float ds_trainer_lr(const ds_trainer *t);
 
 /* One optimizer step on theta with t->grad; t->step++. */

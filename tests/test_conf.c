@@ -200,6 +200,8 @@ static const key_case cases[] = {
      "train.weight_decay: expected a number in [0, 1], found '-0.1'"},
     {"train.nesterov", "on", "true", "maybe",
      "train.nesterov: expected " BOOL_WHAT ", found 'maybe'"},
+    {"train.lr_schedule", "Constant", "constant", "linear",
+     "train.lr_schedule: expected one of constant|cosine, found 'linear'"},
     {"train.warmup_steps", "100", "100", "-5",
      "train.warmup_steps: expected an integer >= 0, found '-5'"},
     {"train.steps", "10", "10", "0", "train.steps: expected an integer >= 1, found '0'"},

@@ -64,3 +64,28 @@ Test(train, missing_dataset_is_a_clear_error)
     cr_expect_lt(ds_trainer_init(&t, &c, err, sizeof(err)), 0);
     cr_expect(strstr(err, "/nonexistent/fmnist/train-images-idx3-ubyte.gz: cannot open"), "%s", err);
 }
+
+Test(train, learning_rate_schedule)
+{
+    ds_trainer t;
+    memset(&t, 0, sizeof(t));
+    ds_train_cfg_defaults(&t.cfg);
+    t.cfg.lr = 0.1;
+    t.cfg.warmup_steps = 10;
+    t.cfg.total_steps = 110;
+    t.cfg.cosine = 1;
+    t.step = 0;
+    cr_expect_float_eq(ds_trainer_lr(&t), 0.01f, 1e-7f, "warm-up starts at lr/warmup");
+    t.step = 9;
+    cr_expect_float_eq(ds_trainer_lr(&t), 0.1f, 1e-7f, "warm-up ends at lr");
+    t.step = 10;
+    cr_expect_float_eq(ds_trainer_lr(&t), 0.1f, 1e-7f, "cosine starts at lr");
+    t.step = 60;
+    cr_expect_float_eq(ds_trainer_lr(&t), 0.05f, 1e-7f, "half-way is lr/2");
+    t.step = 110;
+    cr_expect_float_eq(ds_trainer_lr(&t), 0.0f, 1e-9f, "ends at 0");
+    t.step = 500;
+    cr_expect_float_eq(ds_trainer_lr(&t), 0.0f, 1e-9f, "stays at 0 past the end");
+    t.cfg.cosine = 0;
+    cr_expect_float_eq(ds_trainer_lr(&t), 0.1f, 1e-7f, "constant");
+}

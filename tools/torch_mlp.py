@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=1e-4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--schedule", choices=["constant", "cosine"], default="cosine")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -71,6 +72,11 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
                           weight_decay=a.weight_decay)
     lossf = torch.nn.CrossEntropyLoss()
+    # dsnode's train.lr_schedule: cosine decay from lr to 0 at the last step.
+    sched = None
+    if a.schedule == "cosine":
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, a.steps) / a.steps)))
 
     n = xtr.shape[0]
     perm = torch.randperm(n)
@@ -86,6 +92,8 @@ def main():
         loss = lossf(model(xtr[idx]), ytr[idx])
         loss.backward()
         opt.step()
+        if sched:
+            sched.step()
     train_s = time.perf_counter() - t0
 
     with torch.no_grad():

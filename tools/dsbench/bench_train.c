@@ -33,6 +33,7 @@ static int run_dsnode(int steps, int batch, run_result *r)
     snprintf(c.backend, sizeof(c.backend), "cpu");
     c.batch = batch;
     c.threads = 1;
+    c.total_steps = steps;
     if (ds_trainer_init(&t, &c, err, sizeof(err)) < 0) {
         fprintf(stderr, "dsbench train: %s\n", err);
         return -1;

@@ -1,0 +1,880 @@
+/*
+ * tests/test_wire.c: the wire format. The header's bytes at their pinned
+ * offsets, golden ids (computed independently with Python's hashlib), a
+ * round trip of every message type, every sparse encoding on seeded index
+ * sets of odd sizes (and the exact-size choice), each malformed class
+ * asserted by its drop reason and counted, every truncation of every
+ * message type, and seeded garbage (ASan catches any out-of-bounds read).
+ * Run: meson test -C build wire --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/wire.h"
+#include "testutil.h"
+
+#define CAP (1u << 16)
+
+static ds_wire_limits lim;
+static uint32_t idxbuf[CAP];
+static float valbuf[CAP];
+static ds_wire_member membuf[64];
+static ds_wire_bufs bufs;
+static ds_drop_counters drops;
+
+static void setup(void)
+{
+    ds_log_setup("test", DS_LOG_ERROR, NULL);
+    ds_wire_limits_default(&lim);
+    lim.max_count = CAP;
+    lim.max_members = 64;
+    bufs = (ds_wire_bufs){idxbuf, CAP, valbuf, CAP, membuf, 64};
+    memset(&drops, 0, sizeof(drops));
+}
+
+TestSuite(wire, .init = setup);
+
+static void hdr_fill(ds_wire_msg *m, uint8_t type)
+{
+    memset(m, 0, sizeof(*m));
+    m->h.type = type;
+    m->h.cluster = 0x1122334455667788ull;
+    m->h.sender = 0xa1a2a3a4a5a6a7a8ull;
+    m->h.receiver = 0xb1b2b3b4b5b6b7b8ull;
+    m->h.round = 0xc1c2c3c4c5c6c7c8ull;
+    m->h.epoch = 0xd1d2d3d4u;
+    m->h.segment = 0xe1e2e3e4u;
+}
+
+/* Decode and expect `want`; checks the counter moved by one for a drop. */
+static enum ds_drop_reason dec(const uint8_t *f, size_t len, ds_wire_msg *out)
+{
+    uint64_t before = ds_drop_total(&drops);
+    enum ds_drop_reason r = ds_wire_decode(f, len, &lim, &bufs, out, &drops);
+    cr_assert_eq(ds_drop_total(&drops), before + (r != DS_DROP_NONE), "drop counted once");
+    return r;
+}
+
+#define EXPECT_DROP(f, len, want) \
+    do { \
+        ds_wire_msg m_; \
+        uint64_t c_ = ds_drop_get(&drops, want); \
+        enum ds_drop_reason r_ = dec((f), (len), &m_); \
+        cr_assert_eq(r_, want, "line %d: got %s, want %s", __LINE__, ds_drop_name(r_), \
+                     ds_drop_name(want)); \
+        cr_assert_eq(ds_drop_get(&drops, want), c_ + 1); \
+    } while (0)
+
+/* ---- header --------------------------------------------------------------------- */
+
+Test(wire, header_bytes_at_pinned_offsets)
+{
+    ds_wire_hdr h = {.type = DS_MSG_GOSSIP_REQ, .flags = 0x0106, .cluster = 0x0102030405060708ull,
+                     .sender = 0x1112131415161718ull, .receiver = 0x2122232425262728ull,
+                     .round = 0x3132333435363738ull, .epoch = 0x41424344u,
+                     .segment = 0x51525354u, .count = 0x61626364u,
+                     .payload_len = 0x71727374u, .seq = 0x8182838485868788ull};
+    uint8_t b[DS_WIRE_HDR_SIZE];
+    ds_wire_hdr_encode(&h, b);
+    static const uint8_t want[DS_WIRE_HDR_SIZE] = {
+        'd', 's', 'n', 'w', 1, 16, 0x06, 0x01,
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,
+        0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11,
+        0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21,
+        0x38, 0x37, 0x36, 0x35, 0x34, 0x33, 0x32, 0x31,
+        0x44, 0x43, 0x42, 0x41, 0x54, 0x53, 0x52, 0x51,
+        0x64, 0x63, 0x62, 0x61, 0x74, 0x73, 0x72, 0x71,
+        0x88, 0x87, 0x86, 0x85, 0x84, 0x83, 0x82, 0x81,
+    };
+    for (unsigned i = 0; i < DS_WIRE_HDR_SIZE; i++)
+        cr_expect_eq(b[i], want[i], "byte %u: %02x want %02x", i, b[i], want[i]);
+}
+
+Test(wire, golden_ids)
+{
+    /* hashlib.blake2b(label + data, digest_size=16).digest()[:8], LE. */
+    cr_expect_eq(ds_wire_cluster_id("test-cluster"), 0x0285825fc8526388ull);
+    cr_expect_eq(ds_wire_cluster_id(""), 0x5adebb11674449b9ull);
+    uint8_t pk[32];
+    for (int i = 0; i < 32; i++)
+        pk[i] = (uint8_t)i;
+    cr_expect_eq(ds_wire_node_id(pk), 0x8694d5f3cdb313f0ull);
+}
+
+Test(wire, names_and_format)
+{
+    cr_expect_str_eq(ds_drop_name(DS_DROP_BAD_TAG), "bad_tag");
+    cr_expect_str_eq(ds_drop_name((enum ds_drop_reason)999), "?");
+    cr_expect_str_eq(ds_msg_type_name(DS_MSG_GOSSIP_REQ), "GOSSIP_REQ");
+    cr_expect_str_eq(ds_msg_type_name(200), "?");
+    for (int r = 0; r < DS_DROP__COUNT; r++)
+        cr_expect(strlen(ds_drop_str((enum ds_drop_reason)r)) > 0);
+
+    char buf[4096];
+    cr_expect_eq(ds_drop_format(&drops, DS_DROP_FMT_KV, buf, sizeof(buf)), 4);
+    cr_expect_str_eq(buf, "none");
+    ds_drop_inc(&drops, DS_DROP_BAD_TAG);
+    ds_drop_inc(&drops, DS_DROP_BAD_TAG);
+    ds_drop_inc(&drops, DS_DROP_REPLAY);
+    ds_drop_inc(NULL, DS_DROP_REPLAY);
+    cr_expect_eq(ds_drop_total(&drops), 3);
+    cr_assert_gt(ds_drop_format(&drops, DS_DROP_FMT_KV, buf, sizeof(buf)), 0);
+    cr_expect_str_eq(buf, "bad_tag=2 replay=1");
+    cr_assert_gt(ds_drop_format(&drops, DS_DROP_FMT_JSON, buf, sizeof(buf)), 0);
+    cr_expect(strstr(buf, "\"bad_tag\":2,") != NULL, "%s", buf);
+    cr_expect(buf[0] == '{' && buf[strlen(buf) - 1] == '}');
+    cr_assert_gt(ds_drop_format(&drops, DS_DROP_FMT_PROM, buf, sizeof(buf)), 0);
+    cr_expect(strstr(buf, "ds_drops_total{reason=\"replay\"} 1\n") != NULL, "%s", buf);
+    cr_expect_eq(ds_drop_format(&drops, DS_DROP_FMT_JSON, buf, 10), -ENOSPC);
+}
+
+/* ---- round trips ----------------------------------------------------------------- */
+
+static void member_fill(ds_wire_member *m, int i)
+{
+    memset(m, 0, sizeof(*m));
+    for (int k = 0; k < 32; k++)
+        m->pk[k] = (uint8_t)(i * 7 + k);
+    m->incarnation = 100u + (uint32_t)i;
+    m->state = (uint8_t)(i % 4);
+    m->effective_round = 1000ull + (uint64_t)i;
+    snprintf(m->name, sizeof(m->name), "node-%d", i);
+    snprintf(m->addr, sizeof(m->addr), "127.0.0.1:%d", 4000 + i);
+    if (i % 2)
+        snprintf(m->group, sizeof(m->group), "rack%d", i);
+}
+
+static void member_eq(const ds_wire_member *a, const ds_wire_member *b)
+{
+    cr_expect_eq(memcmp(a->pk, b->pk, 32), 0);
+    cr_expect_eq(b->id, ds_wire_node_id(a->pk));
+    cr_expect_eq(a->incarnation, b->incarnation);
+    cr_expect_eq(a->state, b->state);
+    cr_expect_eq(a->effective_round, b->effective_round);
+    cr_expect_str_eq(a->name, b->name);
+    cr_expect_str_eq(a->addr, b->addr);
+    cr_expect_str_eq(a->group, b->group);
+}
+
+/* Encode m into f, decode it into out, and check the common header. */
+static size_t roundtrip(ds_wire_msg *m, uint8_t *f, size_t cap, ds_wire_msg *out)
+{
+    size_t len = 0;
+    int rc = ds_wire_encode(f, cap, m, &len);
+    cr_assert_eq(rc, 0, "encode %s: %d", ds_msg_type_name(m->h.type), rc);
+    cr_assert_eq(len, ds_wire_encoded_size(m));
+    cr_assert_eq(len, DS_WIRE_HDR_SIZE + m->h.payload_len);
+    enum ds_drop_reason r = dec(f, len, out);
+    cr_assert_eq(r, DS_DROP_NONE, "decode %s: %s", ds_msg_type_name(m->h.type),
+                 ds_drop_name(r));
+    cr_expect_eq(out->h.type, m->h.type);
+    cr_expect_eq(out->h.cluster, m->h.cluster);
+    cr_expect_eq(out->h.sender, m->h.sender);
+    cr_expect_eq(out->h.receiver, m->h.receiver);
+    cr_expect_eq(out->h.round, m->h.round);
+    cr_expect_eq(out->h.epoch, m->h.epoch);
+    cr_expect_eq(out->h.segment, m->h.segment);
+    cr_expect_eq(out->h.count, m->h.count);
+    cr_expect_eq(out->h.seq, 0);
+    return len;
+}
+
+static uint8_t frame[(1u << 20)];
+
+Test(wire, roundtrip_every_type)
+{
+    ds_wire_msg m, o;
+    float v[37];
+    uint32_t ix[37];
+    ds_wire_member mem[5];
+    ds_t_fill(v, 37, 7, -2.0f, 2.0f);
+    for (int i = 0; i < 37; i++)
+        ix[i] = (uint32_t)(i * 3 + 1);
+    for (int i = 0; i < 5; i++)
+        member_fill(&mem[i], i);
+
+    const uint8_t sparse_types[] = {DS_MSG_GOSSIP_REQ, DS_MSG_GOSSIP_PUSH, DS_MSG_GROUP_REDUCE,
+                                    DS_MSG_GROUP_BCAST};
+    for (int t = 0; t < 4; t++) {
+        hdr_fill(&m, sparse_types[t]);
+        m.h.count = 37;
+        m.u.sparse = (ds_wire_sparse){.seg_len = 200, .aux = 9, .enc = DS_IDX_AUTO,
+                                      .idx = ix, .val = v};
+        roundtrip(&m, frame, sizeof(frame), &o);
+        cr_expect_eq(o.u.sparse.seg_len, 200);
+        cr_expect_eq(o.u.sparse.aux, 9);
+        cr_expect_eq(o.u.sparse.enc, m.u.sparse.enc);
+        cr_expect_eq(memcmp(o.u.sparse.idx, ix, sizeof(ix)), 0);
+        cr_expect_eq(memcmp(o.u.sparse.val, v, sizeof(v)), 0);
+    }
+
+    hdr_fill(&m, DS_MSG_GOSSIP_RESP);
+    m.h.count = 37;
+    m.u.values.val = v;
+    roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(memcmp(o.u.values.val, v, sizeof(v)), 0);
+
+    hdr_fill(&m, DS_MSG_GOSSIP_STALE);
+    m.u.stale.round_now = 77;
+    roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(o.u.stale.round_now, 77);
+
+    const uint8_t probes[] = {DS_MSG_PING, DS_MSG_ACK, DS_MSG_PING_REQ, DS_MSG_NACK};
+    for (int t = 0; t < 4; t++) {
+        hdr_fill(&m, probes[t]);
+        m.h.count = probes[t] == DS_MSG_NACK ? 0 : 5;
+        m.u.probe = (ds_wire_probe){.probe_seq = 55, .target = 66, .updates = mem};
+        roundtrip(&m, frame, sizeof(frame), &o);
+        cr_expect_eq(o.u.probe.probe_seq, 55);
+        cr_expect_eq(o.u.probe.target,
+                     probes[t] == DS_MSG_PING_REQ || probes[t] == DS_MSG_NACK ? 66 : 0);
+        for (uint32_t i = 0; i < m.h.count; i++)
+            member_eq(&mem[i], &o.u.probe.updates[i]);
+    }
+
+    hdr_fill(&m, DS_MSG_JOIN);
+    m.u.join = mem[3];
+    roundtrip(&m, frame, sizeof(frame), &o);
+    member_eq(&mem[3], &o.u.join);
+
+    hdr_fill(&m, DS_MSG_MEMBERS);
+    m.h.flags = DS_WF_MORE;
+    m.h.count = 5;
+    m.u.members = (ds_wire_members){.round_now = 9, .total = 12, .first = 5, .members = mem};
+    roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(o.h.flags & DS_WF_MORE, DS_WF_MORE);
+    cr_expect_eq(o.u.members.total, 12);
+    cr_expect_eq(o.u.members.first, 5);
+    cr_expect_eq(o.u.members.round_now, 9);
+    for (int i = 0; i < 5; i++)
+        member_eq(&mem[i], &o.u.members.members[i]);
+
+    hdr_fill(&m, DS_MSG_LEAVE);
+    m.u.leave = (ds_wire_leave){.effective_round = 123, .incarnation = 4};
+    roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(o.u.leave.effective_round, 123);
+    cr_expect_eq(o.u.leave.incarnation, 4);
+
+    hdr_fill(&m, DS_MSG_STATE_REQ);
+    m.u.state_req = (ds_wire_state_req){.offset = 4096, .length = 8192};
+    roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(o.u.state_req.offset, 4096);
+    cr_expect_eq(o.u.state_req.length, 8192);
+
+    uint8_t data[300];
+    for (int i = 0; i < 300; i++)
+        data[i] = (uint8_t)(i * 13);
+    hdr_fill(&m, DS_MSG_STATE_CHUNK);
+    m.h.count = 300;
+    m.u.chunk = (ds_wire_state_chunk){.total = 1000, .offset = 700, .data = data};
+    memset(m.u.chunk.digest, 0xab, 32);
+    size_t len = roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(o.u.chunk.total, 1000);
+    cr_expect_eq(o.u.chunk.offset, 700);
+    cr_expect_eq(o.u.chunk.digest[31], 0xab);
+    cr_expect_eq(memcmp(o.u.chunk.data, data, 300), 0);
+    cr_expect(o.u.chunk.data >= frame && o.u.chunk.data + 300 <= frame + len,
+              "chunk data borrows the frame");
+
+    hdr_fill(&m, DS_MSG_ALLREDUCE);
+    m.h.count = 37;
+    m.u.ar = (ds_wire_allreduce){.phase = 1, .step = 3, .elem_offset = 1ull << 33, .val = v};
+    roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(o.u.ar.phase, 1);
+    cr_expect_eq(o.u.ar.step, 3);
+    cr_expect_eq(o.u.ar.elem_offset, 1ull << 33);
+    cr_expect_eq(memcmp(o.u.ar.val, v, sizeof(v)), 0);
+
+    hdr_fill(&m, DS_MSG_HELLO_ACK);
+    ds_wire_hello *hb = &m.u.hello;
+    hb->mode = 2;
+    hb->aeads = 1;
+    hb->admission = 3;
+    memset(hb->pk, 1, 32);
+    memset(hb->eph, 2, 32);
+    memset(hb->echo, 3, 32);
+    memset(hb->sig, 4, 64);
+    memset(hb->mac, 5, 32);
+    strcpy(hb->name, "alpha");
+    strcpy(hb->addr, "[::1]:4001");
+    roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(memcmp(&o.u.hello.pk, hb->pk, 32), 0);
+    cr_expect_eq(memcmp(&o.u.hello.sig, hb->sig, 64), 0);
+    cr_expect_eq(memcmp(&o.u.hello.echo, hb->echo, 32), 0);
+    cr_expect_str_eq(o.u.hello.name, "alpha");
+    cr_expect_str_eq(o.u.hello.addr, "[::1]:4001");
+}
+
+/* ---- sparse encodings ------------------------------------------------------------------ */
+
+/* A seeded strictly increasing index set of about density * n entries. */
+static uint32_t make_idx(uint32_t *ix, uint32_t n, double density, uint64_t seed)
+{
+    uint64_t s = seed;
+    uint32_t c = 0;
+    const uint64_t thr = (uint64_t)(density * 18446744073709551615.0);
+    for (uint32_t i = 0; i < n; i++)
+        if (ds_t_next(&s) <= thr)
+            ix[c++] = i;
+    return c;
+}
+
+Test(wire, sparse_every_encoding_odd_sizes)
+{
+    static const uint32_t lens[] = {0, 1, 2, 3, 7, 31, 32, 33, 63, 100, 257, 1000, 4099, 40000};
+    static const double dens[] = {0.0, 0.001, 0.01, 0.05, 0.2, 0.5, 0.97, 1.0};
+    static uint32_t ix[40000];
+    static float v[40000];
+    ds_t_fill(v, 40000, 3, -1.0f, 1.0f);
+    int cases = 0;
+    for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+        for (size_t di = 0; di < sizeof(dens) / sizeof(dens[0]); di++) {
+            const uint32_t n = lens[li];
+            const uint64_t seed = 1000 * li + di;
+            const uint32_t c = make_idx(ix, n, dens[di], seed);
+            size_t sizes[4];
+            enum ds_idx_enc best;
+            cr_assert_eq(ds_wire_idx_sizes(n, ix, c, sizes, &best), 0);
+            size_t min = SIZE_MAX;
+            for (int e = 0; e < 4; e++)
+                if (sizes[e] < min)
+                    min = sizes[e];
+            cr_expect_eq(sizes[best], min, "n=%u c=%u: auto picks the smallest", n, c);
+            for (int e = 0; e <= 4; e++) {
+                const uint8_t enc = e == 4 ? DS_IDX_AUTO : (uint8_t)e;
+                if (e < 4 && sizes[e] == SIZE_MAX)
+                    continue;
+                ds_wire_msg m, o;
+                hdr_fill(&m, DS_MSG_GOSSIP_REQ);
+                m.h.count = c;
+                m.u.sparse = (ds_wire_sparse){.seg_len = n, .enc = enc, .idx = ix, .val = v};
+                const size_t len = roundtrip(&m, frame, sizeof(frame), &o);
+                const enum ds_idx_enc used = e == 4 ? best : (enum ds_idx_enc)e;
+                cr_expect_eq(m.u.sparse.enc, used);
+                cr_expect_eq(len, DS_WIRE_HDR_SIZE + DS_WIRE_SPARSE_PREFIX + sizes[used] +
+                                      4 * (size_t)c, "exact size n=%u c=%u enc=%d", n, c, used);
+                cr_expect_eq(o.u.sparse.enc, used);
+                cr_expect_eq(o.u.sparse.seg_len, n);
+                cr_assert_eq(memcmp(o.u.sparse.idx, ix, 4 * (size_t)c), 0,
+                             "indices n=%u c=%u enc=%d seed=%llu", n, c, used,
+                             (unsigned long long)seed);
+                cr_assert_eq(memcmp(o.u.sparse.val, v, 4 * (size_t)c), 0);
+                cases++;
+            }
+        }
+    }
+    cr_expect_gt(cases, 300);
+}
+
+Test(wire, sparse_choice_follows_density)
+{
+    static uint32_t ix[100000];
+    size_t sizes[4];
+    enum ds_idx_enc best;
+    uint32_t c = make_idx(ix, 100000, 0.001, 1);
+    cr_assert_eq(ds_wire_idx_sizes(100000, ix, c, sizes, &best), 0);
+    cr_expect_eq(best, DS_IDX_VARINT, "0.1%%: gaps of ~1000 take 2 bytes");
+    c = make_idx(ix, 100000, 0.5, 2);
+    cr_assert_eq(ds_wire_idx_sizes(100000, ix, c, sizes, &best), 0);
+    cr_expect_eq(best, DS_IDX_BITMAP);
+    cr_assert_eq(ds_wire_idx_sizes(100000, NULL, 100000, sizes, &best), 0);
+    cr_expect_eq(best, DS_IDX_DENSE);
+    cr_expect_eq(sizes[DS_IDX_DENSE], 0);
+    /* A cluster of neighbours at the end of a huge segment: varint wins. */
+    ix[0] = 4000000000u;
+    for (int i = 1; i < 100; i++)
+        ix[i] = ix[0] + (uint32_t)i;
+    cr_assert_eq(ds_wire_idx_sizes(4000000100u, ix, 100, sizes, &best), 0);
+    cr_expect_eq(best, DS_IDX_VARINT);
+    cr_expect_eq(sizes[DS_IDX_VARINT], 104); /* 5 + 99 bytes, padded */
+}
+
+Test(wire, dense_without_index_buffer)
+{
+    float v[10];
+    ds_t_fill(v, 10, 1, 0, 1);
+    ds_wire_msg m, o;
+    hdr_fill(&m, DS_MSG_GOSSIP_PUSH);
+    m.h.count = 10;
+    m.u.sparse = (ds_wire_sparse){.seg_len = 10, .enc = DS_IDX_AUTO, .idx = NULL, .val = v};
+    size_t len;
+    cr_assert_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), 0);
+    cr_expect_eq(m.u.sparse.enc, DS_IDX_DENSE);
+    ds_wire_bufs nb = {NULL, 0, valbuf, CAP, NULL, 0};
+    cr_assert_eq(ds_wire_decode(frame, len, &lim, &nb, &o, &drops), DS_DROP_NONE);
+    cr_expect_null(o.u.sparse.idx);
+    cr_expect_eq(memcmp(o.u.sparse.val, v, sizeof(v)), 0);
+}
+
+Test(wire, encoder_refuses_bad_input)
+{
+    uint32_t ix[4] = {1, 5, 5, 9};
+    float v[4] = {1, 2, 3, 4};
+    ds_wire_msg m;
+    size_t len;
+    hdr_fill(&m, DS_MSG_GOSSIP_REQ);
+    m.h.count = 4;
+    m.u.sparse = (ds_wire_sparse){.seg_len = 10, .enc = DS_IDX_AUTO, .idx = ix, .val = v};
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL, "duplicate index");
+    ix[2] = 7;
+    ix[3] = 10;
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL, "index == seg_len");
+    ix[3] = 9;
+    v[1] = NAN;
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EDOM);
+    v[1] = INFINITY;
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EDOM);
+    v[1] = 2;
+    m.u.sparse.enc = DS_IDX_DENSE;
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL, "dense needs all");
+    m.u.sparse.enc = DS_IDX_AUTO;
+    cr_expect_eq(ds_wire_encode(frame, 70, &m, &len), -ENOSPC);
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), 0);
+
+    hdr_fill(&m, DS_MSG_JOIN);
+    member_fill(&m.u.join, 1);
+    strcpy(m.u.join.name, "has space");
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL);
+    member_fill(&m.u.join, 1);
+    m.u.join.addr[0] = '\0';
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL, "empty address");
+
+    hdr_fill(&m, DS_MSG_PING);
+    m.h.flags = DS_WF_MORE;
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL, "MORE on PING");
+    hdr_fill(&m, DS_MSG_NACK);
+    m.u.probe.target = 0;
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL, "NACK needs target");
+    hdr_fill(&m, 200);
+    cr_expect_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), -EINVAL);
+    cr_expect_eq(ds_wire_encoded_size(&m), 0);
+}
+
+/* ---- malformed frames, by reason --------------------------------------------------------- */
+
+/* A valid sparse REQ with raw indices, for mutation. */
+static size_t make_req(uint8_t *f, uint8_t enc, uint32_t count, uint32_t seg_len)
+{
+    static uint32_t ix[1024];
+    static float v[1024];
+    for (uint32_t i = 0; i < count; i++) {
+        ix[i] = i * (seg_len / (count ? count : 1));
+        v[i] = (float)i * 0.5f;
+    }
+    ds_wire_msg m;
+    hdr_fill(&m, DS_MSG_GOSSIP_REQ);
+    m.h.count = count;
+    m.u.sparse = (ds_wire_sparse){.seg_len = seg_len, .enc = enc, .idx = ix, .val = v};
+    size_t len;
+    cr_assert_eq(ds_wire_encode(f, CAP, &m, &len), 0);
+    return len;
+}
+
+static void set32(uint8_t *f, size_t off, uint32_t v)
+{
+    ds_put32(f + off, v);
+}
+
+Test(wire, drop_header_classes)
+{
+    uint8_t f[4096];
+    size_t len = make_req(f, DS_IDX_RAW, 8, 64);
+    ds_wire_msg m;
+    cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+
+    EXPECT_DROP(f, 0, DS_DROP_SHORT);
+    EXPECT_DROP(f, 63, DS_DROP_SHORT);
+
+    f[0] ^= 1;
+    EXPECT_DROP(f, len, DS_DROP_BAD_MAGIC);
+    f[0] ^= 1;
+    f[DS_WH_VERSION] = 2;
+    EXPECT_DROP(f, len, DS_DROP_BAD_VERSION);
+    f[DS_WH_VERSION] = 1;
+    f[DS_WH_TYPE] = 99;
+    EXPECT_DROP(f, len, DS_DROP_UNKNOWN_TYPE);
+    f[DS_WH_TYPE] = DS_MSG_GOSSIP_REQ;
+
+    uint16_t fl = ds_le16(f + DS_WH_FLAGS);
+    ds_put16(f + DS_WH_FLAGS, fl | 0x0100);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS); /* reserved bit */
+    ds_put16(f + DS_WH_FLAGS, fl | DS_WF_MORE);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS); /* MORE on a REQ */
+    ds_put16(f + DS_WH_FLAGS, fl | DS_WF_PROT_MASK);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS); /* protection 3 */
+    ds_put16(f + DS_WH_FLAGS, fl);
+
+    EXPECT_DROP(f, len - 1, DS_DROP_LENGTH_MISMATCH);
+    EXPECT_DROP(f, len + 1, DS_DROP_LENGTH_MISMATCH);
+    /* Protection flagged: a tag must follow. */
+    ds_put16(f + DS_WH_FLAGS, fl | (DS_PROT_AUTH << DS_WF_PROT_SHIFT));
+    EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);
+    ds_put16(f + DS_WH_FLAGS, fl);
+
+    set32(f, DS_WH_PAYLOAD_LEN, lim.max_payload + 1);
+    EXPECT_DROP(f, len, DS_DROP_SIZE_LIMIT);
+    set32(f, DS_WH_PAYLOAD_LEN, (uint32_t)(len - DS_WIRE_HDR_SIZE));
+
+    set32(f, DS_WH_COUNT, lim.max_count + 1);
+    EXPECT_DROP(f, len, DS_DROP_COUNT_LIMIT);
+    set32(f, DS_WH_COUNT, 1000); /* needs at least 16 + 4000 bytes */
+    EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);
+    set32(f, DS_WH_COUNT, 8);
+    cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+
+    /* Fixed-size types: exact lengths, count zero. */
+    ds_wire_msg s;
+    hdr_fill(&s, DS_MSG_GOSSIP_STALE);
+    size_t sl;
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &s, &sl), 0);
+    set32(f, DS_WH_COUNT, 1);
+    EXPECT_DROP(f, sl, DS_DROP_BAD_FIELD);
+    set32(f, DS_WH_COUNT, 0);
+    set32(f, DS_WH_PAYLOAD_LEN, 9);
+    EXPECT_DROP(f, sl + 1, DS_DROP_LENGTH_MISMATCH);
+    /* Handshake frames are never sealed. */
+    hdr_fill(&s, DS_MSG_HELLO_FIN);
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &s, &sl), 0);
+    ds_put16(f + DS_WH_FLAGS, DS_PROT_ENCRYPT << DS_WF_PROT_SHIFT);
+    EXPECT_DROP(f, sl + DS_WIRE_TAG_SIZE, DS_DROP_BAD_FLAGS);
+    /* Index-encoding bits only on sparse types. */
+    hdr_fill(&s, DS_MSG_GOSSIP_STALE);
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &s, &sl), 0);
+    ds_put16(f + DS_WH_FLAGS, DS_IDX_RAW);
+    EXPECT_DROP(f, sl, DS_DROP_BAD_FLAGS);
+}
+
+Test(wire, drop_sparse_classes)
+{
+    uint8_t f[8192];
+    const size_t P = DS_WIRE_HDR_SIZE; /* payload offset */
+    const size_t I = P + DS_WIRE_SPARSE_PREFIX;
+
+    /* raw: order, range, reserved, seg_len limit, count > seg_len, cap. */
+    size_t len = make_req(f, DS_IDX_RAW, 8, 64); /* indices 0,8,...,56 */
+    set32(f, I + 4 * 3, 16);
+    EXPECT_DROP(f, len, DS_DROP_INDEX_ORDER); /* 0,8,16,16 */
+    set32(f, I + 4 * 3, 10);
+    EXPECT_DROP(f, len, DS_DROP_INDEX_ORDER); /* decreasing */
+    set32(f, I + 4 * 3, 24);
+    set32(f, I + 4 * 7, 64);
+    EXPECT_DROP(f, len, DS_DROP_INDEX_RANGE);
+    set32(f, I + 4 * 7, 0xffffffffu);
+    EXPECT_DROP(f, len, DS_DROP_INDEX_RANGE);
+    set32(f, I + 4 * 7, 56);
+    set32(f, P + 12, 1);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    set32(f, P + 12, 0);
+    set32(f, P, lim.max_segment + 1);
+    EXPECT_DROP(f, len, DS_DROP_SIZE_LIMIT);
+    set32(f, P, 7);
+    EXPECT_DROP(f, len, DS_DROP_COUNT_LIMIT); /* 8 indices in 7 elements */
+    set32(f, P, 64);
+    set32(f, P + 4, 28); /* idx_bytes disagrees with the payload length */
+    EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);
+    set32(f, P + 4, 32);
+    ds_wire_bufs small = {idxbuf, 4, valbuf, 4, NULL, 0};
+    ds_wire_msg m;
+    cr_expect_eq(ds_wire_decode(f, len, &lim, &small, &m, &drops), DS_DROP_COUNT_LIMIT,
+                 "caller buffers bound the count");
+    cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+
+    /* values */
+    const size_t V = I + 32;
+    uint32_t bits[] = {0x7fc00000u, 0x7f800000u, 0xff800000u, 0x7f800001u};
+    for (int k = 0; k < 4; k++) {
+        set32(f, V + 4 * 5, bits[k]);
+        EXPECT_DROP(f, len, DS_DROP_NON_FINITE);
+    }
+    set32(f, V + 4 * 5, 0x7f7fffffu); /* FLT_MAX is fine */
+    cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+
+    /* varint: 4 indices in a 2^20 segment */
+    {
+        uint32_t ix[4] = {5, 300, 301, 70000};
+        float v[4] = {1, 2, 3, 4};
+        ds_wire_msg q;
+        hdr_fill(&q, DS_MSG_GOSSIP_REQ);
+        q.h.count = 4;
+        q.u.sparse = (ds_wire_sparse){.seg_len = 1u << 20, .enc = DS_IDX_VARINT, .idx = ix,
+                                      .val = v};
+        cr_assert_eq(ds_wire_encode(f, sizeof(f), &q, &len), 0);
+        /* gaps 5, 294, 0, 69698 -> 1 + 2 + 1 + 3 = 7 bytes, padded to 8 */
+        cr_assert_eq(ds_le32(f + P + 4), 8);
+        static const uint8_t good[8] = {0x05, 0xa6, 0x02, 0x00, 0xc2, 0xa0, 0x04, 0x00};
+        cr_assert_eq(memcmp(f + I, good, 8), 0);
+        cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+
+        f[I + 7] = 1; /* padding not zero */
+        EXPECT_DROP(f, len, DS_DROP_BAD_ENCODING);
+        f[I + 7] = 0;
+        f[I + 6] = 0x84; /* last varint runs off the block */
+        f[I + 7] = 0x80;
+        EXPECT_DROP(f, len, DS_DROP_BAD_ENCODING);
+        /* overlong: 5 = 0x85 0x00 instead of 0x05 */
+        static const uint8_t overlong[8] = {0x85, 0x00, 0xa6, 0x02, 0x00, 0xc2, 0xa0, 0x04};
+        memcpy(f + I, overlong, 8);
+        EXPECT_DROP(f, len, DS_DROP_BAD_ENCODING);
+        /* over 32 bits */
+        static const uint8_t big[8] = {0xff, 0xff, 0xff, 0xff, 0x1f, 0x00, 0x00, 0x00};
+        memcpy(f + I, big, 8);
+        EXPECT_DROP(f, len, DS_DROP_BAD_ENCODING);
+        /* range: first gap 2^20 */
+        static const uint8_t far[8] = {0x80, 0x80, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00};
+        memcpy(f + I, far, 8);
+        EXPECT_DROP(f, len, DS_DROP_INDEX_RANGE);
+    }
+
+    /* varint with a whole spare padding word */
+    {
+        uint32_t ix[4] = {0, 1, 2, 3};
+        float v[4] = {1, 2, 3, 4};
+        uint8_t g[256];
+        ds_wire_msg q;
+        hdr_fill(&q, DS_MSG_GOSSIP_REQ);
+        q.h.count = 4;
+        q.u.sparse = (ds_wire_sparse){.seg_len = 100, .enc = DS_IDX_VARINT, .idx = ix, .val = v};
+        size_t gl;
+        cr_assert_eq(ds_wire_encode(g, sizeof(g), &q, &gl), 0);
+        /* Rebuild with idx_bytes 8 (4 varints + 4 zero bytes): too much padding. */
+        uint8_t h[256];
+        memcpy(h, g, I + 4);
+        memset(h + I + 4, 0, 4);
+        memcpy(h + I + 8, g + I + 4, 16);
+        set32(h, P + 4, 8);
+        set32(h, DS_WH_PAYLOAD_LEN, DS_WIRE_SPARSE_PREFIX + 8 + 16);
+        EXPECT_DROP(h, DS_WIRE_HDR_SIZE + DS_WIRE_SPARSE_PREFIX + 8 + 16, DS_DROP_BAD_ENCODING);
+    }
+
+    /* bitmap: popcount, tail bits */
+    {
+        len = make_req(f, DS_IDX_BITMAP, 8, 40); /* indices 0,5,...,35; 2 words */
+        cr_assert_eq(ds_le32(f + P + 4), 8);
+        cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+        cr_expect_eq(m.u.sparse.idx[7], 35);
+        f[I + 0] ^= 0x02; /* one more bit */
+        EXPECT_DROP(f, len, DS_DROP_BAD_ENCODING);
+        f[I + 0] ^= 0x02;
+        f[I + 5] |= 0x01; /* bit 40: beyond seg_len */
+        EXPECT_DROP(f, len, DS_DROP_INDEX_RANGE);
+        f[I + 5] &= (uint8_t)~0x01;
+        set32(f, P, 70); /* bitmap size must follow seg_len */
+        EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);
+    }
+
+    /* dense: count must equal seg_len */
+    {
+        len = make_req(f, DS_IDX_DENSE, 16, 16);
+        cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+        set32(f, P, 17);
+        EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);
+    }
+}
+
+Test(wire, drop_other_payload_classes)
+{
+    uint8_t f[8192];
+    size_t len;
+    ds_wire_msg m;
+    ds_wire_member mem[3];
+    for (int i = 0; i < 3; i++)
+        member_fill(&mem[i], i);
+    const size_t P = DS_WIRE_HDR_SIZE;
+
+    /* member strings: space, padding, empty name, bad state */
+    hdr_fill(&m, DS_MSG_PING);
+    m.h.count = 3;
+    m.u.probe = (ds_wire_probe){.probe_seq = 1, .updates = mem};
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    const size_t R = P + 8 + DS_WIRE_MEMBER_SIZE; /* second record */
+    f[R + 48] = ' ';
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[R + 48] = 'n';
+    f[R + 48 + 63] = 'x'; /* name padding */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[R + 48 + 63] = 0;
+    f[R + 37] = 0; /* name_len 0 */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[R + 37] = 64; /* no room for the NUL */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[R + 37] = 6;
+    f[R + 36] = 4;
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[R + 36] = 1;
+    cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+    set32(f, DS_WH_COUNT, lim.max_members + 1);
+    EXPECT_DROP(f, len, DS_DROP_COUNT_LIMIT);
+
+    /* MEMBERS: slice inside the table, table within max_cluster */
+    hdr_fill(&m, DS_MSG_MEMBERS);
+    m.h.count = 3;
+    m.u.members = (ds_wire_members){.round_now = 1, .total = 3, .first = 0, .members = mem};
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    set32(f, P + 12, 1);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    set32(f, P + 12, 0);
+    set32(f, P + 8, lim.max_cluster + 1);
+    EXPECT_DROP(f, len, DS_DROP_SIZE_LIMIT);
+
+    /* NACK target */
+    hdr_fill(&m, DS_MSG_NACK);
+    m.u.probe = (ds_wire_probe){.probe_seq = 1, .target = 5};
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    ds_put64(f + P + 8, 0);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+
+    /* LEAVE reserved */
+    hdr_fill(&m, DS_MSG_LEAVE);
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    f[P + 12] = 1;
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+
+    /* STATE_CHUNK: inside the state, state within max_state */
+    uint8_t data[16] = {0};
+    hdr_fill(&m, DS_MSG_STATE_CHUNK);
+    m.h.count = 16;
+    m.u.chunk = (ds_wire_state_chunk){.total = 100, .offset = 84, .data = data};
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    ds_put64(f + P + 8, 85);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    ds_put64(f + P + 8, UINT64_MAX - 3); /* offset + count wraps */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    ds_put64(f + P, lim.max_state + 1);
+    EXPECT_DROP(f, len, DS_DROP_SIZE_LIMIT);
+
+    /* STATE_REQ bounds */
+    hdr_fill(&m, DS_MSG_STATE_REQ);
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    ds_put64(f + P + 8, lim.max_state + 1);
+    EXPECT_DROP(f, len, DS_DROP_SIZE_LIMIT);
+
+    /* ALLREDUCE phase, values */
+    float v[5] = {1, 2, 3, 4, 5};
+    hdr_fill(&m, DS_MSG_ALLREDUCE);
+    m.h.count = 5;
+    m.u.ar = (ds_wire_allreduce){.phase = 0, .val = v};
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    set32(f, P, 2);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    set32(f, P, 0);
+    set32(f, P + 16 + 8, 0xffc00000u);
+    EXPECT_DROP(f, len, DS_DROP_NON_FINITE);
+
+    /* RESP values and its exact length */
+    hdr_fill(&m, DS_MSG_GOSSIP_RESP);
+    m.h.count = 5;
+    m.u.values.val = v;
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    set32(f, P + 4, 0x7f800000u);
+    EXPECT_DROP(f, len, DS_DROP_NON_FINITE);
+    set32(f, DS_WH_COUNT, 4);
+    EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);
+
+    /* HELLO body fields */
+    hdr_fill(&m, DS_MSG_HELLO);
+    strcpy(m.u.hello.name, "a");
+    m.u.hello.mode = 2;
+    m.u.hello.aeads = 3;
+    m.u.hello.admission = 1;
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(dec(f, len, &m), DS_DROP_NONE);
+    f[P + 0] = 3; /* mode */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[P + 0] = 2;
+    f[P + 6] = 1; /* reserved */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+}
+
+/* Every proper prefix of every message type is rejected, never read past. */
+Test(wire, every_truncation_rejected)
+{
+    ds_wire_msg m;
+    float v[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    uint32_t ix[9] = {0, 2, 4, 6, 8, 10, 12, 14, 16};
+    ds_wire_member mem[2];
+    member_fill(&mem[0], 0);
+    member_fill(&mem[1], 1);
+    uint8_t data[9] = {0};
+    static const uint8_t types[] = {
+        DS_MSG_HELLO, DS_MSG_HELLO_ACK, DS_MSG_HELLO_FIN, DS_MSG_GOSSIP_REQ, DS_MSG_GOSSIP_RESP,
+        DS_MSG_GOSSIP_STALE, DS_MSG_GOSSIP_PUSH, DS_MSG_PING, DS_MSG_ACK, DS_MSG_PING_REQ,
+        DS_MSG_NACK, DS_MSG_JOIN, DS_MSG_MEMBERS, DS_MSG_LEAVE, DS_MSG_STATE_REQ,
+        DS_MSG_STATE_CHUNK, DS_MSG_GROUP_REDUCE, DS_MSG_GROUP_BCAST, DS_MSG_ALLREDUCE};
+    for (size_t t = 0; t < sizeof(types); t++) {
+        hdr_fill(&m, types[t]);
+        switch (types[t]) {
+        case DS_MSG_HELLO:
+        case DS_MSG_HELLO_ACK: strcpy(m.u.hello.name, "x"); break;
+        case DS_MSG_GOSSIP_RESP: m.h.count = 9; m.u.values.val = v; break;
+        case DS_MSG_GOSSIP_REQ:
+        case DS_MSG_GOSSIP_PUSH:
+        case DS_MSG_GROUP_REDUCE:
+        case DS_MSG_GROUP_BCAST:
+            m.h.count = 9;
+            m.u.sparse = (ds_wire_sparse){.seg_len = 20, .enc = DS_IDX_AUTO, .idx = ix, .val = v};
+            break;
+        case DS_MSG_PING:
+        case DS_MSG_ACK:
+        case DS_MSG_PING_REQ:
+            m.h.count = 2;
+            m.u.probe = (ds_wire_probe){.target = 3, .updates = mem};
+            break;
+        case DS_MSG_NACK: m.u.probe.target = 3; break;
+        case DS_MSG_JOIN: m.u.join = mem[0]; break;
+        case DS_MSG_MEMBERS:
+            m.h.count = 2;
+            m.u.members = (ds_wire_members){.total = 2, .members = mem};
+            break;
+        case DS_MSG_STATE_CHUNK:
+            m.h.count = 9;
+            m.u.chunk = (ds_wire_state_chunk){.total = 9, .data = data};
+            break;
+        case DS_MSG_ALLREDUCE: m.h.count = 9; m.u.ar.val = v; break;
+        default: break;
+        }
+        size_t len;
+        cr_assert_eq(ds_wire_encode(frame, sizeof(frame), &m, &len), 0, "type %u", types[t]);
+        ds_wire_msg o;
+        cr_assert_eq(dec(frame, len, &o), DS_DROP_NONE, "type %u", types[t]);
+        for (size_t k = 0; k < len; k++) {
+            /* A heap copy of exactly k bytes, so ASan sees any overread. */
+            uint8_t *c = malloc(k ? k : 1);
+            memcpy(c, frame, k);
+            enum ds_drop_reason r = dec(c, k, &o);
+            free(c);
+            cr_assert(r == (k < DS_WIRE_HDR_SIZE ? DS_DROP_SHORT : DS_DROP_LENGTH_MISMATCH),
+                      "type %s cut to %zu: %s", ds_msg_type_name(types[t]), k, ds_drop_name(r));
+        }
+    }
+}
+
+/* Seeded garbage behind a plausible header: every answer is a reason, no
+ * crash, no overread (the sanitizer build runs this too). */
+Test(wire, seeded_garbage)
+{
+    uint64_t s = 42;
+    static const uint8_t types[] = {1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 36, 37, 38, 48, 49,
+                                    64, 65, 66};
+    int accepted = 0;
+    for (int it = 0; it < 20000; it++) {
+        const size_t len = DS_WIRE_HDR_SIZE + ds_t_next(&s) % 600;
+        uint8_t *f = malloc(len);
+        for (size_t i = 0; i < len; i++)
+            f[i] = (uint8_t)ds_t_next(&s);
+        ds_put32(f, DS_WIRE_MAGIC);
+        f[DS_WH_VERSION] = 1;
+        f[DS_WH_TYPE] = types[ds_t_next(&s) % sizeof(types)];
+        ds_put16(f + DS_WH_FLAGS, (uint16_t)(ds_t_next(&s) & 3));
+        ds_put32(f + DS_WH_COUNT, (uint32_t)(ds_t_next(&s) % 8));
+        ds_put32(f + DS_WH_PAYLOAD_LEN, (uint32_t)(len - DS_WIRE_HDR_SIZE));
+        ds_wire_msg o;
+        enum ds_drop_reason r = ds_wire_decode(f, len, &lim, &bufs, &o, &drops);
+        cr_assert((unsigned)r < DS_DROP__COUNT);
+        accepted += r == DS_DROP_NONE;
+        free(f);
+    }
+    cr_expect_lt(accepted, 20000);
+}

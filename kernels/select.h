@@ -1,0 +1,198 @@
+/*
+ * kernels/select.h: the selection kernels under sparsify/ (DESIGN 4), as a
+ * table of function pointers like kernels.h's ds_ops.
+ *
+ * Every sparsifier reduces to a few streaming passes over a float vector:
+ * count the entries whose magnitude reaches a threshold, compact them into
+ * (index, value) lists, build a histogram of magnitudes for an exact k-th
+ * value, take per-unit L2 norms, and move values between dense and sparse
+ * form (gather, scatter-add, zeroing at an index set). Those passes live
+ * here so that each has a plain C reference (kernels/cpu/select_ref.c), an
+ * AVX2 and an AVX-512 variant (select_avx2.c, select_avx512.c, one template
+ * select_tmpl.c), and, for count / compact / gather / scatter-add / zeroing,
+ * a CUDA version (kernels/cuda/select.cu).
+ *
+ * Magnitudes are compared as integers. For a float x, key(x) = bits(x) with
+ * the sign bit cleared; for finite non-negative floats a >= b exactly when
+ * key(a) >= key(b), so "|x| >= delta" is "key(x) >= key(delta)", one integer
+ * compare per lane, branch-free. key >= DS_SEL_KEY_INF means NaN or +-Inf:
+ * such entries are never kept or counted as selected, only tallied in
+ * `nonfinite`. Thresholds are keys in [0, DS_SEL_KEY_INF]; the key of a
+ * threshold of +Inf selects nothing, the key 0 selects every finite entry.
+ *
+ * Indices are uint32 (a segment holds at most 2^32 - 1 entries) and come out
+ * strictly increasing. `base` is added to every index written, so a kernel
+ * run over a sub-range of a segment writes segment-relative indices; the
+ * caller keeps base + n <= 2^32.
+ *
+ * Pointers handed to a table's kernels are that table's memory: host memory
+ * for the CPU table, device memory for the CUDA table. Tallies, norms and
+ * means always come back in host memory.
+ *
+ * Test: meson test -C build select --verbose (tests/test_select.c, and
+ * tests/test_select_cuda.c which skips without a device). Bench: dsbench
+ * sparsify.
+ */
+#ifndef DS_KERNELS_SELECT_H
+#define DS_KERNELS_SELECT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+#define DS_SEL_KEY_INF 0x7f800000u  /* key of +Inf; larger keys are NaN */
+#define DS_SEL_HIST_BUCKETS 2048    /* DS_DECL_SEL_HIST: key >> 20 */
+#define DS_SEL_HIST_SHIFT 20
+
+/* The magnitude key of a float (see above). */
+static inline uint32_t ds_sel_key(float x)
+{
+    union {
+        float f;
+        uint32_t u;
+    } c = {x};
+    return c.u & 0x7fffffffu;
+}
+
+/* The float whose key is `key` (a non-negative magnitude). */
+static inline float ds_sel_key_value(uint32_t key)
+{
+    union {
+        uint32_t u;
+        float f;
+    } c = {key};
+    return c.f;
+}
+
+/* What one streaming pass saw. */
+typedef struct ds_sel_tally {
+    size_t kept;      /* finite entries with key >= t_keep, all of them, even past `cap` */
+    size_t counted;   /* finite entries with key >= t_count */
+    size_t nonfinite; /* NaN and +-Inf entries seen (never kept or counted) */
+} ds_sel_tally;
+
+/* Count: out->counted = finite entries of v[0..n) with key >= t,
+ * out->nonfinite = NaN/Inf entries, out->kept = 0. */
+#define DS_DECL_SEL_COUNT(name) \
+    void (name)(const float *v, size_t n, uint32_t t, ds_sel_tally *out)
+
+/* Compact, in one pass: for each finite v[i] with key >= t_keep, in
+ * increasing i, write idx[j] = base + i and val[j] = v[i] for j < cap
+ * (nothing is ever written at or past cap); out->kept counts all of them,
+ * so kept > cap tells the caller the buffers were short. In the same pass
+ * out->counted counts finite entries with key >= t_count (a second
+ * threshold SAGE needs), out->nonfinite the NaN/Inf entries. */
+#define DS_DECL_SEL_COMPACT(name) \
+    void (name)(const float *v, size_t n, uint32_t t_keep, uint32_t t_count, \
+                uint32_t base, uint32_t *idx, float *val, size_t cap, ds_sel_tally *out)
+
+/* Filter a compacted list in place: keep the entries (idx[j], val[j]) with
+ * key(val[j]) >= t, in order; returns how many remain. */
+#define DS_DECL_SEL_FILTER(name) \
+    size_t (name)(uint32_t *idx, float *val, size_t count, uint32_t t)
+
+/* Histogram: hist[key(v[i]) >> DS_SEL_HIST_SHIFT] += 1 for every i < n,
+ * non-finite entries included (they land in buckets >= DS_SEL_KEY_INF >> 20).
+ * hist has DS_SEL_HIST_BUCKETS entries and is added to, not cleared. */
+#define DS_DECL_SEL_HIST(name) \
+    void (name)(const float *v, size_t n, uint32_t *hist)
+
+/* Per-unit L2 norms over finite entries: norms[u] = sqrt(sum of v[i]^2 for
+ * unit_off[u] <= i < unit_off[u+1], v[i] finite), accumulated in double.
+ * unit_off has n_units + 1 non-decreasing entries. */
+#define DS_DECL_SEL_NORMS(name) \
+    void (name)(const float *v, const uint32_t *unit_off, size_t n_units, double *norms)
+
+/* Mean |v[pos[j]]| over the finite ones of count positions (host pos);
+ * *used receives how many were finite. 0 when none. */
+#define DS_DECL_SEL_ABSMEAN_AT(name) \
+    double (name)(const float *v, const uint32_t *pos, size_t count, size_t *used)
+
+/* out[j] = v[idx[j]] for j < count. */
+#define DS_DECL_SEL_GATHER(name) \
+    void (name)(float *out, const float *v, const uint32_t *idx, size_t count)
+
+/* y[idx[j]] = y[idx[j]] + w * val[j] for j < count, indices unique; the
+ * product and the sum are each rounded to float (no fused multiply-add), so
+ * every variant gives the same bits. */
+#define DS_DECL_SEL_SCATTER_ADD(name) \
+    void (name)(float *y, const uint32_t *idx, const float *val, size_t count, float w)
+
+/* y[idx[j]] = 0 for j < count. */
+#define DS_DECL_SEL_ZERO_AT(name) \
+    void (name)(float *y, const uint32_t *idx, size_t count)
+
+typedef DS_DECL_SEL_COUNT(*ds_sel_count_fn);
+typedef DS_DECL_SEL_COMPACT(*ds_sel_compact_fn);
+typedef DS_DECL_SEL_FILTER(*ds_sel_filter_fn);
+typedef DS_DECL_SEL_HIST(*ds_sel_hist_fn);
+typedef DS_DECL_SEL_NORMS(*ds_sel_norms_fn);
+typedef DS_DECL_SEL_ABSMEAN_AT(*ds_sel_absmean_at_fn);
+typedef DS_DECL_SEL_GATHER(*ds_sel_gather_fn);
+typedef DS_DECL_SEL_SCATTER_ADD(*ds_sel_scatter_add_fn);
+typedef DS_DECL_SEL_ZERO_AT(*ds_sel_zero_at_fn);
+
+typedef struct ds_select_ops {
+    enum ds_backend_kind kind;
+    char name[96]; /* "select-avx512", "select-ref", "select-cuda:0 NVIDIA H200" */
+
+    ds_sel_count_fn count;
+    ds_sel_compact_fn compact;
+    ds_sel_filter_fn filter;           /* CPU only (NULL in the CUDA table) */
+    ds_sel_hist_fn hist;               /* CPU only */
+    ds_sel_norms_fn norms;             /* CPU only */
+    ds_sel_absmean_at_fn absmean_at;   /* CPU only */
+    ds_sel_gather_fn gather;
+    ds_sel_scatter_add_fn scatter_add;
+    ds_sel_zero_at_fn zero_at;
+
+    /* Wait for queued kernels; returns 0 or -EIO when one failed (CUDA
+     * reports launch errors here, like ds_ops.sync). Always 0 on the CPU. */
+    int (*sync)(void);
+} ds_select_ops;
+
+/* Fill *ops with the CPU selection kernels allowed by `cpu_flags` (pass
+ * ds_cpu_flags(), which honours DS_KERNELS; tests pass each mask in turn):
+ * the C reference first, then the AVX2 / AVX-512 variants over it. */
+void ds_select_ops_init(ds_select_ops *ops, unsigned cpu_flags);
+
+/* Probe for a CUDA device without side effects beyond the runtime's own
+ * initialisation. Returns 1 when device `device` answers, 0 otherwise (no
+ * CUDA in this build, no driver, no device), with the reason in why. */
+int ds_select_cuda_available(int device, char *why, size_t why_len);
+
+/* Fill *ops with the CUDA selection kernels for `device`: count, compact,
+ * gather, scatter_add, zero_at and sync; the CPU-only slots are NULL.
+ * Returns 0, or -ENODEV (a normal state) with the reason in why.
+ *
+ * The kernels run on a stream of their own. Data written by the training
+ * backend's stream must be complete first: call ds_ops.sync() before
+ * handing its buffers here. count and compact return their tally on the
+ * host, so they are synchronous; gather, scatter_add and zero_at are
+ * queued, and ops->sync() waits for them. */
+int ds_select_ops_init_cuda(ds_select_ops *ops, int device, char *why, size_t why_len);
+
+/* Release the CUDA stream and scratch (no-op without CUDA). */
+void ds_select_cuda_fini(void);
+
+/* ---- every CPU variant, declared from the family macros ---------------- */
+
+#define DS_DECL_SEL_VARIANTS(sfx) \
+    DS_DECL_SEL_COUNT(ds_sel_count_##sfx); \
+    DS_DECL_SEL_COMPACT(ds_sel_compact_##sfx); \
+    DS_DECL_SEL_FILTER(ds_sel_filter_##sfx); \
+    DS_DECL_SEL_HIST(ds_sel_hist_##sfx); \
+    DS_DECL_SEL_NORMS(ds_sel_norms_##sfx); \
+    DS_DECL_SEL_GATHER(ds_sel_gather_##sfx); \
+    DS_DECL_SEL_SCATTER_ADD(ds_sel_scatter_add_##sfx)
+
+/* The C reference has every family; absmean_at and zero_at have only it
+ * (see select_ref.c for why a SIMD version would not help). */
+DS_DECL_SEL_VARIANTS(c);
+DS_DECL_SEL_ABSMEAN_AT(ds_sel_absmean_at_c);
+DS_DECL_SEL_ZERO_AT(ds_sel_zero_at_c);
+DS_DECL_SEL_VARIANTS(avx2);
+DS_DECL_SEL_VARIANTS(avx512);
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * sparsify/internal.h: the sparsifier object and the pieces sparsify.c,
+ * topk.c and group.c share. Not installed; tests include sparsify.h only.
+ */
+#ifndef DS_SPARSIFY_INTERNAL_H
+#define DS_SPARSIFY_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sparsify/sparsify.h"
+
+struct ds_sparsifier {
+    ds_sparsify_cfg cfg;       /* cfg.unit_off points at units below */
+    uint32_t *units;           /* deft: n_units + 1 boundaries, owned */
+    size_t n_units;
+    size_t n_max;
+    ds_select_ops ops;
+
+    uint64_t rng;              /* SplitMix64 state: random, sage samples */
+
+    /* Threshold methods. */
+    int started;               /* the threshold start has happened */
+    float delta;               /* threshold for the next call (sage, micro, threshold) */
+    double mean_prev;          /* sage: sampled mean |v| of the last call */
+    double micro_ratio;        /* micro: count / k of the last call (e in DESIGN 4) */
+    int micro_fed;             /* ds_micro_feedback() supplied the group's count */
+    size_t micro_group_count;
+    size_t micro_k_group;      /* k of the whole vector at the last call */
+
+    /* Scratch, grown on demand and kept: top-k candidates, random's bitmap,
+     * deft's per-unit arrays. */
+    uint32_t *cand_idx;
+    float *cand_val;
+    size_t cand_cap;
+    uint64_t *bitmap;          /* n_max bits, zero between calls */
+    double *norms;
+    size_t *k_unit;
+
+    ds_sparsify_totals totals;
+};
+
+/* SplitMix64 (the generator DESIGN 5 documents in topology/); sparsify/
+ * may not depend on topology/, so it carries its own copy of the ten
+ * lines. */
+static inline uint64_t ds_sp_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [0, n), 1 <= n <= 2^32, no bias (Lemire's multiply and
+ * reject, 32-bit draws). */
+static inline uint32_t ds_sp_below(uint64_t *state, uint64_t n)
+{
+    uint64_t m = (ds_sp_next(state) >> 32) * n;
+    if ((uint32_t)m < n) {
+        const uint32_t t = (uint32_t)((0x100000000ull - n) % n);
+        while ((uint32_t)m < t)
+            m = (ds_sp_next(state) >> 32) * n;
+    }
+    return (uint32_t)(m >> 32);
+}
+
+/* Make room for `need` top-k candidates in s->cand_*; 0 or -ENOMEM. */
+int ds_sp_cand_reserve(ds_sparsifier *s, size_t need);
+
+/* Exact top-k of v[0..n): the k largest finite |v| (every finite entry when
+ * fewer), ties to the lower index, written in index order as idx = base + i
+ * and val = v[i]. cap >= min(k, n). *count gets how many were written,
+ * *kth_key the magnitude key of the smallest one selected (0 when none),
+ * *nonfinite the NaN / Inf entries of v. 0 or -ENOMEM. */
+int ds_sp_topk(ds_sparsifier *s, const float *v, size_t n, size_t k, uint32_t base, uint32_t *idx,
+               float *val, size_t cap, size_t *count, uint32_t *kth_key, size_t *nonfinite);
+
+/* The k-th largest finite magnitude key of v[0..n) without selecting
+ * (the threshold start); 0 when v has fewer than k finite entries.
+ * 0 or -ENOMEM. */
+int ds_sp_kth_key(ds_sparsifier *s, const float *v, size_t n, size_t k, uint32_t *kth_key);
+
+/* Common argument checks of every select entry point: 0 or the errno to
+ * return (and the call is then counted as rejected by the caller). */
+int ds_sp_check(const ds_sparsifier *s, const float *v, size_t n, double density,
+                const uint32_t *idx, const float *val);
+
+/* Fold a finished call into the totals and the result. */
+void ds_sp_account(ds_sparsifier *s, ds_sparsify_result *res, size_t n, size_t k, size_t count,
+                   size_t nonfinite, float threshold);
+
+#endif

@@ -1,0 +1,723 @@
+/*
+ * sparsify/sparsify.c: the sparsifier object, the seven methods of DESIGN 4
+ * and error feedback.
+ *
+ * Every method is one or two streaming passes of the selection kernels
+ * (kernels/select.h) plus a few scalars of state. The rules follow the
+ * authors' published code (SAGE, MiCRO and DEFT: github.com/kljp/micro,
+ * gradient_reducers.py), with these departures, each for a reason:
+ *
+ * - Threshold start (DESIGN 4). The authors start SAGE, MiCRO and the hard
+ *   threshold at 1/(2 sqrt(k)), which assumes gradient-scale values; our
+ *   gossip accumulator holds parameter drift, about lr times smaller, where
+ *   MiCRO's 0.5%-per-call steering would take hundreds of calls to arrive.
+ *   We start from the exact k-th largest |v| of the first call (MiCRO's own
+ *   first version did, and its code keeps that line commented out).
+ *   DS_START_PUBLISHED restores 1/(2 sqrt(k)).
+ * - k = round(d n), at least 1, for every method; the authors truncate
+ *   (int(d n)) in most places and round in none. One rule for all methods
+ *   keeps the target the same whichever method runs.
+ * - SAGE in one pass. The authors count the entries over delta*alpha (the
+ *   "examined" density), then select over delta_t = delta*alpha*beta*gamma
+ *   in a second pass. beta = 2/(1 + exp(d - d_exam)) with d_exam >= 0 is
+ *   at least 2/(1 + exp(d)), and gamma at least 0.95, so delta_t is never
+ *   below delta*alpha*0.95*2/(1+exp(d)). We compact over that lower bound
+ *   while counting over delta*alpha in the same pass, then filter the
+ *   (few) compacted entries at delta_t: the same selection, one read of
+ *   the vector instead of two.
+ * - SAGE samples: the authors draw with Python's random.randrange and size
+ *   the sample by Slovin's formula (e = 0.05: n / (1 + n e^2), under 400)
+ *   on the first call. We draw positions with SplitMix64 from the
+ *   configured seed (reproducible), size the sample from each call's n
+ *   (the same number while n does not change), and skip NaN / Inf samples.
+ *   A zero sampled mean (an all-zero stretch) leaves alpha at 1 instead of
+ *   dividing by zero.
+ * - MiCRO's empty selection: the authors send one filler index when the
+ *   threshold selects nothing, because their all-gather cannot carry an
+ *   empty list. Our messages can, so an empty selection stays empty.
+ * - Thresholds are floats compared as magnitude keys (kernels/select.h),
+ *   exactly "|v| >= delta" in float; a threshold that would be 0 is raised
+ *   to the smallest positive float so that zeros are never "selected" by a
+ *   threshold method. A threshold that leaves the finite positive range
+ *   (a vector of zeros for many calls, say) triggers a new threshold start,
+ *   counted in totals.starts.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu.h"
+#include "sparsify/internal.h"
+
+/* "ds-spars" read big-endian: keeps these streams apart from others fed
+ * the same seed. */
+#define SP_RNG_DOMAIN 0x64732d7370617273ull
+#define SAGE_MAX_SAMPLES 400
+
+static const char *const method_names[DS_SPARSIFY_N_METHODS] = {
+    "none", "random", "topk", "threshold", "sage", "micro", "deft",
+};
+
+const char *ds_sparsify_method_name(int method)
+{
+    if (method < 0 || method >= DS_SPARSIFY_N_METHODS)
+        return NULL;
+    return method_names[method];
+}
+
+int ds_sparsify_method_parse(const char *s)
+{
+    if (!s)
+        return -EINVAL;
+    for (int m = 0; m < DS_SPARSIFY_N_METHODS; m++)
+        if (!strcmp(s, method_names[m]))
+            return m;
+    return -EINVAL;
+}
+
+void ds_sparsify_cfg_defaults(ds_sparsify_cfg *c, enum ds_sparsify_method method)
+{
+    memset(c, 0, sizeof(*c));
+    c->method = method;
+    c->start = DS_START_KTH;
+}
+
+size_t ds_sparsify_k(size_t n, double density)
+{
+    if (n == 0)
+        return 0;
+    const double x = floor(density * (double)n + 0.5);
+    if (!(x >= 1.0))
+        return 1;
+    if (x >= (double)n)
+        return n;
+    return (size_t)x;
+}
+
+size_t ds_sparsify_capacity(const ds_sparsifier *s, size_t n, double density)
+{
+    const size_t k = ds_sparsify_k(n, density);
+    switch (s->cfg.method) {
+    case DS_SPARSIFY_RANDOM:
+    case DS_SPARSIFY_TOPK:
+        return k;
+    case DS_SPARSIFY_DEFT:
+        return k + s->n_units < n ? k + s->n_units : n;
+    default:
+        return n;
+    }
+}
+
+/* ---- object ------------------------------------------------------------- */
+
+static int check_units(const uint32_t *off, size_t n_units, size_t n)
+{
+    if (n_units == 0 || off[0] != 0 || off[n_units] != n)
+        return -EINVAL;
+    for (size_t u = 0; u < n_units; u++)
+        if (off[u + 1] < off[u])
+            return -EINVAL;
+    return 0;
+}
+
+int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t n_max,
+                         const ds_select_ops *ops)
+{
+    if (!out)
+        return -EINVAL;
+    *out = NULL;
+    if (!cfg || (unsigned)cfg->method >= DS_SPARSIFY_N_METHODS)
+        return -EINVAL;
+    if (n_max > UINT32_MAX)
+        return -EOVERFLOW;
+    if (ops && ops->kind != DS_BACKEND_CPU)
+        return -EINVAL; /* the sparsifier reads host memory */
+    if (!(cfg->threshold >= 0.0f) || !isfinite(cfg->threshold))
+        return -EINVAL;
+    if (cfg->start != DS_START_KTH && cfg->start != DS_START_PUBLISHED)
+        return -EINVAL;
+    if (cfg->method == DS_SPARSIFY_DEFT && cfg->unit_off &&
+        check_units(cfg->unit_off, cfg->n_units, n_max) < 0)
+        return -EINVAL;
+
+    ds_sparsifier *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->cfg = *cfg;
+    s->n_max = n_max;
+    if (ops)
+        s->ops = *ops;
+    else
+        ds_select_ops_init(&s->ops, ds_cpu_flags());
+    s->rng = cfg->seed ^ SP_RNG_DOMAIN;
+
+    if (cfg->method == DS_SPARSIFY_DEFT) {
+        s->n_units = cfg->unit_off ? cfg->n_units : 1;
+        s->units = malloc((s->n_units + 1) * sizeof(*s->units));
+        s->norms = malloc(s->n_units * sizeof(*s->norms));
+        s->k_unit = malloc(s->n_units * sizeof(*s->k_unit));
+        if (!s->units || !s->norms || !s->k_unit)
+            goto fail_alloc;
+        if (cfg->unit_off) {
+            memcpy(s->units, cfg->unit_off, (s->n_units + 1) * sizeof(*s->units));
+        } else {
+            s->units[0] = 0;
+            s->units[1] = (uint32_t)n_max;
+        }
+        s->cfg.unit_off = s->units;
+        s->cfg.n_units = s->n_units;
+    } else {
+        s->cfg.unit_off = NULL;
+        s->cfg.n_units = 0;
+    }
+    if (cfg->method == DS_SPARSIFY_RANDOM) {
+        s->bitmap = calloc(n_max / 64 + 1, sizeof(*s->bitmap));
+        if (!s->bitmap)
+            goto fail_alloc;
+    }
+    *out = s;
+    return 0;
+
+fail_alloc:
+    ds_sparsifier_destroy(&s);
+    return -ENOMEM;
+}
+
+void ds_sparsifier_destroy(ds_sparsifier **sp)
+{
+    if (!sp || !*sp)
+        return;
+    ds_sparsifier *s = *sp;
+    free(s->units);
+    free(s->norms);
+    free(s->k_unit);
+    free(s->bitmap);
+    free(s->cand_idx);
+    free(s->cand_val);
+    free(s);
+    *sp = NULL;
+}
+
+void ds_sparsifier_reset(ds_sparsifier *s)
+{
+    if (!s)
+        return;
+    s->started = 0;
+    s->delta = 0.0f;
+    s->mean_prev = 0.0;
+    s->micro_ratio = 0.0;
+    s->micro_fed = 0;
+    s->micro_group_count = 0;
+    s->micro_k_group = 0;
+}
+
+enum ds_sparsify_method ds_sparsifier_method(const ds_sparsifier *s)
+{
+    return s->cfg.method;
+}
+
+float ds_sparsifier_threshold(const ds_sparsifier *s)
+{
+    if (s->cfg.method == DS_SPARSIFY_THRESHOLD && s->cfg.threshold > 0.0f)
+        return s->cfg.threshold;
+    return s->started ? s->delta : 0.0f;
+}
+
+void ds_sparsifier_totals(const ds_sparsifier *s, ds_sparsify_totals *t)
+{
+    *t = s->totals;
+}
+
+int ds_sp_check(const ds_sparsifier *s, const float *v, size_t n, double density,
+                const uint32_t *idx, const float *val)
+{
+    if (!s)
+        return -EINVAL;
+    if (n > UINT32_MAX)
+        return -EOVERFLOW;
+    if (!(density > 0.0) || !(density <= 1.0))
+        return -EINVAL;
+    if (n > 0 && (!v || !idx || !val))
+        return -EINVAL;
+    if (n > s->n_max)
+        return -EINVAL;
+    return 0;
+}
+
+void ds_sp_account(ds_sparsifier *s, ds_sparsify_result *res, size_t n, size_t k, size_t count,
+                   size_t nonfinite, float threshold)
+{
+    s->totals.calls++;
+    s->totals.elements += n;
+    s->totals.selected += count;
+    s->totals.nonfinite += nonfinite;
+    s->totals.calls_with_nonfinite += nonfinite > 0;
+    if (res) {
+        res->n = n;
+        res->k = k;
+        res->count = count;
+        res->nonfinite = nonfinite;
+        res->threshold = threshold;
+        res->density = n ? (double)count / (double)n : 0.0;
+    }
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* The largest float <= x, as a magnitude key (x >= 0). */
+static uint32_t key_floor(double x)
+{
+    if (!(x > 0.0))
+        return 0;
+    if (x >= (double)FLT_MAX)
+        return ds_sel_key(FLT_MAX);
+    float f = (float)x;
+    if ((double)f > x)
+        f = nextafterf(f, 0.0f);
+    return ds_sel_key(f);
+}
+
+/* A usable threshold: positive and finite. */
+static int threshold_ok(float t)
+{
+    return t > 0.0f && t <= FLT_MAX;
+}
+
+/* Raise a threshold of 0 (or a denormal that rounds there) to the smallest
+ * positive float, so "|v| >= t" never selects zeros. */
+static float positive(float t)
+{
+    return t > 0.0f ? t : FLT_TRUE_MIN;
+}
+
+/* The threshold start (see the top of the file). */
+static int start_threshold(ds_sparsifier *s, const float *v, size_t n, size_t k, float *delta)
+{
+    float t;
+    if (s->cfg.start == DS_START_PUBLISHED) {
+        t = (float)(1.0 / (2.0 * sqrt((double)k)));
+    } else {
+        uint32_t key;
+        int ret = ds_sp_kth_key(s, v, n, k, &key);
+        if (ret < 0)
+            return ret;
+        t = ds_sel_key_value(key);
+    }
+    *delta = positive(t);
+    return 0;
+}
+
+/* Sampled mean |v|: Slovin's sample size for e = 0.05, positions drawn
+ * uniformly with replacement. */
+static double sampled_mean(ds_sparsifier *s, const float *v, size_t n)
+{
+    uint32_t pos[SAGE_MAX_SAMPLES];
+    size_t ns = (size_t)((double)n / (1.0 + (double)n * 0.0025));
+    if (ns < 1)
+        ns = 1;
+    if (ns > SAGE_MAX_SAMPLES)
+        ns = SAGE_MAX_SAMPLES;
+    for (size_t j = 0; j < ns; j++)
+        pos[j] = ds_sp_below(&s->rng, n);
+    size_t used;
+    return s->ops.absmean_at(v, pos, ns, &used);
+}
+
+/* ---- methods -------------------------------------------------------------
+ * Each selects from v[0..n), n >= 1, writing base-relative indices, and
+ * reports count, nonfinite and the threshold. State changes only once
+ * nothing can fail any more. */
+
+typedef struct call {
+    const float *v;
+    size_t n;
+    uint32_t base;
+    double d;
+    size_t k;
+    uint32_t *idx;
+    float *val;
+    size_t cap;
+    size_t count, nonfinite;
+    float threshold;
+} call;
+
+static int m_none(ds_sparsifier *s, call *c)
+{
+    ds_sel_tally tl;
+    s->ops.compact(c->v, c->n, 0, 0, c->base, c->idx, c->val, c->cap, &tl);
+    c->count = tl.kept;
+    c->nonfinite = tl.nonfinite;
+    return 0;
+}
+
+static int m_random(ds_sparsifier *s, call *c)
+{
+    /* Floyd's algorithm: for j = n-k .. n-1 draw t in [0, j]; take t, or j
+     * when t is taken already. Every k-subset comes out equally likely,
+     * after k draws. A bitmap of n bits holds the set and, scanned word by
+     * word, yields it in increasing order. */
+    uint64_t *bm = s->bitmap;
+    const size_t n = c->n, k = c->k;
+    for (size_t j = n - k; j < n; j++) {
+        const uint32_t t = ds_sp_below(&s->rng, (uint64_t)j + 1);
+        const uint64_t bit = 1ull << (t & 63);
+        if (bm[t >> 6] & bit)
+            bm[j >> 6] |= 1ull << (j & 63);
+        else
+            bm[t >> 6] |= bit;
+    }
+    size_t cnt = 0;
+    for (size_t w = 0; w <= (n - 1) >> 6; w++) {
+        uint64_t x = bm[w];
+        bm[w] = 0;
+        while (x) {
+            c->idx[cnt++] = (uint32_t)(w * 64 + (size_t)__builtin_ctzll(x));
+            x &= x - 1;
+        }
+    }
+    s->ops.gather(c->val, c->v, c->idx, cnt);
+    /* Drop the draws that hit NaN / Inf, and make the indices base-relative. */
+    size_t j = 0, bad = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        const int fin = ds_sel_key(c->val[i]) < DS_SEL_KEY_INF;
+        c->idx[j] = c->base + c->idx[i];
+        c->val[j] = c->val[i];
+        j += (size_t)fin;
+        bad += (size_t)!fin;
+    }
+    c->count = j;
+    c->nonfinite = bad;
+    return 0;
+}
+
+static int m_topk(ds_sparsifier *s, call *c)
+{
+    uint32_t kth;
+    int ret = ds_sp_topk(s, c->v, c->n, c->k, c->base, c->idx, c->val, c->cap, &c->count, &kth,
+                         &c->nonfinite);
+    c->threshold = ds_sel_key_value(kth);
+    return ret;
+}
+
+static int m_threshold(ds_sparsifier *s, call *c)
+{
+    float delta;
+    if (s->cfg.threshold > 0.0f) {
+        delta = s->cfg.threshold;
+    } else if (s->started && threshold_ok(s->delta)) {
+        delta = s->delta;
+    } else {
+        int ret = start_threshold(s, c->v, c->n, c->k, &delta);
+        if (ret < 0)
+            return ret;
+        s->totals.starts++;
+    }
+    ds_sel_tally tl;
+    const uint32_t t = ds_sel_key(delta);
+    s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+    c->count = tl.kept;
+    c->nonfinite = tl.nonfinite;
+    c->threshold = delta;
+    s->delta = delta;
+    s->started = 1;
+    return 0;
+}
+
+static int m_sage(ds_sparsifier *s, call *c)
+{
+    const double m = sampled_mean(s, c->v, c->n);
+    ds_sel_tally tl;
+    float exam = 0.0f;
+    if (s->started) {
+        const double alpha = (m > 0.0 && s->mean_prev > 0.0) ? m / s->mean_prev : 1.0;
+        exam = (float)((double)s->delta * alpha);
+    }
+    if (!s->started || !threshold_ok(exam)) {
+        float delta;
+        int ret = start_threshold(s, c->v, c->n, c->k, &delta);
+        if (ret < 0)
+            return ret;
+        const uint32_t t = ds_sel_key(delta);
+        s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+        c->count = tl.kept;
+        c->nonfinite = tl.nonfinite;
+        c->threshold = delta;
+        s->totals.starts++;
+        s->delta = delta;
+        s->mean_prev = m;
+        s->started = 1;
+        return 0;
+    }
+
+    /* One pass: compact over the lowest delta_t can reach, count over
+     * delta*alpha (see the top of the file). cap >= n holds everything. */
+    const double d = c->d;
+    const double lo = (double)exam * 0.95 * 2.0 / (1.0 + exp(d));
+    const uint32_t t_lo = key_floor(lo);
+    s->ops.compact(c->v, c->n, t_lo, ds_sel_key(exam), c->base, c->idx, c->val, c->cap, &tl);
+
+    const double d_exam = (double)tl.counted / (double)c->n;
+    const double beta = 2.0 / (1.0 + exp(d - d_exam));
+    const double ratio = d_exam / d;
+    const double gamma = ratio < 0.1 ? 0.95 : ratio > 10.0 ? 1.05 : 1.0;
+    double next = (double)exam * beta * gamma;
+    if (next > (double)FLT_MAX)
+        next = (double)FLT_MAX;
+    float delta = (float)next;
+    /* delta >= lo by the bounds above; the float rounding of each may not
+     * agree in the last bit, and the candidates cover only >= t_lo. */
+    uint32_t t = ds_sel_key(delta);
+    if (t < t_lo) {
+        t = t_lo;
+        delta = ds_sel_key_value(t);
+    }
+    c->count = s->ops.filter(c->idx, c->val, tl.kept, t);
+    c->nonfinite = tl.nonfinite;
+    c->threshold = delta;
+    s->delta = delta;
+    s->mean_prev = m;
+    return 0;
+}
+
+static int m_micro(ds_sparsifier *s, call *c)
+{
+    float delta = 0.0f;
+    if (s->started) {
+        double e = s->micro_ratio;
+        if (s->micro_fed && s->micro_k_group > 0)
+            e = (double)s->micro_group_count / (double)s->micro_k_group;
+        const double sf = e > 1.1 ? 1.005 : e > 0.909 ? 1.00125 : 0.995;
+        delta = (float)((double)s->delta * sf);
+    }
+    if (!s->started || !threshold_ok(delta)) {
+        int ret = start_threshold(s, c->v, c->n, c->k, &delta);
+        if (ret < 0)
+            return ret;
+        s->totals.starts++;
+    }
+    ds_sel_tally tl;
+    const uint32_t t = ds_sel_key(delta);
+    s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+    c->count = tl.kept;
+    c->nonfinite = tl.nonfinite;
+    c->threshold = delta;
+    s->delta = delta;
+    s->started = 1;
+    s->micro_ratio = (double)tl.kept / (double)c->k;
+    s->micro_fed = 0;
+    return 0;
+}
+
+static int m_deft(ds_sparsifier *s, call *c)
+{
+    s->ops.norms(c->v, s->units, s->n_units, s->norms);
+    long long sum = ds_deft_alloc(s->units, s->n_units, s->norms, c->k, s->k_unit);
+    if (sum < 0)
+        return (int)sum;
+    if ((size_t)sum > c->cap)
+        return -ENOBUFS; /* not reached: sum <= min(n, k + units) <= cap */
+    size_t count = 0, nonfinite = 0;
+    for (size_t u = 0; u < s->n_units; u++) {
+        const uint32_t off = s->units[u];
+        size_t got, nf;
+        uint32_t kth;
+        int ret = ds_sp_topk(s, c->v + off, s->units[u + 1] - off, s->k_unit[u], c->base + off,
+                             c->idx + count, c->val + count, c->cap - count, &got, &kth, &nf);
+        if (ret < 0)
+            return ret;
+        count += got;
+        nonfinite += nf;
+    }
+    c->count = count;
+    c->nonfinite = nonfinite;
+    return 0;
+}
+
+typedef int (*method_fn)(ds_sparsifier *s, call *c);
+static const method_fn methods[DS_SPARSIFY_N_METHODS] = {
+    m_none, m_random, m_topk, m_threshold, m_sage, m_micro, m_deft,
+};
+
+/* Run the method on v[0..n) (already checked) and account for it. */
+static int run(ds_sparsifier *s, const float *v, size_t n, uint32_t base, double density,
+               uint32_t *idx, float *val, size_t cap, ds_sparsify_result *res)
+{
+    call c = {
+        .v = v, .n = n, .base = base, .d = density, .k = ds_sparsify_k(n, density),
+        .idx = idx, .val = val, .cap = cap,
+    };
+    if (n > 0) {
+        int ret = methods[s->cfg.method](s, &c);
+        if (ret < 0) {
+            s->totals.rejected++;
+            return ret;
+        }
+    }
+    ds_sp_account(s, res, n, c.k, c.count, c.nonfinite, c.threshold);
+    return 0;
+}
+
+int ds_sparsify_select(ds_sparsifier *s, const float *v, size_t n, double density,
+                       uint32_t *idx, float *val, size_t cap, ds_sparsify_result *res)
+{
+    int ret = ds_sp_check(s, v, n, density, idx, val);
+    if (!ret && s->cfg.method == DS_SPARSIFY_DEFT && n != s->units[s->n_units])
+        ret = -EINVAL;
+    if (!ret && cap < ds_sparsify_capacity(s, n, density))
+        ret = -ENOBUFS;
+    if (ret < 0) {
+        if (s)
+            s->totals.rejected++;
+        return ret;
+    }
+    if (s->cfg.method == DS_SPARSIFY_MICRO)
+        s->micro_k_group = ds_sparsify_k(n, density);
+    return run(s, v, n, 0, density, idx, val, cap, res);
+}
+
+/* ---- group level: MiCRO (the pure chunk rule is in group.c) -------------- */
+
+int ds_micro_select_owned(ds_sparsifier *s, const float *v, size_t n, unsigned G, unsigned r,
+                          uint64_t t, double density, uint32_t *idx, float *val, size_t cap,
+                          ds_sparsify_result *res)
+{
+    int ret = ds_sp_check(s, v, n, density, idx, val);
+    if (!ret && (G == 0 || r >= G))
+        ret = -EINVAL;
+    size_t off = 0, len = 0;
+    if (!ret) {
+        ds_micro_chunk(n, G, r, t, &off, &len);
+        if (s->cfg.method == DS_SPARSIFY_DEFT)
+            ret = -EINVAL; /* deft's units span the whole segment */
+        else if (cap < ds_sparsify_capacity(s, len, density))
+            ret = -ENOBUFS;
+    }
+    if (ret < 0) {
+        if (s)
+            s->totals.rejected++;
+        return ret;
+    }
+    s->micro_k_group = ds_sparsify_k(n, density);
+    return run(s, v + off, len, (uint32_t)off, density, idx, val, cap, res);
+}
+
+void ds_micro_feedback(ds_sparsifier *s, size_t group_count)
+{
+    if (!s)
+        return;
+    s->micro_fed = 1;
+    s->micro_group_count = group_count;
+}
+
+/* ---- group level: DEFT's selection (the pure rules are in group.c) ------- */
+
+int ds_deft_select_owned(ds_sparsifier *s, const float *v, const uint32_t *unit_off,
+                         size_t n_units, const size_t *k_unit, const uint32_t *bin, unsigned G,
+                         unsigned r, uint64_t t, uint32_t *idx, float *val, size_t cap,
+                         ds_sparsify_result *res)
+{
+    int ret = 0;
+    if (!s)
+        return -EINVAL;
+    if (!unit_off || !k_unit || !bin || !idx || !val || G == 0 || r >= G || n_units == 0)
+        ret = -EINVAL;
+    else if (check_units(unit_off, n_units, unit_off[n_units]) < 0 || !v)
+        ret = -EINVAL;
+    else if (unit_off[n_units] > s->n_max)
+        ret = -EINVAL;
+    const uint32_t mine = (uint32_t)((t % G + r) % G);
+    size_t need = 0, k_total = 0;
+    for (size_t u = 0; !ret && u < n_units; u++) {
+        const size_t len = unit_off[u + 1] - unit_off[u];
+        if (bin[u] == mine)
+            need += k_unit[u] < len ? k_unit[u] : len;
+        else if (bin[u] == DS_DEFT_COMMON)
+            need += len;
+        else if (bin[u] >= G)
+            ret = -EINVAL;
+    }
+    if (!ret && need > cap)
+        ret = -ENOBUFS;
+    if (ret < 0) {
+        s->totals.rejected++;
+        return ret;
+    }
+    k_total = need;
+    size_t count = 0, nonfinite = 0;
+    for (size_t u = 0; u < n_units; u++) {
+        if (bin[u] != mine && bin[u] != DS_DEFT_COMMON)
+            continue;
+        const uint32_t off = unit_off[u];
+        const size_t len = unit_off[u + 1] - off;
+        const size_t k = bin[u] == DS_DEFT_COMMON ? len : k_unit[u];
+        size_t got, nf;
+        uint32_t kth;
+        ret = ds_sp_topk(s, v + off, len, k, off, idx + count, val + count, cap - count, &got,
+                         &kth, &nf);
+        if (ret < 0) {
+            s->totals.rejected++;
+            return ret;
+        }
+        count += got;
+        nonfinite += nf;
+    }
+    ds_sp_account(s, res, unit_off[n_units], k_total, count, nonfinite, 0.0f);
+    return 0;
+}
+
+/* ---- error feedback ------------------------------------------------------ */
+
+void ds_ef_accumulate(float *residual, const float *g, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        residual[i] = residual[i] + g[i];
+}
+
+int ds_ef_zero(float *residual, size_t n, const uint32_t *idx, size_t count)
+{
+    if (count == 0)
+        return 0;
+    if (!residual || !idx)
+        return -EINVAL;
+    for (size_t j = 1; j < count; j++)
+        if (idx[j] <= idx[j - 1])
+            return -EINVAL;
+    if (idx[count - 1] >= n)
+        return -ERANGE;
+    ds_sel_zero_at_c(residual, idx, count);
+    return 0;
+}
+
+int ds_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n, double density,
+               uint32_t *idx, float *val, size_t cap, ds_sparsify_result *res)
+{
+    /* Check everything a select would before touching the residual, so a
+     * refused call changes nothing. Past this point only -ENOMEM can come
+     * back, and then the residual holds g + old residual with nothing sent:
+     * no mass is lost either way. */
+    int ret = ds_sp_check(s, residual, n, density, idx, val);
+    if (!ret && n > 0 && !g)
+        ret = -EINVAL;
+    if (!ret && s->cfg.method == DS_SPARSIFY_DEFT && n != s->units[s->n_units])
+        ret = -EINVAL;
+    if (!ret && cap < ds_sparsify_capacity(s, n, density))
+        ret = -ENOBUFS;
+    if (ret < 0) {
+        if (s)
+            s->totals.rejected++;
+        return ret;
+    }
+    ds_ef_accumulate(residual, g, n);
+    ds_sparsify_result r;
+    ret = ds_sparsify_select(s, residual, n, density, idx, val, cap, &r);
+    if (ret < 0)
+        return ret;
+    s->ops.zero_at(residual, idx, r.count);
+    if (res)
+        *res = r;
+    return 0;
+}

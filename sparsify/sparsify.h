@@ -1,0 +1,247 @@
+/*
+ * sparsify/sparsify.h: which entries of a vector a node sends (DESIGN 4).
+ *
+ * A sparsifier is an object per (method, segment): given a float vector v
+ * of length n (a segment of the gossip accumulator, or g + residual at group
+ * level) and a target density d in (0, 1], it returns the sorted, unique
+ * uint32 indices S (relative to the segment) and the values v[S], into
+ * buffers the caller owns, and keeps whatever state its method carries
+ * from one call to the next (a threshold, a sampled mean, a generator).
+ *
+ *   none       every finite entry
+ *   random     k = round(d n) indices drawn uniformly without replacement
+ *   topk       the exact k largest |v|, ties to the lower index, in linear
+ *              time (radix select; never a sort)
+ *   threshold  |v| >= lambda, lambda fixed: the configured value, else the
+ *              threshold start below
+ *   sage       |v| >= delta_t, delta_t steered by the sampled mean of |v|
+ *              and the density examined at the previous threshold
+ *   micro      |v| >= delta_t, delta_t nudged by at most 0.5% per call
+ *              towards the target count
+ *   deft       per-unit k by descending L2 norm, exact top-k in each unit;
+ *              units are the caller's layers
+ * with k = round(d n), at least 1 when n > 0 (ds_sparsify_k).
+ *
+ * Threshold start: on their first call, sage, micro and threshold (when no
+ * value is configured) take the exact k-th largest |v| of that call as
+ * their threshold; DS_START_PUBLISHED uses the authors' 1/(2 sqrt(k)).
+ *
+ * Bad input loses nothing: every refused call returns a negative errno,
+ * writes no output, leaves the state as it was and is counted in
+ * ds_sparsify_totals.rejected. NaN and +-Inf entries are never selected by
+ * any method; each call reports how many it saw, and the totals add them up.
+ * Sparsifiers log nothing (sparsify/ sits below node/); the caller logs
+ * from the result and the totals.
+ *
+ * A sparsifier is not thread-safe; one thread uses it at a time. All
+ * buffers are host memory.
+ *
+ * The group-level variants (MiCRO's rotating chunk ownership, DEFT's units,
+ * allocation and bin packing) are pure functions at the end of this file.
+ * docs/sparsify.md explains each rule and where we depart from the authors'
+ * code.
+ */
+#ifndef DS_SPARSIFY_SPARSIFY_H
+#define DS_SPARSIFY_SPARSIFY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/select.h"
+
+enum ds_sparsify_method {
+    DS_SPARSIFY_NONE = 0,
+    DS_SPARSIFY_RANDOM,
+    DS_SPARSIFY_TOPK,
+    DS_SPARSIFY_THRESHOLD,
+    DS_SPARSIFY_SAGE,
+    DS_SPARSIFY_MICRO,
+    DS_SPARSIFY_DEFT,
+    DS_SPARSIFY_N_METHODS
+};
+
+/* "none", "random", "topk", "threshold", "sage", "micro", "deft"; NULL for
+ * a value out of range. */
+const char *ds_sparsify_method_name(int method);
+
+/* The method named s, or -EINVAL. */
+int ds_sparsify_method_parse(const char *s);
+
+/* Where a threshold method without a configured value starts. */
+enum ds_sparsify_start {
+    DS_START_KTH = 0,       /* the exact k-th largest |v| of the first call (DESIGN 4) */
+    DS_START_PUBLISHED = 1, /* 1 / (2 sqrt(k)), as the authors' code */
+};
+
+typedef struct ds_sparsify_cfg {
+    enum ds_sparsify_method method;
+    /* random's draws and sage's sample positions. Derive it per node and
+     * segment so that streams differ (the same seed gives the same draws). */
+    uint64_t seed;
+    /* threshold only: > 0 fixes lambda; 0 means the threshold start. */
+    float threshold;
+    enum ds_sparsify_start start;
+    /* deft only: n_units + 1 non-decreasing unit (layer) boundaries
+     * relative to the segment, from 0 to the segment's length; copied by
+     * create. NULL / 0 means one unit, the whole segment. */
+    const uint32_t *unit_off;
+    size_t n_units;
+} ds_sparsify_cfg;
+
+/* Zeroes *c and sets the method: seed 0, threshold start, one unit. */
+void ds_sparsify_cfg_defaults(ds_sparsify_cfg *c, enum ds_sparsify_method method);
+
+/* What one call did. */
+typedef struct ds_sparsify_result {
+    size_t n;          /* length of the vector */
+    size_t k;          /* target count, ds_sparsify_k(n, density) */
+    size_t count;      /* entries written to idx / val */
+    size_t nonfinite;  /* NaN / Inf entries this call saw (never selected;
+                          random sees only its draws) */
+    float threshold;   /* magnitude threshold applied (threshold, sage,
+                          micro), the k-th largest |v| (topk); else 0 */
+    double density;    /* count / n (0 when n = 0) */
+} ds_sparsify_result;
+
+/* Counters over the sparsifier's life. */
+typedef struct ds_sparsify_totals {
+    uint64_t calls;                /* accepted calls */
+    uint64_t rejected;             /* refused calls (bad arguments, short buffers, no memory) */
+    uint64_t elements;             /* sum of n over accepted calls */
+    uint64_t selected;             /* sum of count */
+    uint64_t nonfinite;            /* sum of nonfinite */
+    uint64_t calls_with_nonfinite; /* calls that saw at least one NaN / Inf */
+    uint64_t starts;               /* threshold starts: first calls, and restarts
+                                      after the threshold left the finite range */
+} ds_sparsify_totals;
+
+typedef struct ds_sparsifier ds_sparsifier;
+
+/* Create a sparsifier for vectors of up to n_max entries (n_max <=
+ * UINT32_MAX; deft takes exactly the length its units cover). ops: the CPU
+ * selection kernels to use, copied; NULL means ds_select_ops_init(ops,
+ * ds_cpu_flags()). The caller owns *out and frees it with
+ * ds_sparsifier_destroy. Returns 0, -EINVAL (unknown method, bad units, a
+ * CUDA table), -EOVERFLOW (n_max over UINT32_MAX) or -ENOMEM. */
+int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t n_max,
+                         const ds_select_ops *ops) __attribute__((warn_unused_result));
+
+/* Free; NULL-safe; clears the caller's pointer. */
+void ds_sparsifier_destroy(ds_sparsifier **s);
+
+/* Forget the method's state: the next call is a first call again (e.g.
+ * after the segment was replaced by a model transfer). Totals stay. */
+void ds_sparsifier_reset(ds_sparsifier *s);
+
+enum ds_sparsify_method ds_sparsifier_method(const ds_sparsifier *s);
+
+/* The threshold the next call starts from (sage, micro, threshold), 0
+ * before the first call and for the other methods. */
+float ds_sparsifier_threshold(const ds_sparsifier *s);
+
+void ds_sparsifier_totals(const ds_sparsifier *s, ds_sparsify_totals *t);
+
+/* Target count: round(density * n), clamped to [1, n]; 0 when n = 0. */
+size_t ds_sparsify_k(size_t n, double density);
+
+/* Worst-case count of one call: n for none and the threshold methods,
+ * k for random and topk, min(n, k + units) for deft (its per-unit floor of
+ * one entry may exceed k). Size idx and val for this. */
+size_t ds_sparsify_capacity(const ds_sparsifier *s, size_t n, double density);
+
+/* Select from v[0..n) at the target density. idx and val (caller-owned,
+ * cap entries each, cap >= ds_sparsify_capacity) receive res->count sorted,
+ * unique indices and their values. res may be NULL.
+ * Returns 0; -EINVAL for NULL pointers, a density that is NaN, <= 0 or > 1,
+ * n > n_max (deft: n != its units' length); -EOVERFLOW for n > UINT32_MAX;
+ * -ENOBUFS when cap is short; -ENOMEM when scratch cannot grow. n = 0 is
+ * accepted and selects nothing. */
+int ds_sparsify_select(ds_sparsifier *s, const float *v, size_t n, double density,
+                       uint32_t *idx, float *val, size_t cap, ds_sparsify_result *res)
+    __attribute__((warn_unused_result));
+
+/* ---- error feedback: what is not sent stays --------------------------- */
+
+/* residual[i] = residual[i] + g[i] for i < n. */
+void ds_ef_accumulate(float *residual, const float *g, size_t n);
+
+/* residual[idx[j]] = 0 for j < count: the sent entries leave the residual.
+ * idx must be strictly increasing and below n; otherwise nothing is
+ * written and -EINVAL (order) or -ERANGE (an index >= n) comes back. */
+int ds_ef_zero(float *residual, size_t n, const uint32_t *idx, size_t count)
+    __attribute__((warn_unused_result));
+
+/* One group-level step: residual += g, select from the residual, zero the
+ * residual at the selection. val receives the values sent, so that
+ * sent + new residual == g + old residual, bit for bit (each entry is
+ * either sent whole or kept whole). Arguments and returns as
+ * ds_sparsify_select; on error the residual is unchanged. */
+int ds_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n, double density,
+               uint32_t *idx, float *val, size_t cap, ds_sparsify_result *res)
+    __attribute__((warn_unused_result));
+
+/* ---- group level: MiCRO ---------------------------------------------- */
+
+/* Chunk c of a vector of n entries cut into G near-equal contiguous chunks
+ * (the first n mod G chunks one longer). At step t, member r of G owns
+ * chunk (t + r) mod G. */
+void ds_micro_chunk(size_t n, unsigned G, unsigned r, uint64_t t, size_t *off, size_t *len);
+
+/* Member r's selection at step t: the sparsifier s (any method; micro in
+ * practice) runs on its own chunk only, at the target density, and writes
+ * segment-relative indices. Returns as ds_sparsify_select; -EINVAL also for
+ * G = 0 or r >= G. */
+int ds_micro_select_owned(ds_sparsifier *s, const float *v, size_t n, unsigned G, unsigned r,
+                          uint64_t t, double density, uint32_t *idx, float *val, size_t cap,
+                          ds_sparsify_result *res) __attribute__((warn_unused_result));
+
+/* MiCRO steers by the group's count, not the member's: pass the total
+ * number of entries the whole group selected at the last step, and the
+ * next call compares it with k of the whole vector, as the authors' code
+ * does. Without it, the member's own count, scaled by n / chunk length,
+ * stands in. Ignored by the other methods. */
+void ds_micro_feedback(ds_sparsifier *s, size_t group_count);
+
+/* ---- group level: DEFT ----------------------------------------------- */
+
+#define DS_DEFT_COMMON UINT32_MAX /* bin of a unit selected whole, by every member */
+
+/* Cut layers into units: a layer longer than n / G (n = the layers'
+ * total length) becomes G near-equal parts, the first len mod G one
+ * longer; others stay whole. layer_off has n_layers + 1 entries from 0;
+ * unit_off (cap entries) receives *n_units + 1 boundaries. Returns 0,
+ * -EINVAL (G = 0, offsets not non-decreasing from 0) or -ENOBUFS. */
+int ds_deft_units(const uint32_t *layer_off, size_t n_layers, unsigned G, uint32_t *unit_off,
+                  size_t cap, size_t *n_units) __attribute__((warn_unused_result));
+
+/* Per-unit k: in descending norm order (ties to the lower unit),
+ * k_u = min(len_u, max(1, trunc(remaining_k * norm_u / remaining_norm))),
+ * then remaining_k -= k_u, remaining_norm -= norm_u; a unit met when the
+ * remaining norm is 0 gets min(len_u, 1). What capped units left over is
+ * then handed out in the same order, each unit up to its length (group.c
+ * says why). norms must be finite and >= 0. Returns the sum of k_unit:
+ * k, plus at most n_units from the floor of one entry per unit, less only
+ * when the units hold fewer than k entries; or -EINVAL, -ENOMEM. */
+long long ds_deft_alloc(const uint32_t *unit_off, size_t n_units, const double *norms, size_t k,
+                        size_t *k_unit);
+
+/* Bin-pack units to G members, largest cost first into the lightest bin
+ * (ties: lower unit, lower bin), cost = len * log2(k) for k > 1, len
+ * otherwise. A unit with k == len is selected whole by every member: its
+ * bin is DS_DEFT_COMMON and it loads no bin. bin (n_units entries)
+ * receives each unit's bin; load (G entries, may be NULL) each bin's cost.
+ * Returns 0, -EINVAL or -ENOMEM. */
+int ds_deft_pack(const uint32_t *unit_off, const size_t *k_unit, size_t n_units, unsigned G,
+                 uint32_t *bin, double *load) __attribute__((warn_unused_result));
+
+/* Member r's selection at step t: exact top-k_unit[u] in every unit u whose
+ * bin is (t + r) mod G, and every entry of the DS_DEFT_COMMON units, in
+ * index order; segment-relative indices. s provides the kernels and
+ * scratch (any method) and counts the call. cap must hold the sum of
+ * k_unit over those units. Returns as ds_sparsify_select. */
+int ds_deft_select_owned(ds_sparsifier *s, const float *v, const uint32_t *unit_off,
+                         size_t n_units, const size_t *k_unit, const uint32_t *bin, unsigned G,
+                         unsigned r, uint64_t t, uint32_t *idx, float *val, size_t cap,
+                         ds_sparsify_result *res) __attribute__((warn_unused_result));
+
+#endif

@@ -1,0 +1,1075 @@
+/*
+ * tests/test_sparsify.c: the sparsifiers of DESIGN 4 (sparsify/sparsify.h).
+ *
+ * - topk returns exactly the k largest |v|, ties to the lower index,
+ *   against a sort-based oracle, with every kernel variant;
+ * - every method returns sorted, unique, in-range indices whose values are
+ *   v's, never a NaN / Inf, never more than its stated capacity;
+ * - SAGE and MiCRO hold the target density within +-10% on average after
+ *   warm-up: over 300 calls of a drifting synthetic stream, and over 300
+ *   steps of a real stream, the parameter drift (and the gradients) of the
+ *   784-256-256-10 MLP training on Fashion-MNIST, generated here by the
+ *   real trainer (node/train.h);
+ * - DEFT: per-unit k sums to k within the number of units; the packing's
+ *   heaviest bin is within 4/3 of the optimum (found by brute force);
+ * - MiCRO's chunks partition the vector at every step and rotate;
+ * - error feedback conserves mass bit for bit;
+ * - bad input is refused, counted, and changes nothing.
+ * Run: meson test -C build sparsify --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu.h"
+#include "node/train.h"
+#include "sparsify/sparsify.h"
+#include "testutil.h"
+
+#define NM DS_SPARSIFY_N_METHODS
+
+static int variants(ds_select_ops *out, const char **names)
+{
+    static const unsigned masks[] = {0, DS_CPU_AVX2, DS_CPU_ALL};
+    static const char *mnames[] = {"ref", "avx2", "avx512"};
+    const unsigned have = ds_cpu_detect();
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        if ((i == 1 && !(have & DS_CPU_AVX2)) || (i == 2 && !(have & DS_CPU_AVX512)))
+            continue;
+        ds_select_ops_init(&out[n], masks[i] & have);
+        names[n++] = mnames[i];
+    }
+    return n;
+}
+
+static double gauss(uint64_t *s)
+{
+    const double u1 = ((ds_t_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    const double u2 = (ds_t_next(s) >> 11) * (1.0 / 9007199254740992.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Gradient-like: Gaussian times a per-entry scale spread over two decades,
+ * a few NaN / Inf when `salt`. */
+static void fill_grad(float *v, size_t n, uint64_t seed, int salt)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        v[i] = (float)(gauss(&s) * 1e-3 * exp(2.3 * ((double)(i * 2654435761u % 1000) / 1000.0)));
+        if (salt && ds_t_next(&s) % 211 == 0)
+            v[i] = (ds_t_next(&s) & 1) ? NAN : ((ds_t_next(&s) & 1) ? INFINITY : -INFINITY);
+    }
+}
+
+static size_t count_nonfinite(const float *v, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += !isfinite(v[i]);
+    return c;
+}
+
+/* Sorted, unique, in range, values are v's, all finite. */
+static int valid_selection(const char *what, const float *v, size_t n, const uint32_t *idx,
+                           const float *val, size_t count)
+{
+    for (size_t j = 0; j < count; j++) {
+        if (idx[j] >= n || (j && idx[j] <= idx[j - 1]) || memcmp(&val[j], &v[idx[j]], 4) ||
+            !isfinite(val[j])) {
+            cr_log_error("%s: entry %zu of %zu: idx %u (prev %u, n %zu) val %g v %g", what, j,
+                         count, idx[j], j ? idx[j - 1] : 0, n, val[j], idx[j] < n ? v[idx[j]] : 0.0f);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- the top-k oracle: a full sort, which the real thing never does ---- */
+
+typedef struct kv {
+    uint32_t key, i;
+} kv;
+
+static int kv_cmp(const void *a, const void *b)
+{
+    const kv *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? 1 : -1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static int u32_cmp(const void *a, const void *b)
+{
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static size_t oracle_topk(const float *v, size_t n, size_t k, uint32_t *out)
+{
+    kv *a = malloc((n + 1) * sizeof(*a));
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(v[i]))
+            a[m++] = (kv){ds_sel_key(v[i]), (uint32_t)i};
+    qsort(a, m, sizeof(*a), kv_cmp);
+    const size_t c = k < m ? k : m;
+    for (size_t j = 0; j < c; j++)
+        out[j] = a[j].i;
+    qsort(out, c, sizeof(*out), u32_cmp);
+    free(a);
+    return c;
+}
+
+static ds_sparsifier *make(enum ds_sparsify_method m, size_t n, const ds_select_ops *ops)
+{
+    ds_sparsify_cfg c;
+    ds_sparsify_cfg_defaults(&c, m);
+    c.seed = 12345;
+    ds_sparsifier *s = NULL;
+    cr_assert_eq(ds_sparsifier_create(&s, &c, n, ops), 0);
+    return s;
+}
+
+Test(sparsify, method_names_round_trip)
+{
+    for (int m = 0; m < NM; m++)
+        cr_expect_eq(ds_sparsify_method_parse(ds_sparsify_method_name(m)), m);
+    cr_expect_eq(ds_sparsify_method_parse("topK"), -EINVAL);
+    cr_expect_eq(ds_sparsify_method_parse(NULL), -EINVAL);
+    cr_expect_null(ds_sparsify_method_name(NM));
+    cr_expect_eq(ds_sparsify_k(0, 0.5), 0u);
+    cr_expect_eq(ds_sparsify_k(10, 0.01), 1u);
+    cr_expect_eq(ds_sparsify_k(1000, 0.0105), 11u);
+    cr_expect_eq(ds_sparsify_k(1000, 1.0), 1000u);
+}
+
+Test(sparsify, topk_is_exact_with_ties_to_lower_index)
+{
+    ds_select_ops ops[3];
+    const char *names[3];
+    const int nv = variants(ops, names);
+    const size_t sizes[] = {1, 2, 3, 17, 100, 1001, 4099, 65537};
+    for (int vi = 0; vi < nv; vi++) {
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+            const size_t n = sizes[si];
+            float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+            uint32_t *idx = malloc(n * sizeof(uint32_t)), *want = malloc(n * sizeof(uint32_t));
+            fill_grad(v, n, 7 + si, 1);
+            /* Quantize most entries so that many magnitudes tie. */
+            for (size_t i = 0; i < n; i++)
+                if (isfinite(v[i]) && i % 5)
+                    v[i] = roundf(v[i] * 256.0f) / 256.0f;
+            ds_sparsifier *s = make(DS_SPARSIFY_TOPK, n, &ops[vi]);
+            const size_t ks[] = {1, 2, n / 100 + 1, n / 3 + 1, n > 1 ? n - 1 : 1, n};
+            for (int ki = 0; ki < 6; ki++) {
+                const size_t k = ks[ki] < n ? ks[ki] : n;
+                const double d = (double)k / (double)n;
+                cr_assert_eq(ds_sparsify_k(n, d), k);
+                ds_sparsify_result r;
+                cr_assert_eq(ds_sparsify_select(s, v, n, d, idx, val, k, &r), 0);
+                const size_t c = oracle_topk(v, n, k, want);
+                cr_expect_eq(r.count, c, "%s n=%zu k=%zu count %zu want %zu", names[vi], n, k, r.count, c);
+                cr_expect(memcmp(idx, want, c * sizeof(uint32_t)) == 0, "%s n=%zu k=%zu: sets differ",
+                          names[vi], n, k);
+                cr_expect(valid_selection("topk", v, n, idx, val, r.count));
+                cr_expect_eq(r.nonfinite, count_nonfinite(v, n));
+                /* The reported threshold is the k-th magnitude: the smallest selected. */
+                uint32_t lo = UINT32_MAX;
+                for (size_t j = 0; j < r.count; j++)
+                    lo = ds_sel_key(val[j]) < lo ? ds_sel_key(val[j]) : lo;
+                if (r.count)
+                    cr_expect_eq(ds_sel_key(r.threshold), lo);
+            }
+            ds_sparsifier_destroy(&s);
+            cr_expect_null(s);
+            free(v);
+            free(val);
+            free(idx);
+            free(want);
+        }
+    }
+}
+
+Test(sparsify, topk_on_degenerate_vectors)
+{
+    /* All equal, all zero, all NaN but three, a single huge value. */
+    const size_t n = 1000;
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    ds_sparsifier *s = make(DS_SPARSIFY_TOPK, n, NULL);
+    ds_sparsify_result r;
+    for (size_t i = 0; i < n; i++)
+        v[i] = (i & 1) ? 0.5f : -0.5f;
+    cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, 10, &r), 0);
+    cr_expect_eq(r.count, 10u);
+    for (uint32_t j = 0; j < 10; j++)
+        cr_expect_eq(idx[j], j, "ties go to the lowest indices");
+    memset(v, 0, n * sizeof(float));
+    cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, 10, &r), 0);
+    cr_expect_eq(r.count, 10u);
+    cr_expect_eq(idx[9], 9u);
+    for (size_t i = 0; i < n; i++)
+        v[i] = NAN;
+    v[5] = 1;
+    v[500] = -2;
+    v[999] = 0;
+    cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, 10, &r), 0);
+    cr_expect_eq(r.count, 3u);
+    cr_expect_eq(r.nonfinite, n - 3);
+    cr_expect(idx[0] == 5 && idx[1] == 500 && idx[2] == 999);
+    ds_sparsifier_destroy(&s);
+    free(v);
+    free(val);
+    free(idx);
+}
+
+Test(sparsify, every_method_returns_sorted_unique_in_range)
+{
+    const size_t sizes[] = {1, 5, 64, 1001, 70001};
+    const double dens[] = {1e-4, 0.01, 0.3, 1.0};
+    for (int m = 0; m < NM; m++) {
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+            const size_t n = sizes[si];
+            float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+            uint32_t *idx = malloc(n * sizeof(uint32_t));
+            ds_sparsifier *s = make(m, n, NULL);
+            for (int di = 0; di < 4; di++) {
+                for (int call = 0; call < 4; call++) {
+                    fill_grad(v, n, 1000 * si + 10 * di + call, 1);
+                    const size_t cap = ds_sparsify_capacity(s, n, dens[di]);
+                    ds_sparsify_result r;
+                    cr_assert_eq(ds_sparsify_select(s, v, n, dens[di], idx, val, cap, &r), 0);
+                    cr_expect_leq(r.count, cap);
+                    cr_expect(valid_selection(ds_sparsify_method_name(m), v, n, idx, val, r.count),
+                              "%s n=%zu d=%g call %d", ds_sparsify_method_name(m), n, dens[di], call);
+                    if (m != DS_SPARSIFY_RANDOM)
+                        cr_expect_eq(r.nonfinite, count_nonfinite(v, n), "%s nonfinite", ds_sparsify_method_name(m));
+                    cr_expect_eq(r.n, n);
+                    cr_expect_eq(r.k, ds_sparsify_k(n, dens[di]));
+                }
+            }
+            ds_sparsify_totals t;
+            ds_sparsifier_totals(s, &t);
+            cr_expect_eq(t.calls, 16u);
+            cr_expect_eq(t.rejected, 0u);
+            ds_sparsifier_destroy(&s);
+            free(v);
+            free(val);
+            free(idx);
+        }
+    }
+}
+
+Test(sparsify, none_sends_every_finite_entry)
+{
+    const size_t n = 3001;
+    float v[3001], val[3001];
+    uint32_t idx[3001];
+    fill_grad(v, n, 3, 1);
+    ds_sparsifier *s = make(DS_SPARSIFY_NONE, n, NULL);
+    ds_sparsify_result r;
+    cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+    cr_expect_eq(r.count + r.nonfinite, n);
+    cr_expect_gt(r.nonfinite, 0u);
+    ds_sparsifier_destroy(&s);
+}
+
+Test(sparsify, random_draws_k_uniformly_and_reproducibly)
+{
+    const size_t n = 100, k = 10, calls = 20000;
+    float v[100], val[100];
+    uint32_t idx[100], first[10];
+    for (size_t i = 0; i < n; i++)
+        v[i] = 1.0f + (float)i;
+    ds_sparsifier *s = make(DS_SPARSIFY_RANDOM, n, NULL);
+    unsigned hits[100] = {0};
+    for (size_t c = 0; c < calls; c++) {
+        ds_sparsify_result r;
+        cr_assert_eq(ds_sparsify_select(s, v, n, 0.1, idx, val, k, &r), 0);
+        cr_assert_eq(r.count, k);
+        cr_assert(valid_selection("random", v, n, idx, val, r.count));
+        if (c == 0)
+            memcpy(first, idx, sizeof(first));
+        for (size_t j = 0; j < k; j++)
+            hits[idx[j]]++;
+    }
+    /* Each index is drawn with probability k/n: 2000 +- 42.4 (binomial sd);
+     * 6 sd either way. */
+    for (size_t i = 0; i < n; i++)
+        cr_expect(hits[i] > 2000 - 255 && hits[i] < 2000 + 255, "index %zu drawn %u times", i, hits[i]);
+    /* Same seed, same draws; another seed, other draws. */
+    ds_sparsifier *s2 = make(DS_SPARSIFY_RANDOM, n, NULL);
+    ds_sparsify_result r;
+    cr_assert_eq(ds_sparsify_select(s2, v, n, 0.1, idx, val, k, &r), 0);
+    cr_expect(memcmp(idx, first, sizeof(first)) == 0);
+    ds_sparsify_cfg c;
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_RANDOM);
+    c.seed = 99;
+    ds_sparsifier *s3 = NULL;
+    cr_assert_eq(ds_sparsifier_create(&s3, &c, n, NULL), 0);
+    cr_assert_eq(ds_sparsify_select(s3, v, n, 0.1, idx, val, k, &r), 0);
+    cr_expect(memcmp(idx, first, sizeof(first)) != 0);
+    /* NaN draws are dropped and counted. */
+    for (size_t i = 0; i < n; i += 2)
+        v[i] = NAN;
+    cr_assert_eq(ds_sparsify_select(s3, v, n, 0.5, idx, val, 50, &r), 0);
+    cr_expect_eq(r.count + r.nonfinite, 50u);
+    cr_expect_gt(r.nonfinite, 0u);
+    cr_expect(valid_selection("random nan", v, n, idx, val, r.count));
+    ds_sparsifier_destroy(&s);
+    ds_sparsifier_destroy(&s2);
+    ds_sparsifier_destroy(&s3);
+}
+
+Test(sparsify, threshold_fixed_start_and_published)
+{
+    const size_t n = 10007;
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t)), *want = malloc(n * sizeof(uint32_t));
+    fill_grad(v, n, 17, 0);
+    ds_sparsify_result r;
+
+    /* Configured lambda: exactly |v| >= lambda. */
+    ds_sparsify_cfg c;
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_THRESHOLD);
+    c.threshold = 0.004f;
+    ds_sparsifier *s = NULL;
+    cr_assert_eq(ds_sparsifier_create(&s, &c, n, NULL), 0);
+    cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+    size_t want_n = 0;
+    for (size_t i = 0; i < n; i++)
+        want_n += fabsf(v[i]) >= 0.004f;
+    cr_expect_eq(r.count, want_n);
+    cr_expect_eq(r.threshold, 0.004f);
+    ds_sparsifier_destroy(&s);
+
+    /* Threshold start: the first call's exact k-th |v|, kept afterwards. */
+    s = make(DS_SPARSIFY_THRESHOLD, n, NULL);
+    cr_expect_eq(ds_sparsifier_threshold(s), 0.0f);
+    const size_t k = ds_sparsify_k(n, 0.01);
+    cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+    const size_t c0 = oracle_topk(v, n, k, want);
+    float kth = INFINITY;
+    for (size_t j = 0; j < c0; j++)
+        kth = fminf(kth, fabsf(v[want[j]]));
+    cr_expect_eq(r.threshold, kth);
+    cr_expect_eq(r.count, k, "distinct magnitudes: exactly k at the k-th value");
+    fill_grad(v, n, 18, 0);
+    cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+    cr_expect_eq(r.threshold, kth);
+    ds_sparsify_totals t;
+    ds_sparsifier_totals(s, &t);
+    cr_expect_eq(t.starts, 1u);
+    ds_sparsifier_destroy(&s);
+
+    /* The authors' start, for every threshold method. */
+    const int ms[] = {DS_SPARSIFY_THRESHOLD, DS_SPARSIFY_SAGE, DS_SPARSIFY_MICRO};
+    for (int i = 0; i < 3; i++) {
+        ds_sparsify_cfg_defaults(&c, ms[i]);
+        c.start = DS_START_PUBLISHED;
+        cr_assert_eq(ds_sparsifier_create(&s, &c, n, NULL), 0);
+        cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+        cr_expect_eq(r.threshold, (float)(1.0 / (2.0 * sqrt((double)k))));
+        ds_sparsifier_destroy(&s);
+    }
+    free(v);
+    free(val);
+    free(idx);
+    free(want);
+}
+
+/* ---- target tracking ----------------------------------------------------- */
+
+/* Mean achieved density of calls [warm, calls) relative to the target. */
+typedef struct track {
+    double sum;
+    int n;
+} track;
+
+static void track_add(track *t, int call, int warm, const ds_sparsify_result *r, double d)
+{
+    if (call >= warm) {
+        t->sum += r->density / d;
+        t->n++;
+    }
+}
+
+static double track_mean(const track *t)
+{
+    return t->n ? t->sum / t->n : 0.0;
+}
+
+/* A drifting synthetic stream: fresh Gaussian-like values every call, with
+ * per-entry scales over two decades, a tenth of the entries three times
+ * louder (the heavier tail real gradients have), and an overall scale that
+ * follows a slow wave and a trend. The scale changes by at most ~0.35% per
+ * call: the pace the real MLP's ideal threshold keeps once training is past
+ * its first few hundred steps, and inside what both rules are built for
+ * (MiCRO moves its threshold by at most 0.5% per call; SAGE follows the
+ * mean of |v|). The shape stays put on purpose: SAGE's beta moves the
+ * threshold by about (d_exam - d) / 2 per call, nothing at d = 0.1%, so a
+ * tail that grows faster than the mean is not corrected (docs/sparsify.md
+ * has the measurement). */
+static void drift_stream(float *v, size_t n, int t, uint64_t seed)
+{
+    uint64_t s = seed * 1000003u + (uint64_t)t;
+    const double scale = exp(0.2 * sin(6.283185307179586 * t / 500.0)) * (1.0 + 0.001 * t);
+    const double heavy = 0.10;
+    for (size_t i = 0; i < n; i++) {
+        double g = gauss(&s);
+        if ((double)(ds_t_next(&s) >> 11) * (1.0 / 9007199254740992.0) < heavy)
+            g *= 3.0;
+        v[i] = (float)(g * 1e-3 * scale * exp(2.3 * ((double)(i * 2654435761u % 1000) / 1000.0)));
+    }
+}
+
+Test(sparsify, sage_and_micro_track_a_drifting_stream, .timeout = 120)
+{
+    const size_t n = 100003;
+    const int warm = 50, calls = warm + 300;
+    const double dens[] = {0.01, 0.001};
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    for (int di = 0; di < 2; di++) {
+        const double d = dens[di];
+        ds_sparsifier *sage = make(DS_SPARSIFY_SAGE, n, NULL), *micro = make(DS_SPARSIFY_MICRO, n, NULL);
+        track ts = {0}, tm = {0};
+        for (int t = 0; t < calls; t++) {
+            drift_stream(v, n, t, 1);
+            ds_sparsify_result r;
+            cr_assert_eq(ds_sparsify_select(sage, v, n, d, idx, val, n, &r), 0);
+            track_add(&ts, t, warm, &r, d);
+            cr_assert_eq(ds_sparsify_select(micro, v, n, d, idx, val, n, &r), 0);
+            track_add(&tm, t, warm, &r, d);
+        }
+        cr_log_info("drifting stream d=%g: sage %.3f, micro %.3f of target", d, track_mean(&ts), track_mean(&tm));
+        /* At d = 0.1% SAGE runs about 10% over: the 400-sample mean carries
+         * a few % of noise into every threshold, the count's response to
+         * the threshold is convex and steep that far in the tail, and beta
+         * is too weak there to pull the average back (docs/sparsify.md).
+         * That is the published rule; we measure it and assert it at 1%. */
+        if (d >= 0.01)
+            cr_expect(fabs(track_mean(&ts) - 1.0) <= 0.10, "sage d=%g mean density %.3f of target", d, track_mean(&ts));
+        cr_expect(fabs(track_mean(&tm) - 1.0) <= 0.10, "micro d=%g mean density %.3f of target", d, track_mean(&tm));
+        ds_sparsifier_destroy(&sage);
+        ds_sparsifier_destroy(&micro);
+    }
+    free(v);
+    free(val);
+    free(idx);
+}
+
+/* The real stream: the MLP's training on Fashion-MNIST, one segment per
+ * layer as the gossip layer cuts it (DESIGN 2). Gossip level: acc +=
+ * theta_after - theta_before, select from acc, acc[S] = 0. Group level:
+ * residual = g + residual, select, residual[S] = 0 (ds_ef_step).
+ *
+ * Warm-up is 450 steps, then 300 calls are measured. Both rules start from
+ * the exact k-th value and are right at step 0, but the stream then moves
+ * faster than they can follow: on the drift stream momentum builds up and
+ * the ideal threshold grows 5-7x within 20 steps; on the gradient stream
+ * the gradients shrink about 5x within the first few hundred steps.
+ * MiCRO's threshold moves at most 0.5% per call (ln 5 / ln 1.005 = 323
+ * calls). Measured over steps [0, 150): MiCRO sends 1.5-3.9x the target on
+ * the drift stream and 0.14-0.63x on the gradient stream; over [150, 450)
+ * 0.63-0.97x; from 450 on all within 10% (docs/sparsify.md). */
+Test(sparsify, sage_and_micro_track_real_mlp_training, .timeout = 600)
+{
+    ds_train_cfg cfg;
+    ds_train_cfg_defaults(&cfg);
+    snprintf(cfg.backend, sizeof(cfg.backend), "cpu");
+    cfg.init_seed = 3;
+    cfg.data_seed = 4;
+    ds_trainer tr;
+    char err[512];
+    int ret = ds_trainer_init(&tr, &cfg, err, sizeof(err));
+    cr_assert_eq(ret, 0, "trainer: %s", err);
+    cr_assert_eq(tr.model.n_layers, 3);
+    cr_assert_eq(tr.n_params, (size_t)(784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10));
+    const size_t np = tr.n_params;
+    const int warm = 450, steps = warm + 300;
+    const double d = 0.01;
+    enum { SAGE, MICRO, NMETH };
+    enum { DRIFT, GRAD, NLEVEL };
+    float *before = malloc(np * sizeof(float)), *delta = malloc(np * sizeof(float));
+    float *acc[NLEVEL][NMETH];
+    ds_sparsifier *sp[NLEVEL][NMETH][DS_MODEL_MAX_LAYERS];
+    track tk[NLEVEL][NMETH][DS_MODEL_MAX_LAYERS];
+    memset(tk, 0, sizeof(tk));
+    float *val = malloc(np * sizeof(float));
+    uint32_t *idx = malloc(np * sizeof(uint32_t));
+    for (int lv = 0; lv < NLEVEL; lv++)
+        for (int m = 0; m < NMETH; m++) {
+            acc[lv][m] = calloc(np, sizeof(float));
+            for (int l = 0; l < tr.model.n_layers; l++)
+                sp[lv][m][l] = make(m == SAGE ? DS_SPARSIFY_SAGE : DS_SPARSIFY_MICRO, tr.model.layer[l].len, NULL);
+        }
+    for (int step = 0; step < steps; step++) {
+        double loss;
+        cr_assert_eq(ds_trainer_compute_grad(&tr, &loss, NULL), 0);
+        memcpy(before, tr.theta, np * sizeof(float));
+        ds_trainer_apply_grad(&tr);
+        for (size_t i = 0; i < np; i++)
+            delta[i] = tr.theta[i] - before[i];
+        for (int lv = 0; lv < NLEVEL; lv++)
+            for (int m = 0; m < NMETH; m++)
+                for (int l = 0; l < tr.model.n_layers; l++) {
+                    const size_t off = tr.model.layer[l].off, len = tr.model.layer[l].len;
+                    const float *in = lv == DRIFT ? delta + off : tr.grad + off;
+                    ds_sparsify_result r;
+                    cr_assert_eq(ds_ef_step(sp[lv][m][l], acc[lv][m] + off, in, len, d, idx, val, len, &r), 0);
+                    track_add(&tk[lv][m][l], step, warm, &r, d);
+                }
+        /* DEFT's allocation on the real gradients, over the MLP's units for
+         * groups of 1 to 8: the per-unit k sums to k within the units. */
+        if (step % 50 == 0) {
+            uint32_t layers[DS_MODEL_MAX_LAYERS + 1];
+            for (int l = 0; l < tr.model.n_layers; l++)
+                layers[l] = (uint32_t)tr.model.layer[l].off;
+            layers[tr.model.n_layers] = (uint32_t)np;
+            for (unsigned G = 1; G <= 8; G++) {
+                uint32_t units[64];
+                size_t nu, ku[64];
+                double norms[64];
+                cr_assert_eq(ds_deft_units(layers, (size_t)tr.model.n_layers, G, units, 64, &nu), 0);
+                ds_sel_norms_c(tr.grad, units, nu, norms);
+                const double dd[] = {0.001, 0.01, 0.1};
+                for (int di = 0; di < 3; di++) {
+                    const size_t k = ds_sparsify_k(np, dd[di]);
+                    const long long sum = ds_deft_alloc(units, nu, norms, k, ku);
+                    cr_expect(llabs(sum - (long long)k) <= (long long)nu, "step %d G=%u d=%g: sum %lld k %zu units %zu",
+                              step, G, dd[di], sum, k, nu);
+                }
+            }
+        }
+    }
+    const char *lname[] = {"drift", "gradient"}, *mname[] = {"sage", "micro"};
+    for (int lv = 0; lv < NLEVEL; lv++)
+        for (int m = 0; m < NMETH; m++)
+            for (int l = 0; l < tr.model.n_layers; l++) {
+                const double mean = track_mean(&tk[lv][m][l]);
+                cr_log_info("real %s stream, %s, layer %s (%zu): mean density %.3f of target", lname[lv],
+                            mname[m], tr.model.layer[l].name, tr.model.layer[l].len, mean);
+                cr_expect(fabs(mean - 1.0) <= 0.10, "real %s stream, %s, layer %s: mean density %.3f of target",
+                          lname[lv], mname[m], tr.model.layer[l].name, mean);
+                ds_sparsifier_destroy(&sp[lv][m][l]);
+            }
+    for (int lv = 0; lv < NLEVEL; lv++)
+        for (int m = 0; m < NMETH; m++)
+            free(acc[lv][m]);
+    free(before);
+    free(delta);
+    free(val);
+    free(idx);
+    ds_trainer_fini(&tr);
+}
+
+/* ---- DEFT ---------------------------------------------------------------- */
+
+/* The MLP's layer table (weights and bias together) and a few others. */
+static const uint32_t mlp_layers[] = {0, 200960, 200960 + 65792, 200960 + 65792 + 2570};
+
+Test(sparsify, deft_units_cut_large_layers)
+{
+    uint32_t u[64];
+    size_t nu;
+    cr_assert_eq(ds_deft_units(mlp_layers, 3, 4, u, 64, &nu), 0);
+    /* n/G = 67330: fc1 is cut into 4, fc2 (65792) and fc3 stay whole. */
+    cr_expect_eq(nu, 6u);
+    cr_expect(u[0] == 0 && u[1] == 50240 && u[4] == 200960 && u[5] == 200960 + 65792 && u[6] == mlp_layers[3]);
+    cr_assert_eq(ds_deft_units(mlp_layers, 3, 1, u, 64, &nu), 0);
+    cr_expect_eq(nu, 3u);
+    cr_expect_eq(ds_deft_units(mlp_layers, 3, 4, u, 6, &nu), -ENOBUFS);
+    cr_expect_eq(ds_deft_units(mlp_layers, 3, 0, u, 64, &nu), -EINVAL);
+    const uint32_t odd[] = {0, 7, 7, 10};
+    cr_assert_eq(ds_deft_units(odd, 3, 3, u, 64, &nu), 0);
+    cr_expect_eq(nu, 5u); /* 7 > 10/3: cut into 3,2,2; the empty layer and 3 stay */
+    cr_expect(u[1] == 3 && u[2] == 5 && u[3] == 7 && u[4] == 7 && u[5] == 10);
+}
+
+Test(sparsify, deft_per_unit_k_sums_to_k)
+{
+    /* Layer tables like real models' (a few big weight layers, small bias
+     * or norm layers), norms like real gradients': sqrt(len) times a
+     * per-layer scale within a factor e of each other either way. The real
+     * MLP's units are checked with its real gradients in the training
+     * test below. */
+    uint64_t s = 5;
+    for (int trial = 0; trial < 500; trial++) {
+        uint32_t off[40];
+        double norms[40];
+        size_t k_unit[40];
+        const size_t nu = 1 + ds_t_next(&s) % 30;
+        off[0] = 0;
+        for (size_t u = 0; u < nu; u++) {
+            const uint32_t len = (ds_t_next(&s) & 1) ? 1 + (uint32_t)(ds_t_next(&s) % 300000)
+                                                     : 1 + (uint32_t)(ds_t_next(&s) % 600);
+            off[u + 1] = off[u] + len;
+            norms[u] = sqrt((double)len) * exp(2.0 * (((ds_t_next(&s) >> 11) * (1.0 / 9007199254740992.0)) - 0.5));
+        }
+        const double dd[] = {0.001, 0.01};
+        for (int di = 0; di < 2; di++) {
+            const size_t k = ds_sparsify_k(off[nu], dd[di]);
+            const long long sum = ds_deft_alloc(off, nu, norms, k, k_unit);
+            cr_assert_geq(sum, 0);
+            long long check = 0;
+            for (size_t u = 0; u < nu; u++) {
+                cr_expect_leq(k_unit[u], (size_t)(off[u + 1] - off[u]));
+                cr_expect_geq(k_unit[u], 1u);
+                check += (long long)k_unit[u];
+            }
+            cr_expect_eq(check, sum);
+            cr_expect(llabs(sum - (long long)k) <= (long long)nu, "trial %d d=%g: sum %lld k %zu units %zu",
+                      trial, dd[di], sum, k, nu);
+        }
+    }
+    /* The rule itself, by hand: norms 3, 1 over k = 8 -> 6, then 2. */
+    const uint32_t off2[] = {0, 100, 200};
+    const double n2[] = {1.0, 3.0};
+    size_t k2[2];
+    cr_expect_eq(ds_deft_alloc(off2, 2, n2, 8, k2), 8);
+    cr_expect(k2[1] == 6 && k2[0] == 2);
+    const double bad[] = {1.0, NAN};
+    cr_expect_eq(ds_deft_alloc(off2, 2, bad, 8, k2), -EINVAL);
+    /* Where the authors' rule falls short: a unit late in norm order but
+     * short cannot take its share, and nobody after it can. len 1000 /
+     * norm 100 takes trunc(900 * 100/101) = 891, the 5-entry unit would
+     * get 9 and is capped at 5: the authors stop at 896 of 900; the 4 left
+     * go back to the first unit. Zero norms get the floor of one entry
+     * each, and then the remainder in unit order. */
+    const uint32_t off3[] = {0, 1000, 1005};
+    const double n3[] = {100.0, 1.0};
+    size_t k3[2];
+    cr_expect_eq(ds_deft_alloc(off3, 2, n3, 900, k3), 900);
+    cr_expect(k3[0] == 895 && k3[1] == 5, "%zu %zu", k3[0], k3[1]);
+    const double n4[] = {0.0, 0.0};
+    cr_expect_eq(ds_deft_alloc(off3, 2, n4, 900, k3), 900);
+    cr_expect(k3[0] == 899 && k3[1] == 1);
+    /* Fewer entries than k: everything. */
+    cr_expect_eq(ds_deft_alloc(off3, 2, n3, 5000, k3), 1005);
+}
+
+/* Optimal makespan by trying every assignment (small instances only). */
+static double opt_makespan(const double *cost, size_t m, unsigned G)
+{
+    double best = INFINITY;
+    size_t total = 1;
+    for (size_t i = 0; i < m; i++)
+        total *= G;
+    for (size_t code = 0; code < total; code++) {
+        double load[8] = {0};
+        size_t c = code;
+        for (size_t i = 0; i < m; i++) {
+            load[c % G] += cost[i];
+            c /= G;
+        }
+        double mx = 0;
+        for (unsigned b = 0; b < G; b++)
+            mx = fmax(mx, load[b]);
+        best = fmin(best, mx);
+    }
+    return best;
+}
+
+Test(sparsify, deft_packing_within_lpt_bound, .timeout = 120)
+{
+    uint64_t s = 9;
+    for (int trial = 0; trial < 300; trial++) {
+        const unsigned G = 2 + (unsigned)(ds_t_next(&s) % 3);
+        const size_t m = 3 + ds_t_next(&s) % (G == 4 ? 6 : 8);
+        uint32_t off[16];
+        size_t k_unit[16];
+        uint32_t bin[16];
+        double load[8], cost[16];
+        off[0] = 0;
+        for (size_t u = 0; u < m; u++) {
+            off[u + 1] = off[u] + 10 + (uint32_t)(ds_t_next(&s) % 5000);
+            k_unit[u] = 1 + ds_t_next(&s) % 9;
+            const double len = off[u + 1] - off[u];
+            cost[u] = k_unit[u] > 1 ? len * log2((double)k_unit[u]) : len;
+        }
+        cr_assert_eq(ds_deft_pack(off, k_unit, m, G, bin, load), 0);
+        double mx = 0, sum = 0, check[8] = {0};
+        for (size_t u = 0; u < m; u++) {
+            cr_assert_lt(bin[u], G);
+            check[bin[u]] += cost[u];
+        }
+        for (unsigned b = 0; b < G; b++) {
+            cr_expect(ds_t_close_d(check[b], load[b], 1e-9, 1e-12));
+            mx = fmax(mx, load[b]);
+            sum += load[b];
+        }
+        const double opt = opt_makespan(cost, m, G);
+        cr_expect_leq(mx, (4.0 / 3.0 - 1.0 / (3.0 * G)) * opt * (1 + 1e-12),
+                      "trial %d: LPT %.1f opt %.1f (G=%u m=%zu)", trial, mx, opt, G, m);
+        cr_expect_geq(mx, sum / G * (1 - 1e-12));
+    }
+    /* A unit sent whole is common and loads no bin. */
+    const uint32_t off[] = {0, 10, 20};
+    const size_t ku[] = {10, 3};
+    uint32_t bin[2];
+    double load[2];
+    cr_assert_eq(ds_deft_pack(off, ku, 2, 2, bin, load), 0);
+    cr_expect_eq(bin[0], DS_DEFT_COMMON);
+    cr_expect_eq(bin[1], 0u);
+    cr_expect(load[1] == 0.0 && load[0] > 0.0);
+}
+
+Test(sparsify, deft_selects_exact_topk_per_unit)
+{
+    const uint32_t units[] = {0, 1000, 1010, 5000, 5001, 9000};
+    const size_t nu = 5, n = 9000;
+    ds_sparsify_cfg c;
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_DEFT);
+    c.unit_off = units;
+    c.n_units = nu;
+    ds_sparsifier *s = NULL;
+    cr_assert_eq(ds_sparsifier_create(&s, &c, n, NULL), 0);
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t)), *want = malloc(n * sizeof(uint32_t));
+    fill_grad(v, n, 44, 1);
+    for (uint32_t i = 1010; i < 5000; i++)
+        v[i] *= 10.0f; /* a loud layer gets more of k */
+    const double d = 0.02;
+    ds_sparsify_result r;
+    cr_assert_eq(ds_sparsify_select(s, v, n, d, idx, val, ds_sparsify_capacity(s, n, d), &r), 0);
+    cr_expect(valid_selection("deft", v, n, idx, val, r.count));
+    /* Recompute the allocation and each unit's top-k independently. */
+    double norms[5];
+    size_t ku[5];
+    ds_sel_norms_c(v, units, nu, norms);
+    const long long sum = ds_deft_alloc(units, nu, norms, ds_sparsify_k(n, d), ku);
+    cr_expect_gt(ku[2], ku[0] * 3);
+    size_t at = 0;
+    for (size_t u = 0; u < nu; u++) {
+        const size_t cu = oracle_topk(v + units[u], units[u + 1] - units[u], ku[u], want);
+        for (size_t j = 0; j < cu; j++)
+            cr_expect_eq(idx[at + j], units[u] + want[j], "unit %zu entry %zu", u, j);
+        at += cu;
+    }
+    cr_expect_eq(r.count, at);
+    cr_expect_leq((long long)at, sum);
+    /* A length that is not the units' is refused. */
+    cr_expect_eq(ds_sparsify_select(s, v, n - 1, d, idx, val, n, &r), -EINVAL);
+    ds_sparsifier_destroy(&s);
+    /* Units that do not cover n_max are refused at create. */
+    cr_expect_eq(ds_sparsifier_create(&s, &c, n + 1, NULL), -EINVAL);
+    cr_expect_null(s);
+    free(v);
+    free(val);
+    free(idx);
+    free(want);
+}
+
+Test(sparsify, deft_group_members_cover_the_selection)
+{
+    /* Three members, the MLP's layers: every owned unit is selected by
+     * exactly one member, common units by all, each with its exact top-k. */
+    const unsigned G = 3;
+    uint32_t units[32];
+    size_t nu;
+    cr_assert_eq(ds_deft_units(mlp_layers, 3, G, units, 32, &nu), 0);
+    const size_t n = mlp_layers[3];
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    unsigned char *seen = calloc(n, 1);
+    fill_grad(v, n, 55, 0);
+    ds_sparsifier *s = make(DS_SPARSIFY_TOPK, n, NULL);
+    double norms[32];
+    size_t ku[32];
+    uint32_t bin[32];
+    ds_sel_norms_c(v, units, nu, norms);
+    const long long sum = ds_deft_alloc(units, nu, norms, ds_sparsify_k(n, 0.01), ku);
+    cr_assert_gt(sum, 0);
+    cr_assert_eq(ds_deft_pack(units, ku, nu, G, bin, NULL), 0);
+    for (uint64_t t = 5; t < 7; t++) {
+        memset(seen, 0, n);
+        size_t total = 0;
+        for (unsigned r = 0; r < G; r++) {
+            ds_sparsify_result res;
+            cr_assert_eq(ds_deft_select_owned(s, v, units, nu, ku, bin, G, r, t, idx, val, n, &res), 0);
+            cr_expect(valid_selection("deft owned", v, n, idx, val, res.count));
+            for (size_t j = 0; j < res.count; j++)
+                seen[idx[j]]++;
+            total += res.count;
+        }
+        cr_expect_eq((long long)total, sum, "t=%llu: members selected %zu, allocation %lld", (unsigned long long)t, total, sum);
+        for (size_t i = 0; i < n; i++)
+            if (seen[i] > 1) {
+                cr_expect_fail("index %zu selected by %u members", i, seen[i]);
+                break;
+            }
+    }
+    /* Rotation: member r at t+1 selects what member r+1 selected at t. */
+    uint32_t *i2 = malloc(n * sizeof(uint32_t));
+    ds_sparsify_result a, b;
+    cr_assert_eq(ds_deft_select_owned(s, v, units, nu, ku, bin, G, 0, 8, idx, val, n, &a), 0);
+    cr_assert_eq(ds_deft_select_owned(s, v, units, nu, ku, bin, G, 1, 7, i2, val, n, &b), 0);
+    cr_expect(a.count == b.count && memcmp(idx, i2, a.count * sizeof(uint32_t)) == 0);
+    cr_expect_eq(ds_deft_select_owned(s, v, units, nu, ku, bin, G, 3, 7, i2, val, n, &b), -EINVAL);
+    cr_expect_eq(ds_deft_select_owned(s, v, units, nu, ku, bin, G, 0, 7, i2, val, 1, &b), -ENOBUFS);
+    ds_sparsifier_destroy(&s);
+    free(v);
+    free(val);
+    free(idx);
+    free(i2);
+    free(seen);
+}
+
+/* ---- MiCRO group level ---------------------------------------------------- */
+
+Test(sparsify, micro_chunks_partition_and_rotate)
+{
+    const size_t ns[] = {0, 1, 5, 1000, 1003};
+    for (size_t ni = 0; ni < 5; ni++)
+        for (unsigned G = 1; G <= 7; G++)
+            for (uint64_t t = 0; t < 9; t++) {
+                const size_t n = ns[ni];
+                size_t covered = 0;
+                size_t offs[8], lens[8];
+                for (unsigned r = 0; r < G; r++) {
+                    ds_micro_chunk(n, G, r, t, &offs[r], &lens[r]);
+                    covered += lens[r];
+                    cr_expect_leq(offs[r] + lens[r], n);
+                    cr_expect(lens[r] == n / G || lens[r] == n / G + 1);
+                    size_t o2, l2;
+                    ds_micro_chunk(n, G, (r + 1) % G, t, &o2, &l2);
+                    size_t o3, l3;
+                    ds_micro_chunk(n, G, r, t + 1, &o3, &l3);
+                    cr_expect(o2 == o3 && l2 == l3, "rotation n=%zu G=%u r=%u t=%llu", n, G, r, (unsigned long long)t);
+                }
+                cr_expect_eq(covered, n);
+                for (unsigned a = 0; a < G; a++)
+                    for (unsigned b = a + 1; b < G; b++)
+                        cr_expect(lens[a] == 0 || lens[b] == 0 || offs[a] + lens[a] <= offs[b] ||
+                                  offs[b] + lens[b] <= offs[a]);
+            }
+}
+
+Test(sparsify, micro_owned_selects_inside_its_chunk)
+{
+    const size_t n = 50021;
+    const unsigned G = 4;
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    ds_sparsifier *m[4];
+    for (unsigned r = 0; r < G; r++)
+        m[r] = make(DS_SPARSIFY_MICRO, n, NULL);
+    track tk = {0};
+    for (int t = 0; t < 200; t++) {
+        drift_stream(v, n, t, 3);
+        size_t group = 0;
+        for (unsigned r = 0; r < G; r++) {
+            ds_sparsify_result res;
+            cr_assert_eq(ds_micro_select_owned(m[r], v, n, G, r, (uint64_t)t, 0.01, idx, val, n, &res), 0);
+            size_t off, len;
+            ds_micro_chunk(n, G, r, (uint64_t)t, &off, &len);
+            cr_expect(valid_selection("micro owned", v, n, idx, val, res.count));
+            cr_expect(res.count == 0 || (idx[0] >= off && idx[res.count - 1] < off + len));
+            group += res.count;
+        }
+        /* The authors steer every member by the group's count. */
+        for (unsigned r = 0; r < G; r++)
+            ds_micro_feedback(m[r], group);
+        if (t >= 50) {
+            tk.sum += (double)group / (double)ds_sparsify_k(n, 0.01);
+            tk.n++;
+        }
+    }
+    cr_log_info("micro group of 4: mean density %.3f of target", track_mean(&tk));
+    cr_expect(fabs(track_mean(&tk) - 1.0) <= 0.10, "group density %.3f of target", track_mean(&tk));
+    ds_sparsify_result res;
+    cr_expect_eq(ds_micro_select_owned(m[0], v, n, G, G, 0, 0.01, idx, val, n, &res), -EINVAL);
+    cr_expect_eq(ds_micro_select_owned(m[0], v, n, 0, 0, 0, 0.01, idx, val, n, &res), -EINVAL);
+    for (unsigned r = 0; r < G; r++)
+        ds_sparsifier_destroy(&m[r]);
+    free(v);
+    free(val);
+    free(idx);
+}
+
+/* ---- error feedback -------------------------------------------------------- */
+
+Test(sparsify, error_feedback_conserves_mass_bit_for_bit)
+{
+    const size_t n = 20011;
+    float *g = malloc(n * sizeof(float)), *res = calloc(n, sizeof(float)), *old = malloc(n * sizeof(float));
+    float *val = malloc(n * sizeof(float)), *sent = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    for (int m = 0; m < NM; m++) {
+        ds_sparsifier *s = make(m, n, NULL);
+        memset(res, 0, n * sizeof(float));
+        for (int step = 0; step < 20; step++) {
+            fill_grad(g, n, 100 * m + step, 0);
+            memcpy(old, res, n * sizeof(float));
+            ds_sparsify_result r;
+            cr_assert_eq(ds_ef_step(s, res, g, n, 0.02, idx, val, n, &r), 0);
+            memset(sent, 0, n * sizeof(float));
+            for (size_t j = 0; j < r.count; j++)
+                sent[idx[j]] = val[j];
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++) {
+                const float want = g[i] + old[i];
+                const float got = sent[i] + res[i];
+                /* Exactly one of the two is zero: the sum is the other. */
+                bad += memcmp(&got, &want, sizeof(float)) != 0 || (sent[i] != 0.0f && res[i] != 0.0f);
+            }
+            cr_expect_eq(bad, 0u, "%s step %d: %zu entries break sent + residual == g + old",
+                         ds_sparsify_method_name(m), step, bad);
+        }
+        ds_sparsifier_destroy(&s);
+    }
+    free(g);
+    free(res);
+    free(old);
+    free(val);
+    free(sent);
+    free(idx);
+}
+
+Test(sparsify, ef_zero_checks_its_indices)
+{
+    float r[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const uint32_t ok[] = {1, 3, 7}, unsorted[] = {3, 1}, dup[] = {2, 2}, out[] = {1, 8};
+    cr_expect_eq(ds_ef_zero(r, 8, unsorted, 2), -EINVAL);
+    cr_expect_eq(ds_ef_zero(r, 8, dup, 2), -EINVAL);
+    cr_expect_eq(ds_ef_zero(r, 8, out, 2), -ERANGE);
+    for (int i = 0; i < 8; i++)
+        cr_expect_eq(r[i], (float)(i + 1), "refused calls write nothing");
+    cr_expect_eq(ds_ef_zero(r, 8, ok, 3), 0);
+    cr_expect(r[1] == 0 && r[3] == 0 && r[7] == 0 && r[0] == 1 && r[6] == 7);
+    cr_expect_eq(ds_ef_zero(NULL, 8, ok, 0), 0);
+}
+
+/* ---- bad input --------------------------------------------------------------- */
+
+Test(sparsify, bad_input_is_refused_counted_and_harmless)
+{
+    const size_t n = 1000;
+    float v[1000], val[1000];
+    uint32_t idx[1000];
+    fill_grad(v, n, 1, 0);
+    for (int m = 0; m < NM; m++) {
+        ds_sparsifier *s = make(m, n, NULL);
+        ds_sparsify_result r;
+        cr_assert_eq(ds_sparsify_select(s, v, n, 0.05, idx, val, n, &r), 0);
+        const float thr = ds_sparsifier_threshold(s);
+        for (size_t i = 0; i < n; i++) {
+            idx[i] = 0xabcdef01u;
+            val[i] = -1234.0f;
+        }
+        const double bad_d[] = {0.0, -0.5, 1.0000001, NAN, INFINITY, -INFINITY};
+        for (int i = 0; i < 6; i++)
+            cr_expect_eq(ds_sparsify_select(s, v, n, bad_d[i], idx, val, n, &r), -EINVAL, "%s d=%g",
+                         ds_sparsify_method_name(m), bad_d[i]);
+        cr_expect_eq(ds_sparsify_select(s, NULL, n, 0.1, idx, val, n, &r), -EINVAL);
+        cr_expect_eq(ds_sparsify_select(s, v, n, 0.1, NULL, val, n, &r), -EINVAL);
+        cr_expect_eq(ds_sparsify_select(s, v, n + 1, 0.1, idx, val, n + 1, &r), -EINVAL);
+        /* Sizes beyond uint32 indices: refused before anything is read. */
+        cr_expect_eq(ds_sparsify_select(s, v, (size_t)UINT32_MAX + 1, 0.1, idx, val, SIZE_MAX, &r), -EOVERFLOW);
+        const size_t cap = ds_sparsify_capacity(s, n, 0.1);
+        cr_expect_eq(ds_sparsify_select(s, v, n, 0.1, idx, val, cap - 1, &r), -ENOBUFS);
+        for (size_t i = 0; i < n; i++)
+            if (idx[i] != 0xabcdef01u || val[i] != -1234.0f) {
+                cr_expect_fail("%s: a refused call wrote entry %zu", ds_sparsify_method_name(m), i);
+                break;
+            }
+        cr_expect_eq(ds_sparsifier_threshold(s), thr, "%s: state changed", ds_sparsify_method_name(m));
+        ds_sparsify_totals t;
+        ds_sparsifier_totals(s, &t);
+        cr_expect_eq(t.rejected, 11u, "%s rejected %llu", ds_sparsify_method_name(m), (unsigned long long)t.rejected);
+        cr_expect_eq(t.calls, 1u);
+        /* n = 0 is a call that selects nothing (deft's units cover n). */
+        if (m != DS_SPARSIFY_DEFT) {
+            cr_expect_eq(ds_sparsify_select(s, NULL, 0, 0.1, NULL, NULL, 0, &r), 0);
+            cr_expect(r.count == 0 && r.n == 0 && r.density == 0.0);
+            cr_expect_eq(ds_sparsifier_threshold(s), thr);
+        }
+        /* The error-feedback step refuses the same and leaves the residual. */
+        float resid[1000];
+        memcpy(resid, v, sizeof(resid));
+        cr_expect_eq(ds_ef_step(s, resid, v, n, 2.0, idx, val, n, &r), -EINVAL);
+        cr_expect_eq(ds_ef_step(s, resid, v, n, 0.1, idx, val, cap - 1, &r), -ENOBUFS);
+        cr_expect_eq(memcmp(resid, v, sizeof(resid)), 0);
+        ds_sparsifier_destroy(&s);
+    }
+    /* NaN and Inf: never selected, counted per call and in the totals. */
+    for (size_t i = 0; i < n; i += 10)
+        v[i] = (i / 10) % 2 ? NAN : -INFINITY;
+    for (int m = 0; m < NM; m++) {
+        ds_sparsifier *s = make(m, n, NULL);
+        ds_sparsify_result r;
+        for (int call = 0; call < 3; call++) {
+            cr_assert_eq(ds_sparsify_select(s, v, n, m == DS_SPARSIFY_RANDOM ? 1.0 : 0.05, idx, val, n, &r), 0);
+            cr_expect(valid_selection(ds_sparsify_method_name(m), v, n, idx, val, r.count));
+            cr_expect_eq(r.nonfinite, 100u, "%s nonfinite %zu", ds_sparsify_method_name(m), r.nonfinite);
+        }
+        ds_sparsify_totals t;
+        ds_sparsifier_totals(s, &t);
+        cr_expect_eq(t.nonfinite, 300u);
+        cr_expect_eq(t.calls_with_nonfinite, 3u);
+        ds_sparsifier_destroy(&s);
+    }
+    /* Create refuses what it cannot serve. */
+    ds_sparsifier *s = NULL;
+    ds_sparsify_cfg c;
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_SAGE);
+    cr_expect_eq(ds_sparsifier_create(&s, &c, (size_t)UINT32_MAX + 1, NULL), -EOVERFLOW);
+    c.method = (enum ds_sparsify_method)NM;
+    cr_expect_eq(ds_sparsifier_create(&s, &c, 10, NULL), -EINVAL);
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_THRESHOLD);
+    c.threshold = NAN;
+    cr_expect_eq(ds_sparsifier_create(&s, &c, 10, NULL), -EINVAL);
+    c.threshold = -1.0f;
+    cr_expect_eq(ds_sparsifier_create(&s, &c, 10, NULL), -EINVAL);
+    ds_select_ops cuda_like;
+    ds_select_ops_init(&cuda_like, 0);
+    cuda_like.kind = DS_BACKEND_CUDA;
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_TOPK);
+    cr_expect_eq(ds_sparsifier_create(&s, &c, 10, &cuda_like), -EINVAL);
+    const uint32_t bad_units[] = {0, 5, 3, 10};
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_DEFT);
+    c.unit_off = bad_units;
+    c.n_units = 3;
+    cr_expect_eq(ds_sparsifier_create(&s, &c, 10, NULL), -EINVAL);
+    cr_expect_null(s);
+    ds_sparsifier_destroy(&s);
+    ds_sparsifier_destroy(NULL);
+}
+
+Test(sparsify, threshold_recovers_from_an_all_zero_stretch)
+{
+    /* A vector of zeros drives SAGE's sampled mean to 0 and MiCRO's count
+     * to 0; neither may get stuck at a threshold of 0 or +Inf. */
+    const size_t n = 5003;
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    const int ms[] = {DS_SPARSIFY_SAGE, DS_SPARSIFY_MICRO, DS_SPARSIFY_THRESHOLD};
+    for (int i = 0; i < 3; i++) {
+        ds_sparsifier *s = make(ms[i], n, NULL);
+        ds_sparsify_result r;
+        fill_grad(v, n, 2, 0);
+        cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+        memset(v, 0, n * sizeof(float));
+        for (int c = 0; c < 30; c++) {
+            cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+            cr_expect_eq(r.count, 0u, "zeros are never selected by a threshold");
+            cr_expect(isfinite(ds_sparsifier_threshold(s)) && ds_sparsifier_threshold(s) > 0);
+        }
+        fill_grad(v, n, 3, 0);
+        size_t got = 0;
+        for (int c = 0; c < 10; c++) {
+            cr_assert_eq(ds_sparsify_select(s, v, n, 0.01, idx, val, n, &r), 0);
+            got += r.count;
+        }
+        cr_expect_gt(got, 0u, "%s selects again after the zeros", ds_sparsify_method_name(ms[i]));
+        ds_sparsifier_destroy(&s);
+    }
+    free(v);
+    free(val);
+    free(idx);
+}

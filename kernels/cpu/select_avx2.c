@@ -52,7 +52,15 @@ typedef unsigned msk;
 #define vkey(x) _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff))
 #define vmask(c) ((msk)_mm256_movemask_ps(_mm256_castsi256_ps(c)))
 #define vge(a, b) (vmask(_mm256_cmpgt_epi32(b, a)) ^ 0xffu)
-#define vlt(a, b) vmask(_mm256_cmpgt_epi32(b, a))
+typedef __m256i vm;
+#define SIGN32 _mm256_set1_epi32((int32_t)0x80000000u)
+/* AVX2 compares signed only: flipping the sign bits of both sides makes a
+ * signed compare an unsigned one. */
+#define vm_inrange(k, lo, span) \
+    _mm256_cmpgt_epi32(_mm256_xor_si256(span, SIGN32), _mm256_xor_si256(_mm256_sub_epi32(k, lo), SIGN32))
+#define vm_nonfinite(k) _mm256_cmpgt_epi32(k, _mm256_set1_epi32((int32_t)DS_SEL_KEY_INF - 1))
+#define vm_bits(m) vmask(m)
+#define vcount(c, m) _mm256_sub_epi32(c, m)
 #define mpop(m) ((size_t)__builtin_popcount(m))
 #define vfinite(x) \
     _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_cmpgt_epi32( \
@@ -67,6 +75,15 @@ static inline double vd_hsum(__m256d v)
 {
     __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+static inline size_t vi_hsum(__m256i c)
+{
+    const __m256i lo = _mm256_cvtepu32_epi64(_mm256_castsi256_si128(c));
+    const __m256i hi = _mm256_cvtepu32_epi64(_mm256_extracti128_si256(c, 1));
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, _mm256_add_epi64(lo, hi));
+    return (size_t)(t[0] + t[1] + t[2] + t[3]);
 }
 
 static inline void compress_store(uint32_t *pidx, float *pval, msk m, vi ix, vf x)

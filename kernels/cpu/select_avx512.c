@@ -29,7 +29,11 @@ typedef unsigned msk;
 #define vsrli20(k) _mm512_srli_epi32(k, 20)
 #define vkey(x) _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff))
 #define vge(a, b) ((msk)_mm512_cmpge_epi32_mask(a, b))
-#define vlt(a, b) ((msk)_mm512_cmplt_epi32_mask(a, b))
+typedef __mmask16 vm;
+#define vm_inrange(k, lo, span) _mm512_cmplt_epu32_mask(_mm512_sub_epi32(k, lo), span)
+#define vm_nonfinite(k) _mm512_cmpge_epu32_mask(k, _mm512_set1_epi32((int32_t)DS_SEL_KEY_INF))
+#define vm_bits(m) ((msk)(m))
+#define vcount(c, m) _mm512_mask_sub_epi32(c, m, c, _mm512_set1_epi32(-1))
 #define mpop(m) ((size_t)__builtin_popcount(m))
 #define vfinite(x) \
     _mm512_maskz_mov_ps(_mm512_cmplt_epi32_mask(vkey(x), _mm512_set1_epi32((int32_t)DS_SEL_KEY_INF)), x)
@@ -39,6 +43,13 @@ typedef __m512d vd;
 #define vd_hsum(v) _mm512_reduce_add_pd(v)
 #define vd_lo(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
 #define vd_hi(v) _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1))
+
+/* Lane counts are at most n / 16 < 2^28; their sum can pass 2^31. */
+static inline size_t vi_hsum(__m512i c)
+{
+    return (size_t)_mm512_reduce_add_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(c))) +
+           (size_t)_mm512_reduce_add_epi64(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(c, 1)));
+}
 
 static inline void compress_store(uint32_t *pidx, float *pval, msk m, vi ix, vf x)
 {

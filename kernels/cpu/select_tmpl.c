@@ -15,12 +15,22 @@
  * cursor + W <= cap, and the one branch per vector that checks it is always
  * taken in the common case. Close to cap the lanes are written one by one.
  *
+ * Lanes are selected with one unsigned compare: t <= key < Inf exactly
+ * when key - t < Inf - t (unsigned), which also keeps NaN and Inf out.
+ * Counts other than the kept one accumulate per lane in a vector and are
+ * summed once at the end.
+ *
  * Required from the includer:
- *   W, SFX, vf, vi, msk (an unsigned lane mask),
+ *   W, SFX, vf, vi, msk (an unsigned lane mask), vm (the ISA's compare
+ *   result: a k-mask, or a vector of all-ones lanes),
  *   vload(p), vloadi(p), vset1i(x), vaddi(a, b), viota(), vsrli20(k)
  *   vkey(x)        sign-cleared bits of a float vector, as vi
- *   vge(a, b)      lanes with a >= b (signed; every key is < 2^31)
- *   vlt(a, b)      lanes with a < b
+ *   vge(a, b)      lanes with a >= b as msk (signed; every key is < 2^31)
+ *   vm_inrange(k, lo, span)  lanes with k - lo < span (unsigned), as vm
+ *   vm_nonfinite(k)          lanes with k >= the key of +Inf, as vm
+ *   vm_bits(m)     vm -> msk
+ *   vcount(c, m)   c + 1 in the lanes of m
+ *   vi_hsum(c)     sum of the lanes of c, as size_t
  *   mpop(m)        number of set lanes
  *   vstorei(p, a)  store an int vector
  *   compress_store(pidx, pval, m, vidx, vval): pack the lanes of m to the
@@ -34,15 +44,17 @@
 
 DS_DECL_SEL_COUNT(FN(ds_sel_count))
 {
-    const vi tv = vset1i((int32_t)t), inf = vset1i((int32_t)DS_SEL_KEY_INF);
-    size_t counted = 0, finite = 0, i = 0;
+    if (t > DS_SEL_KEY_INF)
+        t = DS_SEL_KEY_INF;
+    const vi lo = vset1i((int32_t)t), span = vset1i((int32_t)(DS_SEL_KEY_INF - t));
+    vi cnt = vset1i(0), bad = vset1i(0);
+    size_t i = 0;
     for (; i + W <= n; i += W) {
         const vi k = vkey(vload(v + i));
-        const msk fin = vlt(k, inf);
-        counted += mpop(vge(k, tv) & fin);
-        finite += mpop(fin);
+        cnt = vcount(cnt, vm_inrange(k, lo, span));
+        bad = vcount(bad, vm_nonfinite(k));
     }
-    size_t nonfinite = i - finite;
+    size_t counted = vi_hsum(cnt), nonfinite = vi_hsum(bad);
     for (; i < n; i++) {
         const uint32_t k = ds_sel_key(v[i]);
         nonfinite += k >= DS_SEL_KEY_INF;
@@ -53,19 +65,26 @@ DS_DECL_SEL_COUNT(FN(ds_sel_count))
     out->nonfinite = nonfinite;
 }
 
-DS_DECL_SEL_COMPACT(FN(ds_sel_compact))
+/* The compaction loop over whole vectors, with or without the second
+ * threshold's count (a constant at each call site, so the compiler drops
+ * the unused compare). Returns how far it got. */
+static inline __attribute__((always_inline)) size_t FN(compact_body)(
+    const float *v, size_t n, uint32_t t_keep, uint32_t t_count, int with_count, uint32_t base,
+    uint32_t *idx, float *val, size_t cap, size_t *kept_io, size_t *counted, size_t *nonfinite)
 {
-    const vi tk = vset1i((int32_t)t_keep), tc = vset1i((int32_t)t_count);
-    const vi inf = vset1i((int32_t)DS_SEL_KEY_INF), step = vset1i(W);
+    const vi lo_k = vset1i((int32_t)t_keep), span_k = vset1i((int32_t)(DS_SEL_KEY_INF - t_keep));
+    const vi lo_c = vset1i((int32_t)t_count), span_c = vset1i((int32_t)(DS_SEL_KEY_INF - t_count));
+    const vi step = vset1i(W);
     vi pos = vaddi(vset1i((int32_t)base), viota());
-    size_t kept = 0, counted = 0, finite = 0, i = 0;
+    vi cnt = vset1i(0), bad = vset1i(0);
+    size_t kept = 0, i = 0;
     for (; i + W <= n; i += W) {
         const vf x = vload(v + i);
         const vi k = vkey(x);
-        const msk fin = vlt(k, inf);
-        const msk keep = vge(k, tk) & fin;
-        counted += mpop(vge(k, tc) & fin);
-        finite += mpop(fin);
+        const msk keep = vm_bits(vm_inrange(k, lo_k, span_k));
+        if (with_count)
+            cnt = vcount(cnt, vm_inrange(k, lo_c, span_c));
+        bad = vcount(bad, vm_nonfinite(k));
         if (kept + W <= cap) {
             compress_store(idx + kept, val + kept, keep, pos, x);
         } else {
@@ -83,7 +102,24 @@ DS_DECL_SEL_COMPACT(FN(ds_sel_compact))
         kept += mpop(keep);
         pos = vaddi(pos, step);
     }
-    size_t nonfinite = i - finite;
+    *kept_io = kept;
+    *counted = with_count ? vi_hsum(cnt) : kept;
+    *nonfinite = vi_hsum(bad);
+    return i;
+}
+
+DS_DECL_SEL_COMPACT(FN(ds_sel_compact))
+{
+    if (t_keep > DS_SEL_KEY_INF)
+        t_keep = DS_SEL_KEY_INF;
+    if (t_count > DS_SEL_KEY_INF)
+        t_count = DS_SEL_KEY_INF;
+    size_t kept, counted, nonfinite, i;
+    /* Only SAGE counts at a second threshold; the others save a compare. */
+    if (t_count == t_keep)
+        i = FN(compact_body)(v, n, t_keep, t_count, 0, base, idx, val, cap, &kept, &counted, &nonfinite);
+    else
+        i = FN(compact_body)(v, n, t_keep, t_count, 1, base, idx, val, cap, &kept, &counted, &nonfinite);
     for (; i < n; i++) {
         const uint32_t k = ds_sel_key(v[i]);
         if (k >= DS_SEL_KEY_INF) {

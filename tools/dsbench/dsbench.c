@@ -18,6 +18,7 @@ static const struct {
 } commands[] = {
     {"train", ds_bench_train, "samples/s and accuracy of one CPU node vs PyTorch (same MLP, batch)"},
     {"topology", ds_bench_topology, "cost of one round's schedule per view size, vs a plain shuffle"},
+    {"sparsify", ds_bench_sparsify, "time per call of every sparsifier vs exact top-k and a plain read"},
 };
 
 static void usage(FILE *f)

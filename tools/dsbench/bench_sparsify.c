@@ -1,0 +1,330 @@
+/*
+ * tools/dsbench/bench_sparsify.c: `dsbench sparsify`: what one selection
+ * costs (sparsify/sparsify.h), for every method, beside two baselines
+ * measured in the same run on the same array:
+ *   read   a plain streaming read of the array (ds_ops.sum: the best any
+ *          one-pass method can do),
+ *   topk   our exact top-k (radix select: a histogram pass, a compaction
+ *          pass, no sort), the method the threshold sparsifiers replace.
+ * and, when PyTorch answers, torch.topk and numpy.argpartition on arrays
+ * of the same size and distribution (tools/sparsify_torch.py, one thread
+ * like ours), run first, before our arrays exist; every row then also
+ * says how much faster than torch.topk it is.
+ *
+ * Data: gradient-like floats (Gaussian, per-entry scales over two decades),
+ * fixed seed. Each method's sparsifier is created once per (n, density)
+ * and called twice before timing, so SAGE, MiCRO and the hard threshold
+ * are past their threshold start and every scratch buffer has grown:
+ * the figures are steady-state calls. Cases alternate inside every
+ * repetition and the fastest repetition of each is kept, so all see the
+ * same machine load (2 shared cores here). Small arrays run several calls
+ * per timed block so that a block lasts a few milliseconds.
+ *
+ * DEFT needs layers: the array is cut like a model's parameters, ten
+ * weight layers of near-equal length, each followed by a 1000-entry bias.
+ *
+ *   dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--json]
+ *
+ * Memory: the array plus worst-case idx / val buffers (12 bytes per entry:
+ * 1.2 GB at 100M); the PyTorch script, alone before that, about 2.5 GB.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu.h"
+#include "kernels/kernels.h"
+#include "kernels/select.h"
+#include "sparsify/sparsify.h"
+#include "tools/dsbench/bench.h"
+
+#define MAX_SIZES 8
+#define N_DENS 2
+static const double densities[N_DENS] = {0.001, 0.01};
+
+static volatile double sink;
+
+static uint64_t next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Gaussian (Box-Muller, two at a time) times a per-entry scale in
+ * [1, 10): the shape the test suite uses for gradients. */
+static void fill(float *v, size_t n, uint64_t seed)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i += 2) {
+        const double u1 = ((next(&s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+        const double u2 = (next(&s) >> 11) * (1.0 / 9007199254740992.0);
+        const double r = sqrt(-2.0 * log(u1)) * 1e-3;
+        const double sc0 = exp(2.3 * (double)(i * 2654435761u % 1000) / 1000.0);
+        v[i] = (float)(r * cos(6.283185307179586 * u2) * sc0);
+        if (i + 1 < n) {
+            const double sc1 = exp(2.3 * (double)((i + 1) * 2654435761u % 1000) / 1000.0);
+            v[i + 1] = (float)(r * sin(6.283185307179586 * u2) * sc1);
+        }
+    }
+}
+
+/* "1M", "25M", "100000" -> entries; 0 on error. */
+static size_t parse_size(const char *s)
+{
+    char *end;
+    double x = strtod(s, &end);
+    if (end == s || x <= 0)
+        return 0;
+    if (*end == 'M' || *end == 'm')
+        x *= 1e6, end++;
+    else if (*end == 'K' || *end == 'k')
+        x *= 1e3, end++;
+    if (*end || x > (double)UINT32_MAX)
+        return 0;
+    return (size_t)x;
+}
+
+enum { C_READ, C_TOPK, C_FIRST_METHOD };
+static const enum ds_sparsify_method bench_methods[] = {
+    DS_SPARSIFY_SAGE, DS_SPARSIFY_MICRO, DS_SPARSIFY_THRESHOLD, DS_SPARSIFY_RANDOM,
+    DS_SPARSIFY_DEFT, DS_SPARSIFY_NONE,
+};
+#define N_METHODS (sizeof(bench_methods) / sizeof(bench_methods[0]))
+#define N_CASES (C_FIRST_METHOD + N_METHODS)
+
+typedef struct result {
+    double ms, density;
+} result;
+
+/* PyTorch / numpy figures, collected before our own runs (so the two never
+ * hold memory at the same time) and printed beside ours. */
+#define MAX_TORCH 64
+typedef struct torch_row {
+    char method[32];
+    size_t n;
+    double density, ms, achieved;
+} torch_row;
+
+/* torch_ms is torch.topk's time for this (n, density), NAN without it. */
+static void emit(ds_row *row, const char *method, const char *kernels, size_t n, double d, double ms,
+                 double achieved, double topk_ms, double read_ms, double torch_ms)
+{
+    ds_row_str(row, "method", method);
+    ds_row_str(row, "kernels", kernels);
+    ds_row_int(row, "n", (int64_t)n);
+    ds_row_num(row, "density", d, 3);
+    ds_row_num(row, "ms", ms, 3);
+    ds_row_num(row, "achieved_density", achieved, 5);
+    ds_row_num(row, "speedup_vs_topk", topk_ms / ms, 2);
+    ds_row_num(row, "ratio_vs_read", ms / read_ms, 2);
+    ds_row_num(row, "speedup_vs_torch_topk", torch_ms / ms, 1);
+    ds_row_end(row);
+}
+
+/* One (n, density): returns 0 or 1 on failure (printed). */
+static int bench_one(size_t n, double d, int reps, const float *v, uint32_t *idx, float *val,
+                     const ds_ops *ops, const ds_select_ops *sel, result *out)
+{
+    ds_sparsifier *sp[N_CASES] = {0};
+    int rc = 1;
+    /* Ten weight layers, each followed by a 1000-entry bias (DEFT only). */
+    uint32_t units[21];
+    const size_t bias = n >= 20000 ? 1000 : 0, w = (n - 10 * bias) / 10;
+    units[0] = 0;
+    for (int l = 0; l < 10; l++) {
+        units[2 * l + 1] = units[2 * l] + (uint32_t)(l == 9 ? n - 10 * bias - 9 * w : w);
+        units[2 * l + 2] = units[2 * l + 1] + (uint32_t)bias;
+    }
+    for (size_t c = C_TOPK; c < N_CASES; c++) {
+        ds_sparsify_cfg cfg;
+        ds_sparsify_cfg_defaults(&cfg, c == C_TOPK ? DS_SPARSIFY_TOPK : bench_methods[c - C_FIRST_METHOD]);
+        cfg.seed = 42;
+        if (cfg.method == DS_SPARSIFY_DEFT) {
+            cfg.unit_off = units;
+            cfg.n_units = 20;
+        }
+        int ret = ds_sparsifier_create(&sp[c], &cfg, n, sel);
+        if (ret < 0) {
+            fprintf(stderr, "dsbench sparsify: create %s: %s\n", ds_sparsify_method_name(cfg.method), strerror(-ret));
+            goto out;
+        }
+    }
+    /* Steady state: threshold starts done, scratch grown. */
+    for (size_t c = C_TOPK; c < N_CASES; c++)
+        for (int i = 0; i < 2; i++) {
+            ds_sparsify_result r;
+            int ret = ds_sparsify_select(sp[c], v, n, d, idx, val, n, &r);
+            if (ret < 0) {
+                fprintf(stderr, "dsbench sparsify: %s n=%zu: %s\n",
+                        ds_sparsify_method_name(ds_sparsifier_method(sp[c])), n, strerror(-ret));
+                goto out;
+            }
+        }
+    /* Blocks of at least ~4M entries of work. */
+    const int iters = n >= 4000000 ? 1 : (int)(4000000 / n);
+    double best[N_CASES], selected_sum[N_CASES];
+    for (size_t c = 0; c < N_CASES; c++) {
+        best[c] = 1e30;
+        selected_sum[c] = 0;
+    }
+    for (int rep = 0; rep < reps; rep++) {
+        for (size_t c = 0; c < N_CASES; c++) {
+            size_t selected = 0;
+            const double t0 = ds_bench_now();
+            for (int it = 0; it < iters; it++) {
+                if (c == C_READ) {
+                    sink = ops->sum(n, v);
+                    continue;
+                }
+                ds_sparsify_result r;
+                if (ds_sparsify_select(sp[c], v, n, d, idx, val, n, &r) < 0)
+                    goto out;
+                selected += r.count;
+            }
+            const double t = (ds_bench_now() - t0) / iters;
+            if (t < best[c])
+                best[c] = t;
+            selected_sum[c] += (double)selected;
+        }
+    }
+    /* Achieved density: the mean over every timed call (SAGE's varies from
+     * call to call with its sampled mean). */
+    for (size_t c = 0; c < N_CASES; c++) {
+        out[c].ms = best[c] * 1e3;
+        out[c].density = c == C_READ ? 1.0 : selected_sum[c] / ((double)reps * iters) / (double)n;
+    }
+    rc = 0;
+out:
+    for (size_t c = 0; c < N_CASES; c++)
+        ds_sparsifier_destroy(&sp[c]);
+    return rc;
+}
+
+/* Run tools/sparsify_torch.py; returns how many rows it gave (0 when
+ * PyTorch / numpy are missing: a note goes to stderr, our rows still come). */
+static size_t torch_collect(const size_t *sizes, size_t nsizes, int reps, torch_row *out)
+{
+    char cmd[1024], list[256] = "";
+    size_t at = 0, got = 0;
+    for (size_t i = 0; i < nsizes && at < sizeof(list) - 24; i++)
+        at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%zu", i ? "," : "", sizes[i]);
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/sparsify_torch.py --sizes %s --densities %g,%g --reps %d",
+             ds_bench_tools_dir(), list, densities[0], densities[1], reps);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "dsbench sparsify: cannot run %s\n", cmd);
+        return 0;
+    }
+    char line[512];
+    while (fgets(line, sizeof(line), p)) {
+        torch_row t;
+        /* {"method": "torch.topk", "n": 1000000, "density": 0.001, "ms": 1.2, "achieved_density": 0.001} */
+        if (sscanf(line, "{\"method\": \"%31[^\"]\", \"n\": %zu, \"density\": %lf, \"ms\": %lf, \"achieved_density\": %lf",
+                   t.method, &t.n, &t.density, &t.ms, &t.achieved) != 5) {
+            fprintf(stderr, "dsbench sparsify: torch: %s", line);
+            continue;
+        }
+        if (got < MAX_TORCH)
+            out[got++] = t;
+    }
+    int st = pclose(p);
+    if (st != 0)
+        fprintf(stderr, "dsbench sparsify: %s exited with status %d\n", cmd, st);
+    return got;
+}
+
+int ds_bench_sparsify(int argc, char **argv)
+{
+    int json = 0, reps = 5, torch = 1;
+    size_t sizes[MAX_SIZES] = {1000000, 25000000, 100000000};
+    size_t nsizes = 3;
+    for (int i = 1; i < argc; i++) {
+        if (ds_bench_flag_json(argv[i], &json))
+            continue;
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--no-torch")) {
+            torch = 0;
+        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
+            nsizes = 0;
+            char *list = strdup(argv[++i]), *save = NULL;
+            for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                size_t n = parse_size(tok);
+                if (!n || nsizes == MAX_SIZES) {
+                    fprintf(stderr, "dsbench sparsify: bad size '%s' (1..2^32-1, suffix K or M, at most %d)\n",
+                            tok, MAX_SIZES);
+                    free(list);
+                    return 2;
+                }
+                sizes[nsizes++] = n;
+            }
+            free(list);
+        } else {
+            fprintf(stderr, "usage: dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--json]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || nsizes == 0) {
+        fprintf(stderr, "dsbench sparsify: --reps must be >= 1 and --sizes non-empty\n");
+        return 2;
+    }
+
+    torch_row trows[MAX_TORCH];
+    const size_t ntorch = torch ? torch_collect(sizes, nsizes, reps > 3 ? 3 : reps, trows) : 0;
+
+    ds_ops ops;
+    ds_select_ops sel;
+    ds_ops_init_cpu(&ops);
+    ds_select_ops_init(&sel, ds_cpu_flags());
+    ds_row row;
+    ds_row_table(&row, json);
+    int rc = 0;
+    for (size_t si = 0; si < nsizes; si++) {
+        const size_t n = sizes[si];
+        float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+        uint32_t *idx = malloc(n * sizeof(uint32_t));
+        if (!v || !val || !idx) {
+            fprintf(stderr, "dsbench sparsify: out of memory for n=%zu\n", n);
+            free(v);
+            free(val);
+            free(idx);
+            return 1;
+        }
+        fill(v, n, 7);
+        /* Fewer repetitions for the largest arrays keep the run short. */
+        const int r = n >= 50000000 && reps > 3 ? 3 : reps;
+        for (int di = 0; di < N_DENS; di++) {
+            result res[N_CASES];
+            if (bench_one(n, densities[di], r, v, idx, val, &ops, &sel, res)) {
+                rc = 1;
+                break;
+            }
+            const double topk = res[C_TOPK].ms, read = res[C_READ].ms, d = densities[di];
+            double torch_ms = NAN;
+            for (size_t t = 0; t < ntorch; t++)
+                if (trows[t].n == n && fabs(trows[t].density - d) < 1e-12 && !strcmp(trows[t].method, "torch.topk"))
+                    torch_ms = trows[t].ms;
+            emit(&row, "read", ops.name, n, d, read, res[C_READ].density, topk, read, torch_ms);
+            emit(&row, "topk", sel.name, n, d, topk, res[C_TOPK].density, topk, read, torch_ms);
+            for (size_t c = C_FIRST_METHOD; c < N_CASES; c++)
+                emit(&row, ds_sparsify_method_name(bench_methods[c - C_FIRST_METHOD]), sel.name, n, d,
+                     res[c].ms, res[c].density, topk, read, torch_ms);
+            for (size_t t = 0; t < ntorch; t++)
+                if (trows[t].n == n && fabs(trows[t].density - d) < 1e-12)
+                    emit(&row, trows[t].method, "python, 1 thread", n, d, trows[t].ms, trows[t].achieved, topk,
+                         read, torch_ms);
+        }
+        free(v);
+        free(val);
+        free(idx);
+        if (rc)
+            return rc;
+    }
+    return rc;
+}

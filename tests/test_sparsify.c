@@ -476,7 +476,7 @@ Test(sparsify, sage_and_micro_track_a_drifting_stream, .timeout = 120)
  * MiCRO's threshold moves at most 0.5% per call (ln 5 / ln 1.005 = 323
  * calls). Measured over steps [0, 150): MiCRO sends 1.5-3.9x the target on
  * the drift stream and 0.14-0.63x on the gradient stream; over [150, 450)
- * 0.63-0.97x; from 450 on all within 10% (docs/sparsify.md). */
+ * 0.63-0.96x; from 450 on all within 10% (docs/sparsify.md). */
 Test(sparsify, sage_and_micro_track_real_mlp_training, .timeout = 600)
 {
     ds_train_cfg cfg;

@@ -1,0 +1,409 @@
+/*
+ * tests/test_gossip.c: the gossip engine on an in-process fake network
+ * (tests/gossip_fake.c), one thread per node.
+ *   - pairwise rounds with every sparsifier conserve the sum of all models
+ *     (to float rounding), with local drift added between rounds;
+ *   - dense pairwise and the paper's crossover rule shrink the consensus
+ *     distance geometrically;
+ *   - a node that does not answer is skipped, reported, and the others' sum
+ *     does not change;
+ *   - a REQ for a round that is over gets STALE;
+ *   - the all-reduce baseline gives every node the mean gradient.
+ * Run: meson test -C build gossip --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gossip_fake.h"
+#include "node/gossip.h"
+#include "node/log.h"
+#include "testutil.h"
+
+#define MAXG 8
+#define NL 3
+
+static ds_layer layers[NL];
+static size_t n_params;
+
+static void make_layers(void)
+{
+    const size_t len[NL] = {2000, 515, 33};
+    size_t off = 0;
+    for (int i = 0; i < NL; i++) {
+        snprintf(layers[i].name, sizeof(layers[i].name), "fc%d", i + 1);
+        layers[i].off = off;
+        layers[i].len = len[i];
+        off += len[i];
+    }
+    n_params = off;
+}
+
+typedef struct cluster {
+    uint32_t G;
+    int rounds;
+    int noise;              /* add seeded drift before each round */
+    ds_gossip_cfg cfg;
+    ds_fakenet *net;
+    int dead[MAXG];
+    float *theta[MAXG];
+    ds_gossip *g[MAXG];
+    pthread_barrier_t bar;
+    double max_sum_err;     /* worst |sum after - sum before| / scale */
+    double dist[64];        /* consensus distance before each round */
+    int use_stale_test;
+} cluster;
+
+typedef struct worker {
+    cluster *c;
+    uint32_t me;
+} worker;
+
+static double sum_err(cluster *c, const float *before)
+{
+    double worst = 0;
+    for (size_t j = 0; j < n_params; j++) {
+        double s = 0, scale = 0;
+        for (uint32_t i = 0; i < c->G; i++) {
+            if (c->dead[i])
+                continue;
+            s += c->theta[i][j];
+            scale += fabs(c->theta[i][j]);
+        }
+        double e = fabs(s - before[j]) / (scale * FLT_EPSILON * 4 * c->G + 1e-30);
+        if (e > worst)
+            worst = e;
+    }
+    return worst;
+}
+
+static void sums(cluster *c, float *out)
+{
+    for (size_t j = 0; j < n_params; j++) {
+        double s = 0;
+        for (uint32_t i = 0; i < c->G; i++)
+            if (!c->dead[i])
+                s += c->theta[i][j];
+        out[j] = (float)s;
+    }
+}
+
+static double consensus(cluster *c)
+{
+    double d = 0;
+    int alive = 0;
+    for (uint32_t i = 0; i < c->G; i++)
+        alive += !c->dead[i];
+    for (size_t j = 0; j < n_params; j++) {
+        double m = 0;
+        for (uint32_t i = 0; i < c->G; i++)
+            if (!c->dead[i])
+                m += c->theta[i][j];
+        m /= alive;
+        for (uint32_t i = 0; i < c->G; i++)
+            if (!c->dead[i])
+                d += (c->theta[i][j] - m) * (c->theta[i][j] - m);
+    }
+    return d / alive;
+}
+
+static void *work(void *arg)
+{
+    worker *w = arg;
+    cluster *c = w->c;
+    uint64_t s = 1000 + w->me;
+    for (int r = 0; r < c->rounds; r++) {
+        if (c->noise)
+            for (size_t j = 0; j < n_params; j++)
+                c->theta[w->me][j] += 0.01f * (float)((int64_t)(ds_t_next(&s) >> 40) - (1 << 23)) / (1 << 23);
+        pthread_barrier_wait(&c->bar); /* main: sums before */
+        pthread_barrier_wait(&c->bar);
+        int ret = ds_gossip_round(c->g[w->me], c->theta[w->me], (uint64_t)r, ds_fakenet_io(c->net, w->me));
+        cr_assert_eq(ret, 0);
+        pthread_barrier_wait(&c->bar); /* main: sums after */
+        pthread_barrier_wait(&c->bar);
+    }
+    return NULL;
+}
+
+static void run_cluster(cluster *c)
+{
+    make_layers();
+    c->net = ds_fakenet_create(c->G);
+    uint32_t alive = 0;
+    for (uint32_t i = 0; i < c->G; i++) {
+        c->theta[i] = malloc(n_params * sizeof(float));
+        ds_t_fill(c->theta[i], n_params, 77 + i, -1, 1);
+        ds_gossip_cfg cfg = c->cfg;
+        cfg.node_seed = 500 + i;
+        cr_assert_eq(ds_gossip_create(&c->g[i], &cfg, layers, NL, n_params, c->theta[i]), 0);
+        cr_assert_eq(ds_gossip_set_view(c->g[i], c->G, i, 1), 0);
+        if (c->dead[i])
+            ds_fakenet_set_dead(c->net, i, 1);
+        else
+            alive++;
+    }
+    pthread_barrier_init(&c->bar, NULL, alive + 1);
+    pthread_t th[MAXG];
+    worker w[MAXG];
+    for (uint32_t i = 0; i < c->G; i++) {
+        if (c->dead[i])
+            continue;
+        w[i].c = c;
+        w[i].me = i;
+        pthread_create(&th[i], NULL, work, &w[i]);
+    }
+    float *before = malloc(n_params * sizeof(float));
+    c->max_sum_err = 0;
+    for (int r = 0; r < c->rounds; r++) {
+        pthread_barrier_wait(&c->bar);
+        sums(c, before);
+        if (r < 64)
+            c->dist[r] = consensus(c);
+        pthread_barrier_wait(&c->bar);
+        pthread_barrier_wait(&c->bar);
+        double e = sum_err(c, before);
+        if (e > c->max_sum_err)
+            c->max_sum_err = e;
+        pthread_barrier_wait(&c->bar);
+    }
+    for (uint32_t i = 0; i < c->G; i++)
+        if (!c->dead[i])
+            pthread_join(th[i], NULL);
+    free(before);
+    pthread_barrier_destroy(&c->bar);
+}
+
+static void free_cluster(cluster *c)
+{
+    for (uint32_t i = 0; i < c->G; i++) {
+        ds_gossip_destroy(&c->g[i]);
+        free(c->theta[i]);
+    }
+    ds_fakenet_destroy(c->net);
+}
+
+static ds_gossip_cfg base_cfg(void)
+{
+    ds_gossip_cfg cfg = {
+        .topology = DS_TOPO_CROSSOVER,
+        .mix = DS_MIX_PAIRWISE,
+        .weight = 1.0f / 3.0f,
+        .method = DS_SPARSIFY_MICRO,
+        .density = 0.05,
+        .error_feedback = 1,
+        .seed = 42,
+        .timeout_ms = 5000,
+    };
+    return cfg;
+}
+
+static void quiet(void)
+{
+    ds_log_setup("test", DS_LOG_ERROR, NULL);
+}
+
+TestSuite(gossip, .init = quiet, .timeout = 120);
+
+Test(gossip, segments_per_layer_and_cut)
+{
+    make_layers();
+    ds_gseg seg[8];
+    cr_assert_eq(ds_gossip_segments(layers, NL, n_params, 0, seg), NL);
+    cr_expect_eq(seg[1].off, 2000);
+    cr_expect_eq(seg[1].len, 515);
+    int k = ds_gossip_segments(layers, NL, n_params, 4, seg);
+    cr_assert_eq(k, 4);
+    size_t off = 0;
+    for (int i = 0; i < k; i++) {
+        cr_expect_eq(seg[i].off, off);
+        cr_expect_gt(seg[i].len, 0);
+        off += seg[i].len;
+    }
+    cr_expect_eq(off, n_params);
+    /* n/4 = 637: the third cut (1911) moves to the layer boundary 2000. */
+    cr_expect_eq(seg[2].off + seg[2].len, 2000);
+    cr_expect_eq(ds_gossip_segments(layers, NL, n_params, -1, seg), -EINVAL);
+}
+
+Test(gossip, pairwise_conserves_sum_every_method)
+{
+    const enum ds_sparsify_method methods[] = {
+        DS_SPARSIFY_NONE, DS_SPARSIFY_RANDOM, DS_SPARSIFY_TOPK, DS_SPARSIFY_THRESHOLD,
+        DS_SPARSIFY_SAGE, DS_SPARSIFY_MICRO, DS_SPARSIFY_DEFT};
+    for (size_t mi = 0; mi < sizeof(methods) / sizeof(methods[0]); mi++)
+        for (int topo = 0; topo < 4; topo++) {
+            cluster c = {.G = 5, .rounds = 12, .noise = 1, .cfg = base_cfg()};
+            c.cfg.method = methods[mi];
+            c.cfg.topology = (enum ds_topo_kind)topo;
+            c.cfg.segments = topo == 1 ? 4 : 0;
+            run_cluster(&c);
+            cr_expect_lt(c.max_sum_err, 1.0, "%s on %s: sum drifted %.2f rounding units",
+                         ds_sparsify_method_name(methods[mi]), ds_topo_name(c.cfg.topology),
+                         c.max_sum_err);
+            const ds_gossip_stats *st = ds_gossip_get_stats(c.g[0]);
+            cr_expect_eq(st->exchanges_failed, 0, "%s", ds_sparsify_method_name(methods[mi]));
+            cr_expect_gt(st->exchanges_ok, 0);
+            free_cluster(&c);
+        }
+}
+
+Test(gossip, dense_pairwise_and_crossover_shrink_consensus_geometrically)
+{
+    for (int mix = 0; mix < 2; mix++) {
+        cluster c = {.G = 8, .rounds = 20, .cfg = base_cfg()};
+        c.cfg.method = DS_SPARSIFY_NONE;
+        c.cfg.mix = mix ? DS_MIX_CROSSOVER : DS_MIX_PAIRWISE;
+        run_cluster(&c);
+        /* Every round must shrink the distance by a constant factor. */
+        double worst = 0;
+        for (int r = 1; r < 20; r++) {
+            double ratio = c.dist[r] / c.dist[r - 1];
+            if (ratio > worst)
+                worst = ratio;
+        }
+        cr_log_info("%s: consensus %.3g -> %.3g, worst per-round ratio %.3f",
+                    mix ? "crossover" : "pairwise", c.dist[0], c.dist[19], worst);
+        cr_expect_lt(worst, 0.8, "%s: a round shrank the distance only by %.3f", mix ? "crossover" : "pairwise", worst);
+        cr_expect_lt(c.dist[19], 1e-3 * c.dist[0]);
+        if (!mix)
+            cr_expect_lt(c.max_sum_err, 1.0, "pairwise conserves the sum");
+        free_cluster(&c);
+    }
+}
+
+Test(gossip, silent_peer_is_skipped_and_reported)
+{
+    cluster c = {.G = 6, .rounds = 6, .noise = 1, .cfg = base_cfg()};
+    c.cfg.timeout_ms = 60;
+    c.dead[2] = 1;
+    run_cluster(&c);
+    cr_expect_lt(c.max_sum_err, 1.0, "the live nodes' sum moved by %.2f rounding units", c.max_sum_err);
+    cr_expect_gt(ds_fakenet_failures(c.net, 2), 0, "the dead node was reported");
+    for (uint32_t i = 0; i < c.G; i++)
+        if (i != 2)
+            cr_expect_eq(ds_fakenet_failures(c.net, i), 0, "live node %u wrongly reported", i);
+    uint64_t failed = 0;
+    for (uint32_t i = 0; i < c.G; i++)
+        if (!c.dead[i])
+            failed += ds_gossip_get_stats(c.g[i])->exchanges_failed;
+    cr_expect_gt(failed, 0);
+    free_cluster(&c);
+}
+
+/* A REQ for a round this node has finished gets STALE, and the initiator
+ * stops waiting at once. */
+Test(gossip, late_request_gets_stale)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(2);
+    float *a = calloc(n_params, 4), *b = calloc(n_params, 4);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 50;
+    ds_gossip *ga, *gb;
+    cr_assert_eq(ds_gossip_create(&ga, &cfg, layers, NL, n_params, a), 0);
+    cr_assert_eq(ds_gossip_create(&gb, &cfg, layers, NL, n_params, b), 0);
+    ds_gossip_set_view(ga, 2, 0, 1);
+    ds_gossip_set_view(gb, 2, 1, 1);
+    /* b runs rounds 0 and 1 alone (a is absent: both time out). */
+    ds_gossip_round(gb, b, 0, ds_fakenet_io(net, 1));
+    ds_gossip_round(gb, b, 1, ds_fakenet_io(net, 1));
+    /* a now runs round 0: b is at round 2 and must answer STALE. */
+    ds_gossip_begin(gb, b, 2);
+    ds_gossip_begin(ga, a, 0);
+    ds_gossip_exchange(ga, ds_fakenet_io(net, 0)); /* sends its REQs, times out on b's */
+    ds_gossip_exchange(gb, ds_fakenet_io(net, 1)); /* b sees round-0 REQs: STALE */
+    ds_gossip_end(gb, b);
+    ds_gossip_end(ga, a);
+    cr_expect_gt(ds_gossip_get_stats(gb)->stale_sent, 0);
+    /* a's next round reads the STALE replies as late: they were for round 0. */
+    ds_gossip_round(ga, a, 1, ds_fakenet_io(net, 0));
+    cr_expect_gt(ds_gossip_get_stats(ga)->late + ds_gossip_get_stats(ga)->stale_received, 0);
+    ds_gossip_destroy(&ga);
+    ds_gossip_destroy(&gb);
+    cr_expect_null(ga);
+    free(a);
+    free(b);
+    ds_fakenet_destroy(net);
+}
+
+typedef struct ared_arg {
+    ds_gossip *g;
+    ds_fakenet *net;
+    uint32_t me;
+    float *grad;
+    int ret;
+} ared_arg;
+
+static void *ared_work(void *p)
+{
+    ared_arg *a = p;
+    for (int step = 0; step < 3; step++)
+        a->ret |= ds_gossip_allreduce(a->g, a->grad, n_params, (uint64_t)step, ds_fakenet_io(a->net, a->me));
+    return NULL;
+}
+
+Test(gossip, allreduce_gives_the_mean)
+{
+    make_layers();
+    for (uint32_t G = 2; G <= 5; G++) {
+        ds_fakenet *net = ds_fakenet_create(G);
+        ared_arg args[MAXG];
+        pthread_t th[MAXG];
+        float *want = calloc(n_params, sizeof(float));
+        ds_gossip_cfg cfg = base_cfg();
+        cfg.topology = DS_TOPO_ALLREDUCE;
+        for (uint32_t i = 0; i < G; i++) {
+            args[i].grad = malloc(n_params * sizeof(float));
+            ds_t_fill(args[i].grad, n_params, 900 + i, -1, 1);
+            cr_assert_eq(ds_gossip_create(&args[i].g, &cfg, layers, NL, n_params, args[i].grad), 0);
+            ds_gossip_set_view(args[i].g, G, i, 1);
+            args[i].net = net;
+            args[i].me = i;
+            args[i].ret = 0;
+        }
+        /* Three steps: mean of the mean of the mean is still the mean. */
+        for (size_t j = 0; j < n_params; j++) {
+            double s = 0;
+            for (uint32_t i = 0; i < G; i++)
+                s += args[i].grad[j];
+            want[j] = (float)(s / G);
+        }
+        for (uint32_t i = 0; i < G; i++)
+            pthread_create(&th[i], NULL, ared_work, &args[i]);
+        for (uint32_t i = 0; i < G; i++)
+            pthread_join(th[i], NULL);
+        for (uint32_t i = 0; i < G; i++) {
+            cr_expect_eq(args[i].ret, 0);
+            cr_expect(ds_t_close("allreduce", G, args[i].grad, want, n_params, 1e-6, 1e-5), "G=%u node %u", G, i);
+            ds_gossip_destroy(&args[i].g);
+            free(args[i].grad);
+        }
+        free(want);
+        ds_fakenet_destroy(net);
+    }
+}
+
+Test(gossip, bad_arguments)
+{
+    make_layers();
+    float *t = calloc(n_params, 4);
+    ds_gossip *g;
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.weight = 0.6f;
+    cr_expect_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, t), -EINVAL);
+    cfg = base_cfg();
+    cfg.mix = DS_MIX_CROSSOVER; /* dense only */
+    cr_expect_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, t), -EINVAL);
+    cfg = base_cfg();
+    cr_assert_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, t), 0);
+    cr_expect_eq(ds_gossip_begin(g, t, 0), -EINVAL, "no view yet");
+    cr_expect_eq(ds_gossip_set_view(g, 3, 3, 1), -EINVAL);
+    cr_expect_eq(ds_gossip_set_view(g, 0, 0, 1), -EINVAL);
+    ds_gossip_destroy(&g);
+    free(t);
+}

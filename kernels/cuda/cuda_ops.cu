@@ -339,7 +339,7 @@ extern "C" int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_l
 
     memset(ops, 0, sizeof(*ops));
     ops->kind = DS_BACKEND_CUDA;
-    snprintf(ops->name, sizeof(ops->name), "cuda:%d %.80s", device, prop.name);
+    snprintf(ops->name, sizeof(ops->name), "cuda:%d %.60s", device, prop.name);
     ops->alloc = cu_alloc;
     ops->free = cu_free;
     ops->upload = cu_upload;

@@ -1,0 +1,2439 @@
+/*
+ * node/transport.c: see transport.h for the contract. This essay says how.
+ *
+ * Threads. One progress thread per transport owns the libfabric objects and
+ * every structure marked "progress thread" below. Application threads touch
+ * only what t->lock guards: the submission queue, the peer slots' identity
+ * (state, generation, address) and the request flags. They queue work, write
+ * the eventfd, and return. Callbacks run on the progress thread without the
+ * lock, so a callback may send, add or remove peers, or ask for a reset.
+ *
+ * Wire. Every libfabric message is one chunk: a 40-byte little-endian header
+ * and the sender's own address, then at most chunk_bytes of payload.
+ *
+ *    0       4    5     6        8                16               24
+ *    +-------+----+-----+--------+----------------+----------------+
+ *    | magic |ver |flags|name_len|    stream      |      seq       |
+ *    +-------+----+-----+--------+-------+--------+----------------+
+ *    |   total_len (u64)         | chunk_idx     | chunk_size     |
+ *    +---------------------------+---------------+----------------+
+ *    24                          32              36               40
+ *    | name (name_len bytes: the sender's raw libfabric address) | payload
+ *
+ * `stream` is a random id the sender draws per peer slot and endpoint
+ * incarnation; `seq` counts that stream's messages from 1, assigned when the
+ * message's first chunk is posted, so every seq that reaches the wire is
+ * either posted whole or followed by an ABORT chunk (flags bit 0, no
+ * payload). The receiver keys its state by stream (a new stream from a known
+ * address means the sender restarted or reset: start over at seq 1), places
+ * chunks by index with a bitmap (libfabric reports completions in any order:
+ * ofi_rxm's rendezvous reads finish after later eager sends), and delivers
+ * messages strictly by seq. Carrying the sender's address in every chunk
+ * makes each chunk self-describing, so a first message from an unknown
+ * address can be answered (libfabric's FI_SOURCE cannot name a sender that
+ * is not yet in the address vector) and a chunk never waits for another to
+ * be attributed.
+ *
+ * Two receive pools: small buffers (64 KiB, tag 1) and chunk-sized ones
+ * (tag 2), so that control traffic does not pin megabyte buffers. A message
+ * that fits in one chunk and arrives in order is handed to on_recv straight
+ * from the pool buffer; the pool allocates a fresh one if the callback keeps
+ * it. Larger messages are copied chunk by chunk into one allocation.
+ *
+ * Liveness (DESIGN 7). Sends have deadlines, scanned whenever the earliest
+ * one falls due; the wait in the progress loop never sleeps past it. A send
+ * that times out is reported at once but its chunks stay owned here until
+ * libfabric completes them. When those abandoned sends pass stuck_max_ops or
+ * stuck_max_bytes, the whole libfabric stack is closed (fi_close discards
+ * outstanding operations, so their buffers are free again) and reopened on
+ * the same address; peers are re-inserted and get new streams.
+ */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include "node/log.h"
+#include "node/transport.h"
+
+#define COMP "transport"
+
+#define TP_MAGIC 0x50545344u /* bytes "DSTP" */
+#define TP_VERSION 1
+#define TP_HDR_FIXED 40
+#define TP_NAME_MAX 128
+#define TP_HDR_MAX (TP_HDR_FIXED + TP_NAME_MAX)
+#define TP_F_ABORT 0x01
+
+#define TP_TAG_SMALL 1u
+#define TP_TAG_LARGE 2u
+#define TP_SMALL_BUF (64u * 1024u)
+
+#define TP_RX_HELD_MAX 65536  /* out-of-order messages held per peer */
+#define TP_RX_COPY_MAX 16384  /* held messages up to this size are copied
+                               * out of their 64 KiB pool buffer */
+#define TP_RX_WINDOW 65536    /* how far ahead of rx_next a seq may be */
+#define TP_RETIRED 4          /* replaced streams remembered per peer */
+#define TP_CQ_BATCH 32
+#define TP_POST_BUDGET 64     /* chunks posted per loop iteration */
+#define TP_TICK_MS 100        /* longest sleep of the progress loop */
+#define TP_PROBE_MS 250       /* receive-pool watchdog period */
+#define TP_PIN_FACTOR 3       /* pinned buffers per pool: <= 3x its size */
+#define TP_MIN_CHUNK 4096u
+#define TP_MAX_CHUNK (64u << 20)
+
+enum ctx_kind { CTX_RX = 1, CTX_TX = 2 };
+
+/* Every libfabric context starts with this, so a completion's op_context
+ * tells what it belongs to. */
+struct tp_ctx {
+    struct fi_context2 fi;
+    uint8_t kind;
+};
+
+struct tp_op;
+
+struct tp_chunk {
+    struct tp_ctx ctx;
+    struct tp_op *op;
+    uint32_t wire;   /* header + payload bytes, charged to inflight */
+    uint8_t posted;  /* a completion is expected */
+    uint8_t hdr[TP_HDR_MAX];
+};
+
+enum op_where { OP_NOWHERE = 0, OP_TXQ, OP_INFLIGHT };
+
+struct tp_op {
+    struct tp_op *next, *prev;
+    uint32_t slot;
+    uint8_t is_abort;
+    uint8_t where;
+    uint8_t reported;
+    uint8_t abandoned;
+    uint8_t tainted;                  /* libfabric failed a chunk: quarantine */
+    const uint8_t *data;
+    size_t len;
+    void *copy;                       /* our own copy (release == NULL) */
+    ds_transport_release_fn release;
+    void *release_arg;
+    ds_transport_done_fn done;
+    void *done_arg;
+    uint64_t deadline_ms;
+    uint64_t stream, seq;
+    uint32_t chunk_size, nchunks, next_chunk, pending, completed;
+    uint64_t pending_bytes;           /* wire bytes posted, not completed */
+    struct tp_chunk *chunks;
+};
+
+struct op_list {
+    struct tp_op *head, *tail;
+};
+
+enum rx_state { RX_PARTIAL = 0, RX_COMPLETE, RX_SKIP };
+
+struct tp_rxmsg {
+    struct tp_rxmsg *next;
+    uint64_t seq;
+    uint8_t state;
+    uint8_t pooled;      /* base is a receive pool buffer */
+    uint8_t *base;       /* allocation holding data */
+    uint8_t *data;
+    uint64_t len;
+    uint32_t chunk_size, nchunks, got;
+    uint8_t *bitmap;
+    uint64_t last_ms;
+    uint64_t mem;        /* bytes charged to rx_mem */
+};
+
+enum peer_state { PEER_FREE = 0, PEER_LIVE, PEER_REMOVING, PEER_DRAINING };
+
+struct tp_peer {
+    /* under t->lock */
+    uint8_t state;
+    uint8_t need_av;
+    uint16_t gen;
+    char addr[DS_TRANSPORT_ADDR_MAX]; /* canonical "host:port": the key */
+    uint8_t raw[TP_NAME_MAX];
+    size_t rawlen;
+
+    /* progress thread */
+    fi_addr_t fa;
+    uint8_t in_av;
+    uint8_t unresponsive;
+    uint8_t in_busy;
+    uint32_t misses;
+    uint64_t tx_stream, tx_seq;
+    struct op_list txq, inflight;
+    uint64_t inflight_bytes;
+    uint64_t rx_stream, rx_next;
+    uint8_t rx_resync;                /* after our reset: next seq is the base */
+    uint64_t retired[TP_RETIRED];
+    unsigned retired_pos;
+    struct tp_rxmsg *held, *held_tail; /* sorted by seq */
+    unsigned nheld;
+    uint64_t gap_since_ms;
+    uint32_t busy_next;               /* busy list link: slot+1, 0 = end */
+};
+
+/* One posted receive. A fresh one replaces it in its pool slot whenever
+ * libfabric fails it, because ofi_rxm may report the same failed receive
+ * more than once (seen when a sender's connection breaks mid-rendezvous):
+ * the failed posting, buffer and context, stays untouched in quarantine
+ * until the next stack close, so a late report can neither complete a
+ * newer posting nor land in reused memory. */
+struct tp_rxbuf {
+    struct tp_ctx ctx;
+    uint8_t *buf;
+    size_t cap;
+    uint64_t tag;
+    uint32_t slot;
+    uint8_t posted;     /* libfabric holds it */
+    uint8_t canceling;  /* fi_cancel issued, no completion yet */
+    uint8_t pinned;     /* left its slot: matched to a stalled transfer */
+    uint64_t since_ms;  /* posted at, or cancel issued at */
+    struct tp_rxbuf *qnext;
+};
+
+struct tp_stats_atomic {
+    _Atomic uint64_t msgs_sent, bytes_sent, msgs_recv, bytes_recv;
+    _Atomic uint64_t send_timeouts, send_errors, eagain;
+    _Atomic uint64_t stuck_ops, stuck_bytes, queued_bytes, resets;
+    _Atomic uint64_t quarantined_bytes, dup_completions, pinned_bufs;
+    _Atomic uint64_t drops[DS_TP_DROP_COUNT];
+};
+
+struct ds_transport {
+    ds_transport_opts o;
+    char *provider, *listen_host, *listen_port, *advertise;
+
+    /* libfabric stack (progress thread once started) */
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct fid_ep *ep;
+    int cq_fd;
+    uint8_t name[TP_NAME_MAX];   /* what goes in every header */
+    size_t namelen;
+    char addr_text[DS_TRANSPORT_ADDR_MAX];
+    uint32_t addr_format;
+    int broken;                  /* stack closed, reopen pending */
+    uint64_t reopen_at_ms;
+
+    int evfd;
+    pthread_t thread;
+    int thread_started;
+
+    pthread_mutex_t lock;
+    /* under lock */
+    struct op_list subq;
+    int stop;
+    int reset_req;
+    int peers_dirty;            /* some slot needs an AV insert or removal */
+    struct tp_peer *peers;
+    unsigned npeers;
+
+    /* progress thread */
+    struct tp_rxbuf **rx;        /* pool slots: the current posting of each */
+    unsigned nrx, rx_unposted;
+    struct tp_rxbuf *q_rx;       /* failed receives, kept until stack close */
+    struct tp_rxbuf *pinned;     /* receives stuck in a stalled transfer */
+    unsigned npinned[2];         /* per pool: small, large */
+    uint64_t next_probe_ms;
+    struct tp_op *q_ops;         /* ops with failed chunks, same */
+    uint64_t rx_mem;
+    uint32_t busy_head;         /* peers with txq/inflight/held work */
+    uint64_t next_due_ms;
+    int eagain_seen;
+    uint64_t last_work_ns;
+    uint64_t last_stream;       /* one-entry cache of stream -> slot */
+    uint32_t last_slot;
+
+    struct tp_stats_atomic st;
+};
+
+static const char *const drop_names[DS_TP_DROP_COUNT] = {
+    "bad_header", "bad_addr", "peers_full", "too_big", "no_memory", "late", "duplicate",
+    "stale_stream", "aborted", "rx_timeout", "backlog", "rx_error", "removed_peer",
+};
+
+const char *ds_transport_drop_name(enum ds_transport_drop reason)
+{
+    return (unsigned)reason < DS_TP_DROP_COUNT ? drop_names[reason] : "unknown";
+}
+
+#define ST_ADD(t, f, n) atomic_fetch_add_explicit(&(t)->st.f, (uint64_t)(n), memory_order_relaxed)
+#define ST_SUB(t, f, n) atomic_fetch_sub_explicit(&(t)->st.f, (uint64_t)(n), memory_order_relaxed)
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_le32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t get_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+        v = ds_now_ns() * 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 32);
+    return v ? v : 1;
+}
+
+/* libfabric errors are errno values below 256 (FI_ETRUNC etc. above). */
+static int fi_to_errno(int fierr)
+{
+    if (fierr < 0)
+        fierr = -fierr;
+    if (fierr > 0 && fierr < 256)
+        return -fierr;
+    return -EIO;
+}
+
+static void drop(ds_transport *t, enum ds_transport_drop why)
+{
+    ST_ADD(t, drops[why], 1);
+}
+
+static ds_transport_peer peer_handle(const ds_transport *t, uint32_t slot)
+{
+    return ((uint32_t)t->peers[slot].gen << 16) | (slot + 1);
+}
+
+static void wake(ds_transport *t)
+{
+    uint64_t one = 1;
+    ssize_t r = write(t->evfd, &one, sizeof(one));
+    (void)r; /* EAGAIN: the counter is already non-zero, a wake-up is pending */
+}
+
+int ds_transport_split_hostport(const char *s, char *host, size_t hn, char *port, size_t pn)
+{
+    if (!s || !host || !port)
+        return -EINVAL;
+    const char *colon;
+    const char *h0 = s, *h1;
+    if (*s == '[') {
+        const char *rb = strchr(s, ']');
+        if (!rb || rb[1] != ':')
+            return -EINVAL;
+        h0 = s + 1;
+        h1 = rb;
+        colon = rb + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || strchr(s, ':') != colon)
+            return -EINVAL; /* bare IPv6 must be bracketed */
+        h1 = colon;
+    }
+    size_t hl = (size_t)(h1 - h0);
+    const char *p = colon + 1;
+    size_t pl = strlen(p);
+    if (hl == 0 || hl >= hn || pl == 0 || pl >= pn || pl > 5)
+        return -EINVAL;
+    unsigned long v = 0;
+    for (size_t i = 0; i < pl; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return -EINVAL;
+        v = v * 10 + (unsigned long)(p[i] - '0');
+    }
+    if (v > 65535)
+        return -EINVAL;
+    memcpy(host, h0, hl);
+    host[hl] = 0;
+    memcpy(port, p, pl + 1);
+    return 0;
+}
+
+/* Canonical text of a raw libfabric address for our address format, and
+ * the check that a raw name from the wire is one we can insert. Returns 0
+ * or -EINVAL. */
+static int addr_canon(uint32_t fmt, const uint8_t *raw, size_t len, char *out, size_t n)
+{
+    char ip[INET6_ADDRSTRLEN];
+    if (fmt == FI_SOCKADDR_IN || fmt == FI_SOCKADDR_IN6 || fmt == FI_SOCKADDR) {
+        sa_family_t fam;
+        if (len < sizeof(fam))
+            return -EINVAL;
+        memcpy(&fam, raw, sizeof(fam));
+        if (fam == AF_INET && len == sizeof(struct sockaddr_in) && fmt != FI_SOCKADDR_IN6) {
+            struct sockaddr_in a;
+            memcpy(&a, raw, sizeof(a));
+            if (a.sin_addr.s_addr == htonl(INADDR_ANY) || a.sin_port == 0)
+                return -EINVAL;
+            inet_ntop(AF_INET, &a.sin_addr, ip, sizeof(ip));
+            snprintf(out, n, "%s:%u", ip, ntohs(a.sin_port));
+            return 0;
+        }
+        if (fam == AF_INET6 && len == sizeof(struct sockaddr_in6) && fmt != FI_SOCKADDR_IN) {
+            struct sockaddr_in6 a;
+            memcpy(&a, raw, sizeof(a));
+            if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr) || a.sin6_port == 0)
+                return -EINVAL;
+            inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof(ip));
+            snprintf(out, n, "[%s]:%u", ip, ntohs(a.sin6_port));
+            return 0;
+        }
+        return -EINVAL;
+    }
+    if (fmt == FI_ADDR_STR) {
+        /* e.g. "fi_ns://127.0.0.1:5000" from shm: printable, NUL inside. */
+        size_t sl = strnlen((const char *)raw, len);
+        if (sl == 0 || sl == len)
+            return -EINVAL;
+        for (size_t i = 0; i < sl; i++)
+            if (raw[i] < 0x21 || raw[i] > 0x7e)
+                return -EINVAL;
+        const char *s = (const char *)raw;
+        const char *sep = strstr(s, "://");
+        snprintf(out, n, "%s", sep ? sep + 3 : s);
+        return 0;
+    }
+    /* Other formats (InfiniBand, ...): hex is canonical enough. */
+    if (len == 0 || len * 2 + 1 > n)
+        return -EINVAL;
+    for (size_t i = 0; i < len; i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    return 0;
+}
+
+/* ---- options ----------------------------------------------------------- */
+
+void ds_transport_opts_default(ds_transport_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->provider = "tcp";
+    o->listen = "127.0.0.1:0";
+    o->chunk_bytes = 1u << 20;
+    /* Small on purpose: a receiver must set aside every buffer it matched
+     * to a rendezvous from a peer that then froze, and this bounds how many
+     * that can be per peer (8 with 1 MiB chunks). Loopback and datacenter
+     * bandwidth-delay products are well below it. */
+    o->max_inflight_bytes = 8u << 20;
+    o->max_queued_bytes = (size_t)2 << 30;
+    o->max_msg_bytes = (size_t)1 << 30;
+    o->rx_mem_bytes = (size_t)2 << 30;
+    o->rx_small_bufs = 64;
+    o->rx_large_bufs = 16;
+    o->max_peers = 1024;
+    o->rx_timeout_ms = 10000;
+    o->miss_limit = 1;
+    o->stuck_max_ops = 1024;
+    o->stuck_max_bytes = 256u << 20;
+}
+
+static int opts_check(const ds_transport_opts *o)
+{
+#define BAD(...) do { ds_error(COMP, __VA_ARGS__); return -EINVAL; } while (0)
+    if (!o->on_recv)
+        BAD("on_recv callback is required");
+    if (!o->listen || !*o->listen)
+        BAD("listen address is empty");
+    if (o->chunk_bytes < TP_MIN_CHUNK || o->chunk_bytes > TP_MAX_CHUNK)
+        BAD("chunk_bytes=%zu outside [%u, %u]", o->chunk_bytes, TP_MIN_CHUNK, TP_MAX_CHUNK);
+    if (o->max_inflight_bytes < o->chunk_bytes + TP_HDR_MAX)
+        BAD("max_inflight_bytes=%zu must hold one chunk (%zu)", o->max_inflight_bytes,
+            o->chunk_bytes + TP_HDR_MAX);
+    if (o->max_queued_bytes == 0 || o->max_msg_bytes == 0 || o->rx_mem_bytes == 0)
+        BAD("max_queued_bytes, max_msg_bytes and rx_mem_bytes must be > 0");
+    if (o->rx_small_bufs == 0 || o->rx_large_bufs == 0 || o->rx_small_bufs + o->rx_large_bufs > 4096)
+        BAD("rx_small_bufs=%u rx_large_bufs=%u: each >= 1, together <= 4096", o->rx_small_bufs,
+            o->rx_large_bufs);
+    if (o->max_peers == 0 || o->max_peers > 65535)
+        BAD("max_peers=%u outside [1, 65535]", o->max_peers);
+    if (o->rx_timeout_ms == 0)
+        BAD("rx_timeout_ms must be > 0");
+    if (o->miss_limit == 0 || o->stuck_max_ops == 0 || o->stuck_max_bytes == 0)
+        BAD("miss_limit, stuck_max_ops and stuck_max_bytes must be > 0");
+#undef BAD
+    return 0;
+}
+
+/* ---- the libfabric stack --------------------------------------------- */
+
+static void stack_close(ds_transport *t)
+{
+    if (t->ep)
+        fi_close(&t->ep->fid);
+    if (t->av)
+        fi_close(&t->av->fid);
+    if (t->cq)
+        fi_close(&t->cq->fid);
+    if (t->domain)
+        fi_close(&t->domain->fid);
+    if (t->fabric)
+        fi_close(&t->fabric->fid);
+    if (t->info)
+        fi_freeinfo(t->info);
+    t->ep = NULL;
+    t->av = NULL;
+    t->cq = NULL;
+    t->domain = NULL;
+    t->fabric = NULL;
+    t->info = NULL;
+    t->cq_fd = -1;
+}
+
+static struct fi_info *make_hints(const char *provider)
+{
+    struct fi_info *h = fi_allocinfo();
+    if (!h)
+        return NULL;
+    h->caps = FI_TAGGED;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+    h->ep_attr->type = FI_EP_RDM;
+    h->domain_attr->threading = FI_THREAD_DOMAIN;
+    h->domain_attr->mr_mode = 0; /* we register nothing: providers that need it are skipped */
+    h->fabric_attr->prov_name = strdup(provider);
+    if (!h->fabric_attr->prov_name) {
+        fi_freeinfo(h);
+        return NULL;
+    }
+    return h;
+}
+
+static int map_getinfo_err(int r)
+{
+    if (r == -FI_ENODATA)
+        return -ENODATA;
+    return fi_to_errno(r);
+}
+
+/* Open fabric, domain, CQ, AV and endpoint, bound to listen_host:port. */
+static int stack_open(ds_transport *t, const char *port)
+{
+    int r;
+    struct fi_info *hints = make_hints(t->provider);
+    if (!hints)
+        return -ENOMEM;
+    r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), t->listen_host, port,
+                   FI_SOURCE, hints, &t->info);
+    fi_freeinfo(hints);
+    if (r) {
+        ds_error(COMP, "fi_getinfo provider=%s listen=%s:%s: %s", t->provider, t->listen_host,
+                 port, fi_strerror(-r));
+        t->info = NULL;
+        return map_getinfo_err(r);
+    }
+    t->addr_format = t->info->addr_format;
+    const char *step = "fi_fabric";
+    r = fi_fabric(t->info->fabric_attr, &t->fabric, NULL);
+    if (r)
+        goto fail;
+    step = "fi_domain";
+    r = fi_domain(t->fabric, t->info, &t->domain, NULL);
+    if (r)
+        goto fail;
+
+    /* A CQ with a file descriptor lets the progress thread sleep in poll();
+     * shm has none, and then the loop naps in 1 ms steps instead. */
+    struct fi_cq_attr ca = {
+        .format = FI_CQ_FORMAT_TAGGED,
+        .size = 4096,
+        .wait_obj = FI_WAIT_FD,
+    };
+    step = "fi_cq_open";
+    r = fi_cq_open(t->domain, &ca, &t->cq, NULL);
+    if (r) {
+        t->cq = NULL;
+        ca.wait_obj = FI_WAIT_NONE;
+        r = fi_cq_open(t->domain, &ca, &t->cq, NULL);
+        if (r)
+            goto fail;
+    } else if (fi_control(&t->cq->fid, FI_GETWAIT, &t->cq_fd)) {
+        t->cq_fd = -1;
+    }
+    struct fi_av_attr aa = {.type = FI_AV_TABLE, .count = t->o.max_peers};
+    step = "fi_av_open";
+    r = fi_av_open(t->domain, &aa, &t->av, NULL);
+    if (r) {
+        /* shm refuses counts above its own limit (256 peers): let it size
+         * the table itself; inserts past its limit then fail visibly. */
+        t->av = NULL;
+        aa.count = 0;
+        r = fi_av_open(t->domain, &aa, &t->av, NULL);
+        if (r)
+            goto fail;
+    }
+    step = "fi_endpoint";
+    r = fi_endpoint(t->domain, t->info, &t->ep, NULL);
+    if (r)
+        goto fail;
+    step = "fi_ep_bind(cq)";
+    r = fi_ep_bind(t->ep, &t->cq->fid, FI_TRANSMIT | FI_RECV);
+    if (r)
+        goto fail;
+    step = "fi_ep_bind(av)";
+    r = fi_ep_bind(t->ep, &t->av->fid, 0);
+    if (r)
+        goto fail;
+    step = "fi_enable";
+    r = fi_enable(t->ep);
+    if (r)
+        goto fail;
+    return 0;
+fail:
+    ds_error(COMP, "opening provider=%s on %s:%s failed at %s: %s", t->provider, t->listen_host,
+             port, step, fi_strerror(r < 0 ? -r : r));
+    stack_close(t);
+    return r == -FI_EADDRINUSE ? -EADDRINUSE : fi_to_errno(r);
+}
+
+/* After the first open: learn our bound name, the real port, and the name
+ * we advertise in headers. */
+static int learn_name(ds_transport *t)
+{
+    uint8_t bound[TP_NAME_MAX];
+    size_t blen = sizeof(bound);
+    int r = fi_getname(&t->ep->fid, bound, &blen);
+    if (r) {
+        ds_error(COMP, "fi_getname: %s", fi_strerror(-r));
+        return fi_to_errno(r);
+    }
+    char text[DS_TRANSPORT_ADDR_MAX];
+    int bound_ok = addr_canon(t->addr_format, bound, blen, text, sizeof(text)) == 0;
+
+    /* Remember the real port for reopening after a reset. */
+    if (bound_ok) {
+        char h[DS_TRANSPORT_ADDR_MAX], p[8];
+        if (ds_transport_split_hostport(text, h, sizeof(h), p, sizeof(p)) == 0) {
+            free(t->listen_port);
+            t->listen_port = strdup(p);
+            if (!t->listen_port)
+                return -ENOMEM;
+        }
+    }
+
+    if (!t->advertise) {
+        if (!bound_ok) {
+            ds_error(COMP, "listen address %s:%s cannot be advertised (wildcard?); "
+                     "set an advertise address", t->listen_host, t->listen_port);
+            return -EINVAL;
+        }
+        memcpy(t->name, bound, blen);
+        t->namelen = blen;
+        snprintf(t->addr_text, sizeof(t->addr_text), "%s", text);
+        return 0;
+    }
+    /* Resolve the advertised address like a peer's. */
+    char h[DS_TRANSPORT_ADDR_MAX], p[8];
+    if (ds_transport_split_hostport(t->advertise, h, sizeof(h), p, sizeof(p)))
+        return -EINVAL;
+    struct fi_info *hints = make_hints(t->provider), *di = NULL;
+    if (!hints)
+        return -ENOMEM;
+    r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), h, p, 0, hints, &di);
+    fi_freeinfo(hints);
+    if (r || !di->dest_addr || di->dest_addrlen > TP_NAME_MAX ||
+        addr_canon(t->addr_format, di->dest_addr, di->dest_addrlen, text, sizeof(text))) {
+        ds_error(COMP, "advertise address %s does not resolve for provider %s", t->advertise,
+                 t->provider);
+        if (!r)
+            fi_freeinfo(di);
+        return -EINVAL;
+    }
+    memcpy(t->name, di->dest_addr, di->dest_addrlen);
+    t->namelen = di->dest_addrlen;
+    snprintf(t->addr_text, sizeof(t->addr_text), "%s", text);
+    fi_freeinfo(di);
+    return 0;
+}
+
+/* ---- lists ---------------------------------------------------------- */
+
+static void list_push_tail(struct op_list *l, struct tp_op *op)
+{
+    op->next = NULL;
+    op->prev = l->tail;
+    if (l->tail)
+        l->tail->next = op;
+    else
+        l->head = op;
+    l->tail = op;
+}
+
+static void list_push_head(struct op_list *l, struct tp_op *op)
+{
+    op->prev = NULL;
+    op->next = l->head;
+    if (l->head)
+        l->head->prev = op;
+    else
+        l->tail = op;
+    l->head = op;
+}
+
+static void list_unlink(struct op_list *l, struct tp_op *op)
+{
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        l->head = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else
+        l->tail = op->prev;
+    op->next = op->prev = NULL;
+}
+
+static void mark_busy(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    if (p->in_busy)
+        return;
+    p->in_busy = 1;
+    p->busy_next = t->busy_head;
+    t->busy_head = slot + 1;
+}
+
+/* ---- send path ------------------------------------------------------ */
+
+static void peer_free_slot(ds_transport *t, uint32_t slot);
+static void av_insert(ds_transport *t, uint32_t slot);
+
+static void op_free(ds_transport *t, struct tp_op *op)
+{
+    if (!op->is_abort) {
+        if (op->release)
+            op->release(op->release_arg, (void *)op->data);
+        free(op->copy);
+        ST_SUB(t, queued_bytes, op->len);
+    }
+    free(op->chunks);
+    free(op);
+}
+
+static void event(ds_transport *t, enum ds_transport_event_kind kind, uint32_t slot, int status)
+{
+    if (!t->o.on_event)
+        return;
+    ds_transport_event ev = {
+        .kind = kind,
+        .peer = slot == UINT32_MAX ? 0 : peer_handle(t, slot),
+        .misses = slot == UINT32_MAX ? 0 : t->peers[slot].misses,
+        .status = status,
+    };
+    t->o.on_event(t->o.cb_ctx, &ev);
+}
+
+static void peer_alive(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    p->misses = 0;
+    if (p->unresponsive) {
+        p->unresponsive = 0;
+        ds_info(COMP, "peer %s responsive again", p->addr);
+        event(t, DS_TRANSPORT_EV_PEER_RESPONSIVE, slot, 0);
+    }
+}
+
+/* Report an op's outcome to its owner, once. */
+static void op_report(ds_transport *t, struct tp_op *op, int status)
+{
+    if (op->reported || op->is_abort)
+        return;
+    op->reported = 1;
+    struct tp_peer *p = &t->peers[op->slot];
+    if (status == 0) {
+        ST_ADD(t, msgs_sent, 1);
+        ST_ADD(t, bytes_sent, op->len);
+        peer_alive(t, op->slot);
+    } else if (status != -ECANCELED && status != -ENETRESET) {
+        /* A missed deadline or a provider error is the peer's miss; a
+         * removal or our own reset is not. */
+        if (status == -ETIMEDOUT)
+            ST_ADD(t, send_timeouts, 1);
+        else
+            ST_ADD(t, send_errors, 1);
+        p->misses++;
+        if (p->misses >= t->o.miss_limit && !p->unresponsive && p->state == PEER_LIVE) {
+            p->unresponsive = 1;
+            ds_log_rl(DS_LOG_WARN, COMP, "peer %s unresponsive misses=%u", p->addr, p->misses);
+            event(t, DS_TRANSPORT_EV_PEER_UNRESPONSIVE, op->slot, status);
+        }
+    }
+    if (op->done)
+        op->done(op->done_arg, status);
+}
+
+/* The op has no chunk left in libfabric and nothing more will be posted:
+ * unlink and free it. */
+static void op_retire(ds_transport *t, struct tp_op *op)
+{
+    struct tp_peer *p = &t->peers[op->slot];
+    if (op->where == OP_TXQ)
+        list_unlink(&p->txq, op);
+    else if (op->where == OP_INFLIGHT)
+        list_unlink(&p->inflight, op);
+    op->where = OP_NOWHERE;
+    if (op->abandoned) {
+        ST_SUB(t, stuck_ops, 1);
+        op->abandoned = 0;
+    }
+    uint32_t slot = op->slot;
+    if (op->tainted) {
+        /* libfabric failed a chunk of it; ofi_rxm may report a failure
+         * twice, so its contexts and buffer stay valid until the stack is
+         * closed. */
+        op->next = t->q_ops;
+        t->q_ops = op;
+        ST_ADD(t, quarantined_bytes, op->len);
+    } else {
+        op_free(t, op);
+    }
+    if (p->state == PEER_DRAINING && !p->txq.head && !p->inflight.head)
+        peer_free_slot(t, slot);
+}
+
+/* After the stack is closed nothing in quarantine can be touched again. */
+static void quarantine_free(ds_transport *t)
+{
+    while (t->q_ops) {
+        struct tp_op *op = t->q_ops;
+        t->q_ops = op->next;
+        op_free(t, op);
+    }
+    while (t->q_rx) {
+        struct tp_rxbuf *rb = t->q_rx;
+        t->q_rx = rb->qnext;
+        free(rb->buf);
+        free(rb);
+    }
+    while (t->pinned) {
+        struct tp_rxbuf *rb = t->pinned;
+        t->pinned = rb->qnext;
+        free(rb->buf);
+        free(rb);
+    }
+    t->npinned[0] = t->npinned[1] = 0;
+    atomic_store(&t->st.pinned_bufs, 0);
+    atomic_store(&t->st.quarantined_bytes, 0);
+}
+
+static struct tp_op *abort_op_new(uint32_t slot, uint64_t stream, uint64_t seq)
+{
+    struct tp_op *a = calloc(1, sizeof(*a));
+    if (!a)
+        return NULL;
+    a->is_abort = 1;
+    a->slot = slot;
+    a->stream = stream;
+    a->seq = seq;
+    a->nchunks = 1;
+    a->reported = 1;
+    return a;
+}
+
+/* An op failed (deadline, error, removal) with status. Stop posting it; if
+ * part of it reached the wire, tell the receiver with an ABORT; keep it
+ * while libfabric still holds chunks of it. */
+static void op_fail(ds_transport *t, struct tp_op *op, int status)
+{
+    struct tp_peer *p = &t->peers[op->slot];
+    op_report(t, op, status);
+    if (op->is_abort)
+        return;
+    int partly_posted = op->next_chunk > 0 && op->next_chunk < op->nchunks;
+    if (op->where == OP_TXQ) {
+        list_unlink(&p->txq, op);
+        op->where = OP_NOWHERE;
+        if (partly_posted) {
+            struct tp_op *a = abort_op_new(op->slot, op->stream, op->seq);
+            if (a) {
+                list_push_head(&p->txq, a);
+                a->where = OP_TXQ;
+            }
+        }
+        if (op->pending) {
+            list_push_tail(&p->inflight, op);
+            op->where = OP_INFLIGHT;
+        }
+    }
+    op->next_chunk = op->nchunks; /* nothing more goes out */
+    if (op->pending == 0) {
+        op_retire(t, op);
+        return;
+    }
+    if (!op->abandoned) {
+        op->abandoned = 1;
+        ST_ADD(t, stuck_ops, 1);
+        ST_ADD(t, stuck_bytes, op->pending_bytes);
+    }
+}
+
+static void chunk_header(ds_transport *t, struct tp_op *op, uint32_t idx, uint8_t *h)
+{
+    put_le32(h, TP_MAGIC);
+    h[4] = TP_VERSION;
+    h[5] = op->is_abort ? TP_F_ABORT : 0;
+    h[6] = (uint8_t)(t->namelen & 0xff);
+    h[7] = (uint8_t)(t->namelen >> 8);
+    put_le64(h + 8, op->stream);
+    put_le64(h + 16, op->seq);
+    put_le64(h + 24, op->len);
+    put_le32(h + 32, idx);
+    put_le32(h + 36, op->chunk_size);
+    memcpy(h + TP_HDR_FIXED, t->name, t->namelen);
+}
+
+/* Post what the peer's queue and window allow. Returns chunks posted. */
+static int post_peer(ds_transport *t, uint32_t slot, int budget)
+{
+    struct tp_peer *p = &t->peers[slot];
+    int posted = 0;
+    if (!p->in_av || t->broken)
+        return 0;
+    while (p->txq.head && posted < budget) {
+        struct tp_op *op = p->txq.head;
+        if (!op->chunks) {
+            if (!op->is_abort) {
+                op->chunk_size = (uint32_t)t->o.chunk_bytes;
+                op->nchunks = op->len ? (uint32_t)((op->len + op->chunk_size - 1) / op->chunk_size) : 1;
+            }
+            op->chunks = calloc(op->nchunks, sizeof(*op->chunks));
+            if (!op->chunks)
+                return posted; /* retry on the next pass */
+        }
+        uint32_t idx = op->next_chunk;
+        if (!op->is_abort && idx == 0) {
+            /* The seq is taken for good only when chunk 0 is accepted, so
+             * every seq on the wire is followed by all its chunks or an
+             * ABORT, and the receiver never waits for a number that was
+             * never sent. */
+            if (!p->tx_stream)
+                p->tx_stream = random_u64();
+            op->stream = p->tx_stream;
+            op->seq = p->tx_seq + 1;
+        }
+        uint64_t off = (uint64_t)idx * op->chunk_size;
+        size_t clen = op->is_abort ? 0 : (size_t)(op->len - off < op->chunk_size ? op->len - off
+                                                                                : op->chunk_size);
+        struct tp_chunk *c = &op->chunks[idx];
+        size_t hl = TP_HDR_FIXED + t->namelen;
+        c->wire = (uint32_t)(hl + clen);
+        if (p->inflight_bytes && p->inflight_bytes + c->wire > t->o.max_inflight_bytes)
+            break; /* window full: wait for completions */
+        c->ctx.kind = CTX_TX;
+        c->op = op;
+        c->posted = 1;
+        chunk_header(t, op, idx, c->hdr);
+        struct iovec iov[2] = {
+            {.iov_base = c->hdr, .iov_len = hl},
+            {.iov_base = (void *)(op->data + off), .iov_len = clen},
+        };
+        uint64_t tag = c->wire <= TP_SMALL_BUF ? TP_TAG_SMALL : TP_TAG_LARGE;
+        ssize_t r = fi_tsendv(t->ep, iov, NULL, clen ? 2 : 1, p->fa, tag, &c->ctx);
+        if (r == -FI_EAGAIN) {
+            c->posted = 0;
+            ST_ADD(t, eagain, 1);
+            t->eagain_seen = 1;
+            break;
+        }
+        if (r) {
+            c->posted = 0;
+            if (!op->is_abort && idx == 0)
+                op->seq = 0;
+            ds_log_rl(DS_LOG_WARN, COMP, "fi_tsendv to %s: %s", p->addr, fi_strerror((int)-r));
+            if (op->is_abort) {
+                list_unlink(&p->txq, op);
+                op->where = OP_NOWHERE;
+                if (op->pending == 0)
+                    op_free(t, op);
+                else {
+                    list_push_tail(&p->inflight, op);
+                    op->where = OP_INFLIGHT;
+                }
+            } else {
+                op_fail(t, op, fi_to_errno((int)r));
+            }
+            continue;
+        }
+        posted++;
+        ds_debug(COMP, "posted to %s stream=%016" PRIx64 " seq=%" PRIu64 " chunk=%u/%u bytes=%u%s",
+                 p->addr, op->stream, op->seq, idx, op->nchunks, c->wire,
+                 op->is_abort ? " ABORT" : "");
+        if (!op->is_abort && idx == 0)
+            p->tx_seq = op->seq;
+        op->pending++;
+        op->pending_bytes += c->wire;
+        op->next_chunk++;
+        p->inflight_bytes += c->wire;
+        if (op->next_chunk == op->nchunks) {
+            list_unlink(&p->txq, op);
+            list_push_tail(&p->inflight, op);
+            op->where = OP_INFLIGHT;
+        }
+    }
+    return posted;
+}
+
+static void tx_complete(ds_transport *t, struct tp_chunk *c, int err)
+{
+    if (!c->posted) {
+        ST_ADD(t, dup_completions, 1);
+        return;
+    }
+    c->posted = 0;
+    struct tp_op *op = c->op;
+    struct tp_peer *p = &t->peers[op->slot];
+    if (err)
+        op->tainted = 1;
+    op->pending--;
+    op->pending_bytes -= c->wire;
+    p->inflight_bytes -= c->wire;
+    if (op->abandoned)
+        ST_SUB(t, stuck_bytes, c->wire);
+    if (err) {
+        if (!op->is_abort && !op->reported) {
+            ds_log_rl(DS_LOG_WARN, COMP, "send to %s failed: %s", p->addr, fi_strerror(err));
+            op_fail(t, op, fi_to_errno(err));
+            return; /* op_fail retired it if nothing is pending */
+        }
+    } else {
+        op->completed++;
+        if (op->completed == op->nchunks)
+            op_report(t, op, 0);
+    }
+    if (op->pending == 0 && op->next_chunk == op->nchunks)
+        op_retire(t, op);
+}
+
+/* ---- receive path --------------------------------------------------- */
+
+static void rxmsg_free(ds_transport *t, struct tp_rxmsg *m)
+{
+    t->rx_mem -= m->mem;
+    free(m->base);
+    free(m->bitmap);
+    free(m);
+}
+
+static void rx_clear(ds_transport *t, struct tp_peer *p, enum ds_transport_drop why)
+{
+    while (p->held) {
+        struct tp_rxmsg *m = p->held;
+        p->held = m->next;
+        if (m->state != RX_SKIP)
+            drop(t, why);
+        rxmsg_free(t, m);
+    }
+    p->nheld = 0;
+    p->held_tail = NULL;
+    p->gap_since_ms = 0;
+}
+
+static struct tp_rxmsg *held_pop(struct tp_peer *p)
+{
+    struct tp_rxmsg *m = p->held;
+    p->held = m->next;
+    if (!p->held)
+        p->held_tail = NULL;
+    p->nheld--;
+    return m;
+}
+
+static void deliver(ds_transport *t, uint32_t slot, uint8_t *base, const uint8_t *data,
+                    uint64_t len, int pooled, int *taken)
+{
+    ds_transport_msg msg = {
+        .peer = peer_handle(t, slot),
+        .data = data,
+        .len = (size_t)len,
+        .base_ = base,
+    };
+    (void)pooled;
+    ST_ADD(t, msgs_recv, 1);
+    ST_ADD(t, bytes_recv, len);
+    t->o.on_recv(t->o.cb_ctx, &msg);
+    *taken = msg.taken_;
+}
+
+/* Deliver every message at the head of the held list that is next in
+ * order; skip what was aborted or dropped. */
+static void deliver_ready(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    while (p->held && p->held->seq == p->rx_next && p->held->state != RX_PARTIAL) {
+        struct tp_rxmsg *m = held_pop(p);
+        p->rx_next++;
+        p->gap_since_ms = 0;
+        if (m->state == RX_COMPLETE && p->state == PEER_LIVE) {
+            int taken = 0;
+            deliver(t, slot, m->base, m->data, m->len, m->pooled, &taken);
+            if (taken)
+                m->base = NULL; /* the application frees it */
+        } else if (m->state == RX_COMPLETE) {
+            drop(t, DS_TP_DROP_REMOVED_PEER);
+        }
+        rxmsg_free(t, m);
+    }
+    if (p->held && p->held->seq != p->rx_next && !p->gap_since_ms)
+        p->gap_since_ms = ds_now_ms();
+    if (p->held) {
+        uint64_t due = (p->gap_since_ms ? p->gap_since_ms : p->held->last_ms) + t->o.rx_timeout_ms;
+        if (due < t->next_due_ms)
+            t->next_due_ms = due;
+        mark_busy(t, slot);
+    }
+}
+
+static struct tp_rxmsg *held_find(struct tp_peer *p, uint64_t seq, struct tp_rxmsg ***link)
+{
+    /* Messages mostly complete in order: try the tail first. */
+    if (p->held_tail && seq >= p->held_tail->seq) {
+        *link = &p->held_tail->next;
+        return seq == p->held_tail->seq ? p->held_tail : NULL;
+    }
+    struct tp_rxmsg **pp = &p->held;
+    while (*pp && (*pp)->seq < seq)
+        pp = &(*pp)->next;
+    *link = pp;
+    return (*pp && (*pp)->seq == seq) ? *pp : NULL;
+}
+
+static struct tp_rxmsg *held_insert(ds_transport *t, uint32_t slot, struct tp_rxmsg **link,
+                                    uint64_t seq, uint8_t state)
+{
+    struct tp_peer *p = &t->peers[slot];
+    if (p->nheld >= TP_RX_HELD_MAX)
+        return NULL;
+    struct tp_rxmsg *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->seq = seq;
+    m->state = state;
+    m->last_ms = ds_now_ms();
+    m->next = *link;
+    *link = m;
+    if (!m->next)
+        p->held_tail = m;
+    p->nheld++;
+    mark_busy(t, slot);
+    return m;
+}
+
+/* Find the peer a chunk belongs to, creating it for an unknown address.
+ * Returns the slot or UINT32_MAX (dropped, counted). */
+static uint32_t rx_peer(ds_transport *t, uint64_t stream, const uint8_t *name, size_t namelen)
+{
+    if (stream == t->last_stream && t->last_slot < t->npeers &&
+        t->peers[t->last_slot].state == PEER_LIVE && t->peers[t->last_slot].rx_stream == stream)
+        return t->last_slot;
+    for (uint32_t i = 0; i < t->npeers; i++)
+        if (t->peers[i].state == PEER_LIVE && t->peers[i].rx_stream == stream) {
+            t->last_stream = stream;
+            t->last_slot = i;
+            return i;
+        }
+
+    char key[DS_TRANSPORT_ADDR_MAX];
+    if (addr_canon(t->addr_format, name, namelen, key, sizeof(key))) {
+        drop(t, DS_TP_DROP_BAD_ADDR);
+        ds_log_rl(DS_LOG_WARN, COMP, "dropped chunk: sender address invalid for %s",
+                  t->provider);
+        return UINT32_MAX;
+    }
+    uint32_t slot = UINT32_MAX, free_slot = UINT32_MAX;
+    int created = 0;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->npeers; i++) {
+        if (t->peers[i].state == PEER_LIVE && !strcmp(t->peers[i].addr, key)) {
+            slot = i;
+            break;
+        }
+        if (t->peers[i].state == PEER_FREE && free_slot == UINT32_MAX)
+            free_slot = i;
+    }
+    if (slot == UINT32_MAX && free_slot != UINT32_MAX) {
+        struct tp_peer *p = &t->peers[free_slot];
+        p->state = PEER_LIVE;
+        p->gen++;
+        snprintf(p->addr, sizeof(p->addr), "%s", key);
+        memcpy(p->raw, name, namelen);
+        p->rawlen = namelen;
+        p->need_av = 0; /* inserted below, on this (the progress) thread */
+        slot = free_slot;
+        created = 1;
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (slot == UINT32_MAX) {
+        drop(t, DS_TP_DROP_PEERS_FULL);
+        ds_log_rl(DS_LOG_WARN, COMP, "dropped message from %s: all %u peer slots in use", key,
+                  t->o.max_peers);
+        return UINT32_MAX;
+    }
+    struct tp_peer *p = &t->peers[slot];
+    if (created && !t->broken)
+        av_insert(t, slot);
+    /* A new stream from this address: the sender restarted or reset. */
+    for (unsigned i = 0; i < TP_RETIRED; i++)
+        if (p->retired[i] == stream) {
+            drop(t, DS_TP_DROP_STALE_STREAM);
+            return UINT32_MAX;
+        }
+    if (p->rx_stream) {
+        p->retired[p->retired_pos++ % TP_RETIRED] = p->rx_stream;
+        rx_clear(t, p, DS_TP_DROP_STALE_STREAM);
+        ds_debug(COMP, "peer %s: new stream %016" PRIx64, p->addr, stream);
+    }
+    p->rx_stream = stream;
+    p->rx_next = 1;
+    p->rx_resync = 0;
+    t->last_stream = stream;
+    t->last_slot = slot;
+    if (created) {
+        ds_info(COMP, "new peer %s (first message)", key);
+        event(t, DS_TRANSPORT_EV_PEER_NEW, slot, 0);
+    }
+    return slot;
+}
+
+/* Handle one received chunk in rb. May take rb->buf (sets it NULL). */
+static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
+{
+    const uint8_t *h = rb->buf;
+    if (len < TP_HDR_FIXED || get_le32(h) != TP_MAGIC || h[4] != TP_VERSION) {
+        drop(t, DS_TP_DROP_BAD_HEADER);
+        ds_log_rl(DS_LOG_WARN, COMP, "dropped chunk: bad header (len=%zu)", len);
+        return;
+    }
+    uint8_t flags = h[5];
+    size_t namelen = (size_t)h[6] | ((size_t)h[7] << 8);
+    uint64_t stream = get_le64(h + 8), seq = get_le64(h + 16), total = get_le64(h + 24);
+    uint32_t idx = get_le32(h + 32), csize = get_le32(h + 36);
+    size_t hl = TP_HDR_FIXED + namelen;
+    if (namelen == 0 || namelen > TP_NAME_MAX || hl > len || stream == 0 || seq == 0 ||
+        (flags & ~TP_F_ABORT)) {
+        drop(t, DS_TP_DROP_BAD_HEADER);
+        ds_log_rl(DS_LOG_WARN, COMP, "dropped chunk: bad header fields");
+        return;
+    }
+    uint64_t plen = len - hl;
+    uint32_t slot = rx_peer(t, stream, h + TP_HDR_FIXED, namelen);
+    if (slot == UINT32_MAX)
+        return;
+    struct tp_peer *p = &t->peers[slot];
+    ds_debug(COMP, "chunk from %s stream=%016" PRIx64 " seq=%" PRIu64 " (next %" PRIu64
+             ") chunk=%u total=%" PRIu64 "%s", p->addr, stream, seq, p->rx_next, idx, total,
+             (flags & TP_F_ABORT) ? " ABORT" : "");
+    peer_alive(t, slot);
+
+    if (p->rx_resync) {
+        p->rx_resync = 0;
+        if (seq > p->rx_next)
+            p->rx_next = seq;
+    }
+    if (seq < p->rx_next) {
+        drop(t, DS_TP_DROP_LATE);
+        return;
+    }
+    if (seq - p->rx_next >= TP_RX_WINDOW) {
+        drop(t, DS_TP_DROP_BACKLOG);
+        ds_log_rl(DS_LOG_WARN, COMP, "dropped chunk from %s: seq %" PRIu64 " far ahead of %" PRIu64,
+                  p->addr, seq, p->rx_next);
+        return;
+    }
+    struct tp_rxmsg **link;
+    struct tp_rxmsg *m = held_find(p, seq, &link);
+
+    if (flags & TP_F_ABORT) {
+        if (plen) {
+            drop(t, DS_TP_DROP_BAD_HEADER);
+            return;
+        }
+        drop(t, DS_TP_DROP_ABORTED);
+        if (m) {
+            t->rx_mem -= m->mem;
+            free(m->base);
+            free(m->bitmap);
+            m->base = m->bitmap = NULL;
+            m->mem = 0;
+            m->state = RX_SKIP;
+        } else if (!held_insert(t, slot, link, seq, RX_SKIP)) {
+            drop(t, DS_TP_DROP_BACKLOG);
+        }
+        deliver_ready(t, slot);
+        return;
+    }
+
+    /* Geometry checks before anything is allocated or copied. */
+    uint64_t nchunks;
+    if (total == 0) {
+        nchunks = 1;
+    } else {
+        if (csize == 0) {
+            drop(t, DS_TP_DROP_BAD_HEADER);
+            return;
+        }
+        nchunks = (total + csize - 1) / csize;
+    }
+    uint64_t expect = total == 0 ? 0 : (idx + 1 == nchunks ? total - (uint64_t)idx * csize : csize);
+    if (idx >= nchunks || nchunks > UINT32_MAX || plen != expect) {
+        drop(t, DS_TP_DROP_BAD_HEADER);
+        ds_log_rl(DS_LOG_WARN, COMP, "dropped chunk from %s: geometry idx=%u size=%u total=%" PRIu64
+                  " len=%" PRIu64, p->addr, idx, csize, total, plen);
+        return;
+    }
+    if (total > t->o.max_msg_bytes) {
+        drop(t, DS_TP_DROP_TOO_BIG);
+        ds_log_rl(DS_LOG_WARN, COMP, "dropped message from %s: %" PRIu64 " bytes > max %zu",
+                  p->addr, total, t->o.max_msg_bytes);
+        if (!m)
+            m = held_insert(t, slot, link, seq, RX_SKIP);
+        if (m && m->state == RX_PARTIAL) {
+            t->rx_mem -= m->mem;
+            free(m->base);
+            free(m->bitmap);
+            m->base = m->bitmap = NULL;
+            m->mem = 0;
+            m->state = RX_SKIP;
+        }
+        deliver_ready(t, slot);
+        return;
+    }
+
+    if (!m) {
+        if (nchunks == 1) {
+            uint8_t *base = rb->buf;
+            if (seq == p->rx_next) {
+                /* The common case: in order, one chunk. Zero copy. */
+                int taken = 0;
+                p->rx_next++;
+                deliver(t, slot, base, base + hl, plen, 1, &taken);
+                if (taken)
+                    rb->buf = NULL;
+                deliver_ready(t, slot);
+                return;
+            }
+            /* Out of order: hold it. A small one is copied to its own
+             * allocation (thousands may wait behind one large message
+             * whose rendezvous chunks complete late); a large one keeps
+             * its pool buffer. */
+            int copy = plen <= TP_RX_COPY_MAX;
+            uint64_t cost = (copy ? plen : rb->cap) + sizeof(*m);
+            if (t->rx_mem + cost > t->o.rx_mem_bytes) {
+                drop(t, DS_TP_DROP_NO_MEMORY);
+                held_insert(t, slot, link, seq, RX_SKIP);
+                deliver_ready(t, slot);
+                return;
+            }
+            m = held_insert(t, slot, link, seq, RX_COMPLETE);
+            if (!m) {
+                drop(t, DS_TP_DROP_BACKLOG);
+                return;
+            }
+            if (copy) {
+                m->base = malloc(plen ? plen : 1);
+                if (!m->base) {
+                    m->state = RX_SKIP;
+                    drop(t, DS_TP_DROP_NO_MEMORY);
+                    deliver_ready(t, slot);
+                    return;
+                }
+                memcpy(m->base, base + hl, plen);
+                m->data = m->base;
+            } else {
+                m->base = base;
+                m->pooled = 1;
+                m->data = base + hl;
+                rb->buf = NULL;
+            }
+            m->len = plen;
+            m->mem = cost;
+            t->rx_mem += m->mem;
+            deliver_ready(t, slot);
+            return;
+        }
+        uint64_t bm = (nchunks + 7) / 8;
+        if (t->rx_mem + total + bm > t->o.rx_mem_bytes) {
+            drop(t, DS_TP_DROP_NO_MEMORY);
+            ds_log_rl(DS_LOG_WARN, COMP, "dropped %" PRIu64 "-byte message from %s: rx memory bound",
+                      total, p->addr);
+            if (held_insert(t, slot, link, seq, RX_SKIP))
+                deliver_ready(t, slot);
+            return;
+        }
+        m = held_insert(t, slot, link, seq, RX_PARTIAL);
+        if (!m) {
+            drop(t, DS_TP_DROP_BACKLOG);
+            return;
+        }
+        m->base = malloc(total);
+        m->bitmap = calloc(bm, 1);
+        if (!m->base || !m->bitmap) {
+            free(m->base);
+            free(m->bitmap);
+            m->base = m->bitmap = NULL;
+            m->state = RX_SKIP;
+            drop(t, DS_TP_DROP_NO_MEMORY);
+            deliver_ready(t, slot);
+            return;
+        }
+        m->data = m->base;
+        m->len = total;
+        m->chunk_size = csize;
+        m->nchunks = (uint32_t)nchunks;
+        m->mem = total + bm;
+        t->rx_mem += m->mem;
+        uint64_t due = m->last_ms + t->o.rx_timeout_ms;
+        if (due < t->next_due_ms)
+            t->next_due_ms = due;
+    }
+    if (m->state != RX_PARTIAL) {
+        drop(t, m->state == RX_SKIP ? DS_TP_DROP_LATE : DS_TP_DROP_DUPLICATE);
+        return;
+    }
+    if (m->len != total || m->chunk_size != csize) {
+        drop(t, DS_TP_DROP_BAD_HEADER);
+        return;
+    }
+    if (m->bitmap[idx / 8] & (1u << (idx % 8))) {
+        drop(t, DS_TP_DROP_DUPLICATE);
+        return;
+    }
+    m->bitmap[idx / 8] |= (uint8_t)(1u << (idx % 8));
+    memcpy(m->base + (uint64_t)idx * csize, rb->buf + hl, plen);
+    m->got++;
+    m->last_ms = ds_now_ms();
+    if (m->got == m->nchunks) {
+        m->state = RX_COMPLETE;
+        free(m->bitmap);
+        m->bitmap = NULL;
+        deliver_ready(t, slot);
+    }
+}
+
+static int post_receives(ds_transport *t)
+{
+    int n = 0;
+    if (!t->rx_unposted || t->broken)
+        return 0;
+    for (unsigned i = 0; i < t->nrx && t->rx_unposted; i++) {
+        struct tp_rxbuf *rb = t->rx[i];
+        if (rb->posted)
+            continue;
+        if (!rb->buf) {
+            rb->buf = malloc(rb->cap);
+            if (!rb->buf)
+                break;
+        }
+        rb->ctx.kind = CTX_RX;
+        ssize_t r = fi_trecv(t->ep, rb->buf, rb->cap, NULL, FI_ADDR_UNSPEC, rb->tag, 0, &rb->ctx);
+        if (r == -FI_EAGAIN)
+            break;
+        if (r) {
+            ds_log_rl(DS_LOG_ERROR, COMP, "fi_trecv: %s", fi_strerror((int)-r));
+            break;
+        }
+        rb->posted = 1;
+        rb->since_ms = ds_now_ms();
+        t->rx_unposted--;
+        n++;
+    }
+    return n;
+}
+
+static void pinned_unlink(ds_transport *t, struct tp_rxbuf *rb)
+{
+    for (struct tp_rxbuf **pp = &t->pinned; *pp; pp = &(*pp)->qnext)
+        if (*pp == rb) {
+            *pp = rb->qnext;
+            break;
+        }
+    t->npinned[rb->tag == TP_TAG_LARGE]--;
+    ST_SUB(t, pinned_bufs, 1);
+}
+
+/* The receive-pool watchdog. A posted buffer that libfabric matched to a
+ * transfer from a peer that then froze (a rendezvous read it will never
+ * answer, the middle of a segmented message) stays posted forever, and
+ * enough of them starve every other peer's messages of that size. Buffers
+ * posted longer than TP_PROBE_MS get an fi_cancel: an idle one comes back
+ * FI_ECANCELED and is simply posted again; one that does not come back
+ * within another TP_PROBE_MS is matched and stalled, so it leaves its
+ * slot for a fresh buffer (up to TP_PIN_FACTOR times the pool) and is
+ * processed or quarantined whenever libfabric finally reports it. */
+static int probe_receives(ds_transport *t, uint64_t now)
+{
+    int work = 0;
+    for (unsigned i = 0; i < t->nrx; i++) {
+        struct tp_rxbuf *rb = t->rx[i];
+        if (!rb->posted || now - rb->since_ms < TP_PROBE_MS)
+            continue;
+        if (!rb->canceling) {
+            ssize_t r = fi_cancel(&t->ep->fid, &rb->ctx);
+            if (r == 0) {
+                rb->canceling = 1;
+                rb->since_ms = now;
+            }
+            continue;
+        }
+        int large = rb->tag == TP_TAG_LARGE;
+        unsigned base = large ? t->o.rx_large_bufs : t->o.rx_small_bufs;
+        if (t->npinned[large] >= base * TP_PIN_FACTOR)
+            continue; /* bounded: this pool now starves until a reset */
+        struct tp_rxbuf *fresh = calloc(1, sizeof(*fresh));
+        if (!fresh)
+            continue;
+        fresh->cap = rb->cap;
+        fresh->tag = rb->tag;
+        fresh->slot = rb->slot;
+        t->rx[i] = fresh;
+        t->rx_unposted++;
+        rb->pinned = 1;
+        rb->canceling = 0;
+        rb->qnext = t->pinned;
+        t->pinned = rb;
+        t->npinned[large]++;
+        ST_ADD(t, pinned_bufs, 1);
+        ds_log_rl(DS_LOG_WARN, COMP, "a %s receive buffer is stuck in a stalled transfer; "
+                  "replaced (%u pinned)", large ? "large" : "small", t->npinned[large]);
+        work++;
+    }
+    return work;
+}
+
+static void rx_complete(ds_transport *t, struct tp_rxbuf *rb, size_t len, int err)
+{
+    if (!rb->posted) {
+        /* A second report for a receive already completed or failed. */
+        ST_ADD(t, dup_completions, 1);
+        return;
+    }
+    rb->posted = 0;
+    if (rb->pinned) {
+        /* A stalled transfer finished after all (the peer resumed, or its
+         * connection failed). Its slot has a replacement: process the
+         * data, then let the buffer go (or keep it quarantined). */
+        pinned_unlink(t, rb);
+        rb->pinned = 0;
+        if (err) {
+            rb->qnext = t->q_rx;
+            t->q_rx = rb;
+            ST_ADD(t, quarantined_bytes, rb->cap);
+            drop(t, DS_TP_DROP_RX_ERROR);
+            return;
+        }
+        rx_chunk(t, rb, len);
+        free(rb->buf);
+        free(rb);
+        return;
+    }
+    t->rx_unposted++;
+    if (rb->canceling) {
+        rb->canceling = 0;
+        if (err == FI_ECANCELED)
+            return; /* it was idle: the watchdog's cancel; repost as is */
+    }
+    if (err) {
+        struct tp_rxbuf *fresh = calloc(1, sizeof(*fresh));
+        if (fresh) {
+            fresh->cap = rb->cap;
+            fresh->tag = rb->tag;
+            fresh->slot = rb->slot;
+            t->rx[rb->slot] = fresh;
+            rb->qnext = t->q_rx;
+            t->q_rx = rb;
+            ST_ADD(t, quarantined_bytes, rb->cap);
+        }
+        /* (without memory for a fresh posting the old one is reused:
+         * the lesser risk than stopping receives) */
+        if (err != FI_ECANCELED) {
+            drop(t, err == FI_ETRUNC ? DS_TP_DROP_TOO_BIG : DS_TP_DROP_RX_ERROR);
+            ds_log_rl(DS_LOG_WARN, COMP, "receive error: %s%s", fi_strerror(err),
+                      err == FI_ETRUNC ? " (peers must share transport.chunk_kb)" : "");
+        }
+        return;
+    }
+    rx_chunk(t, rb, len);
+}
+
+/* ---- completion queue ----------------------------------------------- */
+
+static int read_cq(ds_transport *t)
+{
+    struct fi_cq_tagged_entry e[TP_CQ_BATCH];
+    int total = 0;
+    for (int round = 0; round < 4; round++) {
+        ssize_t n = fi_cq_read(t->cq, e, TP_CQ_BATCH);
+        if (n == -FI_EAGAIN)
+            break;
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry ee;
+            memset(&ee, 0, sizeof(ee));
+            ssize_t r = fi_cq_readerr(t->cq, &ee, 0);
+            if (r != 1)
+                break;
+            total++;
+            struct tp_ctx *c = ee.op_context;
+            if (!c)
+                continue;
+            if (c->kind == CTX_RX)
+                rx_complete(t, (struct tp_rxbuf *)c, ee.len, ee.err ? ee.err : FI_EIO);
+            else
+                tx_complete(t, (struct tp_chunk *)c, ee.err ? ee.err : FI_EIO);
+            continue;
+        }
+        if (n < 0) {
+            ds_log_rl(DS_LOG_ERROR, COMP, "fi_cq_read: %s", fi_strerror((int)-n));
+            break;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            struct tp_ctx *c = e[i].op_context;
+            if (c->kind == CTX_RX)
+                rx_complete(t, (struct tp_rxbuf *)c, e[i].len, 0);
+            else
+                tx_complete(t, (struct tp_chunk *)c, 0);
+        }
+        total += (int)n;
+        if (n < TP_CQ_BATCH)
+            break;
+    }
+    return total;
+}
+
+/* ---- requests from application threads ------------------------------ */
+
+static void av_insert(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    fi_addr_t fa = FI_ADDR_NOTAVAIL;
+    int r = fi_av_insert(t->av, p->raw, 1, &fa, 0, NULL);
+    if (r != 1) {
+        ds_log_rl(DS_LOG_ERROR, COMP, "fi_av_insert %s failed (%d)", p->addr, r);
+        p->in_av = 0;
+        return;
+    }
+    p->fa = fa;
+    p->in_av = 1;
+}
+
+static void peer_fresh(struct tp_peer *p)
+{
+    p->in_av = 0;
+    p->unresponsive = 0;
+    p->misses = 0;
+    p->tx_stream = 0;
+    p->tx_seq = 0;
+    p->rx_stream = 0;
+    p->rx_next = 1;
+    p->rx_resync = 0;
+    memset(p->retired, 0, sizeof(p->retired));
+    p->gap_since_ms = 0;
+}
+
+static void peer_free_slot(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    if (p->in_av && t->av)
+        fi_av_remove(t->av, &p->fa, 1, 0);
+    peer_fresh(p);
+    pthread_mutex_lock(&t->lock);
+    p->state = PEER_FREE;
+    p->addr[0] = 0;
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* Removal: fail what is queued, forget what was received, free the slot
+ * once libfabric holds nothing of it. */
+static void peer_drain(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    while (p->txq.head) {
+        struct tp_op *op = p->txq.head;
+        if (op->is_abort) {
+            list_unlink(&p->txq, op);
+            op->where = OP_NOWHERE;
+            op_free(t, op);
+            continue;
+        }
+        op_fail(t, op, -ECANCELED);
+    }
+    for (struct tp_op *op = p->inflight.head; op; op = op->next)
+        if (!op->reported)
+            op_fail(t, op, -ECANCELED);
+    rx_clear(t, p, DS_TP_DROP_REMOVED_PEER);
+    p->rx_stream = 0;
+    if (!p->inflight.head)
+        peer_free_slot(t, slot);
+}
+
+static int take_requests(ds_transport *t, int *stop, int *reset)
+{
+    struct op_list q;
+    int dirty;
+    pthread_mutex_lock(&t->lock);
+    q = t->subq;
+    t->subq.head = t->subq.tail = NULL;
+    *stop = t->stop;
+    *reset = t->reset_req;
+    t->reset_req = 0;
+    dirty = t->peers_dirty;
+    t->peers_dirty = 0;
+    pthread_mutex_unlock(&t->lock);
+
+    int n = 0;
+    if (dirty) {
+        for (uint32_t i = 0; i < t->npeers; i++) {
+            struct tp_peer *p = &t->peers[i];
+            pthread_mutex_lock(&t->lock);
+            uint8_t state = p->state, need_av = p->need_av;
+            p->need_av = 0;
+            if (state == PEER_REMOVING)
+                p->state = PEER_DRAINING;
+            pthread_mutex_unlock(&t->lock);
+            if (state == PEER_LIVE && need_av) {
+                if (!t->broken)
+                    av_insert(t, i);
+            } else if (state == PEER_REMOVING) {
+                peer_drain(t, i);
+            }
+        }
+        n++;
+    }
+    while (q.head) {
+        struct tp_op *op = q.head;
+        q.head = op->next;
+        struct tp_peer *p = &t->peers[op->slot];
+        if (p->state != PEER_LIVE) {
+            op_report(t, op, -ECANCELED);
+            op_free(t, op);
+            continue;
+        }
+        list_push_tail(&p->txq, op);
+        op->where = OP_TXQ;
+        mark_busy(t, op->slot);
+        if (op->deadline_ms < t->next_due_ms)
+            t->next_due_ms = op->deadline_ms;
+        n++;
+    }
+    return n;
+}
+
+/* ---- deadlines, held-message timeouts, busy list -------------------- */
+
+static int scan_due(ds_transport *t, uint64_t now)
+{
+    int work = 0;
+    uint64_t next = UINT64_MAX;
+    uint32_t *link = &t->busy_head;
+    while (*link) {
+        uint32_t slot = *link - 1;
+        struct tp_peer *p = &t->peers[slot];
+        struct tp_op *op, *nx;
+        for (op = p->txq.head; op; op = nx) {
+            nx = op->next;
+            if (op->is_abort || op->reported)
+                continue;
+            if (op->deadline_ms <= now) {
+                op_fail(t, op, -ETIMEDOUT);
+                work++;
+                nx = p->txq.head; /* the list may have changed (abort pushed) */
+            } else if (op->deadline_ms < next) {
+                next = op->deadline_ms;
+            }
+        }
+        for (op = p->inflight.head; op; op = nx) {
+            nx = op->next;
+            if (op->reported)
+                continue;
+            if (op->deadline_ms <= now) {
+                op_fail(t, op, -ETIMEDOUT);
+                work++;
+            } else if (op->deadline_ms < next) {
+                next = op->deadline_ms;
+            }
+        }
+        /* Held messages: a partial head or a gap that waited too long. */
+        if (p->held) {
+            struct tp_rxmsg *h = p->held;
+            uint64_t since = h->seq == p->rx_next ? h->last_ms : p->gap_since_ms;
+            if (since && since + t->o.rx_timeout_ms <= now) {
+                if (h->seq == p->rx_next) {
+                    held_pop(p);
+                    if (h->state == RX_PARTIAL)
+                        drop(t, DS_TP_DROP_RX_TIMEOUT);
+                    rxmsg_free(t, h);
+                    p->rx_next++;
+                } else {
+                    drop(t, DS_TP_DROP_RX_TIMEOUT);
+                    p->rx_next = h->seq;
+                }
+                p->gap_since_ms = 0;
+                ds_log_rl(DS_LOG_WARN, COMP, "peer %s: skipped a message after %u ms without chunks",
+                          p->addr, t->o.rx_timeout_ms);
+                deliver_ready(t, slot);
+                work++;
+            }
+            if (p->held) {
+                struct tp_rxmsg *h2 = p->held;
+                uint64_t s2 = h2->seq == p->rx_next ? h2->last_ms : p->gap_since_ms;
+                if (s2 && s2 + t->o.rx_timeout_ms < next)
+                    next = s2 + t->o.rx_timeout_ms;
+                else if (!s2 && now + t->o.rx_timeout_ms < next)
+                    next = now + t->o.rx_timeout_ms;
+            }
+        }
+        if (p->state == PEER_DRAINING && !p->inflight.head && !p->txq.head)
+            peer_free_slot(t, slot);
+        /* Leave the busy list when nothing is left to watch. */
+        if (!p->txq.head && !p->inflight.head && !p->held) {
+            *link = p->busy_next;
+            p->in_busy = 0;
+            p->busy_next = 0;
+        } else {
+            link = &p->busy_next;
+        }
+    }
+    t->next_due_ms = next;
+    return work;
+}
+
+static int post_sends(ds_transport *t)
+{
+    int n = 0;
+    t->eagain_seen = 0;
+    for (uint32_t b = t->busy_head; b; b = t->peers[b - 1].busy_next)
+        if (t->peers[b - 1].txq.head)
+            n += post_peer(t, b - 1, TP_POST_BUDGET);
+    return n;
+}
+
+/* ---- reset ---------------------------------------------------------- */
+
+static void rx_pool_unpost_all(ds_transport *t)
+{
+    for (unsigned i = 0; i < t->nrx; i++) {
+        t->rx[i]->posted = 0;
+        t->rx[i]->canceling = 0;
+    }
+    t->rx_unposted = t->nrx;
+    quarantine_free(t);
+}
+
+/* Close the stack (libfabric discards everything outstanding), settle every
+ * op, reopen on the same address. */
+static void do_reset(ds_transport *t, const char *why)
+{
+    uint64_t stuck = atomic_load(&t->st.stuck_ops);
+    ds_warn(COMP, "resetting endpoint %s: %s stuck_ops=%" PRIu64 " stuck_bytes=%" PRIu64,
+            t->addr_text, why, stuck, (uint64_t)atomic_load(&t->st.stuck_bytes));
+    stack_close(t);
+    rx_pool_unpost_all(t);
+    for (uint32_t slot = 0; slot < t->npeers; slot++) {
+        struct tp_peer *p = &t->peers[slot];
+        if (p->state == PEER_FREE)
+            continue;
+        /* Nothing is pending in libfabric any more. */
+        while (p->inflight.head) {
+            struct tp_op *op = p->inflight.head;
+            op->pending = 0;
+            op->pending_bytes = 0;
+            op->tainted = 0; /* the stack is closed: nothing can touch it */
+            if (!op->reported)
+                op_report(t, op, -ENETRESET);
+            op_retire(t, op);
+        }
+        struct tp_op *op = p->txq.head, *nx;
+        for (; op; op = nx) {
+            nx = op->next;
+            if (op->is_abort || op->next_chunk > 0) {
+                /* partly posted: its stream is gone */
+                op->pending = 0;
+                op->pending_bytes = 0;
+                op->tainted = 0;
+                if (!op->reported)
+                    op_report(t, op, -ENETRESET);
+                op_retire(t, op);
+            } else {
+                free(op->chunks);
+                op->chunks = NULL;
+                op->seq = 0;
+            }
+        }
+        p->inflight_bytes = 0;
+        p->tx_stream = 0; /* a fresh one at the next post */
+        p->tx_seq = 0;
+        /* The peer does not know we reset: its stream goes on, minus what
+         * was in flight on the closed connection. Resynchronise on the
+         * next seq it sends rather than wait for the lost ones. */
+        rx_clear(t, p, DS_TP_DROP_STALE_STREAM);
+        p->rx_resync = 1;
+        p->in_av = 0;
+        if (p->state == PEER_DRAINING)
+            peer_free_slot(t, slot);
+    }
+    atomic_store(&t->st.stuck_ops, 0);
+    atomic_store(&t->st.stuck_bytes, 0);
+    ST_ADD(t, resets, 1);
+    t->last_stream = 0;
+    t->broken = 1;
+    t->reopen_at_ms = 0;
+    event(t, DS_TRANSPORT_EV_RESET, UINT32_MAX, (int)stuck);
+}
+
+static void try_reopen(ds_transport *t)
+{
+    uint64_t now = ds_now_ms();
+    if (now < t->reopen_at_ms)
+        return;
+    int r = stack_open(t, t->listen_port);
+    if (r) {
+        ds_log_rl(DS_LOG_ERROR, COMP, "reopen on %s:%s failed (%d); retrying", t->listen_host,
+                  t->listen_port, r);
+        t->reopen_at_ms = now + 200;
+        return;
+    }
+    t->broken = 0;
+    for (uint32_t slot = 0; slot < t->npeers; slot++)
+        if (t->peers[slot].state == PEER_LIVE)
+            av_insert(t, slot);
+    ds_info(COMP, "endpoint %s reopened", t->addr_text);
+}
+
+/* ---- progress thread ------------------------------------------------ */
+
+static void wait_for_work(ds_transport *t, uint64_t now)
+{
+    int timeout = TP_TICK_MS;
+    if (t->next_due_ms != UINT64_MAX) {
+        uint64_t d = t->next_due_ms > now ? t->next_due_ms - now : 0;
+        if (d < (uint64_t)timeout)
+            timeout = (int)d;
+    }
+    if (t->eagain_seen || t->broken)
+        timeout = timeout > 1 ? 1 : timeout;
+    struct pollfd pf[2] = {{.fd = t->evfd, .events = POLLIN}, {.fd = -1, .events = POLLIN}};
+    nfds_t n = 1;
+    if (t->cq_fd >= 0 && !t->broken) {
+        struct fid *f = &t->cq->fid;
+        if (fi_trywait(t->fabric, &f, 1) != FI_SUCCESS)
+            return; /* libfabric has work to do first */
+        pf[1].fd = t->cq_fd;
+        n = 2;
+    } else if (timeout > 1) {
+        timeout = 1; /* no wait object: the provider needs us to poll */
+    }
+    if (poll(pf, n, timeout) > 0 && (pf[0].revents & POLLIN)) {
+        uint64_t v;
+        ssize_t r = read(t->evfd, &v, sizeof(v));
+        (void)r;
+    }
+}
+
+static void shutdown_all(ds_transport *t)
+{
+    /* Fail everything not yet reported, then close the stack so libfabric
+     * lets go of every buffer, then release them. */
+    for (uint32_t slot = 0; slot < t->npeers; slot++) {
+        struct tp_peer *p = &t->peers[slot];
+        for (struct tp_op *op = p->txq.head; op; op = op->next)
+            op_report(t, op, -ECANCELED);
+        for (struct tp_op *op = p->inflight.head; op; op = op->next)
+            op_report(t, op, -ECANCELED);
+    }
+    stack_close(t);
+    for (uint32_t slot = 0; slot < t->npeers; slot++) {
+        struct tp_peer *p = &t->peers[slot];
+        while (p->txq.head) {
+            struct tp_op *op = p->txq.head;
+            list_unlink(&p->txq, op);
+            op->where = OP_NOWHERE;
+            op_free(t, op);
+        }
+        while (p->inflight.head) {
+            struct tp_op *op = p->inflight.head;
+            list_unlink(&p->inflight, op);
+            op->where = OP_NOWHERE;
+            op_free(t, op);
+        }
+        rx_clear(t, p, DS_TP_DROP_REMOVED_PEER);
+    }
+    quarantine_free(t);
+}
+
+static void *progress_main(void *arg)
+{
+    ds_transport *t = arg;
+    t->last_work_ns = ds_now_ns();
+    for (;;) {
+        int stop = 0, reset = 0;
+        int work = take_requests(t, &stop, &reset);
+        if (stop)
+            break;
+        if (reset && !t->broken)
+            do_reset(t, "requested");
+        if (t->broken) {
+            try_reopen(t);
+            if (t->broken) {
+                uint64_t now = ds_now_ms();
+                if (now >= t->next_due_ms)
+                    scan_due(t, now);
+                wait_for_work(t, now);
+                continue;
+            }
+        }
+        work += post_receives(t);
+        work += post_sends(t);
+        work += read_cq(t);
+        uint64_t now = ds_now_ms();
+        if (now >= t->next_due_ms)
+            work += scan_due(t, now);
+        if (now >= t->next_probe_ms) {
+            work += probe_receives(t, now);
+            t->next_probe_ms = now + TP_PROBE_MS / 2;
+        }
+        if (atomic_load_explicit(&t->st.stuck_ops, memory_order_relaxed) >= t->o.stuck_max_ops ||
+            atomic_load_explicit(&t->st.stuck_bytes, memory_order_relaxed) +
+                    atomic_load_explicit(&t->st.quarantined_bytes, memory_order_relaxed) >=
+                t->o.stuck_max_bytes) {
+            do_reset(t, "abandoned sends past the bound");
+            continue;
+        }
+        uint64_t ns = ds_now_ns();
+        if (work) {
+            t->last_work_ns = ns;
+            continue;
+        }
+        /* Spin briefly after activity: the next completion is usually
+         * microseconds away and a sleep/wake costs more than that. */
+        uint64_t spin_ns = t->cq_fd >= 0 ? 50000u : 500000u;
+        if (ns - t->last_work_ns < spin_ns)
+            continue;
+        wait_for_work(t, now);
+    }
+    shutdown_all(t);
+    return NULL;
+}
+
+/* ---- public API ----------------------------------------------------- */
+
+static void transport_free(ds_transport *t)
+{
+    if (!t)
+        return;
+    stack_close(t);
+    quarantine_free(t);
+    if (t->rx) {
+        for (unsigned i = 0; i < t->nrx; i++)
+            if (t->rx[i]) {
+                free(t->rx[i]->buf);
+                free(t->rx[i]);
+            }
+        free(t->rx);
+    }
+    free(t->peers);
+    if (t->evfd >= 0)
+        close(t->evfd);
+    pthread_mutex_destroy(&t->lock);
+    free(t->provider);
+    free(t->listen_host);
+    free(t->listen_port);
+    free(t->advertise);
+    free(t);
+}
+
+int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
+{
+    if (!o || !out)
+        return -EINVAL;
+    *out = NULL;
+    int r = opts_check(o);
+    if (r)
+        return r;
+    char host[DS_TRANSPORT_ADDR_MAX], port[8];
+    if (ds_transport_split_hostport(o->listen, host, sizeof(host), port, sizeof(port))) {
+        ds_error(COMP, "listen address '%s' is not host:port", o->listen);
+        return -EINVAL;
+    }
+    if (o->advertise) {
+        char h2[DS_TRANSPORT_ADDR_MAX], p2[8];
+        if (ds_transport_split_hostport(o->advertise, h2, sizeof(h2), p2, sizeof(p2))) {
+            ds_error(COMP, "advertise address '%s' is not host:port", o->advertise);
+            return -EINVAL;
+        }
+    }
+    ds_transport *t = calloc(1, sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    t->evfd = -1;
+    t->cq_fd = -1;
+    pthread_mutex_init(&t->lock, NULL);
+    t->o = *o;
+    const char *prov = o->provider && *o->provider ? o->provider : "tcp";
+    /* "tcp" alone names the msg-endpoint provider; RDM needs rxm on top. */
+    t->provider = strdup(!strcmp(prov, "tcp") ? "tcp;ofi_rxm" : prov);
+    t->listen_host = strdup(host);
+    t->listen_port = strdup(port);
+    t->advertise = o->advertise ? strdup(o->advertise) : NULL;
+    t->o.provider = NULL;
+    t->o.listen = NULL;
+    t->o.advertise = NULL;
+    t->next_due_ms = UINT64_MAX;
+    if (!t->provider || !t->listen_host || !t->listen_port || (o->advertise && !t->advertise)) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    /* Debian's shm provider hangs on messages above its inline size when
+     * cross-memory attach is refused (containers without ptrace rights);
+     * its shared-memory bounce path works everywhere. The user's own
+     * setting wins. */
+    if (!strncmp(t->provider, "shm", 3))
+        setenv("FI_SHM_DISABLE_CMA", "1", 0);
+
+    t->npeers = o->max_peers;
+    t->peers = calloc(t->npeers, sizeof(*t->peers));
+    t->nrx = o->rx_small_bufs + o->rx_large_bufs;
+    t->rx = calloc(t->nrx, sizeof(*t->rx));
+    if (!t->peers || !t->rx) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    for (unsigned i = 0; i < t->npeers; i++)
+        peer_fresh(&t->peers[i]);
+    for (unsigned i = 0; i < t->nrx; i++) {
+        int small = i < o->rx_small_bufs;
+        t->rx[i] = calloc(1, sizeof(**t->rx));
+        if (!t->rx[i]) {
+            r = -ENOMEM;
+            goto fail;
+        }
+        t->rx[i]->cap = small ? TP_SMALL_BUF : o->chunk_bytes + TP_HDR_MAX;
+        t->rx[i]->tag = small ? TP_TAG_SMALL : TP_TAG_LARGE;
+        t->rx[i]->slot = i;
+    }
+    t->rx_unposted = t->nrx;
+    t->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->evfd < 0) {
+        r = -errno;
+        goto fail;
+    }
+    r = stack_open(t, t->listen_port);
+    if (r)
+        goto fail;
+    r = learn_name(t);
+    if (r)
+        goto fail;
+    if (t->namelen > TP_NAME_MAX) {
+        r = -EINVAL;
+        goto fail;
+    }
+    r = pthread_create(&t->thread, NULL, progress_main, t);
+    if (r) {
+        r = -r;
+        goto fail;
+    }
+    t->thread_started = 1;
+    ds_info(COMP, "listening on %s provider=%s chunk=%zu wait=%s", t->addr_text, t->provider,
+            o->chunk_bytes, t->cq_fd >= 0 ? "fd" : "poll");
+    *out = t;
+    return 0;
+fail:
+    transport_free(t);
+    return r;
+}
+
+void ds_transport_close(ds_transport **tp)
+{
+    if (!tp || !*tp)
+        return;
+    ds_transport *t = *tp;
+    *tp = NULL;
+    if (t->thread_started) {
+        pthread_mutex_lock(&t->lock);
+        t->stop = 1;
+        pthread_mutex_unlock(&t->lock);
+        wake(t);
+        pthread_join(t->thread, NULL);
+        /* Anything submitted after the thread's last look. */
+        while (t->subq.head) {
+            struct tp_op *op = t->subq.head;
+            t->subq.head = op->next;
+            op_report(t, op, -ECANCELED);
+            op_free(t, op);
+        }
+    }
+    transport_free(t);
+}
+
+int ds_transport_addr(ds_transport *t, char *buf, size_t n)
+{
+    if (!t || !buf || !n)
+        return -EINVAL;
+    if ((size_t)snprintf(buf, n, "%s", t->addr_text) >= n)
+        return -ENOSPC;
+    return 0;
+}
+
+static int peer_slot(ds_transport *t, ds_transport_peer p, uint32_t *slot)
+{
+    uint32_t s = (p & 0xffffu);
+    if (s == 0 || s > t->npeers)
+        return -ENOENT;
+    s--;
+    if (t->peers[s].state != PEER_LIVE || t->peers[s].gen != (uint16_t)(p >> 16))
+        return -ENOENT;
+    *slot = s;
+    return 0;
+}
+
+int ds_transport_peer_add(ds_transport *t, const char *hostport, ds_transport_peer *out)
+{
+    if (!t || !hostport || !out)
+        return -EINVAL;
+    char h[DS_TRANSPORT_ADDR_MAX], port[8], key[DS_TRANSPORT_ADDR_MAX];
+    if (ds_transport_split_hostport(hostport, h, sizeof(h), port, sizeof(port)))
+        return -EINVAL;
+    struct fi_info *hints = make_hints(t->provider), *di = NULL;
+    if (!hints)
+        return -ENOMEM;
+    int r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), h, port, 0, hints, &di);
+    fi_freeinfo(hints);
+    if (r) {
+        ds_warn(COMP, "peer address %s does not resolve: %s", hostport, fi_strerror(-r));
+        return -ENOENT;
+    }
+    if (!di->dest_addr || di->dest_addrlen > TP_NAME_MAX ||
+        addr_canon(t->addr_format, di->dest_addr, di->dest_addrlen, key, sizeof(key))) {
+        ds_warn(COMP, "peer address %s is not usable with provider %s", hostport, t->provider);
+        fi_freeinfo(di);
+        return -EINVAL;
+    }
+    uint32_t slot = UINT32_MAX, free_slot = UINT32_MAX;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->npeers; i++) {
+        if (t->peers[i].state == PEER_LIVE && !strcmp(t->peers[i].addr, key)) {
+            slot = i;
+            break;
+        }
+        if (t->peers[i].state == PEER_FREE && free_slot == UINT32_MAX)
+            free_slot = i;
+    }
+    if (slot == UINT32_MAX && free_slot != UINT32_MAX) {
+        struct tp_peer *p = &t->peers[free_slot];
+        p->state = PEER_LIVE;
+        p->gen++;
+        snprintf(p->addr, sizeof(p->addr), "%s", key);
+        memcpy(p->raw, di->dest_addr, di->dest_addrlen);
+        p->rawlen = di->dest_addrlen;
+        p->need_av = 1;
+        t->peers_dirty = 1;
+        slot = free_slot;
+    }
+    if (slot != UINT32_MAX)
+        *out = peer_handle(t, slot);
+    pthread_mutex_unlock(&t->lock);
+    fi_freeinfo(di);
+    if (slot == UINT32_MAX)
+        return -ENOSPC;
+    wake(t);
+    return 0;
+}
+
+int ds_transport_peer_remove(ds_transport *t, ds_transport_peer p)
+{
+    if (!t)
+        return -EINVAL;
+    uint32_t slot;
+    pthread_mutex_lock(&t->lock);
+    int r = peer_slot(t, p, &slot);
+    if (!r) {
+        t->peers[slot].state = PEER_REMOVING;
+        t->peers_dirty = 1;
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (!r)
+        wake(t);
+    return r;
+}
+
+int ds_transport_peer_addr(ds_transport *t, ds_transport_peer p, char *buf, size_t n)
+{
+    if (!t || !buf || !n)
+        return -EINVAL;
+    uint32_t slot;
+    pthread_mutex_lock(&t->lock);
+    int r = peer_slot(t, p, &slot);
+    if (!r && (size_t)snprintf(buf, n, "%s", t->peers[slot].addr) >= n)
+        r = -ENOSPC;
+    pthread_mutex_unlock(&t->lock);
+    return r;
+}
+
+int ds_transport_send(ds_transport *t, ds_transport_peer p, const ds_transport_send_args *a)
+{
+    if (!t || !a || (a->len && !a->buf))
+        return -EINVAL;
+    if (a->deadline_ms <= ds_now_ms())
+        return -ETIMEDOUT;
+    struct tp_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return -ENOMEM;
+    if (a->release) {
+        op->data = a->buf;
+        op->release = a->release;
+        op->release_arg = a->release_arg;
+    } else if (a->len) {
+        op->copy = malloc(a->len);
+        if (!op->copy) {
+            free(op);
+            return -ENOMEM;
+        }
+        memcpy(op->copy, a->buf, a->len);
+        op->data = op->copy;
+    }
+    op->len = a->len;
+    op->deadline_ms = a->deadline_ms;
+    op->done = a->done;
+    op->done_arg = a->done_arg;
+
+    uint32_t slot;
+    int r;
+    pthread_mutex_lock(&t->lock);
+    if (t->stop) {
+        r = -ECANCELED;
+    } else if ((r = peer_slot(t, p, &slot)) == 0) {
+        uint64_t q = atomic_load(&t->st.queued_bytes);
+        if (q + a->len > t->o.max_queued_bytes) {
+            r = -ENOBUFS;
+        } else {
+            ST_ADD(t, queued_bytes, a->len);
+            op->slot = slot;
+            list_push_tail(&t->subq, op);
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (r) {
+        free(op->copy);
+        free(op);
+        return r;
+    }
+    wake(t);
+    return 0;
+}
+
+struct send_waiter {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int done;
+    int status;
+};
+
+static void send_waiter_done(void *arg, int status)
+{
+    struct send_waiter *w = arg;
+    pthread_mutex_lock(&w->m);
+    w->status = status;
+    w->done = 1;
+    pthread_cond_signal(&w->c);
+    pthread_mutex_unlock(&w->m);
+}
+
+int ds_transport_send_wait(ds_transport *t, ds_transport_peer p, const void *buf, size_t len,
+                           uint64_t deadline_ms)
+{
+    struct send_waiter w = {.m = PTHREAD_MUTEX_INITIALIZER, .c = PTHREAD_COND_INITIALIZER};
+    ds_transport_send_args a = {
+        .buf = buf, .len = len, .deadline_ms = deadline_ms,
+        .done = send_waiter_done, .done_arg = &w,
+    };
+    int r = ds_transport_send(t, p, &a);
+    if (r)
+        return r;
+    /* done runs exactly once, at the latest one progress tick after the
+     * deadline or when the transport closes; w must outlive it. */
+    pthread_mutex_lock(&w.m);
+    while (!w.done)
+        pthread_cond_wait(&w.c, &w.m);
+    pthread_mutex_unlock(&w.m);
+    pthread_cond_destroy(&w.c);
+    pthread_mutex_destroy(&w.m);
+    return w.status;
+}
+
+void *ds_transport_msg_take(ds_transport_msg *msg)
+{
+    if (!msg || msg->taken_)
+        return NULL;
+    msg->taken_ = 1;
+    return msg->base_;
+}
+
+int ds_transport_reset(ds_transport *t)
+{
+    if (!t)
+        return -EINVAL;
+    pthread_mutex_lock(&t->lock);
+    t->reset_req = 1;
+    pthread_mutex_unlock(&t->lock);
+    wake(t);
+    return 0;
+}
+
+void ds_transport_stats_get(ds_transport *t, ds_transport_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    if (!t)
+        return;
+#define LD(f) st->f = atomic_load_explicit(&t->st.f, memory_order_relaxed)
+    LD(msgs_sent);
+    LD(bytes_sent);
+    LD(msgs_recv);
+    LD(bytes_recv);
+    LD(send_timeouts);
+    LD(send_errors);
+    LD(eagain);
+    LD(stuck_ops);
+    LD(stuck_bytes);
+    LD(queued_bytes);
+    LD(resets);
+    LD(quarantined_bytes);
+    LD(dup_completions);
+    LD(pinned_bufs);
+    for (int i = 0; i < DS_TP_DROP_COUNT; i++)
+        st->drops[i] = atomic_load_explicit(&t->st.drops[i], memory_order_relaxed);
+#undef LD
+}

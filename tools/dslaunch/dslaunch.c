@@ -1,0 +1,60 @@
+/*
+ * tools/dslaunch/dslaunch.c: the dslaunch program's front door.
+ *
+ *   dslaunch local -n N --config base.ini [options]   a cluster on this host
+ *   dslaunch --help | --version
+ *
+ * `hosts` and Slurm (DESIGN 9) come later; each command is a function in its
+ * own file taking (argc, argv) with argv[0] the command's name, so adding
+ * one is a row in the table below. dslaunch runs the `dsnode` program and
+ * links nothing of node/: the contract between them is dsnode's command
+ * line, its output lines and its model.bin file (docs/dslaunch.md).
+ */
+#include "config.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tools/dslaunch/dslaunch.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dslaunch local -n N --config FILE [options]   start a cluster on this host\n"
+               "       dslaunch local --help                           its options\n"
+               "       dslaunch --version\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dslaunch %s\n", DS_VERSION);
+        return 0;
+    }
+    /* Where this binary lives: the default dsnode is the one built or
+     * installed beside it. */
+    char self[PATH_MAX] = "";
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash)
+            *slash = '\0';
+    } else {
+        self[0] = '\0';
+    }
+    if (!strcmp(argv[1], "local"))
+        return ds_launch_local_main(argc - 1, argv + 1, self);
+    fprintf(stderr, "dslaunch: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,148 @@
+/*
+ * tools/dslaunch/dslaunch.h: the parts of dslaunch that are not its command
+ * line, declared for one another and for tests/test_dslaunch.c.
+ *
+ * dslaunch starts and watches `dsnode` processes; it never links node/. What
+ * it knows about a node comes from the node's text output (the contract in
+ * docs/dslaunch.md) and from the files the node leaves behind (model.bin).
+ * So this header has four small, separately testable parts:
+ *
+ *   ds_kv_*         key=value tokens of a log or summary line
+ *   ds_json_*       writing JSON (escaped strings, numbers or null)
+ *   ds_consensus_*  reading model.bin files; the consensus distance
+ *   ds_proc_*       spawning children that die with us; capturing a command;
+ *                   probing free TCP ports
+ *
+ * and the `local` command itself (local.c), whose entry point is
+ * ds_launch_local_main.
+ */
+#ifndef DS_TOOLS_DSLAUNCH_H
+#define DS_TOOLS_DSLAUNCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+/* ---- key=value lines ----------------------------------------------------- */
+
+#define DS_KV_MAX 40
+#define DS_KV_KEY_MAX 48
+#define DS_KV_VAL_MAX 128
+
+/* The key=value tokens of one line, in order. Plain value type: copy freely. */
+typedef struct ds_kvline {
+    int n;
+    char key[DS_KV_MAX][DS_KV_KEY_MAX];
+    char val[DS_KV_MAX][DS_KV_VAL_MAX];
+} ds_kvline;
+
+/* Split text (borrowed, not modified) on blanks and keep every token of the
+ * form key=value with a non-empty key of at most DS_KV_KEY_MAX-1 bytes; other
+ * tokens are ignored. A value longer than DS_KV_VAL_MAX-1 bytes is cut. A key
+ * seen twice keeps its first value. Tokens past DS_KV_MAX are dropped.
+ * Returns the number of pairs kept. */
+int ds_kv_parse(const char *text, ds_kvline *out);
+
+/* The value of key, or NULL. Borrowed from l. */
+const char *ds_kv_get(const ds_kvline *l, const char *key);
+
+/* 0 and *out when key is present and its whole value is a finite decimal
+ * number; -ENOENT when absent; -EINVAL when it is not such a number. */
+int ds_kv_get_double(const ds_kvline *l, const char *key, double *out);
+
+/* A dsnode log line split in place: "TIME LEVEL NODE COMPONENT message...".
+ * Fields point into the line the caller passed (borrowed). */
+typedef struct ds_logline {
+    const char *level;
+    const char *node;
+    const char *component;
+    const char *msg; /* the rest of the line, "" when none */
+} ds_logline;
+
+/* Splits line (modified: NULs replace the blanks after the first four
+ * fields). 0 when the line has the shape of a dsnode log line (a time stamp
+ * starting with a digit and one of the four level names), -EINVAL otherwise
+ * (line then unchanged). */
+int ds_logline_split(char *line, ds_logline *out);
+
+/* ---- JSON output ----------------------------------------------------------- */
+
+/* A JSON string literal for s: quotes, backslash and control bytes escaped;
+ * bytes >= 0x80 are written as \u00XX (Latin-1), so the output is always
+ * valid ASCII JSON whatever the input. */
+void ds_json_str(FILE *f, const char *s);
+/* v with up to 10 significant digits, or null when not finite. */
+void ds_json_num(FILE *f, double v);
+/* 1 when s is exactly a JSON number (RFC 8259 grammar), else 0. */
+int ds_json_is_number(const char *s);
+/* s itself when it is a JSON number, else s as a JSON string. */
+void ds_json_text_or_num(FILE *f, const char *s);
+
+/* ---- final models ----------------------------------------------------------- */
+
+/* "DSMODEL1", u64 little-endian n, then n little-endian float32. */
+#define DS_MODEL_MAGIC "DSMODEL1"
+#define DS_MODEL_HDR 16
+
+typedef struct ds_consensus {
+    int n_models;       /* models that entered the figures */
+    uint64_t n_params;  /* their length */
+    double rel;         /* mean_i ||theta_i - mean||_2 / ||mean||_2; NAN if undefined */
+    double abs;         /* mean_i ||theta_i - mean||_2 */
+    double mean_norm;   /* ||mean||_2 */
+} ds_consensus;
+
+/* Check one model file: 0 and *n_params, or a negative errno with a message
+ * in err naming the file (-ENOENT missing, -EPROTO bad magic, -EMSGSIZE size
+ * disagrees with the header, -EDOM a non-finite value, -EIO read error). */
+int ds_model_check(const char *path, uint64_t *n_params, char *err, size_t errlen);
+
+/* The consensus distance of the models in paths[0..n) (entries may be NULL:
+ * no model). Every file is checked first; a file that fails, or whose length
+ * differs from the first good file's, is left out: status[i] (caller's array
+ * of n, may be NULL) gets 0 for a model used, else the negative errno
+ * (-EXDEV for a length mismatch, -ENOENT for NULL). Streams the files in
+ * chunks, so memory is O(n * chunk), not O(n * params). Returns 0 (even with
+ * fewer than two models: then n_models says so and rel/abs are NAN), or a
+ * negative errno on an I/O failure or -ENOMEM. Messages for left-out files go
+ * to warn (may be NULL), one line each. */
+int ds_consensus_compute(const char *const *paths, int n, int *status, ds_consensus *out,
+                         FILE *warn);
+
+/* ---- processes ---------------------------------------------------------------- */
+
+/* Start argv[0] (a path; no PATH search) with argv. stdin is /dev/null;
+ * stdout and stderr go to two new pipes whose read ends (O_CLOEXEC,
+ * O_NONBLOCK) are returned in *out_fd and *err_fd (caller owns; close them).
+ * The child gets its own process group, an empty signal mask and default
+ * dispositions, and PR_SET_PDEATHSIG = SIGTERM, re-checked against the race
+ * with our own death. A failed exec is reported here, not by the child:
+ * returns the pid, or a negative errno with "cannot run PATH: why" in err. */
+pid_t ds_proc_spawn(char *const argv[], int *out_fd, int *err_fd, char *err, size_t errlen);
+
+/* Run argv to completion, at most timeout_ms (then SIGKILL), collecting its
+ * stdout and stderr (each cut at 4 MiB; NUL-terminated; caller frees both).
+ * *exit_code: the status as a shell shows it (128 + signal if killed).
+ * Returns 0, -ETIMEDOUT (output so far still returned), or another negative
+ * errno with err filled (then *out and *errtext are NULL). */
+int ds_proc_capture(char *const argv[], int timeout_ms, char **out, char **errtext, int *exit_code,
+                    char *err, size_t errlen);
+
+/* 128 + signal for a signalled child, else its exit status. */
+int ds_proc_exit_code(int wstatus);
+
+/* 1 when TCP ports [base, base+count) can all be bound on 127.0.0.1 now. */
+int ds_port_range_free(int base, int count);
+
+/* A base P with [P, P+count) free on 127.0.0.1: `preferred` if free, else the
+ * next free block above it (wrapping within 1024..65535). -EADDRINUSE when
+ * none was found. */
+int ds_port_find(int preferred, int count);
+
+/* ---- commands ------------------------------------------------------------------- */
+
+/* `dslaunch local ...`; argv[0] is "local". Returns the process exit status. */
+int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir);
+
+#endif

@@ -1,0 +1,1584 @@
+/*
+ * tools/dslaunch/local.c: `dslaunch local`, a whole dsnode cluster on this
+ * host.
+ *
+ * What it does, in order:
+ *
+ *  1. Validates the base config by running `dsnode check-config base.ini
+ *     --set ...` (the user's overrides). dslaunch parses no config itself: the
+ *     node's own loader is the only one, so dslaunch can never accept what
+ *     dsnode refuses or read a key differently. Its printed effective config
+ *     is read only for what the display needs (train.steps) and to see
+ *     whether the status page and file are on.
+ *  2. Makes the run directory and, with `dsnode keygen`, a cluster key and one
+ *     identity per node (every node that will ever run, --add-at ones
+ *     included, so one allow-list holding every public key can be written
+ *     before anyone starts).
+ *  3. Writes DIR/nI.ini for each node as the stdout of `dsnode check-config
+ *     base.ini --set <user's> --set node.name=nI --set node.listen=...`: a
+ *     complete ini, valid by construction, that loads back to exactly the
+ *     configuration the node runs with. dslaunch's own --set come last, so
+ *     they win over the user's for the keys dslaunch owns (name, listen,
+ *     data_dir, seeds, key files, status address and file).
+ *  4. Starts `dsnode run --config DIR/nI.ini` for every node (proc.c: they
+ *     die with dslaunch), reads their stdout and stderr through pipes, copies
+ *     every line to DIR/nI.log, and follows their train/eval log lines to
+ *     show progress. --add-at STEP:COUNT starts COUNT more nodes once the
+ *     slowest running node has logged STEP.
+ *  5. Stops everything on SIGINT/SIGTERM/SIGHUP, on --timeout, or when
+ *     dslaunch itself fails: SIGTERM to every child, 5 s grace, SIGKILL,
+ *     and every child reaped. A node that fails does not stop the others.
+ *  6. Reports: a table of every node that ran, the relative consensus
+ *     distance of their final models (consensus.c), and with --json one JSON
+ *     object as the last line of stdout.
+ *
+ * One thread, one poll loop. Signals arrive through a signalfd (blocked from
+ * the start, so a Ctrl-C during key generation is seen too, and no handler
+ * races with the loop), child output through non-blocking pipes. Progress
+ * goes to stderr: on a terminal one redrawn line per node, elsewhere a compact
+ * status line every few seconds; the final table and JSON go to stdout.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <dirent.h>
+#include <unistd.h>
+
+#include "tools/dslaunch/dslaunch.h"
+
+#define MAX_NODES 256        /* all nodes of one run, --add-at included */
+#define MAX_SETS 100         /* user --set; dsnode takes 256 arguments */
+#define MAX_ADD 32           /* --add-at options */
+#define MAX_SEEDS 16         /* cluster.seeds holds at most 16 (conf/keys.h) */
+#define GRACE_MS 5000        /* SIGTERM -> SIGKILL */
+#define DRAIN_MS 2000        /* pipes kept open after a child is reaped */
+#define CMD_TIMEOUT_MS 60000 /* keygen, check-config */
+#define STATUS_EVERY_MS 5000 /* the status line when stderr is not a terminal */
+#define FORWARD_MAX 20       /* warn/error lines shown per node */
+#define LINE_MAX_ 8192
+
+/* Config keys dslaunch sets on every node; a user --set of one is overridden. */
+static const char *const owned_keys[] = {
+    "node.name",         "node.listen",          "node.data_dir",       "cluster.seeds",
+    "cluster.key_file", "cluster.identity_file", "cluster.allowed_keys", "status.listen",
+    "status.file",
+};
+
+struct linebuf {
+    char buf[LINE_MAX_];
+    size_t len;
+};
+
+enum node_state { NODE_PENDING, NODE_RUNNING, NODE_DONE };
+
+struct node {
+    char name[16];
+    int port, status_port;
+    int64_t added_at;     /* the --add-at STEP that started it; -1 for the first N */
+    char conf[PATH_MAX];  /* DIR/nI.ini */
+    char key[PATH_MAX];   /* DIR/nI.key (+ .pub) */
+    char data[PATH_MAX];  /* DIR/nI */
+    char logp[PATH_MAX];  /* DIR/nI.log */
+    char model[PATH_MAX]; /* DIR/nI/model.bin */
+    enum node_state state;
+    pid_t pid;
+    int fd[2]; /* stdout, stderr read ends; -1 when closed */
+    struct linebuf lb[2];
+    FILE *log;
+    int log_failed;
+    int reaped, exit_code;
+    int64_t t_start, t_reaped, t_end;
+    /* progress, from the log */
+    int have_train, have_eval;
+    int64_t step;
+    double loss, sps, test_acc;
+    /* the summary line */
+    int have_summary;
+    ds_kvline summary;
+    int forwarded;
+};
+
+struct add_at {
+    int64_t step;
+    int count;
+    int fired, abandoned;
+};
+
+struct launch {
+    /* options */
+    int n;
+    const char *config;
+    char *sets[MAX_SETS];
+    int nsets;
+    const char *out;
+    int port_base; /* -1 = choose */
+    int json;
+    double timeout_s; /* 0 = none */
+    struct add_at add[MAX_ADD];
+    int nadd;
+    const char *dsnode_opt;
+    /* derived */
+    char dsnode[PATH_MAX];
+    char dir[256]; /* node.data_dir = DIR/nI holds 255 characters at most */
+    char cluster_key[PATH_MAX];
+    char allowed[PATH_MAX];
+    int64_t steps;       /* train.steps of the effective config; 0 unknown */
+    int status_listen;   /* status.listen is on in the base config */
+    int status_file;     /* status.file is on */
+    int total;           /* nodes planned in all */
+    struct node *nodes;
+    int started;         /* nodes[0..started) have been started */
+    /* loop */
+    int sigfd;
+    int tty;
+    int cols, rows;
+    int drawn;           /* lines of the progress block on screen */
+    int dirty;
+    int64_t t0, last_draw, last_status;
+    int stopping;        /* 0, or why: */
+    const char *stop_reason;
+    int stop_signal;
+    int64_t kill_at;     /* when SIGKILL follows; 0 = not yet */
+    int killed_hard;
+    int failed_self;     /* dslaunch's own failure */
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void local_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dslaunch local -n N --config FILE [options]\n"
+            "\n"
+            "Start N dsnode processes on this host, each with its own name (n0, n1, ...),\n"
+            "port, data directory and identity key, show their progress, and report.\n"
+            "\n"
+            "  -n N                 nodes to start (1..%d)\n"
+            "  --config FILE        base configuration (every node's, before per-node keys)\n"
+            "  --set SECTION.KEY=VALUE\n"
+            "                       override a key of the base configuration (repeatable)\n"
+            "  --out DIR            run directory (default runs/<UTC time>-<pid>); must be new or\n"
+            "                       empty\n"
+            "  --port-base P        node nI listens on 127.0.0.1:P+I (default: a free block from\n"
+            "                       20000 + 16 * (pid %% 2500))\n"
+            "  --json               end stdout with one JSON object: every node's result and the\n"
+            "                       consensus distance\n"
+            "  --timeout SECONDS    stop every node after this long (then exit non-zero)\n"
+            "  --add-at STEP:COUNT  when the slowest running node has reached STEP, start COUNT\n"
+            "                       more nodes (repeatable)\n"
+            "  --dsnode PATH        the dsnode program (default: the one beside dslaunch, else PATH)\n"
+            "\n"
+            "Exit status: 0 when every node exited 0; 1 when a node or dslaunch failed or\n"
+            "--timeout struck; 2 for a usage or configuration error; 128+signal when stopped\n"
+            "by a signal. See docs/dslaunch.md.\n",
+            MAX_NODES);
+}
+
+/* ---- messages and progress ------------------------------------------------- */
+
+static void term_size(struct launch *L)
+{
+    struct winsize ws;
+    L->cols = 80;
+    L->rows = 24;
+    if (ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+        L->cols = ws.ws_col;
+        L->rows = ws.ws_row;
+    }
+}
+
+static void erase_block(struct launch *L)
+{
+    if (!L->tty || !L->drawn)
+        return;
+    fprintf(stderr, "\r\033[%dA\033[J", L->drawn);
+    L->drawn = 0;
+}
+
+/* A line for the user, above the progress block. */
+static void __attribute__((format(printf, 2, 3))) say(struct launch *L, const char *fmt, ...)
+{
+    erase_block(L);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dslaunch: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    L->dirty = 1;
+}
+
+static const char *node_state_text(const struct node *nd, char *buf, size_t len)
+{
+    if (nd->state == NODE_PENDING)
+        return "pending";
+    if (nd->state == NODE_RUNNING)
+        return nd->reaped ? "exiting" : nd->have_train ? "running" : "starting";
+    const char *st = nd->have_summary ? ds_kv_get(&nd->summary, "status") : NULL;
+    if (st)
+        snprintf(buf, len, "%s(%d)", st, nd->exit_code);
+    else
+        snprintf(buf, len, "%s(%d)", nd->exit_code > 128 ? "killed" : "failed", nd->exit_code);
+    return buf;
+}
+
+static void draw_block(struct launch *L)
+{
+    const int64_t t = now_ms();
+    char line[512], st[48];
+    int lines = 0;
+    int fits = L->started + 2 < L->rows;
+    erase_block(L);
+    int w = L->cols - 1 < (int)sizeof(line) - 1 ? L->cols - 1 : (int)sizeof(line) - 1;
+    if (w < 20)
+        w = 20;
+    int running = 0, done = 0;
+    for (int i = 0; i < L->started; i++)
+        if (L->nodes[i].state == NODE_DONE)
+            done++;
+        else
+            running++;
+    snprintf(line, sizeof(line), "dslaunch: %.0fs  %d running  %d exited  %s%s", (t - L->t0) / 1e3,
+             running, done, L->stopping ? "stopping: " : "", L->stopping ? L->stop_reason : "");
+    fprintf(stderr, "%.*s\033[K\n", w, line);
+    lines++;
+    for (int i = 0; fits && i < L->started; i++) {
+        const struct node *nd = &L->nodes[i];
+        char stepbuf[48], lossbuf[24] = "-", accbuf[24] = "-", spsbuf[32] = "-";
+        if (L->steps > 0)
+            snprintf(stepbuf, sizeof(stepbuf), "%lld/%lld", (long long)nd->step, (long long)L->steps);
+        else
+            snprintf(stepbuf, sizeof(stepbuf), "%lld", (long long)nd->step);
+        if (nd->have_train) {
+            snprintf(lossbuf, sizeof(lossbuf), "%.4f", nd->loss);
+            snprintf(spsbuf, sizeof(spsbuf), "%.0f", nd->sps);
+        }
+        if (nd->have_eval)
+            snprintf(accbuf, sizeof(accbuf), "%.4f", nd->test_acc);
+        snprintf(line, sizeof(line), "  %-5s %-13s step %-11s loss %-7s acc %-7s %s/s",
+                 nd->name, node_state_text(nd, st, sizeof(st)), stepbuf, lossbuf, accbuf, spsbuf);
+        fprintf(stderr, "%.*s\033[K\n", w, line);
+        lines++;
+    }
+    fflush(stderr);
+    L->drawn = lines;
+    L->dirty = 0;
+    L->last_draw = t;
+}
+
+/* Not a terminal: one compact line every STATUS_EVERY_MS. */
+static void status_line(struct launch *L)
+{
+    int running = 0, done = 0, nacc = 0, ntrain = 0;
+    int64_t smin = INT64_MAX, smax = 0;
+    double acc = 0, loss = 0, sps = 0;
+    for (int i = 0; i < L->started; i++) {
+        const struct node *nd = &L->nodes[i];
+        if (nd->state == NODE_DONE) {
+            done++;
+            continue;
+        }
+        running++;
+        smin = nd->step < smin ? nd->step : smin;
+        smax = nd->step > smax ? nd->step : smax;
+        if (nd->have_train) {
+            loss += nd->loss;
+            sps += nd->sps;
+            ntrain++;
+        }
+        if (nd->have_eval) {
+            acc += nd->test_acc;
+            nacc++;
+        }
+    }
+    char acc_s[32] = "-", loss_s[32] = "-";
+    if (nacc)
+        snprintf(acc_s, sizeof(acc_s), "%.4f", acc / nacc);
+    if (ntrain)
+        snprintf(loss_s, sizeof(loss_s), "%.4f", loss / ntrain);
+    if (!running)
+        smin = smax = 0;
+    fprintf(stderr,
+            "dslaunch: %.0fs  running %d  exited %d  step %lld..%lld/%lld  loss %s  acc %s  "
+            "%.0f samples/s in all\n",
+            (now_ms() - L->t0) / 1e3, running, done, (long long)smin, (long long)smax,
+            (long long)L->steps, loss_s, acc_s, sps);
+    L->last_status = now_ms();
+}
+
+/* ---- argument parsing ---------------------------------------------------------- */
+
+/* "--opt VALUE" or "--opt=VALUE". Returns 1 when argv[*i] is opt (then *val
+ * is its value, or NULL when missing), 0 otherwise. */
+static int opt_value(int argc, char **argv, int *i, const char *opt, const char **val)
+{
+    size_t n = strlen(opt);
+    if (strncmp(argv[*i], opt, n) != 0)
+        return 0;
+    if (argv[*i][n] == '=') {
+        *val = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != '\0')
+        return 0;
+    *val = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}
+
+static int parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || (*s < '0' || *s > '9'))
+        return -EINVAL;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+static int parse_args(struct launch *L, int argc, char **argv)
+{
+    long long v;
+    L->n = 0;
+    L->port_base = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *val = NULL;
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            local_usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--json")) {
+            L->json = 1;
+        } else if (!strncmp(a, "-n", 2) && a[2] && a[2] != '=') {
+            if (parse_int(a + 2, 1, MAX_NODES, &v) < 0)
+                goto bad_n;
+            L->n = (int)v;
+        } else if (opt_value(argc, argv, &i, "-n", &val) || opt_value(argc, argv, &i, "--nodes", &val)) {
+            if (parse_int(val, 1, MAX_NODES, &v) < 0) {
+            bad_n:
+                fprintf(stderr, "dslaunch local: -n expects a node count in 1..%d, found '%s'\n",
+                        MAX_NODES, val ? val : a + 2);
+                return -EINVAL;
+            }
+            L->n = (int)v;
+        } else if (opt_value(argc, argv, &i, "--config", &val)) {
+            if (!val || !*val) {
+                fprintf(stderr, "dslaunch local: --config needs a file\n");
+                return -EINVAL;
+            }
+            L->config = val;
+        } else if (opt_value(argc, argv, &i, "--set", &val)) {
+            if (!val || !strchr(val, '=')) {
+                fprintf(stderr, "dslaunch local: --set expects section.key=value, found '%s'\n",
+                        val ? val : "");
+                return -EINVAL;
+            }
+            if (L->nsets >= MAX_SETS) {
+                fprintf(stderr, "dslaunch local: at most %d --set options\n", MAX_SETS);
+                return -EINVAL;
+            }
+            L->sets[L->nsets++] = (char *)val;
+        } else if (opt_value(argc, argv, &i, "--out", &val)) {
+            if (!val || !*val) {
+                fprintf(stderr, "dslaunch local: --out needs a directory\n");
+                return -EINVAL;
+            }
+            L->out = val;
+        } else if (opt_value(argc, argv, &i, "--port-base", &val)) {
+            if (parse_int(val, 1024, 65535, &v) < 0) {
+                fprintf(stderr, "dslaunch local: --port-base expects a port in 1024..65535, "
+                                "found '%s'\n", val ? val : "");
+                return -EINVAL;
+            }
+            L->port_base = (int)v;
+        } else if (opt_value(argc, argv, &i, "--timeout", &val)) {
+            char *end;
+            double t = val ? strtod(val, &end) : 0;
+            if (!val || !*val || *end || !(t > 0) || t > 1e7) {
+                fprintf(stderr, "dslaunch local: --timeout expects seconds > 0, found '%s'\n",
+                        val ? val : "");
+                return -EINVAL;
+            }
+            L->timeout_s = t;
+        } else if (opt_value(argc, argv, &i, "--add-at", &val)) {
+            const char *colon = val ? strchr(val, ':') : NULL;
+            long long step, count;
+            char stepbuf[32];
+            if (!colon || (size_t)(colon - val) >= sizeof(stepbuf)) {
+                fprintf(stderr, "dslaunch local: --add-at expects STEP:COUNT, found '%s'\n",
+                        val ? val : "");
+                return -EINVAL;
+            }
+            memcpy(stepbuf, val, (size_t)(colon - val));
+            stepbuf[colon - val] = '\0';
+            if (parse_int(stepbuf, 1, INT64_MAX, &step) < 0 ||
+                parse_int(colon + 1, 1, MAX_NODES, &count) < 0) {
+                fprintf(stderr, "dslaunch local: --add-at expects STEP:COUNT with STEP >= 1 and "
+                                "COUNT in 1..%d, found '%s'\n", MAX_NODES, val);
+                return -EINVAL;
+            }
+            if (L->nadd >= MAX_ADD) {
+                fprintf(stderr, "dslaunch local: at most %d --add-at options\n", MAX_ADD);
+                return -EINVAL;
+            }
+            L->add[L->nadd].step = step;
+            L->add[L->nadd].count = (int)count;
+            L->nadd++;
+        } else if (opt_value(argc, argv, &i, "--dsnode", &val)) {
+            if (!val || !*val) {
+                fprintf(stderr, "dslaunch local: --dsnode needs a path\n");
+                return -EINVAL;
+            }
+            L->dsnode_opt = val;
+        } else {
+            fprintf(stderr, "dslaunch local: unknown argument '%s' (see dslaunch local --help)\n", a);
+            return -EINVAL;
+        }
+    }
+    if (!L->n) {
+        fprintf(stderr, "dslaunch local: -n N is required (see dslaunch local --help)\n");
+        return -EINVAL;
+    }
+    if (!L->config) {
+        fprintf(stderr, "dslaunch local: --config FILE is required (see dslaunch local --help)\n");
+        return -EINVAL;
+    }
+    L->total = L->n;
+    for (int k = 0; k < L->nadd; k++)
+        L->total += L->add[k].count;
+    if (L->total > MAX_NODES) {
+        fprintf(stderr, "dslaunch local: %d nodes in all (with --add-at); at most %d\n", L->total,
+                MAX_NODES);
+        return -EINVAL;
+    }
+    /* Fire in step order; equal steps in the order given. */
+    for (int a = 1; a < L->nadd; a++)
+        for (int b = a; b > 0 && L->add[b - 1].step > L->add[b].step; b--) {
+            struct add_at t = L->add[b];
+            L->add[b] = L->add[b - 1];
+            L->add[b - 1] = t;
+        }
+    return 0;
+}
+
+/* ---- setup ---------------------------------------------------------------------- */
+
+static int find_dsnode(struct launch *L, const char *self_dir)
+{
+    if (L->dsnode_opt) {
+        if (access(L->dsnode_opt, X_OK) < 0) {
+            fprintf(stderr, "dslaunch: --dsnode %s: %s\n", L->dsnode_opt, strerror(errno));
+            return -ENOENT;
+        }
+        /* execv does no PATH search; make a bare name a path. */
+        if (!strchr(L->dsnode_opt, '/'))
+            snprintf(L->dsnode, sizeof(L->dsnode), "./%s", L->dsnode_opt);
+        else
+            snprintf(L->dsnode, sizeof(L->dsnode), "%s", L->dsnode_opt);
+        return 0;
+    }
+    char tried[3][PATH_MAX];
+    int nt = 0;
+    if (self_dir && *self_dir) {
+        /* build tree: build/tools/dslaunch/dslaunch -> build/node/dsnode;
+         * installed: bin/dslaunch -> bin/dsnode. */
+        snprintf(tried[nt++], PATH_MAX, "%s/../../node/dsnode", self_dir);
+        snprintf(tried[nt++], PATH_MAX, "%s/dsnode", self_dir);
+    }
+    for (int i = 0; i < nt; i++)
+        if (access(tried[i], X_OK) == 0) {
+            if (!realpath(tried[i], L->dsnode))
+                snprintf(L->dsnode, sizeof(L->dsnode), "%.*s", PATH_MAX - 1, tried[i]);
+            return 0;
+        }
+    const char *path = getenv("PATH");
+    if (path) {
+        char *copy = strdup(path), *save = NULL;
+        for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
+            char cand[PATH_MAX];
+            snprintf(cand, sizeof(cand), "%s/dsnode", *d ? d : ".");
+            if (access(cand, X_OK) == 0) {
+                snprintf(L->dsnode, sizeof(L->dsnode), "%s", cand);
+                free(copy);
+                return 0;
+            }
+        }
+        free(copy);
+    }
+    fprintf(stderr, "dslaunch: cannot find the dsnode program (looked beside dslaunch%s%s and in "
+                    "PATH); pass --dsnode PATH\n",
+            nt ? ": " : "", nt ? tried[0] : "");
+    return -ENOENT;
+}
+
+/* Drains the signalfd; returns the last SIGINT/SIGTERM/SIGHUP seen, or 0. */
+static int take_signals(struct launch *L)
+{
+    struct signalfd_siginfo si;
+    int stop = 0;
+    while (read(L->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP)
+            stop = (int)si.ssi_signo;
+        else if (si.ssi_signo == SIGWINCH)
+            term_size(L), L->dirty = 1;
+    }
+    return stop;
+}
+
+/* Runs a dsnode subcommand to completion. On failure prints what dsnode
+ * said (its stderr) under `what` and returns -1; on success returns 0 with
+ * its stdout in *out (caller frees) when out is non-NULL. */
+static int run_dsnode(struct launch *L, char **argv, const char *what, char **out)
+{
+    char *o = NULL, *e = NULL, err[512];
+    int code = 0;
+    int ret = ds_proc_capture(argv, CMD_TIMEOUT_MS, &o, &e, &code, err, sizeof(err));
+    if (ret < 0 || code != 0) {
+        if (ret < 0 && ret != -ETIMEDOUT)
+            fprintf(stderr, "dslaunch: %s: %s\n", what, err);
+        else
+            fprintf(stderr, "dslaunch: %s failed (%s):\n%s", what,
+                    ret == -ETIMEDOUT ? err : "dsnode said", e && *e ? e : "(no message)\n");
+        if (e && *e && e[strlen(e) - 1] != '\n')
+            fputc('\n', stderr);
+        free(o);
+        free(e);
+        return -1;
+    }
+    (void)L;
+    free(e);
+    if (out)
+        *out = o;
+    else
+        free(o);
+    return 0;
+}
+
+/* Value of section.key in the ini text check-config printed (our own dump
+ * format: "[section]" lines and "key = value" lines). 0 or -ENOENT. */
+static int dump_get(const char *text, const char *section, const char *key, char *val, size_t len)
+{
+    char cur[64] = "";
+    const char *p = text;
+    while (*p) {
+        const char *eol = strchr(p, '\n');
+        size_t n = eol ? (size_t)(eol - p) : strlen(p);
+        if (n > 2 && p[0] == '[' && p[n - 1] == ']' && n - 2 < sizeof(cur)) {
+            memcpy(cur, p + 1, n - 2);
+            cur[n - 2] = '\0';
+        } else if (!strcmp(cur, section)) {
+            size_t kl = strlen(key);
+            if (n > kl && !strncmp(p, key, kl) && (p[kl] == ' ' || p[kl] == '=')) {
+                const char *v = p + kl;
+                while (*v == ' ')
+                    v++;
+                if (*v == '=') {
+                    v++;
+                    while (*v == ' ')
+                        v++;
+                    size_t vl = (size_t)(p + n - v);
+                    if (vl >= len)
+                        vl = len - 1;
+                    memcpy(val, v, vl);
+                    val[vl] = '\0';
+                    return 0;
+                }
+            }
+        }
+        p += n + (eol ? 1 : 0);
+    }
+    return -ENOENT;
+}
+
+/* argv for `dsnode check-config base.ini --set <user>... --set <extra>...`.
+ * Strings in extra are borrowed. */
+static char **check_config_argv(struct launch *L, char **extra, int nextra)
+{
+    char **argv = calloc((size_t)(4 + 2 * (L->nsets + nextra)), sizeof(char *));
+    if (!argv)
+        return NULL;
+    int k = 0;
+    argv[k++] = L->dsnode;
+    argv[k++] = "check-config";
+    argv[k++] = (char *)L->config;
+    for (int i = 0; i < L->nsets; i++) {
+        argv[k++] = "--set";
+        argv[k++] = L->sets[i];
+    }
+    for (int i = 0; i < nextra; i++) {
+        argv[k++] = "--set";
+        argv[k++] = extra[i];
+    }
+    argv[k] = NULL;
+    return argv;
+}
+
+static int check_base(struct launch *L)
+{
+    int fd = open(L->config, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "dslaunch: cannot read the config %s: %s\n", L->config, strerror(errno));
+        return -errno;
+    }
+    close(fd);
+    for (int i = 0; i < L->nsets; i++)
+        for (size_t k = 0; k < sizeof(owned_keys) / sizeof(owned_keys[0]); k++) {
+            size_t n = strlen(owned_keys[k]);
+            if (!strncmp(L->sets[i], owned_keys[k], n) && L->sets[i][n] == '=')
+                fprintf(stderr, "dslaunch: note: --set %s is replaced per node (dslaunch sets %s)\n",
+                        L->sets[i], owned_keys[k]);
+        }
+    char **argv = check_config_argv(L, NULL, 0);
+    char *dump = NULL;
+    if (!argv)
+        return -ENOMEM;
+    int ret = run_dsnode(L, argv, "the configuration is not valid: dsnode check-config", &dump);
+    free(argv);
+    if (ret < 0)
+        return -EINVAL;
+    char v[256];
+    if (dump_get(dump, "train", "steps", v, sizeof(v)) == 0)
+        L->steps = strtoll(v, NULL, 10);
+    L->status_listen = dump_get(dump, "status", "listen", v, sizeof(v)) == 0 && v[0];
+    L->status_file = dump_get(dump, "status", "file", v, sizeof(v)) == 0 && v[0];
+    if (dump_get(dump, "node", "log_level", v, sizeof(v)) == 0 &&
+        (!strcmp(v, "error") || !strcmp(v, "warn"))) {
+        if (L->nadd) {
+            fprintf(stderr, "dslaunch: --add-at follows the nodes' train log lines, but "
+                            "node.log_level = %s hides them; use info or debug\n", v);
+            free(dump);
+            return -EINVAL;
+        }
+        fprintf(stderr, "dslaunch: note: node.log_level = %s: no progress until the nodes end\n", v);
+    }
+    free(dump);
+    for (int k = 0; k < L->nadd; k++)
+        if (L->steps > 0 && L->add[k].step > L->steps) {
+            fprintf(stderr, "dslaunch: --add-at %lld:%d: the nodes stop at train.steps = %lld\n",
+                    (long long)L->add[k].step, L->add[k].count, (long long)L->steps);
+            return -EINVAL;
+        }
+    return 0;
+}
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof(tmp), "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+static int dir_is_empty(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return -errno;
+    struct dirent *e;
+    int empty = 1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            empty = 0;
+    closedir(d);
+    return empty;
+}
+
+static int make_run_dir(struct launch *L)
+{
+    char want[PATH_MAX];
+    if (L->out) {
+        snprintf(want, sizeof(want), "%s", L->out);
+    } else {
+        time_t t = time(NULL);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        snprintf(want, sizeof(want), "runs/%04d%02d%02dT%02d%02d%02dZ-%d", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid());
+    }
+    int ret = mkdir_p(want, 0755);
+    if (ret < 0) {
+        fprintf(stderr, "dslaunch: cannot create the run directory %s: %s\n", want, strerror(-ret));
+        return ret;
+    }
+    ret = dir_is_empty(want);
+    if (ret <= 0) {
+        if (ret < 0)
+            fprintf(stderr, "dslaunch: cannot read the run directory %s: %s\n", want,
+                    strerror(-ret));
+        else
+            fprintf(stderr, "dslaunch: the run directory %s is not empty; give a new --out\n", want);
+        return ret < 0 ? ret : -EEXIST;
+    }
+    char abs[PATH_MAX];
+    if (!realpath(want, abs)) {
+        fprintf(stderr, "dslaunch: %s: %s\n", want, strerror(errno));
+        return -errno;
+    }
+    /* node.data_dir holds at most 255 characters: DIR + "/n255". */
+    if (strlen(abs) + 6 > 255) {
+        fprintf(stderr, "dslaunch: the run directory path %s is too long for node.data_dir "
+                        "(255 characters at most); give a shorter --out\n", abs);
+        return -ENAMETOOLONG;
+    }
+    memcpy(L->dir, abs, strlen(abs) + 1);
+    snprintf(L->cluster_key, sizeof(L->cluster_key), "%s/cluster.key", L->dir);
+    snprintf(L->allowed, sizeof(L->allowed), "%s/allowed_keys", L->dir);
+    return 0;
+}
+
+static int choose_ports(struct launch *L)
+{
+    const int per = L->status_listen ? 2 : 1;
+    const int need = per * L->total;
+    int base;
+    if (L->port_base > 0) {
+        if (L->port_base + need - 1 > 65535) {
+            fprintf(stderr, "dslaunch: --port-base %d: %d ports do not fit below 65536\n",
+                    L->port_base, need);
+            return -EINVAL;
+        }
+        if (!ds_port_range_free(L->port_base, need)) {
+            fprintf(stderr, "dslaunch: --port-base %d: a port in %d..%d is in use on 127.0.0.1\n",
+                    L->port_base, L->port_base, L->port_base + need - 1);
+            return -EADDRINUSE;
+        }
+        base = L->port_base;
+    } else {
+        /* 16 ports apart per pid, so launches started one after another
+         * (consecutive pids) do not probe the same block and then race for
+         * it; 2500 slots span 20000..59999. */
+        base = ds_port_find(20000 + 16 * (int)(getpid() % 2500), need);
+        if (base < 0) {
+            fprintf(stderr, "dslaunch: no block of %d free ports found on 127.0.0.1\n", need);
+            return base;
+        }
+    }
+    for (int i = 0; i < L->total; i++) {
+        L->nodes[i].port = base + i;
+        L->nodes[i].status_port = L->status_listen ? base + L->total + i : 0;
+    }
+    return 0;
+}
+
+static int make_keys(struct launch *L)
+{
+    char *kc[] = {L->dsnode, "keygen", "--cluster", "--out", L->cluster_key, NULL};
+    if (run_dsnode(L, kc, "dsnode keygen --cluster", NULL) < 0)
+        return -EIO;
+    FILE *al = fopen(L->allowed, "w");
+    if (!al) {
+        fprintf(stderr, "dslaunch: cannot write %s: %s\n", L->allowed, strerror(errno));
+        return -errno;
+    }
+    fprintf(al, "# allow-list written by dslaunch: the public identity key and name of every\n"
+                "# node of this run (cluster.allowed_keys)\n");
+    int ret = 0;
+    for (int i = 0; i < L->total && ret == 0; i++) {
+        struct node *nd = &L->nodes[i];
+        if (take_signals(L)) {
+            fprintf(stderr, "dslaunch: interrupted while making keys\n");
+            ret = -EINTR;
+            break;
+        }
+        char *kg[] = {L->dsnode, "keygen", "--out", nd->key, "--name", nd->name, NULL};
+        char *line = NULL;
+        if (run_dsnode(L, kg, "dsnode keygen", &line) < 0) {
+            ret = -EIO;
+            break;
+        }
+        /* keygen prints the allow-list line for the key ("hex name"); the
+         * same line is in nI.key.pub. */
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        if (strlen(line) < 64) {
+            fprintf(stderr, "dslaunch: dsnode keygen printed '%s', not a public key line\n", line);
+            ret = -EPROTO;
+        } else {
+            fprintf(al, "%s\n", line);
+        }
+        free(line);
+    }
+    if (fclose(al) != 0 && ret == 0) {
+        fprintf(stderr, "dslaunch: cannot write %s: %s\n", L->allowed, strerror(errno));
+        ret = -EIO;
+    }
+    return ret;
+}
+
+/* Up to MAX_SEEDS addresses of the nodes in cand[0..nc), spread evenly
+ * around the ring starting after `self` (so the nearest successor is
+ * always one of them). */
+static void seeds_text(struct launch *L, int self, const int *cand, int nc, char *out, size_t len)
+{
+    int order[MAX_NODES], no = 0;
+    /* cand in ring order starting after self */
+    for (int k = 1; k <= L->total; k++) {
+        int j = (self + k) % L->total;
+        for (int c = 0; c < nc; c++)
+            if (cand[c] == j && j != self)
+                order[no++] = j;
+    }
+    int pick = no < MAX_SEEDS ? no : MAX_SEEDS;
+    size_t w = 0;
+    out[0] = '\0';
+    for (int t = 0; t < pick; t++) {
+        int j = order[(int)((long long)t * no / pick)];
+        w += (size_t)snprintf(out + w, w < len ? len - w : 0, "%s127.0.0.1:%d", t ? "," : "",
+                              L->nodes[j].port);
+    }
+}
+
+/* Writes nd->conf from check-config's output; seeds as text. */
+static int write_node_config(struct launch *L, struct node *nd, const char *seeds)
+{
+    char s_name[64], s_listen[64], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
+        s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[64], s_sfile[PATH_MAX + 32];
+    char *extra[9];
+    int ne = 0;
+    snprintf(s_name, sizeof(s_name), "node.name=%s", nd->name);
+    snprintf(s_listen, sizeof(s_listen), "node.listen=127.0.0.1:%d", nd->port);
+    snprintf(s_data, sizeof(s_data), "node.data_dir=%s", nd->data);
+    snprintf(s_seeds, sizeof(s_seeds), "cluster.seeds=%s", seeds);
+    snprintf(s_key, sizeof(s_key), "cluster.key_file=%s", L->cluster_key);
+    snprintf(s_id, sizeof(s_id), "cluster.identity_file=%s", nd->key);
+    snprintf(s_allow, sizeof(s_allow), "cluster.allowed_keys=%s", L->allowed);
+    extra[ne++] = s_name;
+    extra[ne++] = s_listen;
+    extra[ne++] = s_data;
+    extra[ne++] = s_seeds;
+    extra[ne++] = s_key;
+    extra[ne++] = s_id;
+    extra[ne++] = s_allow;
+    if (L->status_listen) {
+        snprintf(s_slisten, sizeof(s_slisten), "status.listen=127.0.0.1:%d", nd->status_port);
+        extra[ne++] = s_slisten;
+    }
+    if (L->status_file) {
+        snprintf(s_sfile, sizeof(s_sfile), "status.file=%s/status.json", nd->data);
+        extra[ne++] = s_sfile;
+    }
+    char **argv = check_config_argv(L, extra, ne);
+    if (!argv)
+        return -ENOMEM;
+    char what[64], *dump = NULL;
+    snprintf(what, sizeof(what), "config of %s: dsnode check-config", nd->name);
+    int ret = run_dsnode(L, argv, what, &dump);
+    free(argv);
+    if (ret < 0)
+        return -EINVAL;
+    if (mkdir(nd->data, 0755) < 0 && errno != EEXIST) {
+        fprintf(stderr, "dslaunch: cannot create %s: %s\n", nd->data, strerror(errno));
+        free(dump);
+        return -errno;
+    }
+    FILE *f = fopen(nd->conf, "w");
+    int ok = f != NULL;
+    if (ok) {
+        fprintf(f, "; %s: written by dslaunch local from %s", nd->name, L->config);
+        for (int i = 0; i < L->nsets; i++)
+            fprintf(f, " --set %s", L->sets[i]);
+        fprintf(f, "\n; (dsnode check-config output with this node's keys)\n");
+        fputs(dump, f);
+        ok = !ferror(f);
+        ok = fclose(f) == 0 && ok;
+    }
+    if (!ok)
+        fprintf(stderr, "dslaunch: cannot write %s: %s\n", nd->conf, strerror(errno));
+    free(dump);
+    return ok ? 0 : -EIO;
+}
+
+/* ---- running nodes ------------------------------------------------------------------ */
+
+static void node_init(struct launch *L, int i)
+{
+    struct node *nd = &L->nodes[i];
+    snprintf(nd->name, sizeof(nd->name), "n%d", i);
+    snprintf(nd->conf, sizeof(nd->conf), "%s/%s.ini", L->dir, nd->name);
+    snprintf(nd->key, sizeof(nd->key), "%s/%s.key", L->dir, nd->name);
+    snprintf(nd->data, sizeof(nd->data), "%s/%s", L->dir, nd->name);
+    snprintf(nd->logp, sizeof(nd->logp), "%s/%s.log", L->dir, nd->name);
+    snprintf(nd->model, sizeof(nd->model), "%s/%s/model.bin", L->dir, nd->name);
+    nd->fd[0] = nd->fd[1] = -1;
+    nd->added_at = -1;
+    nd->state = NODE_PENDING;
+}
+
+static int start_node(struct launch *L, struct node *nd)
+{
+    char err[512];
+    nd->log = fopen(nd->logp, "w");
+    if (!nd->log) {
+        say(L, "cannot write %s: %s", nd->logp, strerror(errno));
+        return -errno;
+    }
+    /* Line-buffered: `tail -f DIR/nI.log` follows the node live. */
+    setvbuf(nd->log, NULL, _IOLBF, 0);
+    char *argv[] = {L->dsnode, "run", "--config", nd->conf, NULL};
+    pid_t pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
+    if (pid < 0) {
+        say(L, "%s: %s", nd->name, err);
+        fclose(nd->log);
+        nd->log = NULL;
+        return (int)pid;
+    }
+    nd->pid = pid;
+    nd->state = NODE_RUNNING;
+    nd->t_start = now_ms();
+    L->dirty = 1;
+    return 0;
+}
+
+static void begin_stop(struct launch *L, const char *why)
+{
+    if (L->stopping)
+        return;
+    L->stopping = 1;
+    L->stop_reason = why;
+    L->kill_at = now_ms() + GRACE_MS;
+    int sent = 0;
+    for (int i = 0; i < L->started; i++) {
+        struct node *nd = &L->nodes[i];
+        if (nd->state == NODE_RUNNING && !nd->reaped) {
+            kill(nd->pid, SIGTERM);
+            sent++;
+        }
+    }
+    for (int k = 0; k < L->nadd; k++)
+        if (!L->add[k].fired)
+            L->add[k].abandoned = 1;
+    if (sent)
+        say(L, "stopping (%s): SIGTERM to %d node%s, SIGKILL after %d s", why, sent,
+            sent == 1 ? "" : "s", GRACE_MS / 1000);
+}
+
+static void kill_hard(struct launch *L)
+{
+    int sent = 0;
+    for (int i = 0; i < L->started; i++) {
+        struct node *nd = &L->nodes[i];
+        if (nd->state == NODE_RUNNING && !nd->reaped) {
+            kill(nd->pid, SIGKILL);
+            sent++;
+        }
+    }
+    L->killed_hard = 1;
+    if (sent)
+        say(L, "SIGKILL to %d node%s still running", sent, sent == 1 ? "" : "s");
+}
+
+static void handle_line(struct launch *L, struct node *nd, int is_err, char *line)
+{
+    if (nd->log && !nd->log_failed) {
+        if (fprintf(nd->log, "%s\n", line) < 0) {
+            nd->log_failed = 1;
+            say(L, "%s: cannot write %s: %s; its log is incomplete", nd->name, nd->logp,
+                strerror(errno));
+        }
+    }
+    if (!is_err) {
+        if (!strncmp(line, "summary ", 8) && !nd->have_summary) {
+            ds_kv_parse(line + 8, &nd->summary);
+            nd->have_summary = 1;
+        }
+        return;
+    }
+    char copy[LINE_MAX_];
+    snprintf(copy, sizeof(copy), "%s", line);
+    ds_logline ll;
+    if (ds_logline_split(copy, &ll) < 0)
+        return;
+    ds_kvline kv;
+    double v;
+    if (!strcmp(ll.component, "train") && ds_kv_parse(ll.msg, &kv) > 0 &&
+        ds_kv_get_double(&kv, "step", &v) == 0 && ds_kv_get(&kv, "loss")) {
+        nd->step = (int64_t)v;
+        ds_kv_get_double(&kv, "loss", &nd->loss);
+        ds_kv_get_double(&kv, "samples_per_s", &nd->sps);
+        nd->have_train = 1;
+        L->dirty = 1;
+    } else if (!strcmp(ll.component, "eval") && ds_kv_parse(ll.msg, &kv) > 0 &&
+               ds_kv_get_double(&kv, "test_acc", &v) == 0) {
+        nd->test_acc = v;
+        nd->have_eval = 1;
+        if (ds_kv_get_double(&kv, "step", &v) == 0 && (int64_t)v > nd->step)
+            nd->step = (int64_t)v;
+        L->dirty = 1;
+    }
+    /* Errors always reach the user; warnings unless we are stopping (then
+     * every node says it is stopping, which the user knows). */
+    int fwd = !strcmp(ll.level, "error") || (!strcmp(ll.level, "warn") && !L->stopping);
+    if (fwd && nd->forwarded < FORWARD_MAX) {
+        say(L, "%s %s %s: %s", nd->name, ll.level, ll.component, ll.msg);
+        if (++nd->forwarded == FORWARD_MAX)
+            say(L, "%s: further warnings only in %s", nd->name, nd->logp);
+    }
+}
+
+/* Read what a pipe has; split lines. Returns 0 at EOF (fd closed), 1 open. */
+static int read_pipe(struct launch *L, struct node *nd, int which)
+{
+    struct linebuf *b = &nd->lb[which];
+    for (;;) {
+        ssize_t r = read(nd->fd[which], b->buf + b->len, sizeof(b->buf) - 1 - b->len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 1;
+        if (r <= 0) {
+            if (b->len) { /* a last line without newline */
+                b->buf[b->len] = '\0';
+                handle_line(L, nd, which == 1, b->buf);
+                b->len = 0;
+            }
+            close(nd->fd[which]);
+            nd->fd[which] = -1;
+            return 0;
+        }
+        b->len += (size_t)r;
+        size_t start = 0;
+        for (size_t i = 0; i < b->len; i++)
+            if (b->buf[i] == '\n') {
+                b->buf[i] = '\0';
+                handle_line(L, nd, which == 1, b->buf + start);
+                start = i + 1;
+            }
+        memmove(b->buf, b->buf + start, b->len - start);
+        b->len -= start;
+        if (b->len == sizeof(b->buf) - 1) { /* a line longer than the buffer: cut */
+            b->buf[b->len] = '\0';
+            handle_line(L, nd, which == 1, b->buf);
+            b->len = 0;
+        }
+    }
+}
+
+static void node_finish(struct launch *L, struct node *nd)
+{
+    for (int w = 0; w < 2; w++)
+        if (nd->fd[w] >= 0) {
+            close(nd->fd[w]);
+            nd->fd[w] = -1;
+        }
+    if (nd->log) {
+        if (fclose(nd->log) != 0 && !nd->log_failed)
+            say(L, "%s: cannot write %s: %s", nd->name, nd->logp, strerror(errno));
+        nd->log = NULL;
+    }
+    nd->state = NODE_DONE;
+    nd->t_end = now_ms();
+    char st[48];
+    const char *acc = nd->have_summary ? ds_kv_get(&nd->summary, "test_acc") : NULL;
+    const char *steps = nd->have_summary ? ds_kv_get(&nd->summary, "steps") : NULL;
+    if (nd->exit_code != 0 || !L->tty)
+        say(L, "%s exited: %s, steps %s, test_acc %s%s%s", nd->name,
+            node_state_text(nd, st, sizeof(st)), steps ? steps : "?", acc ? acc : "?",
+            nd->exit_code && !L->stopping ? "; log: " : "",
+            nd->exit_code && !L->stopping ? nd->logp : "");
+    L->dirty = 1;
+}
+
+static void reap(struct launch *L)
+{
+    const int64_t t = now_ms();
+    for (int i = 0; i < L->started; i++) {
+        struct node *nd = &L->nodes[i];
+        if (nd->state != NODE_RUNNING)
+            continue;
+        if (!nd->reaped) {
+            int ws;
+            pid_t r = waitpid(nd->pid, &ws, WNOHANG);
+            if (r == nd->pid) {
+                nd->reaped = 1;
+                nd->exit_code = ds_proc_exit_code(ws);
+                nd->t_reaped = t;
+            } else if (r < 0 && errno == ECHILD) { /* cannot happen; do not spin */
+                nd->reaped = 1;
+                nd->exit_code = 255;
+                nd->t_reaped = t;
+            }
+        }
+        /* Done once reaped and its pipes are drained; a pipe someone else
+         * still holds open is given up after DRAIN_MS. */
+        if (nd->reaped && ((nd->fd[0] < 0 && nd->fd[1] < 0) || t - nd->t_reaped > DRAIN_MS))
+            node_finish(L, nd);
+    }
+}
+
+/* Start the nodes of add-at trigger k, seeded with the running nodes. */
+static int fire_add(struct launch *L, int k)
+{
+    int cand[MAX_NODES], nc = 0;
+    for (int i = 0; i < L->started; i++)
+        if (L->nodes[i].state == NODE_RUNNING && !L->nodes[i].reaped)
+            cand[nc++] = i;
+    L->add[k].fired = 1;
+    say(L, "--add-at %lld:%d: slowest running node at step %lld; starting %d node%s",
+        (long long)L->add[k].step, L->add[k].count, (long long)L->add[k].step, L->add[k].count,
+        L->add[k].count == 1 ? "" : "s");
+    for (int c = 0; c < L->add[k].count; c++) {
+        struct node *nd = &L->nodes[L->started];
+        char seeds[600];
+        seeds_text(L, L->started, cand, nc, seeds, sizeof(seeds));
+        erase_block(L);
+        if (write_node_config(L, nd, seeds) < 0)
+            return -EINVAL;
+        nd->added_at = L->add[k].step;
+        if (start_node(L, nd) < 0)
+            return -EIO;
+        L->started++;
+    }
+    return 0;
+}
+
+static void check_add(struct launch *L)
+{
+    if (L->stopping)
+        return;
+    for (int k = 0; k < L->nadd; k++) {
+        if (L->add[k].fired || L->add[k].abandoned)
+            continue;
+        int64_t slowest = INT64_MAX;
+        for (int i = 0; i < L->started; i++) {
+            const struct node *nd = &L->nodes[i];
+            if (nd->state == NODE_RUNNING && !nd->reaped && nd->step < slowest)
+                slowest = nd->step;
+        }
+        if (slowest == INT64_MAX) { /* nobody left running: it can never fire */
+            L->add[k].abandoned = 1;
+            say(L, "--add-at %lld:%d not done: no node is running any more",
+                (long long)L->add[k].step, L->add[k].count);
+            continue;
+        }
+        if (slowest < L->add[k].step)
+            break; /* sorted by step: later ones wait too */
+        if (fire_add(L, k) < 0) {
+            L->failed_self = 1;
+            begin_stop(L, "cannot start the added nodes");
+            return;
+        }
+    }
+}
+
+/* The signals dslaunch stops on, by name. */
+static const char *sig_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "signal";
+}
+
+static int any_running(const struct launch *L)
+{
+    for (int i = 0; i < L->started; i++)
+        if (L->nodes[i].state == NODE_RUNNING)
+            return 1;
+    return 0;
+}
+
+static void loop(struct launch *L)
+{
+    struct pollfd *p = calloc((size_t)(1 + 2 * L->total), sizeof(*p));
+    int *who = calloc((size_t)(1 + 2 * L->total), sizeof(int));
+    if (!p || !who) {
+        free(p);
+        free(who);
+        L->failed_self = 1;
+        begin_stop(L, "out of memory");
+        /* Without the arrays we cannot read the pipes: kill, then reap. */
+        kill_hard(L);
+        for (int i = 0; i < L->started; i++)
+            if (L->nodes[i].state == NODE_RUNNING) {
+                int ws;
+                if (!L->nodes[i].reaped) {
+                    while (waitpid(L->nodes[i].pid, &ws, 0) < 0 && errno == EINTR)
+                        ;
+                    L->nodes[i].exit_code = ds_proc_exit_code(ws);
+                    L->nodes[i].reaped = 1;
+                }
+                node_finish(L, &L->nodes[i]);
+            }
+        return;
+    }
+    const int64_t deadline = L->timeout_s > 0 ? L->t0 + (int64_t)(L->timeout_s * 1000) : 0;
+    while (any_running(L)) {
+        int np = 0;
+        p[np].fd = L->sigfd;
+        p[np].events = POLLIN;
+        who[np++] = -1;
+        for (int i = 0; i < L->started; i++)
+            for (int w = 0; w < 2; w++)
+                if (L->nodes[i].fd[w] >= 0) {
+                    p[np].fd = L->nodes[i].fd[w];
+                    p[np].events = POLLIN;
+                    who[np++] = 2 * i + w;
+                }
+        const int64_t t = now_ms();
+        int64_t wait = L->tty ? 250 : 1000;
+        if (deadline && !L->stopping && deadline - t < wait)
+            wait = deadline - t;
+        if (L->kill_at && !L->killed_hard && L->kill_at - t < wait)
+            wait = L->kill_at - t;
+        if (wait < 0)
+            wait = 0;
+        int r = poll(p, (nfds_t)np, (int)wait);
+        if (r < 0 && errno != EINTR) {
+            L->failed_self = 1;
+            say(L, "poll: %s", strerror(errno));
+            begin_stop(L, "internal error");
+            kill_hard(L);
+        }
+        for (int k = 0; r > 0 && k < np; k++) {
+            if (!p[k].revents)
+                continue;
+            if (who[k] < 0) {
+                int sig = take_signals(L);
+                if (sig && L->stopping) {
+                    /* A signal while already stopping: the user does not
+                     * want to wait for the grace period. */
+                    if (!L->stop_signal)
+                        L->stop_signal = sig;
+                    say(L, "%s while stopping: killing every node now", sig_name(sig));
+                    kill_hard(L);
+                } else if (sig) {
+                    L->stop_signal = sig;
+                    begin_stop(L, sig_name(sig));
+                }
+                continue;
+            }
+            read_pipe(L, &L->nodes[who[k] / 2], who[k] % 2);
+        }
+        reap(L);
+        check_add(L);
+        const int64_t t2 = now_ms();
+        if (deadline && !L->stopping && t2 >= deadline) {
+            say(L, "--timeout %g s reached", L->timeout_s);
+            begin_stop(L, "timeout");
+        }
+        if (L->kill_at && !L->killed_hard && t2 >= L->kill_at)
+            kill_hard(L);
+        if (L->tty) {
+            if (L->dirty && t2 - L->last_draw >= 200)
+                draw_block(L);
+            else if (t2 - L->last_draw >= 1000)
+                draw_block(L);
+        } else if (t2 - L->last_status >= STATUS_EVERY_MS && any_running(L)) {
+            status_line(L);
+        }
+    }
+    for (int k = 0; k < L->nadd; k++)
+        if (!L->add[k].fired && !L->add[k].abandoned)
+            L->add[k].abandoned = 1;
+    erase_block(L);
+    free(p);
+    free(who);
+}
+
+/* ---- report ---------------------------------------------------------------------------- */
+
+static void json_summary_field(FILE *f, const struct node *nd, const char *key)
+{
+    const char *v = nd->have_summary ? ds_kv_get(&nd->summary, key) : NULL;
+    fprintf(f, ", \"%s\": ", key);
+    if (v)
+        ds_json_text_or_num(f, v);
+    else
+        fputs("null", f);
+}
+
+static const char *node_status(const struct node *nd)
+{
+    const char *st = nd->have_summary ? ds_kv_get(&nd->summary, "status") : NULL;
+    return st ? st : nd->exit_code > 128 ? "killed" : "failed";
+}
+
+static const char *summary_or_dash(const struct node *nd, const char *key)
+{
+    const char *v = nd->have_summary ? ds_kv_get(&nd->summary, key) : NULL;
+    return v ? v : "-";
+}
+
+static int report(struct launch *L, int exit_status)
+{
+    /* consensus distance */
+    const char **paths = calloc((size_t)(L->started + 1), sizeof(char *));
+    int *mst = calloc((size_t)(L->started + 1), sizeof(int));
+    ds_consensus cons = {0, 0, NAN, NAN, NAN};
+    if (!paths || !mst) {
+        fprintf(stderr, "dslaunch: out of memory\n");
+        exit_status = exit_status ? exit_status : 1;
+    } else {
+        for (int i = 0; i < L->started; i++)
+            paths[i] = access(L->nodes[i].model, F_OK) == 0 ? L->nodes[i].model : NULL;
+        if (ds_consensus_compute(paths, L->started, mst, &cons, stderr) < 0)
+            fprintf(stderr, "dslaunch: could not compute the consensus distance\n");
+    }
+    const double wall = (now_ms() - L->t0) / 1e3;
+
+    printf("%-6s %4s  %-8s %8s %8s %10s %12s %14s\n", "node", "exit", "status", "steps",
+           "test_acc", "samples/s", "bytes_sent", "bytes_received");
+    double acc_sum = 0;
+    int acc_n = 0;
+    for (int i = 0; i < L->started; i++) {
+        const struct node *nd = &L->nodes[i];
+        printf("%-6s %4d  %-8s %8s %8s %10s %12s %14s%s\n", nd->name, nd->exit_code,
+               node_status(nd), summary_or_dash(nd, "steps"), summary_or_dash(nd, "test_acc"),
+               summary_or_dash(nd, "samples_per_s"), summary_or_dash(nd, "bytes_sent"),
+               summary_or_dash(nd, "bytes_received"), nd->added_at >= 0 ? "  (added)" : "");
+        double a;
+        if (nd->have_summary && ds_kv_get_double(&nd->summary, "test_acc", &a) == 0 && a >= 0) {
+            acc_sum += a;
+            acc_n++;
+        }
+    }
+    if (cons.n_models >= 2 && isfinite(cons.rel))
+        printf("consensus distance (relative: mean over nodes of ||theta_i - mean||_2 / "
+               "||mean||_2; %d models of %llu parameters): %.6g\n",
+               cons.n_models, (unsigned long long)cons.n_params, cons.rel);
+    else if (cons.n_models >= 2)
+        printf("consensus distance: the mean model is zero; absolute distance %.6g\n", cons.abs);
+    else
+        printf("consensus distance: not defined (%d final model%s readable)\n", cons.n_models,
+               cons.n_models == 1 ? "" : "s");
+    if (acc_n)
+        printf("mean test accuracy: %.4f over %d node%s\n", acc_sum / acc_n, acc_n,
+               acc_n == 1 ? "" : "s");
+    for (int k = 0; k < L->nadd; k++)
+        if (L->add[k].abandoned)
+            printf("--add-at %lld:%d: not done (the run ended before every running node reached "
+                   "step %lld)\n", (long long)L->add[k].step, L->add[k].count,
+                   (long long)L->add[k].step);
+    printf("wall %.1f s; configs, keys, logs and models in %s\n", wall, L->dir);
+
+    if (L->json) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (!f) {
+            fprintf(stderr, "dslaunch: out of memory\n");
+        } else {
+            fputs("{\"nodes\": {", f);
+            for (int i = 0; i < L->started; i++) {
+                const struct node *nd = &L->nodes[i];
+                fprintf(f, "%s", i ? ", " : "");
+                ds_json_str(f, nd->name);
+                fprintf(f, ": {\"exit_status\": %d, \"status\": ", nd->exit_code);
+                ds_json_str(f, node_status(nd));
+                static const char *const fixed[] = {"steps", "test_acc", "bytes_sent",
+                                                    "bytes_received"};
+                for (size_t k = 0; k < sizeof(fixed) / sizeof(fixed[0]); k++)
+                    json_summary_field(f, nd, fixed[k]);
+                /* every other summary key, as dsnode wrote it */
+                for (int k = 0; nd->have_summary && k < nd->summary.n; k++) {
+                    const char *key = nd->summary.key[k];
+                    int skip = !strcmp(key, "node") || !strcmp(key, "status");
+                    for (size_t j = 0; j < sizeof(fixed) / sizeof(fixed[0]); j++)
+                        skip |= !strcmp(key, fixed[j]);
+                    if (skip)
+                        continue;
+                    fputs(", ", f);
+                    ds_json_str(f, key);
+                    fputs(": ", f);
+                    ds_json_text_or_num(f, nd->summary.val[k]);
+                }
+                fprintf(f, ", \"pid\": %d, \"added_at_step\": ", (int)nd->pid);
+                if (nd->added_at >= 0)
+                    fprintf(f, "%lld", (long long)nd->added_at);
+                else
+                    fputs("null", f);
+                fputs(", \"model\": ", f);
+                if (mst && mst[i] == 0)
+                    ds_json_str(f, nd->model);
+                else
+                    fputs("null", f);
+                fputs(", \"log\": ", f);
+                ds_json_str(f, nd->logp);
+                fputs("}", f);
+            }
+            fputs("}, \"consensus_distance\": ", f);
+            ds_json_num(f, cons.n_models >= 2 ? cons.rel : NAN);
+            fputs(", \"consensus_distance_abs\": ", f);
+            ds_json_num(f, cons.n_models >= 2 ? cons.abs : NAN);
+            fprintf(f, ", \"consensus_models\": %d, \"mean_test_acc\": ", cons.n_models);
+            ds_json_num(f, acc_n ? acc_sum / acc_n : NAN);
+            fputs(", \"wall_s\": ", f);
+            ds_json_num(f, wall);
+            fputs(", \"out_dir\": ", f);
+            ds_json_str(f, L->dir);
+            fputs(", \"stopped_by\": ", f);
+            if (L->stopping)
+                ds_json_str(f, L->stop_reason);
+            else
+                fputs("null", f);
+            fprintf(f, ", \"exit_status\": %d}\n", exit_status);
+            if (fclose(f) == 0)
+                fwrite(buf, 1, len, stdout);
+            else
+                fprintf(stderr, "dslaunch: out of memory\n");
+            free(buf);
+        }
+    }
+    fflush(stdout);
+    free(paths);
+    free(mst);
+    return exit_status;
+}
+
+/* ---- the command ------------------------------------------------------------------------ */
+
+static int final_status(const struct launch *L)
+{
+    if (L->stop_signal)
+        return 128 + L->stop_signal;
+    int bad = L->failed_self || (L->stopping && L->stop_reason);
+    for (int i = 0; i < L->started; i++)
+        bad |= L->nodes[i].exit_code != 0;
+    for (int k = 0; k < L->nadd; k++)
+        bad |= L->add[k].abandoned;
+    bad |= L->started < L->total && !L->stopping; /* cannot happen; be safe */
+    return bad ? 1 : 0;
+}
+
+static void raise_fd_limit(int nodes)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (rlim_t)(3 * nodes + 64)) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
+{
+    struct launch *L = calloc(1, sizeof(*L));
+    int ret, status = 2;
+    if (!L) {
+        fprintf(stderr, "dslaunch: out of memory\n");
+        return 1;
+    }
+    L->sigfd = -1;
+    L->t0 = now_ms();
+    ret = parse_args(L, argc, argv);
+    if (ret != 0) {
+        status = ret > 0 ? 0 : 2;
+        goto free_launch;
+    }
+
+    /* Signals: from here on, read through a signalfd. SIGPIPE is ignored so
+     * that a closed stdout is a write error, not our death (the nodes get it
+     * back at SIG_DFL in proc.c). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGWINCH);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    L->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (L->sigfd < 0) {
+        fprintf(stderr, "dslaunch: signalfd: %s\n", strerror(errno));
+        status = 1;
+        goto free_launch;
+    }
+    const char *term = getenv("TERM");
+    L->tty = isatty(2) && term && strcmp(term, "dumb") != 0;
+    term_size(L);
+    raise_fd_limit(L->total);
+
+    if (find_dsnode(L, self_exe_dir) < 0 || check_base(L) < 0)
+        goto close_sigfd;
+    L->nodes = calloc((size_t)L->total, sizeof(struct node));
+    if (!L->nodes) {
+        fprintf(stderr, "dslaunch: out of memory\n");
+        status = 1;
+        goto close_sigfd;
+    }
+    if (make_run_dir(L) < 0)
+        goto free_nodes;
+    for (int i = 0; i < L->total; i++)
+        node_init(L, i);
+    if (choose_ports(L) < 0)
+        goto free_nodes;
+    status = 1;
+    if ((ret = make_keys(L)) < 0) {
+        if (ret == -EINTR)
+            status = 130;
+        goto free_nodes;
+    }
+    int initial[MAX_NODES];
+    for (int i = 0; i < L->n; i++)
+        initial[i] = i;
+    for (int i = 0; i < L->n; i++) {
+        char seeds[600];
+        seeds_text(L, i, initial, L->n, seeds, sizeof(seeds));
+        if (write_node_config(L, &L->nodes[i], seeds) < 0) {
+            status = 2;
+            goto free_nodes;
+        }
+    }
+    int sig = take_signals(L);
+    if (sig) {
+        fprintf(stderr, "dslaunch: interrupted before the nodes started\n");
+        status = 128 + sig;
+        goto free_nodes;
+    }
+    fprintf(stderr, "dslaunch: %d node%s, run directory %s, ports from %d, dsnode %s\n", L->n,
+            L->n == 1 ? "" : "s", L->dir, L->nodes[0].port, L->dsnode);
+    L->t0 = L->last_status = now_ms();
+    for (int i = 0; i < L->n; i++) {
+        if (start_node(L, &L->nodes[i]) < 0) {
+            L->failed_self = 1;
+            begin_stop(L, "a node could not be started");
+            break;
+        }
+        L->started++;
+    }
+    loop(L);
+    status = report(L, final_status(L));
+
+free_nodes:
+    for (int i = 0; L->nodes && i < L->started; i++) {
+        /* loop() reaped every started node; close what it left open. */
+        if (L->nodes[i].log)
+            fclose(L->nodes[i].log);
+        for (int w = 0; w < 2; w++)
+            if (L->nodes[i].fd[w] >= 0)
+                close(L->nodes[i].fd[w]);
+    }
+    free(L->nodes);
+close_sigfd:
+    close(L->sigfd);
+free_launch:
+    free(L);
+    return status;
+}

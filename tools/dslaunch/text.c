@@ -1,0 +1,199 @@
+/*
+ * tools/dslaunch/text.c: reading dsnode's lines and writing JSON.
+ *
+ * dsnode talks to launchers in text: log lines on stderr
+ *   2026-12-02T16:43:23.628Z info n3 train step=200 loss=0.6894 ...
+ * and one summary line on stdout
+ *   summary node=n3 status=done steps=3000 loss=0.35 test_acc=0.8700 ...
+ * Both end in key=value tokens. dslaunch reads those generically, by key, and
+ * never by position, so a field that dsnode adds later is carried through to
+ * the JSON report unchanged and a field it drops becomes null rather than a
+ * parse failure. Nothing here trusts the text: values are cut to a fixed
+ * size, numbers are accepted only when the whole value is one, and every
+ * string that reaches the JSON output is escaped to plain ASCII.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/dslaunch/dslaunch.h"
+
+static int is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+int ds_kv_parse(const char *text, ds_kvline *out)
+{
+    out->n = 0;
+    const char *p = text;
+    while (*p) {
+        while (is_blank(*p))
+            p++;
+        if (!*p)
+            break;
+        const char *tok = p;
+        while (*p && !is_blank(*p))
+            p++;
+        const size_t len = (size_t)(p - tok);
+        const char *eq = memchr(tok, '=', len);
+        if (!eq || eq == tok || (size_t)(eq - tok) >= DS_KV_KEY_MAX || out->n >= DS_KV_MAX)
+            continue;
+        const size_t klen = (size_t)(eq - tok);
+        char key[DS_KV_KEY_MAX];
+        memcpy(key, tok, klen);
+        key[klen] = '\0';
+        if (ds_kv_get(out, key))
+            continue; /* first value wins */
+        size_t vlen = len - klen - 1;
+        if (vlen >= DS_KV_VAL_MAX)
+            vlen = DS_KV_VAL_MAX - 1;
+        memcpy(out->key[out->n], key, klen + 1);
+        memcpy(out->val[out->n], eq + 1, vlen);
+        out->val[out->n][vlen] = '\0';
+        out->n++;
+    }
+    return out->n;
+}
+
+const char *ds_kv_get(const ds_kvline *l, const char *key)
+{
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->key[i], key))
+            return l->val[i];
+    return NULL;
+}
+
+int ds_kv_get_double(const ds_kvline *l, const char *key, double *out)
+{
+    const char *v = ds_kv_get(l, key);
+    if (!v)
+        return -ENOENT;
+    /* strtod also takes hex, inf and nan; a JSON number is the plain
+     * decimal form dsnode writes, so require that grammar first. */
+    if (!ds_json_is_number(v))
+        return -EINVAL;
+    char *end;
+    double d = strtod(v, &end);
+    if (*end || !isfinite(d))
+        return -EINVAL;
+    *out = d;
+    return 0;
+}
+
+static char *next_field(char *p, char **field)
+{
+    while (*p == ' ')
+        p++;
+    if (!*p)
+        return NULL;
+    *field = p;
+    while (*p && *p != ' ')
+        p++;
+    return p;
+}
+
+int ds_logline_split(char *line, ds_logline *out)
+{
+    char *f[4];
+    char *ends[4];
+    char *p = line;
+    for (int i = 0; i < 4; i++) {
+        if (!(p = next_field(p, &f[i])))
+            return -EINVAL;
+        ends[i] = p;
+    }
+    if (f[0][0] < '0' || f[0][0] > '9')
+        return -EINVAL;
+    static const char *const levels[] = {"error", "warn", "info", "debug"};
+    int ok = 0;
+    for (int i = 0; i < 4; i++)
+        if ((size_t)(ends[1] - f[1]) == strlen(levels[i]) &&
+            !strncmp(f[1], levels[i], strlen(levels[i])))
+            ok = 1;
+    if (!ok)
+        return -EINVAL;
+    char *rest = ends[3];
+    while (*rest == ' ')
+        rest++;
+    for (int i = 1; i < 4; i++)
+        *ends[i] = '\0';
+    out->level = f[1];
+    out->node = f[2];
+    out->component = f[3];
+    out->msg = rest; /* "" when the component ended the line */
+    return 0;
+}
+
+/* ---- JSON -------------------------------------------------------------------- */
+
+void ds_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20 || *p >= 0x7f)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+void ds_json_num(FILE *f, double v)
+{
+    if (!isfinite(v)) {
+        fputs("null", f);
+        return;
+    }
+    /* %.10g never writes a form JSON refuses ("1e+05" is valid JSON, and
+     * finite values have no inf/nan). */
+    fprintf(f, "%.10g", v);
+}
+
+int ds_json_is_number(const char *s)
+{
+    const char *p = s;
+    if (*p == '-')
+        p++;
+    if (*p == '0')
+        p++;
+    else if (*p >= '1' && *p <= '9')
+        while (*p >= '0' && *p <= '9')
+            p++;
+    else
+        return 0;
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9')
+            return 0;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (*p < '0' || *p > '9')
+            return 0;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    return *p == '\0';
+}
+
+void ds_json_text_or_num(FILE *f, const char *s)
+{
+    if (ds_json_is_number(s))
+        fputs(s, f);
+    else
+        ds_json_str(f, s);
+}

@@ -5,7 +5,9 @@
 #ifndef DS_NODE_DSNODE_H
 #define DS_NODE_DSNODE_H
 
+#include "node/crypto.h"
 #include "node/log.h"
 #include "node/train.h"
+#include "node/wire.h"
 
 #endif

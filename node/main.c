@@ -17,6 +17,7 @@
 #include "conf/conf.h"
 #include "kernels/cpu.h"
 #include "kernels/kernels.h"
+#include "node/keygen.h"
 #include "node/log.h"
 #include "node/run.h"
 
@@ -135,6 +136,8 @@ int main(int argc, char **argv)
         ds_conf_help(stdout);
         return 0;
     }
+    if (!strcmp(cmd, "keygen"))
+        return ds_keygen_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "check-config"))
         return cmd_check_config(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) {

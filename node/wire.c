@@ -551,6 +551,15 @@ static inline size_t pad4(size_t n)
     return (n + 3) & ~(size_t)3;
 }
 
+/* Inline (no -mpopcnt: the builtin would be a libgcc call per word). */
+static inline uint64_t popcount64(uint64_t x)
+{
+    x = x - ((x >> 1) & 0x5555555555555555ull);
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+    return (x * 0x0101010101010101ull) >> 56;
+}
+
 static size_t bitmap_bytes(uint32_t seg_len)
 {
     return 4 * (((size_t)seg_len + 31) / 32);
@@ -561,17 +570,21 @@ int ds_wire_idx_sizes(uint32_t seg_len, const uint32_t *idx, uint32_t count, siz
 {
     if (count > seg_len || (count && !idx && count != seg_len))
         return -EINVAL;
-    size_t var = 0;
-    if (idx) {
-        int64_t prev = -1;
-        for (uint32_t i = 0; i < count; i++) {
-            if ((int64_t)idx[i] <= prev || idx[i] >= seg_len)
-                return -EINVAL;
-            var += varint_len((uint32_t)((int64_t)idx[i] - prev - 1));
-            prev = idx[i];
+    size_t var = count; /* dense 0..n-1: every gap is 0, one byte each */
+    if (idx && count) {
+        /* Branch-free so it vectorises: strictly increasing and the last
+         * index inside the segment implies all are. A wrapped gap (from an
+         * index out of order) is counted harmlessly before the -EINVAL. */
+        uint32_t bad = 0, extra = 0;
+        for (uint32_t i = 1; i < count; i++) {
+            const uint32_t gap = idx[i] - idx[i - 1] - 1;
+            bad |= (uint32_t)(idx[i] <= idx[i - 1]);
+            extra += (gap >= (1u << 7)) + (gap >= (1u << 14)) + (gap >= (1u << 21)) +
+                     (gap >= (1u << 28));
         }
-    } else {
-        var = count; /* 0..n-1: every gap is 0, one byte each */
+        if (bad || idx[count - 1] >= seg_len)
+            return -EINVAL;
+        var = (size_t)count + extra + varint_len(idx[0]) - 1;
     }
     sizes[DS_IDX_DENSE] = count == seg_len ? 0 : SIZE_MAX;
     sizes[DS_IDX_RAW] = (size_t)count * 4;
@@ -589,9 +602,10 @@ int ds_wire_idx_sizes(uint32_t seg_len, const uint32_t *idx, uint32_t count, siz
     return 0;
 }
 
-/* Writes the index block (exactly `bytes` long, zero padding included). */
-static void idx_write(uint8_t *p, size_t bytes, enum ds_idx_enc enc, uint32_t seg_len,
-                      const uint32_t *idx, uint32_t count)
+/* Writes the index block (exactly `bytes` long, zero padding included);
+ * `room` bytes from p may be scribbled on (the values follow). */
+static void idx_write(uint8_t *p, size_t bytes, size_t room, enum ds_idx_enc enc,
+                      uint32_t seg_len, const uint32_t *idx, uint32_t count)
 {
     switch (enc) {
     case DS_IDX_DENSE:
@@ -602,12 +616,34 @@ static void idx_write(uint8_t *p, size_t bytes, enum ds_idx_enc enc, uint32_t se
             ds_put32(p + 4 * (size_t)i, idx ? idx[i] : i);
         break;
     case DS_IDX_VARINT: {
+        /* room: bytes writable from p (the values follow the block and are
+         * written afterwards), so a varint can be stored as one u64. */
         size_t o = 0;
         int64_t prev = -1;
         for (uint32_t i = 0; i < count; i++) {
             uint32_t cur = idx ? idx[i] : i;
             uint32_t v = (uint32_t)((int64_t)cur - prev - 1);
             prev = cur;
+            if (v < 0x80) { /* one byte: the common case */
+                p[o++] = (uint8_t)v;
+                continue;
+            }
+            if (v < 0x4000) {
+                p[o] = (uint8_t)(v | 0x80);
+                p[o + 1] = (uint8_t)(v >> 7);
+                o += 2;
+                continue;
+            }
+            if (o + 8 <= room) {
+                const unsigned len = varint_len(v);
+                const uint64_t x = (uint64_t)(v & 0x7f) | (uint64_t)((v >> 7) & 0x7f) << 8 |
+                                   (uint64_t)((v >> 14) & 0x7f) << 16 |
+                                   (uint64_t)((v >> 21) & 0x7f) << 24 | (uint64_t)(v >> 28) << 32;
+                const uint64_t cont = 0x8080808080ull & (~0ull >> (64 - 8 * len) >> 8);
+                ds_put64(p + o, x | cont);
+                o += len;
+                continue;
+            }
             while (v >= 0x80) {
                 p[o++] = (uint8_t)(v | 0x80);
                 v >>= 7;
@@ -658,24 +694,52 @@ static enum ds_drop_reason idx_read(const uint8_t *blk, size_t bytes, enum ds_id
         size_t o = 0;
         uint64_t next = 0; /* smallest index the next entry may have */
         for (uint32_t i = 0; i < count; i++) {
-            uint32_t v = 0;
-            unsigned shift = 0, n = 0;
-            for (;;) {
-                if (o >= bytes || n == 5)
-                    return DS_DROP_BAD_ENCODING;
-                uint8_t b = blk[o++];
-                n++;
-                if (n == 5 && b > 0x0f)
+            uint32_t v;
+            /* One- and two-byte gaps (densities above ~0.01%) take predicted
+             * branches, so the next offset never waits for a load; longer
+             * ones are read a word at a time. */
+            if (o + 2 <= bytes && blk[o] < 0x80) {
+                v = blk[o++];
+            } else if (o + 2 <= bytes && blk[o + 1] < 0x80) {
+                if (blk[o + 1] == 0)
+                    return DS_DROP_BAD_ENCODING; /* not minimal */
+                v = (uint32_t)(blk[o] & 0x7f) | (uint32_t)blk[o + 1] << 7;
+                o += 2;
+            } else if (o + 8 <= bytes) {
+                /* The first byte without its top bit ends the varint. */
+                const uint64_t w = ds_le64(blk + o);
+                const uint64_t stop = ~w & 0x8080808080808080ull;
+                const unsigned len = stop ? ((unsigned)__builtin_ctzll(stop) >> 3) + 1 : 9;
+                if (len > 5)
                     return DS_DROP_BAD_ENCODING; /* over 32 bits */
-                v |= (uint32_t)(b & 0x7f) << shift;
-                shift += 7;
-                if (!(b & 0x80)) {
-                    if (n > 1 && b == 0)
-                        return DS_DROP_BAD_ENCODING; /* not minimal */
-                    break;
+                const uint64_t x = w & (~0ull >> (64 - 8 * len));
+                if ((len > 1 && (x >> (8 * (len - 1))) == 0) || (len == 5 && (x >> 32) > 0x0f))
+                    return DS_DROP_BAD_ENCODING; /* not minimal, or over 32 bits */
+                v = (uint32_t)((x & 0x7f) | ((x >> 1) & (0x7full << 7)) |
+                               ((x >> 2) & (0x7full << 14)) | ((x >> 3) & (0x7full << 21)) |
+                               ((x >> 4) & (0x0full << 28)));
+                o += len;
+            } else {
+                /* The last few bytes of the block, one at a time. */
+                unsigned shift = 0, n = 0;
+                v = 0;
+                for (;;) {
+                    if (o >= bytes || n == 5)
+                        return DS_DROP_BAD_ENCODING;
+                    const uint8_t b = blk[o++];
+                    n++;
+                    if (n == 5 && b > 0x0f)
+                        return DS_DROP_BAD_ENCODING; /* over 32 bits */
+                    v |= (uint32_t)(b & 0x7f) << shift;
+                    shift += 7;
+                    if (!(b & 0x80)) {
+                        if (n > 1 && b == 0)
+                            return DS_DROP_BAD_ENCODING; /* not minimal */
+                        break;
+                    }
                 }
             }
-            uint64_t x = next + v;
+            const uint64_t x = next + v;
             if (x >= seg_len)
                 return DS_DROP_INDEX_RANGE;
             out[i] = (uint32_t)x;
@@ -690,22 +754,27 @@ static enum ds_drop_reason idx_read(const uint8_t *blk, size_t bytes, enum ds_id
         return DS_DROP_NONE;
     }
     case DS_IDX_BITMAP: {
+        /* The block is whole u32 words; walk it as u64 words plus at most
+         * one trailing u32 (read as a u64 with a zero top half). */
         const size_t words = bytes / 4;
-        uint64_t pop = 0;
-        for (size_t w = 0; w < words; w++)
-            pop += (uint64_t)__builtin_popcount(ds_le32(blk + 4 * w));
         if (seg_len % 32) {
             uint32_t tail = ds_le32(blk + 4 * (words - 1));
             if (tail >> (seg_len % 32))
                 return DS_DROP_INDEX_RANGE;
         }
+        const size_t w64 = bytes / 8;
+        uint64_t pop = 0;
+        for (size_t w = 0; w < w64; w++)
+            pop += popcount64(ds_le64(blk + 8 * w));
+        if (words % 2)
+            pop += popcount64(ds_le32(blk + 8 * w64));
         if (pop != count)
             return DS_DROP_BAD_ENCODING;
         uint32_t k = 0;
-        for (size_t w = 0; w < words; w++) {
-            uint32_t bits = ds_le32(blk + 4 * w);
+        for (size_t w = 0; w < w64 + (words % 2); w++) {
+            uint64_t bits = w < w64 ? ds_le64(blk + 8 * w) : ds_le32(blk + 8 * w);
             while (bits) {
-                out[k++] = (uint32_t)(w * 32 + (size_t)__builtin_ctz(bits));
+                out[k++] = (uint32_t)(w * 64 + (size_t)__builtin_ctzll(bits));
                 bits &= bits - 1;
             }
         }
@@ -802,7 +871,7 @@ int ds_wire_encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len)
         ds_put32(p + 4, (uint32_t)ib);
         ds_put32(p + 8, s->aux);
         ds_put32(p + 12, 0);
-        idx_write(p + DS_WIRE_SPARSE_PREFIX, ib, enc, s->seg_len, s->idx, n);
+        idx_write(p + DS_WIRE_SPARSE_PREFIX, ib, ib + (size_t)n * 4, enc, s->seg_len, s->idx, n);
         rc = n ? values_write(p + DS_WIRE_SPARSE_PREFIX + ib, s->val, n) : 0;
         s->enc = (uint8_t)enc;
         h->flags |= (uint16_t)enc;

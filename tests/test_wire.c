@@ -392,6 +392,81 @@ Test(wire, sparse_choice_follows_density)
     cr_expect_eq(sizes[DS_IDX_VARINT], 104); /* 5 + 99 bytes, padded */
 }
 
+/* Gaps of every varint length (1..5 bytes), in the middle of the block
+ * (read a word at a time) and at its end (read byte by byte). */
+Test(wire, varint_every_gap_length)
+{
+    static uint32_t ix[3000];
+    static float v[3000];
+    ds_t_fill(v, 3000, 5, -1, 1);
+    uint64_t s = 99;
+    for (int trial = 0; trial < 40; trial++) {
+        uint32_t c = 0;
+        uint64_t x = ds_t_next(&s) % 5;
+        while (c < 3000) {
+            ix[c++] = (uint32_t)x;
+            /* a gap of 1..5 bytes, chosen at random */
+            static const uint64_t span[5] = {1ull << 7, 1ull << 14, 1ull << 21, 1ull << 28,
+                                             1ull << 32};
+            const unsigned k = (unsigned)(ds_t_next(&s) % 5);
+            const uint64_t lo = k ? span[k - 1] : 0;
+            x += 1 + lo + ds_t_next(&s) % (span[k] - lo);
+            if (x >= 0xfffffff0ull)
+                break;
+        }
+        const uint32_t seg_len = ix[c - 1] + 1 + (uint32_t)(ds_t_next(&s) % 3);
+        ds_wire_msg m, o;
+        hdr_fill(&m, DS_MSG_GOSSIP_REQ);
+        m.h.count = c;
+        m.u.sparse = (ds_wire_sparse){.seg_len = seg_len, .enc = DS_IDX_VARINT, .idx = ix,
+                                      .val = v};
+        lim.max_segment = UINT32_MAX;
+        roundtrip(&m, frame, sizeof(frame), &o);
+        cr_assert_eq(memcmp(o.u.sparse.idx, ix, 4 * (size_t)c), 0, "trial %d c=%u", trial, c);
+    }
+}
+
+Test(wire, varint_malformed_in_word_path)
+{
+    /* 3 indices in a 2^31 segment, with a 16-byte index block: the first
+     * varint is always read a word at a time. */
+    uint8_t f[256];
+    const size_t P = DS_WIRE_HDR_SIZE, I = P + DS_WIRE_SPARSE_PREFIX;
+    uint32_t ix[3] = {1u << 22, (1u << 22) + (1u << 29), (1u << 30) + 5};
+    float v[3] = {1, 2, 3};
+    ds_wire_msg m, o;
+    hdr_fill(&m, DS_MSG_GOSSIP_REQ);
+    m.h.count = 3;
+    m.u.sparse = (ds_wire_sparse){.seg_len = 1u << 31, .enc = DS_IDX_VARINT, .idx = ix, .val = v};
+    lim.max_segment = UINT32_MAX;
+    size_t len;
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(ds_le32(f + P + 4), 16); /* 4 + 5 + 4 bytes, padded */
+    cr_assert_eq(dec(f, len, &o), DS_DROP_NONE);
+    cr_assert_eq(o.u.sparse.idx[2], ix[2]);
+    uint8_t g[256];
+    /* 2^22 = 80 80 80 02: make it overlong, 80 80 80 82 00 */
+    memcpy(g, f, len);
+    static const uint8_t overlong[5] = {0x80, 0x80, 0x80, 0x82, 0x00};
+    memcpy(g + I, overlong, 5);
+    /* the rest of the block is now misaligned garbage; the first varint
+     * must already be refused */
+    EXPECT_DROP(g, len, DS_DROP_BAD_ENCODING);
+    static const uint8_t six[6] = {0x80, 0x80, 0x80, 0x80, 0x80, 0x01};
+    memcpy(g + I, six, 6);
+    EXPECT_DROP(g, len, DS_DROP_BAD_ENCODING);
+    static const uint8_t nine[9] = {0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80};
+    memcpy(g + I, nine, 9);
+    EXPECT_DROP(g, len, DS_DROP_BAD_ENCODING);
+    static const uint8_t over32[5] = {0x80, 0x80, 0x80, 0x80, 0x10};
+    memcpy(g + I, over32, 5);
+    EXPECT_DROP(g, len, DS_DROP_BAD_ENCODING);
+    /* a gap that lands exactly on seg_len */
+    memcpy(g, f, len);
+    ds_put32(g + P, ix[2]); /* seg_len = last index */
+    EXPECT_DROP(g, len, DS_DROP_INDEX_RANGE);
+}
+
 Test(wire, dense_without_index_buffer)
 {
     float v[10];

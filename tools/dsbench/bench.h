@@ -46,5 +46,6 @@ const char *ds_bench_tools_dir(void);
 int ds_bench_train(int argc, char **argv);
 int ds_bench_topology(int argc, char **argv);
 int ds_bench_sparsify(int argc, char **argv);
+int ds_bench_wire(int argc, char **argv);
 
 #endif

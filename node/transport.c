@@ -97,6 +97,7 @@
 #define TP_POST_BUDGET 64     /* chunks posted per loop iteration */
 #define TP_TICK_MS 100        /* longest sleep of the progress loop */
 #define TP_PROBE_MS 250       /* receive-pool watchdog period */
+#define TP_FRESH_GAP_MS 200   /* gap before the first delivery of a stream */
 #define TP_PIN_FACTOR 3       /* pinned buffers per pool: <= 3x its size */
 #define TP_MIN_CHUNK 4096u
 #define TP_MAX_CHUNK (64u << 20)
@@ -186,6 +187,7 @@ struct tp_peer {
     uint64_t inflight_bytes;
     uint64_t rx_stream, rx_next;
     uint8_t rx_resync;                /* after our reset: next seq is the base */
+    uint8_t rx_fresh;                 /* nothing delivered on this stream yet */
     uint64_t retired[TP_RETIRED];
     unsigned retired_pos;
     struct tp_rxmsg *held, *held_tail; /* sorted by seq */
@@ -1087,8 +1089,20 @@ static void deliver(ds_transport *t, uint32_t slot, uint8_t *base, const uint8_t
     (void)pooled;
     ST_ADD(t, msgs_recv, 1);
     ST_ADD(t, bytes_recv, len);
+    t->peers[slot].rx_fresh = 0;
     t->o.on_recv(t->o.cb_ctx, &msg);
     *taken = msg.taken_;
+}
+
+/* How long a hole in the order may wait. A stream we have delivered
+ * nothing from yet may be one we joined late (we removed the peer and it
+ * came back, or we started after it): its first message is then not seq 1,
+ * and waiting rx_timeout for messages we will never see would stall it;
+ * 200 ms still absorbs the reordering of its first messages. */
+static uint64_t gap_ms(const ds_transport *t, const struct tp_peer *p)
+{
+    return p->rx_fresh && TP_FRESH_GAP_MS < t->o.rx_timeout_ms ? TP_FRESH_GAP_MS
+                                                                : t->o.rx_timeout_ms;
 }
 
 /* Deliver every message at the head of the held list that is next in
@@ -1113,7 +1127,8 @@ static void deliver_ready(ds_transport *t, uint32_t slot)
     if (p->held && p->held->seq != p->rx_next && !p->gap_since_ms)
         p->gap_since_ms = ds_now_ms();
     if (p->held) {
-        uint64_t due = (p->gap_since_ms ? p->gap_since_ms : p->held->last_ms) + t->o.rx_timeout_ms;
+        uint64_t due = p->gap_since_ms ? p->gap_since_ms + gap_ms(t, p)
+                                       : p->held->last_ms + t->o.rx_timeout_ms;
         if (due < t->next_due_ms)
             t->next_due_ms = due;
         mark_busy(t, slot);
@@ -1222,6 +1237,7 @@ static uint32_t rx_peer(ds_transport *t, uint64_t stream, const uint8_t *name, s
     p->rx_stream = stream;
     p->rx_next = 1;
     p->rx_resync = 0;
+    p->rx_fresh = 1;
     t->last_stream = stream;
     t->last_slot = slot;
     if (created) {
@@ -1791,7 +1807,8 @@ static int scan_due(ds_transport *t, uint64_t now)
         if (p->held) {
             struct tp_rxmsg *h = p->held;
             uint64_t since = h->seq == p->rx_next ? h->last_ms : p->gap_since_ms;
-            if (since && since + t->o.rx_timeout_ms <= now) {
+            uint64_t wait = h->seq == p->rx_next ? t->o.rx_timeout_ms : gap_ms(t, p);
+            if (since && since + wait <= now) {
                 if (h->seq == p->rx_next) {
                     held_pop(p);
                     if (h->state == RX_PARTIAL)
@@ -1803,18 +1820,19 @@ static int scan_due(ds_transport *t, uint64_t now)
                     p->rx_next = h->seq;
                 }
                 p->gap_since_ms = 0;
-                ds_log_rl(DS_LOG_WARN, COMP, "peer %s: skipped a message after %u ms without chunks",
-                          p->addr, t->o.rx_timeout_ms);
+                ds_log_rl(DS_LOG_WARN, COMP, "peer %s: skipped a message after %" PRIu64
+                          " ms without chunks", p->addr, wait);
                 deliver_ready(t, slot);
                 work++;
             }
             if (p->held) {
                 struct tp_rxmsg *h2 = p->held;
                 uint64_t s2 = h2->seq == p->rx_next ? h2->last_ms : p->gap_since_ms;
-                if (s2 && s2 + t->o.rx_timeout_ms < next)
-                    next = s2 + t->o.rx_timeout_ms;
-                else if (!s2 && now + t->o.rx_timeout_ms < next)
-                    next = now + t->o.rx_timeout_ms;
+                uint64_t w2 = h2->seq == p->rx_next ? t->o.rx_timeout_ms : gap_ms(t, p);
+                if (!s2)
+                    s2 = now;
+                if (s2 + w2 < next)
+                    next = s2 + w2;
             }
         }
         if (p->state == PEER_DRAINING && !p->inflight.head && !p->txq.head)

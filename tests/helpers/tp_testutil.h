@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,6 +283,7 @@ static inline unsigned tp_events_count(tp_events *e, int kind)
 typedef struct tp_child {
     pid_t pid;
     int out_fd;      /* read end of the child's stdout */
+    int in_fd;       /* write end of the child's stdin */
 } tp_child;
 
 static pid_t tp_children[TP_MAX_CHILDREN];
@@ -311,15 +313,23 @@ static inline void tp_child_kill_all(void)
  * Returns 0 or -errno. */
 static inline int tp_child_spawn(tp_child *c, char *const argv[])
 {
-    int fds[2];
+    int fds[2], ins[2];
     if (pipe2(fds, O_CLOEXEC))
         return -errno;
+    if (pipe2(ins, O_CLOEXEC)) {
+        int e = errno;
+        close(fds[0]);
+        close(fds[1]);
+        return -e;
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
         close(fds[0]);
         close(fds[1]);
+        close(ins[0]);
+        close(ins[1]);
         return -e;
     }
     if (pid == 0) {
@@ -327,10 +337,12 @@ static inline int tp_child_spawn(tp_child *c, char *const argv[])
         if (getppid() != parent)
             _exit(99); /* the parent died before prctl took effect */
         dup2(fds[1], STDOUT_FILENO);
+        dup2(ins[0], STDIN_FILENO);
         execv(argv[0], argv);
         _exit(98);
     }
     close(fds[1]);
+    close(ins[0]);
     for (int i = 0; i < TP_MAX_CHILDREN; i++)
         if (tp_children[i] == 0) {
             tp_children[i] = pid;
@@ -343,7 +355,23 @@ static inline int tp_child_spawn(tp_child *c, char *const argv[])
     }
     c->pid = pid;
     c->out_fd = fds[0];
+    c->in_fd = ins[1];
     return 0;
+}
+
+/* Write one command line to the child's stdin. */
+static inline int tp_child_cmd(tp_child *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline int tp_child_cmd(tp_child *c, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= (int)sizeof(line) - 1)
+        return -EINVAL;
+    line[n++] = '\n';
+    return write(c->in_fd, line, (size_t)n) == n ? 0 : -EPIPE;
 }
 
 /* Read one line of the child's stdout within timeout_ms. Returns its length
@@ -403,6 +431,10 @@ static inline void tp_child_kill(tp_child *c)
     if (c->out_fd >= 0) {
         close(c->out_fd);
         c->out_fd = -1;
+    }
+    if (c->in_fd >= 0) {
+        close(c->in_fd);
+        c->in_fd = -1;
     }
 }
 

@@ -169,7 +169,7 @@ struct ds_membership {
     int joined, joining, leaving;
 
     struct probe pr;
-    uint64_t next_probe_ms, last_early_ms, n_periods;
+    uint64_t next_probe_ms, last_early_ms, n_periods, last_pushback_ms;
     uint32_t lhm;
     uint64_t *order;
     uint32_t order_n, order_pos;
@@ -1132,7 +1132,12 @@ static void start_probe(ds_membership *m, uint64_t now)
     m->n_periods++;
     if (m->cfg.dead_ping_periods && m->n_periods % m->cfg.dead_ping_periods == 0)
         ping_dead(m, now);
-    if (m->cfg.sync_periods && m->n_periods % m->cfg.sync_periods == 0)
+    /* The first syncs come early (periods 2, 4, 8, ...): a joiner's table
+     * is the seed's snapshot, which misses whoever joined at the same time,
+     * and the member it pushes to answers with its own table when that is
+     * larger. */
+    const uint64_t np = m->n_periods, sp = m->cfg.sync_periods;
+    if (sp && (np % sp == 0 || (np < sp && np >= 2 && (np & (np - 1)) == 0)))
         push_table(m);
     m->next_probe_ms = now + mult * m->cfg.period_ms;
     member *t = next_target(m);
@@ -1497,7 +1502,24 @@ static void on_members(ds_membership *m, const ds_wire_msg *msg, uint64_t now)
         }
         apply_record(m, &ms->members[i], 1, now);
     }
-    if (!m->joining || m->joined)
+    if (m->joined) {
+        /* Push-pull: the pusher lacks records we have; answer with our
+         * table (at most once a period, so two nodes cannot ping-pong). */
+        uint32_t ours = 0;
+        for (uint32_t i = 0; i < m->cap; i++)
+            ours += m->tab[i].used;
+        member *snd = find(m, msg->h.sender);
+        if (snd && is_live(snd) && ms->first + msg->h.count == ms->total && ours > ms->total &&
+            now - m->last_pushback_ms >= m->cfg.period_ms) {
+            m->last_pushback_ms = now;
+            const uint64_t id = snd->id;
+            char addr[ADDR_SZ];
+            memcpy(addr, snd->addr, sizeof(addr));
+            emit_members(m, id, addr);
+        }
+        return;
+    }
+    if (!m->joining)
         return;
     if (msg->h.sender != m->js_sender || ms->round_now != m->js_round ||
         ms->total != m->js_total) {

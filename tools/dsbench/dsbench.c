@@ -20,6 +20,7 @@ static const struct {
     {"topology", ds_bench_topology, "cost of one round's schedule per view size, vs a plain shuffle"},
     {"sparsify", ds_bench_sparsify, "time per call of every sparsifier vs exact top-k and a plain read"},
     {"wire", ds_bench_wire, "sparse index encodings by density, seal/open MB/s per mode and cipher, handshake"},
+    {"elastic", ds_bench_elastic, "membership (--fake: simulated network): detection, dissemination, slow nodes"},
 };
 
 static void usage(FILE *f)

@@ -68,7 +68,9 @@
     X(STR, cluster, identity_file, "", ANY, \
       "path of this node's Ed25519 secret key (dsnode keygen)") \
     X(STR, cluster, allowed_keys, "", ANY, \
-      "path of the allow-list of node public keys, one per line")
+      "path of the allow-list of node public keys, one per line") \
+    X(INT, cluster, min_members, "1", 1, 65536, \
+      "wait until this many members are alive before the first training step")
 
 #define DS_CONF_KEYS_train(X) \
     X(ENUM, train, backend, "auto", "auto|cpu|cuda", \

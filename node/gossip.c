@@ -601,6 +601,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             .to = o->target,
             .round = g->round,
             .segment = (uint32_t)s,
+            .seg_len = (uint32_t)g->seg[s].len,
             .count = (uint32_t)o->count,
             .idx = g->cfg.mix == DS_MIX_CROSSOVER ? NULL : o->idx,
             .val = o->val,

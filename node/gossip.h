@@ -64,6 +64,7 @@ typedef struct ds_gmsg {
     uint32_t from, to;  /* view indices */
     uint64_t epoch, round;
     uint32_t segment;
+    uint32_t seg_len;   /* REQ, CROSS: the segment's length (for encoding) */
     uint32_t count;     /* entries in idx (REQ) and val */
     const uint32_t *idx;
     const float *val;

@@ -1,6 +1,26 @@
 /*
- * node/run.c: the training loop of one node: step, log, evaluate, stop on a
- * signal, summarise.
+ * node/run.c: one node's life, from a validated config to its summary line.
+ *
+ * Threads:
+ *   main           training: minibatch, forward/backward, optimizer step,
+ *                  and (gossip.overlap = false) the gossip round itself;
+ *   comm           (gossip.overlap = true) the round's exchanges, while the
+ *                  main thread computes the next step (DESIGN 5: x_{t+1} =
+ *                  mix(x_t) - lr g(x_t));
+ *   failure det.   SWIM ticks (node/membership), never behind a training
+ *                  step (DESIGN 6);
+ *   net worker     opens and dispatches received frames (node/net);
+ *   transport      libfabric progress (node/transport).
+ *
+ * Start: the node opens its endpoint, then founds the cluster when it has
+ * no seeds or its own address is the first seed, else joins through the
+ * seeds (retrying with backoff). It trains once cluster.min_members members
+ * are alive. A member enters the gossip view at the effective round its
+ * join was given, the same round on every node (node/membership.h).
+ *
+ * Round r happens after optimizer step r * gossip.every. Its view (members,
+ * epoch) comes from membership for round r; the gossip engine's view indices
+ * map to node ids through node/gossip_net.
  *
  * The summary is the one line a launcher needs, on stdout:
  *   summary node=NAME status=done|stopped|failed steps=N loss=L test_acc=A
@@ -13,15 +33,23 @@
 #include "config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels/kernels.h"
+#include "node/crypto.h"
+#include "node/gossip.h"
+#include "node/gossip_net.h"
 #include "node/log.h"
+#include "node/membership.h"
+#include "node/net.h"
 #include "node/rng.h"
 #include "node/run.h"
 
@@ -79,8 +107,8 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
     uint8_t hdr[16] = "DSMODEL1";
     for (int i = 0; i < 8; i++)
         hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
-    /* The file is little-endian float32; this host is too (x86-64, and the
-     * static_assert in wire.h pins the byte order for the whole node). */
+    /* The file is little-endian float32, as this host (x86-64; wire.h pins
+     * the byte order for the whole node). */
     int ok = fwrite(hdr, 1, 16, f) == 16 && fwrite(host, sizeof(float), n, f) == n;
     ok = (fclose(f) == 0) && ok;
     free(host);
@@ -92,23 +120,596 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
     return 0;
 }
 
+/* ---- the runtime ---------------------------------------------------------- */
+
+typedef struct rt {
+    const ds_conf *c;
+    ds_identity id;
+    ds_cluster_key ck;
+    int have_ck;
+    ds_allowlist *allow;
+    ds_net *net;
+    _Atomic(ds_membership *) ms;
+    ds_gnet *gn;
+    _Atomic int gn_ready; /* gn exists: the net worker may hand it frames */
+    ds_gossip *gossip;
+    ds_trainer t;
+    int trainer_up;
+    enum ds_topo_kind topo;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC: fd thread, join and comm waits */
+    int stop_threads;
+    int joined;
+    int refused;         /* a seed refused our handshake: not admitted */
+    char refused_by[DS_WIRE_ADDR_MAX + 1];
+    pthread_t fd;
+    int fd_up;
+
+    /* overlap: the comm thread runs ds_gossip_exchange between begin/end */
+    pthread_t comm;
+    int comm_up, comm_go, comm_done;
+
+    ds_member_info *vbuf; /* the view of the round being set up: vcap entries */
+    uint32_t vcap;
+    uint64_t *vids;
+    const char **vaddrs;
+    float *host_theta;   /* host mirror of theta for the CUDA backend */
+    uint64_t rounds;
+    uint32_t last_G;
+    uint64_t last_epoch;
+} rt;
+
+static void timed_wait(rt *r, uint64_t until_ms)
+{
+    const struct timespec ts = {(time_t)(until_ms / 1000), (long)(until_ms % 1000) * 1000000L};
+    pthread_cond_timedwait(&r->cond, &r->lock, &ts);
+}
+
+static void on_net_recv(void *ctx, ds_net_rx *rx)
+{
+    rt *r = ctx;
+    const unsigned type = rx->hdr.type;
+    if (ds_gnet_handles(type)) {
+        if (atomic_load(&r->gn_ready))
+            ds_gnet_on_frame(r->gn, rx);
+        return;
+    }
+    ds_membership *ms = atomic_load(&r->ms);
+    if (type >= DS_MSG_PING && type <= DS_MSG_LEAVE) {
+        if (ms)
+            (void)ds_membership_recv(ms, ds_now_ms(), rx->addr, rx->frame, rx->len);
+        return;
+    }
+    ds_log_rl(DS_LOG_INFO, "net", "dropped %s from %s: not handled by this node",
+              ds_msg_type_name(type), rx->name);
+}
+
+static void on_net_event(void *ctx, const ds_net_event *ev)
+{
+    rt *r = ctx;
+    ds_membership *ms = atomic_load(&r->ms);
+    switch (ev->kind) {
+    case DS_NET_EV_PEER_UP:
+        ds_debug("net", "session up with %s (%s)", ev->name, ev->addr);
+        break;
+    case DS_NET_EV_HANDSHAKE_FAILED:
+        ds_log_rl(DS_LOG_WARN, "net", "handshake with %s %s failed: %s", ev->name, ev->addr,
+                  strerror(-ev->status));
+        if (ev->status == -EACCES) {
+            pthread_mutex_lock(&r->lock);
+            if (!r->joined) {
+                r->refused = 1;
+                snprintf(r->refused_by, sizeof(r->refused_by), "%s", ev->addr);
+                pthread_cond_broadcast(&r->cond);
+            }
+            pthread_mutex_unlock(&r->lock);
+        }
+        break;
+    case DS_NET_EV_PEER_UNRESPONSIVE:
+        if (ms && ev->peer)
+            ds_membership_hint(ms, ev->peer, ds_now_ms());
+        break;
+    case DS_NET_EV_PEER_RESPONSIVE:
+        break;
+    case DS_NET_EV_RESET:
+        ds_warn("net", "transport endpoint reset (%d stuck operations discarded)", ev->status);
+        break;
+    }
+}
+
+static void ms_send(void *ctx, uint64_t to_id, const char *to_addr, const uint8_t *frame,
+                    size_t len)
+{
+    rt *r = ctx;
+    const ds_net_send_opts o = {.deadline_ms =
+                                    ds_now_ms() + (uint64_t)r->c->transport.op_timeout_ms};
+    int e = ds_net_send_frame(r->net, to_id, to_addr, frame, len, &o);
+    if (e < 0)
+        ds_debug("membership", "send to %s failed: %s", to_addr ? to_addr : "?", strerror(-e));
+}
+
+static void ms_event(void *ctx, const ds_membership_event *ev)
+{
+    rt *r = ctx;
+    const ds_member_info *m = &ev->member;
+    switch (ev->kind) {
+    case DS_MEV_MEMBER_JOINED:
+        ds_info("membership", "member joined name=%s addr=%s round=%lld", m->name, m->addr,
+                ev->round == DS_MEMBERSHIP_NO_ROUND ? -1LL : (long long)ev->round);
+        break;
+    case DS_MEV_MEMBER_SUSPECTED:
+        ds_info("membership", "member suspected name=%s", m->name);
+        break;
+    case DS_MEV_MEMBER_ALIVE:
+        ds_info("membership", "member alive again name=%s incarnation=%u", m->name,
+                m->incarnation);
+        break;
+    case DS_MEV_MEMBER_DEAD:
+        ds_warn("membership", "member dead name=%s removal_round=%llu", m->name,
+                (unsigned long long)ev->round);
+        break;
+    case DS_MEV_MEMBER_LEFT:
+        ds_info("membership", "member left name=%s removal_round=%llu", m->name,
+                (unsigned long long)ev->round);
+        break;
+    case DS_MEV_VIEW_CHANGED:
+        ds_info("membership", "view changed round=%llu epoch=%llu size=%u in_view=%d",
+                (unsigned long long)ev->round, (unsigned long long)ev->epoch, ev->view_size,
+                ev->in_view);
+        break;
+    case DS_MEV_SELF_JOINED:
+        ds_info("membership", "joined through %s: %u members, their round %llu, our join round %llu",
+                m->name, ev->view_size, (unsigned long long)ev->round,
+                (unsigned long long)ev->join_round);
+        pthread_mutex_lock(&r->lock);
+        r->joined = 1;
+        pthread_cond_broadcast(&r->cond);
+        pthread_mutex_unlock(&r->lock);
+        break;
+    case DS_MEV_JOIN_RETRY:
+        ds_warn("membership", "no reachable seed yet: trying %s next (attempt %u)", m->addr,
+                ev->attempt);
+        break;
+    case DS_MEV_SELF_REFUTED:
+        ds_warn("membership", "suspected by peers: refuted with incarnation %u", m->incarnation);
+        break;
+    case DS_MEV_SELF_REJOINED:
+        ds_warn("membership", "declared dead by peers: out of the view from round %llu, back "
+                "from %llu", (unsigned long long)ev->round, (unsigned long long)ev->join_round);
+        break;
+    }
+}
+
+/* The failure detector: SWIM timers, on their own thread. */
+static void *fd_main(void *arg)
+{
+    rt *r = arg;
+    ds_membership *ms = atomic_load(&r->ms);
+    pthread_mutex_lock(&r->lock);
+    while (!r->stop_threads) {
+        pthread_mutex_unlock(&r->lock);
+        const uint64_t now = ds_now_ms();
+        ds_membership_tick(ms, now);
+        uint64_t next = ds_membership_next_deadline(ms);
+        if (next > now + 50)
+            next = now + 50;
+        pthread_mutex_lock(&r->lock);
+        if (!r->stop_threads && next > ds_now_ms())
+            timed_wait(r, next);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+static void gossip_failed_hook(void *ctx, uint64_t id)
+{
+    rt *r = ctx;
+    ds_membership *ms = atomic_load(&r->ms);
+    if (ms)
+        ds_membership_hint(ms, id, ds_now_ms());
+}
+
+/* The comm thread: one ds_gossip_exchange per begin(). */
+static void *comm_main(void *arg)
+{
+    rt *r = arg;
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        while (!r->comm_go && !r->stop_threads)
+            pthread_cond_wait(&r->cond, &r->lock);
+        if (r->stop_threads)
+            break;
+        r->comm_go = 0;
+        pthread_mutex_unlock(&r->lock);
+        ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
+        pthread_mutex_lock(&r->lock);
+        r->comm_done = 1;
+        pthread_cond_broadcast(&r->cond);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+/* The view at `round`, into r->vbuf / r->vids. */
+static int view_at(rt *r, uint64_t round, uint32_t *G, uint32_t *me, uint64_t *epoch)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    if (!r->vcap) {
+        r->vbuf = malloc(16 * sizeof(*r->vbuf));
+        r->vids = malloc(16 * sizeof(*r->vids));
+        r->vaddrs = malloc(16 * sizeof(*r->vaddrs));
+        if (!r->vbuf || !r->vids || !r->vaddrs)
+            return -ENOMEM;
+        r->vcap = 16;
+    }
+    for (;;) {
+        int e = ds_membership_view_at(ms, round, r->vbuf, r->vcap, G, me, epoch);
+        if (e == 0)
+            break;
+        if (e != -ENOSPC)
+            return e;
+        const uint32_t cap = *G + 16;
+        ds_member_info *nb = realloc(r->vbuf, cap * sizeof(*nb));
+        if (nb)
+            r->vbuf = nb;
+        uint64_t *ni = realloc(r->vids, cap * sizeof(*ni));
+        if (ni)
+            r->vids = ni;
+        const char **na = realloc(r->vaddrs, cap * sizeof(*na));
+        if (na)
+            r->vaddrs = na;
+        if (!nb || !ni || !na)
+            return -ENOMEM;
+        r->vcap = cap;
+    }
+    for (uint32_t i = 0; i < *G; i++)
+        r->vids[i] = r->vbuf[i].id;
+    return 0;
+}
+
+/* Point the gossip engine and the adapter at round `round`'s view. */
+static int set_round_view(rt *r, uint64_t round)
+{
+    uint32_t G, me;
+    uint64_t epoch;
+    ds_membership_set_round(atomic_load(&r->ms), round, ds_now_ms());
+    int e = view_at(r, round, &G, &me, &epoch);
+    if (e < 0)
+        return e;
+    if (me == DS_MEMBERSHIP_NOT_IN_VIEW || G == 0) {
+        /* Not (yet, or no longer) in the view: a round of one. */
+        G = 1;
+        me = 0;
+        r->vids[0] = r->id.id;
+    }
+    if (G != r->last_G || epoch != r->last_epoch) {
+        ds_info("gossip", "round=%llu view_size=%u epoch=%llu me=%u", (unsigned long long)round,
+                G, (unsigned long long)epoch, me);
+        r->last_G = G;
+        r->last_epoch = epoch;
+    }
+    for (uint32_t i = 0; i < G; i++)
+        r->vaddrs[i] = r->vids[i] == r->id.id ? NULL : r->vbuf[i].addr;
+    if ((e = ds_gnet_set_view(r->gn, r->vids, r->vaddrs, G)) < 0)
+        return e;
+    if ((e = ds_gossip_set_view(r->gossip, G, me, epoch)) < 0)
+        return e;
+    /* Alone: no round at all. snap keeps the last mixed state, so the next
+     * real round's begin() still sees all the drift since then. */
+    return G < 2 ? 1 : 0;
+}
+
+/* theta as host memory for the gossip engine. */
+static float *host_theta(rt *r)
+{
+    if (r->t.ops.kind == DS_BACKEND_CPU)
+        return r->t.theta;
+    r->t.ops.download(r->host_theta, r->t.theta, r->t.n_params * sizeof(float));
+    return r->host_theta;
+}
+
+static void push_theta(rt *r)
+{
+    if (r->t.ops.kind != DS_BACKEND_CPU)
+        r->t.ops.upload(r->t.theta, r->host_theta, r->t.n_params * sizeof(float));
+}
+
+/* 0: a round began; 1: no round (alone); < 0: error. */
+static int round_begin(rt *r, uint64_t round)
+{
+    int e = set_round_view(r, round);
+    if (e == 0)
+        e = ds_gossip_begin(r->gossip, host_theta(r), round);
+    if (e < 0)
+        ds_error("gossip", "round %llu cannot start: %s", (unsigned long long)round, strerror(-e));
+    return e;
+}
+
+static void round_end(rt *r)
+{
+    ds_gossip_end(r->gossip, host_theta(r));
+    push_theta(r);
+    r->rounds++;
+}
+
+static void comm_start(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->comm_done = 0;
+    r->comm_go = 1;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void comm_wait(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    while (!r->comm_done)
+        pthread_cond_wait(&r->cond, &r->lock);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static int load_keys(rt *r, char *err, size_t err_len)
+{
+    const ds_conf *c = r->c;
+    int e;
+    if (c->cluster.identity_file[0]) {
+        if ((e = ds_identity_load(&r->id, c->cluster.identity_file, err, err_len)) < 0)
+            return e;
+    } else {
+        if ((e = ds_identity_generate(&r->id)) < 0) {
+            snprintf(err, err_len, "cannot generate an identity");
+            return e;
+        }
+        ds_info("security", "no cluster.identity_file: using a fresh identity for this run");
+    }
+    if (c->cluster.key_file[0]) {
+        if ((e = ds_cluster_key_load(&r->ck, c->cluster.key_file, err, err_len)) < 0)
+            return e;
+        r->have_ck = 1;
+    }
+    if (c->cluster.allowed_keys[0] &&
+        (e = ds_allowlist_load(&r->allow, c->cluster.allowed_keys, err, err_len)) < 0)
+        return e;
+    if (!r->have_ck && !r->allow) {
+        /* No admission policy: this node admits nobody (an empty
+         * allow-list), which is right for a node alone and said loudly
+         * for anything else. */
+        if ((e = ds_allowlist_parse(&r->allow, "", 0, "(none)", err, err_len)) < 0)
+            return e;
+        if (c->cluster.seeds_count > 0 || c->cluster.min_members > 1)
+            ds_warn("security", "neither cluster.key_file nor cluster.allowed_keys is set: no "
+                    "peer can be admitted");
+    }
+    return 0;
+}
+
+static int open_net(rt *r, char *err, size_t err_len)
+{
+    const ds_conf *c = r->c;
+    ds_net_cfg nc;
+    ds_net_cfg_default(&nc);
+    nc.identity = &r->id;
+    nc.name = c->node.name;
+    nc.cluster = c->cluster.id;
+    nc.cluster_key = r->have_ck ? &r->ck : NULL;
+    nc.allow = r->allow;
+    const int mode = ds_sec_mode_parse(c->security.mode);
+    if (mode < 0) {
+        snprintf(err, err_len, "security.mode: unknown '%s'", c->security.mode);
+        return -EINVAL;
+    }
+    nc.mode = (enum ds_sec_mode)mode;
+    nc.transport.provider = c->transport.provider;
+    nc.transport.listen = c->node.listen;
+    nc.transport.max_inflight_bytes = (size_t)c->transport.max_inflight_mb << 20;
+    /* A frame carries at most one segment of indices and values. */
+    size_t max_seg = 0;
+    for (int i = 0; i < ds_gossip_n_segments(r->gossip); i++)
+        if (ds_gossip_segment(r->gossip, i)->len > max_seg)
+            max_seg = ds_gossip_segment(r->gossip, i)->len;
+    ds_wire_limits_default(&nc.limits);
+    nc.limits.max_segment = (uint32_t)(max_seg > r->t.n_params ? max_seg : r->t.n_params);
+    nc.limits.max_count = nc.limits.max_segment;
+    nc.on_recv = on_net_recv;
+    nc.on_event = on_net_event;
+    nc.cb_ctx = r;
+    int e = ds_net_open(&nc, &r->net);
+    if (e < 0)
+        snprintf(err, err_len, "cannot listen on %s (provider %s): %s", c->node.listen,
+                 c->transport.provider, strerror(-e));
+    return e;
+}
+
+static int start_membership(rt *r, char *err, size_t err_len)
+{
+    const ds_conf *c = r->c;
+    ds_membership_cfg mc;
+    ds_membership_cfg_default(&mc);
+    mc.cluster_id = ds_wire_cluster_id(c->cluster.id);
+    mc.name = c->node.name;
+    mc.addr = c->node.listen;
+    mc.group = c->node.group;
+    memcpy(mc.pk, r->id.pk, sizeof(mc.pk));
+    mc.seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x6d656d62ull, c->node.name);
+    /* Nodes of a cluster start together: a seed may not have founded the
+     * cluster yet when the first JOIN reaches it, so retry soon. */
+    mc.join_timeout_ms = 500;
+    const ds_membership_io io = {.ctx = r, .send = ms_send, .event = ms_event};
+    ds_membership *ms;
+    int e = ds_membership_create(&mc, &io, &ms);
+    if (e < 0) {
+        snprintf(err, err_len, "cannot start membership: %s", strerror(-e));
+        return e;
+    }
+    atomic_store(&r->ms, ms);
+    if ((e = pthread_create(&r->fd, NULL, fd_main, r)) != 0) {
+        snprintf(err, err_len, "cannot start the failure detector: %s", strerror(e));
+        return -e;
+    }
+    r->fd_up = 1;
+
+    /* Found the cluster when there is no seed or we are the first one. */
+    const char *seeds[DS_CONF_LIST_MAX];
+    for (int i = 0; i < c->cluster.seeds_count; i++)
+        seeds[i] = c->cluster.seeds[i];
+    const uint64_t now = ds_now_ms();
+    if (c->cluster.seeds_count == 0 || !strcmp(seeds[0], c->node.listen)) {
+        ds_info("membership", "founding the cluster '%s'", c->cluster.id);
+        e = ds_membership_bootstrap(ms, now);
+        pthread_mutex_lock(&r->lock);
+        r->joined = 1;
+        pthread_mutex_unlock(&r->lock);
+    } else {
+        ds_info("membership", "joining through %d seed(s), first %s", c->cluster.seeds_count,
+                seeds[0]);
+        e = ds_membership_join(ms, now, seeds, (size_t)c->cluster.seeds_count);
+    }
+    if (e < 0)
+        snprintf(err, err_len, "cannot %s: %s", c->cluster.seeds_count ? "join" : "bootstrap",
+                 strerror(-e));
+    return e;
+}
+
+/* Wait until joined and cluster.min_members members are alive. */
+static int wait_for_cluster(rt *r, char *err, size_t err_len)
+{
+    const int64_t want = r->c->cluster.min_members;
+    uint64_t last_log = 0;
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        if (stop_signal) {
+            pthread_mutex_unlock(&r->lock);
+            return -EINTR;
+        }
+        if (r->refused) {
+            pthread_mutex_unlock(&r->lock);
+            snprintf(err, err_len, "refused by %s: this node is not admitted to cluster '%s' "
+                     "(check cluster.key_file and cluster.allowed_keys)", r->refused_by,
+                     r->c->cluster.id);
+            return -EACCES;
+        }
+        if (r->joined) {
+            ds_membership_stats st;
+            ds_membership_stats_get(atomic_load(&r->ms), &st);
+            if ((int64_t)st.alive >= want)
+                break;
+            const uint64_t now = ds_now_ms();
+            if (now - last_log >= 2000) {
+                ds_info("membership", "waiting for members: %u of %lld alive", st.alive,
+                        (long long)want);
+                last_log = now;
+            }
+        }
+        timed_wait(r, ds_now_ms() + 50);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
+static void stop_threads(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->stop_threads = 1;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+    if (r->comm_up)
+        pthread_join(r->comm, NULL);
+    if (r->fd_up)
+        pthread_join(r->fd, NULL);
+    r->comm_up = r->fd_up = 0;
+}
+
+/* Announce a graceful leave and let it spread; flush what we still send. */
+static void leave_and_drain(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint64_t eff = 0;
+    const uint64_t until = ds_now_ms() + 3000;
+    if (ms && ds_membership_leave(ms, ds_now_ms(), &eff) == 0) {
+        ds_membership_set_round(ms, eff, ds_now_ms());
+        while (!ds_membership_leave_done(ms) && ds_now_ms() < until)
+            usleep(20000);
+        ds_info("membership", "left the cluster, effective round %llu", (unsigned long long)eff);
+    }
+    /* Give the transport time to deliver the last replies. */
+    while (ds_now_ms() < until) {
+        ds_net_stats st;
+        ds_net_stats_get(r->net, &st);
+        if (st.transport.queued_bytes == 0 && st.pending_frames == 0)
+            break;
+        usleep(10000);
+    }
+}
+
+static void rt_fini(rt *r)
+{
+    stop_threads(r);
+    ds_net_close(&r->net);
+    atomic_store(&r->gn_ready, 0);
+    ds_membership *ms = atomic_exchange(&r->ms, NULL);
+    ds_membership_destroy(&ms);
+    ds_gnet_destroy(&r->gn);
+    ds_gossip_destroy(&r->gossip);
+    if (r->trainer_up)
+        ds_trainer_fini(&r->t);
+    ds_allowlist_free(&r->allow);
+    ds_identity_wipe(&r->id);
+    ds_cluster_key_wipe(&r->ck);
+    free(r->vbuf);
+    free(r->vids);
+    free(r->vaddrs);
+    free(r->host_theta);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->cond);
+}
+
+static int make_gossip(rt *r, char *err, size_t err_len)
+{
+    const ds_conf *c = r->c;
+    ds_gossip_cfg gc = {
+        .mix = !strcmp(c->gossip.mix, "crossover") ? DS_MIX_CROSSOVER : DS_MIX_PAIRWISE,
+        .weight = (float)c->gossip.weight,
+        .segments = (int)c->gossip.segments,
+        .density = c->sparsify.density,
+        .error_feedback = c->sparsify.error_feedback,
+        .threshold = (float)c->sparsify.threshold,
+        .seed = (uint64_t)c->cluster.seed,
+        .node_seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x73707273ull, c->node.name),
+        .timeout_ms = (int)c->gossip.timeout_ms,
+    };
+    if (ds_topo_parse(c->gossip.topology, &gc.topology) < 0 ||
+        ds_sparsify_method_parse(c->sparsify.method) < 0) {
+        snprintf(err, err_len, "unknown gossip.topology or sparsify.method");
+        return -EINVAL;
+    }
+    gc.method = (enum ds_sparsify_method)ds_sparsify_method_parse(c->sparsify.method);
+    r->topo = gc.topology;
+    float *theta = host_theta(r);
+    int e = ds_gossip_create(&r->gossip, &gc, r->t.model.layer, r->t.model.n_layers,
+                             r->t.n_params, theta);
+    if (e < 0)
+        snprintf(err, err_len, "cannot set up gossip: %s", strerror(-e));
+    return e;
+}
+
 int ds_node_run(const ds_conf *c)
 {
-    ds_trainer t;
+    rt r;
     ds_train_cfg tc;
-    char err[512];
+    char err[1024];
     const uint64_t t_start = ds_now_ns();
+    int ret = 0, e;
 
-    ds_run_train_cfg(c, &tc);
-    if (ds_trainer_init(&t, &tc, err, sizeof(err)) < 0) {
-        ds_error("train", "cannot start: %s", err);
-        return 1;
-    }
-    ds_info("train", "%s", t.backend_note);
-    if (t.ops.kind == DS_BACKEND_CPU)
-        ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), tc.threads);
-    ds_info("train", "model=mlp params=%zu layers=%d train_examples=%zu test_examples=%zu batch=%d",
-            t.n_params, t.model.n_layers, t.train.n, t.test.n, tc.batch);
+    memset(&r, 0, sizeof(r));
+    r.c = c;
+    pthread_mutex_init(&r.lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r.cond, &ca);
+    pthread_condattr_destroy(&ca);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
@@ -116,63 +717,201 @@ int ds_node_run(const ds_conf *c)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
 
-    const int64_t steps = c->train.steps;
+    ds_run_train_cfg(c, &tc);
+    if (ds_crypto_init() < 0) {
+        ds_error("security", "libsodium failed to initialise");
+        rt_fini(&r);
+        return 1;
+    }
+    if ((e = load_keys(&r, err, sizeof(err))) < 0 ||
+        (e = ds_trainer_init(&r.t, &tc, err, sizeof(err))) < 0) {
+        ds_error("node", "cannot start: %s", err);
+        rt_fini(&r);
+        return 1;
+    }
+    r.trainer_up = 1;
+    ds_trainer *t = &r.t;
+    ds_info("train", "%s", t->backend_note);
+    if (t->ops.kind == DS_BACKEND_CPU)
+        ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), tc.threads);
+    else if (!(r.host_theta = malloc(t->n_params * sizeof(float)))) {
+        ds_error("node", "out of memory");
+        rt_fini(&r);
+        return 1;
+    }
+    ds_info("train", "model=mlp params=%zu layers=%d train_examples=%zu test_examples=%zu batch=%d",
+            t->n_params, t->model.n_layers, t->train.n, t->test.n, tc.batch);
+
+    if ((e = make_gossip(&r, err, sizeof(err))) < 0) {
+        ds_error("node", "cannot start: %s", err);
+        rt_fini(&r);
+        return 1;
+    }
+    if ((e = open_net(&r, err, sizeof(err))) < 0) {
+        ds_error("net", "%s", err);
+        rt_fini(&r);
+        return 1;
+    }
+    size_t max_seg = 0;
+    for (int i = 0; i < ds_gossip_n_segments(r.gossip); i++)
+        if (ds_gossip_segment(r.gossip, i)->len > max_seg)
+            max_seg = ds_gossip_segment(r.gossip, i)->len;
+    if ((e = ds_gnet_create(&r.gn, r.net, (uint32_t)(max_seg > t->n_params ? max_seg : t->n_params),
+                            (size_t)256 << 20)) < 0) {
+        ds_error("node", "cannot start: out of memory");
+        rt_fini(&r);
+        return 1;
+    }
+    ds_gnet_set_failure_hook(r.gn, gossip_failed_hook, &r);
+    atomic_store(&r.gn_ready, 1);
+    char addr[128] = "";
+    ds_net_addr(r.net, addr, sizeof(addr));
+    ds_info("node", "listening on %s id=%016llx security=%s gossip=%s/%s sparsify=%s density=%g",
+            addr, (unsigned long long)r.id.id, c->security.mode, c->gossip.topology,
+            c->gossip.mix, c->sparsify.method, c->sparsify.density);
+
+    if ((e = start_membership(&r, err, sizeof(err))) < 0 ||
+        (e = wait_for_cluster(&r, err, sizeof(err))) < 0) {
+        if (e == -EINTR) {
+            ds_warn("node", "stopped on signal %d before training", (int)stop_signal);
+            ret = 128 + (int)stop_signal;
+        } else {
+            ds_error("node", "%s", err);
+            ret = 1;
+        }
+        printf("summary node=%s status=%s steps=0 loss=0 test_acc=-1 samples_per_s=0 wall_s=%.1f "
+               "backend=%s bytes_sent=0 bytes_received=0 rounds=0\n",
+               c->node.name, ret == 1 ? "failed" : "stopped",
+               (double)(ds_now_ns() - t_start) * 1e-9, t->ops.name);
+        fflush(stdout);
+        stop_threads(&r);
+        rt_fini(&r);
+        return ret;
+    }
+    if (c->gossip.overlap && ds_topo_gossips(r.topo)) {
+        if ((e = pthread_create(&r.comm, NULL, comm_main, &r)) != 0) {
+            ds_error("gossip", "cannot start the communication thread: %s", strerror(e));
+            rt_fini(&r);
+            return 1;
+        }
+        r.comm_up = 1;
+    }
+
+    const int64_t steps = c->train.steps, every = c->gossip.every;
+    const int gossiping = ds_topo_gossips(r.topo);
     double loss = 0, loss_window = 0, test_acc = -1, test_loss = 0;
     int64_t window_n = 0;
     uint64_t t_window = ds_now_ns(), train_ns = 0;
-    int ret = 0;
+    int round_open = 0; /* overlap: a round's exchange is running */
 
-    while (t.step < steps && !stop_signal) {
+    while (t->step < steps && !stop_signal) {
         const uint64_t t0 = ds_now_ns();
-        if ((ret = ds_trainer_compute_grad(&t, &loss, NULL)) < 0) {
-            ds_error("train", "step %lld failed: %s", (long long)t.step, strerror(-ret));
+        if ((e = ds_trainer_compute_grad(t, &loss, NULL)) < 0) {
+            ds_error("train", "step %lld failed: %s", (long long)t->step, strerror(-e));
+            ret = e;
             break;
         }
-        ds_trainer_apply_grad(&t);
+        if (!gossiping) {
+            /* AllReduce-SGD: the mean gradient of the view, every step. */
+            const uint64_t round = (uint64_t)t->step;
+            if (set_round_view(&r, round) == 0) { /* 1: alone, nothing to average */
+                float *g = t->grad;
+                if (t->ops.kind != DS_BACKEND_CPU) {
+                    t->ops.download(r.host_theta, t->grad, t->n_params * sizeof(float));
+                    g = r.host_theta;
+                }
+                if (ds_gossip_allreduce(r.gossip, g, t->n_params, round, ds_gnet_io(r.gn)) < 0)
+                    ds_log_rl(DS_LOG_WARN, "gossip", "all-reduce of step %llu incomplete: "
+                              "local gradient used", (unsigned long long)round);
+                if (t->ops.kind != DS_BACKEND_CPU)
+                    t->ops.upload(t->grad, g, t->n_params * sizeof(float));
+                r.rounds++;
+            }
+        }
+        ds_trainer_apply_grad(t);
+        if (round_open) {
+            comm_wait(&r);
+            round_end(&r);
+            round_open = 0;
+        }
+        if (gossiping && t->step % every == 0 && round_begin(&r, (uint64_t)(t->step / every)) == 0) {
+            if (r.comm_up) {
+                comm_start(&r);
+                round_open = 1;
+            } else {
+                ds_gossip_exchange(r.gossip, ds_gnet_io(r.gn));
+                round_end(&r);
+            }
+        }
         train_ns += ds_now_ns() - t0;
         loss_window += loss;
         window_n++;
 
-        if (t.step % c->train.log_every == 0 || t.step == steps) {
+        if (t->step % c->train.log_every == 0 || t->step == steps) {
             const uint64_t now = ds_now_ns();
-            ds_info("train", "step=%lld loss=%.4f samples_per_s=%.0f lr=%.4g", (long long)t.step,
-                    loss_window / window_n,
+            const ds_gossip_stats *gs = ds_gossip_get_stats(r.gossip);
+            ds_info("train", "step=%lld loss=%.4f samples_per_s=%.0f lr=%.4g rounds=%llu "
+                    "exchanges_ok=%llu exchanges_failed=%llu view=%u",
+                    (long long)t->step, loss_window / window_n,
                     (double)window_n * tc.batch / ((double)(now - t_window) * 1e-9),
-                    (double)ds_trainer_lr(&t));
+                    (double)ds_trainer_lr(t), (unsigned long long)r.rounds,
+                    (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
+                    r.last_G);
             loss_window = 0;
             window_n = 0;
             t_window = now;
         }
-        if ((c->train.eval_every > 0 && t.step % c->train.eval_every == 0) || t.step == steps) {
-            if ((ret = ds_trainer_evaluate(&t, &test_loss, &test_acc)) < 0) {
-                ds_error("eval", "evaluation failed: %s", strerror(-ret));
+        if ((c->train.eval_every > 0 && t->step % c->train.eval_every == 0) || t->step == steps) {
+            if (round_open) {
+                comm_wait(&r);
+                round_end(&r);
+                round_open = 0;
+            }
+            if ((e = ds_trainer_evaluate(t, &test_loss, &test_acc)) < 0) {
+                ds_error("eval", "evaluation failed: %s", strerror(-e));
+                ret = e;
                 break;
             }
-            ds_info("eval", "step=%lld test_loss=%.4f test_acc=%.4f", (long long)t.step, test_loss,
-                    test_acc);
+            ds_info("eval", "step=%lld test_loss=%.4f test_acc=%.4f", (long long)t->step,
+                    test_loss, test_acc);
         }
     }
+    if (round_open) {
+        comm_wait(&r);
+        round_end(&r);
+    }
     if (stop_signal && ret == 0) {
-        ds_warn("train", "stopping on signal %d at step %lld", (int)stop_signal, (long long)t.step);
-        if (ds_trainer_evaluate(&t, &test_loss, &test_acc) < 0)
+        ds_warn("train", "stopping on signal %d at step %lld", (int)stop_signal, (long long)t->step);
+        if (ds_trainer_evaluate(t, &test_loss, &test_acc) < 0)
             test_acc = -1;
     }
+    leave_and_drain(&r);
 
+    ds_net_stats ns;
+    ds_net_stats_get(r.net, &ns);
+    const ds_gossip_stats *gs = ds_gossip_get_stats(r.gossip);
     const double wall = (double)(ds_now_ns() - t_start) * 1e-9;
-    const double sps = train_ns ? (double)t.samples / ((double)train_ns * 1e-9) : 0;
+    const double sps = train_ns ? (double)t->samples / ((double)train_ns * 1e-9) : 0;
     const char *status = ret < 0 ? "failed" : stop_signal ? "stopped" : "done";
-    ds_info("train", "summary status=%s steps=%lld test_acc=%.4f", status, (long long)t.step,
-            test_acc);
-    if (ds_run_save_model(c->node.data_dir, &t, err, sizeof(err)) < 0)
+    ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
+            "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f",
+            status, (long long)t->step, test_acc, (unsigned long long)r.rounds,
+            (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
+            (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
+            (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9);
+    if (ds_run_save_model(c->node.data_dir, t, err, sizeof(err)) < 0)
         ds_warn("train", "final model not saved: %s", err);
     printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
            "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu\n",
-           c->node.name, status, (long long)t.step, loss, test_acc, sps, wall, t.ops.name,
-           0ull, 0ull, 0ull);
+           c->node.name, status, (long long)t->step, loss, test_acc, sps, wall, t->ops.name,
+           (unsigned long long)ns.bytes_sent, (unsigned long long)ns.bytes_recv,
+           (unsigned long long)r.rounds);
     fflush(stdout);
-    ds_trainer_fini(&t);
+    const int sig = (int)stop_signal;
+    rt_fini(&r);
     if (ret < 0)
         return 1;
-    return stop_signal ? 128 + (int)stop_signal : 0;
+    return sig ? 128 + sig : 0;
 }

@@ -185,6 +185,8 @@ static const key_case cases[] = {
      "cluster.identity_file: expected no control characters, found 'x\\x7fy'"},
     {"cluster.allowed_keys", "allowed.txt", "allowed.txt", "it's\x1b[1m",
      "cluster.allowed_keys: expected no control characters, found 'it\\'s\\x1b[1m'"},
+    {"cluster.min_members", "4", "4", "0",
+     "cluster.min_members: expected an integer in 1..65536, found '0'"},
     {"train.backend", "cpu", "cpu", "gpu",
      "train.backend: expected one of auto|cpu|cuda, found 'gpu'"},
     /* mlp is the only model so far: the valid value is the default's spelling. */

@@ -75,7 +75,7 @@
 static const char *const owned_keys[] = {
     "node.name",         "node.listen",          "node.data_dir",       "cluster.seeds",
     "cluster.key_file", "cluster.identity_file", "cluster.allowed_keys", "status.listen",
-    "status.file",
+    "status.file",      "cluster.min_members",
 };
 
 struct linebuf {
@@ -837,33 +837,43 @@ static int make_keys(struct launch *L)
 
 /* Up to MAX_SEEDS addresses of the nodes in cand[0..nc), spread evenly
  * around the ring starting after `self` (so the nearest successor is
- * always one of them). */
-static void seeds_text(struct launch *L, int self, const int *cand, int nc, char *out, size_t len)
+ * always one of them). With founder >= 0 the founder's address comes
+ * first, even for the founder itself: dsnode founds the cluster when its
+ * own address is the first seed, and every other node joins through it. */
+static void seeds_text(struct launch *L, int self, int founder, const int *cand, int nc,
+                       char *out, size_t len)
 {
     int order[MAX_NODES], no = 0;
     /* cand in ring order starting after self */
     for (int k = 1; k <= L->total; k++) {
         int j = (self + k) % L->total;
         for (int c = 0; c < nc; c++)
-            if (cand[c] == j && j != self)
+            if (cand[c] == j && j != self && j != founder)
                 order[no++] = j;
     }
-    int pick = no < MAX_SEEDS ? no : MAX_SEEDS;
     size_t w = 0;
     out[0] = '\0';
+    int max = MAX_SEEDS;
+    if (founder >= 0) {
+        w += (size_t)snprintf(out, len, "127.0.0.1:%d", L->nodes[founder].port);
+        max--;
+    }
+    int pick = no < max ? no : max;
     for (int t = 0; t < pick; t++) {
         int j = order[(int)((long long)t * no / pick)];
-        w += (size_t)snprintf(out + w, w < len ? len - w : 0, "%s127.0.0.1:%d", t ? "," : "",
+        w += (size_t)snprintf(out + w, w < len ? len - w : 0, "%s127.0.0.1:%d", w ? "," : "",
                               L->nodes[j].port);
     }
 }
 
 /* Writes nd->conf from check-config's output; seeds as text. */
-static int write_node_config(struct launch *L, struct node *nd, const char *seeds)
+static int write_node_config(struct launch *L, struct node *nd, const char *seeds,
+                             int min_members)
 {
     char s_name[64], s_listen[64], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
-        s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[64], s_sfile[PATH_MAX + 32];
-    char *extra[9];
+        s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[64], s_sfile[PATH_MAX + 32],
+        s_min[64];
+    char *extra[10];
     int ne = 0;
     snprintf(s_name, sizeof(s_name), "node.name=%s", nd->name);
     snprintf(s_listen, sizeof(s_listen), "node.listen=127.0.0.1:%d", nd->port);
@@ -879,6 +889,9 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     extra[ne++] = s_key;
     extra[ne++] = s_id;
     extra[ne++] = s_allow;
+    /* The initial nodes start training together, once all are members. */
+    snprintf(s_min, sizeof(s_min), "cluster.min_members=%d", min_members);
+    extra[ne++] = s_min;
     if (L->status_listen) {
         snprintf(s_slisten, sizeof(s_slisten), "status.listen=127.0.0.1:%d", nd->status_port);
         extra[ne++] = s_slisten;
@@ -1149,9 +1162,9 @@ static int fire_add(struct launch *L, int k)
     for (int c = 0; c < L->add[k].count; c++) {
         struct node *nd = &L->nodes[L->started];
         char seeds[600];
-        seeds_text(L, L->started, cand, nc, seeds, sizeof(seeds));
+        seeds_text(L, L->started, -1, cand, nc, seeds, sizeof(seeds));
         erase_block(L);
-        if (write_node_config(L, nd, seeds) < 0)
+        if (write_node_config(L, nd, seeds, 1) < 0)
             return -EINVAL;
         nd->added_at = L->add[k].step;
         if (start_node(L, nd) < 0)
@@ -1540,8 +1553,8 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         initial[i] = i;
     for (int i = 0; i < L->n; i++) {
         char seeds[600];
-        seeds_text(L, i, initial, L->n, seeds, sizeof(seeds));
-        if (write_node_config(L, &L->nodes[i], seeds) < 0) {
+        seeds_text(L, i, 0, initial, L->n, seeds, sizeof(seeds));
+        if (write_node_config(L, &L->nodes[i], seeds, L->n) < 0) {
             status = 2;
             goto free_nodes;
         }

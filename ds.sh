@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ds.sh: the project's entry point (README's two commands).
 #
-#   ./ds.sh run     install what is missing, build, train (the main job)
+#   ./ds.sh run     install what is missing, build, train a 4-node cluster on
+#                   this host (the main job: dslaunch local -n 4)
 #   ./ds.sh test    install what is missing, build, run the whole test suite
 #                   (release build + sanitizer build); .ci/run runs exactly this
 #   ./ds.sh deps | build | bench
@@ -46,7 +47,9 @@ build() {
 cmd_run() {
   deps
   build build
-  exec build/node/dsnode run --config conf/examples/single.ini "$@"
+  # Four dsnode processes on 127.0.0.1: keys, configs, live progress and a
+  # final table with the consensus distance (docs/dslaunch.md).
+  exec build/tools/dslaunch/dslaunch local -n 4 --config conf/examples/cluster.ini "$@"
 }
 
 cmd_test() {
@@ -57,6 +60,9 @@ cmd_test() {
   build build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
+  # libFuzzer (clang) on the wire decoder, sessions and handshake: about a
+  # minute from the committed seed corpus (docs/protocol.md for longer runs).
+  tests/fuzz/run.sh 60
 }
 
 cmd_bench() {

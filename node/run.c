@@ -155,6 +155,7 @@ typedef struct rt {
     uint64_t *vids;
     const char **vaddrs;
     float *host_theta;   /* host mirror of theta for the CUDA backend */
+    uint64_t round0;     /* round = round0 + step / gossip.every */
     uint64_t rounds;
     uint32_t last_G;
     uint64_t last_epoch;
@@ -608,6 +609,26 @@ static int wait_for_cluster(rt *r, char *err, size_t err_len)
     return 0;
 }
 
+/* The first round everyone trains in: the latest join round among the
+ * members alive now. Every initial member knows the same records once all
+ * are alive, so all compute the same round, and all are in its view from
+ * the first step (an AllReduce-SGD run must not start with members apart). */
+static uint64_t first_round(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint32_t n = 0;
+    ds_membership_members(ms, NULL, 0, &n);
+    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
+    uint64_t first = 0;
+    if (all && ds_membership_members(ms, all, n, &n) == 0)
+        for (uint32_t i = 0; i < n; i++)
+            if (all[i].state == DS_MEMBER_ALIVE && all[i].join_round != DS_MEMBERSHIP_NO_ROUND &&
+                all[i].join_round > first)
+                first = all[i].join_round;
+    free(all);
+    return first;
+}
+
 static void stop_threads(rt *r)
 {
     pthread_mutex_lock(&r->lock);
@@ -790,6 +811,9 @@ int ds_node_run(const ds_conf *c)
         rt_fini(&r);
         return ret;
     }
+    r.round0 = first_round(&r);
+    ds_info("gossip", "training starts at round %llu with %lld members",
+            (unsigned long long)r.round0, (long long)c->cluster.min_members);
     if (c->gossip.overlap && ds_topo_gossips(r.topo)) {
         if ((e = pthread_create(&r.comm, NULL, comm_main, &r)) != 0) {
             ds_error("gossip", "cannot start the communication thread: %s", strerror(e));
@@ -815,7 +839,7 @@ int ds_node_run(const ds_conf *c)
         }
         if (!gossiping) {
             /* AllReduce-SGD: the mean gradient of the view, every step. */
-            const uint64_t round = (uint64_t)t->step;
+            const uint64_t round = r.round0 + (uint64_t)t->step;
             if (set_round_view(&r, round) == 0) { /* 1: alone, nothing to average */
                 float *g = t->grad;
                 if (t->ops.kind != DS_BACKEND_CPU) {
@@ -836,7 +860,7 @@ int ds_node_run(const ds_conf *c)
             round_end(&r);
             round_open = 0;
         }
-        if (gossiping && t->step % every == 0 && round_begin(&r, (uint64_t)(t->step / every)) == 0) {
+        if (gossiping && t->step % every == 0 && round_begin(&r, r.round0 + (uint64_t)(t->step / every)) == 0) {
             if (r.comm_up) {
                 comm_start(&r);
                 round_open = 1;

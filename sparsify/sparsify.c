@@ -500,8 +500,24 @@ static int m_micro(ds_sparsifier *s, call *c)
         s->totals.starts++;
     }
     ds_sel_tally tl;
-    const uint32_t t = ds_sel_key(delta);
+    uint32_t t = ds_sel_key(delta);
     s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+    /* Runaway guard (ours, not the authors'): MiCRO moves its threshold by
+     * at most 0.5% per call, so when the vector's scale changes by orders
+     * of magnitude -- accumulated drift after a first call on one step's
+     * drift, or a model transfer -- it would send far too much (or too
+     * little) for hundreds of calls. When a call keeps more than
+     * DS_SPARSIFY_RUNAWAY x k, or fewer than k / DS_SPARSIFY_RUNAWAY,
+     * restart from this call's exact k-th largest |v|, as on a first call. */
+    if (s->started && c->k >= DS_SPARSIFY_RUNAWAY &&
+        (tl.kept > DS_SPARSIFY_RUNAWAY * c->k || tl.kept * DS_SPARSIFY_RUNAWAY < c->k)) {
+        int ret = start_threshold(s, c->v, c->n, c->k, &delta);
+        if (ret < 0)
+            return ret;
+        s->totals.starts++;
+        t = ds_sel_key(delta);
+        s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+    }
     c->count = tl.kept;
     c->nonfinite = tl.nonfinite;
     c->threshold = delta;

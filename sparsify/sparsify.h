@@ -67,6 +67,11 @@ const char *ds_sparsify_method_name(int method);
 /* The method named s, or -EINVAL. */
 int ds_sparsify_method_parse(const char *s);
 
+/* MiCRO restarts from the exact k-th largest |v| when a call would keep
+ * more than this many times k, or fewer than k divided by it (sparsify.c,
+ * m_micro: a departure from the authors' code, docs/sparsify.md). */
+#define DS_SPARSIFY_RUNAWAY 8
+
 /* Where a threshold method without a configured value starts. */
 enum ds_sparsify_start {
     DS_START_KTH = 0,       /* the exact k-th largest |v| of the first call (DESIGN 4) */

@@ -1073,3 +1073,41 @@ Test(sparsify, threshold_recovers_from_an_all_zero_stretch)
     free(val);
     free(idx);
 }
+
+/* MiCRO's runaway guard: after the vector's scale jumps 100x (a first call
+ * on one step's drift, then accumulated drift), the next call must not
+ * keep more than DS_SPARSIFY_RUNAWAY x k -- the published 0.5% steering
+ * alone would keep nearly everything for hundreds of calls. */
+Test(sparsify, micro_restarts_when_the_scale_jumps)
+{
+    const size_t n = 100000;
+    const double d = 0.01;
+    const size_t k = ds_sparsify_k(n, d);
+    float *v = malloc(n * sizeof(float)), *val = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    ds_sparsify_cfg cfg;
+    ds_sparsify_cfg_defaults(&cfg, DS_SPARSIFY_MICRO);
+    ds_sparsifier *s;
+    cr_assert_eq(ds_sparsifier_create(&s, &cfg, n, NULL), 0);
+    ds_sparsify_result r;
+    ds_t_fill(v, n, 1, -1e-3f, 1e-3f);
+    cr_assert_eq(ds_sparsify_select(s, v, n, d, idx, val, n, &r), 0);
+    cr_expect_eq(r.count, k, "first call: exact k-th threshold");
+    for (size_t i = 0; i < n; i++)
+        v[i] *= 100.0f;
+    cr_assert_eq(ds_sparsify_select(s, v, n, d, idx, val, n, &r), 0);
+    cr_expect_leq(r.count, DS_SPARSIFY_RUNAWAY * k, "kept %zu of k=%zu after a 100x jump", r.count, k);
+    cr_expect_geq(r.count, k / DS_SPARSIFY_RUNAWAY);
+    ds_sparsify_totals tt;
+    ds_sparsifier_totals(s, &tt);
+    cr_expect_eq(tt.starts, 2, "the first call and one restart");
+    /* Back down 1000x: too few kept, restart again. */
+    for (size_t i = 0; i < n; i++)
+        v[i] *= 1e-3f;
+    cr_assert_eq(ds_sparsify_select(s, v, n, d, idx, val, n, &r), 0);
+    cr_expect_geq(r.count, k / DS_SPARSIFY_RUNAWAY);
+    ds_sparsifier_destroy(&s);
+    free(v);
+    free(val);
+    free(idx);
+}

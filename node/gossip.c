@@ -265,6 +265,17 @@ nomem:
     return -ENOMEM;
 }
 
+void ds_gossip_reset(ds_gossip *g, const float *theta)
+{
+    memcpy(g->snap, theta, g->n * sizeof(float));
+    memset(g->acc, 0, g->n * sizeof(float));
+    memset(g->delta, 0, g->n * sizeof(float));
+    for (int s = 0; g->sp && s < g->n_seg; s++)
+        if (g->sp[s])
+            ds_sparsifier_reset(g->sp[s]);
+    free_queue(g);
+}
+
 int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
 {
     if (G == 0 || me >= G)

@@ -134,6 +134,10 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
 /* NULL-safe; clears the caller's pointer. */
 void ds_gossip_destroy(ds_gossip **g);
 
+/* Start over from theta (host memory): snap = theta, acc = delta = 0,
+ * every sparsifier's state forgotten. After a model transfer. */
+void ds_gossip_reset(ds_gossip *g, const float *theta);
+
 /* Set the view: G participants, this node is `me`, at view epoch `epoch`.
  * Takes effect at the next begin(). Returns 0 or -EINVAL / -ENOMEM. */
 int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch);

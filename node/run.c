@@ -52,6 +52,7 @@
 #include "node/net.h"
 #include "node/rng.h"
 #include "node/run.h"
+#include "node/state.h"
 
 static volatile sig_atomic_t stop_signal;
 
@@ -133,6 +134,8 @@ typedef struct rt {
     ds_gnet *gn;
     _Atomic int gn_ready; /* gn exists: the net worker may hand it frames */
     ds_gossip *gossip;
+    ds_state *st;
+    _Atomic int st_ready;
     ds_trainer t;
     int trainer_up;
     enum ds_topo_kind topo;
@@ -141,6 +144,9 @@ typedef struct rt {
     pthread_cond_t cond; /* CLOCK_MONOTONIC: fd thread, join and comm waits */
     int stop_threads;
     int joined;
+    uint64_t seed_id;    /* the member that answered our JOIN, its round */
+    char seed_addr[DS_WIRE_ADDR_MAX + 1];
+    uint64_t seed_round;
     int refused;         /* a seed refused our handshake: not admitted */
     char refused_by[DS_WIRE_ADDR_MAX + 1];
     pthread_t fd;
@@ -174,6 +180,15 @@ static void on_net_recv(void *ctx, ds_net_rx *rx)
     if (ds_gnet_handles(type)) {
         if (atomic_load(&r->gn_ready))
             ds_gnet_on_frame(r->gn, rx);
+        return;
+    }
+    if (type == DS_MSG_STATE_REQ || type == DS_MSG_STATE_CHUNK) {
+        if (atomic_load(&r->st_ready)) {
+            if (type == DS_MSG_STATE_REQ)
+                ds_state_on_req(r->st, rx);
+            else
+                ds_state_on_chunk(r->st, rx);
+        }
         return;
     }
     ds_membership *ms = atomic_load(&r->ms);
@@ -265,6 +280,9 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
                 (unsigned long long)ev->join_round);
         pthread_mutex_lock(&r->lock);
         r->joined = 1;
+        r->seed_id = m->id;
+        snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
+        r->seed_round = ev->round;
         pthread_cond_broadcast(&r->cond);
         pthread_mutex_unlock(&r->lock);
         break;
@@ -669,6 +687,8 @@ static void rt_fini(rt *r)
     stop_threads(r);
     ds_net_close(&r->net);
     atomic_store(&r->gn_ready, 0);
+    atomic_store(&r->st_ready, 0);
+    ds_state_destroy(&r->st);
     ds_membership *ms = atomic_exchange(&r->ms, NULL);
     ds_membership_destroy(&ms);
     ds_gnet_destroy(&r->gn);
@@ -713,6 +733,62 @@ static int make_gossip(rt *r, char *err, size_t err_len)
     if (e < 0)
         snprintf(err, err_len, "cannot set up gossip: %s", strerror(-e));
     return e;
+}
+
+static uint64_t current_round(const rt *r)
+{
+    return r->round0 + (uint64_t)(r->t.step / r->c->gossip.every);
+}
+
+/* Give a snapshot of our model to the nodes that asked (between steps). */
+static void serve_state(rt *r)
+{
+    const float *theta = r->t.theta;
+    if (r->t.ops.kind != DS_BACKEND_CPU) {
+        r->t.ops.download(r->host_theta, r->t.theta, r->t.n_params * sizeof(float));
+        theta = r->host_theta;
+    }
+    ds_state_serve(r->st, theta, (uint64_t)r->t.step, r->round0, current_round(r),
+                   ds_now_ms() + 4 * (uint64_t)r->c->transport.op_timeout_ms);
+}
+
+/* A late joiner: ask the member that admitted us for its model, step and
+ * rounds, and start from them; retry a few times. */
+static int fetch_state(rt *r)
+{
+    ds_trainer *t = &r->t;
+    float *theta = malloc(t->n_params * sizeof(float));
+    if (!theta)
+        return -ENOMEM;
+    int e = -ETIMEDOUT;
+    for (int attempt = 1; attempt <= 5 && !stop_signal; attempt++) {
+        const uint64_t t0 = ds_now_ms();
+        const uint64_t deadline = t0 + 4 * (uint64_t)r->c->transport.op_timeout_ms;
+        ds_info("state", "asking %s for the model state (attempt %d)", r->seed_addr, attempt);
+        if ((e = ds_state_request(r->st, r->seed_id, r->seed_addr, deadline)) < 0)
+            continue;
+        ds_state_info info;
+        do
+            e = ds_state_wait(r->st, ds_now_ms() + 200, theta, &info);
+        while (e == -ETIMEDOUT && ds_now_ms() < deadline && !stop_signal);
+        if (e < 0) {
+            ds_warn("state", "state transfer from %s failed: %s", r->seed_addr, strerror(-e));
+            continue;
+        }
+        if ((e = t->ops.upload(t->theta, theta, t->n_params * sizeof(float))) < 0)
+            break;
+        t->ops.memzero(t->mom, t->n_params * sizeof(float));
+        t->step = (int64_t)info.step;
+        r->round0 = info.round0;
+        ds_gossip_reset(r->gossip, theta);
+        ds_membership_set_round(atomic_load(&r->ms), info.round, ds_now_ms());
+        ds_info("state", "model state received: step=%llu round=%llu bytes=%zu in %llu ms",
+                (unsigned long long)info.step, (unsigned long long)info.round, info.bytes,
+                (unsigned long long)(ds_now_ms() - t0));
+        break;
+    }
+    free(theta);
+    return stop_signal ? -EINTR : e;
 }
 
 int ds_node_run(const ds_conf *c)
@@ -787,6 +863,12 @@ int ds_node_run(const ds_conf *c)
     }
     ds_gnet_set_failure_hook(r.gn, gossip_failed_hook, &r);
     atomic_store(&r.gn_ready, 1);
+    if ((e = ds_state_create(&r.st, r.net, t->n_params, 1u << 20)) < 0) {
+        ds_error("node", "cannot start: out of memory");
+        rt_fini(&r);
+        return 1;
+    }
+    atomic_store(&r.st_ready, 1);
     char addr[128] = "";
     ds_net_addr(r.net, addr, sizeof(addr));
     ds_info("node", "listening on %s id=%016llx security=%s gossip=%s/%s sparsify=%s density=%g",
@@ -811,9 +893,19 @@ int ds_node_run(const ds_conf *c)
         rt_fini(&r);
         return ret;
     }
-    r.round0 = first_round(&r);
-    ds_info("gossip", "training starts at round %llu with %lld members",
-            (unsigned long long)r.round0, (long long)c->cluster.min_members);
+    if (r.seed_round > 0) {
+        /* The cluster is already training: start from its model. */
+        if ((e = fetch_state(&r)) < 0) {
+            ds_error("state", "no model state from the cluster: %s", strerror(-e));
+            stop_threads(&r);
+            rt_fini(&r);
+            return e == -EINTR ? 128 + (int)stop_signal : 1;
+        }
+    } else {
+        r.round0 = first_round(&r);
+        ds_info("gossip", "training starts at round %llu with %lld members",
+                (unsigned long long)r.round0, (long long)c->cluster.min_members);
+    }
     if (c->gossip.overlap && ds_topo_gossips(r.topo)) {
         if ((e = pthread_create(&r.comm, NULL, comm_main, &r)) != 0) {
             ds_error("gossip", "cannot start the communication thread: %s", strerror(e));
@@ -869,6 +961,8 @@ int ds_node_run(const ds_conf *c)
                 round_end(&r);
             }
         }
+        if (ds_state_pending(r.st))
+            serve_state(&r);
         train_ns += ds_now_ns() - t0;
         loss_window += loss;
         window_n++;

@@ -80,6 +80,7 @@ struct net_peer {
     uint64_t hs_deadline_ms;
     int hs_refused;   /* a handshake frame was refused (policy, key, MAC) */
     int rekey;
+    int flushing;     /* the worker is sealing the queue: new frames queue too */
     struct pend *pend_head, *pend_tail;
     size_t pend_bytes;
     unsigned npend;
@@ -226,12 +227,19 @@ static void reports_run(ds_net *n, struct report *list)
 
 /* ---- peers (under n->lock) ---------------------------------------------- */
 
+/* The peer authenticated as id, else one being dialled for it. */
 static struct net_peer *peer_by_id(ds_net *n, uint64_t id)
 {
-    for (struct net_peer *p = n->peers; p; p = p->next)
-        if (p->id == id && id)
+    struct net_peer *dialled = NULL;
+    if (!id)
+        return NULL;
+    for (struct net_peer *p = n->peers; p; p = p->next) {
+        if (p->id == id)
             return p;
-    return NULL;
+        if (!p->id && p->expect == id && !dialled)
+            dialled = p;
+    }
+    return dialled;
 }
 
 static struct net_peer *peer_by_tp(ds_net *n, ds_transport_peer tp)
@@ -326,10 +334,11 @@ static void send_done(void *arg, int status)
     free(c);
 }
 
-static void release_free(void *arg, void *buf)
+/* Frames go back to the transport's buffer cache (arg: the transport,
+ * captured at send time, as n->tp is cleared while it closes). */
+static void release_frame(void *arg, void *buf)
 {
-    (void)arg;
-    free(buf);
+    ds_transport_buf_put(arg, buf);
 }
 
 /* Seal buf[0..len) (cap len + tag) with s and hand it to the transport,
@@ -356,7 +365,8 @@ static int seal_and_send(ds_net *n, struct net_sess *s, ds_transport_peer tp, ui
         .buf = buf,
         .len = out_len,
         .deadline_ms = deadline_ms,
-        .release = release_free,
+        .release = release_frame,
+        .release_arg = n->tp,
         .done = send_done,
         .done_arg = c,
     };
@@ -457,7 +467,7 @@ static int submit(ds_net *n, uint64_t to, const char *to_addr, uint8_t *buf, siz
     } else if (to_addr && !p->dial[0]) {
         snprintf(p->dial, sizeof(p->dial), "%s", to_addr);
     }
-    if (p->sess && p->tp) {
+    if (p->sess && p->tp && !p->flushing) {
         struct net_sess *s = sess_ref(p->sess);
         ds_transport_peer tp = p->tp;
         if (ds_session_rekey_due(&s->s) && !p->hs) {
@@ -474,7 +484,9 @@ static int submit(ds_net *n, uint64_t to, const char *to_addr, uint8_t *buf, siz
         free(buf);
         return -ENOBUFS;
     }
-    int r = dial(n, p);
+    /* Queue behind what waits already (a session that is being flushed
+     * keeps the order: nothing overtakes the queue). */
+    int r = p->sess ? 0 : dial(n, p);
     if (r) {
         pthread_mutex_unlock(&n->lock);
         free(buf);
@@ -514,7 +526,7 @@ int ds_net_send_frame(ds_net *n, uint64_t to, const char *to_addr, const uint8_t
     if (ds_wire_hdr_check(frame, len, &n->limits, &h) != DS_DROP_NONE ||
         ds_wire_is_handshake(h.type) || ds_wire_prot(&h) != DS_PROT_NONE)
         return len > n->limits.max_payload + DS_WIRE_HDR_SIZE ? -EMSGSIZE : -EINVAL;
-    uint8_t *buf = malloc(len + DS_WIRE_TAG_SIZE);
+    uint8_t *buf = ds_transport_buf_get(n->tp, len + DS_WIRE_TAG_SIZE);
     if (!buf)
         return -ENOMEM;
     memcpy(buf, frame, len);
@@ -536,7 +548,7 @@ int ds_net_send_msg(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
         return -EINVAL;
     if (size > (size_t)n->limits.max_payload + DS_WIRE_HDR_SIZE)
         return -EMSGSIZE;
-    uint8_t *buf = malloc(size + DS_WIRE_TAG_SIZE);
+    uint8_t *buf = ds_transport_buf_get(n->tp, size + DS_WIRE_TAG_SIZE);
     if (!buf)
         return -ENOMEM;
     size_t len = 0;
@@ -620,8 +632,11 @@ static void hs_complete(ds_net *n, struct net_peer *p, struct report **rep, stru
     /* Another entry for the same node (dialled by id before this
      * connection authenticated, or an older connection): this one wins,
      * and inherits its waiting frames. */
-    struct net_peer *q;
-    while ((q = peer_by_id(n, id)) && q != p) {
+    struct net_peer *q, *qn;
+    for (q = n->peers; q; q = qn) {
+        qn = q->next;
+        if (q == p || !(q->id == id || (!q->id && q->expect == id)))
+            continue;
         while (q->pend_head) {
             struct pend *f = q->pend_head;
             q->pend_head = f->next;
@@ -642,6 +657,7 @@ static void hs_complete(ds_net *n, struct net_peer *p, struct report **rep, stru
         if (q->tp == p->tp)
             q->tp = 0; /* do not remove the connection we keep */
         peer_free(n, q, rep);
+        qn = n->peers; /* the list changed: start over (p stays, q is gone) */
     }
     int rekey = p->sess != NULL;
     sess_unref(p->sess);
@@ -658,26 +674,46 @@ static void hs_complete(ds_net *n, struct net_peer *p, struct report **rep, stru
     p->pend_head = p->pend_tail = NULL;
     p->pend_bytes = 0;
     p->npend = 0;
+    p->flushing = 1;
     *flush_sess = sess_ref(s);
     *flush_tp = p->tp;
 }
 
+/* Seal and send what waited, outside the lock; then whatever senders
+ * queued meanwhile, until the queue is empty and direct sends may resume. */
 static void flush_pending(ds_net *n, struct pend *f, struct net_sess *s, ds_transport_peer tp,
                           struct report **rep)
 {
-    uint64_t now = ds_now_ms();
-    while (f) {
-        struct pend *q = f;
-        f = q->next;
-        if (q->deadline_ms <= now) {
-            report_done(rep, q->done, q->done_arg, -ETIMEDOUT);
-            free(q->buf);
-        } else {
-            int r = seal_and_send(n, s, tp, q->buf, q->len, q->deadline_ms, q->done, q->done_arg);
-            if (r)
-                report_done(rep, q->done, q->done_arg, r);
+    for (;;) {
+        uint64_t now = ds_now_ms();
+        while (f) {
+            struct pend *q = f;
+            f = q->next;
+            if (q->deadline_ms <= now) {
+                report_done(rep, q->done, q->done_arg, -ETIMEDOUT);
+                free(q->buf);
+            } else {
+                int r = seal_and_send(n, s, tp, q->buf, q->len, q->deadline_ms, q->done,
+                                      q->done_arg);
+                if (r)
+                    report_done(rep, q->done, q->done_arg, r);
+            }
+            free(q);
         }
-        free(q);
+        pthread_mutex_lock(&n->lock);
+        struct net_peer *p = peer_by_tp(n, tp);
+        if (p && p->sess == s && p->pend_head) {
+            f = p->pend_head;
+            p->pend_head = p->pend_tail = NULL;
+            p->pend_bytes = 0;
+            p->npend = 0;
+            pthread_mutex_unlock(&n->lock);
+            continue;
+        }
+        if (p && p->sess == s)
+            p->flushing = 0; /* (a newer session's flush owns the flag otherwise) */
+        pthread_mutex_unlock(&n->lock);
+        break;
     }
     sess_unref(s);
 }
@@ -963,7 +999,7 @@ static void *worker_main(void *arg)
                         on_data_frame(n, it, &h);
                 }
             }
-            free(it->base);
+            ds_transport_buf_put(n->tp, it->base); /* (the worker runs while tp lives) */
             free(it);
         }
         if (!it || ds_now_ms() >= next_timer)

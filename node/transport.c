@@ -53,6 +53,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -92,13 +93,16 @@
 #define TP_RX_COPY_MAX 16384  /* held messages up to this size are copied
                                * out of their 64 KiB pool buffer */
 #define TP_RX_WINDOW 65536    /* how far ahead of rx_next a seq may be */
-#define TP_RETIRED 4          /* replaced streams remembered per peer */
+#define TP_STREAMS 4          /* sender streams tracked per peer (LRU) */
 #define TP_CQ_BATCH 32
 #define TP_POST_BUDGET 64     /* chunks posted per loop iteration */
 #define TP_TICK_MS 100        /* longest sleep of the progress loop */
 #define TP_PROBE_MS 250       /* receive-pool watchdog period */
 #define TP_FRESH_GAP_MS 200   /* gap before the first delivery of a stream */
 #define TP_PIN_FACTOR 3       /* pinned buffers per pool: <= 3x its size */
+#define TP_CACHE_SLOTS 64     /* large buffers kept for reuse */
+#define TP_CACHE_MIN (64u << 10)
+#define TP_CACHE_BYTES ((size_t)256 << 20)
 #define TP_MIN_CHUNK 4096u
 #define TP_MAX_CHUNK (64u << 20)
 
@@ -165,6 +169,22 @@ struct tp_rxmsg {
     uint64_t mem;        /* bytes charged to rx_mem */
 };
 
+/* One sender stream (a sender's endpoint incarnation) as we receive it.
+ * The stream id in a chunk is not authenticated, so a forged one must not
+ * be able to evict the genuine stream for good: a peer keeps several, the
+ * least recently active makes room, and a stream that comes back after
+ * being evicted simply starts over (a short gap wait, then in order). */
+struct tp_rxs {
+    uint64_t id;                       /* 0: unused */
+    uint64_t next;                     /* next seq to deliver */
+    uint8_t resync;                    /* after our reset: next seq is the base */
+    uint8_t fresh;                     /* nothing delivered on it yet */
+    struct tp_rxmsg *held, *held_tail; /* sorted by seq */
+    unsigned nheld;
+    uint64_t gap_since_ms;
+    uint64_t last_use;                 /* t->rx_tick at its last chunk (LRU) */
+};
+
 enum peer_state { PEER_FREE = 0, PEER_LIVE, PEER_REMOVING, PEER_DRAINING };
 
 struct tp_peer {
@@ -185,14 +205,7 @@ struct tp_peer {
     uint64_t tx_stream, tx_seq;
     struct op_list txq, inflight;
     uint64_t inflight_bytes;
-    uint64_t rx_stream, rx_next;
-    uint8_t rx_resync;                /* after our reset: next seq is the base */
-    uint8_t rx_fresh;                 /* nothing delivered on this stream yet */
-    uint64_t retired[TP_RETIRED];
-    unsigned retired_pos;
-    struct tp_rxmsg *held, *held_tail; /* sorted by seq */
-    unsigned nheld;
-    uint64_t gap_since_ms;
+    struct tp_rxs rxs[TP_STREAMS];   /* its senders' streams */
     uint32_t busy_next;               /* busy list link: slot+1, 0 = end */
 };
 
@@ -268,8 +281,18 @@ struct ds_transport {
     uint64_t next_due_ms;
     int eagain_seen;
     uint64_t last_work_ns;
-    uint64_t last_stream;       /* one-entry cache of stream -> slot */
-    uint32_t last_slot;
+    uint64_t rx_tick;           /* chunks received: the streams' LRU clock */
+    uint64_t last_stream;       /* one-entry cache of stream -> slot, index */
+    uint32_t last_slot, last_sidx;
+
+    /* Freed large buffers kept for reuse: a fresh 1-64 MiB allocation is
+     * mapped anew by malloc and faults in page by page, which measured
+     * about as costly as copying it. Any thread (own lock). */
+    pthread_mutex_t cache_lock;
+    void *cache_buf[TP_CACHE_SLOTS];
+    size_t cache_cap[TP_CACHE_SLOTS];
+    unsigned cache_n;
+    size_t cache_bytes;
 
     struct tp_stats_atomic st;
 };
@@ -343,6 +366,48 @@ static void drop(ds_transport *t, enum ds_transport_drop why)
 static ds_transport_peer peer_handle(const ds_transport *t, uint32_t slot)
 {
     return ((uint32_t)t->peers[slot].gen << 16) | (slot + 1);
+}
+
+void *ds_transport_buf_get(ds_transport *t, size_t size)
+{
+    if (t && size >= TP_CACHE_MIN) {
+        pthread_mutex_lock(&t->cache_lock);
+        int best = -1;
+        for (unsigned i = 0; i < t->cache_n; i++)
+            if (t->cache_cap[i] >= size && t->cache_cap[i] <= 2 * size &&
+                (best < 0 || t->cache_cap[i] < t->cache_cap[best]))
+                best = (int)i;
+        void *b = NULL;
+        if (best >= 0) {
+            b = t->cache_buf[best];
+            t->cache_bytes -= t->cache_cap[best];
+            t->cache_n--;
+            t->cache_buf[best] = t->cache_buf[t->cache_n];
+            t->cache_cap[best] = t->cache_cap[t->cache_n];
+        }
+        pthread_mutex_unlock(&t->cache_lock);
+        if (b)
+            return b;
+    }
+    return malloc(size ? size : 1);
+}
+
+void ds_transport_buf_put(ds_transport *t, void *buf)
+{
+    if (!buf)
+        return;
+    size_t cap = malloc_usable_size(buf);
+    if (t && cap >= TP_CACHE_MIN) {
+        pthread_mutex_lock(&t->cache_lock);
+        if (t->cache_n < TP_CACHE_SLOTS && t->cache_bytes + cap <= TP_CACHE_BYTES) {
+            t->cache_buf[t->cache_n] = buf;
+            t->cache_cap[t->cache_n++] = cap;
+            t->cache_bytes += cap;
+            buf = NULL;
+        }
+        pthread_mutex_unlock(&t->cache_lock);
+    }
+    free(buf);
 }
 
 static void wake(ds_transport *t)
@@ -449,7 +514,10 @@ void ds_transport_opts_default(ds_transport_opts *o)
     memset(o, 0, sizeof(*o));
     o->provider = "tcp";
     o->listen = "127.0.0.1:0";
-    o->chunk_bytes = 1u << 20;
+    /* 1 MiB of payload plus room for the secured layer's frame header,
+     * chunk prefix and tag, so that a 1 MiB message is one libfabric
+     * message (delivered without a copy) rather than 1 MiB and a sliver. */
+    o->chunk_bytes = (1u << 20) + 4096;
     /* Small on purpose: a receiver must set aside every buffer it matched
      * to a rendezvous from a peer that then froze, and this bounds how many
      * that can be per peer (8 with 1 MiB chunks). Loopback and datacenter
@@ -741,7 +809,7 @@ static void op_free(ds_transport *t, struct tp_op *op)
     if (!op->is_abort) {
         if (op->release)
             op->release(op->release_arg, (void *)op->data);
-        free(op->copy);
+        ds_transport_buf_put(t, op->copy);
         ST_SUB(t, queued_bytes, op->len);
     }
     free(op->chunks);
@@ -1048,37 +1116,56 @@ static void tx_complete(ds_transport *t, struct tp_chunk *c, int err)
 static void rxmsg_free(ds_transport *t, struct tp_rxmsg *m)
 {
     t->rx_mem -= m->mem;
-    free(m->base);
+    ds_transport_buf_put(t, m->base);
     free(m->bitmap);
     free(m);
 }
 
-static void rx_clear(ds_transport *t, struct tp_peer *p, enum ds_transport_drop why)
+static void rxs_clear(ds_transport *t, struct tp_rxs *s, enum ds_transport_drop why)
 {
-    while (p->held) {
-        struct tp_rxmsg *m = p->held;
-        p->held = m->next;
+    while (s->held) {
+        struct tp_rxmsg *m = s->held;
+        s->held = m->next;
         if (m->state != RX_SKIP)
             drop(t, why);
         rxmsg_free(t, m);
     }
-    p->nheld = 0;
-    p->held_tail = NULL;
-    p->gap_since_ms = 0;
+    s->nheld = 0;
+    s->held_tail = NULL;
+    s->gap_since_ms = 0;
 }
 
-static struct tp_rxmsg *held_pop(struct tp_peer *p)
+/* Forget every stream of a peer. */
+static void rx_clear(ds_transport *t, struct tp_peer *p, enum ds_transport_drop why)
 {
-    struct tp_rxmsg *m = p->held;
-    p->held = m->next;
-    if (!p->held)
-        p->held_tail = NULL;
-    p->nheld--;
+    for (int i = 0; i < TP_STREAMS; i++) {
+        rxs_clear(t, &p->rxs[i], why);
+        memset(&p->rxs[i], 0, sizeof(p->rxs[i]));
+        p->rxs[i].next = 1;
+    }
+    t->last_stream = 0;
+}
+
+static int peer_holds(const struct tp_peer *p)
+{
+    for (int i = 0; i < TP_STREAMS; i++)
+        if (p->rxs[i].held)
+            return 1;
+    return 0;
+}
+
+static struct tp_rxmsg *held_pop(struct tp_rxs *s)
+{
+    struct tp_rxmsg *m = s->held;
+    s->held = m->next;
+    if (!s->held)
+        s->held_tail = NULL;
+    s->nheld--;
     return m;
 }
 
-static void deliver(ds_transport *t, uint32_t slot, uint8_t *base, const uint8_t *data,
-                    uint64_t len, int pooled, int *taken)
+static void deliver(ds_transport *t, uint32_t slot, struct tp_rxs *s, uint8_t *base,
+                    const uint8_t *data, uint64_t len, int pooled, int *taken)
 {
     ds_transport_msg msg = {
         .peer = peer_handle(t, slot),
@@ -1089,7 +1176,7 @@ static void deliver(ds_transport *t, uint32_t slot, uint8_t *base, const uint8_t
     (void)pooled;
     ST_ADD(t, msgs_recv, 1);
     ST_ADD(t, bytes_recv, len);
-    t->peers[slot].rx_fresh = 0;
+    s->fresh = 0;
     t->o.on_recv(t->o.cb_ctx, &msg);
     *taken = msg.taken_;
 }
@@ -1099,24 +1186,24 @@ static void deliver(ds_transport *t, uint32_t slot, uint8_t *base, const uint8_t
  * came back, or we started after it): its first message is then not seq 1,
  * and waiting rx_timeout for messages we will never see would stall it;
  * 200 ms still absorbs the reordering of its first messages. */
-static uint64_t gap_ms(const ds_transport *t, const struct tp_peer *p)
+static uint64_t gap_ms(const ds_transport *t, const struct tp_rxs *s)
 {
-    return p->rx_fresh && TP_FRESH_GAP_MS < t->o.rx_timeout_ms ? TP_FRESH_GAP_MS
-                                                                : t->o.rx_timeout_ms;
+    return s->fresh && TP_FRESH_GAP_MS < t->o.rx_timeout_ms ? TP_FRESH_GAP_MS
+                                                             : t->o.rx_timeout_ms;
 }
 
 /* Deliver every message at the head of the held list that is next in
  * order; skip what was aborted or dropped. */
-static void deliver_ready(ds_transport *t, uint32_t slot)
+static void deliver_ready(ds_transport *t, uint32_t slot, struct tp_rxs *s)
 {
     struct tp_peer *p = &t->peers[slot];
-    while (p->held && p->held->seq == p->rx_next && p->held->state != RX_PARTIAL) {
-        struct tp_rxmsg *m = held_pop(p);
-        p->rx_next++;
-        p->gap_since_ms = 0;
+    while (s->held && s->held->seq == s->next && s->held->state != RX_PARTIAL) {
+        struct tp_rxmsg *m = held_pop(s);
+        s->next++;
+        s->gap_since_ms = 0;
         if (m->state == RX_COMPLETE && p->state == PEER_LIVE) {
             int taken = 0;
-            deliver(t, slot, m->base, m->data, m->len, m->pooled, &taken);
+            deliver(t, slot, s, m->base, m->data, m->len, m->pooled, &taken);
             if (taken)
                 m->base = NULL; /* the application frees it */
         } else if (m->state == RX_COMPLETE) {
@@ -1124,36 +1211,35 @@ static void deliver_ready(ds_transport *t, uint32_t slot)
         }
         rxmsg_free(t, m);
     }
-    if (p->held && p->held->seq != p->rx_next && !p->gap_since_ms)
-        p->gap_since_ms = ds_now_ms();
-    if (p->held) {
-        uint64_t due = p->gap_since_ms ? p->gap_since_ms + gap_ms(t, p)
-                                       : p->held->last_ms + t->o.rx_timeout_ms;
+    if (s->held && s->held->seq != s->next && !s->gap_since_ms)
+        s->gap_since_ms = ds_now_ms();
+    if (s->held) {
+        uint64_t due = s->gap_since_ms ? s->gap_since_ms + gap_ms(t, s)
+                                       : s->held->last_ms + t->o.rx_timeout_ms;
         if (due < t->next_due_ms)
             t->next_due_ms = due;
         mark_busy(t, slot);
     }
 }
 
-static struct tp_rxmsg *held_find(struct tp_peer *p, uint64_t seq, struct tp_rxmsg ***link)
+static struct tp_rxmsg *held_find(struct tp_rxs *s, uint64_t seq, struct tp_rxmsg ***link)
 {
     /* Messages mostly complete in order: try the tail first. */
-    if (p->held_tail && seq >= p->held_tail->seq) {
-        *link = &p->held_tail->next;
-        return seq == p->held_tail->seq ? p->held_tail : NULL;
+    if (s->held_tail && seq >= s->held_tail->seq) {
+        *link = &s->held_tail->next;
+        return seq == s->held_tail->seq ? s->held_tail : NULL;
     }
-    struct tp_rxmsg **pp = &p->held;
+    struct tp_rxmsg **pp = &s->held;
     while (*pp && (*pp)->seq < seq)
         pp = &(*pp)->next;
     *link = pp;
     return (*pp && (*pp)->seq == seq) ? *pp : NULL;
 }
 
-static struct tp_rxmsg *held_insert(ds_transport *t, uint32_t slot, struct tp_rxmsg **link,
-                                    uint64_t seq, uint8_t state)
+static struct tp_rxmsg *held_insert(ds_transport *t, uint32_t slot, struct tp_rxs *s,
+                                    struct tp_rxmsg **link, uint64_t seq, uint8_t state)
 {
-    struct tp_peer *p = &t->peers[slot];
-    if (p->nheld >= TP_RX_HELD_MAX)
+    if (s->nheld >= TP_RX_HELD_MAX)
         return NULL;
     struct tp_rxmsg *m = calloc(1, sizeof(*m));
     if (!m)
@@ -1164,25 +1250,36 @@ static struct tp_rxmsg *held_insert(ds_transport *t, uint32_t slot, struct tp_rx
     m->next = *link;
     *link = m;
     if (!m->next)
-        p->held_tail = m;
-    p->nheld++;
+        s->held_tail = m;
+    s->nheld++;
     mark_busy(t, slot);
     return m;
 }
 
-/* Find the peer a chunk belongs to, creating it for an unknown address.
- * Returns the slot or UINT32_MAX (dropped, counted). */
-static uint32_t rx_peer(ds_transport *t, uint64_t stream, const uint8_t *name, size_t namelen)
+/* Find the peer and stream a chunk belongs to, creating the peer for an
+ * unknown address and the stream state for a new stream. Returns the slot
+ * (and *sidx) or UINT32_MAX (dropped, counted). */
+static uint32_t rx_peer(ds_transport *t, uint64_t stream, const uint8_t *name, size_t namelen,
+                        unsigned *sidx)
 {
     if (stream == t->last_stream && t->last_slot < t->npeers &&
-        t->peers[t->last_slot].state == PEER_LIVE && t->peers[t->last_slot].rx_stream == stream)
+        t->peers[t->last_slot].state == PEER_LIVE &&
+        t->peers[t->last_slot].rxs[t->last_sidx].id == stream) {
+        *sidx = t->last_sidx;
         return t->last_slot;
-    for (uint32_t i = 0; i < t->npeers; i++)
-        if (t->peers[i].state == PEER_LIVE && t->peers[i].rx_stream == stream) {
-            t->last_stream = stream;
-            t->last_slot = i;
-            return i;
-        }
+    }
+    for (uint32_t i = 0; i < t->npeers; i++) {
+        if (t->peers[i].state != PEER_LIVE)
+            continue;
+        for (unsigned k = 0; k < TP_STREAMS; k++)
+            if (t->peers[i].rxs[k].id == stream) {
+                t->last_stream = stream;
+                t->last_slot = i;
+                t->last_sidx = k;
+                *sidx = k;
+                return i;
+            }
+    }
 
     char key[DS_TRANSPORT_ADDR_MAX];
     if (addr_canon(t->addr_format, name, namelen, key, sizeof(key))) {
@@ -1223,23 +1320,32 @@ static uint32_t rx_peer(ds_transport *t, uint64_t stream, const uint8_t *name, s
     struct tp_peer *p = &t->peers[slot];
     if (created && !t->broken)
         av_insert(t, slot);
-    /* A new stream from this address: the sender restarted or reset. */
-    for (unsigned i = 0; i < TP_RETIRED; i++)
-        if (p->retired[i] == stream) {
-            drop(t, DS_TP_DROP_STALE_STREAM);
-            return UINT32_MAX;
+    /* A new stream from this address (the sender restarted or reset, or
+     * someone forges its address): a free entry, else the one idle the
+     * longest, whose held messages are dropped. */
+    unsigned k = 0;
+    for (unsigned i = 0; i < TP_STREAMS; i++) {
+        if (!p->rxs[i].id) {
+            k = i;
+            break;
         }
-    if (p->rx_stream) {
-        p->retired[p->retired_pos++ % TP_RETIRED] = p->rx_stream;
-        rx_clear(t, p, DS_TP_DROP_STALE_STREAM);
-        ds_debug(COMP, "peer %s: new stream %016" PRIx64, p->addr, stream);
+        if (p->rxs[i].last_use < p->rxs[k].last_use)
+            k = i;
     }
-    p->rx_stream = stream;
-    p->rx_next = 1;
-    p->rx_resync = 0;
-    p->rx_fresh = 1;
+    struct tp_rxs *s = &p->rxs[k];
+    if (s->id) {
+        rxs_clear(t, s, DS_TP_DROP_STALE_STREAM);
+        ds_debug(COMP, "peer %s: stream %016" PRIx64 " replaces %016" PRIx64, p->addr, stream,
+                 s->id);
+    }
+    memset(s, 0, sizeof(*s));
+    s->id = stream;
+    s->next = 1;
+    s->fresh = 1;
     t->last_stream = stream;
     t->last_slot = slot;
+    t->last_sidx = k;
+    *sidx = k;
     if (created) {
         ds_info(COMP, "new peer %s (first message)", key);
         event(t, DS_TRANSPORT_EV_PEER_NEW, slot, 0);
@@ -1268,32 +1374,35 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
         return;
     }
     uint64_t plen = len - hl;
-    uint32_t slot = rx_peer(t, stream, h + TP_HDR_FIXED, namelen);
+    unsigned sidx = 0;
+    uint32_t slot = rx_peer(t, stream, h + TP_HDR_FIXED, namelen, &sidx);
     if (slot == UINT32_MAX)
         return;
     struct tp_peer *p = &t->peers[slot];
+    struct tp_rxs *s = &p->rxs[sidx];
+    s->last_use = ++t->rx_tick;
     ds_debug(COMP, "chunk from %s stream=%016" PRIx64 " seq=%" PRIu64 " (next %" PRIu64
-             ") chunk=%u total=%" PRIu64 "%s", p->addr, stream, seq, p->rx_next, idx, total,
+             ") chunk=%u total=%" PRIu64 "%s", p->addr, stream, seq, s->next, idx, total,
              (flags & TP_F_ABORT) ? " ABORT" : "");
     peer_alive(t, slot);
 
-    if (p->rx_resync) {
-        p->rx_resync = 0;
-        if (seq > p->rx_next)
-            p->rx_next = seq;
+    if (s->resync) {
+        s->resync = 0;
+        if (seq > s->next)
+            s->next = seq;
     }
-    if (seq < p->rx_next) {
+    if (seq < s->next) {
         drop(t, DS_TP_DROP_LATE);
         return;
     }
-    if (seq - p->rx_next >= TP_RX_WINDOW) {
+    if (seq - s->next >= TP_RX_WINDOW) {
         drop(t, DS_TP_DROP_BACKLOG);
         ds_log_rl(DS_LOG_WARN, COMP, "dropped chunk from %s: seq %" PRIu64 " far ahead of %" PRIu64,
-                  p->addr, seq, p->rx_next);
+                  p->addr, seq, s->next);
         return;
     }
     struct tp_rxmsg **link;
-    struct tp_rxmsg *m = held_find(p, seq, &link);
+    struct tp_rxmsg *m = held_find(s, seq, &link);
 
     if (flags & TP_F_ABORT) {
         if (plen) {
@@ -1308,10 +1417,10 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
             m->base = m->bitmap = NULL;
             m->mem = 0;
             m->state = RX_SKIP;
-        } else if (!held_insert(t, slot, link, seq, RX_SKIP)) {
+        } else if (!held_insert(t, slot, s, link, seq, RX_SKIP)) {
             drop(t, DS_TP_DROP_BACKLOG);
         }
-        deliver_ready(t, slot);
+        deliver_ready(t, slot, s);
         return;
     }
 
@@ -1338,7 +1447,7 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
         ds_log_rl(DS_LOG_WARN, COMP, "dropped message from %s: %" PRIu64 " bytes > max %zu",
                   p->addr, total, t->o.max_msg_bytes);
         if (!m)
-            m = held_insert(t, slot, link, seq, RX_SKIP);
+            m = held_insert(t, slot, s, link, seq, RX_SKIP);
         if (m && m->state == RX_PARTIAL) {
             t->rx_mem -= m->mem;
             free(m->base);
@@ -1347,21 +1456,21 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
             m->mem = 0;
             m->state = RX_SKIP;
         }
-        deliver_ready(t, slot);
+        deliver_ready(t, slot, s);
         return;
     }
 
     if (!m) {
         if (nchunks == 1) {
             uint8_t *base = rb->buf;
-            if (seq == p->rx_next) {
+            if (seq == s->next) {
                 /* The common case: in order, one chunk. Zero copy. */
                 int taken = 0;
-                p->rx_next++;
-                deliver(t, slot, base, base + hl, plen, 1, &taken);
+                s->next++;
+                deliver(t, slot, s, base, base + hl, plen, 1, &taken);
                 if (taken)
                     rb->buf = NULL;
-                deliver_ready(t, slot);
+                deliver_ready(t, slot, s);
                 return;
             }
             /* Out of order: hold it. A small one is copied to its own
@@ -1372,11 +1481,11 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
             uint64_t cost = (copy ? plen : rb->cap) + sizeof(*m);
             if (t->rx_mem + cost > t->o.rx_mem_bytes) {
                 drop(t, DS_TP_DROP_NO_MEMORY);
-                held_insert(t, slot, link, seq, RX_SKIP);
-                deliver_ready(t, slot);
+                held_insert(t, slot, s, link, seq, RX_SKIP);
+                deliver_ready(t, slot, s);
                 return;
             }
-            m = held_insert(t, slot, link, seq, RX_COMPLETE);
+            m = held_insert(t, slot, s, link, seq, RX_COMPLETE);
             if (!m) {
                 drop(t, DS_TP_DROP_BACKLOG);
                 return;
@@ -1386,7 +1495,7 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
                 if (!m->base) {
                     m->state = RX_SKIP;
                     drop(t, DS_TP_DROP_NO_MEMORY);
-                    deliver_ready(t, slot);
+                    deliver_ready(t, slot, s);
                     return;
                 }
                 memcpy(m->base, base + hl, plen);
@@ -1400,7 +1509,7 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
             m->len = plen;
             m->mem = cost;
             t->rx_mem += m->mem;
-            deliver_ready(t, slot);
+            deliver_ready(t, slot, s);
             return;
         }
         uint64_t bm = (nchunks + 7) / 8;
@@ -1408,16 +1517,16 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
             drop(t, DS_TP_DROP_NO_MEMORY);
             ds_log_rl(DS_LOG_WARN, COMP, "dropped %" PRIu64 "-byte message from %s: rx memory bound",
                       total, p->addr);
-            if (held_insert(t, slot, link, seq, RX_SKIP))
-                deliver_ready(t, slot);
+            if (held_insert(t, slot, s, link, seq, RX_SKIP))
+                deliver_ready(t, slot, s);
             return;
         }
-        m = held_insert(t, slot, link, seq, RX_PARTIAL);
+        m = held_insert(t, slot, s, link, seq, RX_PARTIAL);
         if (!m) {
             drop(t, DS_TP_DROP_BACKLOG);
             return;
         }
-        m->base = malloc(total);
+        m->base = ds_transport_buf_get(t, total);
         m->bitmap = calloc(bm, 1);
         if (!m->base || !m->bitmap) {
             free(m->base);
@@ -1425,7 +1534,7 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
             m->base = m->bitmap = NULL;
             m->state = RX_SKIP;
             drop(t, DS_TP_DROP_NO_MEMORY);
-            deliver_ready(t, slot);
+            deliver_ready(t, slot, s);
             return;
         }
         m->data = m->base;
@@ -1458,7 +1567,7 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
         m->state = RX_COMPLETE;
         free(m->bitmap);
         m->bitmap = NULL;
-        deliver_ready(t, slot);
+        deliver_ready(t, slot, s);
     }
 }
 
@@ -1472,7 +1581,7 @@ static int post_receives(ds_transport *t)
         if (rb->posted)
             continue;
         if (!rb->buf) {
-            rb->buf = malloc(rb->cap);
+            rb->buf = ds_transport_buf_get(t, rb->cap);
             if (!rb->buf)
                 break;
         }
@@ -1574,7 +1683,7 @@ static void rx_complete(ds_transport *t, struct tp_rxbuf *rb, size_t len, int er
             return;
         }
         rx_chunk(t, rb, len);
-        free(rb->buf);
+        ds_transport_buf_put(t, rb->buf);
         free(rb);
         return;
     }
@@ -1674,11 +1783,9 @@ static void peer_fresh(struct tp_peer *p)
     p->misses = 0;
     p->tx_stream = 0;
     p->tx_seq = 0;
-    p->rx_stream = 0;
-    p->rx_next = 1;
-    p->rx_resync = 0;
-    memset(p->retired, 0, sizeof(p->retired));
-    p->gap_since_ms = 0;
+    memset(p->rxs, 0, sizeof(p->rxs)); /* (held lists were emptied before) */
+    for (int i = 0; i < TP_STREAMS; i++)
+        p->rxs[i].next = 1;
 }
 
 static void peer_free_slot(ds_transport *t, uint32_t slot)
@@ -1712,7 +1819,6 @@ static void peer_drain(ds_transport *t, uint32_t slot)
         if (!op->reported)
             op_fail(t, op, -ECANCELED);
     rx_clear(t, p, DS_TP_DROP_REMOVED_PEER);
-    p->rx_stream = 0;
     if (!p->inflight.head)
         peer_free_slot(t, slot);
 }
@@ -1804,31 +1910,34 @@ static int scan_due(ds_transport *t, uint64_t now)
             }
         }
         /* Held messages: a partial head or a gap that waited too long. */
-        if (p->held) {
-            struct tp_rxmsg *h = p->held;
-            uint64_t since = h->seq == p->rx_next ? h->last_ms : p->gap_since_ms;
-            uint64_t wait = h->seq == p->rx_next ? t->o.rx_timeout_ms : gap_ms(t, p);
+        for (int k = 0; k < TP_STREAMS; k++) {
+            struct tp_rxs *s = &p->rxs[k];
+            if (!s->held)
+                continue;
+            struct tp_rxmsg *h = s->held;
+            uint64_t since = h->seq == s->next ? h->last_ms : s->gap_since_ms;
+            uint64_t wait = h->seq == s->next ? t->o.rx_timeout_ms : gap_ms(t, s);
             if (since && since + wait <= now) {
-                if (h->seq == p->rx_next) {
-                    held_pop(p);
+                if (h->seq == s->next) {
+                    held_pop(s);
                     if (h->state == RX_PARTIAL)
                         drop(t, DS_TP_DROP_RX_TIMEOUT);
                     rxmsg_free(t, h);
-                    p->rx_next++;
+                    s->next++;
                 } else {
                     drop(t, DS_TP_DROP_RX_TIMEOUT);
-                    p->rx_next = h->seq;
+                    s->next = h->seq;
                 }
-                p->gap_since_ms = 0;
+                s->gap_since_ms = 0;
                 ds_log_rl(DS_LOG_WARN, COMP, "peer %s: skipped a message after %" PRIu64
                           " ms without chunks", p->addr, wait);
-                deliver_ready(t, slot);
+                deliver_ready(t, slot, s);
                 work++;
             }
-            if (p->held) {
-                struct tp_rxmsg *h2 = p->held;
-                uint64_t s2 = h2->seq == p->rx_next ? h2->last_ms : p->gap_since_ms;
-                uint64_t w2 = h2->seq == p->rx_next ? t->o.rx_timeout_ms : gap_ms(t, p);
+            if (s->held) {
+                struct tp_rxmsg *h2 = s->held;
+                uint64_t s2 = h2->seq == s->next ? h2->last_ms : s->gap_since_ms;
+                uint64_t w2 = h2->seq == s->next ? t->o.rx_timeout_ms : gap_ms(t, s);
                 if (!s2)
                     s2 = now;
                 if (s2 + w2 < next)
@@ -1838,7 +1947,7 @@ static int scan_due(ds_transport *t, uint64_t now)
         if (p->state == PEER_DRAINING && !p->inflight.head && !p->txq.head)
             peer_free_slot(t, slot);
         /* Leave the busy list when nothing is left to watch. */
-        if (!p->txq.head && !p->inflight.head && !p->held) {
+        if (!p->txq.head && !p->inflight.head && !peer_holds(p)) {
             *link = p->busy_next;
             p->in_busy = 0;
             p->busy_next = 0;
@@ -1918,8 +2027,10 @@ static void do_reset(ds_transport *t, const char *why)
         /* The peer does not know we reset: its stream goes on, minus what
          * was in flight on the closed connection. Resynchronise on the
          * next seq it sends rather than wait for the lost ones. */
-        rx_clear(t, p, DS_TP_DROP_STALE_STREAM);
-        p->rx_resync = 1;
+        for (int k = 0; k < TP_STREAMS; k++) {
+            rxs_clear(t, &p->rxs[k], DS_TP_DROP_STALE_STREAM);
+            p->rxs[k].resync = 1;
+        }
         p->in_av = 0;
         if (p->state == PEER_DRAINING)
             peer_free_slot(t, slot);
@@ -2087,6 +2198,9 @@ static void transport_free(ds_transport *t)
     if (t->evfd >= 0)
         close(t->evfd);
     pthread_mutex_destroy(&t->lock);
+    for (unsigned i = 0; i < t->cache_n; i++)
+        free(t->cache_buf[i]);
+    pthread_mutex_destroy(&t->cache_lock);
     free(t->provider);
     free(t->listen_host);
     free(t->listen_port);
@@ -2120,6 +2234,7 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
     t->evfd = -1;
     t->cq_fd = -1;
     pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->cache_lock, NULL);
     t->o = *o;
     const char *prov = o->provider && *o->provider ? o->provider : "tcp";
     /* "tcp" alone names the msg-endpoint provider; RDM needs rxm on top. */
@@ -2335,7 +2450,7 @@ int ds_transport_send(ds_transport *t, ds_transport_peer p, const ds_transport_s
         op->release = a->release;
         op->release_arg = a->release_arg;
     } else if (a->len) {
-        op->copy = malloc(a->len);
+        op->copy = ds_transport_buf_get(t, a->len);
         if (!op->copy) {
             free(op);
             return -ENOMEM;

@@ -115,7 +115,8 @@ typedef struct ds_transport_opts {
                             * chunk header; NULL = the bound listen address
                             * (required when listen's host is a wildcard) */
     size_t chunk_bytes;        /* payload per libfabric message (4 KiB..64 MiB,
-                                * the same on every node); default 1 MiB */
+                                * the same on every node); default 1 MiB +
+                                * 4 KiB (room for node/net's frame overhead) */
     size_t max_inflight_bytes; /* per peer, posted and not completed; 8 MiB */
     size_t max_queued_bytes;   /* accepted, not yet released, all peers; 2 GiB */
     size_t max_msg_bytes;      /* largest message accepted on receive; 1 GiB */
@@ -243,6 +244,17 @@ int ds_transport_send_wait(ds_transport *t, ds_transport_peer p, const void *buf
 /* Take ownership of a received message inside on_recv: returns the pointer
  * to free() when done with msg->data (which stays valid and unchanged). */
 void *ds_transport_msg_take(ds_transport_msg *msg);
+
+/* Large-buffer recycling (optional). ds_transport_buf_get returns a buffer
+ * of at least `size` bytes, from the transport's small cache of freed
+ * large buffers when one fits, else malloc; ds_transport_buf_put hands a
+ * malloc'd buffer back (kept if the cache has room, else freed). A buffer
+ * taken with ds_transport_msg_take may go back this way instead of free():
+ * reusing warm pages spares the page faults of a fresh 1-64 MiB allocation
+ * on every message. Any thread; put accepts NULL. Both are plain malloc
+ * memory: free() is always allowed too. */
+void *ds_transport_buf_get(ds_transport *t, size_t size);
+void ds_transport_buf_put(ds_transport *t, void *buf);
 
 /* Ask the progress thread to close and reopen the endpoint now (what the
  * stuck bound does on its own). Pending sends fail with -ENETRESET except

@@ -490,16 +490,17 @@ Test(transport, reset_in_the_middle_keeps_order)
         if (i == n / 3)
             cr_assert_eq(ds_transport_reset(a.t), 0);
     }
-    cr_assert_eq(tp_done_wait(&d, n, 20000), n);
-    cr_assert_eq(d.ok + d.other, n);
+    cr_assert_eq(tp_done_wait(&d, n, 20000), n, "only %u of %u sends reported",
+                 d.ok + d.timeouts + d.other, n);
+    cr_assert_eq(d.ok + d.other, n, "ok %u, timeouts %u, errors %u", d.ok, d.timeouts, d.other);
     if (d.other)
-        cr_assert_eq(d.last_error, -ENETRESET);
-    /* Whatever b got is intact and strictly increasing; every message that
-     * reported success arrived. */
+        cr_assert_eq(d.last_error, -ENETRESET, "error %d (%s)", d.last_error,
+                     strerror(-d.last_error));
+    /* Whatever b got is intact and strictly increasing. */
     unsigned got = 0;
     int64_t last = -1;
     tp_item *it;
-    while ((it = tp_inbox_pop(&b.in, got >= d.ok ? 500 : 10000))) {
+    while ((it = tp_inbox_pop(&b.in, got + 8 >= d.ok ? 1000 : 10000))) {
         int ok;
         uint64_t idx = tp_pattern_check(it->data, it->len, SEED, &ok);
         cr_assert(ok);
@@ -509,10 +510,13 @@ Test(transport, reset_in_the_middle_keeps_order)
         got++;
         tp_item_free(it);
     }
-    cr_assert_geq(got, d.ok);
+    /* A completed send is transmit-complete, not delivered: what sat in the
+     * socket when the reset closed it (at most the 8 MiB window, 8 of these
+     * messages) may be lost. Everything else that completed arrived. */
+    cr_assert_geq(got + 8, d.ok, "%u delivered, %u sends reported ok", got, d.ok);
     ds_transport_stats st;
     ds_transport_stats_get(a.t, &st);
-    cr_assert_eq(st.resets, 1);
+    cr_assert_eq(st.resets, 1, "%" PRIu64 " resets", st.resets);
     cr_assert_eq(tp_events_count(&a.ev, DS_TRANSPORT_EV_RESET), 1);
     /* After the reset both directions still work. */
     cr_assert_eq(ds_transport_send_wait(a.t, pb, "after", 5, ds_now_ms() + 5000), 0);
@@ -771,30 +775,64 @@ Test(transport, crafted_chunks_dropped_by_reason)
     raw_send(&w, buf, n);
     expect_drop(b.t, DS_TP_DROP_LATE, 1, "late");
 
-    /* A new stream from the same address replaces the old one... */
+    /* A new stream from the same address (a restart, or a forgery) does
+     * not end the old one: both are tracked, each in its own order. */
+    const uint64_t S3 = 0x3333, S4 = 0x4444, S5 = 0x5555;
     n = mk_chunk(buf, 0, w.name, w.namelen, S2, 1, 1, 0, 4096, "x", 1);
     raw_send(&w, buf, n);
     it = tp_inbox_pop(&b.in, 3000);
     cr_assert(it);
     cr_assert_eq(it->len, 1);
+    cr_assert_eq(it->data[0], 'x');
     cr_assert_eq(it->peer, from);
     tp_item_free(it);
-    /* ...and the old stream is stale from then on. */
     n = mk_chunk(buf, 0, w.name, w.namelen, S, 3, 1, 0, 4096, "y", 1);
     raw_send(&w, buf, n);
-    expect_drop(b.t, DS_TP_DROP_STALE_STREAM, 1, "stale stream");
+    it = tp_inbox_pop(&b.in, 3000);
+    cr_assert(it, "the old stream was cut by a new one");
+    cr_assert_eq(it->data[0], 'y');
+    tp_item_free(it);
+
+    /* Four streams per peer, least recently active out first: S2 holds a
+     * partial message, S is used after it, then S3, S4 and S5 arrive: S2
+     * is evicted and its partial message dropped. */
+    n = mk_chunk(buf, 0, w.name, w.namelen, S2, 2, 8192, 0, 4096, pay, 4096);
+    raw_send(&w, buf, n);
+    n = mk_chunk(buf, 0, w.name, w.namelen, S, 4, 1, 0, 4096, "z", 1);
+    raw_send(&w, buf, n);
+    const uint64_t more[3] = {S3, S4, S5};
+    for (int k = 0; k < 3; k++) {
+        n = mk_chunk(buf, 0, w.name, w.namelen, more[k], 1, 1, 0, 4096, "m", 1);
+        raw_send(&w, buf, n);
+    }
+    for (int k = 0; k < 4; k++) {
+        it = tp_inbox_pop(&b.in, 3000);
+        cr_assert(it, "message %d of z, m, m, m missing", k);
+        tp_item_free(it);
+    }
+    expect_drop(b.t, DS_TP_DROP_STALE_STREAM, 1, "evicted stream's partial message");
+    /* S2 comes back: it starts over, waits briefly for seqs it will never
+     * resend, then goes on in order. */
+    uint64_t t_back = ds_now_ms();
+    n = mk_chunk(buf, 0, w.name, w.namelen, S2, 3, 4, 0, 4096, "back", 4);
+    raw_send(&w, buf, n);
+    it = tp_inbox_pop(&b.in, 3000);
+    cr_assert(it, "an evicted stream that came back never delivered");
+    cr_assert_eq(it->len, 4);
+    cr_assert_lt(ds_now_ms() - t_back, 2000);
+    tp_item_free(it);
 
     /* Far ahead of the window. */
-    n = mk_chunk(buf, 0, w.name, w.namelen, S2, 1000000, 1, 0, 4096, "z", 1);
+    n = mk_chunk(buf, 0, w.name, w.namelen, S5, 1000000, 1, 0, 4096, "z", 1);
     raw_send(&w, buf, n);
     expect_drop(b.t, DS_TP_DROP_BACKLOG, 1, "seq far ahead");
 
     /* seq 3 arrives before seq 2; seq 2 is then aborted: 3 is delivered
      * after the abort, never before. */
-    n = mk_chunk(buf, 0, w.name, w.namelen, S2, 3, 5, 0, 4096, "three", 5);
+    n = mk_chunk(buf, 0, w.name, w.namelen, S5, 3, 5, 0, 4096, "three", 5);
     raw_send(&w, buf, n);
     cr_assert_null(tp_inbox_pop(&b.in, 200), "seq 3 delivered before seq 2");
-    n = mk_chunk(buf, 1, w.name, w.namelen, S2, 2, 0, 0, 0, NULL, 0);
+    n = mk_chunk(buf, 1, w.name, w.namelen, S5, 2, 0, 0, 0, NULL, 0);
     raw_send(&w, buf, n);
     expect_drop(b.t, DS_TP_DROP_ABORTED, 1, "abort");
     it = tp_inbox_pop(&b.in, 3000);
@@ -804,7 +842,7 @@ Test(transport, crafted_chunks_dropped_by_reason)
     tp_item_free(it);
 
     /* A good zero-length message right after all that. */
-    n = mk_chunk(buf, 0, w.name, w.namelen, S2, 4, 0, 0, 0, NULL, 0);
+    n = mk_chunk(buf, 0, w.name, w.namelen, S5, 4, 0, 0, 0, NULL, 0);
     raw_send(&w, buf, n);
     it = tp_inbox_pop(&b.in, 3000);
     cr_assert(it);
@@ -813,7 +851,7 @@ Test(transport, crafted_chunks_dropped_by_reason)
 
     ds_transport_stats st;
     ds_transport_stats_get(b.t, &st);
-    cr_assert_eq(st.msgs_recv, 4);
+    cr_assert_eq(st.msgs_recv, 10);
     raw_close(&w);
     ep_close(&b);
 }
@@ -928,12 +966,30 @@ Test(transport_mp, echo_thousands_0B_to_64MiB_in_order)
     tp_child_kill(&c);
 }
 
-/* Start large sends to `victim`, hit it with `sig` once some completed. */
+static void release_none(void *arg, void *buf)
+{
+    (void)arg;
+    (void)buf;
+}
+
+/* Start large sends to `victim`, hit it with `sig` once some completed.
+ * All of them send one shared, read-only 16 MiB buffer (static: it must
+ * outlive abandoned sends until the transport lets go of them). */
 static void large_sends_then_signal(struct ep *a, ds_transport_peer pv, tp_child *victim, int sig,
                                     tp_done *d, unsigned nmsg, uint64_t deadline)
 {
+    static uint8_t *big;
+    if (!big) {
+        big = malloc(16u << 20);
+        cr_assert(big);
+        tp_pattern_fill(big, 16u << 20, SEED, 7);
+    }
     for (unsigned i = 0; i < nmsg; i++) {
-        int r = send_pattern_owned(a->t, pv, 16u << 20, SEED, i, deadline, d);
+        ds_transport_send_args args = {
+            .buf = big, .len = 16u << 20, .deadline_ms = deadline,
+            .release = release_none, .done = tp_done_cb, .done_arg = d,
+        };
+        int r = ds_transport_send(a->t, pv, &args);
         cr_assert_eq(r, 0, "large send %u: %s", i, strerror(-r));
     }
     /* Wait until the transfer is under way, then strike. */

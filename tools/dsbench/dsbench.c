@@ -21,6 +21,7 @@ static const struct {
     {"sparsify", ds_bench_sparsify, "time per call of every sparsifier vs exact top-k and a plain read"},
     {"wire", ds_bench_wire, "sparse index encodings by density, seal/open MB/s per mode and cipher, handshake"},
     {"elastic", ds_bench_elastic, "membership (--fake: simulated network): detection, dissemination, slow nodes"},
+    {"transport", ds_bench_transport, "loopback goodput through node/net (none, auth, encrypt) and the bare transport vs fi_pingpong"},
 };
 
 static void usage(FILE *f)

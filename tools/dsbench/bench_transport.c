@@ -1,0 +1,590 @@
+/*
+ * tools/dsbench/bench_transport.c: `dsbench transport`: goodput between two
+ * processes on loopback, through node/net (modes none, auth, encrypt) and
+ * through node/transport alone (mode "transport": no frames, no crypto),
+ * beside fi_pingpong (libfabric-bin) for the same message sizes, run in the
+ * same invocation so both see the same machine.
+ *
+ * Each row: a child process (forked, dying with us) runs the receiving
+ * node; this process streams messages of `bytes` payload to it for about
+ * --seconds, then sends a marker and waits for the receiver's answer, which
+ * it sends once every earlier message has been delivered (delivery is in
+ * order). goodput = payload bytes delivered / (answer time - first send).
+ * Through node/net a message is one STATE_CHUNK frame (64-byte header,
+ * 48-byte chunk prefix, payload, 16-byte tag), encoded and sealed on the
+ * sending thread, opened and decoded on the receiver's net worker.
+ *
+ * The baseline is `fi_pingpong -p tcp -e rdm -S <bytes> -I <n>`: one
+ * message in flight, echoed back; it prints MB/sec as all bytes moved (both
+ * directions) over the elapsed time, which is what pingpong_mb_per_s holds.
+ * Both figures are bytes moved through loopback per second, in MB (10^6).
+ *
+ *   nice dsbench transport [--json] [--seconds S] [--sizes 64K,1M,16M]
+ *                          [--modes transport,none,auth,encrypt] [--no-pingpong]
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "node/dsnode.h"
+/* node/net.h is not in dsnode.h yet; the transport bench needs it. */
+#include "node/net.h"
+#include "tools/dsbench/bench.h"
+
+#define CLUSTER "dsbench"
+
+/* ---- a counter of completions with a byte window ------------------------ */
+
+typedef struct window {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    uint64_t outstanding; /* bytes sent, done not yet called */
+    uint64_t failed;
+} window;
+
+typedef struct send_tok {
+    window *w;
+    uint64_t bytes;
+} send_tok;
+
+static void window_done(void *arg, int status)
+{
+    send_tok *t = arg;
+    pthread_mutex_lock(&t->w->m);
+    t->w->outstanding -= t->bytes;
+    if (status)
+        t->w->failed++;
+    pthread_cond_broadcast(&t->w->c);
+    pthread_mutex_unlock(&t->w->m);
+    free(t);
+}
+
+static void window_wait_below(window *w, uint64_t limit)
+{
+    pthread_mutex_lock(&w->m);
+    while (w->outstanding > limit)
+        pthread_cond_wait(&w->c, &w->m);
+    pthread_mutex_unlock(&w->m);
+}
+
+/* ---- the receiving side (child process) --------------------------------- */
+
+typedef struct rx_side {
+    ds_net *net;
+    ds_transport *tp;
+    uint64_t bytes, msgs;
+} rx_side;
+
+static void rx_net(void *ctx, ds_net_rx *rx)
+{
+    rx_side *s = ctx;
+    if (rx->hdr.type == DS_MSG_STATE_CHUNK) {
+        ds_wire_msg m;
+        ds_wire_bufs bufs = {0};
+        if (ds_net_decode(s->net, rx, &bufs, &m) == DS_DROP_NONE) {
+            s->bytes += m.h.count;
+            s->msgs++;
+        }
+        return;
+    }
+    if (rx->hdr.type == DS_MSG_STATE_REQ) {
+        /* The marker: everything before it has been delivered. */
+        ds_wire_msg m;
+        memset(&m, 0, sizeof(m));
+        m.h.type = DS_MSG_GOSSIP_STALE;
+        m.h.round = s->bytes;
+        m.u.stale.round_now = s->msgs;
+        ds_net_send_opts o = {.deadline_ms = ds_now_ms() + 10000};
+        if (ds_net_send_msg(s->net, rx->sender, NULL, &m, &o))
+            fprintf(stderr, "dsbench transport: receiver could not answer\n");
+        s->bytes = s->msgs = 0;
+        /* Anything the receiver refused is a broken measurement: say why. */
+        char kv[1024];
+        if (ds_drop_total(ds_net_drops(s->net)) &&
+            ds_drop_format(ds_net_drops(s->net), DS_DROP_FMT_KV, kv, sizeof(kv)) > 0)
+            fprintf(stderr, "dsbench transport: receiver drops: %s\n", kv);
+        ds_net_stats st;
+        ds_net_stats_get(s->net, &st);
+        for (int k = 0; k < DS_TP_DROP_COUNT; k++)
+            if (st.transport.drops[k])
+                fprintf(stderr, "dsbench transport: receiver transport drops %s=%" PRIu64 "\n",
+                        ds_transport_drop_name(k), st.transport.drops[k]);
+    }
+}
+
+static void rx_raw(void *ctx, ds_transport_msg *msg)
+{
+    rx_side *s = ctx;
+    if (msg->len > 16) {
+        s->bytes += msg->len;
+        s->msgs++;
+        return;
+    }
+    /* The marker (16 bytes or less): answer with the byte count. */
+    uint64_t v[2] = {s->bytes, s->msgs};
+    ds_transport_send_args a = {.buf = v, .len = sizeof(v), .deadline_ms = ds_now_ms() + 10000};
+    if (ds_transport_send(s->tp, msg->peer, &a))
+        fprintf(stderr, "dsbench transport: receiver could not answer\n");
+    s->bytes = s->msgs = 0;
+}
+
+static int child_main(int mode, const ds_identity *id, const ds_cluster_key *key, int wfd)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ds_log_setup("bench-rx", DS_LOG_WARN, stderr);
+    rx_side s;
+    memset(&s, 0, sizeof(s));
+    char addr[DS_TRANSPORT_ADDR_MAX];
+    int r;
+    if (mode < 0) {
+        ds_transport_opts o;
+        ds_transport_opts_default(&o);
+        o.on_recv = rx_raw;
+        o.cb_ctx = &s;
+        r = ds_transport_open(&o, &s.tp);
+        if (!r)
+            r = ds_transport_addr(s.tp, addr, sizeof(addr));
+    } else {
+        ds_net_cfg cfg;
+        ds_net_cfg_default(&cfg);
+        cfg.identity = id;
+        cfg.name = "bench-rx";
+        cfg.cluster = CLUSTER;
+        cfg.cluster_key = key;
+        cfg.mode = (enum ds_sec_mode)mode;
+        cfg.on_recv = rx_net;
+        cfg.cb_ctx = &s;
+        r = ds_net_open(&cfg, &s.net);
+        if (!r)
+            r = ds_net_addr(s.net, addr, sizeof(addr));
+    }
+    if (r) {
+        fprintf(stderr, "dsbench transport: receiver: %s\n", strerror(-r));
+        return 1;
+    }
+    size_t l = strlen(addr) + 1;
+    if (write(wfd, addr, l) != (ssize_t)l)
+        return 1;
+    /* Serve until the parent closes its end. */
+    char c;
+    while (read(wfd, &c, 1) > 0)
+        ;
+    return 0;
+}
+
+/* ---- the sending side ----------------------------------------------------- */
+
+typedef struct tx_side {
+    ds_net *net;
+    ds_transport *tp;
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int answered;
+    uint64_t ans_bytes, ans_msgs;
+} tx_side;
+
+static void tx_net_recv(void *ctx, ds_net_rx *rx)
+{
+    tx_side *s = ctx;
+    if (rx->hdr.type != DS_MSG_GOSSIP_STALE)
+        return;
+    pthread_mutex_lock(&s->m);
+    s->ans_bytes = rx->hdr.round;
+    s->ans_msgs = 0;
+    ds_wire_msg m;
+    ds_wire_bufs bufs = {0};
+    if (ds_net_decode(s->net, rx, &bufs, &m) == DS_DROP_NONE)
+        s->ans_msgs = m.u.stale.round_now;
+    s->answered = 1;
+    pthread_cond_broadcast(&s->c);
+    pthread_mutex_unlock(&s->m);
+}
+
+static void tx_raw_recv(void *ctx, ds_transport_msg *msg)
+{
+    tx_side *s = ctx;
+    if (msg->len != 16)
+        return;
+    uint64_t v[2];
+    memcpy(v, msg->data, sizeof(v));
+    pthread_mutex_lock(&s->m);
+    s->ans_bytes = v[0];
+    s->ans_msgs = v[1];
+    s->answered = 1;
+    pthread_cond_broadcast(&s->c);
+    pthread_mutex_unlock(&s->m);
+}
+
+static void no_release(void *arg, void *buf)
+{
+    (void)arg;
+    (void)buf;
+}
+
+/* Send one payload of `bytes` (data is read-only and shared). */
+static int send_one(tx_side *s, int mode, ds_transport_peer peer, uint64_t to, const uint8_t *data,
+                    size_t bytes, window *w, uint64_t deadline)
+{
+    send_tok *tok = malloc(sizeof(*tok));
+    if (!tok)
+        return -ENOMEM;
+    tok->w = w;
+    tok->bytes = bytes;
+    pthread_mutex_lock(&w->m);
+    w->outstanding += bytes;
+    pthread_mutex_unlock(&w->m);
+    int r;
+    if (mode < 0) {
+        ds_transport_send_args a = {.buf = data, .len = bytes, .deadline_ms = deadline,
+                                    .release = no_release, .done = window_done, .done_arg = tok};
+        r = ds_transport_send(s->tp, peer, &a);
+    } else {
+        ds_wire_msg m;
+        memset(&m, 0, sizeof(m));
+        m.h.type = DS_MSG_STATE_CHUNK;
+        m.h.count = (uint32_t)bytes;
+        m.u.chunk.total = bytes;
+        m.u.chunk.data = data;
+        ds_net_send_opts o = {.deadline_ms = deadline, .done = window_done, .done_arg = tok};
+        r = ds_net_send_msg(s->net, to, NULL, &m, &o);
+    }
+    if (r) {
+        pthread_mutex_lock(&w->m);
+        w->outstanding -= bytes;
+        pthread_mutex_unlock(&w->m);
+        free(tok);
+    }
+    return r;
+}
+
+static int send_marker(tx_side *s, int mode, ds_transport_peer peer, uint64_t to)
+{
+    pthread_mutex_lock(&s->m);
+    s->answered = 0;
+    pthread_mutex_unlock(&s->m);
+    uint64_t dl = ds_now_ms() + 30000;
+    if (mode < 0) {
+        uint8_t mark[8] = {0};
+        ds_transport_send_args a = {.buf = mark, .len = sizeof(mark), .deadline_ms = dl};
+        return ds_transport_send(s->tp, peer, &a);
+    }
+    ds_wire_msg m;
+    memset(&m, 0, sizeof(m));
+    m.h.type = DS_MSG_STATE_REQ;
+    ds_net_send_opts o = {.deadline_ms = dl};
+    return ds_net_send_msg(s->net, to, NULL, &m, &o);
+}
+
+static int wait_answer(tx_side *s, int timeout_ms)
+{
+    uint64_t end = ds_now_ms() + (uint64_t)timeout_ms;
+    pthread_mutex_lock(&s->m);
+    while (!s->answered && ds_now_ms() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->c, &s->m, &ts);
+    }
+    int ok = s->answered;
+    pthread_mutex_unlock(&s->m);
+    return ok;
+}
+
+/* One burst of `bytes`-sized messages for about `seconds`: MB/s of payload,
+ * or a negative value on failure. */
+static double burst(tx_side *s, int mode, ds_transport_peer peer, uint64_t to, const uint8_t *data,
+                    size_t bytes, double seconds, uint64_t *msgs_out)
+{
+    window w = {.m = PTHREAD_MUTEX_INITIALIZER, .c = PTHREAD_COND_INITIALIZER};
+    /* Keep up to 64 MiB (at least 4 messages) accepted and not done: the
+     * transport's per-peer in-flight cap, not this window, is the limit. */
+    uint64_t limit = bytes * 4 > (64u << 20) ? bytes * 4 : (64u << 20);
+    uint64_t n = 0;
+    int r = 0;
+    double t0 = ds_bench_now();
+    while (ds_bench_now() - t0 < seconds) {
+        window_wait_below(&w, limit - bytes);
+        r = send_one(s, mode, peer, to, data, bytes, &w, ds_now_ms() + 30000);
+        if (r)
+            break;
+        n++;
+    }
+    if (!r && (send_marker(s, mode, peer, to) || !wait_answer(s, 60000)))
+        r = -ETIMEDOUT;
+    double t = ds_bench_now() - t0;
+    /* Every done callback must have run before w goes out of scope; the
+     * deadlines above bound this wait. */
+    window_wait_below(&w, 0);
+    if (r) {
+        fprintf(stderr, "dsbench transport: %s after %" PRIu64 " messages\n", strerror(-r), n);
+        return -1;
+    }
+    if (w.failed || s->ans_bytes != n * bytes) {
+        fprintf(stderr, "dsbench transport: %" PRIu64 " of %" PRIu64 " messages arrived, %" PRIu64
+                " failed\n", s->ans_msgs, n, w.failed);
+        return -1;
+    }
+    *msgs_out = n;
+    return (double)(n * bytes) / 1e6 / t;
+}
+
+/* ---- fi_pingpong baseline ------------------------------------------------ */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    int port = -1;
+    if (!bind(fd, (struct sockaddr *)&a, sizeof(a)) && !getsockname(fd, (struct sockaddr *)&a, &l))
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* MB/sec fi_pingpong reports for one size, or a negative value. */
+static double pingpong(size_t bytes, double seconds)
+{
+    /* Iterations for about `seconds` at ~1.5 GB/s both ways. */
+    uint64_t iters = (uint64_t)(seconds * 1.5e9 / 2.0 / (double)bytes);
+    if (iters < 20)
+        iters = 20;
+    int port = free_port();
+    if (port < 0)
+        return -1;
+    char sz[32], it[32], pt[16];
+    snprintf(sz, sizeof(sz), "%zu", bytes);
+    snprintf(it, sizeof(it), "%" PRIu64, iters);
+    snprintf(pt, sizeof(pt), "%d", port);
+    pid_t srv = fork();
+    if (srv < 0)
+        return -1;
+    if (srv == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, STDOUT_FILENO);
+            dup2(devnull, STDERR_FILENO);
+        }
+        execlp("timeout", "timeout", "120", "fi_pingpong", "-p", "tcp", "-e", "rdm", "-S", sz,
+               "-I", it, "-B", pt, (char *)NULL);
+        _exit(127);
+    }
+    usleep(300000); /* the server listens */
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "timeout 120 fi_pingpong -p tcp -e rdm -S %s -I %s -P %s 127.0.0.1 2>/dev/null", sz,
+             it, pt);
+    FILE *f = popen(cmd, "r");
+    double mbs = -1;
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof(line), f)) {
+            char c1[32], c2[32], c3[32], c4[32], c5[32];
+            double v;
+            /* "64k  11k  =11k  1.3g  1.06s  1420.67  46.13  0.02" */
+            if (sscanf(line, "%31s %31s %31s %31s %31s %lf", c1, c2, c3, c4, c5, &v) == 6 &&
+                c3[0] == '=')
+                mbs = v;
+        }
+        pclose(f);
+    }
+    kill(srv, SIGKILL);
+    waitpid(srv, NULL, 0);
+    return mbs;
+}
+
+/* ---- the command ------------------------------------------------------------ */
+
+static size_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (*end == 'K' || *end == 'k')
+        v *= 1024;
+    else if (*end == 'M' || *end == 'm')
+        v *= 1024 * 1024;
+    return v > 0 ? (size_t)v : 0;
+}
+
+static const char *mode_name(int mode)
+{
+    return mode < 0 ? "transport" : ds_sec_mode_name((enum ds_sec_mode)mode);
+}
+
+int ds_bench_transport(int argc, char **argv)
+{
+    int json = 0, do_pp = 1;
+    double seconds = 1.0;
+    size_t sizes[8] = {64u << 10, 1u << 20, 16u << 20};
+    int nsizes = 3;
+    int modes[8] = {-1, DS_SEC_NONE, DS_SEC_AUTH, DS_SEC_ENCRYPT};
+    int nmodes = 4;
+    for (int i = 1; i < argc; i++) {
+        if (ds_bench_flag_json(argv[i], &json))
+            continue;
+        if (!strcmp(argv[i], "--no-pingpong")) {
+            do_pp = 0;
+        } else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
+            seconds = atof(argv[++i]);
+            if (seconds <= 0)
+                seconds = 1.0;
+        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
+            nsizes = 0;
+            for (char *tok = strtok(argv[++i], ","); tok && nsizes < 8; tok = strtok(NULL, ","))
+                if ((sizes[nsizes] = parse_size(tok)))
+                    nsizes++;
+        } else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
+            nmodes = 0;
+            for (char *tok = strtok(argv[++i], ","); tok && nmodes < 8; tok = strtok(NULL, ",")) {
+                if (!strcmp(tok, "transport"))
+                    modes[nmodes++] = -1;
+                else if (ds_sec_mode_parse(tok) >= 0)
+                    modes[nmodes++] = ds_sec_mode_parse(tok);
+            }
+        } else {
+            fprintf(stderr, "usage: dsbench transport [--json] [--seconds S] [--sizes 64K,1M,16M] "
+                            "[--modes transport,none,auth,encrypt] [--no-pingpong]\n");
+            return 2;
+        }
+    }
+    ds_log_setup("dsbench", DS_LOG_WARN, stderr);
+    if (ds_crypto_init())
+        return 1;
+    signal(SIGPIPE, SIG_IGN);
+    ds_cluster_key key;
+    ds_identity id_tx, id_rx;
+    if (ds_cluster_key_generate(&key) || ds_identity_generate(&id_tx) ||
+        ds_identity_generate(&id_rx))
+        return 1;
+    size_t maxsz = 0;
+    for (int i = 0; i < nsizes; i++)
+        if (sizes[i] > maxsz)
+            maxsz = sizes[i];
+    uint8_t *data = malloc(maxsz ? maxsz : 1);
+    if (!data)
+        return 1;
+    for (size_t i = 0; i < maxsz; i++)
+        data[i] = (uint8_t)(i * 2654435761u >> 13);
+
+    /* The baseline first, for every size. */
+    double pp[8];
+    for (int k = 0; k < nsizes; k++)
+        pp[k] = do_pp ? pingpong(sizes[k], seconds) : -1;
+
+    ds_row row;
+    ds_row_table(&row, json);
+    int status = 0;
+    for (int mi = 0; mi < nmodes; mi++) {
+        int mode = modes[mi];
+        int pfd[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, pfd))
+            return 1;
+        pid_t child = fork();
+        if (child < 0)
+            return 1;
+        if (child == 0) {
+            close(pfd[0]);
+            _exit(child_main(mode, &id_rx, &key, pfd[1]));
+        }
+        close(pfd[1]);
+        char addr[DS_TRANSPORT_ADDR_MAX];
+        size_t got = 0;
+        while (got < sizeof(addr)) {
+            ssize_t k = read(pfd[0], addr + got, 1);
+            if (k <= 0)
+                break;
+            if (addr[got++] == 0)
+                break;
+        }
+        tx_side s;
+        memset(&s, 0, sizeof(s));
+        pthread_mutex_init(&s.m, NULL);
+        pthread_cond_init(&s.c, NULL);
+        int r = got && addr[got - 1] == 0 ? 0 : -EIO;
+        ds_transport_peer peer = 0;
+        uint64_t to = id_rx.id;
+        if (!r && mode < 0) {
+            ds_transport_opts o;
+            ds_transport_opts_default(&o);
+            o.on_recv = tx_raw_recv;
+            o.cb_ctx = &s;
+            r = ds_transport_open(&o, &s.tp);
+            if (!r)
+                r = ds_transport_peer_add(s.tp, addr, &peer);
+        } else if (!r) {
+            ds_net_cfg cfg;
+            ds_net_cfg_default(&cfg);
+            cfg.identity = &id_tx;
+            cfg.name = "bench-tx";
+            cfg.cluster = CLUSTER;
+            cfg.cluster_key = &key;
+            cfg.mode = (enum ds_sec_mode)mode;
+            cfg.on_recv = tx_net_recv;
+            cfg.cb_ctx = &s;
+            r = ds_net_open(&cfg, &s.net);
+            if (!r)
+                r = ds_net_connect(s.net, addr, id_rx.id);
+            uint64_t end = ds_now_ms() + 10000;
+            while (!r && !ds_net_connected(s.net, id_rx.id) && ds_now_ms() < end)
+                usleep(2000);
+            if (!r && !ds_net_connected(s.net, id_rx.id))
+                r = -ETIMEDOUT;
+        }
+        for (int k = 0; k < nsizes && !r; k++) {
+            uint64_t msgs = 0;
+            /* Warm up (handshake, connections, allocator), then measure. */
+            double mbs = burst(&s, mode, peer, to, data, sizes[k], seconds * 0.2, &msgs);
+            if (mbs >= 0)
+                mbs = burst(&s, mode, peer, to, data, sizes[k], seconds, &msgs);
+            if (mbs < 0) {
+                fprintf(stderr, "dsbench transport: mode %s, %zu bytes failed\n", mode_name(mode),
+                        sizes[k]);
+                status = 1;
+                continue;
+            }
+            ds_row_str(&row, "mode", mode_name(mode));
+            ds_row_int(&row, "bytes", (int64_t)sizes[k]);
+            ds_row_num(&row, "mb_per_s", mbs, 0);
+            ds_row_num(&row, "pingpong_mb_per_s", pp[k] > 0 ? pp[k] : NAN, 0);
+            ds_row_num(&row, "vs_pingpong", pp[k] > 0 ? mbs / pp[k] : NAN, 2);
+            ds_row_int(&row, "msgs", (int64_t)msgs);
+            ds_row_num(&row, "seconds", seconds, 1);
+            ds_row_end(&row);
+        }
+        if (r) {
+            fprintf(stderr, "dsbench transport: mode %s: setup failed: %s\n", mode_name(mode),
+                    strerror(-r));
+            status = 1;
+        }
+        ds_net_close(&s.net);
+        ds_transport_close(&s.tp);
+        close(pfd[0]);
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    free(data);
+    ds_identity_wipe(&id_tx);
+    ds_identity_wipe(&id_rx);
+    ds_cluster_key_wipe(&key);
+    return status;
+}

@@ -1,7 +1,7 @@
 /*
  * tests/test_dslaunch.c: dslaunch, the cluster launcher (tools/dslaunch).
  *
- * Three suites in one binary, registered separately in meson:
+ * Suites in one binary, registered separately in meson:
  *
  *   dslaunch_parts  (unit)  the pieces on their own: key=value and log-line
  *                           parsing, JSON output, the consensus distance on
@@ -15,6 +15,10 @@
  *                           place; SIGINT stops and reaps every node; a
  *                           SIGKILLed node does not stop the others;
  *                           --timeout; --add-at.
+ *   dslaunch_netns  (slow)  --netns / --netns-rate, as root only (skipped
+ *                           otherwise): rate-limited nodes train, every
+ *                           namespace goes at the end, on SIGINT, and
+ *                           when a dead run left some.
  *
  * Every run goes to a fresh directory under /tmp. dslaunch is started with
  * PR_SET_PDEATHSIG (ds_proc_spawn), so it dies with the test, and its nodes
@@ -35,6 +39,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -732,6 +737,70 @@ Test(dslaunch_parts, ports)
     close(s);
 }
 
+Test(dslaunch_parts, netns_rates_names_and_addresses)
+{
+    uint64_t bps = 0;
+    cr_assert_eq(ds_netns_rate_parse("100mbit", &bps), 0);
+    cr_assert_eq(bps, 100000000ull);
+    cr_assert_eq(ds_netns_rate_parse("1Gbit", &bps), 0);
+    cr_assert_eq(bps, 1000000000ull);
+    cr_assert_eq(ds_netns_rate_parse("1.5gbit", &bps), 0);
+    cr_assert_eq(bps, 1500000000ull);
+    cr_assert_eq(ds_netns_rate_parse("8kbit", &bps), 0);
+    cr_assert_eq(bps, 8000ull);
+    static const char *const bad[] = {"", "100", "mbit", "100 mbit", "100mb", "-1mbit",
+                                      "1e3mbit", "0x10mbit", "1..5mbit", "nanmbit"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(ds_netns_rate_parse(bad[i], &bps), -EINVAL, "'%s' accepted", bad[i]);
+    cr_assert_eq(ds_netns_rate_parse(NULL, &bps), -EINVAL);
+    cr_assert_eq(ds_netns_rate_parse("7kbit", &bps), -ERANGE);
+    cr_assert_eq(ds_netns_rate_parse("101gbit", &bps), -ERANGE);
+
+    /* addresses: distinct, all inside 10.213.0.0/16, never .0 or .255 */
+    char a[48], b[48];
+    ds_netns_addr(0, a, sizeof(a));
+    cr_assert_str_eq(a, "10.213.1.1");
+    ds_netns_addr(199, a, sizeof(a));
+    cr_assert_str_eq(a, "10.213.1.200");
+    ds_netns_addr(200, a, sizeof(a));
+    cr_assert_str_eq(a, "10.213.2.1");
+    for (int i = 0; i < DS_NETNS_MAX; i++) {
+        ds_netns_addr(i, a, sizeof(a));
+        unsigned x, y;
+        cr_assert_eq(sscanf(a, "10.213.%u.%u", &x, &y), 2, "%s", a);
+        cr_assert(x >= 1 && x <= 254 && y >= 1 && y <= 254, "%s", a);
+        for (int j = 0; j < i; j += 37) {
+            ds_netns_addr(j, b, sizeof(b));
+            cr_assert_str_neq(a, b);
+        }
+    }
+
+    /* names: a run's own namespaces and bridge map back to its pid, and
+     * nothing else is taken for ours */
+    ds_netns ns;
+    char err[256];
+    int ret = ds_netns_init(&ns, 4194303, 3, 0, err, sizeof(err));
+    if (ret == -ENOENT)
+        cr_skip_test("no ip/tc programs: %s", err);
+    cr_assert_eq(ret, 0, "%s", err);
+    cr_assert_lt(strlen(ns.bridge), 16, "interface names fit IFNAMSIZ: %s", ns.bridge);
+    long pid = 0;
+    cr_assert_eq(ds_netns_stale_owner(ns.bridge, &pid), 1, "%s", ns.bridge);
+    cr_assert_eq(pid, 4194303);
+    ds_netns_name(&ns, 2, a, sizeof(a));
+    cr_assert_str_eq(a, "dsl-4194303-n2");
+    pid = 0;
+    cr_assert_eq(ds_netns_stale_owner(a, &pid), 1);
+    cr_assert_eq(pid, 4194303);
+    static const char *const others[] = {"docker0", "dsl-", "dsl-12", "dsl-12-n", "dsl-12-nx",
+                                         "dsl-x-n1", "dslbr", "dsl_ab_br", "dslABbr", "eth0",
+                                         "dsl-12-n1x", "br-1234"};
+    for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
+        cr_assert_eq(ds_netns_stale_owner(others[i], &pid), 0, "'%s' taken for ours", others[i]);
+    cr_assert_eq(ds_netns_init(&ns, 1, 0, 0, err, sizeof(err)), -EINVAL);
+    cr_assert_eq(ds_netns_init(&ns, 1, DS_NETNS_MAX + 1, 0, err, sizeof(err)), -EINVAL);
+}
+
 /* ================================================================================ */
 /* running the binary                                                               */
 /* ================================================================================ */
@@ -1423,3 +1492,224 @@ Test(cluster, every_topology_and_mixing_rule_trains)
         jfree(j);
     }
 }
+
+/* ================================================================================ */
+/* dslaunch_netns: --netns, one network namespace per node (root only)              */
+/* ================================================================================ */
+
+/* Whatever a failed test left (its dslaunch is SIGKILLed by tmp_fini, so
+ * its pid is gone) is removed as a stale leftover. */
+static void netns_fini(void)
+{
+    tmp_fini();
+    if (geteuid() == 0)
+        ds_netns_reap_stale(NULL);
+}
+
+TestSuite(dslaunch_netns, .init = tmp_init, .fini = netns_fini, .timeout = 200);
+
+static void need_netns(void)
+{
+    char why[512];
+    if (geteuid() != 0)
+        cr_skip_test("--netns needs root");
+    if (ds_netns_check(why, sizeof(why)) < 0)
+        cr_skip_test("%s", why);
+}
+
+/* stdout of `ip ARGS...` (NULL-terminated, at most 8; caller frees). */
+static char *ip_out(const char *a1, ...)
+{
+    char path[64], *argv[10];
+    snprintf(path, sizeof(path), access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip");
+    int n = 0;
+    argv[n++] = path;
+    va_list ap;
+    va_start(ap, a1);
+    for (const char *a = a1; a && n < 9; a = va_arg(ap, const char *))
+        argv[n++] = (char *)a;
+    va_end(ap);
+    argv[n] = NULL;
+    char *out, *etext, err[256];
+    int code;
+    cr_assert_eq(ds_proc_capture(argv, 20000, &out, &etext, &code, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(code, 0, "ip %s: %s", a1, etext);
+    free(etext);
+    return out;
+}
+
+/* How many namespaces and bridges are named for dslaunch `pid`. */
+static int netns_left(pid_t pid)
+{
+    int n = 0;
+    char *text[2] = {ip_out("netns", "list", NULL),
+                     ip_out("-o", "link", "show", "type", "bridge", NULL)};
+    for (int which = 0; which < 2; which++) {
+        for (char *save = NULL, *line = strtok_r(text[which], "\n", &save); line;
+             line = strtok_r(NULL, "\n", &save)) {
+            /* "NAME (id: N)" / "N: NAME: <FLAGS> ..." */
+            const char *p = line;
+            if (which) {
+                p = strchr(line, ':');
+                p = p ? p + 2 : line;
+            }
+            char name[64];
+            size_t k = 0;
+            while (p[k] && p[k] != ' ' && p[k] != ':' && k + 1 < sizeof(name)) {
+                name[k] = p[k];
+                k++;
+            }
+            name[k] = '\0';
+            long owner;
+            if (ds_netns_stale_owner(name, &owner) && owner == (long)pid)
+                n++;
+        }
+        free(text[which]);
+    }
+    return n;
+}
+
+struct qdisc_probe {
+    pid_t owner;
+    int seen; /* tbf at 100Mbit on n0's eth0 */
+};
+
+static int has_tbf(void *arg)
+{
+    struct qdisc_probe *q = arg;
+    char name[64], path[64];
+    snprintf(name, sizeof(name), "dsl-%d-n0", (int)q->owner);
+    snprintf(path, sizeof(path), access("/usr/sbin/tc", X_OK) == 0 ? "/usr/sbin/tc" : "/sbin/tc");
+    char *argv[] = {path, "-n", name, "qdisc", "show", "dev", "eth0", NULL};
+    char *out = NULL, *etext = NULL, err[256];
+    int code = 1;
+    if (ds_proc_capture(argv, 10000, &out, &etext, &code, err, sizeof(err)) == 0 && code == 0 &&
+        strstr(out, "tbf") && strstr(out, "rate 100Mbit"))
+        q->seen = 1;
+    free(out);
+    free(etext);
+    return q->seen;
+}
+
+Test(dslaunch_netns, rate_limited_nodes_train_and_every_namespace_goes)
+{
+    need_netns();
+    const char *out = tmp_path("run");
+    char log1[512];
+    snprintf(log1, sizeof(log1), "%s/n1.log", out);
+    const char *args[] = {"local", "-n", "2", "--config", BASE_CONFIG,
+                          "--set", "train.steps=200", "--set", "train.eval_every=0",
+                          "--set", "train.log_every=10", "--set", "train.backend=cpu",
+                          "--netns-rate", "100mbit", "--out", out, "--json",
+                          "--timeout", "150", "--dsnode", bin("DSNODE"), NULL};
+    struct live l;
+    live_start(&l, args);
+    const pid_t owner = l.pid;
+    /* While it trains: both ends of n0's link carry the token bucket. */
+    struct qdisc_probe q = {owner, 0};
+    cr_assert(live_wait(&l, 120000, log_has_steps, log1), "n1 never trained; stderr:\n%s",
+              l.err ? l.err : "");
+    cr_assert(live_wait(&l, 10000, has_tbf, &q), "no tbf at 100Mbit on n0's eth0");
+    int code = live_end(&l, 150000);
+    cr_assert_eq(code, 0, "dslaunch exit %d\nstdout:\n%s\nstderr:\n%s", code, l.out, l.err);
+    jv *j = last_json(l.out);
+    cr_assert_str_eq(jstr(j, "net"), "netns 100mbit");
+    const jv *nodes = jget(j, "nodes");
+    cr_assert(nodes && nodes->n == 2);
+    check_node_ok(nodes, "n0", 0.7);
+    check_node_ok(nodes, "n1", 0.7);
+    const char *l0 = jstr(jget(nodes, "n0"), "listen"), *l1 = jstr(jget(nodes, "n1"), "listen");
+    cr_assert(l0 && !strncmp(l0, "10.213.1.1:", 11), "n0 listens on %s", l0 ? l0 : "?");
+    cr_assert(l1 && !strncmp(l1, "10.213.1.2:", 11), "n1 listens on %s", l1 ? l1 : "?");
+    /* The gossip went over the veths: the nodes exchanged real traffic. */
+    cr_assert_gt(jnum(jget(nodes, "n0"), "bytes_sent"), 1e6);
+    /* The configs say so too, and load in dsnode (security stays on:
+     * dsnode refuses security.mode = none off loopback). */
+    char p[512], v[300];
+    snprintf(p, sizeof(p), "%s/n1.ini", out);
+    char *dump = config_valid(p);
+    dump_value(dump, "\nlisten = ", v, sizeof(v));
+    cr_assert_str_eq(v, l1);
+    dump_value(dump, "\nseeds = ", v, sizeof(v));
+    cr_assert(!strncmp(v, "10.213.1.1:", 11), "n1 seeds %s", v);
+    free(dump);
+    cr_assert_eq(netns_left(owner), 0, "namespaces or the bridge of dslaunch %d remain",
+                 (int)owner);
+    no_process_left(out, nodes);
+    jfree(j);
+    free(l.out);
+    free(l.err);
+}
+
+Test(dslaunch_netns, sigint_and_stale_leftovers_are_cleaned_up)
+{
+    need_netns();
+    /* Leftovers of a dslaunch that died without cleaning up: a pid that
+     * is certainly gone (our own reaped child). */
+    pid_t dead = fork();
+    cr_assert_geq(dead, 0);
+    if (dead == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(dead, NULL, 0), dead);
+    ds_netns stale;
+    char err[512];
+    cr_assert_eq(ds_netns_init(&stale, dead, 1, 0, err, sizeof(err)), 0, "%s", err);
+    int made = ds_netns_setup(&stale, err, sizeof(err));
+    if (made < 0) {
+        ds_netns_teardown(&stale, NULL);
+        cr_assert_fail("cannot make the stale namespace: %s", err);
+    }
+    cr_assert_eq(netns_left(dead), 2, "the stale namespace and bridge exist");
+
+    const char *out = tmp_path("run");
+    char log0[512], log1[512];
+    snprintf(log0, sizeof(log0), "%s/n0.log", out);
+    snprintf(log1, sizeof(log1), "%s/n1.log", out);
+    const char *args[] = {"local", "-n", "2", "--config", BASE_CONFIG,
+                          "--set", "train.steps=100000000", "--set", "train.log_every=10",
+                          "--set", "train.backend=cpu", "--netns", "--out", out, "--json",
+                          "--timeout", "150", "--dsnode", bin("DSNODE"), NULL};
+    struct live l;
+    live_start(&l, args);
+    const pid_t owner = l.pid;
+    cr_assert(live_wait(&l, 120000, log_has_steps, log0) && live_wait(&l, 60000, log_has_steps, log1),
+              "the nodes never trained; stderr:\n%s", l.err ? l.err : "");
+    /* (Any dslaunch --netns starting meanwhile may be the one that removes
+     * them and says so: only their absence is checked.) */
+    cr_assert_eq(netns_left(dead), 0, "the stale leftovers were removed at start");
+    cr_assert_eq(netns_left(owner), 3, "two namespaces and a bridge while running");
+    cr_assert_eq(kill(l.pid, SIGINT), 0);
+    int code = live_end(&l, 60000);
+    cr_assert_eq(code, 128 + SIGINT, "dslaunch exit %d; stderr:\n%s", code, l.err);
+    jv *j = last_json(l.out);
+    cr_assert_str_eq(jstr(j, "net"), "netns");
+    const jv *nodes = jget(j, "nodes");
+    for (int i = 0; i < nodes->n; i++)
+        cr_assert_str_eq(jstr(nodes->items[i], "status"), "stopped");
+    cr_assert_eq(netns_left(owner), 0, "namespaces of dslaunch %d remain after SIGINT",
+                 (int)owner);
+    no_process_left(out, nodes);
+    jfree(j);
+    free(l.out);
+    free(l.err);
+}
+
+Test(dslaunch_netns, bad_rates_and_no_root)
+{
+    const char *out = tmp_path("run");
+    const char *bad[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--netns-rate", "fast",
+                         "--out", out, NULL};
+    expect_error(bad, 2, "--netns-rate expects a rate such as 100mbit or 1gbit");
+    const char *slow[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--netns-rate", "1kbit",
+                          "--out", out, NULL};
+    expect_error(slow, 2, "found '1kbit'");
+    if (geteuid() == 0) {
+        struct stat st;
+        cr_assert(stat(out, &st) < 0, "nothing was created for a refused command line");
+        return;
+    }
+    const char *ns[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--netns", "--out", out,
+                        NULL};
+    expect_error(ns, 2, "--netns needs root");
+    struct stat st;
+    cr_assert(stat(out, &st) < 0, "nothing was created for a refused command line");

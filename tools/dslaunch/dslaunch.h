@@ -5,13 +5,15 @@
  * dslaunch starts and watches `dsnode` processes; it never links node/. What
  * it knows about a node comes from the node's text output (the contract in
  * docs/dslaunch.md) and from the files the node leaves behind (model.bin).
- * So this header has four small, separately testable parts:
+ * So this header has five small, separately testable parts:
  *
  *   ds_kv_*         key=value tokens of a log or summary line
  *   ds_json_*       writing JSON (escaped strings, numbers or null)
  *   ds_consensus_*  reading model.bin files; the consensus distance
  *   ds_proc_*       spawning children that die with us; capturing a command;
  *                   probing free TCP ports
+ *   ds_netns_*      one network namespace per node behind a rate-limited
+ *                   link (--netns)
  *
  * and the `local` command itself (local.c), whose entry point is
  * ds_launch_local_main.
@@ -139,6 +141,66 @@ int ds_port_range_free(int base, int count);
  * next free block above it (wrapping within 1024..65535). -EADDRINUSE when
  * none was found. */
 int ds_port_find(int preferred, int count);
+
+/* ---- network namespaces (netns.c) ----------------------------------------------- */
+
+/* --netns: node nI in namespace dsl-<pid>-nI at ds_netns_addr(I)/16, one veth
+ * to a bridge dsl<pid in base 36>br in the root namespace, optional tbf rate
+ * limit on both ends. Root only. */
+#define DS_NETNS_MAX 256
+
+typedef struct ds_netns {
+    int n;                 /* namespaces to make */
+    pid_t owner;           /* the dslaunch whose pid names them */
+    uint64_t rate_bps;     /* tbf rate in bit/s each way; 0 = no limit */
+    char tag[8];           /* owner in base 36: 6 characters at most for a pid */
+    char bridge[16];       /* IFNAMSIZ */
+    char ip[4096], tc[4096];
+    int bridge_made;       /* teardown removes the bridge */
+    int made;              /* namespaces [0, made) exist, the last maybe in part */
+} ds_netns;
+
+/* "100mbit", "1gbit", "1.5gbit", "500kbit" (unit required, any case) ->
+ * bit/s. -EINVAL for another form, -ERANGE outside 8 kbit/s..100 Gbit/s. */
+int ds_netns_rate_parse(const char *s, uint64_t *bits_per_s);
+
+/* Node i's address in its namespace: 10.213.(1 + i/200).(1 + i%200). */
+void ds_netns_addr(int i, char *buf, size_t len);
+
+/* Node i's namespace name, dsl-<owner>-n<i>. */
+void ds_netns_name(const ds_netns *ns, int i, char *buf, size_t len);
+
+/* 0 when this process can make namespaces (root, ip and tc found, `ip netns
+ * list` works); else a negative errno and why in err. */
+int ds_netns_check(char *err, size_t len);
+
+/* Fill *ns for n nodes owned by pid `owner`; creates nothing. 0, -EINVAL
+ * (n out of range) or -ENOENT (ip/tc missing), with err. */
+int ds_netns_init(ds_netns *ns, pid_t owner, int n, uint64_t rate_bps, char *err, size_t len);
+
+/* Create the bridge and every namespace not made yet. 0, or -EIO with the
+ * failing command and its message in err; what was made so far is recorded
+ * in *ns, so ds_netns_teardown removes it. */
+int ds_netns_setup(ds_netns *ns, char *err, size_t len);
+
+/* The argv prefix {ip, "netns", "exec", NAME} that runs a command in node
+ * i's namespace. NAME is written to name (caller's buffer, which argv[3]
+ * then borrows); argv[0] borrows ns. */
+void ds_netns_exec_prefix(const ds_netns *ns, int i, char *name, size_t name_len, char *argv[4]);
+
+/* Remove every namespace and the bridge that *ns made (safe to call again,
+ * and after a failed setup). 0, or -EIO when something would not go (said on
+ * warn, which may be NULL). */
+int ds_netns_teardown(ds_netns *ns, FILE *warn);
+
+/* 1 and *pid when name is one of ours (a namespace dsl-<pid>-n<i> or a
+ * bridge dsl<base 36 pid>br), else 0. */
+int ds_netns_stale_owner(const char *name, long *pid);
+
+/* Remove namespaces and bridges whose dslaunch is gone (killed before it
+ * could clean up). Returns how many were removed (each said on note, may be
+ * NULL), or -ENOENT without the ip program. */
+int ds_netns_reap_stale(FILE *note);
 
 /* ---- commands ------------------------------------------------------------------- */
 

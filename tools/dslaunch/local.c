@@ -20,15 +20,20 @@
  *     configuration the node runs with. dslaunch's own --set come last, so
  *     they win over the user's for the keys dslaunch owns (name, listen,
  *     data_dir, seeds, key files, status address and file).
- *  4. Starts `dsnode run --config DIR/nI.ini` for every node (proc.c: they
- *     die with dslaunch), reads their stdout and stderr through pipes, copies
+ *  4. With --netns, puts every node in a network namespace of its own behind
+ *     an optionally rate-limited link (netns.c); the nodes then listen on
+ *     their namespace's address instead of 127.0.0.1.
+ *  5. Starts `dsnode run --config DIR/nI.ini` for every node (proc.c: they
+ *     die with dslaunch; under `ip netns exec` with --netns), reads their
+ *     stdout and stderr through pipes, copies
  *     every line to DIR/nI.log, and follows their train/eval log lines to
  *     show progress. --add-at STEP:COUNT starts COUNT more nodes once the
  *     slowest running node has logged STEP.
- *  5. Stops everything on SIGINT/SIGTERM/SIGHUP, on --timeout, or when
+ *  6. Stops everything on SIGINT/SIGTERM/SIGHUP, on --timeout, or when
  *     dslaunch itself fails: SIGTERM to every child, 5 s grace, SIGKILL,
  *     and every child reaped. A node that fails does not stop the others.
- *  6. Reports: a table of every node that ran, the relative consensus
+ *     The namespaces go once every node is reaped, on every way out.
+ *  7. Reports: a table of every node that ran, the relative consensus
  *     distance of their final models (consensus.c), and with --json one JSON
  *     object as the last line of stdout.
  *
@@ -131,6 +136,9 @@ struct launch {
     struct add_at add[MAX_ADD];
     int nadd;
     const char *dsnode_opt;
+    int netns;             /* --netns */
+    uint64_t netns_rate;   /* --netns-rate in bit/s; 0 = none */
+    const char *netns_rate_text;
     /* derived */
     char dsnode[PATH_MAX];
     char dir[256]; /* node.data_dir = DIR/nI holds 255 characters at most */
@@ -142,6 +150,7 @@ struct launch {
     int total;           /* nodes planned in all */
     struct node *nodes;
     int started;         /* nodes[0..started) have been started */
+    ds_netns ns;         /* --netns: what was made, for teardown */
     /* loop */
     int sigfd;
     int tty;
@@ -186,6 +195,11 @@ static void local_usage(FILE *f)
             "  --add-at STEP:COUNT  when the slowest running node has reached STEP, start COUNT\n"
             "                       more nodes (repeatable)\n"
             "  --dsnode PATH        the dsnode program (default: the one beside dslaunch, else PATH)\n"
+            "  --netns              run every node in a network namespace of its own (root only):\n"
+            "                       nI listens on 10.213.x.y, all cabled to one bridge; removed at\n"
+            "                       the end\n"
+            "  --netns-rate RATE    with --netns: limit every node's link to RATE each way (tc\n"
+            "                       tbf), e.g. 100mbit, 1gbit; implies --netns\n"
             "\n"
             "Exit status: 0 when every node exited 0; 1 when a node or dslaunch failed or\n"
             "--timeout struck; 2 for a usage or configuration error; 128+signal when stopped\n"
@@ -445,6 +459,18 @@ static int parse_args(struct launch *L, int argc, char **argv)
             L->add[L->nadd].step = step;
             L->add[L->nadd].count = (int)count;
             L->nadd++;
+        } else if (!strcmp(a, "--netns")) {
+            L->netns = 1;
+        } else if (opt_value(argc, argv, &i, "--netns-rate", &val)) {
+            int r = ds_netns_rate_parse(val, &L->netns_rate);
+            if (r < 0) {
+                fprintf(stderr, "dslaunch local: --netns-rate expects a rate such as 100mbit or "
+                                "1gbit (kbit, mbit, gbit; 8kbit..100gbit), found '%s'\n",
+                        val ? val : "");
+                return -EINVAL;
+            }
+            L->netns_rate_text = val;
+            L->netns = 1;
         } else if (opt_value(argc, argv, &i, "--dsnode", &val)) {
             if (!val || !*val) {
                 fprintf(stderr, "dslaunch local: --dsnode needs a path\n");
@@ -760,12 +786,16 @@ static int choose_ports(struct launch *L)
     const int per = L->status_listen ? 2 : 1;
     const int need = per * L->total;
     int base;
-    if (L->port_base > 0) {
-        if (L->port_base + need - 1 > 65535) {
-            fprintf(stderr, "dslaunch: --port-base %d: %d ports do not fit below 65536\n",
-                    L->port_base, need);
-            return -EINVAL;
-        }
+    if (L->port_base > 0 && L->port_base + need - 1 > 65535) {
+        fprintf(stderr, "dslaunch: --port-base %d: %d ports do not fit below 65536\n",
+                L->port_base, need);
+        return -EINVAL;
+    }
+    if (L->netns) {
+        /* Each node is alone in its namespace: no port there is taken, and
+         * probing this one would say nothing about them. */
+        base = L->port_base > 0 ? L->port_base : 7000;
+    } else if (L->port_base > 0) {
         if (!ds_port_range_free(L->port_base, need)) {
             fprintf(stderr, "dslaunch: --port-base %d: a port in %d..%d is in use on 127.0.0.1\n",
                     L->port_base, L->port_base, L->port_base + need - 1);
@@ -835,6 +865,15 @@ static int make_keys(struct launch *L)
     return ret;
 }
 
+/* Node i's host address: its namespace's with --netns, else loopback. */
+static void node_host(const struct launch *L, int i, char *buf, size_t len)
+{
+    if (L->netns)
+        ds_netns_addr(i, buf, len);
+    else
+        snprintf(buf, len, "127.0.0.1");
+}
+
 /* Up to MAX_SEEDS addresses of the nodes in cand[0..nc), spread evenly
  * around the ring starting after `self` (so the nearest successor is
  * always one of them). With founder >= 0 the founder's address comes
@@ -852,16 +891,19 @@ static void seeds_text(struct launch *L, int self, int founder, const int *cand,
                 order[no++] = j;
     }
     size_t w = 0;
+    char host[48];
     out[0] = '\0';
     int max = MAX_SEEDS;
     if (founder >= 0) {
-        w += (size_t)snprintf(out, len, "127.0.0.1:%d", L->nodes[founder].port);
+        node_host(L, founder, host, sizeof(host));
+        w += (size_t)snprintf(out, len, "%s:%d", host, L->nodes[founder].port);
         max--;
     }
     int pick = no < max ? no : max;
     for (int t = 0; t < pick; t++) {
         int j = order[(int)((long long)t * no / pick)];
-        w += (size_t)snprintf(out + w, w < len ? len - w : 0, "%s127.0.0.1:%d", w ? "," : "",
+        node_host(L, j, host, sizeof(host));
+        w += (size_t)snprintf(out + w, w < len ? len - w : 0, "%s%s:%d", w ? "," : "", host,
                               L->nodes[j].port);
     }
 }
@@ -873,10 +915,11 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     char s_name[64], s_listen[64], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
         s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[64], s_sfile[PATH_MAX + 32],
         s_min[64];
-    char *extra[10];
+    char *extra[10], host[48];
     int ne = 0;
+    node_host(L, (int)(nd - L->nodes), host, sizeof(host));
     snprintf(s_name, sizeof(s_name), "node.name=%s", nd->name);
-    snprintf(s_listen, sizeof(s_listen), "node.listen=127.0.0.1:%d", nd->port);
+    snprintf(s_listen, sizeof(s_listen), "node.listen=%s:%d", host, nd->port);
     snprintf(s_data, sizeof(s_data), "node.data_dir=%s", nd->data);
     snprintf(s_seeds, sizeof(s_seeds), "cluster.seeds=%s", seeds);
     snprintf(s_key, sizeof(s_key), "cluster.key_file=%s", L->cluster_key);
@@ -957,7 +1000,21 @@ static int start_node(struct launch *L, struct node *nd)
     }
     /* Line-buffered: `tail -f DIR/nI.log` follows the node live. */
     setvbuf(nd->log, NULL, _IOLBF, 0);
-    char *argv[] = {L->dsnode, "run", "--config", nd->conf, NULL};
+    /* With --netns: `ip netns exec NS dsnode ...`. ip enters the namespace
+     * and execs dsnode in the same process (no fork), so the pid we get,
+     * signal and reap is the node's, and PDEATHSIG survives the exec. */
+    char nsname[64];
+    char *argv[9];
+    int k = 0;
+    if (L->netns) {
+        ds_netns_exec_prefix(&L->ns, (int)(nd - L->nodes), nsname, sizeof(nsname), argv);
+        k = 4;
+    }
+    argv[k++] = L->dsnode;
+    argv[k++] = "run";
+    argv[k++] = "--config";
+    argv[k++] = nd->conf;
+    argv[k] = NULL;
     pid_t pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
     if (pid < 0) {
         say(L, "%s: %s", nd->name, err);
@@ -1432,11 +1489,26 @@ static int report(struct launch *L, int exit_status)
                     ds_json_str(f, nd->model);
                 else
                     fputs("null", f);
+                char host[48], listen[64];
+                node_host(L, i, host, sizeof(host));
+                snprintf(listen, sizeof(listen), "%s:%d", host, nd->port);
+                fputs(", \"listen\": ", f);
+                ds_json_str(f, listen);
                 fputs(", \"log\": ", f);
                 ds_json_str(f, nd->logp);
                 fputs("}", f);
             }
-            fputs("}, \"consensus_distance\": ", f);
+            fputs("}, \"net\": ", f);
+            if (!L->netns)
+                ds_json_str(f, "loopback");
+            else if (!L->netns_rate)
+                ds_json_str(f, "netns");
+            else {
+                char net[64];
+                snprintf(net, sizeof(net), "netns %s", L->netns_rate_text);
+                ds_json_str(f, net);
+            }
+            fputs(", \"consensus_distance\": ", f);
             ds_json_num(f, cons.n_models >= 2 ? cons.rel : NAN);
             fputs(", \"consensus_distance_abs\": ", f);
             ds_json_num(f, cons.n_models >= 2 ? cons.abs : NAN);
@@ -1528,6 +1600,13 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
     term_size(L);
     raise_fd_limit(L->total);
 
+    if (L->netns) {
+        char why[512];
+        if (ds_netns_check(why, sizeof(why)) < 0) {
+            fprintf(stderr, "dslaunch: %s\n", why);
+            goto close_sigfd;
+        }
+    }
     if (find_dsnode(L, self_exe_dir) < 0 || check_base(L) < 0)
         goto close_sigfd;
     L->nodes = calloc((size_t)L->total, sizeof(struct node));
@@ -1565,6 +1644,26 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         status = 128 + sig;
         goto free_nodes;
     }
+    if (L->netns) {
+        char why[700];
+        ds_netns_reap_stale(stderr);
+        if (ds_netns_init(&L->ns, getpid(), L->total, L->netns_rate, why, sizeof(why)) < 0 ||
+            ds_netns_setup(&L->ns, why, sizeof(why)) < 0) {
+            fprintf(stderr, "dslaunch: cannot set up the network namespaces: %s\n", why);
+            goto teardown;
+        }
+        if ((sig = take_signals(L))) {
+            fprintf(stderr, "dslaunch: interrupted before the nodes started\n");
+            status = 128 + sig;
+            goto teardown;
+        }
+        char first[48];
+        ds_netns_addr(0, first, sizeof(first));
+        fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I) on bridge "
+                "%s, %s%s\n", L->total, L->total == 1 ? "" : "s", (int)getpid(), first,
+                L->ns.bridge, L->netns_rate ? "each link limited to " : "no rate limit",
+                L->netns_rate ? L->netns_rate_text : "");
+    }
     fprintf(stderr, "dslaunch: %d node%s, run directory %s, ports from %d, dsnode %s\n", L->n,
             L->n == 1 ? "" : "s", L->dir, L->nodes[0].port, L->dsnode);
     L->t0 = L->last_status = now_ms();
@@ -1577,8 +1676,16 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         L->started++;
     }
     loop(L);
+    /* Every started node is reaped: nothing lives in the namespaces now. */
+    if (L->netns && ds_netns_teardown(&L->ns, stderr) < 0)
+        L->failed_self = 1;
     status = report(L, final_status(L));
 
+teardown:
+    /* A no-op after the teardown above; here for the ways out before the
+     * nodes started. */
+    if (L->netns && ds_netns_teardown(&L->ns, stderr) < 0 && status == 0)
+        status = 1;
 free_nodes:
     for (int i = 0; L->nodes && i < L->started; i++) {
         /* loop() reaped every started node; close what it left open. */

@@ -1,0 +1,786 @@
+/*
+ * tools/dsbench/bench_cluster.c: `dsbench cluster`: whole dsnode clusters
+ * (real processes, started by dslaunch local) training side by side, on
+ * loopback and with every node in a network namespace of its own behind a
+ * rate-limited link, beside PyTorch DistributedDataParallel (gloo) training
+ * the same MLP on the same machine, all in one invocation.
+ *
+ *   nice -n 10 dsbench cluster [--quick] [--json] [--steps N] [--eval-every N]
+ *       [--target ACC] [--variants a,b,...] [--nets loopback,1gbit,100mbit]
+ *       [--scale 2,4,8] [--no-torch] [--config FILE] [--dslaunch PATH] [--keep DIR]
+ *
+ * Variants (every one on 4 nodes, each net): allreduce-dense (gossip.topology
+ * = allreduce: dense ring all-reduce of gradients every step), crossover-dense
+ * (gossip.mix = crossover, dense), and pairwise mixing on the crossover
+ * topology with micro, sage, topk and random at 1% density. Then
+ * pairwise-micro-1% on loopback at each --scale node count, for the bytes a
+ * node sends per round as the cluster grows. The base config is
+ * conf/examples/cluster.ini; every run also sets train.steps, train.eval_every
+ * = train.log_every, train.backend = cpu and status.listen = "" (no status
+ * servers), so the only thing that differs between rows is the variant and
+ * the network.
+ *
+ * What a row reports (docs/bench/cluster.md has the full definitions):
+ *   time_to_85_s  per node: the time stamp of its first eval line with
+ *                 test_acc >= target minus that of its "training starts" line
+ *                 (logged right before its first step); the row gives the
+ *                 mean over nodes, or null unless every node got there. The
+ *                 evaluations before it are included, as a user would see it.
+ *   train_to_85_s the same less each node's evaluation time up to that point
+ *                 (eval line minus the train line of the same step; hence
+ *                 log_every = eval_every).
+ *   final_acc     mean over nodes of the summary's test_acc (after the last
+ *                 step).
+ *   bytes_per_node_per_round  mean over nodes of summary bytes_sent / rounds
+ *                 (everything the node's net layer sent: gossip, membership,
+ *                 handshakes, AEAD overhead; all-reduce: one round per step).
+ * The PyTorch row comes from tools/torch_ddp.py with the same steps, batch,
+ * optimizer, schedule, warm-up and evaluation cadence (rank 0 evaluates; the
+ * times are measured the same way). speedup_vs_ddp = DDP's time / the row's.
+ *
+ * Network namespaces need root (dslaunch --netns); without it those rows are
+ * left out with a note. Every dslaunch runs as our child with
+ * PR_SET_PDEATHSIG: if dsbench is stopped, dslaunch stops its nodes and
+ * removes its namespaces.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "conf/conf.h"
+#include "tools/dsbench/bench.h"
+#include "tools/dslaunch/dslaunch.h"
+
+#define MAX_VARIANTS 8
+#define MAX_NETS 4
+#define MAX_SCALE 6
+#define MAX_ROWS 64
+#define RUN_TIMEOUT_S 900
+
+typedef struct variant {
+    const char *name;
+    const char *sets[4];
+} variant;
+
+static const variant all_variants[] = {
+    {"allreduce-dense", {"gossip.topology=allreduce", "sparsify.method=none", NULL}},
+    {"crossover-dense", {"gossip.topology=crossover", "gossip.mix=crossover", "sparsify.method=none", NULL}},
+    {"pairwise-micro-1%", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro", NULL}},
+    {"pairwise-sage-1%", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=sage", NULL}},
+    {"pairwise-topk-1%", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=topk", NULL}},
+    {"pairwise-random-1%", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=random", NULL}},
+};
+#define N_VARIANTS (int)(sizeof(all_variants) / sizeof(all_variants[0]))
+#define MICRO 2   /* index of pairwise-micro-1% */
+#define ALLRED 0  /* index of allreduce-dense */
+
+typedef struct opts {
+    int json, quick, torch;
+    int steps, eval_every;
+    double target;
+    int variants[MAX_VARIANTS], n_variants;
+    char nets[MAX_NETS][32]; /* "loopback" or a dslaunch --netns-rate */
+    int n_nets;
+    int scale[MAX_SCALE], n_scale;
+    char config[PATH_MAX];
+    char dslaunch[PATH_MAX];
+    char dir[PATH_MAX];
+    int keep;
+} opts;
+
+/* One row: a cluster run (or the DDP run). */
+typedef struct result {
+    char variant[48], net[32];
+    int nodes;
+    int ok;             /* the run finished and every node reported */
+    int reached;        /* nodes that reached the target */
+    double t85, train85, steps85; /* means over nodes; NAN unless all reached */
+    double final_acc, bytes_per_round, consensus, wall_s;
+    double samples_per_s; /* the cluster's, from the first step to the last eval */
+} result;
+
+/* ---- node logs ------------------------------------------------------------- */
+
+/* "2026-12-02T17:28:24.109Z" -> seconds since the epoch; NAN if not one. */
+static double log_time(const char *line)
+{
+    struct tm tm;
+    int ms;
+    memset(&tm, 0, sizeof(tm));
+    if (sscanf(line, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+               &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) != 7)
+        return NAN;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (double)timegm(&tm) + ms * 1e-3;
+}
+
+typedef struct node_figures {
+    int have_start, have_summary, reached;
+    double t_start, t85, train85, steps85;
+    double t_last, last_step; /* the last eval line: time from the start, step */
+    double test_acc, bytes_sent, rounds, samples_per_s;
+} node_figures;
+
+/* Reads DIR/nI.log: the "training starts" line, train and eval lines, the
+ * summary line. 0, or -ENOENT when the log cannot be read. */
+static int read_node_log(const char *path, double target, node_figures *f)
+{
+    FILE *in = fopen(path, "r");
+    if (!in)
+        return -ENOENT;
+    memset(f, 0, sizeof(*f));
+    char line[8192];
+    double last_train_step = -1, last_train_t = NAN, eval_sum = 0;
+    while (fgets(line, sizeof(line), in)) {
+        line[strcspn(line, "\n")] = '\0';
+        ds_kvline kv;
+        double v;
+        if (!strncmp(line, "summary ", 8)) {
+            ds_kv_parse(line + 8, &kv);
+            f->have_summary = 1;
+            if (ds_kv_get_double(&kv, "test_acc", &f->test_acc) < 0)
+                f->test_acc = NAN;
+            if (ds_kv_get_double(&kv, "bytes_sent", &f->bytes_sent) < 0)
+                f->bytes_sent = NAN;
+            if (ds_kv_get_double(&kv, "rounds", &f->rounds) < 0)
+                f->rounds = NAN;
+            if (ds_kv_get_double(&kv, "samples_per_s", &f->samples_per_s) < 0)
+                f->samples_per_s = NAN;
+            continue;
+        }
+        const double t = log_time(line);
+        ds_logline ll;
+        if (!isfinite(t) || ds_logline_split(line, &ll) < 0)
+            continue;
+        if (!strcmp(ll.component, "gossip") && !strncmp(ll.msg, "training starts", 15)) {
+            f->have_start = 1;
+            f->t_start = t;
+        } else if (!strcmp(ll.component, "train") && ds_kv_parse(ll.msg, &kv) > 0 &&
+                   ds_kv_get(&kv, "loss") && ds_kv_get_double(&kv, "step", &v) == 0) {
+            last_train_step = v;
+            last_train_t = t;
+        } else if (!strcmp(ll.component, "eval") && ds_kv_parse(ll.msg, &kv) > 0 &&
+                   ds_kv_get_double(&kv, "step", &v) == 0) {
+            double acc;
+            if (ds_kv_get_double(&kv, "test_acc", &acc) < 0)
+                continue;
+            /* The train line of the same step comes just before the
+             * evaluation (log_every = eval_every): the gap is its cost. */
+            if (v == last_train_step && isfinite(last_train_t))
+                eval_sum += t - last_train_t;
+            if (f->have_start) {
+                f->t_last = t - f->t_start;
+                f->last_step = v;
+            }
+            if (!f->reached && f->have_start && acc >= target) {
+                f->reached = 1;
+                f->t85 = t - f->t_start;
+                f->train85 = f->t85 - eval_sum;
+                f->steps85 = v;
+            }
+        }
+    }
+    fclose(in);
+    return 0;
+}
+
+/* ---- running things ---------------------------------------------------------- */
+
+static void tail_lines(const char *text, int n)
+{
+    if (!text)
+        return;
+    const char *p = text + strlen(text);
+    int seen = 0;
+    while (p > text && seen <= n)
+        if (*--p == '\n')
+            seen++;
+    fprintf(stderr, "%s%s", p == text ? "" : "  ...\n", p == text ? p : p + 1);
+}
+
+/* dslaunch local for one variant / net / size; fills *r from the logs. */
+static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const char *net,
+                       int nodes, int idx, result *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->variant, sizeof(r->variant), "%s", v->name);
+    snprintf(r->net, sizeof(r->net), "%s", net);
+    r->nodes = nodes;
+    r->t85 = r->train85 = r->steps85 = r->final_acc = r->bytes_per_round = r->consensus = NAN;
+    r->samples_per_s = NAN;
+
+    char dir[PATH_MAX + 160], name[64];
+    snprintf(name, sizeof(name), "%s", v->name);
+    for (char *p = name; *p; p++)
+        if (*p == '%')
+            *p = 'p';
+    snprintf(dir, sizeof(dir), "%s/%02d-%s-%s-n%d", o->dir, idx, name, net, nodes);
+    char s_nodes[16], s_steps[48], s_eval[48], s_log[48], s_timeout[16];
+    snprintf(s_nodes, sizeof(s_nodes), "%d", nodes);
+    snprintf(s_steps, sizeof(s_steps), "train.steps=%d", o->steps);
+    snprintf(s_eval, sizeof(s_eval), "train.eval_every=%d", o->eval_every);
+    snprintf(s_log, sizeof(s_log), "train.log_every=%d", o->eval_every);
+    snprintf(s_timeout, sizeof(s_timeout), "%d", RUN_TIMEOUT_S);
+    char *argv[64];
+    int k = 0;
+    argv[k++] = (char *)o->dslaunch;
+    argv[k++] = "local";
+    argv[k++] = "-n";
+    argv[k++] = s_nodes;
+    argv[k++] = "--config";
+    argv[k++] = (char *)o->config;
+    const char *common[] = {s_steps, s_eval, s_log, "train.backend=cpu", "status.listen=",
+                            "sparsify.density=0.01"};
+    for (size_t i = 0; i < sizeof(common) / sizeof(common[0]); i++) {
+        argv[k++] = "--set";
+        argv[k++] = (char *)common[i];
+    }
+    for (int i = 0; v->sets[i]; i++) {
+        argv[k++] = "--set";
+        argv[k++] = (char *)v->sets[i];
+    }
+    if (strcmp(net, "loopback") != 0) {
+        argv[k++] = "--netns-rate";
+        argv[k++] = (char *)net;
+    }
+    argv[k++] = "--out";
+    argv[k++] = dir;
+    argv[k++] = "--timeout";
+    argv[k++] = s_timeout;
+    argv[k] = NULL;
+
+    fprintf(stderr, "dsbench cluster: %-20s %-9s %d nodes ... ", v->name, net, nodes);
+    fflush(stderr);
+    const double t0 = ds_bench_now();
+    char *out = NULL, *etext = NULL, err[512];
+    int code = 0;
+    int ret = ds_proc_capture(argv, (RUN_TIMEOUT_S + 60) * 1000, &out, &etext, &code, err,
+                              sizeof(err));
+    r->wall_s = ds_bench_now() - t0;
+    if (ret < 0 || code != 0) {
+        fprintf(stderr, "FAILED (%s)\n", ret < 0 ? err : "dslaunch exit status below");
+        if (ret >= 0) {
+            fprintf(stderr, "  dslaunch exit %d; the end of what it said:\n", code);
+            tail_lines(etext, 12);
+        }
+        free(out);
+        free(etext);
+        /* What the logs hold is still reported, marked failed. */
+    } else {
+        r->ok = 1;
+        free(out);
+        free(etext);
+    }
+
+    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0;
+    int n_acc = 0, n_bpr = 0, n_sps = 0;
+    const char **models = calloc((size_t)nodes, sizeof(char *));
+    char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
+    for (int i = 0; i < nodes; i++) {
+        char logp[PATH_MAX + 192];
+        node_figures f;
+        snprintf(logp, sizeof(logp), "%s/n%d.log", dir, i);
+        if (read_node_log(logp, o->target, &f) < 0) {
+            r->ok = 0;
+            continue;
+        }
+        if (!f.have_summary || !f.have_start)
+            r->ok = 0;
+        if (f.reached) {
+            r->reached++;
+            t85 += f.t85;
+            tr85 += f.train85;
+            st85 += f.steps85;
+        }
+        if (f.have_summary && isfinite(f.test_acc) && f.test_acc >= 0) {
+            acc += f.test_acc;
+            n_acc++;
+        }
+        if (f.have_summary && isfinite(f.bytes_sent) && f.rounds > 0) {
+            bpr += f.bytes_sent / f.rounds;
+            n_bpr++;
+        }
+        /* Samples per second the way DDP's is measured: steps done over
+         * the time from the first step to the last evaluation. */
+        if (f.have_start && f.t_last > 0) {
+            sps += f.last_step * (double)c->train.batch_size / f.t_last;
+            n_sps++;
+        }
+        if (mpath && models) {
+            snprintf(mpath[i], sizeof(mpath[i]), "%s/n%d/model.bin", dir, i);
+            models[i] = access(mpath[i], R_OK) == 0 ? mpath[i] : NULL;
+        }
+    }
+    if (r->reached == nodes) {
+        r->t85 = t85 / nodes;
+        r->train85 = tr85 / nodes;
+        r->steps85 = st85 / nodes;
+    }
+    r->final_acc = n_acc ? acc / n_acc : NAN;
+    r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
+    r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
+    ds_consensus cons = {0, 0, NAN, NAN, NAN};
+    if (models && mpath && ds_consensus_compute(models, nodes, NULL, &cons, NULL) == 0 &&
+        cons.n_models >= 2)
+        r->consensus = cons.rel;
+    free(models);
+    free(mpath);
+    if (r->ok)
+        fprintf(stderr, "%.0f s: %.0f%% after %.1f s (%d/%d nodes), final %.4f, %.0f B/round\n",
+                r->wall_s, o->target * 100, r->t85, r->reached, nodes, r->final_acc,
+                r->bytes_per_round);
+    return r->ok ? 0 : -1;
+}
+
+/* A number after "key": in a JSON text; NAN when absent or null. */
+static double json_num(const char *text, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\": ", key);
+    const char *p = strstr(text, pat);
+    if (!p)
+        return NAN;
+    p += strlen(pat);
+    if (!strncmp(p, "null", 4))
+        return NAN;
+    char *end;
+    double v = strtod(p, &end);
+    return end == p ? NAN : v;
+}
+
+static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->variant, sizeof(r->variant), "pytorch-ddp-gloo");
+    snprintf(r->net, sizeof(r->net), "loopback");
+    r->nodes = nodes;
+    r->t85 = r->train85 = r->steps85 = r->final_acc = r->bytes_per_round = r->consensus = NAN;
+    r->samples_per_s = NAN;
+    char script[PATH_MAX], hidden[160] = "";
+    snprintf(script, sizeof(script), "%s/torch_ddp.py", ds_bench_tools_dir());
+    for (int i = 0; i < c->train.hidden_count; i++)
+        snprintf(hidden + strlen(hidden), sizeof(hidden) - strlen(hidden), "%s%lld",
+                 i ? "," : "", (long long)c->train.hidden[i]);
+    char a_nodes[16], a_steps[24], a_batch[24], a_lr[32], a_mom[32], a_wd[32], a_warm[24],
+        a_eval[24], a_target[32], a_seed[24], a_timeout[16];
+    snprintf(a_nodes, sizeof(a_nodes), "%d", nodes);
+    snprintf(a_steps, sizeof(a_steps), "%d", o->steps);
+    snprintf(a_batch, sizeof(a_batch), "%lld", (long long)c->train.batch_size);
+    snprintf(a_lr, sizeof(a_lr), "%.17g", c->train.lr);
+    snprintf(a_mom, sizeof(a_mom), "%.17g", c->train.momentum);
+    snprintf(a_wd, sizeof(a_wd), "%.17g", c->train.weight_decay);
+    snprintf(a_warm, sizeof(a_warm), "%lld", (long long)c->train.warmup_steps);
+    snprintf(a_eval, sizeof(a_eval), "%d", o->eval_every);
+    snprintf(a_target, sizeof(a_target), "%.17g", o->target);
+    snprintf(a_seed, sizeof(a_seed), "%lld", (long long)c->cluster.seed);
+    snprintf(a_timeout, sizeof(a_timeout), "%d", RUN_TIMEOUT_S);
+    char *argv[] = {"/usr/bin/python3", script, "--nodes", a_nodes, "--steps", a_steps,
+                    "--batch", a_batch, "--hidden", hidden, "--lr", a_lr, "--momentum", a_mom,
+                    "--weight-decay", a_wd, "--warmup", a_warm, "--eval-every", a_eval,
+                    "--target", a_target, "--seed", a_seed, "--timeout", a_timeout,
+                    "--data", (char *)c->train.dataset_dir, NULL};
+    fprintf(stderr, "dsbench cluster: %-20s %-9s %d procs ... ", r->variant, r->net, nodes);
+    fflush(stderr);
+    const double t0 = ds_bench_now();
+    char *out = NULL, *etext = NULL, err[512];
+    int code = 0;
+    int ret = ds_proc_capture(argv, (RUN_TIMEOUT_S + 60) * 1000, &out, &etext, &code, err,
+                              sizeof(err));
+    r->wall_s = ds_bench_now() - t0;
+    if (ret < 0 || code != 0 || !strstr(out, "\"final_acc\"")) {
+        fprintf(stderr, "FAILED (%s)\n", ret < 0 ? err : "torch_ddp.py said:");
+        tail_lines(etext, 12);
+        free(out);
+        free(etext);
+        return -1;
+    }
+    r->ok = 1;
+    r->t85 = json_num(out, "time_to_target_s");
+    r->train85 = json_num(out, "train_to_target_s");
+    r->steps85 = json_num(out, "steps_to_target");
+    r->reached = isfinite(r->t85) ? nodes : 0;
+    r->final_acc = json_num(out, "final_acc");
+    r->samples_per_s = json_num(out, "samples_per_s");
+    fprintf(stderr, "%.0f s: %.0f%% after %.1f s, final %.4f\n", r->wall_s, o->target * 100,
+            r->t85, r->final_acc);
+    free(out);
+    free(etext);
+    return 0;
+}
+
+/* ---- options ----------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dsbench cluster [--quick] [--json] [--steps N] [--eval-every N] [--target ACC]\n"
+            "                       [--variants a,b,...] [--nets loopback,1gbit,100mbit]\n"
+            "                       [--scale 2,4,8] [--no-torch] [--config FILE]\n"
+            "                       [--dslaunch PATH] [--keep DIR]\n"
+            "variants:");
+    for (int i = 0; i < N_VARIANTS; i++)
+        fprintf(f, " %s", all_variants[i].name);
+    fprintf(f, "\nNetworks other than loopback need root (dslaunch --netns-rate).\n");
+}
+
+static int parse_list(const char *arg, char items[][32], int max)
+{
+    int n = 0;
+    const char *p = arg;
+    while (*p && n < max) {
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= 32)
+            return -EINVAL;
+        memcpy(items[n], p, len);
+        items[n][len] = '\0';
+        n++;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return *p ? -E2BIG : n;
+}
+
+static int find_dslaunch(char *out, size_t len)
+{
+    char self[PATH_MAX - 32];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            /* build tree: tools/dsbench/dsbench -> tools/dslaunch/dslaunch;
+             * installed: bin/dsbench -> bin/dslaunch */
+            snprintf(out, len, "%s/../dslaunch/dslaunch", self);
+            if (access(out, X_OK) == 0)
+                return 0;
+            snprintf(out, len, "%s/dslaunch", self);
+            if (access(out, X_OK) == 0)
+                return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+static int parse_opts(opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof(*o));
+    o->torch = 1;
+    o->steps = -1;
+    o->eval_every = 50;
+    o->target = 0.85;
+    const char *variants = NULL, *nets = NULL, *scale = NULL, *config = NULL, *dsl = NULL,
+               *keep = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const int has = i + 1 < argc;
+        if (ds_bench_flag_json(a, &o->json))
+            continue;
+        if (!strcmp(a, "--quick"))
+            o->quick = 1;
+        else if (!strcmp(a, "--no-torch"))
+            o->torch = 0;
+        else if (!strcmp(a, "--steps") && has)
+            o->steps = atoi(argv[++i]);
+        else if (!strcmp(a, "--eval-every") && has)
+            o->eval_every = atoi(argv[++i]);
+        else if (!strcmp(a, "--target") && has)
+            o->target = atof(argv[++i]);
+        else if (!strcmp(a, "--variants") && has)
+            variants = argv[++i];
+        else if (!strcmp(a, "--nets") && has)
+            nets = argv[++i];
+        else if (!strcmp(a, "--scale") && has)
+            scale = argv[++i];
+        else if (!strcmp(a, "--config") && has)
+            config = argv[++i];
+        else if (!strcmp(a, "--dslaunch") && has)
+            dsl = argv[++i];
+        else if (!strcmp(a, "--keep") && has)
+            keep = argv[++i];
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        } else {
+            usage(stderr);
+            return -EINVAL;
+        }
+    }
+    /* --quick: three variants, two nets, 2 and 4 nodes, fewer steps. */
+    if (o->steps < 0)
+        o->steps = o->quick ? 400 : 600;
+    if (o->steps < 1 || o->eval_every < 1 || !(o->target > 0 && o->target < 1)) {
+        fprintf(stderr, "dsbench cluster: --steps and --eval-every >= 1, --target in (0, 1)\n");
+        return -EINVAL;
+    }
+    char items[MAX_VARIANTS][32];
+    if (variants) {
+        int n = parse_list(variants, items, MAX_VARIANTS);
+        for (int k = 0; k < n; k++) {
+            int found = -1;
+            for (int j = 0; j < N_VARIANTS; j++)
+                if (!strcmp(items[k], all_variants[j].name))
+                    found = j;
+            if (found < 0) {
+                fprintf(stderr, "dsbench cluster: unknown variant '%s'\n", items[k]);
+                usage(stderr);
+                return -EINVAL;
+            }
+            o->variants[o->n_variants++] = found;
+        }
+        if (n <= 0) {
+            fprintf(stderr, "dsbench cluster: --variants expects a comma-separated list\n");
+            return -EINVAL;
+        }
+    } else if (o->quick) {
+        static const int q[] = {ALLRED, 1, MICRO};
+        for (size_t k = 0; k < sizeof(q) / sizeof(q[0]); k++)
+            o->variants[o->n_variants++] = q[k];
+    } else {
+        for (int j = 0; j < N_VARIANTS; j++)
+            o->variants[o->n_variants++] = j;
+    }
+    o->n_nets = parse_list(nets ? nets : o->quick ? "loopback,100mbit" : "loopback,1gbit,100mbit",
+                           o->nets, MAX_NETS);
+    if (o->n_nets <= 0) {
+        fprintf(stderr, "dsbench cluster: --nets expects loopback and/or rates such as 100mbit\n");
+        return -EINVAL;
+    }
+    for (int k = 0; k < o->n_nets; k++) {
+        uint64_t bps;
+        if (strcmp(o->nets[k], "loopback") && ds_netns_rate_parse(o->nets[k], &bps) < 0) {
+            fprintf(stderr, "dsbench cluster: --nets: '%s' is neither loopback nor a rate such "
+                            "as 100mbit\n", o->nets[k]);
+            return -EINVAL;
+        }
+    }
+    char sc[MAX_SCALE][32];
+    int ns = parse_list(scale ? scale : o->quick ? "2,4" : "2,4,8", sc, MAX_SCALE);
+    if (ns < 0) {
+        fprintf(stderr, "dsbench cluster: --scale expects node counts such as 2,4,8\n");
+        return -EINVAL;
+    }
+    for (int k = 0; k < ns; k++) {
+        o->scale[k] = atoi(sc[k]);
+        if (o->scale[k] < 2 || o->scale[k] > 64) {
+            fprintf(stderr, "dsbench cluster: --scale: node counts in 2..64, not '%s'\n", sc[k]);
+            return -EINVAL;
+        }
+    }
+    o->n_scale = ns;
+    if (config)
+        snprintf(o->config, sizeof(o->config), "%s", config);
+    else
+        snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
+                 ds_bench_tools_dir());
+    if (dsl)
+        snprintf(o->dslaunch, sizeof(o->dslaunch), "%s", dsl);
+    else if (find_dslaunch(o->dslaunch, sizeof(o->dslaunch)) < 0) {
+        fprintf(stderr, "dsbench cluster: cannot find dslaunch beside dsbench; pass --dslaunch\n");
+        return -ENOENT;
+    }
+    if (access(o->dslaunch, X_OK) < 0) {
+        fprintf(stderr, "dsbench cluster: %s: %s\n", o->dslaunch, strerror(errno));
+        return -ENOENT;
+    }
+    if (keep) {
+        snprintf(o->dir, sizeof(o->dir), "%s", keep);
+        o->keep = 1;
+        if (mkdir(o->dir, 0755) < 0 && errno != EEXIST) {
+            fprintf(stderr, "dsbench cluster: cannot create %s: %s\n", o->dir, strerror(errno));
+            return -errno;
+        }
+    } else {
+        snprintf(o->dir, sizeof(o->dir), "/tmp/dsbench-cluster.XXXXXX");
+        if (!mkdtemp(o->dir)) {
+            fprintf(stderr, "dsbench cluster: mkdtemp: %s\n", strerror(errno));
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+/* rm -r of our own run directory (run logs, keys, models). */
+static void remove_tree(const char *dir)
+{
+    char *argv[] = {"/bin/rm", "-rf", "--", (char *)dir, NULL};
+    char *out = NULL, *etext = NULL, err[256];
+    int code;
+    if (ds_proc_capture(argv, 60000, &out, &etext, &code, err, sizeof(err)) < 0 || code != 0)
+        fprintf(stderr, "dsbench cluster: could not remove %s\n", dir);
+    free(out);
+    free(etext);
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+static void row_out(ds_row *row, const result *r, const result *ddp)
+{
+    ds_row_str(row, "variant", r->variant);
+    ds_row_int(row, "nodes", r->nodes);
+    ds_row_str(row, "net", r->net);
+    char reached[24];
+    snprintf(reached, sizeof(reached), "%d/%d", r->reached, r->nodes);
+    ds_row_str(row, "reached_85", reached);
+    ds_row_num(row, "steps_to_85", r->steps85, 0);
+    ds_row_num(row, "time_to_85_s", r->t85, 2);
+    ds_row_num(row, "train_to_85_s", r->train85, 2);
+    ds_row_num(row, "speedup_vs_ddp",
+               ddp && ddp->ok && isfinite(ddp->t85) ? ddp->t85 / r->t85 : NAN, 2);
+    ds_row_num(row, "final_acc", r->final_acc, 4);
+    ds_row_num(row, "bytes_per_node_per_round", r->bytes_per_round, 0);
+    ds_row_num(row, "consensus_distance", r->consensus, 4);
+    ds_row_num(row, "samples_per_s", r->samples_per_s, 0);
+    ds_row_num(row, "wall_s", r->wall_s, 1);
+    ds_row_str(row, "status", r->ok ? "ok" : "failed");
+    ds_row_end(row);
+}
+
+static void goal_out(ds_row *row, const char *goal, double value, const char *want, int known,
+                     int met)
+{
+    ds_row_str(row, "goal", goal);
+    ds_row_num(row, "value", value, 3);
+    ds_row_str(row, "wanted", want);
+    ds_row_str(row, "met", !known ? "unknown" : met ? "yes" : "no");
+    ds_row_end(row);
+}
+
+int ds_bench_cluster(int argc, char **argv)
+{
+    opts o;
+    int ret = parse_opts(&o, argc, argv);
+    if (ret != 0)
+        return ret > 0 ? 0 : 2;
+    ds_conf c;
+    char err[DS_CONF_ERR_MAX];
+    ds_conf_defaults(&c);
+    if (ds_conf_load(&c, o.config, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsbench cluster: %s\n", err);
+        return 2;
+    }
+    /* Namespaces: root only. Without them those rows are left out, said. */
+    int netns_ok = 1;
+    char why[512] = "";
+    for (int k = 0; k < o.n_nets; k++)
+        if (strcmp(o.nets[k], "loopback") && ds_netns_check(why, sizeof(why)) < 0)
+            netns_ok = 0;
+    if (!netns_ok)
+        fprintf(stderr, "dsbench cluster: network-namespace rows left out: %s\n", why);
+    fprintf(stderr, "dsbench cluster: %d steps, eval every %d, target %.2f, config %s, runs in "
+                    "%s\n", o.steps, o.eval_every, o.target, o.config, o.dir);
+
+    result rows[MAX_ROWS], scale_rows[MAX_SCALE], ddp;
+    int n_rows = 0, idx = 0, failed = 0;
+    memset(&ddp, 0, sizeof(ddp));
+    if (o.torch && run_ddp(&o, &c, 4, &ddp) < 0)
+        failed = 1;
+    for (int k = 0; k < o.n_nets; k++) {
+        if (strcmp(o.nets[k], "loopback") && !netns_ok)
+            continue;
+        for (int j = 0; j < o.n_variants && n_rows < MAX_ROWS; j++)
+            if (run_cluster(&o, &c, &all_variants[o.variants[j]], o.nets[k], 4, idx++,
+                            &rows[n_rows++]) < 0)
+                failed = 1;
+    }
+    /* Bytes per node per round as the cluster grows: micro on loopback
+     * (4 nodes comes from the table above when it has that row). */
+    for (int k = 0; k < o.n_scale; k++) {
+        int have = -1;
+        for (int i = 0; i < n_rows; i++)
+            if (!strcmp(rows[i].variant, all_variants[MICRO].name) &&
+                !strcmp(rows[i].net, "loopback") && rows[i].nodes == o.scale[k])
+                have = i;
+        if (have >= 0) {
+            scale_rows[k] = rows[have];
+        } else if (run_cluster(&o, &c, &all_variants[MICRO], "loopback", o.scale[k], idx++,
+                               &scale_rows[k]) < 0) {
+            failed = 1;
+        }
+    }
+
+    /* Tables. */
+    ds_row row;
+    if (!o.json) {
+        printf("\nCommand: dsbench");
+        for (int i = 0; i < argc; i++)
+            printf(" %s", argv[i]);
+        printf("  (%d steps, eval every %d, target %.2f; *_85 columns mean that target)\n\n",
+               o.steps, o.eval_every, o.target);
+    }
+    ds_row_table(&row, o.json);
+    if (o.torch)
+        row_out(&row, &ddp, &ddp);
+    for (int i = 0; i < n_rows; i++)
+        row_out(&row, &rows[i], o.torch ? &ddp : NULL);
+    if (!o.json)
+        printf("\n");
+    ds_row_table(&row, o.json);
+    const double base = o.n_scale ? scale_rows[0].bytes_per_round : NAN;
+    double lo = INFINITY, hi = -INFINITY;
+    for (int k = 0; k < o.n_scale; k++) {
+        const result *r = &scale_rows[k];
+        ds_row_str(&row, "variant", r->variant);
+        ds_row_int(&row, "nodes", r->nodes);
+        ds_row_str(&row, "net", r->net);
+        ds_row_num(&row, "bytes_per_node_per_round", r->bytes_per_round, 0);
+        ds_row_num(&row, "vs_first", r->bytes_per_round / base, 3);
+        ds_row_num(&row, "final_acc", r->final_acc, 4);
+        ds_row_num(&row, "time_to_85_s", r->t85, 2);
+        ds_row_str(&row, "status", r->ok ? "ok" : "failed");
+        ds_row_end(&row);
+        if (isfinite(r->bytes_per_round)) {
+            lo = fmin(lo, r->bytes_per_round);
+            hi = fmax(hi, r->bytes_per_round);
+        }
+    }
+
+    /* Goals (issue 5), judged on the loopback rows. */
+    const result *micro = NULL, *allred = NULL;
+    for (int i = 0; i < n_rows; i++) {
+        if (strcmp(rows[i].net, "loopback"))
+            continue;
+        if (!strcmp(rows[i].variant, all_variants[MICRO].name))
+            micro = &rows[i];
+        if (!strcmp(rows[i].variant, all_variants[ALLRED].name))
+            allred = &rows[i];
+    }
+    if (!o.json)
+        printf("\n");
+    ds_row_table(&row, o.json);
+    {
+        const int known = micro && o.torch && ddp.ok && isfinite(micro->t85) && isfinite(ddp.t85);
+        const double s = known ? ddp.t85 / micro->t85 : NAN;
+        goal_out(&row, "pairwise-micro-1% time to 85% vs DDP (x faster)", s, ">= 2", known,
+                 known && s >= 2.0);
+        const int known2 = micro && o.torch && ddp.ok && isfinite(micro->train85) &&
+                           isfinite(ddp.train85);
+        const double s2 = known2 ? ddp.train85 / micro->train85 : NAN;
+        goal_out(&row, "same, evaluation time taken out (x faster)", s2, ">= 2", known2,
+                 known2 && s2 >= 2.0);
+        const int known3 = micro && allred && isfinite(micro->final_acc) &&
+                           isfinite(allred->final_acc);
+        const double d = known3 ? (micro->final_acc - allred->final_acc) * 100 : NAN;
+        goal_out(&row, "pairwise-micro-1% final acc minus allreduce-dense (pt)", d, ">= -1",
+                 known3, known3 && d >= -1.0);
+        const int known4 = o.n_scale >= 2 && isfinite(lo) && lo > 0;
+        const double spread = known4 ? hi / lo : NAN;
+        goal_out(&row, "bytes/node/round, largest / smallest over the node counts", spread,
+                 "<= 1.10", known4, known4 && spread <= 1.10);
+    }
+    if (!o.keep)
+        remove_tree(o.dir);
+    else
+        fprintf(stderr, "dsbench cluster: run directories kept in %s\n", o.dir);
+    return failed ? 1 : 0;
+}

@@ -1713,3 +1713,4 @@ Test(dslaunch_netns, bad_rates_and_no_root)
     expect_error(ns, 2, "--netns needs root");
     struct stat st;
     cr_assert(stat(out, &st) < 0, "nothing was created for a refused command line");
+}

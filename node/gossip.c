@@ -67,6 +67,8 @@ struct ds_gossip {
     uint8_t *in_done;    /* n_seg x max_in */
     uint32_t *in_n;      /* n_seg */
     uint32_t *scratch;   /* G entries for the topology */
+    uint8_t *skip;       /* G entries: peers not waited for this round */
+    uint8_t *ahead;      /* G entries: peers seen past this round already */
     float *resp;         /* max_len: values of a reply */
     uint32_t G, me;
     uint64_t epoch, round;
@@ -160,6 +162,8 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->in_done);
     free(g->in_n);
     free(g->scratch);
+    free(g->skip);
+    free(g->ahead);
     free(g->resp);
     free(g);
     *gp = NULL;
@@ -286,6 +290,14 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
         if (!sc)
             return -ENOMEM;
         g->scratch = sc;
+        uint8_t *sk = realloc(g->skip, G);
+        if (!sk)
+            return -ENOMEM;
+        g->skip = sk;
+        uint8_t *ah = realloc(g->ahead, G);
+        if (!ah)
+            return -ENOMEM;
+        g->ahead = ah;
         uint32_t *f = realloc(g->in_from, (size_t)g->n_seg * max_in * sizeof(uint32_t));
         if (!f)
             return -ENOMEM;
@@ -300,7 +312,30 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
     g->next_me = me;
     g->next_epoch = epoch;
     g->view_set = 1;
+    memset(g->skip, 0, G);
     return 0;
+}
+
+int ds_gossip_set_skip(ds_gossip *g, uint32_t peer)
+{
+    if (!g->view_set || peer >= g->next_G || peer == g->next_me)
+        return -EINVAL;
+    g->skip[peer] = 1;
+    return 0;
+}
+
+/* Exchanges still open that we wait for. */
+static int outstanding(const ds_gossip *g)
+{
+    int n = 0;
+    for (int s = 0; s < g->n_seg; s++) {
+        n += g->out[s].state == OUT_PENDING;
+        for (uint32_t i = 0; i < g->in_n[s]; i++) {
+            const size_t k = (size_t)s * g->max_in + i;
+            n += !g->in_done[k] && !g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]];
+        }
+    }
+    return n;
 }
 
 /* ---- begin / end ---------------------------------------------------------- */
@@ -326,6 +361,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
     }
     memcpy(snap, theta, n * sizeof(float));
 
+    memset(g->ahead, 0, g->G);
     const int gossips = ds_topo_gossips(g->cfg.topology);
     for (int s = 0; s < g->n_seg; s++) {
         struct gout *o = &g->out[s];
@@ -394,6 +430,7 @@ static int send_msg(ds_gossip *g, const ds_gossip_io *io, ds_gmsg *m, uint64_t d
 {
     m->from = g->me;
     m->epoch = g->epoch;
+    m->round_now = g->round;
     int r = io->send(io->ctx, m, deadline);
     if (r == 0) {
         g->st.bytes_sent += payload_bytes(m);
@@ -568,6 +605,12 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m, uint
         drop(g, m, "all-reduce chunk outside an all-reduce");
         return 0;
     }
+    /* A peer already past this round will not send anything more for it
+     * (what it sent for it is queued or lost): stop waiting for it. This is
+     * what lets a node that fell behind -- frozen, overloaded -- catch up
+     * at compute speed instead of one timeout per round. */
+    if (m->from < g->G && (m->round_now > g->round || m->epoch > g->epoch))
+        g->ahead[m->from] = 1;
     if (m->epoch != g->epoch) {
         if (m->epoch > g->epoch && m->type != DS_GMSG_STALE)
             enqueue(g, m);
@@ -600,13 +643,19 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
 {
     const uint64_t t0 = ds_now_ns();
     const uint64_t deadline = t0 + (uint64_t)g->cfg.timeout_ms * 1000000u;
-    int pending = 0;
 
     for (int s = 0; s < g->n_seg; s++) {
         struct gout *o = &g->out[s];
-        pending += (int)g->in_n[s];
         if (o->state != OUT_PENDING)
             continue;
+        if (g->skip[o->target]) {
+            /* Known unresponsive: that exchange does not happen this round,
+             * and nobody waits for it (DESIGN 5: skipped). */
+            o->state = OUT_FAILED;
+            g->st.exchanges_failed++;
+            g->st.skipped++;
+            continue;
+        }
         ds_gmsg m = {
             .type = g->cfg.mix == DS_MIX_CROSSOVER ? DS_GMSG_CROSS : DS_GMSG_REQ,
             .to = o->target,
@@ -628,8 +677,6 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             /* Nothing comes back for a CROSS: it is done once sent. */
             o->state = OUT_OK;
             g->st.exchanges_ok++;
-        } else {
-            pending++;
         }
     }
 
@@ -639,7 +686,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     for (int i = 0; i < qn; i++) {
         struct qmsg *q = &g->q[i];
         if (q->m.epoch == g->epoch && q->m.round == g->round) {
-            pending -= handle_current(g, io, &q->m, deadline);
+            handle_current(g, io, &q->m, deadline);
             free(q->idx);
             free(q->val);
         } else if (q->m.epoch < g->epoch || (q->m.epoch == g->epoch && q->m.round < g->round)) {
@@ -647,17 +694,19 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             free(q->val);
             g->st.dropped++;
         } else {
+            if (q->m.from < g->G)
+                g->ahead[q->m.from] = 1; /* it is already past this round */
             g->q[kept++] = *q;
         }
     }
     g->qn = kept;
 
-    while (pending > 0) {
+    while (outstanding(g) > 0) {
         ds_gmsg m;
         int r = io->recv(io->ctx, &m, deadline);
         if (r <= 0)
             break;
-        pending -= dispatch(g, io, &m, deadline);
+        dispatch(g, io, &m, deadline);
     }
 
     /* Whatever is still open missed the deadline. */
@@ -669,14 +718,19 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             if (io->peer_failed)
                 io->peer_failed(io->ctx, o->target);
         }
-        for (uint32_t i = 0; i < g->in_n[s]; i++)
-            if (!g->in_done[(size_t)s * g->max_in + i]) {
-                g->st.missed++;
-                if (io->peer_failed)
-                    io->peer_failed(io->ctx, g->in_from[(size_t)s * g->max_in + i]);
-            }
+        for (uint32_t i = 0; i < g->in_n[s]; i++) {
+            const size_t k = (size_t)s * g->max_in + i;
+            if (g->in_done[k])
+                continue;
+            g->st.missed++;
+            if (!g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]] && io->peer_failed)
+                io->peer_failed(io->ctx, g->in_from[k]);
+        }
     }
-    g->st.wait_ns += ds_now_ns() - t0;
+    const uint64_t took = ds_now_ns() - t0;
+    g->st.wait_ns += took;
+    if (took > g->st.max_wait_ns)
+        g->st.max_wait_ns = took;
     return 0;
 }
 
@@ -803,7 +857,10 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
     }
     memset(work, 0, n * sizeof(float));
     g->st.rounds++;
-    g->st.wait_ns += ds_now_ns() - t0;
+    const uint64_t took = ds_now_ns() - t0;
+    g->st.wait_ns += took;
+    if (took > g->st.max_wait_ns)
+        g->st.max_wait_ns = took;
     return ret;
 }
 

@@ -63,6 +63,8 @@ typedef struct ds_gmsg {
     uint8_t type;
     uint32_t from, to;  /* view indices */
     uint64_t epoch, round;
+    uint64_t round_now; /* the sender's current round (filled by the engine;
+                         * differs from round only in STALE) */
     uint32_t segment;
     uint32_t seg_len;   /* REQ, CROSS: the segment's length (for encoding) */
     uint32_t count;     /* entries in idx (REQ) and val */
@@ -106,6 +108,7 @@ typedef struct ds_gossip_stats {
     uint64_t exchanges_failed;  /* own REQs timed out, refused or STALE */
     uint64_t answered;          /* REQs answered / CROSS received */
     uint64_t missed;            /* expected REQs / CROSS that never came */
+    uint64_t skipped;           /* own exchanges not tried: peer unresponsive */
     uint64_t stale_sent, stale_received;
     uint64_t late;              /* replies for a round already over */
     uint64_t queued;            /* messages for a future round, kept */
@@ -113,6 +116,7 @@ typedef struct ds_gossip_stats {
     uint64_t values_sent, values_received;
     uint64_t bytes_sent, bytes_received; /* gossip payload (indices + values) */
     uint64_t wait_ns;           /* time spent inside exchange() */
+    uint64_t max_wait_ns;       /* the longest single exchange() / all-reduce */
 } ds_gossip_stats;
 
 typedef struct ds_gossip ds_gossip;
@@ -141,6 +145,11 @@ void ds_gossip_reset(ds_gossip *g, const float *theta);
 /* Set the view: G participants, this node is `me`, at view epoch `epoch`.
  * Takes effect at the next begin(). Returns 0 or -EINVAL / -ENOMEM. */
 int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch);
+
+/* For the next round only (set_view clears it): do not initiate to view
+ * index `peer` and do not wait for it -- a peer known to be unresponsive.
+ * Whatever it still sends is served. Returns 0 or -EINVAL. */
+int ds_gossip_set_skip(ds_gossip *g, uint32_t peer);
 
 /* Round `round`, in three parts (see the top of this file). begin and end
  * run on the thread that owns theta; exchange may run on another thread

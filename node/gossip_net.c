@@ -37,6 +37,8 @@ struct ds_gnet {
     uint32_t G;
     void (*failed_fn)(void *ctx, uint64_t id);
     void *failed_ctx;
+    void (*heard_fn)(void *ctx, uint64_t id);
+    void *heard_ctx;
     ds_gnet_stats st;
 };
 
@@ -105,7 +107,7 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
         break;
     case DS_GMSG_STALE:
         w.h.count = 0;
-        w.u.stale.round_now = m->round;
+        w.u.stale.round_now = m->round_now;
         break;
     case DS_GMSG_ARED:
         w.u.ar.phase = 0;
@@ -234,6 +236,8 @@ void ds_gnet_destroy(ds_gnet **gp)
 
 void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
 {
+    if (g->heard_fn)
+        g->heard_fn(g->heard_ctx, rx->sender);
     const ds_wire_bufs bufs = {
         .idx = g->dec_idx,
         .idx_cap = g->max_count,
@@ -301,6 +305,7 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
     q->m.type = type;
     q->m.epoch = w.h.epoch;
     q->m.round = w.h.round;
+    q->m.round_now = type == DS_GMSG_STALE ? w.u.stale.round_now : w.h.round;
     q->m.segment = type == DS_GMSG_ARED ? w.u.ar.step : w.h.segment;
     q->m.count = count;
     uint8_t *p = (uint8_t *)(q + 1);
@@ -364,6 +369,12 @@ void ds_gnet_set_failure_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), vo
 {
     g->failed_fn = fn;
     g->failed_ctx = ctx;
+}
+
+void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx)
+{
+    g->heard_fn = fn;
+    g->heard_ctx = ctx;
 }
 
 void ds_gnet_stats_get(ds_gnet *g, ds_gnet_stats *st)

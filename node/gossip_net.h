@@ -58,6 +58,10 @@ uint64_t ds_gnet_view_id(ds_gnet *g, uint32_t i);
 const ds_gossip_io *ds_gnet_io(ds_gnet *g);
 void ds_gnet_set_failure_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx);
 
+/* Called (net worker thread) with the sender's node id of every gossip
+ * frame received: the peer is alive. */
+void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx);
+
 void ds_gnet_stats_get(ds_gnet *g, ds_gnet_stats *st);
 
 #endif

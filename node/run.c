@@ -54,11 +54,13 @@
 #include "node/run.h"
 #include "node/state.h"
 
-static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t stop_signal, stop_count;
 
+/* First SIGINT/SIGTERM: stop training, leave gracefully. Second: go now. */
 static void on_signal(int sig)
 {
     stop_signal = sig;
+    stop_count++;
 }
 
 void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
@@ -156,12 +158,23 @@ typedef struct rt {
     pthread_t comm;
     int comm_up, comm_go, comm_done;
 
+    /* Peers that missed a deadline and have not been heard from since: the
+     * gossip rounds do not wait for them (DESIGN 5: skipped, reported). */
+    pthread_mutex_t skip_lock;
+    uint64_t skip_ids[64];
+    uint64_t skip_until[64]; /* first round it is tried again; UINT64_MAX: until heard */
+    int n_skip;
+    _Atomic uint64_t cur_round;
+
     ds_member_info *vbuf; /* the view of the round being set up: vcap entries */
     uint32_t vcap;
     uint64_t *vids;
     const char **vaddrs;
     float *host_theta;   /* host mirror of theta for the CUDA backend */
     uint64_t round0;     /* round = round0 + step / gossip.every */
+    uint64_t lag;        /* membership's lag: rounds until a change applies */
+    int leaving;         /* LEAVE announced, effective at leave_round */
+    uint64_t leave_round;
     uint64_t rounds;
     uint32_t last_G;
     uint64_t last_epoch;
@@ -171,6 +184,61 @@ static void timed_wait(rt *r, uint64_t until_ms)
 {
     const struct timespec ts = {(time_t)(until_ms / 1000), (long)(until_ms % 1000) * 1000000L};
     pthread_cond_timedwait(&r->cond, &r->lock, &ts);
+}
+
+/* A peer missed a deadline (gossip): do not wait for it for a few rounds,
+ * then try again -- if we were the slow one (frozen, overloaded), both
+ * sides would otherwise skip each other for good. Membership's verdicts
+ * (suspect, dead) hold until the peer is heard from again. */
+#define SKIP_ROUNDS 4
+
+static void mark_unresponsive_until(rt *r, uint64_t id, uint64_t until)
+{
+    pthread_mutex_lock(&r->skip_lock);
+    int i = 0;
+    while (i < r->n_skip && r->skip_ids[i] != id)
+        i++;
+    if (i == r->n_skip && r->n_skip < 64) {
+        r->skip_ids[r->n_skip] = id;
+        r->skip_until[r->n_skip++] = until;
+        ds_debug("gossip", "peer %016llx unresponsive: not waited for", (unsigned long long)id);
+    } else if (i < r->n_skip && until > r->skip_until[i]) {
+        r->skip_until[i] = until;
+    }
+    pthread_mutex_unlock(&r->skip_lock);
+}
+
+static void mark_unresponsive(rt *r, uint64_t id)
+{
+    mark_unresponsive_until(r, id, UINT64_MAX);
+}
+
+static void mark_responsive(rt *r, uint64_t id)
+{
+    pthread_mutex_lock(&r->skip_lock);
+    for (int i = 0; i < r->n_skip; i++)
+        if (r->skip_ids[i] == id) {
+            r->n_skip--;
+            r->skip_ids[i] = r->skip_ids[r->n_skip];
+            r->skip_until[i] = r->skip_until[r->n_skip];
+            break;
+        }
+    pthread_mutex_unlock(&r->skip_lock);
+}
+
+static int is_unresponsive(rt *r, uint64_t id, uint64_t round)
+{
+    pthread_mutex_lock(&r->skip_lock);
+    int found = 0;
+    for (int i = 0; i < r->n_skip && !found; i++)
+        found = r->skip_ids[i] == id && round < r->skip_until[i];
+    pthread_mutex_unlock(&r->skip_lock);
+    return found;
+}
+
+static void heard_hook(void *ctx, uint64_t id)
+{
+    mark_responsive(ctx, id);
 }
 
 static void on_net_recv(void *ctx, ds_net_rx *rx)
@@ -225,8 +293,12 @@ static void on_net_event(void *ctx, const ds_net_event *ev)
     case DS_NET_EV_PEER_UNRESPONSIVE:
         if (ms && ev->peer)
             ds_membership_hint(ms, ev->peer, ds_now_ms());
+        if (ev->peer)
+            mark_unresponsive_until(r, ev->peer, atomic_load(&r->cur_round) + 1 + SKIP_ROUNDS);
         break;
     case DS_NET_EV_PEER_RESPONSIVE:
+        if (ev->peer)
+            mark_responsive(r, ev->peer);
         break;
     case DS_NET_EV_RESET:
         ds_warn("net", "transport endpoint reset (%d stuck operations discarded)", ev->status);
@@ -253,15 +325,19 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
     case DS_MEV_MEMBER_JOINED:
         ds_info("membership", "member joined name=%s addr=%s round=%lld", m->name, m->addr,
                 ev->round == DS_MEMBERSHIP_NO_ROUND ? -1LL : (long long)ev->round);
+        mark_responsive(r, m->id);
         break;
     case DS_MEV_MEMBER_SUSPECTED:
         ds_info("membership", "member suspected name=%s", m->name);
+        mark_unresponsive(r, m->id);
         break;
     case DS_MEV_MEMBER_ALIVE:
         ds_info("membership", "member alive again name=%s incarnation=%u", m->name,
                 m->incarnation);
+        mark_responsive(r, m->id);
         break;
     case DS_MEV_MEMBER_DEAD:
+        mark_unresponsive(r, m->id);
         ds_warn("membership", "member dead name=%s removal_round=%llu", m->name,
                 (unsigned long long)ev->round);
         break;
@@ -327,6 +403,7 @@ static void gossip_failed_hook(void *ctx, uint64_t id)
     ds_membership *ms = atomic_load(&r->ms);
     if (ms)
         ds_membership_hint(ms, id, ds_now_ms());
+    mark_unresponsive_until(r, id, atomic_load(&r->cur_round) + 1 + SKIP_ROUNDS);
 }
 
 /* The comm thread: one ds_gossip_exchange per begin(). */
@@ -393,6 +470,7 @@ static int set_round_view(rt *r, uint64_t round)
     uint32_t G, me;
     uint64_t epoch;
     ds_membership_set_round(atomic_load(&r->ms), round, ds_now_ms());
+    atomic_store(&r->cur_round, round);
     int e = view_at(r, round, &G, &me, &epoch);
     if (e < 0)
         return e;
@@ -414,6 +492,9 @@ static int set_round_view(rt *r, uint64_t round)
         return e;
     if ((e = ds_gossip_set_view(r->gossip, G, me, epoch)) < 0)
         return e;
+    for (uint32_t i = 0; i < G; i++)
+        if (i != me && is_unresponsive(r, r->vids[i], round))
+            ds_gossip_set_skip(r->gossip, i);
     /* Alone: no round at all. snap keeps the last mixed state, so the next
      * real round's begin() still sees all the drift since then. */
     return G < 2 ? 1 : 0;
@@ -555,6 +636,7 @@ static int start_membership(rt *r, char *err, size_t err_len)
     /* Nodes of a cluster start together: a seed may not have founded the
      * cluster yet when the first JOIN reaches it, so retry soon. */
     mc.join_timeout_ms = 500;
+    r->lag = mc.lag_rounds;
     const ds_membership_io io = {.ctx = r, .send = ms_send, .event = ms_event};
     ds_membership *ms;
     int e = ds_membership_create(&mc, &io, &ms);
@@ -660,17 +742,31 @@ static void stop_threads(rt *r)
     r->comm_up = r->fd_up = 0;
 }
 
-/* Announce a graceful leave and let it spread; flush what we still send. */
+/* Announce a graceful leave, effective lag rounds from now (DESIGN 6):
+ * every node drops us from its view at that same round, and until then we
+ * keep taking part in the rounds. */
+static void announce_leave(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint64_t eff;
+    if (r->leaving || !ms || ds_membership_leave(ms, ds_now_ms(), &eff) < 0)
+        return;
+    r->leaving = 1;
+    r->leave_round = eff;
+    ds_info("membership", "leaving: effective at round %llu", (unsigned long long)eff);
+}
+
+/* Let the leave spread; flush what we still send. */
 static void leave_and_drain(rt *r)
 {
     ds_membership *ms = atomic_load(&r->ms);
-    uint64_t eff = 0;
     const uint64_t until = ds_now_ms() + 3000;
-    if (ms && ds_membership_leave(ms, ds_now_ms(), &eff) == 0) {
-        ds_membership_set_round(ms, eff, ds_now_ms());
+    announce_leave(r);
+    if (r->leaving) {
+        ds_membership_set_round(ms, r->leave_round, ds_now_ms());
         while (!ds_membership_leave_done(ms) && ds_now_ms() < until)
             usleep(20000);
-        ds_info("membership", "left the cluster, effective round %llu", (unsigned long long)eff);
+        ds_info("membership", "left the cluster at round %llu", (unsigned long long)r->leave_round);
     }
     /* Give the transport time to deliver the last replies. */
     while (ds_now_ms() < until) {
@@ -703,6 +799,7 @@ static void rt_fini(rt *r)
     free(r->vaddrs);
     free(r->host_theta);
     pthread_mutex_destroy(&r->lock);
+    pthread_mutex_destroy(&r->skip_lock);
     pthread_cond_destroy(&r->cond);
 }
 
@@ -791,6 +888,39 @@ static int fetch_state(rt *r)
     return stop_signal ? -EINTR : e;
 }
 
+/* Training is over (or stopped) but our leave is not effective yet: keep
+ * taking part in the rounds, without training, until it is -- the others
+ * still count on us. Bounded: 10 s, or a second signal. */
+static void linger(rt *r)
+{
+    announce_leave(r);
+    if (!r->leaving)
+        return;
+    const uint64_t until = ds_now_ms() + 10000;
+    uint64_t round = current_round(r) + 1;
+    const int gossiping = ds_topo_gossips(r->topo);
+    float *zero = NULL;
+    if (round < r->leave_round)
+        ds_info("membership", "taking part in rounds %llu..%llu until the leave takes effect",
+                (unsigned long long)round, (unsigned long long)r->leave_round - 1);
+    for (; round < r->leave_round && stop_count < 2 && ds_now_ms() < until; round++) {
+        if (gossiping) {
+            if (round_begin(r, round) == 0) {
+                ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
+                round_end(r);
+            }
+        } else if (set_round_view(r, round) == 0) {
+            /* AllReduce: contribute a zero gradient (the others' mean is
+             * scaled by (G-1)/G for these last rounds: documented). */
+            if (!zero && !(zero = calloc(r->t.n_params, sizeof(float))))
+                break;
+            memset(zero, 0, r->t.n_params * sizeof(float));
+            ds_gossip_allreduce(r->gossip, zero, r->t.n_params, round, ds_gnet_io(r->gn));
+        }
+    }
+    free(zero);
+}
+
 int ds_node_run(const ds_conf *c)
 {
     rt r;
@@ -802,6 +932,7 @@ int ds_node_run(const ds_conf *c)
     memset(&r, 0, sizeof(r));
     r.c = c;
     pthread_mutex_init(&r.lock, NULL);
+    pthread_mutex_init(&r.skip_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -862,6 +993,7 @@ int ds_node_run(const ds_conf *c)
         return 1;
     }
     ds_gnet_set_failure_hook(r.gn, gossip_failed_hook, &r);
+    ds_gnet_set_heard_hook(r.gn, heard_hook, &r);
     atomic_store(&r.gn_ready, 1);
     if ((e = ds_state_create(&r.st, r.net, t->n_params, 1u << 20)) < 0) {
         ds_error("node", "cannot start: out of memory");
@@ -922,6 +1054,7 @@ int ds_node_run(const ds_conf *c)
     uint64_t t_window = ds_now_ns(), train_ns = 0;
     int round_open = 0; /* overlap: a round's exchange is running */
 
+    const uint64_t final_round = r.round0 + (uint64_t)(steps / every);
     while (t->step < steps && !stop_signal) {
         const uint64_t t0 = ds_now_ns();
         if ((e = ds_trainer_compute_grad(t, &loss, NULL)) < 0) {
@@ -963,6 +1096,11 @@ int ds_node_run(const ds_conf *c)
         }
         if (ds_state_pending(r.st))
             serve_state(&r);
+        /* Leave lag rounds before our last one, so that it takes effect
+         * exactly when we stop (DESIGN 6: announced, effective at a
+         * future round, then exit). */
+        if (!r.leaving && final_round <= current_round(&r) + r.lag)
+            announce_leave(&r);
         train_ns += ds_now_ns() - t0;
         loss_window += loss;
         window_n++;
@@ -1005,6 +1143,7 @@ int ds_node_run(const ds_conf *c)
         if (ds_trainer_evaluate(t, &test_loss, &test_acc) < 0)
             test_acc = -1;
     }
+    linger(&r);
     leave_and_drain(&r);
 
     ds_net_stats ns;
@@ -1014,18 +1153,21 @@ int ds_node_run(const ds_conf *c)
     const double sps = train_ns ? (double)t->samples / ((double)train_ns * 1e-9) : 0;
     const char *status = ret < 0 ? "failed" : stop_signal ? "stopped" : "done";
     ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
-            "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f",
+            "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f "
+            "max_round_s=%.3f",
             status, (long long)t->step, test_acc, (unsigned long long)r.rounds,
             (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
             (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
-            (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9);
+            (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9,
+            (double)gs->max_wait_ns * 1e-9);
     if (ds_run_save_model(c->node.data_dir, t, err, sizeof(err)) < 0)
         ds_warn("train", "final model not saved: %s", err);
     printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
-           "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu\n",
+           "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu "
+           "max_round_s=%.3f\n",
            c->node.name, status, (long long)t->step, loss, test_acc, sps, wall, t->ops.name,
            (unsigned long long)ns.bytes_sent, (unsigned long long)ns.bytes_recv,
-           (unsigned long long)r.rounds);
+           (unsigned long long)r.rounds, (double)gs->max_wait_ns * 1e-9);
     fflush(stdout);
     const int sig = (int)stop_signal;
     rt_fini(&r);

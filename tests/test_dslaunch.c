@@ -1714,3 +1714,286 @@ Test(dslaunch_netns, bad_rates_and_no_root)
     struct stat st;
     cr_assert(stat(out, &st) < 0, "nothing was created for a refused command line");
 }
+
+/* ================================================================================ */
+/* elastic: joins, crashes, freezes and leaves while the cluster trains (issue 6)   */
+/* ================================================================================ */
+
+TestSuite(elastic, .init = tmp_init, .fini = tmp_fini, .timeout = 290);
+
+/* The pid of node `name` of the cluster in `out`, or -1. */
+static pid_t node_pid(const char *out, const char *name)
+{
+    char needle[600];
+    pid_t p[4];
+    snprintf(needle, sizeof(needle), "%s/%s.ini", out, name);
+    return procs_with(needle, p, 4) > 0 ? p[0] : -1;
+}
+
+struct step_wait {
+    char log[600];
+    long step;
+};
+
+/* The last "train step=N" the node logged, or -1. */
+static long last_step(const char *log_path)
+{
+    char *log = read_text(log_path);
+    long last = -1;
+    for (const char *p = log; p && (p = strstr(p, " train step=")); p++)
+        last = strtol(p + 12, NULL, 10);
+    free(log);
+    return last;
+}
+
+static int reached_step(void *arg)
+{
+    const struct step_wait *w = arg;
+    return last_step(w->log) >= w->step;
+}
+
+/* The value of `key=` in the node's summary line (its log), or -1. */
+static double summary_value(const char *out, const char *name, const char *key)
+{
+    char path[600], pat[64];
+    snprintf(path, sizeof(path), "%s/%s.log", out, name);
+    snprintf(pat, sizeof(pat), " %s=", key);
+    char *log = read_text(path);
+    const char *s = log ? strstr(log, "summary node=") : NULL;
+    const char *p = s ? strstr(s, pat) : NULL;
+    double v = p ? strtod(p + strlen(pat), NULL) : -1;
+    free(log);
+    return v;
+}
+
+/* test_acc of the node's eval line at `step`, or -1. */
+static double eval_at(const char *out, const char *name, long step)
+{
+    char path[600], pat[64];
+    snprintf(path, sizeof(path), "%s/%s.log", out, name);
+    snprintf(pat, sizeof(pat), " eval step=%ld ", step);
+    char *log = read_text(path);
+    const char *p = log ? strstr(log, pat) : NULL;
+    p = p ? strstr(p, "test_acc=") : NULL;
+    double v = p ? strtod(p + 9, NULL) : -1;
+    free(log);
+    return v;
+}
+
+static int log_has(const char *out, const char *name, const char *text)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s.log", out, name);
+    char *log = read_text(path);
+    int has = log && strstr(log, text);
+    free(log);
+    return has;
+}
+
+#define EL_STEPS "train.steps=500"
+
+static const char *const el_common[] = {
+    "--set", "train.backend=cpu", "--set", "train.log_every=10", "--set", "gossip.timeout_ms=2000",
+};
+
+/* args for dslaunch: local -n N --config ... common --set extra... --out out --json */
+static void el_args(const char **args, int n_nodes, const char *out, const char *const *extra)
+{
+    static char nbuf[8];
+    int k = 0;
+    snprintf(nbuf, sizeof(nbuf), "%d", n_nodes);
+    args[k++] = "local";
+    args[k++] = "-n";
+    args[k++] = nbuf;
+    args[k++] = "--config";
+    args[k++] = BASE_CONFIG;
+    for (size_t i = 0; i < sizeof(el_common) / sizeof(el_common[0]); i++)
+        args[k++] = el_common[i];
+    for (; extra && *extra; extra++)
+        args[k++] = *extra;
+    args[k++] = "--out";
+    args[k++] = out;
+    args[k++] = "--json";
+    args[k++] = "--timeout";
+    args[k++] = "240";
+    args[k++] = "--dsnode";
+    args[k++] = bin("DSNODE");
+    args[k] = NULL;
+}
+
+Test(elastic, nodes_added_mid_run_get_the_state_and_catch_up)
+{
+    const char *out = tmp_path("join");
+    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=50", "--add-at", "150:2",
+                           NULL};
+    const char *args[40];
+    el_args(args, 4, out, extra);
+    struct result r = run_dslaunch(280000, args);
+    cr_assert_eq(r.code, 0, "dslaunch exit %d\nstderr:\n%s", r.code, r.err);
+    jv *j = last_json(r.out);
+    const jv *nodes = jget(j, "nodes");
+    cr_assert(nodes && nodes->n == 6, "six nodes ran");
+    for (int i = 4; i < 6; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        cr_assert(log_has(out, name, "model state received: step="), "%s got no state", name);
+        /* The step it started from, then 200 steps later (next eval). */
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s.log", out, name);
+        char *log = read_text(path);
+        const char *p = strstr(log, "model state received: step=");
+        const long from = strtol(p + 27, NULL, 10);
+        free(log);
+        long at = ((from + 200 + 49) / 50) * 50;
+        if (at > 500)
+            at = 500;
+        double others = 0;
+        for (int o = 0; o < 4; o++) {
+            char on[8];
+            snprintf(on, sizeof(on), "n%d", o);
+            others += eval_at(out, on, at) / 4;
+        }
+        const double mine = eval_at(out, name, at);
+        cr_log_info("%s joined at step %ld: test_acc %.4f at step %ld, the others %.4f", name,
+                    from, mine, at, others);
+        cr_expect(mine > 0 && fabs(mine - others) <= 0.01,
+                  "%s at step %ld: %.4f vs the others' %.4f", name, at, mine, others);
+    }
+    jfree(j);
+    result_free(&r);
+}
+
+/* 6 nodes, 2 SIGKILLed mid-run: the others finish, no round waits longer
+ * than the gossip timeout + 1 s, and the final accuracy is within 1 pt of
+ * the same cluster undisturbed. */
+Test(elastic, two_crashes_out_of_six)
+{
+    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+
+    const char *calm = tmp_path("calm");
+    el_args(args, 6, calm, extra);
+    struct result r0 = run_dslaunch(280000, args);
+    cr_assert_eq(r0.code, 0, "undisturbed run: exit %d\nstderr:\n%s", r0.code, r0.err);
+    jv *j0 = last_json(r0.out);
+    double calm_acc = 0;
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        calm_acc += jnum(jget(jget(j0, "nodes"), name), "test_acc") / 4;
+    }
+
+    const char *out = tmp_path("crash");
+    el_args(args, 6, out, extra);
+    struct live l;
+    live_start(&l, args);
+    struct step_wait w;
+    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
+    w.step = 150;
+    cr_assert(live_wait(&l, 200000, reached_step, &w), "n0 never reached step 150");
+    for (int i = 4; i < 6; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        const pid_t p = node_pid(out, name);
+        cr_assert_gt(p, 0, "%s not found", name);
+        cr_assert_eq(kill(p, SIGKILL), 0);
+    }
+    const int code = live_end(&l, 240000);
+    cr_assert_eq(code, 1, "dslaunch reports the two killed nodes: exit %d\n%s", code, l.err);
+    jv *j = last_json(l.out);
+    double acc = 0;
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        const jv *n = jget(jget(j, "nodes"), name);
+        cr_assert_eq(jnum(n, "exit_status"), 0, "%s exit", name);
+        acc += jnum(n, "test_acc") / 4;
+        const double max_round = summary_value(out, name, "max_round_s");
+        cr_expect(max_round >= 0 && max_round <= 2.0 + 1.0, "%s: a round took %.3f s", name,
+                  max_round);
+    }
+    cr_log_info("2 of 6 killed at step 150: survivors' accuracy %.4f, undisturbed %.4f", acc,
+                calm_acc);
+    cr_expect(fabs(acc - calm_acc) <= 0.01, "accuracy %.4f vs undisturbed %.4f", acc, calm_acc);
+    jfree(j);
+    jfree(j0);
+    free(l.out);
+    free(l.err);
+    result_free(&r0);
+}
+
+/* A node frozen for 5 s (SIGSTOP, then SIGCONT): the others go on, it
+ * comes back, catches up, and everyone finishes. */
+Test(elastic, frozen_node_comes_back)
+{
+    const char *out = tmp_path("stop");
+    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+    el_args(args, 4, out, extra);
+    struct live l;
+    live_start(&l, args);
+    struct step_wait w;
+    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
+    w.step = 150;
+    cr_assert(live_wait(&l, 200000, reached_step, &w), "n0 never reached step 150");
+    const pid_t p = node_pid(out, "n3");
+    cr_assert_gt(p, 0);
+    cr_assert_eq(kill(p, SIGSTOP), 0);
+    /* The others keep training meanwhile. */
+    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
+    const long before = last_step(w.log);
+    usleep(5000000);
+    const long during = last_step(w.log);
+    cr_assert_eq(kill(p, SIGCONT), 0);
+    cr_expect_gt(during, before, "n0 made no progress while n3 was frozen");
+    const int code = live_end(&l, 240000);
+    cr_assert_eq(code, 0, "exit %d\n%s", code, l.err);
+    jv *j = last_json(l.out);
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        const double max_round = summary_value(out, name, "max_round_s");
+        cr_expect(max_round >= 0 && max_round <= 3.0, "%s: a round took %.3f s", name, max_round);
+    }
+    cr_expect_eq(jnum(jget(jget(j, "nodes"), "n3"), "steps"), 500, "n3 finished");
+    cr_expect_lt(jnum(j, "consensus_distance"), 0.1, "n3 mixes with the others again");
+    jfree(j);
+    free(l.out);
+    free(l.err);
+}
+
+/* SIGTERM: the node stops training, announces its leave for a future round,
+ * keeps taking part until then, and exits; the others see it LEFT (not
+ * dead) and finish. */
+Test(elastic, graceful_leave)
+{
+    const char *out = tmp_path("leave");
+    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+    el_args(args, 4, out, extra);
+    struct live l;
+    live_start(&l, args);
+    struct step_wait w;
+    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
+    w.step = 150;
+    cr_assert(live_wait(&l, 200000, reached_step, &w), "n0 never reached step 150");
+    const pid_t p = node_pid(out, "n3");
+    cr_assert_gt(p, 0);
+    cr_assert_eq(kill(p, SIGTERM), 0);
+    const int code = live_end(&l, 240000);
+    cr_assert_eq(code, 1, "dslaunch reports n3 stopped: exit %d\n%s", code, l.err);
+    jv *j = last_json(l.out);
+    const jv *n3 = jget(jget(j, "nodes"), "n3");
+    cr_expect_eq(jnum(n3, "exit_status"), 128 + SIGTERM);
+    cr_expect(log_has(out, "n3", "leaving: effective at round"), "n3 announced its leave");
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        cr_expect_eq(jnum(jget(jget(j, "nodes"), name), "exit_status"), 0, "%s", name);
+        cr_expect(log_has(out, name, "member left name=n3"), "%s saw n3 leave", name);
+        cr_expect(!log_has(out, name, "member dead name=n3"), "%s took n3 for dead", name);
+    }
+    jfree(j);
+    free(l.out);
+    free(l.err);
+}

@@ -55,7 +55,7 @@ typedef struct cluster {
     pthread_barrier_t bar;
     double max_sum_err;     /* worst |sum after - sum before| / scale */
     double dist[64];        /* consensus distance before each round */
-    int use_stale_test;
+    int skip_dead;          /* every node marks the dead nodes skipped */
 } cluster;
 
 typedef struct worker {
@@ -142,6 +142,9 @@ static void run_cluster(cluster *c)
         cfg.node_seed = 500 + i;
         cr_assert_eq(ds_gossip_create(&c->g[i], &cfg, layers, NL, n_params, c->theta[i]), 0);
         cr_assert_eq(ds_gossip_set_view(c->g[i], c->G, i, 1), 0);
+        for (uint32_t d = 0; c->skip_dead && d < c->G; d++)
+            if (c->dead[d] && d != i)
+                cr_assert_eq(ds_gossip_set_skip(c->g[i], d), 0);
         if (c->dead[i])
             ds_fakenet_set_dead(c->net, i, 1);
         else
@@ -292,6 +295,28 @@ Test(gossip, silent_peer_is_skipped_and_reported)
         if (!c.dead[i])
             failed += ds_gossip_get_stats(c.g[i])->exchanges_failed;
     cr_expect_gt(failed, 0);
+    free_cluster(&c);
+}
+
+/* Peers known to be unresponsive are not waited for: rounds with a dead
+ * node take no timeout at all, the live nodes' sum still holds. */
+Test(gossip, skipped_peer_costs_no_timeout)
+{
+    cluster c = {.G = 6, .rounds = 8, .noise = 1, .cfg = base_cfg(), .skip_dead = 1};
+    c.cfg.timeout_ms = 2000;
+    c.dead[4] = 1;
+    const uint64_t t0 = ds_now_ms();
+    run_cluster(&c);
+    const uint64_t took = ds_now_ms() - t0;
+    cr_expect_lt(took, 1500, "8 rounds took %llu ms: someone waited for the dead node",
+                 (unsigned long long)took);
+    cr_expect_lt(c.max_sum_err, 1.0);
+    cr_expect_eq(ds_fakenet_failures(c.net, 4), 0, "a skipped peer is not reported again");
+    uint64_t skipped = 0;
+    for (uint32_t i = 0; i < c.G; i++)
+        if (!c.dead[i])
+            skipped += ds_gossip_get_stats(c.g[i])->skipped;
+    cr_expect_gt(skipped, 0);
     free_cluster(&c);
 }
 

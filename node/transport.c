@@ -99,7 +99,8 @@
 #define TP_TICK_MS 100        /* longest sleep of the progress loop */
 #define TP_PROBE_MS 250       /* receive-pool watchdog period */
 #define TP_FRESH_GAP_MS 200   /* gap before the first delivery of a stream */
-#define TP_PIN_FACTOR 3       /* pinned buffers per pool: <= 3x its size */
+#define TP_PIN_FACTOR 3       /* pinned buffers per pool: 3x its size (+ for
+                               * the large pool, two peers' windows) */
 #define TP_CACHE_SLOTS 64     /* large buffers kept for reuse */
 #define TP_CACHE_MIN (64u << 10)
 #define TP_CACHE_BYTES ((size_t)256 << 20)
@@ -1638,7 +1639,13 @@ static int probe_receives(ds_transport *t, uint64_t now)
         }
         int large = rb->tag == TP_TAG_LARGE;
         unsigned base = large ? t->o.rx_large_bufs : t->o.rx_small_bufs;
-        if (t->npinned[large] >= base * TP_PIN_FACTOR)
+        /* A frozen sender can have a window's worth of rendezvous chunks
+         * matched here (the same max_inflight_bytes on every node); leave
+         * room for two such peers beyond TP_PIN_FACTOR pools. */
+        size_t bound = (size_t)base * TP_PIN_FACTOR;
+        if (large)
+            bound += 2 * ((t->o.max_inflight_bytes + t->o.chunk_bytes - 1) / t->o.chunk_bytes);
+        if (t->npinned[large] >= bound)
             continue; /* bounded: this pool now starves until a reset */
         struct tp_rxbuf *fresh = calloc(1, sizeof(*fresh));
         if (!fresh)

@@ -18,8 +18,11 @@
  * message in flight, echoed back; it prints MB/sec as all bytes moved (both
  * directions) over the elapsed time, which is what pingpong_mb_per_s holds.
  * Both figures are bytes moved through loopback per second, in MB (10^6).
+ * The machine is shared and noisy, so each row alternates --reps times
+ * between a fi_pingpong run and a burst of ours, and reports the best of
+ * each: both see the same spells of load.
  *
- *   nice dsbench transport [--json] [--seconds S] [--sizes 64K,1M,16M]
+ *   nice dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M]
  *                          [--modes transport,none,auth,encrypt] [--no-pingpong]
  */
 #include "config.h"
@@ -361,13 +364,10 @@ static int free_port(void)
     return port;
 }
 
-/* MB/sec fi_pingpong reports for one size, or a negative value. */
-static double pingpong(size_t bytes, double seconds)
+/* MB/sec fi_pingpong reports for `iters` round trips of `bytes`, or a
+ * negative value. */
+static double pingpong_run(size_t bytes, uint64_t iters)
 {
-    /* Iterations for about `seconds` at ~1.5 GB/s both ways. */
-    uint64_t iters = (uint64_t)(seconds * 1.5e9 / 2.0 / (double)bytes);
-    if (iters < 20)
-        iters = 20;
     int port = free_port();
     if (port < 0)
         return -1;
@@ -389,7 +389,7 @@ static double pingpong(size_t bytes, double seconds)
                "-I", it, "-B", pt, (char *)NULL);
         _exit(127);
     }
-    usleep(300000); /* the server listens */
+    usleep(500000); /* the server listens */
     char cmd[256];
     snprintf(cmd, sizeof(cmd),
              "timeout 120 fi_pingpong -p tcp -e rdm -S %s -I %s -P %s 127.0.0.1 2>/dev/null", sz,
@@ -413,6 +413,24 @@ static double pingpong(size_t bytes, double seconds)
     return mbs;
 }
 
+/* fi_pingpong for about `seconds`: a short calibration run first (it
+ * counts a fixed number of round trips, and under load a guess can take
+ * minutes). */
+static double pingpong(size_t bytes, double seconds)
+{
+    uint64_t iters = (uint64_t)(seconds * 0.1 * 1e9 / 2.0 / (double)bytes);
+    if (iters < 10)
+        iters = 10;
+    double v = pingpong_run(bytes, iters);
+    if (v <= 0)
+        return v;
+    iters = (uint64_t)(seconds * v * 1e6 / 2.0 / (double)bytes);
+    if (iters < 10)
+        iters = 10;
+    double w = pingpong_run(bytes, iters);
+    return w > v ? w : v;
+}
+
 /* ---- the command ------------------------------------------------------------ */
 
 static size_t parse_size(const char *s)
@@ -433,7 +451,7 @@ static const char *mode_name(int mode)
 
 int ds_bench_transport(int argc, char **argv)
 {
-    int json = 0, do_pp = 1;
+    int json = 0, do_pp = 1, reps = 3;
     double seconds = 1.0;
     size_t sizes[8] = {64u << 10, 1u << 20, 16u << 20};
     int nsizes = 3;
@@ -444,6 +462,10 @@ int ds_bench_transport(int argc, char **argv)
             continue;
         if (!strcmp(argv[i], "--no-pingpong")) {
             do_pp = 0;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+            if (reps < 1)
+                reps = 1;
         } else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
             seconds = atof(argv[++i]);
             if (seconds <= 0)
@@ -462,7 +484,7 @@ int ds_bench_transport(int argc, char **argv)
                     modes[nmodes++] = ds_sec_mode_parse(tok);
             }
         } else {
-            fprintf(stderr, "usage: dsbench transport [--json] [--seconds S] [--sizes 64K,1M,16M] "
+            fprintf(stderr, "usage: dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M] "
                             "[--modes transport,none,auth,encrypt] [--no-pingpong]\n");
             return 2;
         }
@@ -485,11 +507,6 @@ int ds_bench_transport(int argc, char **argv)
         return 1;
     for (size_t i = 0; i < maxsz; i++)
         data[i] = (uint8_t)(i * 2654435761u >> 13);
-
-    /* The baseline first, for every size. */
-    double pp[8];
-    for (int k = 0; k < nsizes; k++)
-        pp[k] = do_pp ? pingpong(sizes[k], seconds) : -1;
 
     ds_row row;
     ds_row_table(&row, json);
@@ -551,11 +568,29 @@ int ds_bench_transport(int argc, char **argv)
                 r = -ETIMEDOUT;
         }
         for (int k = 0; k < nsizes && !r; k++) {
-            uint64_t msgs = 0;
-            /* Warm up (handshake, connections, allocator), then measure. */
-            double mbs = burst(&s, mode, peer, to, data, sizes[k], seconds * 0.2, &msgs);
-            if (mbs >= 0)
-                mbs = burst(&s, mode, peer, to, data, sizes[k], seconds, &msgs);
+            uint64_t msgs = 0, m1 = 0;
+            /* Warm up (handshake, connections, allocator), then alternate
+             * the baseline and ours, keeping the best of each. */
+            double mbs = burst(&s, mode, peer, to, data, sizes[k], seconds * 0.2, &m1);
+            double pp_best = -1;
+            for (int rep = 0; rep < reps && mbs >= 0; rep++) {
+                if (do_pp) {
+                    double v = pingpong(sizes[k], seconds);
+                    if (v < 0)
+                        v = pingpong(sizes[k], seconds); /* a slow server start */
+                    if (v > pp_best)
+                        pp_best = v;
+                }
+                double v = burst(&s, mode, peer, to, data, sizes[k], seconds, &m1);
+                if (v < 0) {
+                    mbs = -1;
+                    break;
+                }
+                if (rep == 0 || v > mbs) {
+                    mbs = v;
+                    msgs = m1;
+                }
+            }
             if (mbs < 0) {
                 fprintf(stderr, "dsbench transport: mode %s, %zu bytes failed\n", mode_name(mode),
                         sizes[k]);
@@ -565,10 +600,11 @@ int ds_bench_transport(int argc, char **argv)
             ds_row_str(&row, "mode", mode_name(mode));
             ds_row_int(&row, "bytes", (int64_t)sizes[k]);
             ds_row_num(&row, "mb_per_s", mbs, 0);
-            ds_row_num(&row, "pingpong_mb_per_s", pp[k] > 0 ? pp[k] : NAN, 0);
-            ds_row_num(&row, "vs_pingpong", pp[k] > 0 ? mbs / pp[k] : NAN, 2);
+            ds_row_num(&row, "pingpong_mb_per_s", pp_best > 0 ? pp_best : NAN, 0);
+            ds_row_num(&row, "vs_pingpong", pp_best > 0 ? mbs / pp_best : NAN, 2);
             ds_row_int(&row, "msgs", (int64_t)msgs);
             ds_row_num(&row, "seconds", seconds, 1);
+            ds_row_int(&row, "reps", reps);
             ds_row_end(&row);
         }
         if (r) {

@@ -7,14 +7,16 @@
  *
  *   nice -n 10 dsbench cluster [--quick] [--json] [--steps N] [--eval-every N]
  *       [--target ACC] [--variants a,b,...] [--nets loopback,1gbit,100mbit]
- *       [--scale 2,4,8] [--no-torch] [--config FILE] [--dslaunch PATH] [--keep DIR]
+ *       [--scale 2,4,8] [--scale-variants a,b] [--no-torch] [--config FILE]
+ *       [--dslaunch PATH] [--keep DIR]
  *
  * Variants (every one on 4 nodes, each net): allreduce-dense (gossip.topology
  * = allreduce: dense ring all-reduce of gradients every step), crossover-dense
  * (gossip.mix = crossover, dense), and pairwise mixing on the crossover
  * topology with micro, sage, topk and random at 1% density. Then
- * pairwise-micro-1% on loopback at each --scale node count, for the bytes a
- * node sends per round as the cluster grows. The base config is
+ * pairwise-micro-1% (and, as a control with an exactly constant selection
+ * count, pairwise-topk-1%) on loopback at each --scale node count, for the
+ * bytes a node sends per round as the cluster grows. The base config is
  * conf/examples/cluster.ini; every run also sets train.steps, train.eval_every
  * = train.log_every, train.backend = cpu and status.listen = "" (no status
  * servers), so the only thing that differs between rows is the variant and
@@ -90,6 +92,7 @@ typedef struct opts {
     char nets[MAX_NETS][32]; /* "loopback" or a dslaunch --netns-rate */
     int n_nets;
     int scale[MAX_SCALE], n_scale;
+    int scale_variants[MAX_VARIANTS], n_scale_variants;
     char config[PATH_MAX];
     char dslaunch[PATH_MAX];
     char dir[PATH_MAX];
@@ -424,7 +427,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dsbench cluster [--quick] [--json] [--steps N] [--eval-every N] [--target ACC]\n"
             "                       [--variants a,b,...] [--nets loopback,1gbit,100mbit]\n"
-            "                       [--scale 2,4,8] [--no-torch] [--config FILE]\n"
+            "                       [--scale 2,4,8] [--scale-variants a,b] [--no-torch]\n"
+            "                       [--config FILE]\n"
             "                       [--dslaunch PATH] [--keep DIR]\n"
             "variants:");
     for (int i = 0; i < N_VARIANTS; i++)
@@ -448,6 +452,31 @@ static int parse_list(const char *arg, char items[][32], int max)
             p++;
     }
     return *p ? -E2BIG : n;
+}
+
+/* Variant names -> indices into all_variants; the count or -EINVAL. */
+static int parse_variants(const char *opt, const char *arg, int *out)
+{
+    char items[MAX_VARIANTS][32];
+    int n = parse_list(arg, items, MAX_VARIANTS);
+    if (n <= 0) {
+        fprintf(stderr, "dsbench cluster: %s expects a comma-separated list of variants\n", opt);
+        usage(stderr);
+        return -EINVAL;
+    }
+    for (int k = 0; k < n; k++) {
+        int found = -1;
+        for (int j = 0; j < N_VARIANTS; j++)
+            if (!strcmp(items[k], all_variants[j].name))
+                found = j;
+        if (found < 0) {
+            fprintf(stderr, "dsbench cluster: %s: unknown variant '%s'\n", opt, items[k]);
+            usage(stderr);
+            return -EINVAL;
+        }
+        out[k] = found;
+    }
+    return n;
 }
 
 static int find_dslaunch(char *out, size_t len)
@@ -480,7 +509,7 @@ static int parse_opts(opts *o, int argc, char **argv)
     o->eval_every = 50;
     o->target = 0.85;
     const char *variants = NULL, *nets = NULL, *scale = NULL, *config = NULL, *dsl = NULL,
-               *keep = NULL;
+               *keep = NULL, *scale_variants = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const int has = i + 1 < argc;
@@ -502,6 +531,8 @@ static int parse_opts(opts *o, int argc, char **argv)
             nets = argv[++i];
         else if (!strcmp(a, "--scale") && has)
             scale = argv[++i];
+        else if (!strcmp(a, "--scale-variants") && has)
+            scale_variants = argv[++i];
         else if (!strcmp(a, "--config") && has)
             config = argv[++i];
         else if (!strcmp(a, "--dslaunch") && has)
@@ -523,25 +554,9 @@ static int parse_opts(opts *o, int argc, char **argv)
         fprintf(stderr, "dsbench cluster: --steps and --eval-every >= 1, --target in (0, 1)\n");
         return -EINVAL;
     }
-    char items[MAX_VARIANTS][32];
     if (variants) {
-        int n = parse_list(variants, items, MAX_VARIANTS);
-        for (int k = 0; k < n; k++) {
-            int found = -1;
-            for (int j = 0; j < N_VARIANTS; j++)
-                if (!strcmp(items[k], all_variants[j].name))
-                    found = j;
-            if (found < 0) {
-                fprintf(stderr, "dsbench cluster: unknown variant '%s'\n", items[k]);
-                usage(stderr);
-                return -EINVAL;
-            }
-            o->variants[o->n_variants++] = found;
-        }
-        if (n <= 0) {
-            fprintf(stderr, "dsbench cluster: --variants expects a comma-separated list\n");
+        if ((o->n_variants = parse_variants("--variants", variants, o->variants)) < 0)
             return -EINVAL;
-        }
     } else if (o->quick) {
         static const int q[] = {ALLRED, 1, MICRO};
         for (size_t k = 0; k < sizeof(q) / sizeof(q[0]); k++)
@@ -578,6 +593,12 @@ static int parse_opts(opts *o, int argc, char **argv)
         }
     }
     o->n_scale = ns;
+    if ((o->n_scale_variants = parse_variants(
+             "--scale-variants",
+             scale_variants ? scale_variants
+                            : o->quick ? "pairwise-micro-1%" : "pairwise-micro-1%,pairwise-topk-1%",
+             o->scale_variants)) < 0)
+        return -EINVAL;
     if (config)
         snprintf(o->config, sizeof(o->config), "%s", config);
     else
@@ -680,7 +701,7 @@ int ds_bench_cluster(int argc, char **argv)
     fprintf(stderr, "dsbench cluster: %d steps, eval every %d, target %.2f, config %s, runs in "
                     "%s\n", o.steps, o.eval_every, o.target, o.config, o.dir);
 
-    result rows[MAX_ROWS], scale_rows[MAX_SCALE], ddp;
+    result rows[MAX_ROWS], scale_rows[MAX_VARIANTS * MAX_SCALE], ddp;
     int n_rows = 0, idx = 0, failed = 0;
     memset(&ddp, 0, sizeof(ddp));
     if (o.torch && run_ddp(&o, &c, 4, &ddp) < 0)
@@ -693,21 +714,23 @@ int ds_bench_cluster(int argc, char **argv)
                             &rows[n_rows++]) < 0)
                 failed = 1;
     }
-    /* Bytes per node per round as the cluster grows: micro on loopback
-     * (4 nodes comes from the table above when it has that row). */
-    for (int k = 0; k < o.n_scale; k++) {
-        int have = -1;
-        for (int i = 0; i < n_rows; i++)
-            if (!strcmp(rows[i].variant, all_variants[MICRO].name) &&
-                !strcmp(rows[i].net, "loopback") && rows[i].nodes == o.scale[k])
-                have = i;
-        if (have >= 0) {
-            scale_rows[k] = rows[have];
-        } else if (run_cluster(&o, &c, &all_variants[MICRO], "loopback", o.scale[k], idx++,
-                               &scale_rows[k]) < 0) {
-            failed = 1;
+    /* Bytes per node per round as the cluster grows, on loopback (a run
+     * the table above already has is taken from it). */
+    int n_scale_rows = 0;
+    for (int v = 0; v < o.n_scale_variants; v++)
+        for (int k = 0; k < o.n_scale; k++) {
+            const variant *var = &all_variants[o.scale_variants[v]];
+            result *sr = &scale_rows[n_scale_rows++];
+            int have = -1;
+            for (int i = 0; i < n_rows; i++)
+                if (!strcmp(rows[i].variant, var->name) && !strcmp(rows[i].net, "loopback") &&
+                    rows[i].nodes == o.scale[k])
+                    have = i;
+            if (have >= 0)
+                *sr = rows[have];
+            else if (run_cluster(&o, &c, var, "loopback", o.scale[k], idx++, sr) < 0)
+                failed = 1;
         }
-    }
 
     /* Tables. */
     ds_row row;
@@ -726,10 +749,10 @@ int ds_bench_cluster(int argc, char **argv)
     if (!o.json)
         printf("\n");
     ds_row_table(&row, o.json);
-    const double base = o.n_scale ? scale_rows[0].bytes_per_round : NAN;
-    double lo = INFINITY, hi = -INFINITY;
-    for (int k = 0; k < o.n_scale; k++) {
+    double lo = INFINITY, hi = -INFINITY; /* micro's, for the goal */
+    for (int k = 0; k < n_scale_rows; k++) {
         const result *r = &scale_rows[k];
+        const double base = scale_rows[k - k % o.n_scale].bytes_per_round;
         ds_row_str(&row, "variant", r->variant);
         ds_row_int(&row, "nodes", r->nodes);
         ds_row_str(&row, "net", r->net);
@@ -739,7 +762,7 @@ int ds_bench_cluster(int argc, char **argv)
         ds_row_num(&row, "time_to_85_s", r->t85, 2);
         ds_row_str(&row, "status", r->ok ? "ok" : "failed");
         ds_row_end(&row);
-        if (isfinite(r->bytes_per_round)) {
+        if (isfinite(r->bytes_per_round) && !strcmp(r->variant, all_variants[MICRO].name)) {
             lo = fmin(lo, r->bytes_per_round);
             hi = fmax(hi, r->bytes_per_round);
         }

@@ -1,9 +1,17 @@
 /*
- * tools/dsbench/bench_elastic.c: `dsbench elastic --fake`: the membership
- * protocol (node/membership.h) on the simulated network of
- * tests/swim_fakenet.h, where time is simulated, so the figures are
- * protocol properties (periods, messages), not machine speed, and a run
- * repeats exactly for a given seed.
+ * tools/dsbench/bench_elastic.c: `dsbench elastic`: how fast the cluster
+ * notices a crash and spreads a join, and what crashes cost in accuracy.
+ * Two halves, both run by default:
+ *
+ *   dsbench elastic [--fake | --real] [--json]
+ *       fake: [--seeds S] [--period-ms P] [--sizes 8,64] [--window W]
+ *       real: [--repeats R] [--steps N] [--kill-at STEP] [--add-at STEP]
+ *             [--config FILE] [--dslaunch PATH] [--keep DIR]
+ *
+ * The fake half (--fake) runs the membership protocol (node/membership.h)
+ * on the simulated network of tests/swim_fakenet.h, where time is
+ * simulated, so the figures are protocol properties (periods, messages),
+ * not machine speed, and a run repeats exactly for a given seed.
  *
  * Table 1, per cluster size, loss rate and Lifeguard on/off (off = classic
  * SWIM with a fixed suspicion timeout, the baseline, run side by side):
@@ -17,27 +25,78 @@
  * training) in a cluster of 64, Lifeguard on and off: in how many runs any
  * live member was declared dead, how many distinct victims on average, and
  * how often the slow node probes.
- *
  * Each figure is the mean (and max) over --seeds runs. ms = periods x
  * --period-ms, the simulated protocol period.
  *
- *   dsbench elastic --fake [--seeds S] [--period-ms P] [--sizes 8,64] [--json]
+ * The real half (--real) starts real dsnode clusters on loopback with
+ * dslaunch local (conf/examples/cluster.ini, CPU backend, no evaluation
+ * until the end, no status servers), watches the nodes' logs while they
+ * train, and SIGKILLs nodes itself:
  *
- * The real-process half (8 nodes on loopback) needs the node integration;
- * without --fake the command says so and fails.
+ * Table 3 (real-detect), --repeats runs of 8 nodes. dslaunch adds a 9th
+ * node at --add-at; once every other node has logged "member joined" for
+ * it and it has its model state, and the nodes have reached --kill-at, one
+ * node (a different one each run) is SIGKILLed. Figures:
+ *   - first_suspect: the kill to the first "member suspected" line about it
+ *     in any survivor's log; first_dead / all_dead: to the first and to the
+ *     last survivor's "member dead" line about it. The kill time is
+ *     CLOCK_REALTIME read just before kill(2); log lines carry the node's
+ *     CLOCK_REALTIME in UTC milliseconds, so both ends are the same clock
+ *     (a line can read up to 1 ms early: the log truncates).
+ *   - join_spread: the first "member joined" line about the new node (in the
+ *     log of the member that admitted it) to the last one among the other
+ *     initial nodes; state_s: the new node's "joined through" line to its
+ *     "model state received" line.
+ *   - periods = seconds / the nodes' SWIM period (membership's default; the
+ *     node config has no key for it).
+ *   - false_deaths: "member dead" lines about any other node.
+ *   - epoch_drops: gossip messages dropped as "other view epoch": a pair of
+ *     nodes ran the same round with different views, i.e. one of them had
+ *     not yet heard of a join or death when its effective round came. The
+ *     drop log is rate-limited, so this is a lower bound.
+ * Then one row with the mean and one with the max over the runs. Once every
+ * survivor has logged the death, the run has served its purpose: dsbench
+ * stops it with SIGINT (the nodes leave gracefully) instead of training on.
+ *
+ * Table 4 (real-crash): 6 nodes train --steps steps undisturbed, then the
+ * same cluster again with n4 and n5 SIGKILLed at --kill-at. survivors_acc
+ * is the mean final test accuracy (summary lines) of n0..n3 in both runs,
+ * diff_pt the crashed run's minus the undisturbed one's in points;
+ * max_round_s is the longest a survivor waited for a gossip round, beside
+ * the config's gossip.timeout_ms (a round with a dead peer should end at the
+ * timeout, not hang); epoch_drops as above, over the whole run.
+ *
+ * Every dslaunch runs as our child with PR_SET_PDEATHSIG, so if dsbench is
+ * stopped dslaunch stops its nodes; when a run goes wrong dsbench also
+ * SIGKILLs every process whose command line names the run's directory (a
+ * fresh mkdtemp, so only our nodes). The run directories are removed at the
+ * end unless --keep DIR names where to keep them.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <ftw.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "conf/conf.h"
 #include "node/log.h"
 #include "node/membership.h"
 #include "tests/swim_fakenet.h"
 #include "tools/dsbench/bench.h"
+#include "tools/dslaunch/dslaunch.h"
+
+/* ==== the fake half: the protocol on a simulated network ================== */
 
 struct agg {
     double sum, max;
@@ -56,6 +115,11 @@ static void agg_add(struct agg *a, double v)
 static double agg_mean(const struct agg *a)
 {
     return a->n ? a->sum / a->n : NAN;
+}
+
+static double agg_max(const struct agg *a)
+{
+    return a->n ? a->max : NAN;
 }
 
 /* Latest time a live node other than skip logged kind about subject. */
@@ -235,42 +299,16 @@ static int parse_sizes(const char *s, uint32_t *out, int cap)
     return n;
 }
 
-int ds_bench_elastic(int argc, char **argv)
+typedef struct fake_opts {
+    int seeds;
+    uint32_t period_ms, window, sizes[8];
+    int n_sizes;
+} fake_opts;
+
+static int fake_half(const fake_opts *fo, int json)
 {
-    int json = 0, fake = 0, seeds = 5;
-    uint32_t period_ms = 1000, sizes[8] = {8, 64}, window = 90;
-    int n_sizes = 2;
-    for (int i = 1; i < argc; i++) {
-        if (ds_bench_flag_json(argv[i], &json))
-            continue;
-        if (!strcmp(argv[i], "--fake")) {
-            fake = 1;
-        } else if (!strcmp(argv[i], "--seeds") && i + 1 < argc) {
-            seeds = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--period-ms") && i + 1 < argc) {
-            period_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
-        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
-            n_sizes = parse_sizes(argv[++i], sizes, 8);
-        } else if (!strcmp(argv[i], "--window") && i + 1 < argc) {
-            window = (uint32_t)strtoul(argv[++i], NULL, 10);
-        } else {
-            fprintf(stderr, "dsbench elastic: unknown option '%s'\nusage: dsbench elastic --fake "
-                            "[--seeds S] [--period-ms P] [--sizes 8,64] [--window W] [--json]\n",
-                    argv[i]);
-            return 2;
-        }
-    }
-    if (!fake) {
-        fprintf(stderr, "dsbench elastic: only the simulated half exists so far (--fake); the "
-                        "loopback half needs dsnode to run membership\n");
-        return 2;
-    }
-    if (seeds < 1 || seeds > 1000 || period_ms < 10 || period_ms > 600000 || n_sizes < 1 ||
-        window < 10) {
-        fprintf(stderr, "dsbench elastic: need 1 <= --seeds <= 1000, 10 <= --period-ms <= "
-                        "600000, --sizes like 8,64, --window >= 10\n");
-        return 2;
-    }
+    const int seeds = fo->seeds, n_sizes = fo->n_sizes;
+    const uint32_t period_ms = fo->period_ms, window = fo->window, *sizes = fo->sizes;
     ds_log_setup("dsbench", DS_LOG_ERROR, NULL);
 
     ds_row row;
@@ -313,6 +351,8 @@ int ds_bench_elastic(int argc, char **argv)
         }
     }
 
+    if (!json)
+        printf("\n");
     ds_row_table(&row, json);
     static const double slow_d[] = {1.0, 2.0, 3.0, 3.5, 4.0, 4.5};
     const uint32_t n_slow = 64;
@@ -343,4 +383,909 @@ int ds_bench_elastic(int argc, char **argv)
         }
     }
     return 0;
+}
+
+/* ==== the real half: dsnode clusters on loopback ============================ */
+
+#define REAL_MAX_NODES 16
+#define REAL_RUN_TIMEOUT_S 600 /* dslaunch --timeout: a hung run cannot last */
+
+typedef struct real_opts {
+    int repeats;        /* detection runs */
+    int det_nodes;      /* initial nodes of a detection run (one more joins) */
+    int acc_nodes;      /* nodes of the accuracy runs */
+    int acc_kills;      /* of which this many are SIGKILLed (the last ones) */
+    int steps;          /* train.steps of the accuracy runs */
+    int kill_at;        /* the step at which nodes are SIGKILLed */
+    int add_at;         /* detection runs: dslaunch --add-at STEP:1 */
+    char config[PATH_MAX];
+    char dslaunch[PATH_MAX];
+    char dir[PATH_MAX]; /* run directories go under it */
+    int keep;           /* 1: leave dir in place */
+    uint32_t period_ms; /* the nodes' SWIM period */
+    uint64_t susp_max_ms; /* the longest suspicion timeout at det_nodes + 1 */
+    int64_t gossip_timeout_ms;
+} real_opts;
+
+/* "2026-12-02T17:28:24.109Z ..." -> seconds since the epoch; NAN if the
+ * line does not start with such a time stamp. */
+static double log_time(const char *line)
+{
+    struct tm tm;
+    int ms;
+    memset(&tm, 0, sizeof(tm));
+    if (sscanf(line, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+               &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) != 7)
+        return NAN;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (double)timegm(&tm) + ms * 1e-3;
+}
+
+static double realtime_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* What one node's log has said so far; read as it grows. Times are log
+ * time stamps (epoch seconds), NAN until the line appears. */
+typedef struct nlog {
+    char path[PATH_MAX + 96];
+    long off;              /* bytes of whole lines consumed */
+    long step;             /* the last "train step=N", -1 */
+    double t_joined;       /* first "member joined name=<joiner>" */
+    double t_self_joined;  /* first "joined through" */
+    double t_state;        /* "model state received" */
+    double t_suspect;      /* first "member suspected name=<victim>" */
+    double t_dead;         /* first "member dead name=<victim>" */
+    int false_deaths;      /* "member dead" lines about anyone else */
+    int epoch_drops;       /* gossip messages dropped for "other view epoch" */
+    int have_summary;      /* its summary line */
+    char status[16];
+    double test_acc, max_round_s;
+} nlog;
+
+/* One dslaunch run and the logs of its nodes n0..n{n-1}. */
+typedef struct cluster {
+    pid_t pid;             /* dslaunch, 0 once reaped */
+    int fo, fe;            /* its stdout and stderr (ours; -1 when closed) */
+    int code;              /* its exit status once reaped, else -1 */
+    char err_tail[4096];   /* the end of what it said on stderr */
+    size_t err_len;
+    char dir[PATH_MAX + 32];
+    char joiner[16], victim[16]; /* nodes whose events are timed ("": none) */
+    int n;
+    nlog node[REAL_MAX_NODES];
+    double t_start;        /* monotonic */
+    double t_stop;         /* CLOCK_REALTIME when we stopped it; INFINITY */
+} cluster;
+
+static void nlog_line(const cluster *c, nlog *l, char *line)
+{
+    ds_kvline kv;
+    double v;
+    if (!strncmp(line, "summary ", 8)) {
+        ds_kv_parse(line + 8, &kv);
+        l->have_summary = 1;
+        const char *st = ds_kv_get(&kv, "status");
+        snprintf(l->status, sizeof(l->status), "%s", st ? st : "?");
+        if (ds_kv_get_double(&kv, "test_acc", &l->test_acc) < 0)
+            l->test_acc = NAN;
+        if (ds_kv_get_double(&kv, "max_round_s", &l->max_round_s) < 0)
+            l->max_round_s = NAN;
+        return;
+    }
+    const double t = log_time(line);
+    ds_logline ll;
+    if (!isfinite(t) || ds_logline_split(line, &ll) < 0)
+        return;
+    if (!strcmp(ll.component, "gossip")) {
+        /* A peer ran this round with another view: the two did not know
+         * the same members yet (logged rate-limited: a lower bound). */
+        if (strstr(ll.msg, "other view epoch") && t < c->t_stop)
+            l->epoch_drops++;
+    } else if (!strcmp(ll.component, "train")) {
+        if (ds_kv_parse(ll.msg, &kv) > 0 && ds_kv_get(&kv, "loss") &&
+            ds_kv_get_double(&kv, "step", &v) == 0)
+            l->step = (long)v;
+    } else if (!strcmp(ll.component, "state")) {
+        if (!strncmp(ll.msg, "model state received", 20) && !isfinite(l->t_state))
+            l->t_state = t;
+    } else if (!strcmp(ll.component, "membership")) {
+        if (!strncmp(ll.msg, "joined through ", 15)) {
+            if (!isfinite(l->t_self_joined))
+                l->t_self_joined = t;
+            return;
+        }
+        if (strncmp(ll.msg, "member ", 7) || ds_kv_parse(ll.msg, &kv) <= 0)
+            return;
+        const char *name = ds_kv_get(&kv, "name");
+        if (!name)
+            return;
+        const char *what = ll.msg + 7;
+        if (!strncmp(what, "joined ", 7) && c->joiner[0] && !strcmp(name, c->joiner)) {
+            if (!isfinite(l->t_joined))
+                l->t_joined = t;
+        } else if (!strncmp(what, "suspected ", 10) && c->victim[0] && !strcmp(name, c->victim)) {
+            if (!isfinite(l->t_suspect))
+                l->t_suspect = t;
+        } else if (!strncmp(what, "dead ", 5)) {
+            if (c->victim[0] && !strcmp(name, c->victim)) {
+                if (!isfinite(l->t_dead))
+                    l->t_dead = t;
+            } else if (t < c->t_stop) {
+                /* Not while everyone leaves at the end. */
+                l->false_deaths++;
+            }
+        }
+    }
+}
+
+/* Reads the whole lines added to the log since the last call. */
+static void nlog_read(const cluster *c, nlog *l)
+{
+    FILE *f = fopen(l->path, "r");
+    if (!f)
+        return; /* not started yet */
+    if (fseek(f, l->off, SEEK_SET) == 0) {
+        char line[8192];
+        while (fgets(line, sizeof(line), f)) {
+            size_t len = strlen(line);
+            if (len && line[len - 1] != '\n' && len < sizeof(line) - 1)
+                break; /* the node is still writing it: next time */
+            l->off += (long)len; /* a line longer than the buffer goes in pieces */
+            if (len && line[len - 1] == '\n')
+                line[len - 1] = '\0';
+            nlog_line(c, l, line);
+        }
+    }
+    fclose(f);
+}
+
+/* Reads what is there (non-blocking); keeps the end of it in tail when
+ * tail is not NULL. Closes *fd at end of file. */
+static void drain(int *fd, char *tail, size_t cap, size_t *len)
+{
+    char buf[4096];
+    ssize_t r;
+    while (*fd >= 0 && (r = read(*fd, buf, sizeof(buf))) != 0) {
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return; /* EAGAIN: nothing more now */
+        }
+        if (!tail)
+            continue;
+        size_t n = (size_t)r;
+        if (n >= cap - 1) {
+            memcpy(tail, buf + n - (cap - 1), cap - 1);
+            *len = cap - 1;
+        } else {
+            if (*len + n > cap - 1) {
+                const size_t drop = *len + n - (cap - 1);
+                memmove(tail, tail + drop, *len - drop);
+                *len -= drop;
+            }
+            memcpy(tail + *len, buf, n);
+            *len += n;
+        }
+        tail[*len] = '\0';
+    }
+    if (*fd >= 0 && r == 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+static void cluster_poll(cluster *c)
+{
+    drain(&c->fo, NULL, 0, NULL);
+    drain(&c->fe, c->err_tail, sizeof(c->err_tail), &c->err_len);
+    int ws;
+    if (c->pid > 0 && waitpid(c->pid, &ws, WNOHANG) == c->pid) {
+        c->code = ds_proc_exit_code(ws);
+        c->pid = 0;
+        drain(&c->fo, NULL, 0, NULL);
+        drain(&c->fe, c->err_tail, sizeof(c->err_tail), &c->err_len);
+    }
+    for (int i = 0; i < c->n; i++)
+        nlog_read(c, &c->node[i]);
+}
+
+/* The pids of the processes whose command line contains needle (at most
+ * max), and how many there are. */
+static int procs_naming(const char *needle, pid_t *out, int max)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        const long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == (long)getpid())
+            continue;
+        char path[64], buf[8192];
+        snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
+        const int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        const ssize_t r = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        for (ssize_t i = 0; i < r; i++)
+            if (buf[i] == '\0')
+                buf[i] = ' ';
+        buf[r] = '\0';
+        if (strstr(buf, needle)) {
+            if (n < max)
+                out[n] = (pid_t)pid;
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Ends the run now: SIGKILL dslaunch, then any process still naming the
+ * run directory (nodes die with dslaunch, but gracefully: they would still
+ * be writing there). */
+static void cluster_abort(cluster *c)
+{
+    if (c->pid > 0) {
+        kill(c->pid, SIGKILL);
+        int ws;
+        if (waitpid(c->pid, &ws, 0) == c->pid)
+            c->code = ds_proc_exit_code(ws);
+        c->pid = 0;
+    }
+    pid_t left[64];
+    const int n = procs_naming(c->dir, left, 64);
+    for (int i = 0; i < n && i < 64; i++)
+        kill(left[i], SIGKILL);
+    if (c->fo >= 0)
+        close(c->fo);
+    if (c->fe >= 0)
+        close(c->fe);
+    c->fo = c->fe = -1;
+}
+
+/* Waits up to limit_s for dslaunch to exit (aborting the run if it does
+ * not); returns its exit status, or -1 when it had to be killed. */
+static int cluster_end(cluster *c, double limit_s)
+{
+    const double end = ds_bench_now() + limit_s;
+    while (c->pid > 0 && ds_bench_now() < end) {
+        cluster_poll(c);
+        if (c->pid > 0)
+            usleep(50000);
+    }
+    if (c->pid > 0) {
+        fprintf(stderr, "dsbench elastic: dslaunch did not end within %.0f s: killed\n", limit_s);
+        cluster_abort(c);
+        return -1;
+    }
+    cluster_poll(c); /* the last lines */
+    if (c->fo >= 0)
+        close(c->fo);
+    if (c->fe >= 0)
+        close(c->fe);
+    c->fo = c->fe = -1;
+    return c->code;
+}
+
+typedef int (*cluster_pred)(const cluster *c, const void *arg);
+
+/* Polls every 50 ms until pred holds (1), or limit_s passed or dslaunch
+ * ended without it (0). */
+static int cluster_wait(cluster *c, double limit_s, cluster_pred pred, const void *arg)
+{
+    const double end = ds_bench_now() + limit_s;
+    for (;;) {
+        cluster_poll(c);
+        if (pred(c, arg))
+            return 1;
+        if (c->pid <= 0 || ds_bench_now() > end)
+            return 0;
+        usleep(50000);
+    }
+}
+
+/* dslaunch local -n n_start with the common settings and `extra` (NULL-
+ * terminated, may be NULL); logs n0..n{n_logs-1} are read. 0, or a
+ * negative errno (said). */
+static int cluster_start(cluster *c, const real_opts *o, const char *name, int n_start,
+                         int n_logs, int steps, const char *const *extra)
+{
+    memset(c, 0, sizeof(*c));
+    c->fo = c->fe = -1;
+    c->code = -1;
+    c->t_stop = INFINITY;
+    c->n = n_logs;
+    snprintf(c->dir, sizeof(c->dir), "%s/%s", o->dir, name);
+    for (int i = 0; i < n_logs; i++) {
+        nlog *l = &c->node[i];
+        snprintf(l->path, sizeof(l->path), "%s/n%d.log", c->dir, i);
+        l->step = -1;
+        l->t_joined = l->t_self_joined = l->t_state = l->t_suspect = l->t_dead = NAN;
+        l->test_acc = l->max_round_s = NAN;
+    }
+    char s_n[16], s_steps[48], s_timeout[16];
+    snprintf(s_n, sizeof(s_n), "%d", n_start);
+    snprintf(s_steps, sizeof(s_steps), "train.steps=%d", steps);
+    snprintf(s_timeout, sizeof(s_timeout), "%d", REAL_RUN_TIMEOUT_S);
+    /* Evaluation only after the last step (train.eval_every = 0), so it
+     * costs the training nothing; progress every 10 steps, which is what
+     * --kill-at and --add-at see. */
+    const char *common[] = {s_steps, "train.eval_every=0", "train.log_every=10",
+                            "train.backend=cpu", "status.listen="};
+    char *argv[64];
+    int k = 0;
+    argv[k++] = (char *)o->dslaunch;
+    argv[k++] = "local";
+    argv[k++] = "-n";
+    argv[k++] = s_n;
+    argv[k++] = "--config";
+    argv[k++] = (char *)o->config;
+    for (size_t i = 0; i < sizeof(common) / sizeof(common[0]); i++) {
+        argv[k++] = "--set";
+        argv[k++] = (char *)common[i];
+    }
+    for (; extra && *extra && k < 54; extra++)
+        argv[k++] = (char *)*extra;
+    argv[k++] = "--out";
+    argv[k++] = c->dir;
+    argv[k++] = "--json";
+    argv[k++] = "--timeout";
+    argv[k++] = s_timeout;
+    argv[k] = NULL;
+    char err[512];
+    c->t_start = ds_bench_now();
+    const pid_t pid = ds_proc_spawn(argv, &c->fo, &c->fe, err, sizeof(err));
+    if (pid < 0) {
+        fprintf(stderr, "dsbench elastic: %s\n", err);
+        c->fo = c->fe = -1;
+        return (int)pid;
+    }
+    c->pid = pid;
+    return 0;
+}
+
+static void cluster_say_failure(const cluster *c)
+{
+    fprintf(stderr, "dsbench elastic: dslaunch exit %d; the end of what it said:\n%s\n", c->code,
+            c->err_tail);
+}
+
+/* SIGKILL node `name`: its pid is the process whose command line names
+ * DIR/name.ini (dslaunch starts `dsnode run --config DIR/name.ini`); *at
+ * gets CLOCK_REALTIME just before the signal. 0, or a negative errno. */
+static int node_kill(const cluster *c, const char *name, double *at)
+{
+    char needle[PATH_MAX + 64];
+    pid_t pid[4];
+    snprintf(needle, sizeof(needle), "%s/%s.ini", c->dir, name);
+    const int n = procs_naming(needle, pid, 4);
+    if (n != 1) {
+        fprintf(stderr, "dsbench elastic: %d processes name %s, want exactly 1\n", n, needle);
+        return n ? -EEXIST : -ESRCH;
+    }
+    *at = realtime_now();
+    return kill(pid[0], SIGKILL) < 0 ? -errno : 0;
+}
+
+static int node_index(const char *name)
+{
+    return name[0] == 'n' ? atoi(name + 1) : -1;
+}
+
+/* The smallest last step among nodes [0, n) except `skip` (-1: none). */
+static long min_step(const cluster *c, int n, int skip)
+{
+    long m = LONG_MAX;
+    for (int i = 0; i < n; i++)
+        if (i != skip)
+            m = c->node[i].step < m ? c->node[i].step : m;
+    return m;
+}
+
+struct step_goal {
+    int n, skip;
+    long step;
+};
+
+static int reached_step(const cluster *c, const void *arg)
+{
+    const struct step_goal *g = arg;
+    return min_step(c, g->n, g->skip) >= g->step;
+}
+
+/* The joiner has its state, every initial node has logged it, and the
+ * initial nodes have reached the kill step. */
+static int join_done(const cluster *c, const void *arg)
+{
+    const struct step_goal *g = arg;
+    const int j = node_index(c->joiner);
+    if (j < 0 || j >= c->n || !isfinite(c->node[j].t_state))
+        return 0;
+    for (int i = 0; i < g->n; i++)
+        if (!isfinite(c->node[i].t_joined))
+            return 0;
+    return min_step(c, g->n, -1) >= g->step;
+}
+
+/* Every node but the victim has logged its death. */
+static int dead_everywhere(const cluster *c, const void *arg)
+{
+    (void)arg;
+    const int v = node_index(c->victim);
+    for (int i = 0; i < c->n; i++)
+        if (i != v && !isfinite(c->node[i].t_dead))
+            return 0;
+    return 1;
+}
+
+typedef struct det_result {
+    int ok;
+    char victim[16], why[128];
+    long kill_step;
+    double suspect_s, first_dead_s, all_dead_s, spread_s, state_s, wall_s;
+    int false_deaths, epoch_drops;
+} det_result;
+
+/* One detection run (k = 0, 1, ...): 8 nodes, a 9th joins, one is killed. */
+static int detect_real_run(const real_opts *o, int k, det_result *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->suspect_s = r->first_dead_s = r->all_dead_s = r->spread_s = r->state_s = NAN;
+    r->kill_step = -1;
+    const int n = o->det_nodes;
+    /* A different victim each run, never n0 (the founder; no reason to
+     * avoid it, but keeping it makes runs alike). */
+    const int v = 1 + (2 + 2 * k) % (n - 1);
+    snprintf(r->victim, sizeof(r->victim), "n%d", v);
+    char name[32], add[32];
+    snprintf(name, sizeof(name), "detect-%d", k + 1);
+    snprintf(add, sizeof(add), "%d:1", o->add_at);
+    /* Steps enough never to end on their own: the run is stopped once
+     * measured. */
+    const char *extra[] = {"--add-at", add, NULL};
+    cluster c;
+    int ret = cluster_start(&c, o, name, n, n + 1, 1000000, extra);
+    if (ret < 0) {
+        snprintf(r->why, sizeof(r->why), "dslaunch did not start");
+        fprintf(stderr, "FAILED: %s\n", r->why);
+        return ret;
+    }
+    snprintf(c.joiner, sizeof(c.joiner), "n%d", n);
+    snprintf(c.victim, sizeof(c.victim), "%s", r->victim);
+
+    double t_kill = NAN;
+    const struct step_goal g = {n, -1, o->kill_at};
+    if (!cluster_wait(&c, 240, join_done, &g)) {
+        snprintf(r->why, sizeof(r->why), "the join of n%d did not complete (or step %d not "
+                 "reached) within 240 s", n, o->kill_at);
+        goto abort;
+    }
+    r->kill_step = c.node[v].step;
+    if ((ret = node_kill(&c, r->victim, &t_kill)) < 0) {
+        snprintf(r->why, sizeof(r->why), "could not kill %s: %s", r->victim, strerror(-ret));
+        goto abort;
+    }
+    /* Lifeguard's longest suspicion timeout, plus a minute. */
+    const double limit = (double)o->susp_max_ms * 1e-3 + 60;
+    if (!cluster_wait(&c, limit, dead_everywhere, NULL)) {
+        snprintf(r->why, sizeof(r->why), "not every survivor declared %s dead within %.0f s",
+                 r->victim, limit);
+        fprintf(stderr, "FAILED: %s\n", r->why);
+    } else {
+        r->ok = 1;
+    }
+    /* Measured: stop the cluster (SIGINT: every node leaves gracefully). */
+    c.t_stop = realtime_now();
+    if (c.pid > 0)
+        kill(c.pid, SIGINT);
+    cluster_end(&c, 60);
+
+    double first_s = INFINITY, first_d = INFINITY, last_d = -INFINITY;
+    double j_first = INFINITY, j_last = -INFINITY;
+    for (int i = 0; i <= n; i++) {
+        const nlog *l = &c.node[i];
+        r->false_deaths += l->false_deaths;
+        r->epoch_drops += l->epoch_drops;
+        if (i == v)
+            continue;
+        if (isfinite(l->t_suspect))
+            first_s = fmin(first_s, l->t_suspect);
+        if (isfinite(l->t_dead)) {
+            first_d = fmin(first_d, l->t_dead);
+            last_d = fmax(last_d, l->t_dead);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        j_first = fmin(j_first, c.node[i].t_joined);
+        j_last = fmax(j_last, c.node[i].t_joined);
+    }
+    const nlog *jn = &c.node[n];
+    r->suspect_s = isfinite(first_s) ? first_s - t_kill : NAN;
+    r->first_dead_s = isfinite(first_d) ? first_d - t_kill : NAN;
+    r->all_dead_s = r->ok ? last_d - t_kill : NAN;
+    r->spread_s = j_last - j_first;
+    r->state_s = jn->t_state - jn->t_self_joined;
+    r->wall_s = ds_bench_now() - c.t_start;
+    return 0;
+
+abort:
+    fprintf(stderr, "FAILED: %s\n", r->why);
+    cluster_abort(&c);
+    cluster_say_failure(&c);
+    r->wall_s = ds_bench_now() - c.t_start;
+    return -ETIMEDOUT;
+}
+
+typedef struct acc_result {
+    int ok, killed, survivors, done, code, epoch_drops;
+    long kill_step;
+    double acc, max_round_s, wall_s;
+} acc_result;
+
+/* One accuracy run: acc_nodes nodes, the last `kills` of them SIGKILLed at
+ * kill_at; figures over the first acc_nodes - acc_kills (in both runs). */
+static int acc_real_run(const real_opts *o, int kills, acc_result *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->acc = r->max_round_s = NAN;
+    r->kill_step = -1;
+    r->killed = kills;
+    const int n = o->acc_nodes, keep = o->acc_nodes - o->acc_kills;
+    cluster c;
+    int ret = cluster_start(&c, o, kills ? "crashed" : "undisturbed", n, n, o->steps, NULL);
+    if (ret < 0)
+        return ret;
+    if (kills) {
+        const struct step_goal g = {n, -1, o->kill_at};
+        if (!cluster_wait(&c, REAL_RUN_TIMEOUT_S, reached_step, &g)) {
+            fprintf(stderr, "FAILED: the cluster never reached step %d\n", o->kill_at);
+            cluster_abort(&c);
+            cluster_say_failure(&c);
+            r->wall_s = ds_bench_now() - c.t_start;
+            return -ETIMEDOUT;
+        }
+        r->kill_step = min_step(&c, n, -1);
+        for (int i = n - kills; i < n; i++) {
+            char name[16];
+            double at;
+            snprintf(name, sizeof(name), "n%d", i);
+            if ((ret = node_kill(&c, name, &at)) < 0) {
+                fprintf(stderr, "FAILED: could not kill %s: %s\n", name, strerror(-ret));
+                cluster_abort(&c);
+                r->wall_s = ds_bench_now() - c.t_start;
+                return ret;
+            }
+        }
+    }
+    r->code = cluster_end(&c, REAL_RUN_TIMEOUT_S + 60);
+    r->wall_s = ds_bench_now() - c.t_start;
+    double acc = 0, mr = 0;
+    for (int i = 0; i < n; i++)
+        r->epoch_drops += c.node[i].epoch_drops;
+    for (int i = 0; i < keep; i++) {
+        const nlog *l = &c.node[i];
+        if (!l->have_summary)
+            continue;
+        r->survivors++;
+        r->done += !strcmp(l->status, "done");
+        acc += l->test_acc;
+        mr = fmax(mr, l->max_round_s);
+    }
+    /* dslaunch exits 1 when nodes were killed: that is the experiment. */
+    r->ok = r->done == keep && r->code == (kills ? 1 : 0);
+    if (!r->ok) {
+        fprintf(stderr, "FAILED: %d of %d survivors done\n", r->done, keep);
+        cluster_say_failure(&c);
+    }
+    if (r->survivors == keep) {
+        r->acc = acc / keep;
+        r->max_round_s = mr;
+    }
+    return 0;
+}
+
+static int remove_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* dslaunch beside dsbench: the build tree (tools/dsbench/dsbench ->
+ * tools/dslaunch/dslaunch), then an install (bin/). */
+static int find_dslaunch(char *out, size_t len)
+{
+    char self[PATH_MAX - 32];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return -ENOENT;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (!slash)
+        return -ENOENT;
+    *slash = '\0';
+    snprintf(out, len, "%s/../dslaunch/dslaunch", self);
+    if (access(out, X_OK) == 0)
+        return 0;
+    snprintf(out, len, "%s/dslaunch", self);
+    return access(out, X_OK) == 0 ? 0 : -ENOENT;
+}
+
+static void det_row(ds_row *row, const real_opts *o, const char *run, const char *victim,
+                    double kill_step, double susp, double first_dead, double all_dead,
+                    double spread, double state, double false_deaths, double epoch_drops,
+                    const char *status)
+{
+    const double T = o->period_ms * 1e-3;
+    ds_row_str(row, "table", "real-detect");
+    ds_row_str(row, "run", run);
+    ds_row_int(row, "nodes", o->det_nodes);
+    ds_row_str(row, "victim", victim);
+    ds_row_num(row, "kill_step", kill_step, 0);
+    ds_row_num(row, "first_suspect_s", susp, 2);
+    ds_row_num(row, "first_suspect_periods", susp / T, 2);
+    ds_row_num(row, "first_dead_s", first_dead, 2);
+    ds_row_num(row, "all_dead_s", all_dead, 2);
+    ds_row_num(row, "all_dead_periods", all_dead / T, 2);
+    ds_row_num(row, "join_spread_s", spread, 3);
+    ds_row_num(row, "join_spread_periods", spread / T, 2);
+    ds_row_num(row, "state_s", state, 2);
+    ds_row_num(row, "false_deaths", false_deaths, 1);
+    ds_row_num(row, "epoch_drops", epoch_drops, 1);
+    ds_row_str(row, "status", status);
+    ds_row_end(row);
+}
+
+static void acc_row(ds_row *row, const real_opts *o, const acc_result *r, double base_acc)
+{
+    const int keep = o->acc_nodes - o->acc_kills;
+    char run[48], done[16];
+    if (r->killed)
+        snprintf(run, sizeof(run), "%d killed", r->killed);
+    else
+        snprintf(run, sizeof(run), "undisturbed");
+    snprintf(done, sizeof(done), "%d/%d", r->done, keep);
+    ds_row_str(row, "table", "real-crash");
+    ds_row_str(row, "run", run);
+    ds_row_int(row, "nodes", o->acc_nodes);
+    ds_row_int(row, "steps", o->steps);
+    ds_row_num(row, "kill_step", r->kill_step >= 0 ? (double)r->kill_step : NAN, 0);
+    ds_row_str(row, "survivors_done", done);
+    ds_row_num(row, "survivors_acc", r->acc, 4);
+    ds_row_num(row, "diff_pt", (r->acc - base_acc) * 100, 2);
+    ds_row_num(row, "max_round_s", r->max_round_s, 3);
+    ds_row_num(row, "gossip_timeout_s", o->gossip_timeout_ms * 1e-3, 3);
+    ds_row_int(row, "epoch_drops", r->epoch_drops);
+    ds_row_num(row, "wall_s", r->wall_s, 1);
+    ds_row_str(row, "status", r->ok ? "ok" : "failed");
+    ds_row_end(row);
+}
+
+static int real_half(real_opts *o, int json)
+{
+    ds_conf conf;
+    char err[DS_CONF_ERR_MAX];
+    ds_conf_defaults(&conf);
+    if (ds_conf_load(&conf, o->config, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsbench elastic: %s\n", err);
+        return 2;
+    }
+    o->gossip_timeout_ms = conf.gossip.timeout_ms;
+    /* dsnode runs membership with its defaults (no config key): the
+     * period and the longest suspicion timeout are those. */
+    ds_membership_cfg mc;
+    ds_membership_cfg_default(&mc);
+    o->period_ms = mc.period_ms;
+    o->susp_max_ms = ds_membership_suspicion_timeout_ms(&mc, (uint32_t)o->det_nodes + 1, 0);
+    if (o->keep) {
+        if (mkdir(o->dir, 0755) < 0 && errno != EEXIST) {
+            fprintf(stderr, "dsbench elastic: cannot create %s: %s\n", o->dir, strerror(errno));
+            return 2;
+        }
+    } else {
+        snprintf(o->dir, sizeof(o->dir), "/tmp/dsbench-elastic.XXXXXX");
+        if (!mkdtemp(o->dir)) {
+            fprintf(stderr, "dsbench elastic: mkdtemp: %s\n", strerror(errno));
+            return 1;
+        }
+    }
+    fprintf(stderr, "dsbench elastic: real clusters from %s in %s; SWIM period %u ms, "
+                    "suspicion timeout %.0f..%.0f s at %d nodes, gossip.timeout_ms %lld\n",
+            o->config, o->dir, o->period_ms,
+            ds_membership_suspicion_timeout_ms(&mc, (uint32_t)o->det_nodes + 1, 8) * 1e-3,
+            o->susp_max_ms * 1e-3, o->det_nodes + 1, (long long)o->gossip_timeout_ms);
+
+    int failed = 0;
+    ds_row row;
+    ds_row_table(&row, json);
+    struct agg susp = {0}, fdead = {0}, adead = {0}, spread = {0}, state = {0}, fd = {0},
+               ed = {0};
+    for (int k = 0; k < o->repeats; k++) {
+        det_result r;
+        fprintf(stderr, "dsbench elastic: detection run %d/%d (%d nodes + 1 at step %d) ... ",
+                k + 1, o->repeats, o->det_nodes, o->add_at);
+        fflush(stderr);
+        if (detect_real_run(o, k, &r) < 0 || !r.ok) {
+            failed = 1;
+        } else {
+            fprintf(stderr, "%.0f s: %s killed at step %ld, suspected after %.2f s, dead "
+                            "everywhere after %.2f s; join spread %.3f s\n",
+                    r.wall_s, r.victim, r.kill_step, r.suspect_s, r.all_dead_s, r.spread_s);
+        }
+        agg_add(&susp, r.suspect_s);
+        agg_add(&fdead, r.first_dead_s);
+        agg_add(&adead, r.all_dead_s);
+        agg_add(&spread, r.spread_s);
+        agg_add(&state, r.state_s);
+        agg_add(&fd, r.false_deaths);
+        agg_add(&ed, r.epoch_drops);
+        char run[16];
+        snprintf(run, sizeof(run), "%d", k + 1);
+        det_row(&row, o, run, r.victim, r.kill_step >= 0 ? (double)r.kill_step : NAN,
+                r.suspect_s, r.first_dead_s, r.all_dead_s, r.spread_s, r.state_s, r.false_deaths,
+                r.epoch_drops, r.ok ? "ok" : "failed");
+    }
+    char st[32];
+    snprintf(st, sizeof(st), "%d/%d ok", adead.n, o->repeats);
+    det_row(&row, o, "mean", "-", NAN, agg_mean(&susp), agg_mean(&fdead), agg_mean(&adead),
+            agg_mean(&spread), agg_mean(&state), agg_mean(&fd), agg_mean(&ed), st);
+    det_row(&row, o, "max", "-", NAN, agg_max(&susp), agg_max(&fdead), agg_max(&adead),
+            agg_max(&spread), agg_max(&state), agg_max(&fd), agg_max(&ed), st);
+
+    if (!json)
+        printf("\n");
+    ds_row_table(&row, json);
+    acc_result calm, crash;
+    fprintf(stderr, "dsbench elastic: %d nodes, %d steps, undisturbed ... ", o->acc_nodes,
+            o->steps);
+    fflush(stderr);
+    if (acc_real_run(o, 0, &calm) < 0 || !calm.ok)
+        failed = 1;
+    else
+        fprintf(stderr, "%.0f s, survivors' accuracy %.4f\n", calm.wall_s, calm.acc);
+    fprintf(stderr, "dsbench elastic: %d nodes, %d steps, %d killed at step %d ... ", o->acc_nodes,
+            o->steps, o->acc_kills, o->kill_at);
+    fflush(stderr);
+    if (acc_real_run(o, o->acc_kills, &crash) < 0 || !crash.ok)
+        failed = 1;
+    else
+        fprintf(stderr, "%.0f s, survivors' accuracy %.4f, longest round %.3f s\n", crash.wall_s,
+            crash.acc, crash.max_round_s);
+    acc_row(&row, o, &calm, calm.acc);
+    acc_row(&row, o, &crash, calm.acc);
+
+    if (!o->keep) {
+        if (nftw(o->dir, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
+            fprintf(stderr, "dsbench elastic: could not remove %s\n", o->dir);
+    } else {
+        fprintf(stderr, "dsbench elastic: run directories kept in %s\n", o->dir);
+    }
+    return failed;
+}
+
+/* ==== the command ========================================================== */
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dsbench elastic [--fake | --real] [--json]\n"
+               "  fake half: [--seeds S] [--period-ms P] [--sizes 8,64] [--window W]\n"
+               "  real half: [--repeats R] [--steps N] [--kill-at STEP] [--add-at STEP]\n"
+               "             [--config FILE] [--dslaunch PATH] [--keep DIR]\n"
+               "Without --fake or --real both halves run.\n");
+}
+
+int ds_bench_elastic(int argc, char **argv)
+{
+    int json = 0, want_fake = 0, want_real = 0;
+    fake_opts fo = {.seeds = 5, .period_ms = 1000, .window = 90, .sizes = {8, 64}, .n_sizes = 2};
+    real_opts ro;
+    memset(&ro, 0, sizeof(ro));
+    ro.repeats = 3;
+    ro.det_nodes = 8;
+    ro.acc_nodes = 6;
+    ro.acc_kills = 2;
+    ro.steps = 500;
+    ro.kill_at = 150;
+    ro.add_at = 30;
+    const char *config = NULL, *dsl = NULL, *keep = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const int has = i + 1 < argc;
+        if (ds_bench_flag_json(a, &json))
+            continue;
+        if (!strcmp(a, "--fake")) {
+            want_fake = 1;
+        } else if (!strcmp(a, "--real")) {
+            want_real = 1;
+        } else if (!strcmp(a, "--seeds") && has) {
+            fo.seeds = atoi(argv[++i]);
+        } else if (!strcmp(a, "--period-ms") && has) {
+            fo.period_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--sizes") && has) {
+            fo.n_sizes = parse_sizes(argv[++i], fo.sizes, 8);
+        } else if (!strcmp(a, "--window") && has) {
+            fo.window = (uint32_t)strtoul(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--repeats") && has) {
+            ro.repeats = atoi(argv[++i]);
+        } else if (!strcmp(a, "--steps") && has) {
+            ro.steps = atoi(argv[++i]);
+        } else if (!strcmp(a, "--kill-at") && has) {
+            ro.kill_at = atoi(argv[++i]);
+        } else if (!strcmp(a, "--add-at") && has) {
+            ro.add_at = atoi(argv[++i]);
+        } else if (!strcmp(a, "--config") && has) {
+            config = argv[++i];
+        } else if (!strcmp(a, "--dslaunch") && has) {
+            dsl = argv[++i];
+        } else if (!strcmp(a, "--keep") && has) {
+            keep = argv[++i];
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "dsbench elastic: unknown option or missing value: '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!want_fake && !want_real)
+        want_fake = want_real = 1;
+    if (fo.seeds < 1 || fo.seeds > 1000 || fo.period_ms < 10 || fo.period_ms > 600000 ||
+        fo.n_sizes < 1 || fo.window < 10) {
+        fprintf(stderr, "dsbench elastic: need 1 <= --seeds <= 1000, 10 <= --period-ms <= "
+                        "600000, --sizes like 8,64, --window >= 10\n");
+        return 2;
+    }
+    /* The kill must come after the join's start, and well before the
+     * accuracy runs end (their survivors must train on without them). */
+    if (ro.repeats < 1 || ro.repeats > 20 || ro.steps < 50 || ro.steps > 100000 ||
+        ro.add_at < 10 || ro.kill_at <= ro.add_at || ro.kill_at > ro.steps / 2) {
+        fprintf(stderr, "dsbench elastic: need 1 <= --repeats <= 20, 50 <= --steps <= 100000, "
+                        "10 <= --add-at < --kill-at <= --steps / 2\n");
+        return 2;
+    }
+    if (want_real) {
+        if (config)
+            snprintf(ro.config, sizeof(ro.config), "%s", config);
+        else
+            snprintf(ro.config, sizeof(ro.config), "%s/../conf/examples/cluster.ini",
+                     ds_bench_tools_dir());
+        if (dsl)
+            snprintf(ro.dslaunch, sizeof(ro.dslaunch), "%s", dsl);
+        else if (find_dslaunch(ro.dslaunch, sizeof(ro.dslaunch)) < 0) {
+            fprintf(stderr, "dsbench elastic: cannot find dslaunch beside dsbench; pass "
+                            "--dslaunch\n");
+            return 2;
+        }
+        if (access(ro.dslaunch, X_OK) < 0) {
+            fprintf(stderr, "dsbench elastic: %s: %s\n", ro.dslaunch, strerror(errno));
+            return 2;
+        }
+        if (keep) {
+            snprintf(ro.dir, sizeof(ro.dir), "%s", keep);
+            ro.keep = 1;
+        }
+    }
+    int ret = 0;
+    if (want_fake)
+        ret = fake_half(&fo, json);
+    if (want_real && ret != 2) {
+        if (want_fake && !json)
+            printf("\n");
+        const int r = real_half(&ro, json);
+        ret = r == 2 ? 2 : ret ? ret : r;
+    }
+    return ret;
 }

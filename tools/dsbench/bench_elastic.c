@@ -43,6 +43,10 @@
  *     CLOCK_REALTIME read just before kill(2); log lines carry the node's
  *     CLOCK_REALTIME in UTC milliseconds, so both ends are the same clock
  *     (a line can read up to 1 ms early: the log truncates).
+ *   - progress_during: the survivors' training step rate from the kill to
+ *     the last death line, as a fraction of their rate in as long a time
+ *     just before the kill (1 = the crash cost nothing; exchanges with the
+ *     dead node time out until it is suspected, then are skipped).
  *   - join_spread: the first "member joined" line about the new node (in the
  *     log of the member that admitted it) to the last one among the other
  *     initial nodes; state_s: the new node's "joined through" line to its
@@ -829,11 +833,58 @@ static int dead_everywhere(const cluster *c, const void *arg)
     return 1;
 }
 
+/* A "train step=N" line of the log at path: the last one stamped <= t
+ * (after = 0) or the first one stamped >= t (after = 1). 0 with *step and
+ * *at, or -ENOENT. Read after the run, from the whole log. */
+static int train_line(const char *path, double t, int after, long *step, double *at)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -ENOENT;
+    char line[8192];
+    int found = 0;
+    while (fgets(line, sizeof(line), f)) {
+        const double lt = log_time(line);
+        const char *p = strstr(line, " train step=");
+        if (!isfinite(lt) || !p || !strstr(p, " loss="))
+            continue;
+        if (after ? lt >= t : lt <= t) {
+            *step = strtol(p + 12, NULL, 10);
+            *at = lt;
+            found = 1;
+            if (after)
+                break;
+        } else if (!after) {
+            break; /* time stamps only grow */
+        }
+    }
+    fclose(f);
+    return found ? 0 : -ENOENT;
+}
+
+/* Steps per second of the log at path from t0 to t1: the steps between
+ * the last train lines stamped by each (log_every granularity), over that
+ * time. When the node was not training yet at t0, from its first train
+ * line instead. NAN when less than 1 s remains or nothing was logged. */
+static double step_rate(const char *path, double t0, double t1)
+{
+    long s0, s1;
+    double a0, a1;
+    if (train_line(path, t0, 0, &s0, &a0) == 0)
+        a0 = t0;
+    else if (train_line(path, t0, 1, &s0, &a0) < 0)
+        return NAN;
+    if (train_line(path, t1, 0, &s1, &a1) < 0 || t1 - a0 < 1.0 || s1 < s0)
+        return NAN;
+    return (double)(s1 - s0) / (t1 - a0);
+}
+
 typedef struct det_result {
     int ok;
     char victim[16], why[128];
     long kill_step;
     double suspect_s, first_dead_s, all_dead_s, spread_s, state_s, wall_s;
+    double progress; /* survivors' steps during detection / in as long before */
     int false_deaths, epoch_drops;
 } det_result;
 
@@ -842,6 +893,7 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
 {
     memset(r, 0, sizeof(*r));
     r->suspect_s = r->first_dead_s = r->all_dead_s = r->spread_s = r->state_s = NAN;
+    r->progress = NAN;
     r->kill_step = -1;
     const int n = o->det_nodes;
     /* A different victim each run, never n0 (the founder; no reason to
@@ -916,6 +968,24 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
     r->all_dead_s = r->ok ? last_d - t_kill : NAN;
     r->spread_s = j_last - j_first;
     r->state_s = jn->t_state - jn->t_self_joined;
+    /* Training progress while the cluster has not yet removed the dead
+     * node: survivors' step rate from the kill to the last death line,
+     * against their rate in as long a time just before the kill (from the
+     * first train line in it: a run may have started training less than
+     * that long before). */
+    if (r->ok && r->all_dead_s > 0) {
+        const double w = r->all_dead_s;
+        double before = 0, during = 0;
+        for (int i = 0; i <= n; i++) {
+            const double rb = step_rate(c.node[i].path, t_kill - w, t_kill);
+            const double rd = step_rate(c.node[i].path, t_kill, t_kill + w);
+            if (i == v || !isfinite(rb) || !isfinite(rd))
+                continue;
+            before += rb;
+            during += rd;
+        }
+        r->progress = before > 0 ? during / before : NAN;
+    }
     r->wall_s = ds_bench_now() - c.t_start;
     return 0;
 
@@ -1025,8 +1095,8 @@ static int find_dslaunch(char *out, size_t len)
 
 static void det_row(ds_row *row, const real_opts *o, const char *run, const char *victim,
                     double kill_step, double susp, double first_dead, double all_dead,
-                    double spread, double state, double false_deaths, double epoch_drops,
-                    const char *status)
+                    double progress, double spread, double state, double false_deaths,
+                    double epoch_drops, const char *status)
 {
     const double T = o->period_ms * 1e-3;
     ds_row_str(row, "table", "real-detect");
@@ -1039,6 +1109,7 @@ static void det_row(ds_row *row, const real_opts *o, const char *run, const char
     ds_row_num(row, "first_dead_s", first_dead, 2);
     ds_row_num(row, "all_dead_s", all_dead, 2);
     ds_row_num(row, "all_dead_periods", all_dead / T, 2);
+    ds_row_num(row, "progress_during", progress, 2);
     ds_row_num(row, "join_spread_s", spread, 3);
     ds_row_num(row, "join_spread_periods", spread / T, 2);
     ds_row_num(row, "state_s", state, 2);
@@ -1111,7 +1182,7 @@ static int real_half(real_opts *o, int json)
     ds_row row;
     ds_row_table(&row, json);
     struct agg susp = {0}, fdead = {0}, adead = {0}, spread = {0}, state = {0}, fd = {0},
-               ed = {0};
+               ed = {0}, prog = {0};
     for (int k = 0; k < o->repeats; k++) {
         det_result r;
         fprintf(stderr, "dsbench elastic: detection run %d/%d (%d nodes + 1 at step %d) ... ",
@@ -1131,18 +1202,20 @@ static int real_half(real_opts *o, int json)
         agg_add(&state, r.state_s);
         agg_add(&fd, r.false_deaths);
         agg_add(&ed, r.epoch_drops);
+        agg_add(&prog, r.progress);
         char run[16];
         snprintf(run, sizeof(run), "%d", k + 1);
         det_row(&row, o, run, r.victim, r.kill_step >= 0 ? (double)r.kill_step : NAN,
-                r.suspect_s, r.first_dead_s, r.all_dead_s, r.spread_s, r.state_s, r.false_deaths,
-                r.epoch_drops, r.ok ? "ok" : "failed");
+                r.suspect_s, r.first_dead_s, r.all_dead_s, r.progress, r.spread_s, r.state_s,
+                r.false_deaths, r.epoch_drops, r.ok ? "ok" : "failed");
     }
     char st[32];
     snprintf(st, sizeof(st), "%d/%d ok", adead.n, o->repeats);
     det_row(&row, o, "mean", "-", NAN, agg_mean(&susp), agg_mean(&fdead), agg_mean(&adead),
-            agg_mean(&spread), agg_mean(&state), agg_mean(&fd), agg_mean(&ed), st);
+            agg_mean(&prog), agg_mean(&spread), agg_mean(&state), agg_mean(&fd), agg_mean(&ed),
+            st);
     det_row(&row, o, "max", "-", NAN, agg_max(&susp), agg_max(&fdead), agg_max(&adead),
-            agg_max(&spread), agg_max(&state), agg_max(&fd), agg_max(&ed), st);
+            agg_max(&prog), agg_max(&spread), agg_max(&state), agg_max(&fd), agg_max(&ed), st);
 
     if (!json)
         printf("\n");

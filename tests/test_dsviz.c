@@ -1,0 +1,659 @@
+/*
+ * tests/test_dsviz.c: tools/dsviz, its JSON reader, its graph and its
+ * outputs, and the dsviz program on files, directories and a live status
+ * page (node/status in this process).
+ *
+ * Suite "dsviz" (meson suite unit). The dsviz binary comes from $DSVIZ.
+ * SVG through Graphviz is checked when `dot` is installed and skipped
+ * otherwise; the fallback (DSVIZ_DOT naming a missing program) always runs.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "node/log.h"
+#include "node/status.h"
+#include "tools/dsviz/json.h"
+#include "tools/dsviz/viz.h"
+
+static void setup_log(void)
+{
+    ds_log_setup("test", DS_LOG_ERROR, stderr);
+}
+
+TestSuite(dsviz, .init = setup_log, .timeout = 120);
+
+/* ---- the JSON reader -------------------------------------------------------------- */
+
+Test(dsviz, json_reads_valid_documents)
+{
+    const char *t = "\xef\xbb\xbf {\"a\": [1, -2.5e3, true, false, null, \"x\\\"\\\\\\/\\b\\f\\n\\r\\t\"],"
+                    " \"b\": {\"c\": {}, \"d\": []}, \"u\": \"\\u00e9\\ud83d\\ude00\\u4e2d\","
+                    " \"a\": 7, \"raw\": \"\xc3\xa9\"}  \n";
+    char err[128];
+    ds_jdoc *d = NULL;
+    cr_assert_eq(ds_jdoc_parse(t, strlen(t), &d, err, sizeof(err)), 0, "%s", err);
+    const ds_jv *r = ds_jdoc_root(d);
+    cr_expect_eq(ds_jv_type(r), DS_JOBJ);
+    cr_expect_eq(ds_jv_len(r), 5);
+    const ds_jv *a = ds_jv_get(r, "a"); /* the first "a" */
+    cr_assert_eq(ds_jv_type(a), DS_JARR);
+    cr_expect_eq(ds_jv_len(a), 6);
+    cr_expect_eq(ds_jv_num(ds_jv_at(a, 0), 0), 1);
+    cr_expect_eq(ds_jv_num(ds_jv_at(a, 1), 0), -2500);
+    cr_expect_eq(ds_jv_bool(ds_jv_at(a, 2), -1), 1);
+    cr_expect_eq(ds_jv_bool(ds_jv_at(a, 3), -1), 0);
+    cr_expect_eq(ds_jv_type(ds_jv_at(a, 4)), DS_JNULL);
+    cr_expect_str_eq(ds_jv_str(ds_jv_at(a, 5), ""), "x\"\\/\b\f\n\r\t");
+    cr_expect_null(ds_jv_at(a, 6));
+    cr_expect_eq(ds_jv_len(ds_jv_get(ds_jv_get(r, "b"), "c")), 0);
+    cr_expect_eq(ds_jv_type(ds_jv_get(ds_jv_get(r, "b"), "d")), DS_JARR);
+    cr_expect_str_eq(ds_jv_get_str(r, "u", ""), "\xc3\xa9\xf0\x9f\x98\x80\xe4\xb8\xad");
+    cr_expect_str_eq(ds_jv_get_str(r, "raw", ""), "\xc3\xa9");
+    cr_expect_str_eq(ds_jv_key_at(r, 3), "a");
+    cr_expect_eq(ds_jv_num(ds_jv_at(r, 3), 0), 7);
+    /* Wrong types and missing keys give the defaults. */
+    cr_expect_eq(ds_jv_get_num(r, "u", -1), -1);
+    cr_expect_str_eq(ds_jv_get_str(r, "nope", "dflt"), "dflt");
+    cr_expect_null(ds_jv_get(a, "x"));
+    cr_expect_eq(ds_jv_len(NULL), 0);
+    ds_jdoc_free(&d);
+    cr_expect_null(d);
+
+    /* Scalars at the top, and nesting up to the bound. */
+    cr_assert_eq(ds_jdoc_parse("42", 2, &d, err, sizeof(err)), 0);
+    cr_expect_eq(ds_jv_num(ds_jdoc_root(d), 0), 42);
+    ds_jdoc_free(&d);
+    char deep[2 * DS_JSON_MAX_DEPTH + 1];
+    for (int i = 0; i < DS_JSON_MAX_DEPTH; i++) {
+        deep[i] = '[';
+        deep[2 * DS_JSON_MAX_DEPTH - 1 - i] = ']';
+    }
+    cr_assert_eq(ds_jdoc_parse(deep, 2 * DS_JSON_MAX_DEPTH, &d, err, sizeof(err)), 0, "%s", err);
+    ds_jdoc_free(&d);
+}
+
+Test(dsviz, json_refuses_bad_documents)
+{
+    struct {
+        const char *text;
+        const char *err;
+    } bad[] = {
+        {"", "1:1: unexpected end of input"},
+        {"{\"a\":1,}", "1:8: expected a \"key\""},
+        {"[1,]", "1:4: expected a value"},
+        {"[1 2]", "1:4: expected ',' or ']'"},
+        {"{\"a\" 1}", "1:6: expected ':'"},
+        {"{\"a\":1}\n x", "2:2: text after the value"},
+        {"\"abc", "1:5: unterminated string"},
+        {"\"a\tb\"", "1:3: control character in a string"},
+        {"\"\\x\"", "1:4: unknown escape"},
+        {"\"\\ud800\"", "1:8: lone surrogate"},
+        {"\"\\udc00\"", "1:8: lone surrogate"},
+        {"\"\\u0000\"", "1:8: \\u0000 in a string"},
+        {"\"\\u12g4\"", "1:4: bad hex digit in \\u escape"},
+        {"\"\xff\"", "1:2: invalid UTF-8"},
+        {"\"\xc0\xaf\"", "1:2: invalid UTF-8"},
+        {"\"\xed\xa0\x80\"", "1:2: invalid UTF-8"},
+        {"01", "1:2: text after the value"},
+        {"1.", "1:1: expected a digit after '.'"},
+        {"1e", "1:1: expected a digit in the exponent"},
+        {"-", "1:1: expected a value"},
+        {"NaN", "1:1: expected a value"},
+        {"1e999", "1:1: number out of range"},
+        {"tru", "1:1: expected a value"},
+        {"[\n\n  nul]", "3:3: expected a value"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char err[128] = "";
+        ds_jdoc *d = (ds_jdoc *)1;
+        int e = ds_jdoc_parse(bad[i].text, strlen(bad[i].text), &d, err, sizeof(err));
+        cr_expect_eq(e, -EINVAL, "'%s' parsed", bad[i].text);
+        cr_expect_null(d);
+        cr_expect_str_eq(err, bad[i].err, "'%s'", bad[i].text);
+    }
+    char deep[2 * DS_JSON_MAX_DEPTH + 3];
+    for (int i = 0; i <= DS_JSON_MAX_DEPTH; i++) {
+        deep[i] = '[';
+        deep[2 * DS_JSON_MAX_DEPTH + 1 - i] = ']';
+    }
+    char err[128];
+    ds_jdoc *d = NULL;
+    cr_expect_eq(ds_jdoc_parse(deep, 2 * DS_JSON_MAX_DEPTH + 2, &d, err, sizeof(err)), -EINVAL);
+    cr_expect_not_null(strstr(err, "nested too deep"), "%s", err);
+}
+
+/* Seeded random bytes and mutations of a real document: the reader
+ * accepts or refuses, never crashes (ASan build) and never reads past len. */
+Test(dsviz, json_survives_garbage)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    snprintf(s->name, sizeof(s->name), "n0");
+    s->n_view = s->view_size = 4;
+    char *doc;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 1, &doc, &len), 0);
+    uint64_t seed = 0x5eed;
+    char *buf = malloc(len);
+    cr_assert_not_null(buf);
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, doc, len);
+        const int flips = 1 + (int)(it % 8);
+        for (int k = 0; k < flips; k++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            buf[(seed >> 33) % len] = (char)(seed >> 17);
+        }
+        /* Truncations too: the exact length, no terminator. */
+        const size_t n = it % 5 == 0 ? (size_t)((seed >> 40) % len) : len;
+        char *exact = malloc(n ? n : 1);
+        cr_assert_not_null(exact);
+        memcpy(exact, buf, n);
+        ds_jdoc *d = NULL;
+        char err[128];
+        int e = ds_jdoc_parse(exact, n, &d, err, sizeof(err));
+        cr_expect(e == 0 || e == -EINVAL);
+        ds_jdoc_free(&d);
+        free(exact);
+    }
+    free(buf);
+    free(doc);
+    free(s);
+}
+
+/* ---- the graph -------------------------------------------------------------------- */
+
+/* A four-node crossover round: n0..n3 in groups a (n0, n1) and b (n2, n3),
+ * two segments; segment s: i initiates to (i+1+s) mod 4. n3 did not
+ * report (its document is not written). */
+static ds_status_snapshot *round_snapshot(int i, uint64_t round)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    snprintf(s->name, sizeof(s->name), "n%d", i);
+    snprintf(s->addr, sizeof(s->addr), "127.0.0.1:%d", 7000 + i);
+    snprintf(s->group, sizeof(s->group), "%s", i < 2 ? "a" : "b");
+    s->id = 0xa0u + (uint64_t)i;
+    s->state = DS_STATUS_TRAINING;
+    s->step = (int64_t)round * 2;
+    s->steps = 100;
+    s->round = round;
+    s->loss = 1.0 / (i + 1);
+    s->net.bytes_sent = 1000u * (uint64_t)(i + 1);
+    s->view_size = s->n_view = 4;
+    s->view_me = (uint32_t)i;
+    for (int k = 0; k < 4; k++) {
+        snprintf(s->view[k].name, sizeof(s->view[k].name), "n%d", k);
+        snprintf(s->view[k].group, sizeof(s->view[k].group), "%s", k < 2 ? "a" : "b");
+        s->view[k].state = k == 3 && i == 0 ? DS_MEMBER_SUSPECT : DS_MEMBER_ALIVE;
+    }
+    s->n_segments = s->n_exchanges = 2;
+    for (int seg = 0; seg < 2; seg++) {
+        ds_status_exchange *x = &s->exchanges[seg];
+        x->segment = (uint32_t)seg;
+        x->length = 50;
+        snprintf(x->initiate_to, sizeof(x->initiate_to), "n%d", (i + 1 + seg) % 4);
+        x->n_answer_from = 1;
+        snprintf(x->answer_from[0], sizeof(x->answer_from[0]), "n%d", (i + 3 - seg) % 4);
+        x->outcome = seg == 1 && i == 2 ? DS_XCHG_FAILED : DS_XCHG_OK;
+        x->bytes = seg == 0 ? 400 : 0;
+    }
+    return s;
+}
+
+static char *snapshot_json(int i, uint64_t round, uint64_t t, size_t *len)
+{
+    ds_status_snapshot *s = round_snapshot(i, round);
+    char *text;
+    cr_assert_eq(ds_status_render_json(s, t, &text, len), 0);
+    free(s);
+    return text;
+}
+
+static void add_node(ds_viz *v, int i, uint64_t round, uint64_t t)
+{
+    size_t len;
+    char *text = snapshot_json(i, round, t, &len);
+    char err[256], origin[16];
+    snprintf(origin, sizeof(origin), "doc%d", i);
+    cr_assert_eq(ds_viz_add_json(v, text, len, origin, err, sizeof(err)), 0, "%s", err);
+    free(text);
+}
+
+static int find_edge(const ds_viz *v, const char *from, const char *to, unsigned seg)
+{
+    const int f = ds_viz_find(v, from), t = ds_viz_find(v, to);
+    for (size_t k = 0; k < v->n_e; k++)
+        if (v->e[k].from == f && v->e[k].to == t && v->e[k].segment == seg)
+            return (int)k;
+    return -1;
+}
+
+Test(dsviz, builds_members_and_edges)
+{
+    ds_viz v = {0};
+    for (int i = 0; i < 3; i++)
+        add_node(&v, i, 10, 1000);
+    cr_assert_eq(ds_viz_build(&v), 0);
+    cr_expect_eq(v.n_docs, 3);
+    cr_expect_eq(v.n_m, 4);
+    cr_expect_eq(v.n_segments, 2);
+    const int n3 = ds_viz_find(&v, "n3");
+    cr_assert_geq(n3, 0);
+    cr_expect_eq(v.m[n3].reported, 0);
+    cr_expect_str_eq(v.m[n3].seen_state, "suspect");
+    cr_expect_str_eq(v.m[n3].group, "b");
+    const int n1 = ds_viz_find(&v, "n1");
+    cr_expect_eq(v.m[n1].reported, 1);
+    cr_expect_str_eq(v.m[n1].state, "training");
+    cr_expect_eq(v.m[n1].bytes_sent, 2000);
+    /* 3 reporting nodes x 2 segments initiated, plus n3's exchanges known
+     * only from their targets: n3 -> n0 (s0) and n3 -> n1 (s1). Each
+     * exchange once. */
+    cr_expect_eq(v.n_e, 8);
+    int k = find_edge(&v, "n0", "n1", 0);
+    cr_assert_geq(k, 0);
+    cr_expect_str_eq(v.e[k].outcome, "ok");
+    cr_expect_eq(v.e[k].bytes, 400);
+    cr_expect_eq(v.e[k].from_answer, 0);
+    k = find_edge(&v, "n2", "n0", 1);
+    cr_assert_geq(k, 0);
+    cr_expect_str_eq(v.e[k].outcome, "failed");
+    k = find_edge(&v, "n3", "n0", 0);
+    cr_assert_geq(k, 0);
+    cr_expect_eq(v.e[k].from_answer, 1);
+    cr_expect_geq(find_edge(&v, "n3", "n1", 1), 0);
+    cr_expect_lt(find_edge(&v, "n1", "n0", 0), 0);
+
+    /* A newer document of n1 replaces the old one; an older one does not. */
+    add_node(&v, 1, 11, 2000);
+    add_node(&v, 1, 9, 500);
+    cr_assert_eq(ds_viz_build(&v), 0);
+    cr_expect_eq(v.n_docs, 3);
+    cr_expect_eq(v.m[ds_viz_find(&v, "n1")].round, 11);
+
+    /* Not a status document. */
+    char err[256];
+    cr_expect_eq(ds_viz_add_json(&v, "{\"a\":1}", 7, "x.json", err, sizeof(err)), -EINVAL);
+    cr_expect_str_eq(err, "x.json: not a dsnode status document (schema is not 1)");
+    cr_expect_eq(ds_viz_add_json(&v, "{\"schema\":1,", 12, "y.json", err, sizeof(err)), -EINVAL);
+    cr_expect_str_eq(err, "y.json: not valid JSON: 1:13: expected a \"key\"");
+    ds_viz_free(&v);
+}
+
+static char *write_mem(int (*fn)(const ds_viz *, FILE *), const ds_viz *v)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    cr_assert_eq(fn(v, f), 0);
+    fclose(f);
+    return buf;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+Test(dsviz, dot_output)
+{
+    ds_viz v = {0};
+    for (int i = 0; i < 3; i++)
+        add_node(&v, i, 10, 1000);
+    cr_assert_eq(ds_viz_build(&v), 0);
+    char *dot = write_mem(ds_viz_write_dot, &v);
+    cr_expect_eq(strncmp(dot, "digraph dsviz {", 15), 0);
+    cr_expect_eq(count(dot, "subgraph cluster_"), 2);
+    cr_expect_eq(count(dot, "label=\"group a\""), 1);
+    cr_expect_eq(count(dot, "label=\"group b\""), 1);
+    cr_expect_eq(count(dot, " -> "), 8);
+    const int n0 = ds_viz_find(&v, "n0"), n1 = ds_viz_find(&v, "n1");
+    char want[128];
+    snprintf(want, sizeof(want), "m%d -> m%d [color=\"#1f77b4\", fontcolor=\"#1f77b4\", "
+                                 "label=\"s0 400 B\"];",
+             n0, n1);
+    cr_expect_not_null(strstr(dot, want), "no '%s' in\n%s", want, dot);
+    cr_expect_not_null(strstr(dot, "label=\"s1 failed\", style=dashed"));
+    cr_expect_not_null(strstr(dot, "label=\"s0 answered\", style=dashed"));
+    cr_expect_not_null(strstr(dot, "n3\\nsuspect (no status)"));
+    cr_expect_not_null(strstr(dot, "style=\"rounded,filled,dashed\""));
+    cr_expect_eq(dot[strlen(dot) - 2], '}');
+    free(dot);
+    ds_viz_free(&v);
+}
+
+/* Names from the network in DOT and HTML: quotes, backslashes, markup. */
+Test(dsviz, hostile_names_are_escaped)
+{
+    ds_status_snapshot *s = round_snapshot(0, 1);
+    snprintf(s->view[1].name, sizeof(s->view[1].name), "x\"];evil[\\");
+    snprintf(s->exchanges[0].initiate_to, sizeof(s->exchanges[0].initiate_to), "x\"];evil[\\");
+    snprintf(s->group, sizeof(s->group), "<script>g");
+    snprintf(s->view[2].name, sizeof(s->view[2].name), "<img src=x onerror=1>");
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 1, &text, &len), 0);
+    ds_viz v = {0};
+    char err[256];
+    cr_assert_eq(ds_viz_add_json(&v, text, len, "h", err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(ds_viz_build(&v), 0);
+    char *dot = write_mem(ds_viz_write_dot, &v);
+    cr_expect_not_null(strstr(dot, "label=\"x\\\"];evil[\\\\"));
+    /* Every quote before "];evil" is escaped. */
+    cr_expect_eq(count(dot, "\"];evil"), count(dot, "\\\"];evil"));
+    char *html = NULL;
+    size_t hl = 0;
+    FILE *f = open_memstream(&html, &hl);
+    cr_assert_eq(ds_viz_write_html(&v, f, NULL), 0);
+    fclose(f);
+    cr_expect_null(strstr(html, "<script"));
+    cr_expect_null(strstr(html, "<img"));
+    cr_expect_not_null(strstr(html, "&lt;img src=x onerror=1&gt;"));
+    cr_expect_not_null(strstr(html, "x&quot;];evil["));
+    free(html);
+    free(dot);
+    free(text);
+    free(s);
+    ds_viz_free(&v);
+}
+
+/* ---- the program -------------------------------------------------------------------- */
+
+static const char *dsviz_bin(void)
+{
+    const char *p = getenv("DSVIZ");
+    cr_assert(p && *p, "DSVIZ is not set (run through meson test)");
+    return p;
+}
+
+/* Run argv with DSVIZ_DOT=dot_env (NULL: inherited), stdout and stderr to
+ * files under dir; at most 60 s. Returns the exit status. */
+static int run(const char *dir, const char *dot_env, char *const argv[], char **out, char **err)
+{
+    char op[512], ep[512];
+    snprintf(op, sizeof(op), "%s/stdout", dir);
+    snprintf(ep, sizeof(ep), "%s/stderr", dir);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int o = open(op, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0)
+            _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        if (dot_env)
+            setenv("DSVIZ_DOT", dot_env, 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int status = 0;
+    const uint64_t deadline = ds_now_ms() + 60000;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            break;
+        if (ds_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            cr_assert_fail("%s did not finish in 60 s", argv[0]);
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    size_t len;
+    if (out)
+        cr_assert_eq(ds_viz_read_file(op, 64 << 20, out, &len), 0);
+    if (err)
+        cr_assert_eq(ds_viz_read_file(ep, 1 << 20, err, &len), 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void write_text(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    cr_assert_eq(fwrite(text, 1, len, f), len);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* A dslaunch-like run directory: DIR/nI/status.json for n0..n2. */
+static void make_run_dir(char *dir)
+{
+    cr_assert_not_null(mkdtemp(dir));
+    for (int i = 0; i < 3; i++) {
+        char p[512];
+        snprintf(p, sizeof(p), "%s/n%d", dir, i);
+        cr_assert_eq(mkdir(p, 0755), 0);
+        size_t len;
+        char *text = snapshot_json(i, 10, 1000, &len);
+        snprintf(p, sizeof(p), "%s/n%d/status.json", dir, i);
+        write_text(p, text, len);
+        free(text);
+    }
+}
+
+static void rm_rf(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+static int have_dot(void)
+{
+    return system("command -v dot >/dev/null 2>&1") == 0;
+}
+
+static char *slurp(const char *dir, const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    char *t;
+    size_t len;
+    int e = ds_viz_read_file(p, 64 << 20, &t, &len);
+    cr_assert_eq(e, 0, "%s: %s", p, strerror(-e));
+    return t;
+}
+
+/* An HTML page that loads nothing: no scripts, no external references. */
+static void expect_self_contained(const char *html)
+{
+    cr_expect_eq(strncmp(html, "<!DOCTYPE html>", 15), 0);
+    cr_expect_null(strstr(html, "<script"));
+    cr_expect_null(strstr(html, "src="));
+    cr_expect_null(strstr(html, "href=\"http"));
+    cr_expect_null(strstr(html, "@import"));
+    cr_expect_null(strstr(html, "<?xml"));
+    cr_expect_null(strstr(html, "<!DOCTYPE svg"));
+    cr_expect_eq(count(html, "<svg"), 1);
+    cr_expect_not_null(strstr(html, "</html>"));
+}
+
+Test(dsviz, program_on_a_run_directory_without_graphviz)
+{
+    char dir[] = "/tmp/ds-dsviz-XXXXXX";
+    make_run_dir(dir);
+    char prefix[512];
+    snprintf(prefix, sizeof(prefix), "%s/out", dir);
+    char *argv[] = {(char *)dsviz_bin(), "--out", prefix, dir, NULL};
+    char *err;
+    int st = run(dir, "/nonexistent/dot", argv, NULL, &err);
+    cr_expect_eq(st, 0, "exit %d: %s", st, err);
+    cr_expect_not_null(strstr(err, "not found"), "%s", err);
+    cr_expect_not_null(strstr(err, "the HTML page has dsviz's own drawing"), "%s", err);
+    char p[600];
+    snprintf(p, sizeof(p), "%s.svg", prefix);
+    struct stat sb;
+    cr_expect_neq(stat(p, &sb), 0, "an .svg was written without Graphviz");
+    char *dot = slurp(dir, "out.dot");
+    cr_expect_eq(count(dot, " -> "), 8);
+    char *html = slurp(dir, "out.html");
+    expect_self_contained(html);
+    cr_expect_eq(count(html, "<path d=\"M"), 8 + 12); /* 8 edges, 12 arrow heads */
+    cr_expect_not_null(strstr(html, "<h1>dsviz: 4 members, 3 reporting</h1>"));
+    cr_expect_not_null(strstr(html, "(no status)"));
+    free(html);
+    free(dot);
+    free(err);
+
+    /* --format svg needs Graphviz: an error, not a silent nothing. */
+    char *argv2[] = {(char *)dsviz_bin(), "--format", "svg", "--out", prefix, dir, NULL};
+    st = run(dir, "/nonexistent/dot", argv2, NULL, &err);
+    cr_expect_eq(st, 1);
+    cr_expect_not_null(strstr(err, "Graphviz '/nonexistent/dot' not found"), "%s", err);
+    free(err);
+    rm_rf(dir);
+}
+
+Test(dsviz, program_with_graphviz)
+{
+    if (!have_dot())
+        cr_skip("Graphviz 'dot' is not installed");
+    char dir[] = "/tmp/ds-dsviz-XXXXXX";
+    make_run_dir(dir);
+    char prefix[512];
+    snprintf(prefix, sizeof(prefix), "%s/out", dir);
+    char *argv[] = {(char *)dsviz_bin(), "--out", prefix, dir, NULL};
+    char *err;
+    int st = run(dir, NULL, argv, NULL, &err);
+    cr_expect_eq(st, 0, "exit %d: %s", st, err);
+    char *svg = slurp(dir, "out.svg");
+    cr_expect_not_null(strstr(svg, "<svg"));
+    cr_expect_eq(count(svg, "class=\"edge\""), 8);
+    cr_expect_eq(count(svg, "class=\"cluster\""), 2);
+    char *html = slurp(dir, "out.html");
+    expect_self_contained(html);
+    cr_expect_eq(count(html, "class=\"edge\""), 8);
+    free(svg);
+    free(html);
+    free(err);
+
+    /* Hostile names still make a DOT file that Graphviz accepts. */
+    ds_status_snapshot *s = round_snapshot(0, 1);
+    snprintf(s->view[1].name, sizeof(s->view[1].name), "x\"];evil[\\");
+    snprintf(s->exchanges[0].initiate_to, sizeof(s->exchanges[0].initiate_to), "a\\nb\\");
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 1, &text, &len), 0);
+    char p[600];
+    snprintf(p, sizeof(p), "%s/evil.json", dir);
+    write_text(p, text, len);
+    char *argv2[] = {(char *)dsviz_bin(), "--format", "svg", "--out", "-", p, NULL};
+    char *out;
+    st = run(dir, NULL, argv2, &out, &err);
+    cr_expect_eq(st, 0, "exit %d: %s", st, err);
+    cr_expect_not_null(strstr(out, "<svg"));
+    free(out);
+    free(err);
+    free(text);
+    free(s);
+    rm_rf(dir);
+}
+
+Test(dsviz, program_reads_a_live_status_page)
+{
+    char dir[] = "/tmp/ds-dsviz-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    ds_status *st = NULL;
+    cr_assert_eq(ds_status_create(&st, "127.0.0.1:0", NULL), 0);
+    ds_status_snapshot *s = round_snapshot(1, 42);
+    ds_status_publish(st, s);
+    char addr[64];
+    cr_assert_eq(ds_status_addr(st, addr, sizeof(addr)), 0);
+    char *argv[] = {(char *)dsviz_bin(), "--format", "dot", "--out", "-", addr, NULL};
+    char *out, *err;
+    int rc = run(dir, NULL, argv, &out, &err);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_expect_not_null(strstr(out, "n1\\ntraining step 84/100 round 42"), "%s", out);
+    cr_expect_eq(count(out, " -> "), 4); /* 2 initiated + 2 answered by silent peers */
+    free(out);
+    free(err);
+
+    /* A page that is not /status (a port with no server: refused). */
+    ds_status_destroy(&st);
+    char *argv2[] = {(char *)dsviz_bin(), "--format", "dot", "--out", "-", "--timeout-ms",
+                     "2000", addr, NULL};
+    rc = run(dir, NULL, argv2, &out, &err);
+    cr_expect_eq(rc, 1);
+    cr_expect_not_null(strstr(err, addr), "%s", err);
+    free(out);
+    free(err);
+    free(s);
+    rm_rf(dir);
+}
+
+Test(dsviz, program_reports_bad_sources)
+{
+    char dir[] = "/tmp/ds-dsviz-XXXXXX";
+    make_run_dir(dir);
+    char bad[600], empty[600], prefix[600];
+    snprintf(bad, sizeof(bad), "%s/bad.json", dir);
+    const char *trunc = "{\"schema\": 1, \"node\": {\"name\": \"zz\"";
+    write_text(bad, trunc, strlen(trunc));
+    snprintf(empty, sizeof(empty), "%s/empty", dir);
+    cr_assert_eq(mkdir(empty, 0755), 0);
+    snprintf(prefix, sizeof(prefix), "%s/o", dir);
+    char n0[600];
+    snprintf(n0, sizeof(n0), "%s/n0/status.json", dir);
+
+    /* Failing sources are named; what loaded is still drawn; exit 1. */
+    char *argv[] = {(char *)dsviz_bin(), "--format", "dot", "--out", prefix, n0, bad, empty,
+                    "/no/such/path", "not a source", NULL};
+    char *err;
+    int rc = run(dir, NULL, argv, NULL, &err);
+    cr_expect_eq(rc, 1);
+    cr_expect_not_null(strstr(err, "bad.json: not valid JSON: 1:36: expected ',' or '}'"), "%s",
+                       err);
+    cr_expect_not_null(strstr(err, "empty: no status.json"), "%s", err);
+    cr_expect_not_null(strstr(err, "/no/such/path: no such file or directory, and not host:port"),
+                       "%s", err);
+    cr_expect_not_null(strstr(err, "not a source: no such file"), "%s", err);
+    free(err);
+    char *dot = slurp(dir, "o.dot");
+    cr_expect_not_null(strstr(dot, "n0\\ntraining"));
+    free(dot);
+
+    /* Nothing loaded: exit 1, nothing written. */
+    char *argv2[] = {(char *)dsviz_bin(), "--out", prefix, bad, NULL};
+    rc = run(dir, NULL, argv2, NULL, &err);
+    cr_expect_eq(rc, 1);
+    cr_expect_not_null(strstr(err, "nothing to draw"), "%s", err);
+    free(err);
+
+    /* Usage errors: 2. */
+    char *u1[] = {(char *)dsviz_bin(), NULL};
+    char *u2[] = {(char *)dsviz_bin(), "--format", "png", dir, NULL};
+    char *u3[] = {(char *)dsviz_bin(), "--out", "-", dir, NULL};
+    char *u4[] = {(char *)dsviz_bin(), "--bogus", dir, NULL};
+    char *u5[] = {(char *)dsviz_bin(), "--timeout-ms", "0", dir, NULL};
+    char **us[] = {u1, u2, u3, u4, u5};
+    for (int i = 0; i < 5; i++) {
+        rc = run(dir, NULL, us[i], NULL, &err);
+        cr_expect_eq(rc, 2, "usage case %d: exit %d (%s)", i, rc, err);
+        free(err);
+    }
+    char *h[] = {(char *)dsviz_bin(), "--help", NULL};
+    char *out;
+    rc = run(dir, NULL, h, &out, &err);
+    cr_expect_eq(rc, 0);
+    cr_expect_not_null(strstr(out, "usage: dsviz"));
+    free(out);
+    free(err);
+    rm_rf(dir);
+}

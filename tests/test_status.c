@@ -1,0 +1,956 @@
+/*
+ * tests/test_status.c: node/status, the status page and file (DESIGN 10).
+ *
+ * Suite "status" (meson suite unit), all on 127.0.0.1 in this process:
+ *   - the JSON document, parsed back with dsviz's reader (tools/dsviz/
+ *     json.h): every field the lead fills comes out where docs/status.md
+ *     says, peer-supplied names with quotes, control bytes and invalid
+ *     UTF-8 still give valid JSON;
+ *   - the Prometheus page: every line is a comment or a well-formed sample
+ *     of a family declared by TYPE before it, with the values put in;
+ *   - HTTP: 200 for /status and /metrics, 404, 405, 400 for malformed
+ *     requests and for a 100 KB request line, 503 when every slot is busy;
+ *     a slowloris client (one byte a second) is dropped at the request
+ *     deadline while other clients are served; 64 clients at once all get
+ *     an answer; a publisher hammering publish while a client reads never
+ *     produces a torn document;
+ *   - status.file: written atomically (no .tmp left), rewritten at most
+ *     once per interval however often the node publishes, and the last
+ *     snapshot written at destroy.
+ */
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "node/log.h"
+#include "node/status.h"
+#include "tools/dsviz/json.h"
+
+static void setup_log(void)
+{
+    ds_log_setup("test", DS_LOG_ERROR, stderr);
+}
+
+TestSuite(status, .init = setup_log, .timeout = 60);
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A snapshot with something in every section. */
+static ds_status_snapshot *sample_snapshot(void)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    snprintf(s->name, sizeof(s->name), "n0");
+    snprintf(s->addr, sizeof(s->addr), "127.0.0.1:7000");
+    snprintf(s->group, sizeof(s->group), "rackA");
+    s->id = 0x0123456789abcdefull;
+    s->state = DS_STATUS_TRAINING;
+    s->step = 120;
+    s->steps = 1000;
+    s->round = 12;
+    s->epoch = 3;
+    s->loss = 0.5;
+    s->test_acc = 0.8125;
+    s->lr = 0.05;
+    s->samples_per_s = 4096;
+    s->view_size = 3;
+    s->n_view = 3;
+    s->view_me = 0;
+    const char *names[3] = {"n0", "n1", "n2"};
+    for (int i = 0; i < 3; i++) {
+        s->view[i].id = 0x1000u + (uint64_t)i;
+        snprintf(s->view[i].name, sizeof(s->view[i].name), "%s", names[i]);
+        snprintf(s->view[i].addr, sizeof(s->view[i].addr), "127.0.0.1:%d", 7000 + i);
+        snprintf(s->view[i].group, sizeof(s->view[i].group), "%s", i < 2 ? "rackA" : "");
+        s->view[i].state = i == 2 ? DS_MEMBER_SUSPECT : DS_MEMBER_ALIVE;
+    }
+    s->n_segments = 2;
+    s->n_exchanges = 2;
+    for (int k = 0; k < 2; k++) {
+        ds_status_exchange *x = &s->exchanges[k];
+        x->segment = (uint32_t)k;
+        x->offset = k ? 100 : 0;
+        x->length = k ? 10 : 100;
+        snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", k ? "n2" : "n1");
+        x->n_answer_from = 1;
+        snprintf(x->answer_from[0], sizeof(x->answer_from[0]), "%s", k ? "n1" : "n2");
+        x->outcome = k ? DS_XCHG_FAILED : DS_XCHG_OK;
+        x->bytes = k ? 0 : 808;
+    }
+    s->gossip.rounds = 12;
+    s->gossip.exchanges_ok = 20;
+    s->gossip.exchanges_failed = 4;
+    s->gossip.skipped = 1;
+    s->gossip.wait_ns = 2500000000ull;
+    s->gossip.max_wait_ns = 250000000ull;
+    s->gnet.dropped_not_in_view = 2;
+    s->net.frames_sent = 77;
+    s->net.bytes_sent = 123456;
+    s->net.frames_recv = 66;
+    s->net.bytes_recv = 654321;
+    s->net.sessions = 2;
+    s->net.transport.msgs_sent = 99;
+    s->net.transport.drops[DS_TP_DROP_LATE] = 5;
+    s->membership.alive = 2;
+    s->membership.suspect = 1;
+    s->membership.lhm = 2;
+    s->membership.drops[DS_MSHIP_DROP_FORGED] = 6;
+    s->membership.wire[DS_DROP_BAD_FIELD] = 8;
+    s->drops[DS_DROP_BAD_TAG] = 3;
+    s->drops[DS_DROP_REPLAY] = 4;
+    return s;
+}
+
+static ds_jdoc *parse_or_fail(const char *text, size_t len)
+{
+    char err[200];
+    ds_jdoc *d = NULL;
+    int e = ds_jdoc_parse(text, len, &d, err, sizeof(err));
+    cr_assert_eq(e, 0, "JSON does not parse: %s\n%.400s", err, text);
+    return d;
+}
+
+static double num_at(const ds_jv *root, const char *a, const char *b)
+{
+    const ds_jv *v = ds_jv_get(root, a);
+    if (b)
+        v = ds_jv_get(v, b);
+    cr_assert_eq(ds_jv_type(v), DS_JNUM, "%s.%s is not a number", a, b ? b : "");
+    return ds_jv_num(v, 0);
+}
+
+static const char *str_at(const ds_jv *root, const char *a, const char *b)
+{
+    const ds_jv *v = ds_jv_get(root, a);
+    if (b)
+        v = ds_jv_get(v, b);
+    cr_assert_eq(ds_jv_type(v), DS_JSTR, "%s.%s is not a string", a, b ? b : "");
+    return ds_jv_str(v, "");
+}
+
+/* Connect to 127.0.0.1:port (blocking). */
+static int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s",
+                 strerror(errno));
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        cr_assert(w > 0, "send: %s", strerror(errno));
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Read until EOF (or timeout_ms): returns the bytes read, into a new
+ * NUL-terminated buffer. */
+static char *read_all(int fd, size_t *len, int timeout_ms)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    cr_assert_not_null(buf);
+    const uint64_t deadline = ds_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        const uint64_t now = ds_now_ms();
+        if (now >= deadline)
+            break;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)(deadline - now)) <= 0)
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+            cr_assert_not_null(buf);
+        }
+        ssize_t r = recv(fd, buf + n, cap - n, 0);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+typedef struct resp {
+    int code;
+    char *raw;
+    size_t raw_len;
+    const char *body;
+    size_t body_len;
+} resp;
+
+static void resp_free(resp *r)
+{
+    free(r->raw);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Send raw request bytes, read the whole answer and split it. */
+static resp request_raw(int port, const char *req, size_t req_len)
+{
+    resp r = {0};
+    int fd = dial(port);
+    send_all(fd, req, req_len);
+    r.raw = read_all(fd, &r.raw_len, 10000);
+    close(fd);
+    if (r.raw_len >= 12 && !memcmp(r.raw, "HTTP/1.1 ", 9))
+        r.code = atoi(r.raw + 9);
+    char *h = strstr(r.raw, "\r\n\r\n");
+    if (h) {
+        r.body = h + 4;
+        r.body_len = r.raw_len - (size_t)(r.body - r.raw);
+    }
+    return r;
+}
+
+static resp get(int port, const char *path)
+{
+    char req[512];
+    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\nUser-Agent: t\r\n\r\n",
+                     path);
+    return request_raw(port, req, (size_t)n);
+}
+
+static int port_of(ds_status *st)
+{
+    char addr[64];
+    cr_assert_eq(ds_status_addr(st, addr, sizeof(addr)), 0);
+    const char *c = strrchr(addr, ':');
+    cr_assert_not_null(c);
+    return atoi(c + 1);
+}
+
+static ds_status *serve(int max_conns, int req_timeout_ms, const char *file)
+{
+    ds_status_opts o;
+    ds_status_opts_default(&o);
+    o.listen = "127.0.0.1:0";
+    o.file = file;
+    o.max_conns = max_conns;
+    o.request_timeout_ms = req_timeout_ms;
+    o.file_interval_ms = 100;
+    ds_status *st = NULL;
+    cr_assert_eq(ds_status_create_opts(&st, &o), 0);
+    cr_assert_not_null(st);
+    return st;
+}
+
+/* ---- rendering ------------------------------------------------------------------ */
+
+Test(status, json_has_every_field)
+{
+    ds_status_snapshot *s = sample_snapshot();
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 1700000000123ull, &text, &len), 0);
+    cr_assert_eq(strlen(text), len);
+    ds_jdoc *d = parse_or_fail(text, len);
+    const ds_jv *r = ds_jdoc_root(d);
+    cr_expect_eq(num_at(r, "schema", NULL), 1);
+    cr_expect_eq(num_at(r, "time_unix_ms", NULL), 1700000000123.0);
+    cr_expect_str_eq(str_at(r, "node", "name"), "n0");
+    cr_expect_str_eq(str_at(r, "node", "addr"), "127.0.0.1:7000");
+    cr_expect_str_eq(str_at(r, "node", "group"), "rackA");
+    cr_expect_str_eq(str_at(r, "node", "id"), "0123456789abcdef");
+    cr_expect_str_eq(str_at(r, "node", "state"), "training");
+    cr_expect_eq(num_at(r, "train", "step"), 120);
+    cr_expect_eq(num_at(r, "train", "steps"), 1000);
+    cr_expect_eq(num_at(r, "train", "loss"), 0.5);
+    cr_expect_eq(num_at(r, "train", "test_acc"), 0.8125);
+    cr_expect_eq(num_at(r, "train", "lr"), 0.05);
+    cr_expect_eq(num_at(r, "train", "samples_per_s"), 4096);
+    cr_expect_eq(num_at(r, "round", NULL), 12);
+    cr_expect_eq(num_at(r, "epoch", NULL), 3);
+
+    const ds_jv *view = ds_jv_get(r, "view");
+    cr_expect_eq(ds_jv_get_num(view, "size", -1), 3);
+    cr_expect_eq(ds_jv_get_num(view, "me", -1), 0);
+    cr_expect_eq(ds_jv_bool(ds_jv_get(view, "truncated"), -1), 0);
+    const ds_jv *mem = ds_jv_get(view, "members");
+    cr_assert_eq(ds_jv_len(mem), 3);
+    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 2), "name", ""), "n2");
+    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 2), "addr", ""), "127.0.0.1:7002");
+    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 2), "state", ""), "suspect");
+    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "group", ""), "rackA");
+    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "id", ""), "0000000000001001");
+
+    const ds_jv *xs = ds_jv_get(r, "exchanges");
+    cr_expect_eq(ds_jv_get_num(xs, "round", -1), 12);
+    cr_expect_eq(ds_jv_get_num(xs, "segments", -1), 2);
+    const ds_jv *list = ds_jv_get(xs, "list");
+    cr_assert_eq(ds_jv_len(list), 2);
+    const ds_jv *x1 = ds_jv_at(list, 1);
+    cr_expect_eq(ds_jv_get_num(x1, "segment", -1), 1);
+    cr_expect_eq(ds_jv_get_num(x1, "offset", -1), 100);
+    cr_expect_eq(ds_jv_get_num(x1, "length", -1), 10);
+    cr_expect_str_eq(ds_jv_get_str(x1, "initiate_to", ""), "n2");
+    cr_expect_str_eq(ds_jv_str(ds_jv_at(ds_jv_get(x1, "answer_from"), 0), ""), "n1");
+    cr_expect_str_eq(ds_jv_get_str(x1, "outcome", ""), "failed");
+    cr_expect_eq(ds_jv_get_num(ds_jv_at(list, 0), "bytes", -1), 808);
+
+    cr_expect_eq(num_at(r, "net", "bytes_sent"), 123456);
+    cr_expect_eq(num_at(r, "net", "bytes_received"), 654321);
+    cr_expect_eq(num_at(r, "net", "frames_sent"), 77);
+    cr_expect_eq(num_at(r, "net", "sessions"), 2);
+    cr_expect_eq(num_at(r, "drops", "bad_tag"), 3);
+    cr_expect_eq(num_at(r, "drops", "replay"), 4);
+    cr_expect_eq(num_at(r, "drops", "short"), 0);
+    cr_expect_null(ds_jv_get(ds_jv_get(r, "drops"), "none"));
+    cr_expect_eq(num_at(r, "drops_total", NULL), 7);
+    cr_expect_eq(num_at(r, "gossip", "exchanges_ok"), 20);
+    cr_expect_eq(num_at(r, "gossip", "exchanges_failed"), 4);
+    cr_expect_eq(num_at(r, "gossip", "wait_s"), 2.5);
+    cr_expect_eq(num_at(r, "gossip", "max_round_s"), 0.25);
+    cr_expect_eq(num_at(r, "gossip_net", "dropped_not_in_view"), 2);
+    cr_expect_eq(num_at(r, "transport", "msgs_sent"), 99);
+    cr_expect_eq(ds_jv_get_num(ds_jv_get(ds_jv_get(r, "transport"), "drops"), "late", -1), 5);
+    cr_expect_eq(num_at(r, "membership", "suspect"), 1);
+    cr_expect_eq(num_at(r, "membership", "lhm"), 2);
+    cr_expect_eq(ds_jv_get_num(ds_jv_get(ds_jv_get(r, "membership"), "drops"), "forged", -1), 6);
+    cr_expect_eq(
+        ds_jv_get_num(ds_jv_get(ds_jv_get(r, "membership"), "wire_drops"), "bad_field", -1), 8);
+    ds_jdoc_free(&d);
+    free(text);
+
+    /* No evaluation yet, not in the view: null. */
+    s->test_acc = -1;
+    s->view_me = UINT32_MAX;
+    cr_assert_eq(ds_status_render_json(s, 0, &text, &len), 0);
+    d = parse_or_fail(text, len);
+    cr_expect_eq(ds_jv_type(ds_jv_get(ds_jv_get(ds_jdoc_root(d), "train"), "test_acc")), DS_JNULL);
+    cr_expect_eq(ds_jv_type(ds_jv_get(ds_jv_get(ds_jdoc_root(d), "view"), "me")), DS_JNULL);
+    ds_jdoc_free(&d);
+    free(text);
+    free(s);
+}
+
+Test(status, json_escapes_hostile_text)
+{
+    ds_status_snapshot *s = sample_snapshot();
+    /* A peer's name and address as a hostile peer could make them. */
+    snprintf(s->view[1].name, sizeof(s->view[1].name), "a\"b\\c\nd\x01" "e\xff" "f\xc3\xa9");
+    snprintf(s->view[1].addr, sizeof(s->view[1].addr), "</script>\x7f\xed\xa0\x80");
+    /* A field with no terminating NUL in its array. */
+    memset(s->view[2].group, 'g', sizeof(s->view[2].group));
+    snprintf(s->exchanges[0].initiate_to, sizeof(s->exchanges[0].initiate_to), "x\"y");
+    /* Counts past the arrays are clamped, and said so. */
+    s->view_size = 1000;
+    s->n_view = 1000;
+    s->n_segments = 500;
+    s->n_exchanges = 2;
+    s->exchanges[1].n_answer_from = 99;
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 0, &text, &len), 0);
+    ds_jdoc *d = parse_or_fail(text, len);
+    const ds_jv *view = ds_jv_get(ds_jdoc_root(d), "view");
+    const ds_jv *mem = ds_jv_get(view, "members");
+    cr_expect_eq(ds_jv_len(mem), DS_STATUS_MAX_VIEW);
+    cr_expect_eq(ds_jv_bool(ds_jv_get(view, "truncated"), -1), 1);
+    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "name", ""),
+                     "a\"b\\c\nd\x01" "e\xef\xbf\xbd" "f\xc3\xa9");
+    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "addr", ""),
+                     "</script>\x7f\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    cr_expect_eq(strlen(ds_jv_get_str(ds_jv_at(mem, 2), "group", "")), DS_STATUS_GROUP_LEN);
+    const ds_jv *xs = ds_jv_get(ds_jdoc_root(d), "exchanges");
+    cr_expect_eq(ds_jv_bool(ds_jv_get(xs, "truncated"), -1), 1);
+    const ds_jv *x0 = ds_jv_at(ds_jv_get(xs, "list"), 0);
+    cr_expect_str_eq(ds_jv_get_str(x0, "initiate_to", ""), "x\"y");
+    const ds_jv *x1 = ds_jv_at(ds_jv_get(xs, "list"), 1);
+    cr_expect_eq(ds_jv_len(ds_jv_get(x1, "answer_from")), DS_STATUS_MAX_ANSWERS);
+    cr_expect_eq(ds_jv_get_num(x1, "answer_from_count", -1), 99);
+    ds_jdoc_free(&d);
+    free(text);
+    free(s);
+}
+
+/* Every line of a Prometheus text page: "# HELP name text", "# TYPE name
+ * counter|gauge", or "name{labels} value" of a family declared before. */
+static int check_prom(const char *text, char *why, size_t n)
+{
+    char family[128] = "";
+    int samples = 0;
+    for (const char *line = text; *line;) {
+        const char *eol = strchr(line, '\n');
+        if (!eol) {
+            snprintf(why, n, "last line not terminated");
+            return -1;
+        }
+        const size_t ll = (size_t)(eol - line);
+        char buf[1024];
+        if (ll >= sizeof(buf)) {
+            snprintf(why, n, "line too long");
+            return -1;
+        }
+        memcpy(buf, line, ll);
+        buf[ll] = 0;
+        line = eol + 1;
+        char name[128], type[32];
+        if (!strncmp(buf, "# HELP ", 7)) {
+            if (sscanf(buf + 7, "%127s", name) != 1 || strncmp(name, "dsnode_", 7)) {
+                snprintf(why, n, "bad HELP: %s", buf);
+                return -1;
+            }
+            continue;
+        }
+        if (!strncmp(buf, "# TYPE ", 7)) {
+            if (sscanf(buf + 7, "%127s %31s", name, type) != 2 ||
+                (strcmp(type, "counter") && strcmp(type, "gauge"))) {
+                snprintf(why, n, "bad TYPE: %s", buf);
+                return -1;
+            }
+            snprintf(family, sizeof(family), "%s", name);
+            continue;
+        }
+        /* A sample: name{k="v",...} value */
+        const char *b = strchr(buf, '{');
+        if (!b || (size_t)(b - buf) != strlen(family) || strncmp(buf, family, strlen(family))) {
+            snprintf(why, n, "sample outside its family (%s): %s", family, buf);
+            return -1;
+        }
+        const char *p = b + 1;
+        for (;;) {
+            while ((*p >= 'a' && *p <= 'z') || *p == '_')
+                p++;
+            if (*p++ != '=' || *p++ != '"') {
+                snprintf(why, n, "bad label: %s", buf);
+                return -1;
+            }
+            while (*p && *p != '"') {
+                if (*p == '\\') {
+                    if (p[1] != '\\' && p[1] != '"' && p[1] != 'n') {
+                        snprintf(why, n, "bad escape: %s", buf);
+                        return -1;
+                    }
+                    p++;
+                }
+                if ((unsigned char)*p < 0x20) {
+                    snprintf(why, n, "control character: %s", buf);
+                    return -1;
+                }
+                p++;
+            }
+            if (*p++ != '"') {
+                snprintf(why, n, "unterminated label: %s", buf);
+                return -1;
+            }
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            break;
+        }
+        if (*p++ != '}' || *p++ != ' ') {
+            snprintf(why, n, "bad sample: %s", buf);
+            return -1;
+        }
+        char *end;
+        strtod(p, &end);
+        if (end == p || *end) {
+            snprintf(why, n, "bad value: %s", buf);
+            return -1;
+        }
+        samples++;
+    }
+    return samples;
+}
+
+Test(status, metrics_are_prometheus_text)
+{
+    ds_status_snapshot *s = sample_snapshot();
+    snprintf(s->view[1].name, sizeof(s->view[1].name), "evil");
+    snprintf(s->exchanges[1].initiate_to, sizeof(s->exchanges[1].initiate_to), "q\"\\\n\x02z");
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
+    char why[1200];
+    int samples = check_prom(text, why, sizeof(why));
+    cr_assert(samples > 50, "%s", why);
+    const char *want[] = {
+        "dsnode_step{node=\"n0\"} 120\n",
+        "dsnode_round{node=\"n0\"} 12\n",
+        "dsnode_state{node=\"n0\",state=\"training\"} 1\n",
+        "dsnode_state{node=\"n0\",state=\"done\"} 0\n",
+        "dsnode_test_accuracy{node=\"n0\"} 0.8125\n",
+        "dsnode_info{node=\"n0\",addr=\"127.0.0.1:7000\",group=\"rackA\",id=\"0123456789abcdef\"} 1\n",
+        "dsnode_bytes_sent_total{node=\"n0\"} 123456\n",
+        "dsnode_drops_total{node=\"n0\",reason=\"bad_tag\"} 3\n",
+        "dsnode_drops_total{node=\"n0\",reason=\"replay\"} 4\n",
+        "dsnode_gossip_exchanges_total{node=\"n0\",outcome=\"failed\"} 4\n",
+        "dsnode_gossip_wait_seconds_total{node=\"n0\"} 2.5\n",
+        "dsnode_transport_drops_total{node=\"n0\",reason=\"late\"} 5\n",
+        "dsnode_members{node=\"n0\",state=\"suspect\"} 1\n",
+        "dsnode_membership_drops_total{node=\"n0\",reason=\"forged\"} 6\n",
+        "dsnode_exchange{node=\"n0\",segment=\"0\",peer=\"n1\",outcome=\"ok\"} 1\n",
+        "dsnode_exchange{node=\"n0\",segment=\"1\",peer=\"q\\\"\\\\\\n?z\",outcome=\"failed\"} 1\n",
+        "dsnode_segment_length{node=\"n0\",segment=\"1\"} 10\n",
+        "# TYPE dsnode_drops_total counter\n",
+        "# TYPE dsnode_round gauge\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_expect_not_null(strstr(text, want[i]), "missing: %s", want[i]);
+    cr_expect_null(strstr(text, "reason=\"none\""));
+    free(text);
+
+    /* Before the first evaluation the accuracy sample is absent. */
+    s->test_acc = -1;
+    cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
+    cr_expect_gt(check_prom(text, why, sizeof(why)), 50, "%s", why);
+    cr_expect_null(strstr(text, "dsnode_test_accuracy{"));
+    free(text);
+    free(s);
+}
+
+/* ---- HTTP ------------------------------------------------------------------------ */
+
+Test(status, serves_status_and_metrics)
+{
+    ds_status *st = serve(16, 5000, NULL);
+    const int port = port_of(st);
+
+    /* Before any publish: an initialised document. */
+    resp r = get(port, "/status");
+    cr_assert_eq(r.code, 200, "%s", r.raw);
+    ds_jdoc *d = parse_or_fail(r.body, r.body_len);
+    cr_expect_str_eq(str_at(ds_jdoc_root(d), "node", "state"), "joining");
+    ds_jdoc_free(&d);
+    resp_free(&r);
+
+    ds_status_snapshot *s = sample_snapshot();
+    ds_status_publish(st, s);
+    r = get(port, "/status");
+    cr_assert_eq(r.code, 200);
+    cr_expect_not_null(strstr(r.raw, "Content-Type: application/json\r\n"));
+    char cl[64];
+    snprintf(cl, sizeof(cl), "Content-Length: %zu\r\n", r.body_len);
+    cr_expect_not_null(strstr(r.raw, cl), "no %s in %.300s", cl, r.raw);
+    d = parse_or_fail(r.body, r.body_len);
+    cr_expect_str_eq(str_at(ds_jdoc_root(d), "node", "name"), "n0");
+    cr_expect_eq(num_at(ds_jdoc_root(d), "train", "step"), 120);
+    ds_jdoc_free(&d);
+    resp_free(&r);
+
+    /* A query string is ignored; HTTP/1.0 works. */
+    const char *q = "GET /status?pretty=1 HTTP/1.0\r\n\r\n";
+    r = request_raw(port, q, strlen(q));
+    cr_expect_eq(r.code, 200);
+    resp_free(&r);
+    /* Bare LF line ends are accepted. */
+    const char *lf = "GET /metrics HTTP/1.1\nHost: x\n\n";
+    r = request_raw(port, lf, strlen(lf));
+    cr_expect_eq(r.code, 200);
+    resp_free(&r);
+
+    s->step = 121;
+    ds_status_publish(st, s);
+    r = get(port, "/metrics");
+    cr_assert_eq(r.code, 200);
+    cr_expect_not_null(strstr(r.raw, "Content-Type: text/plain; version=0.0.4"));
+    char why[1200];
+    cr_expect_gt(check_prom(r.body, why, sizeof(why)), 50, "%s", why);
+    cr_expect_not_null(strstr(r.body, "dsnode_step{node=\"n0\"} 121\n"));
+    cr_expect_not_null(strstr(r.body, "dsnode_status_responses_total{node=\"n0\",code=\"200\"}"));
+    resp_free(&r);
+
+    ds_status_stats ss;
+    ds_status_stats_get(st, &ss);
+    cr_expect_eq(ss.resp_200, 5);
+    cr_expect_eq(ss.publishes, 2);
+    free(s);
+    ds_status_destroy(&st);
+    cr_expect_null(st);
+}
+
+Test(status, refuses_what_it_does_not_serve)
+{
+    ds_status *st = serve(16, 5000, NULL);
+    const int port = port_of(st);
+    struct {
+        const char *req;
+        int code;
+    } cases[] = {
+        {"GET /nope HTTP/1.1\r\n\r\n", 404},
+        {"GET / HTTP/1.1\r\n\r\n", 404},
+        {"GET /statusx HTTP/1.1\r\n\r\n", 404},
+        {"POST /status HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405},
+        {"HEAD /status HTTP/1.1\r\n\r\n", 405},
+        {"DELETE /metrics HTTP/1.0\r\n\r\n", 405},
+        {"GET /status HTTP/2.0\r\n\r\n", 400},
+        {"GET /status\r\n\r\n", 400},
+        {"GET  /status HTTP/1.1\r\n\r\n", 400},
+        {"GET status HTTP/1.1\r\n\r\n", 400},
+        {"\x01\x02\x03\r\n\r\n", 400},
+        {"GET /status HTTP/1.1\r\nno colon here\r\n\r\n", 400},
+        {"GET /status HTTP/1.1\r\nX: a\x01b\r\n\r\n", 400},
+        {"GET /status HTTP/1.1 junk\r\n\r\n", 400},
+        {"G(T /status HTTP/1.1\r\n\r\n", 400},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        resp r = request_raw(port, cases[i].req, strlen(cases[i].req));
+        cr_expect_eq(r.code, cases[i].code, "'%s' answered %d, wanted %d", cases[i].req, r.code,
+                     cases[i].code);
+        if (cases[i].code == 405)
+            cr_expect_not_null(strstr(r.raw, "Allow: GET\r\n"));
+        resp_free(&r);
+    }
+    /* A NUL byte inside the request line. */
+    const char nul[] = "GET /st\0tus HTTP/1.1\r\n\r\n";
+    resp r = request_raw(port, nul, sizeof(nul) - 1);
+    cr_expect_eq(r.code, 400);
+    resp_free(&r);
+
+    /* A 100 KB request line: 400, and the server goes on serving. */
+    const size_t big = 100 * 1024;
+    char *req = malloc(big + 32);
+    cr_assert_not_null(req);
+    memcpy(req, "GET /", 5);
+    memset(req + 5, 'a', big);
+    memcpy(req + 5 + big, " HTTP/1.1\r\n\r\n", 14);
+    r = request_raw(port, req, 5 + big + 13);
+    cr_expect_eq(r.code, 400, "answered %d", r.code);
+    resp_free(&r);
+    free(req);
+    /* Headers without end, bigger than max_request. */
+    req = malloc(20000);
+    cr_assert_not_null(req);
+    int n = snprintf(req, 20000, "GET /status HTTP/1.1\r\n");
+    while (n < 19000)
+        n += snprintf(req + n, (size_t)(20000 - n), "X-Filler: %d\r\n", n);
+    r = request_raw(port, req, (size_t)n);
+    cr_expect_eq(r.code, 400);
+    resp_free(&r);
+    free(req);
+
+    r = get(port, "/status");
+    cr_expect_eq(r.code, 200);
+    resp_free(&r);
+    ds_status_stats ss;
+    ds_status_stats_get(st, &ss);
+    cr_expect_eq(ss.resp_404, 3);
+    cr_expect_eq(ss.resp_405, 3);
+    cr_expect_eq(ss.resp_400, 12);
+    ds_status_destroy(&st);
+}
+
+/* A client that sends one byte a second never completes its request: it is
+ * dropped at the request deadline, and others are served meanwhile. */
+Test(status, slowloris_is_dropped_and_blocks_nobody)
+{
+    ds_status *st = serve(4, 2500, NULL);
+    const int port = port_of(st);
+    int slow = dial(port);
+    const uint64_t t0 = ds_now_ms();
+    const char *req = "GET /status HTTP/1.1\r\n\r\n";
+    int sent = 0, dropped = 0, others_ok = 0;
+    uint64_t dropped_at = 0;
+    while (ds_now_ms() - t0 < 8000 && !dropped) {
+        /* One byte a second... */
+        if (send(slow, req + sent, 1, MSG_NOSIGNAL) != 1) {
+            dropped = 1;
+            break;
+        }
+        sent++;
+        /* ...while another client asks and is answered at once. */
+        resp r = get(port, "/status");
+        others_ok += r.code == 200;
+        resp_free(&r);
+        /* Wait out the second, watching for the server closing on us. */
+        struct pollfd p = {.fd = slow, .events = POLLIN};
+        if (poll(&p, 1, 1000) > 0) {
+            char c;
+            ssize_t k = recv(slow, &c, 1, 0);
+            if (k <= 0) {
+                dropped = 1;
+                dropped_at = ds_now_ms();
+            }
+        }
+    }
+    close(slow);
+    cr_assert(dropped, "the slow client was not dropped after %llu ms",
+              (unsigned long long)(ds_now_ms() - t0));
+    cr_expect(sent < (int)strlen(req), "it finished its request (%d bytes)", sent);
+    if (dropped_at)
+        cr_expect_geq(dropped_at - t0, 2400, "dropped too early (%llu ms)",
+                      (unsigned long long)(dropped_at - t0));
+    cr_expect_geq(others_ok, 2, "other clients served while it trickled: %d", others_ok);
+    ds_status_stats ss;
+    ds_status_stats_get(st, &ss);
+    cr_expect_eq(ss.timeouts, 1);
+    ds_status_destroy(&st);
+}
+
+/* Every slot held by a silent client: the next one gets 503 at once, and
+ * service resumes when the slots free up. */
+Test(status, full_server_answers_503)
+{
+    enum { SLOTS = 4 };
+    ds_status *st = serve(SLOTS, 5000, NULL);
+    const int port = port_of(st);
+    int idle[SLOTS];
+    for (int i = 0; i < SLOTS; i++)
+        idle[i] = dial(port);
+    /* Let the server accept them all. */
+    for (int k = 0; k < 100; k++) {
+        ds_status_stats ss;
+        ds_status_stats_get(st, &ss);
+        if (ss.accepted == SLOTS)
+            break;
+        sleep_ms(10);
+    }
+    const uint64_t t0 = ds_now_ms();
+    resp r = get(port, "/status");
+    cr_expect_eq(r.code, 503, "answered %d", r.code);
+    cr_expect_lt(ds_now_ms() - t0, 4000, "the 503 waited for a slot");
+    resp_free(&r);
+    for (int i = 0; i < SLOTS; i++)
+        close(idle[i]);
+    int code = 0;
+    for (int k = 0; k < 50 && code != 200; k++) {
+        r = get(port, "/status");
+        code = r.code;
+        resp_free(&r);
+        if (code != 200)
+            sleep_ms(20);
+    }
+    cr_expect_eq(code, 200);
+    ds_status_stats ss;
+    ds_status_stats_get(st, &ss);
+    cr_expect_geq(ss.refused_full, 1);
+    ds_status_destroy(&st);
+}
+
+/* 64 clients at once on 16 slots: every one gets a whole answer (200, or
+ * 503 when it found every slot busy), none hangs. */
+Test(status, many_concurrent_clients)
+{
+    enum { N = 64 };
+    ds_status *st = serve(16, 5000, NULL);
+    const int port = port_of(st);
+    ds_status_snapshot *s = sample_snapshot();
+    ds_status_publish(st, s);
+    int fd[N];
+    for (int i = 0; i < N; i++) {
+        fd[i] = dial(port);
+        const char *req = i % 2 ? "GET /metrics HTTP/1.1\r\n\r\n" : "GET /status HTTP/1.1\r\n\r\n";
+        send_all(fd[i], req, strlen(req));
+    }
+    int ok = 0, busy = 0;
+    for (int i = 0; i < N; i++) {
+        size_t len;
+        char *raw = read_all(fd[i], &len, 10000);
+        close(fd[i]);
+        cr_assert(len > 12, "client %d got no answer", i);
+        const int code = atoi(raw + 9);
+        cr_expect(code == 200 || code == 503, "client %d: %d", i, code);
+        if (code == 200) {
+            const char *body = strstr(raw, "\r\n\r\n");
+            cr_assert_not_null(body);
+            if (i % 2 == 0) {
+                ds_jdoc *d = parse_or_fail(body + 4, len - (size_t)(body + 4 - raw));
+                ds_jdoc_free(&d);
+            }
+            ok++;
+        } else {
+            busy++;
+        }
+        free(raw);
+    }
+    cr_expect_geq(ok, 16, "ok %d busy %d", ok, busy);
+    free(s);
+    ds_status_destroy(&st);
+}
+
+/* publish from one thread while another reads: every document whole and
+ * consistent (step and round move together in this publisher). */
+typedef struct pub_arg {
+    ds_status *st;
+    _Atomic int stop;
+} pub_arg;
+
+static void *publisher(void *p)
+{
+    pub_arg *a = p;
+    ds_status_snapshot *s = sample_snapshot();
+    for (int64_t i = 0; !a->stop; i++) {
+        s->step = i;
+        s->round = (uint64_t)i * 7;
+        s->view_size = s->n_view = (uint32_t)(i % DS_STATUS_MAX_VIEW) + 1;
+        ds_status_publish(a->st, s);
+    }
+    free(s);
+    return NULL;
+}
+
+Test(status, publish_while_serving_is_never_torn)
+{
+    ds_status *st = serve(16, 5000, NULL);
+    const int port = port_of(st);
+    pub_arg a = {.st = st};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, publisher, &a), 0);
+    for (int k = 0; k < 100; k++) {
+        resp r = get(port, "/status");
+        cr_assert_eq(r.code, 200);
+        ds_jdoc *d = parse_or_fail(r.body, r.body_len);
+        const ds_jv *root = ds_jdoc_root(d);
+        const double step = num_at(root, "train", "step");
+        if (k > 10) /* the publisher has run by then */
+            cr_expect_eq(num_at(root, "round", NULL), step * 7);
+        cr_expect_eq(ds_jv_len(ds_jv_get(ds_jv_get(root, "view"), "members")),
+                     (size_t)ds_jv_get_num(ds_jv_get(root, "view"), "size", -1));
+        ds_jdoc_free(&d);
+        resp_free(&r);
+    }
+    a.stop = 1;
+    pthread_join(th, NULL);
+    ds_status_destroy(&st);
+}
+
+/* ---- status.file ------------------------------------------------------------------ */
+
+static char *read_text(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = malloc(1 << 20);
+    cr_assert_not_null(buf);
+    *len = fread(buf, 1, (1 << 20) - 1, f);
+    buf[*len] = 0;
+    fclose(f);
+    return buf;
+}
+
+static double file_step(const char *path)
+{
+    size_t len;
+    char *t = read_text(path, &len);
+    if (!t)
+        return -1;
+    ds_jdoc *d = parse_or_fail(t, len);
+    const double step = num_at(ds_jdoc_root(d), "train", "step");
+    ds_jdoc_free(&d);
+    free(t);
+    return step;
+}
+
+Test(status, file_is_written_atomically_and_rate_limited)
+{
+    char dir[] = "/tmp/ds-status-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256], tmp[300];
+    snprintf(path, sizeof(path), "%s/status.json", dir);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+
+    ds_status_opts o;
+    ds_status_opts_default(&o);
+    o.file = path;
+    o.file_interval_ms = 100;
+    ds_status *st = NULL;
+    cr_assert_eq(ds_status_create_opts(&st, &o), 0);
+    cr_assert_not_null(st);
+    cr_expect_eq(ds_status_addr(st, tmp, sizeof(tmp)), -ENOENT); /* no HTTP */
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+
+    ds_status_snapshot *s = sample_snapshot();
+    s->step = 1;
+    ds_status_publish(st, s);
+    double step = -1;
+    for (int k = 0; k < 300 && step != 1; k++) {
+        sleep_ms(10);
+        step = file_step(path);
+    }
+    cr_assert_eq(step, 1, "status.file never showed step 1");
+
+    /* A round every millisecond for a while: the file follows at most once
+     * per interval. */
+    ds_status_stats before, after;
+    ds_status_stats_get(st, &before);
+    const uint64_t t0 = ds_now_ms();
+    for (int i = 2; i <= 600; i++) {
+        s->step = i;
+        ds_status_publish(st, s);
+        sleep_ms(1);
+    }
+    const uint64_t took = ds_now_ms() - t0;
+    ds_status_stats_get(st, &after);
+    const uint64_t writes = after.file_writes - before.file_writes;
+    cr_expect_leq(writes, took / 100 + 2, "%llu writes in %llu ms",
+                  (unsigned long long)writes, (unsigned long long)took);
+    cr_expect_geq(writes, 1);
+    cr_expect_eq(after.file_errors, 0);
+
+    /* The last state reaches the file at destroy, even inside the limit. */
+    s->step = 9999;
+    s->state = DS_STATUS_DONE;
+    ds_status_publish(st, s);
+    ds_status_destroy(&st);
+    cr_expect_eq(file_step(path), 9999);
+    struct stat sb;
+    cr_expect_neq(stat(tmp, &sb), 0, "%s left behind", tmp);
+    free(s);
+    unlink(path);
+    rmdir(dir);
+}
+
+Test(status, create_checks_its_arguments)
+{
+    ds_status *st = (ds_status *)1;
+    cr_expect_eq(ds_status_create(&st, NULL, NULL), 0);
+    cr_expect_null(st);
+    cr_expect_eq(ds_status_create(&st, "", ""), 0);
+    cr_expect_null(st);
+    /* NULL ds_status: every call is a no-op. */
+    ds_status_snapshot *s = sample_snapshot();
+    ds_status_publish(NULL, s);
+    ds_status_destroy(&st);
+    ds_status_destroy(NULL);
+    char buf[64];
+    cr_expect_eq(ds_status_addr(NULL, buf, sizeof(buf)), -ENOENT);
+
+    cr_expect_eq(ds_status_create(&st, "nonsense", NULL), -EINVAL);
+    cr_expect_eq(ds_status_create(&st, "127.0.0.1:99999", NULL), -EINVAL);
+    cr_expect_eq(ds_status_create(&st, "127.0.0.1:", NULL), -EINVAL);
+    cr_expect_eq(ds_status_create(&st, ":80", NULL), -EINVAL);
+    cr_expect_eq(ds_status_create(&st, "no-such-host.invalid:80", NULL), -EINVAL);
+    cr_expect_null(st);
+    cr_expect_lt(ds_status_create(&st, NULL, "/nonexistent-dir/x/status.json"), 0);
+    cr_expect_null(st);
+
+    /* Port taken. */
+    ds_status *a = serve(4, 1000, NULL);
+    char addr[64];
+    cr_assert_eq(ds_status_addr(a, addr, sizeof(addr)), 0);
+    char small[4];
+    cr_expect_eq(ds_status_addr(a, small, sizeof(small)), -ENOSPC);
+    cr_expect_eq(ds_status_create(&st, addr, NULL), -EADDRINUSE);
+    ds_status_destroy(&a);
+    free(s);
+}

@@ -1,0 +1,1109 @@
+/*
+ * tools/dsviz/viz.c: see viz.h.
+ *
+ * Decisions (docs/status.md, "dsviz"):
+ *   - One document per node: when two sources report the same node name,
+ *     the newer (time_unix_ms) wins, so a directory and the live page of
+ *     the same run can be given together.
+ *   - Edges are this round's exchanges as each node last published them.
+ *     An exchange a -> b appears in a's document (initiate_to) and in b's
+ *     (answer_from); it is drawn once, from a's side, with a's outcome and
+ *     bytes. When only b reported, it is drawn dashed, labelled "answered".
+ *     Nodes publish at their own pace, so edges of different nodes may be
+ *     from neighbouring rounds: each node's label shows its round.
+ *   - A member that some view lists but that did not report is drawn with
+ *     a dashed outline; its colour says the worst state any view gives it
+ *     (alive < suspect < left < dead).
+ *   - Everything taken from a document is text from the network: it is
+ *     escaped for DOT, SVG/HTML (entities) and never used as a path.
+ */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools/dsviz/viz.h"
+
+extern char **environ;
+
+/* ---- small helpers ----------------------------------------------------------- */
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void copy_str(char *dst, size_t n, const char *src)
+{
+    snprintf(dst, n, "%s", src ? src : "");
+}
+
+int ds_viz_read_file(const char *path, size_t max, char **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat sbuf;
+    if (fstat(fd, &sbuf) < 0) {
+        const int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!S_ISREG(sbuf.st_mode)) {
+        close(fd);
+        return S_ISDIR(sbuf.st_mode) ? -EISDIR : -EINVAL;
+    }
+    if ((uint64_t)sbuf.st_size > max) {
+        close(fd);
+        return -EFBIG;
+    }
+    /* Read to EOF (the size may change under us): at most max bytes. */
+    size_t cap = (size_t)sbuf.st_size + 1, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        close(fd);
+        return -ENOMEM;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap > max) {
+                free(buf);
+                close(fd);
+                return -EFBIG;
+            }
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                free(buf);
+                close(fd);
+                return -ENOMEM;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            const int e = -errno;
+            free(buf);
+            close(fd);
+            return e;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (n > max) {
+        free(buf);
+        return -EFBIG;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* ---- documents ---------------------------------------------------------------- */
+
+void ds_viz_free(ds_viz *v)
+{
+    for (size_t i = 0; i < v->n_docs; i++)
+        ds_jdoc_free(&v->docs[i].doc);
+    free(v->docs);
+    free(v->m);
+    free(v->e);
+    memset(v, 0, sizeof(*v));
+}
+
+int ds_viz_add_json(ds_viz *v, const char *text, size_t len, const char *origin, char *err,
+                    size_t err_len)
+{
+    char perr[160];
+    ds_jdoc *d = NULL;
+    int e = ds_jdoc_parse(text, len, &d, perr, sizeof(perr));
+    if (e < 0) {
+        snprintf(err, err_len, "%s: not valid JSON: %s", origin,
+                 e == -ENOMEM ? "out of memory" : perr);
+        return e;
+    }
+    const ds_jv *root = ds_jdoc_root(d);
+    const char *name = ds_jv_get_str(ds_jv_get(root, "node"), "name", NULL);
+    const double schema = ds_jv_get_num(root, "schema", -1);
+    if (!name || !name[0] || schema != 1) {
+        snprintf(err, err_len, "%s: not a dsnode status document (%s)", origin,
+                 schema != 1 ? "schema is not 1" : "no node.name");
+        ds_jdoc_free(&d);
+        return -EINVAL;
+    }
+    const double t = ds_jv_get_num(root, "time_unix_ms", 0);
+    for (size_t i = 0; i < v->n_docs; i++) {
+        if (strcmp(v->docs[i].name, name))
+            continue;
+        if (t >= v->docs[i].time_unix_ms) {
+            ds_jdoc_free(&v->docs[i].doc);
+            v->docs[i].doc = d;
+            v->docs[i].time_unix_ms = t;
+            copy_str(v->docs[i].origin, sizeof(v->docs[i].origin), origin);
+        } else {
+            ds_jdoc_free(&d);
+        }
+        v->built = 0;
+        return 0;
+    }
+    if (v->n_docs >= DS_VIZ_MAX_DOCS) {
+        snprintf(err, err_len, "%s: more than %d documents", origin, DS_VIZ_MAX_DOCS);
+        ds_jdoc_free(&d);
+        return -EINVAL;
+    }
+    ds_viz_doc *nd = realloc(v->docs, (v->n_docs + 1) * sizeof(*nd));
+    if (!nd) {
+        snprintf(err, err_len, "%s: out of memory", origin);
+        ds_jdoc_free(&d);
+        return -ENOMEM;
+    }
+    v->docs = nd;
+    ds_viz_doc *doc = &v->docs[v->n_docs++];
+    memset(doc, 0, sizeof(*doc));
+    doc->doc = d;
+    doc->time_unix_ms = t;
+    copy_str(doc->origin, sizeof(doc->origin), origin);
+    copy_str(doc->name, sizeof(doc->name), name);
+    v->built = 0;
+    return 0;
+}
+
+static int load_file(ds_viz *v, const char *path, char *err, size_t err_len)
+{
+    char *text;
+    size_t len;
+    int e = ds_viz_read_file(path, DS_VIZ_MAX_FILE, &text, &len);
+    if (e < 0) {
+        if (e == -EFBIG)
+            snprintf(err, err_len, "%s: larger than %zu bytes", path, DS_VIZ_MAX_FILE);
+        else
+            snprintf(err, err_len, "%s: cannot read: %s", path, strerror(-e));
+        return e;
+    }
+    e = ds_viz_add_json(v, text, len, path, err, err_len);
+    free(text);
+    return e;
+}
+
+static int only_dirs(const struct dirent *d)
+{
+    return d->d_name[0] != '.';
+}
+
+static int load_dir(ds_viz *v, const char *dir, char *err, size_t err_len)
+{
+    char path[4096];
+    int added = 0, failed = 0;
+    struct stat sbuf;
+    snprintf(path, sizeof(path), "%s/status.json", dir);
+    if (stat(path, &sbuf) == 0 && S_ISREG(sbuf.st_mode)) {
+        if (load_file(v, path, err, err_len) < 0)
+            failed = 1;
+        else
+            added++;
+    }
+    struct dirent **list = NULL;
+    int n = scandir(dir, &list, only_dirs, alphasort);
+    if (n < 0) {
+        const int e = -errno;
+        snprintf(err, err_len, "%s: cannot list: %s", dir, strerror(-e));
+        return e;
+    }
+    char sub_err[512] = "";
+    for (int i = 0; i < n; i++) {
+        const int w = snprintf(path, sizeof(path), "%s/%s/status.json", dir, list[i]->d_name);
+        if (w > 0 && (size_t)w < sizeof(path) && stat(path, &sbuf) == 0 &&
+            S_ISREG(sbuf.st_mode)) {
+            if (load_file(v, path, sub_err, sizeof(sub_err)) < 0) {
+                if (!failed)
+                    snprintf(err, err_len, "%s", sub_err);
+                failed = 1;
+            } else {
+                added++;
+            }
+        }
+        free(list[i]);
+    }
+    free(list);
+    if (failed)
+        return -EINVAL;
+    if (!added) {
+        snprintf(err, err_len, "%s: no status.json in it or in its subdirectories", dir);
+        return -ENOENT;
+    }
+    return added;
+}
+
+/* "host:port" with a port 1..65535 and a host of name characters. */
+static int is_hostport(const char *s)
+{
+    const char *c = strrchr(s, ':');
+    if (!c || c == s || !c[1] || strlen(c + 1) > 5)
+        return 0;
+    for (const char *p = s; p < c; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '.' || *p == '-' || *p == '_'))
+            return 0;
+    long port = 0;
+    for (const char *p = c + 1; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return 0;
+        port = port * 10 + (*p - '0');
+    }
+    return port >= 1 && port <= 65535;
+}
+
+int ds_viz_load(ds_viz *v, const char *source, int timeout_ms, char *err, size_t err_len)
+{
+    struct stat sbuf;
+    if (stat(source, &sbuf) == 0) {
+        if (S_ISDIR(sbuf.st_mode))
+            return load_dir(v, source, err, err_len);
+        int e = load_file(v, source, err, err_len);
+        return e < 0 ? e : 1;
+    }
+    if (!is_hostport(source)) {
+        snprintf(err, err_len, "%s: no such file or directory, and not host:port", source);
+        return -ENOENT;
+    }
+    char *body;
+    size_t len;
+    int e = ds_viz_http_get(source, "/status", timeout_ms, DS_VIZ_MAX_FILE, &body, &len, err,
+                            err_len);
+    if (e < 0)
+        return e;
+    char origin[300];
+    snprintf(origin, sizeof(origin), "http://%s/status", source);
+    e = ds_viz_add_json(v, body, len, origin, err, err_len);
+    free(body);
+    return e < 0 ? e : 1;
+}
+
+/* ---- HTTP client ---------------------------------------------------------------- */
+
+static int wait_fd(int fd, short ev, uint64_t deadline)
+{
+    for (;;) {
+        const uint64_t now = mono_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = fd, .events = ev};
+        int n = poll(&p, 1, (int)(deadline - now));
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+int ds_viz_http_get(const char *hostport, const char *path, int timeout_ms, size_t max,
+                    char **body, size_t *len, char *err, size_t err_len)
+{
+    *body = NULL;
+    *len = 0;
+    const uint64_t deadline = mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
+    const char *c = strrchr(hostport, ':');
+    char host[256];
+    if (!c || (size_t)(c - hostport) >= sizeof(host)) {
+        snprintf(err, err_len, "%s: expected host:port", hostport);
+        return -EINVAL;
+    }
+    memcpy(host, hostport, (size_t)(c - hostport));
+    host[c - hostport] = 0;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int g = getaddrinfo(host, c + 1, &hints, &ai);
+    if (g != 0 || !ai) {
+        snprintf(err, err_len, "%s: cannot resolve: %s", hostport, gai_strerror(g));
+        if (ai)
+            freeaddrinfo(ai);
+        return -EHOSTUNREACH;
+    }
+    int e = 0;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        e = -errno;
+        snprintf(err, err_len, "%s: socket: %s", hostport, strerror(-e));
+        goto out_ai;
+    }
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+        if (errno != EINPROGRESS) {
+            e = -errno;
+            goto fail_io;
+        }
+        if ((e = wait_fd(fd, POLLOUT, deadline)) < 0)
+            goto fail_io;
+        int so = 0;
+        socklen_t sl = sizeof(so);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+        if (so) {
+            e = -so;
+            goto fail_io;
+        }
+    }
+    char req[600];
+    const int rl = snprintf(req, sizeof(req),
+                            "GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: dsviz\r\n"
+                            "Connection: close\r\n\r\n",
+                            path, hostport);
+    if (rl < 0 || (size_t)rl >= sizeof(req)) {
+        e = -EINVAL;
+        goto fail_io;
+    }
+    for (int off = 0; off < rl;) {
+        ssize_t w = send(fd, req + off, (size_t)(rl - off), MSG_NOSIGNAL);
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if ((e = wait_fd(fd, POLLOUT, deadline)) < 0)
+                goto fail_io;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            e = -errno;
+            goto fail_io;
+        }
+        off += (int)w;
+    }
+    /* Headers are at most 64 KiB on top of the body limit. */
+    const size_t limit = max + 65536;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            size_t nc = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, nc);
+            if (!nb) {
+                e = -ENOMEM;
+                goto fail_io;
+            }
+            buf = nb;
+            cap = nc;
+        }
+        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if ((e = wait_fd(fd, POLLIN, deadline)) < 0)
+                goto fail_io;
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            e = -errno;
+            goto fail_io;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+        if (n > limit) {
+            e = -EFBIG;
+            snprintf(err, err_len, "%s: answer larger than %zu bytes", hostport, limit);
+            goto fail;
+        }
+    }
+    buf[n] = 0;
+    int code = 0;
+    if (n < 12 || (memcmp(buf, "HTTP/1.0 ", 9) && memcmp(buf, "HTTP/1.1 ", 9)) ||
+        sscanf(buf + 9, "%3d", &code) != 1) {
+        e = -EPROTO;
+        snprintf(err, err_len, "%s: not an HTTP answer", hostport);
+        goto fail;
+    }
+    char *hend = strstr(buf, "\r\n\r\n");
+    if (!hend) {
+        e = -EPROTO;
+        snprintf(err, err_len, "%s: HTTP answer without a header end", hostport);
+        goto fail;
+    }
+    if (code != 200) {
+        e = -EPROTO;
+        snprintf(err, err_len, "%s: HTTP %d for %s", hostport, code, path);
+        goto fail;
+    }
+    hend += 4;
+    const size_t blen = n - (size_t)(hend - buf);
+    memmove(buf, hend, blen);
+    buf[blen] = 0;
+    *body = buf;
+    *len = blen;
+    close(fd);
+    freeaddrinfo(ai);
+    return 0;
+
+fail_io:
+    snprintf(err, err_len, "%s: %s", hostport,
+             e == -ETIMEDOUT ? "no answer in time" : strerror(-e));
+fail:
+    free(buf);
+    close(fd);
+out_ai:
+    freeaddrinfo(ai);
+    return e;
+}
+
+/* ---- the graph -------------------------------------------------------------------- */
+
+int ds_viz_find(const ds_viz *v, const char *name)
+{
+    for (size_t i = 0; i < v->n_m; i++)
+        if (!strcmp(v->m[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+static int state_rank(const char *s)
+{
+    if (!strcmp(s, "suspect"))
+        return 1;
+    if (!strcmp(s, "left"))
+        return 2;
+    if (!strcmp(s, "dead"))
+        return 3;
+    return 0;
+}
+
+/* Index of `name`, added when new; -E2BIG when full. */
+static int member(ds_viz *v, const char *name, size_t *cap)
+{
+    int i = ds_viz_find(v, name);
+    if (i >= 0)
+        return i;
+    if (v->n_m >= DS_VIZ_MAX_MEMBERS)
+        return -E2BIG;
+    if (v->n_m == *cap) {
+        const size_t nc = *cap ? *cap * 2 : 64;
+        ds_viz_member *nm = realloc(v->m, nc * sizeof(*nm));
+        if (!nm)
+            return -ENOMEM;
+        v->m = nm;
+        *cap = nc;
+    }
+    ds_viz_member *m = &v->m[v->n_m];
+    memset(m, 0, sizeof(*m));
+    copy_str(m->name, sizeof(m->name), name);
+    copy_str(m->seen_state, sizeof(m->seen_state), "alive");
+    m->doc = -1;
+    m->test_acc = -1;
+    return (int)v->n_m++;
+}
+
+static int edge(ds_viz *v, size_t *cap, const ds_viz_edge *e)
+{
+    if (v->n_e >= DS_VIZ_MAX_EDGES)
+        return -E2BIG;
+    if (v->n_e == *cap) {
+        const size_t nc = *cap ? *cap * 2 : 256;
+        ds_viz_edge *ne = realloc(v->e, nc * sizeof(*ne));
+        if (!ne)
+            return -ENOMEM;
+        v->e = ne;
+        *cap = nc;
+    }
+    v->e[v->n_e++] = *e;
+    if (e->segment + 1 > v->n_segments)
+        v->n_segments = e->segment + 1;
+    return 0;
+}
+
+static int doc_of(const ds_viz *v, const char *name)
+{
+    for (size_t i = 0; i < v->n_docs; i++)
+        if (!strcmp(v->docs[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+static int cmp_docs(const void *a, const void *b)
+{
+    return strcmp(((const ds_viz_doc *)a)->name, ((const ds_viz_doc *)b)->name);
+}
+
+int ds_viz_build(ds_viz *v)
+{
+    size_t mcap = 0, ecap = 0;
+    free(v->m);
+    free(v->e);
+    v->m = NULL;
+    v->e = NULL;
+    v->n_m = v->n_e = 0;
+    v->n_segments = 0;
+    /* Sorted by name: the output does not depend on the order of sources. */
+    if (v->n_docs > 1)
+        qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);
+
+    /* Reporting nodes first, then every view member. */
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const ds_jv *root = ds_jdoc_root(v->docs[d].doc);
+        const ds_jv *node = ds_jv_get(root, "node");
+        int i = member(v, v->docs[d].name, &mcap);
+        if (i < 0)
+            return i;
+        ds_viz_member *m = &v->m[i];
+        const ds_jv *train = ds_jv_get(root, "train");
+        const ds_jv *net = ds_jv_get(root, "net");
+        const ds_jv *gossip = ds_jv_get(root, "gossip");
+        m->reported = 1;
+        m->doc = (int)d;
+        copy_str(m->addr, sizeof(m->addr), ds_jv_get_str(node, "addr", ""));
+        copy_str(m->group, sizeof(m->group), ds_jv_get_str(node, "group", ""));
+        copy_str(m->id, sizeof(m->id), ds_jv_get_str(node, "id", ""));
+        copy_str(m->state, sizeof(m->state), ds_jv_get_str(node, "state", "?"));
+        m->step = ds_jv_get_num(train, "step", 0);
+        m->steps = ds_jv_get_num(train, "steps", 0);
+        m->loss = ds_jv_get_num(train, "loss", NAN);
+        m->test_acc = ds_jv_get_num(train, "test_acc", -1);
+        m->lr = ds_jv_get_num(train, "lr", NAN);
+        m->samples_per_s = ds_jv_get_num(train, "samples_per_s", 0);
+        m->round = ds_jv_get_num(root, "round", 0);
+        m->epoch = ds_jv_get_num(root, "epoch", 0);
+        m->bytes_sent = ds_jv_get_num(net, "bytes_sent", 0);
+        m->bytes_received = ds_jv_get_num(net, "bytes_received", 0);
+        m->drops_total = ds_jv_get_num(root, "drops_total", 0);
+        m->view_size = ds_jv_get_num(ds_jv_get(root, "view"), "size", 0);
+        m->time_unix_ms = ds_jv_get_num(root, "time_unix_ms", 0);
+        m->exchanges_ok = ds_jv_get_num(gossip, "exchanges_ok", 0);
+        m->exchanges_failed = ds_jv_get_num(gossip, "exchanges_failed", 0);
+    }
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const ds_jv *members = ds_jv_get(ds_jv_get(ds_jdoc_root(v->docs[d].doc), "view"),
+                                         "members");
+        for (size_t k = 0; k < ds_jv_len(members); k++) {
+            const ds_jv *mv = ds_jv_at(members, k);
+            const char *name = ds_jv_get_str(mv, "name", NULL);
+            if (!name || !name[0])
+                continue;
+            int i = member(v, name, &mcap);
+            if (i < 0)
+                return i;
+            ds_viz_member *m = &v->m[i];
+            if (!m->reported) {
+                if (!m->addr[0])
+                    copy_str(m->addr, sizeof(m->addr), ds_jv_get_str(mv, "addr", ""));
+                if (!m->group[0])
+                    copy_str(m->group, sizeof(m->group), ds_jv_get_str(mv, "group", ""));
+                if (!m->id[0])
+                    copy_str(m->id, sizeof(m->id), ds_jv_get_str(mv, "id", ""));
+            }
+            const char *st = ds_jv_get_str(mv, "state", "alive");
+            if (state_rank(st) > state_rank(m->seen_state))
+                copy_str(m->seen_state, sizeof(m->seen_state), st);
+        }
+    }
+
+    /* Edges: initiator -> target per segment, from the initiator's
+     * document; from the answerer's only when the initiator did not report. */
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const ds_jv *root = ds_jdoc_root(v->docs[d].doc);
+        const ds_jv *list = ds_jv_get(ds_jv_get(root, "exchanges"), "list");
+        const int self = ds_viz_find(v, v->docs[d].name);
+        const double round = ds_jv_get_num(ds_jv_get(root, "exchanges"), "round",
+                                           ds_jv_get_num(root, "round", 0));
+        for (size_t k = 0; k < ds_jv_len(list); k++) {
+            const ds_jv *x = ds_jv_at(list, k);
+            const double segd = ds_jv_get_num(x, "segment", -1);
+            if (!(segd >= 0 && segd < 1e6))
+                continue;
+            ds_viz_edge e;
+            memset(&e, 0, sizeof(e));
+            e.segment = (unsigned)segd;
+            e.round = round;
+            const char *to = ds_jv_get_str(x, "initiate_to", "");
+            if (to[0]) {
+                int t = member(v, to, &mcap);
+                if (t < 0)
+                    return t;
+                e.from = self;
+                e.to = t;
+                copy_str(e.outcome, sizeof(e.outcome), ds_jv_get_str(x, "outcome", "unknown"));
+                e.bytes = ds_jv_get_num(x, "bytes", 0);
+                int r = edge(v, &ecap, &e);
+                if (r < 0)
+                    return r;
+            }
+            const ds_jv *ans = ds_jv_get(x, "answer_from");
+            for (size_t a = 0; a < ds_jv_len(ans); a++) {
+                const char *from = ds_jv_str(ds_jv_at(ans, a), "");
+                if (!from[0] || doc_of(v, from) >= 0)
+                    continue;
+                int f = member(v, from, &mcap);
+                if (f < 0)
+                    return f;
+                e.from = f;
+                e.to = self;
+                e.bytes = 0;
+                e.from_answer = 1;
+                copy_str(e.outcome, sizeof(e.outcome), "answered");
+                int r = edge(v, &ecap, &e);
+                if (r < 0)
+                    return r;
+            }
+        }
+    }
+    v->built = 1;
+    return 0;
+}
+
+/* ---- text output helpers ----------------------------------------------------------- */
+
+/* Twelve colours that stay apart on white (segment s uses s mod 12). */
+static const char *const palette[12] = {
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+    "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#ad494a",
+};
+
+static const char *seg_color(unsigned s)
+{
+    return palette[s % 12];
+}
+
+static const char *fill_for(const ds_viz_member *m)
+{
+    if (!m->reported) {
+        if (!strcmp(m->seen_state, "dead"))
+            return "#f4b6b6";
+        if (!strcmp(m->seen_state, "suspect"))
+            return "#fde0b0";
+        return "#ffffff";
+    }
+    if (!strcmp(m->state, "training"))
+        return "#d8f0d2";
+    if (!strcmp(m->state, "joining"))
+        return "#fff5c2";
+    if (!strcmp(m->state, "leaving"))
+        return "#d6e6f7";
+    if (!strcmp(m->state, "done"))
+        return "#e6e6e6";
+    return "#f4b6b6"; /* stopped, failed, unknown */
+}
+
+/* "1.2 MB" etc. */
+static void human_bytes(double b, char *buf, size_t n)
+{
+    static const char *const unit[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+    int u = 0;
+    while (b >= 1000 && u < 5) {
+        b /= 1000;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+}
+
+/* Text for a DOT double-quoted string: \ and " escaped, newline as \n
+ * (a DOT line break), other control characters dropped. */
+static void dot_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c >= 0x20 && c != 0x7f)
+            fputc(c, f);
+    }
+}
+
+/* Text for XML/HTML content or attributes. */
+static void xml_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        const unsigned char c = (unsigned char)*s;
+        switch (c) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&#39;", f); break;
+        default:
+            if (c >= 0x20 && c != 0x7f)
+                fputc(c, f);
+            else if (c == '\n' || c == '\t')
+                fputc(' ', f);
+        }
+    }
+}
+
+static void member_label(const ds_viz_member *m, char *buf, size_t n)
+{
+    char sent[32], recv[32];
+    if (!m->reported) {
+        snprintf(buf, n, "%s\n%s (no status)", m->name, m->seen_state);
+        return;
+    }
+    human_bytes(m->bytes_sent, sent, sizeof(sent));
+    human_bytes(m->bytes_received, recv, sizeof(recv));
+    char acc[32];
+    if (m->test_acc >= 0)
+        snprintf(acc, sizeof(acc), "%.3f", m->test_acc);
+    else
+        snprintf(acc, sizeof(acc), "-");
+    snprintf(buf, n, "%s\n%s step %.0f/%.0f round %.0f\nloss %.4g acc %s\nsent %s recv %s%s",
+             m->name, m->state, m->step, m->steps, m->round, m->loss, acc, sent, recv,
+             strcmp(m->seen_state, "alive") ? (!strcmp(m->seen_state, "dead") ? "\nseen dead"
+                                                                              : "\nseen suspect")
+                                            : "");
+}
+
+static void edge_label(const ds_viz_edge *e, char *buf, size_t n)
+{
+    char b[32] = "";
+    if (e->bytes > 0)
+        human_bytes(e->bytes, b, sizeof(b));
+    if (b[0] && !strcmp(e->outcome, "ok"))
+        snprintf(buf, n, "s%u %s", e->segment, b);
+    else if (b[0])
+        snprintf(buf, n, "s%u %s %s", e->segment, e->outcome, b);
+    else
+        snprintf(buf, n, "s%u %s", e->segment, e->outcome);
+}
+
+static int edge_dashed(const ds_viz_edge *e)
+{
+    return e->from_answer || strcmp(e->outcome, "ok");
+}
+
+/* ---- DOT ----------------------------------------------------------------------------- */
+
+static void dot_node(FILE *f, const ds_viz *v, size_t i, const char *indent)
+{
+    const ds_viz_member *m = &v->m[i];
+    char label[512];
+    member_label(m, label, sizeof(label));
+    fprintf(f, "%sm%zu [label=\"", indent, i);
+    dot_text(f, label);
+    fprintf(f, "\", fillcolor=\"%s\"", fill_for(m));
+    if (!m->reported)
+        fputs(", style=\"rounded,filled,dashed\"", f);
+    if (!strcmp(m->seen_state, "dead"))
+        fputs(", color=\"#b00000\", penwidth=2", f);
+    else if (!strcmp(m->seen_state, "suspect"))
+        fputs(", color=\"#e08000\", penwidth=2", f);
+    fputs(", tooltip=\"", f);
+    dot_text(f, m->addr[0] ? m->addr : m->name);
+    fputs("\"];\n", f);
+}
+
+int ds_viz_write_dot(const ds_viz *v, FILE *f)
+{
+    fputs("digraph dsviz {\n", f);
+    fprintf(f, "  graph [fontname=\"Helvetica\", labelloc=t, label=\"dsviz: %zu members, %zu "
+               "reporting, %zu exchanges (edge colour = segment)\", rankdir=LR, nodesep=0.4, "
+               "ranksep=1.0];\n",
+            v->n_m, v->n_docs, v->n_e);
+    fputs("  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", "
+          "fontsize=10];\n",
+          f);
+    fputs("  edge [fontname=\"Helvetica\", fontsize=9, arrowsize=0.7];\n", f);
+
+    /* Groups as clusters, in order of first appearance; "" = no cluster. */
+    char *done = calloc(v->n_m ? v->n_m : 1, 1);
+    if (!done)
+        return -EIO;
+    int cl = 0;
+    for (size_t i = 0; i < v->n_m; i++) {
+        if (done[i] || !v->m[i].group[0])
+            continue;
+        fprintf(f, "  subgraph cluster_%d {\n    label=\"group ", cl++);
+        dot_text(f, v->m[i].group);
+        fputs("\"; style=\"rounded,dashed\"; color=\"#888888\";\n", f);
+        for (size_t j = i; j < v->n_m; j++) {
+            if (done[j] || strcmp(v->m[j].group, v->m[i].group))
+                continue;
+            done[j] = 1;
+            dot_node(f, v, j, "    ");
+        }
+        fputs("  }\n", f);
+    }
+    for (size_t i = 0; i < v->n_m; i++)
+        if (!done[i])
+            dot_node(f, v, i, "  ");
+    free(done);
+
+    for (size_t k = 0; k < v->n_e; k++) {
+        const ds_viz_edge *e = &v->e[k];
+        char label[96];
+        edge_label(e, label, sizeof(label));
+        fprintf(f, "  m%d -> m%d [color=\"%s\", fontcolor=\"%s\", label=\"", e->from, e->to,
+                seg_color(e->segment), seg_color(e->segment));
+        dot_text(f, label);
+        fputs("\"", f);
+        if (edge_dashed(e))
+            fputs(", style=dashed", f);
+        fputs("];\n", f);
+    }
+    fputs("}\n", f);
+    return ferror(f) ? -EIO : 0;
+}
+
+/* ---- own SVG (no Graphviz) ------------------------------------------------------------ */
+
+int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
+{
+    /* Members on a circle, grouped (members of a group next to each other,
+     * in name order), edges as quadratic curves bent towards the centre by
+     * an amount that depends on the segment, so segments between the same
+     * two nodes stay apart. */
+    const size_t n = v->n_m;
+    const double R = n < 8 ? 180 : 180 + (double)(n - 8) * 14;
+    const double W = 2 * R + 320, H = 2 * R + 200, cx = W / 2, cy = H / 2;
+    size_t *order = malloc((n ? n : 1) * sizeof(*order));
+    double *px = malloc((n ? n : 1) * sizeof(*px)), *py = malloc((n ? n : 1) * sizeof(*py));
+    char *done = calloc(n ? n : 1, 1);
+    if (!order || !px || !py || !done) {
+        free(order);
+        free(px);
+        free(py);
+        free(done);
+        return -EIO;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (done[i])
+            continue;
+        for (size_t j = i; j < n; j++)
+            if (!done[j] && !strcmp(v->m[j].group, v->m[i].group)) {
+                done[j] = 1;
+                order[k++] = j;
+            }
+    }
+    for (size_t p = 0; p < n; p++) {
+        const double a = -M_PI / 2 + 2 * M_PI * (double)p / (double)(n ? n : 1);
+        px[order[p]] = n == 1 ? cx : cx + R * cos(a);
+        py[order[p]] = n == 1 ? cy : cy + R * sin(a);
+    }
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\" "
+               "font-size=\"11\">\n",
+            W, H, W, H);
+    fputs("<defs>\n", f);
+    for (int c = 0; c < 12; c++)
+        fprintf(f, "<marker id=\"arrow%d\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" "
+                   "markerWidth=\"7\" markerHeight=\"7\" orient=\"auto\"><path d=\"M0,0 L10,5 "
+                   "L0,10 z\" fill=\"%s\"/></marker>\n",
+                c, palette[c]);
+    fputs("</defs>\n<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n", f);
+    for (size_t e = 0; e < v->n_e; e++) {
+        const ds_viz_edge *ed = &v->e[e];
+        const double x1 = px[ed->from], y1 = py[ed->from], x2 = px[ed->to], y2 = py[ed->to];
+        const double mx = (x1 + x2) / 2, my = (y1 + y2) / 2;
+        const double bend = 0.15 + 0.12 * (double)(ed->segment % 6);
+        double qx = mx + (cx - mx) * bend, qy = my + (cy - my) * bend;
+        if (fabs(mx - cx) < 1 && fabs(my - cy) < 1) { /* a diameter: bend sideways */
+            qx += (y2 - y1) * bend * 0.5;
+            qy -= (x2 - x1) * bend * 0.5;
+        }
+        /* Stop short of the target's box so the arrow head shows. */
+        const double dx = x2 - qx, dy = y2 - qy, dl = sqrt(dx * dx + dy * dy);
+        const double ex = dl > 40 ? x2 - dx / dl * 34 : x2, ey = dl > 40 ? y2 - dy / dl * 22 : y2;
+        char label[96];
+        edge_label(ed, label, sizeof(label));
+        fprintf(f, "<path d=\"M%.1f,%.1f Q%.1f,%.1f %.1f,%.1f\" fill=\"none\" stroke=\"%s\" "
+                   "stroke-width=\"1.5\"%s marker-end=\"url(#arrow%u)\"><title>",
+                x1, y1, qx, qy, ex, ey, seg_color(ed->segment),
+                edge_dashed(ed) ? " stroke-dasharray=\"5,3\"" : "", ed->segment % 12);
+        xml_text(f, v->m[ed->from].name);
+        fputs(" -&gt; ", f);
+        xml_text(f, v->m[ed->to].name);
+        fputs(": ", f);
+        xml_text(f, label);
+        fprintf(f, "</title></path>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-size=\"9\" "
+                   "text-anchor=\"middle\">",
+                (mx + qx) / 2, (my + qy) / 2, seg_color(ed->segment));
+        xml_text(f, label);
+        fputs("</text>\n", f);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const ds_viz_member *m = &v->m[i];
+        const char *stroke = !strcmp(m->seen_state, "dead")      ? "#b00000"
+                             : !strcmp(m->seen_state, "suspect") ? "#e08000"
+                                                                 : "#444444";
+        fprintf(f, "<g><title>");
+        xml_text(f, m->addr[0] ? m->addr : m->name);
+        fprintf(f, "</title><rect x=\"%.1f\" y=\"%.1f\" width=\"120\" height=\"44\" rx=\"8\" "
+                   "fill=\"%s\" stroke=\"%s\"%s/>\n",
+                px[i] - 60, py[i] - 22, fill_for(m), stroke,
+                m->reported ? "" : " stroke-dasharray=\"4,3\"");
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-weight=\"bold\">",
+                px[i], py[i] - 6);
+        xml_text(f, m->name);
+        if (m->group[0]) {
+            fputs(" [", f);
+            xml_text(f, m->group);
+            fputs("]", f);
+        }
+        fprintf(f, "</text>\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
+                   "font-size=\"9\">",
+                px[i], py[i] + 10);
+        if (m->reported)
+            fprintf(f, "%s r%.0f s%.0f", strlen(m->state) < 12 ? m->state : "?", m->round,
+                    m->step);
+        else
+            xml_text(f, m->seen_state);
+        fputs("</text></g>\n", f);
+    }
+    fputs("</svg>\n", f);
+    free(order);
+    free(px);
+    free(py);
+    free(done);
+    return ferror(f) ? -EIO : 0;
+}
+
+/* ---- HTML ------------------------------------------------------------------------------ */
+
+static void html_num(FILE *f, double x, const char *fmt)
+{
+    if (isfinite(x))
+        fprintf(f, fmt, x);
+    else
+        fputs("-", f);
+}
+
+int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
+{
+    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+          "<title>dsviz</title>\n<style>\n"
+          "body{font-family:Helvetica,Arial,sans-serif;margin:1.5em;color:#222}\n"
+          "table{border-collapse:collapse;margin:0.5em 0 1.5em}\n"
+          "th,td{border:1px solid #ccc;padding:2px 8px;text-align:right;font-size:13px}\n"
+          "th{background:#f0f0f0}td.l{text-align:left}\n"
+          ".graph{overflow:auto;border:1px solid #ddd;padding:4px}\n"
+          ".sw{display:inline-block;width:1.6em;height:0.7em;margin-right:0.3em}\n"
+          "</style></head><body>\n",
+          f);
+    fprintf(f, "<h1>dsviz: %zu members, %zu reporting</h1>\n", v->n_m, v->n_docs);
+    fputs("<p>Sources:", f);
+    for (size_t d = 0; d < v->n_docs; d++) {
+        fputs(d ? ", " : " ", f);
+        xml_text(f, v->docs[d].origin);
+    }
+    fputs(".</p>\n<div class=\"graph\">\n", f);
+    if (svg) {
+        /* Inline from the <svg> element on: drop the XML prolog and the
+         * DOCTYPE, which are not allowed inside HTML. */
+        const char *s = strstr(svg, "<svg");
+        fputs(s ? s : "", f);
+    } else {
+        if (ds_viz_write_own_svg(v, f) < 0)
+            return -EIO;
+    }
+    fputs("</div>\n<h2>Nodes</h2>\n<table><tr><th>name</th><th>group</th><th>address</th>"
+          "<th>state</th><th>seen as</th><th>step</th><th>round</th><th>epoch</th>"
+          "<th>view</th><th>loss</th><th>test acc</th><th>samples/s</th><th>sent</th>"
+          "<th>received</th><th>exchanges ok</th><th>failed</th><th>drops</th></tr>\n",
+          f);
+    for (size_t i = 0; i < v->n_m; i++) {
+        const ds_viz_member *m = &v->m[i];
+        fputs("<tr><td class=\"l\">", f);
+        xml_text(f, m->name);
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, m->group);
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, m->addr);
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, m->reported ? m->state : "(no status)");
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, m->seen_state);
+        fputs("</td>", f);
+        if (m->reported) {
+            char s[32], r[32];
+            human_bytes(m->bytes_sent, s, sizeof(s));
+            human_bytes(m->bytes_received, r, sizeof(r));
+            fprintf(f, "<td>%.0f/%.0f</td><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>", m->step,
+                    m->steps, m->round, m->epoch, m->view_size);
+            html_num(f, m->loss, "%.4f");
+            fputs("</td><td>", f);
+            html_num(f, m->test_acc >= 0 ? m->test_acc : NAN, "%.4f");
+            fputs("</td><td>", f);
+            html_num(f, m->samples_per_s, "%.0f");
+            fprintf(f, "</td><td>%s</td><td>%s</td><td>%.0f</td><td>%.0f</td><td>%.0f</td></tr>\n",
+                    s, r, m->exchanges_ok, m->exchanges_failed, m->drops_total);
+        } else {
+            fputs("<td colspan=\"12\"></td></tr>\n", f);
+        }
+    }
+    fputs("</table>\n<h2>Exchanges this round</h2>\n<table><tr><th>segment</th><th>from</th>"
+          "<th>to</th><th>round</th><th>outcome</th><th>bytes</th></tr>\n",
+          f);
+    for (size_t k = 0; k < v->n_e; k++) {
+        const ds_viz_edge *e = &v->e[k];
+        fprintf(f, "<tr><td><span class=\"sw\" style=\"background:%s\"></span>%u</td>"
+                   "<td class=\"l\">",
+                seg_color(e->segment), e->segment);
+        xml_text(f, v->m[e->from].name);
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, v->m[e->to].name);
+        fprintf(f, "</td><td>%.0f</td><td class=\"l\">", e->round);
+        xml_text(f, e->outcome);
+        fputs("</td><td>", f);
+        if (e->bytes > 0)
+            fprintf(f, "%.0f", e->bytes);
+        else
+            fputs("-", f);
+        fputs("</td></tr>\n", f);
+    }
+    fputs("</table>\n<p>Edges: initiator &rarr; target, one per segment, coloured by segment; "
+          "dashed when the exchange did not succeed or is known only from the answering "
+          "side. Dashed boxes: members listed in a view that did not report.</p>\n"
+          "</body></html>\n",
+          f);
+    return ferror(f) ? -EIO : 0;
+}
+
+/* ---- Graphviz ---------------------------------------------------------------------------- */
+
+int ds_viz_run_dot(const char *dot_prog, const char *dot_path, const char *svg_path,
+                   int timeout_ms)
+{
+    char *argv[] = {(char *)dot_prog, "-Tsvg", "-o", (char *)svg_path, (char *)dot_path, NULL};
+    pid_t pid;
+    int e = posix_spawnp(&pid, dot_prog, NULL, NULL, argv, environ);
+    if (e != 0)
+        return e == ENOENT || e == EACCES ? -ENOENT : -e;
+    const uint64_t deadline = mono_ms() + (uint64_t)timeout_ms;
+    int status = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            break;
+        if (w < 0 && errno != EINTR)
+            return -errno;
+        if (mono_ms() >= deadline) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            return -ETIMEDOUT;
+        }
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    /* posix_spawnp reports a missing program through the child on glibc
+     * (exit 127). */
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+        return -ENOENT;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
+}

@@ -1,0 +1,116 @@
+/*
+ * tools/dsviz/viz.h: dsviz's parts, a library so tests call them directly.
+ *
+ * Data flow: sources (status.json files, directories of them, host:port
+ * status pages) -> documents, one kept per node name (the newest by
+ * time_unix_ms) -> a graph: members (every node that reported, plus every
+ * member some node's view lists), grouped by node.group, and this round's
+ * exchanges as edges initiator -> target per segment -> DOT, SVG (through
+ * Graphviz `dot` when installed) and a self-contained HTML page.
+ *
+ * dsviz links nothing of node/ (DESIGN 1): the status schema
+ * (docs/status.md) is the interface, read with tools/dsviz/json.h.
+ */
+#ifndef DS_TOOLS_DSVIZ_VIZ_H
+#define DS_TOOLS_DSVIZ_VIZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tools/dsviz/json.h"
+
+#define DS_VIZ_MAX_DOCS 4096
+#define DS_VIZ_MAX_MEMBERS 4096
+#define DS_VIZ_MAX_EDGES 65536
+#define DS_VIZ_MAX_FILE ((size_t)16 << 20)
+
+typedef struct ds_viz_member {
+    char name[64], addr[128], group[32], id[17];
+    char seen_state[8];   /* worst member state any view gives it ("alive"...) */
+    int reported;         /* a status document of this node was loaded */
+    int doc;              /* its document (index), -1 when none */
+    /* from its own document, when reported */
+    char state[12];       /* "training", ... */
+    double step, steps, round, epoch, loss, test_acc, lr, samples_per_s;
+    double bytes_sent, bytes_received, drops_total, view_size, time_unix_ms;
+    double exchanges_ok, exchanges_failed;
+} ds_viz_member;
+
+typedef struct ds_viz_edge {
+    int from, to;          /* member indices */
+    unsigned segment;
+    char outcome[12];      /* "ok", "failed", "skipped", "unknown", "answered" */
+    double bytes;          /* 0 = unknown */
+    double round;
+    int from_answer;       /* seen only in the answerer's document */
+} ds_viz_edge;
+
+typedef struct ds_viz_doc {
+    ds_jdoc *doc;
+    char origin[256];      /* where it came from */
+    char name[64];
+    double time_unix_ms;
+} ds_viz_doc;
+
+typedef struct ds_viz {
+    ds_viz_doc *docs;
+    size_t n_docs;
+    ds_viz_member *m;
+    size_t n_m;
+    ds_viz_edge *e;
+    size_t n_e;
+    unsigned n_segments;    /* largest segment index + 1 among edges */
+    int built;
+} ds_viz;
+
+/* Zero-initialise a ds_viz (= {0}) before use; ds_viz_free releases it. */
+void ds_viz_free(ds_viz *v);
+
+/* Add one status document (text[0..len), origin for messages). A document
+ * for a node already loaded replaces it when it is newer. 0, -EINVAL
+ * (err: "ORIGIN: why") or -ENOMEM. */
+int ds_viz_add_json(ds_viz *v, const char *text, size_t len, const char *origin, char *err,
+                    size_t err_len) __attribute__((warn_unused_result));
+
+/* Load a source: a status.json path, a directory (DIR/status.json and
+ * every DIR/x/status.json, sorted), or host:port (GET /status, at most
+ * timeout_ms). Returns the number of documents added (>= 1), or -errno
+ * with err set (-ENOENT: a directory without any status.json). */
+int ds_viz_load(ds_viz *v, const char *source, int timeout_ms, char *err, size_t err_len)
+    __attribute__((warn_unused_result));
+
+/* HTTP GET http://hostport/path into a new buffer (*body, caller frees,
+ * NUL-terminated) of *len bytes; at most max bytes, timeout_ms in all.
+ * 0, or -errno with err set (HTTP codes other than 200 are -EPROTO). */
+int ds_viz_http_get(const char *hostport, const char *path, int timeout_ms, size_t max,
+                    char **body, size_t *len, char *err, size_t err_len)
+    __attribute__((warn_unused_result));
+
+/* Build members and edges from the loaded documents (again after more are
+ * added). 0 or -ENOMEM / -E2BIG (over DS_VIZ_MAX_MEMBERS or _EDGES). */
+int ds_viz_build(ds_viz *v) __attribute__((warn_unused_result));
+
+/* Index of the member named `name`, -1 if none (after build). */
+int ds_viz_find(const ds_viz *v, const char *name);
+
+/* Writers (after build). Return 0 or -EIO. */
+int ds_viz_write_dot(const ds_viz *v, FILE *f);
+/* svg: the SVG from Graphviz (its <svg> element is inlined), or NULL:
+ * dsviz draws its own circle layout. */
+int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg);
+/* dsviz's own SVG drawing (used by the HTML page without Graphviz). */
+int ds_viz_write_own_svg(const ds_viz *v, FILE *f);
+
+/* Run `dot_prog -Tsvg -o svg_path dot_path`, at most timeout_ms (killed
+ * after). 0, -ENOENT (no such program), -ETIMEDOUT, or -EIO (it failed;
+ * its stderr went to ours). */
+int ds_viz_run_dot(const char *dot_prog, const char *dot_path, const char *svg_path,
+                   int timeout_ms);
+
+/* Read a whole file of at most max bytes into a new NUL-terminated buffer.
+ * 0, -EFBIG, or -errno. */
+int ds_viz_read_file(const char *path, size_t max, char **out, size_t *len)
+    __attribute__((warn_unused_result));
+
+#endif

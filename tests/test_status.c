@@ -659,6 +659,67 @@ Test(status, refuses_what_it_does_not_serve)
     ds_status_destroy(&st);
 }
 
+/* Seeded mutations of valid requests (bytes flipped, inserted, cut short,
+ * the client's side closed after sending): every answer is one of the
+ * codes the server gives, or none at all, and the server serves after. */
+Test(status, random_requests_never_hurt_it)
+{
+    ds_status *st = serve(16, 2000, NULL);
+    const int port = port_of(st);
+    const char *base[] = {"GET /status HTTP/1.1\r\nHost: x\r\n\r\n",
+                          "GET /metrics HTTP/1.0\r\nAccept: */*\r\n\r\n",
+                          "POST /status HTTP/1.1\r\nContent-Length: 2\r\n\r\nab"};
+    uint64_t seed = 0xd5f00d;
+    int answered = 0;
+    for (int it = 0; it < 300; it++) {
+        char req[256];
+        const char *b = base[it % 3];
+        size_t n = strlen(b);
+        memcpy(req, b, n);
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        const int edits = 1 + (int)((seed >> 60) & 3);
+        for (int e = 0; e < edits; e++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            const size_t at = (size_t)((seed >> 33) % n);
+            const char byte = (char)(seed >> 13);
+            switch ((seed >> 50) % 3) {
+            case 0: /* flip */
+                req[at] = byte;
+                break;
+            case 1: /* insert */
+                if (n < sizeof(req) - 1) {
+                    memmove(req + at + 1, req + at, n - at);
+                    req[at] = byte;
+                    n++;
+                }
+                break;
+            default: /* cut */
+                n = at + 1;
+                break;
+            }
+        }
+        int fd = dial(port);
+        send_all(fd, req, n);
+        shutdown(fd, SHUT_WR);
+        size_t len;
+        char *raw = read_all(fd, &len, 5000);
+        close(fd);
+        if (len) {
+            cr_assert(len > 12 && !memcmp(raw, "HTTP/1.1 ", 9), "iteration %d: junk answer", it);
+            const int code = atoi(raw + 9);
+            cr_expect(code == 200 || code == 400 || code == 404 || code == 405,
+                      "iteration %d: %d", it, code);
+            answered++;
+        }
+        free(raw);
+    }
+    cr_expect_gt(answered, 100, "only %d of 300 answered", answered);
+    resp r = get(port, "/status");
+    cr_expect_eq(r.code, 200);
+    resp_free(&r);
+    ds_status_destroy(&st);
+}
+
 /* A client that sends one byte a second never completes its request: it is
  * dropped at the request deadline, and others are served meanwhile. */
 Test(status, slowloris_is_dropped_and_blocks_nobody)
@@ -939,7 +1000,6 @@ Test(status, create_checks_its_arguments)
     cr_expect_eq(ds_status_create(&st, "127.0.0.1:99999", NULL), -EINVAL);
     cr_expect_eq(ds_status_create(&st, "127.0.0.1:", NULL), -EINVAL);
     cr_expect_eq(ds_status_create(&st, ":80", NULL), -EINVAL);
-    cr_expect_eq(ds_status_create(&st, "no-such-host.invalid:80", NULL), -EINVAL);
     cr_expect_null(st);
     cr_expect_lt(ds_status_create(&st, NULL, "/nonexistent-dir/x/status.json"), 0);
     cr_expect_null(st);

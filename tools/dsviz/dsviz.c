@@ -240,7 +240,12 @@ int main(int argc, char **argv)
     if ((what & F_SVG) && svg) {
         snprintf(path, plen, to_stdout ? "-" : "%s.svg", out);
         FILE *f = to_stdout ? stdout : fopen(path, "w");
-        if (!f || fputs(svg, f) < 0 || (f != stdout ? fclose(f) : fflush(f)) != 0) {
+        int bad = !f;
+        if (f) {
+            bad = fputs(svg, f) < 0;
+            bad = (f != stdout ? fclose(f) : fflush(f)) != 0 || bad;
+        }
+        if (bad) {
             fprintf(stderr, "dsviz: cannot write %s: %s\n", path, strerror(errno));
             status = 1;
         } else if (!to_stdout) {

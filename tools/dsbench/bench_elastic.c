@@ -35,18 +35,23 @@
  *
  * Table 3 (real-detect), --repeats runs of 8 nodes. dslaunch adds a 9th
  * node at --add-at; once every other node has logged "member joined" for
- * it and it has its model state, and the nodes have reached --kill-at, one
- * node (a different one each run) is SIGKILLed. Figures:
+ * it and has it in its view, it has its model state, 20 more seconds have
+ * passed and the nodes have reached --kill-at, one node (a different one
+ * each run) is SIGKILLed. Figures:
  *   - first_suspect: the kill to the first "member suspected" line about it
  *     in any survivor's log; first_dead / all_dead: to the first and to the
  *     last survivor's "member dead" line about it. The kill time is
  *     CLOCK_REALTIME read just before kill(2); log lines carry the node's
  *     CLOCK_REALTIME in UTC milliseconds, so both ends are the same clock
  *     (a line can read up to 1 ms early: the log truncates).
- *   - progress_during: the survivors' training step rate from the kill to
- *     the last death line, as a fraction of their rate in as long a time
+ *   - progress_during: the survivors' training step rate (summed) from the
+ *     kill to the last death line, as a fraction of their rate in the 8 s
  *     just before the kill (1 = the crash cost nothing; exchanges with the
- *     dead node time out until it is suspected, then are skipped).
+ *     dead node time out until it is suspected, then are skipped). The
+ *     kill comes 20 s after the new node entered the views, so that those
+ *     8 s are plain training.
+ *   - progress_join: the same rate in the 10 s from the first view with the
+ *     new node in it (its effective round), against the same baseline.
  *   - join_spread: the first "member joined" line about the new node (in the
  *     log of the member that admitted it) to the last one among the other
  *     initial nodes; state_s: the new node's "joined through" line to its
@@ -58,7 +63,8 @@
  *     nodes ran the same round with different views, i.e. one of them had
  *     not yet heard of a join or death when its effective round came. The
  *     drop log is rate-limited, so this is a lower bound.
- * Then one row with the mean and one with the max over the runs. Once every
+ * Then one row with the mean over the runs and one with the worst (the
+ * max of times and counts, the min of progress ratios). Once every
  * survivor has logged the death, the run has served its purpose: dsbench
  * stops it with SIGINT (the nodes leave gracefully) instead of training on.
  *
@@ -103,7 +109,7 @@
 /* ==== the fake half: the protocol on a simulated network ================== */
 
 struct agg {
-    double sum, max;
+    double sum, max, min;
     int n;
 };
 
@@ -113,6 +119,7 @@ static void agg_add(struct agg *a, double v)
         return;
     a->sum += v;
     a->max = a->n ? fmax(a->max, v) : v;
+    a->min = a->n ? fmin(a->min, v) : v;
     a->n++;
 }
 
@@ -124,6 +131,11 @@ static double agg_mean(const struct agg *a)
 static double agg_max(const struct agg *a)
 {
     return a->n ? a->max : NAN;
+}
+
+static double agg_min(const struct agg *a)
+{
+    return a->n ? a->min : NAN;
 }
 
 /* Latest time a live node other than skip logged kind about subject. */
@@ -393,6 +405,9 @@ static int fake_half(const fake_opts *fo, int json)
 
 #define REAL_MAX_NODES 16
 #define REAL_RUN_TIMEOUT_S 600 /* dslaunch --timeout: a hung run cannot last */
+#define SETTLE_S 20            /* training between a join and the kill */
+#define JOIN_WINDOW_S 10       /* progress_join: the rate over this long */
+#define BASE_WINDOW_S 8        /* the baseline rate: over this long before the kill */
 
 typedef struct real_opts {
     int repeats;        /* detection runs */
@@ -439,6 +454,8 @@ typedef struct nlog {
     char path[PATH_MAX + 96];
     long off;              /* bytes of whole lines consumed */
     long step;             /* the last "train step=N", -1 */
+    long view_size;        /* size= of the last "view changed", -1 */
+    double t_view_all;     /* first "view changed" to a view of every node */
     double t_joined;       /* first "member joined name=<joiner>" */
     double t_self_joined;  /* first "joined through" */
     double t_state;        /* "model state received" */
@@ -501,6 +518,14 @@ static void nlog_line(const cluster *c, nlog *l, char *line)
         if (!strncmp(ll.msg, "joined through ", 15)) {
             if (!isfinite(l->t_self_joined))
                 l->t_self_joined = t;
+            return;
+        }
+        if (!strncmp(ll.msg, "view changed ", 13)) {
+            if (ds_kv_parse(ll.msg, &kv) > 0 && ds_kv_get_double(&kv, "size", &v) == 0) {
+                l->view_size = (long)v;
+                if (l->view_size == c->n && !isfinite(l->t_view_all))
+                    l->t_view_all = t;
+            }
             return;
         }
         if (strncmp(ll.msg, "member ", 7) || ds_kv_parse(ll.msg, &kv) <= 0)
@@ -714,8 +739,9 @@ static int cluster_start(cluster *c, const real_opts *o, const char *name, int n
     for (int i = 0; i < n_logs; i++) {
         nlog *l = &c->node[i];
         snprintf(l->path, sizeof(l->path), "%s/n%d.log", c->dir, i);
-        l->step = -1;
+        l->step = l->view_size = -1;
         l->t_joined = l->t_self_joined = l->t_state = l->t_suspect = l->t_dead = NAN;
+        l->t_view_all = NAN;
         l->test_acc = l->max_round_s = NAN;
     }
     char s_n[16], s_steps[48], s_timeout[16];
@@ -808,8 +834,8 @@ static int reached_step(const cluster *c, const void *arg)
     return min_step(c, g->n, g->skip) >= g->step;
 }
 
-/* The joiner has its state, every initial node has logged it, and the
- * initial nodes have reached the kill step. */
+/* The joiner has its state, and every initial node has logged it and
+ * has it in its view (its effective round has come). */
 static int join_done(const cluster *c, const void *arg)
 {
     const struct step_goal *g = arg;
@@ -817,9 +843,20 @@ static int join_done(const cluster *c, const void *arg)
     if (j < 0 || j >= c->n || !isfinite(c->node[j].t_state))
         return 0;
     for (int i = 0; i < g->n; i++)
-        if (!isfinite(c->node[i].t_joined))
+        if (!isfinite(c->node[i].t_joined) || c->node[i].view_size != g->n + 1)
             return 0;
-    return min_step(c, g->n, -1) >= g->step;
+    return 1;
+}
+
+struct settle_goal {
+    struct step_goal g;
+    double until; /* monotonic */
+};
+
+static int settled(const cluster *c, const void *arg)
+{
+    const struct settle_goal *s = arg;
+    return ds_bench_now() >= s->until && reached_step(c, &s->g);
 }
 
 /* Every node but the victim has logged its death. */
@@ -884,7 +921,8 @@ typedef struct det_result {
     char victim[16], why[128];
     long kill_step;
     double suspect_s, first_dead_s, all_dead_s, spread_s, state_s, wall_s;
-    double progress; /* survivors' steps during detection / in as long before */
+    double progress;      /* survivors' step rate during detection / baseline */
+    double progress_join; /* the same in JOIN_WINDOW_S from the join's round */
     int false_deaths, epoch_drops;
 } det_result;
 
@@ -893,7 +931,7 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
 {
     memset(r, 0, sizeof(*r));
     r->suspect_s = r->first_dead_s = r->all_dead_s = r->spread_s = r->state_s = NAN;
-    r->progress = NAN;
+    r->progress = r->progress_join = NAN;
     r->kill_step = -1;
     const int n = o->det_nodes;
     /* A different victim each run, never n0 (the founder; no reason to
@@ -919,8 +957,15 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
     double t_kill = NAN;
     const struct step_goal g = {n, -1, o->kill_at};
     if (!cluster_wait(&c, 240, join_done, &g)) {
-        snprintf(r->why, sizeof(r->why), "the join of n%d did not complete (or step %d not "
-                 "reached) within 240 s", n, o->kill_at);
+        snprintf(r->why, sizeof(r->why), "the join of n%d did not complete within 240 s", n);
+        goto abort;
+    }
+    /* The join itself disturbs the rounds for a while (progress_join):
+     * leave the cluster SETTLE_S of it first, so that the BASE_WINDOW_S
+     * before the kill are plain training, the baseline. */
+    const struct settle_goal sg = {g, ds_bench_now() + SETTLE_S};
+    if (!cluster_wait(&c, 240, settled, &sg)) {
+        snprintf(r->why, sizeof(r->why), "step %d not reached within 240 s", o->kill_at);
         goto abort;
     }
     r->kill_step = c.node[v].step;
@@ -968,23 +1013,34 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
     r->all_dead_s = r->ok ? last_d - t_kill : NAN;
     r->spread_s = j_last - j_first;
     r->state_s = jn->t_state - jn->t_self_joined;
-    /* Training progress while the cluster has not yet removed the dead
-     * node: survivors' step rate from the kill to the last death line,
-     * against their rate in as long a time just before the kill (from the
-     * first train line in it: a run may have started training less than
-     * that long before). */
+    /* Training progress (step rates, survivors summed) while the cluster
+     * has not yet removed the dead node, from the kill to the last death
+     * line, and in JOIN_WINDOW_S from the first view with the new node;
+     * both against the BASE_WINDOW_S just before the kill. */
+    double t_view = INFINITY;
+    for (int i = 0; i < n; i++)
+        t_view = fmin(t_view, c.node[i].t_view_all);
     if (r->ok && r->all_dead_s > 0) {
-        const double w = r->all_dead_s;
-        double before = 0, during = 0;
+        double base = 0, during = 0, join = 0;
+        int n_join = 0;
         for (int i = 0; i <= n; i++) {
-            const double rb = step_rate(c.node[i].path, t_kill - w, t_kill);
-            const double rd = step_rate(c.node[i].path, t_kill, t_kill + w);
-            if (i == v || !isfinite(rb) || !isfinite(rd))
+            if (i == v)
                 continue;
-            before += rb;
+            const double rb = step_rate(c.node[i].path, t_kill - BASE_WINDOW_S, t_kill);
+            const double rd = step_rate(c.node[i].path, t_kill, t_kill + r->all_dead_s);
+            const double rj = isfinite(t_view) ? step_rate(c.node[i].path, t_view,
+                                                           t_view + JOIN_WINDOW_S) : NAN;
+            if (!isfinite(rb) || !isfinite(rd))
+                continue;
+            base += rb;
             during += rd;
+            if (isfinite(rj)) {
+                join += rj;
+                n_join++;
+            }
         }
-        r->progress = before > 0 ? during / before : NAN;
+        r->progress = base > 0 ? during / base : NAN;
+        r->progress_join = base > 0 && n_join == n ? join / base : NAN;
     }
     r->wall_s = ds_bench_now() - c.t_start;
     return 0;
@@ -1095,8 +1151,8 @@ static int find_dslaunch(char *out, size_t len)
 
 static void det_row(ds_row *row, const real_opts *o, const char *run, const char *victim,
                     double kill_step, double susp, double first_dead, double all_dead,
-                    double progress, double spread, double state, double false_deaths,
-                    double epoch_drops, const char *status)
+                    double progress, double spread, double state, double progress_join,
+                    double false_deaths, double epoch_drops, const char *status)
 {
     const double T = o->period_ms * 1e-3;
     ds_row_str(row, "table", "real-detect");
@@ -1113,6 +1169,7 @@ static void det_row(ds_row *row, const real_opts *o, const char *run, const char
     ds_row_num(row, "join_spread_s", spread, 3);
     ds_row_num(row, "join_spread_periods", spread / T, 2);
     ds_row_num(row, "state_s", state, 2);
+    ds_row_num(row, "progress_join", progress_join, 2);
     ds_row_num(row, "false_deaths", false_deaths, 1);
     ds_row_num(row, "epoch_drops", epoch_drops, 1);
     ds_row_str(row, "status", status);
@@ -1182,7 +1239,7 @@ static int real_half(real_opts *o, int json)
     ds_row row;
     ds_row_table(&row, json);
     struct agg susp = {0}, fdead = {0}, adead = {0}, spread = {0}, state = {0}, fd = {0},
-               ed = {0}, prog = {0};
+               ed = {0}, prog = {0}, pjoin = {0};
     for (int k = 0; k < o->repeats; k++) {
         det_result r;
         fprintf(stderr, "dsbench elastic: detection run %d/%d (%d nodes + 1 at step %d) ... ",
@@ -1203,19 +1260,23 @@ static int real_half(real_opts *o, int json)
         agg_add(&fd, r.false_deaths);
         agg_add(&ed, r.epoch_drops);
         agg_add(&prog, r.progress);
+        agg_add(&pjoin, r.progress_join);
         char run[16];
         snprintf(run, sizeof(run), "%d", k + 1);
         det_row(&row, o, run, r.victim, r.kill_step >= 0 ? (double)r.kill_step : NAN,
                 r.suspect_s, r.first_dead_s, r.all_dead_s, r.progress, r.spread_s, r.state_s,
-                r.false_deaths, r.epoch_drops, r.ok ? "ok" : "failed");
+                r.progress_join, r.false_deaths, r.epoch_drops, r.ok ? "ok" : "failed");
     }
     char st[32];
     snprintf(st, sizeof(st), "%d/%d ok", adead.n, o->repeats);
     det_row(&row, o, "mean", "-", NAN, agg_mean(&susp), agg_mean(&fdead), agg_mean(&adead),
-            agg_mean(&prog), agg_mean(&spread), agg_mean(&state), agg_mean(&fd), agg_mean(&ed),
-            st);
-    det_row(&row, o, "max", "-", NAN, agg_max(&susp), agg_max(&fdead), agg_max(&adead),
-            agg_max(&prog), agg_max(&spread), agg_max(&state), agg_max(&fd), agg_max(&ed), st);
+            agg_mean(&prog), agg_mean(&spread), agg_mean(&state), agg_mean(&pjoin),
+            agg_mean(&fd), agg_mean(&ed), st);
+    /* The worst run per column: the longest times, the most drops, the
+     * least progress. */
+    det_row(&row, o, "worst", "-", NAN, agg_max(&susp), agg_max(&fdead), agg_max(&adead),
+            agg_min(&prog), agg_max(&spread), agg_max(&state), agg_min(&pjoin), agg_max(&fd),
+            agg_max(&ed), st);
 
     if (!json)
         printf("\n");

@@ -44,14 +44,15 @@
  *     CLOCK_REALTIME read just before kill(2); log lines carry the node's
  *     CLOCK_REALTIME in UTC milliseconds, so both ends are the same clock
  *     (a line can read up to 1 ms early: the log truncates).
- *   - progress_during: the survivors' training step rate (summed) from the
- *     kill to the last death line, as a fraction of their rate in the 8 s
- *     just before the kill (1 = the crash cost nothing; exchanges with the
- *     dead node time out until it is suspected, then are skipped). The
- *     kill comes 20 s after the new node entered the views, so that those
- *     8 s are plain training.
- *   - progress_join: the same rate in the 10 s from the first view with the
- *     new node in it (its effective round), against the same baseline.
+ *   - progress_during: the survivors' mean training step rate per node from
+ *     the kill to the last death line, as a fraction of their typical rate
+ *     before the kill (per node, 1 / the median time per step between its
+ *     train lines: stalls and the machine's other load in any one stretch
+ *     hardly move a median). 1 = the crash cost nothing; exchanges with the
+ *     dead node time out until it is suspected, then are skipped.
+ *   - progress_join: the same for every node in the 10 s from the first view
+ *     with the new node in it (its effective round). The kill comes 20 s
+ *     after that view, so that the two do not overlap.
  *   - join_spread: the first "member joined" line about the new node (in the
  *     log of the member that admitted it) to the last one among the other
  *     initial nodes; state_s: the new node's "joined through" line to its
@@ -407,7 +408,6 @@ static int fake_half(const fake_opts *fo, int json)
 #define REAL_RUN_TIMEOUT_S 600 /* dslaunch --timeout: a hung run cannot last */
 #define SETTLE_S 20            /* training between a join and the kill */
 #define JOIN_WINDOW_S 10       /* progress_join: the rate over this long */
-#define BASE_WINDOW_S 8        /* the baseline rate: over this long before the kill */
 
 typedef struct real_opts {
     int repeats;        /* detection runs */
@@ -870,6 +870,12 @@ static int dead_everywhere(const cluster *c, const void *arg)
     return 1;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* A "train step=N" line of the log at path: the last one stamped <= t
  * (after = 0) or the first one stamped >= t (after = 1). 0 with *step and
  * *at, or -ENOENT. Read after the run, from the whole log. */
@@ -914,6 +920,50 @@ static double step_rate(const char *path, double t0, double t1)
     if (train_line(path, t1, 0, &s1, &a1) < 0 || t1 - a0 < 1.0 || s1 < s0)
         return NAN;
     return (double)(s1 - s0) / (t1 - a0);
+}
+
+/* A node's typical steps per second until t: 1 / the median of seconds
+ * per step between its consecutive train lines stamped <= t. NAN with
+ * fewer than 5 such intervals. */
+static double typical_rate(const char *path, double t)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NAN;
+    double *spp = NULL, prev_t = NAN;
+    size_t n = 0, cap = 0;
+    long prev_s = -1;
+    char line[8192];
+    while (fgets(line, sizeof(line), f)) {
+        const double lt = log_time(line);
+        const char *p = strstr(line, " train step=");
+        if (!isfinite(lt) || !p || !strstr(p, " loss="))
+            continue;
+        if (lt > t)
+            break;
+        const long st = strtol(p + 12, NULL, 10);
+        if (prev_s >= 0 && st > prev_s) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 256;
+                double *nb = realloc(spp, cap * sizeof(*nb));
+                if (!nb)
+                    break;
+                spp = nb;
+            }
+            spp[n++] = (lt - prev_t) / (double)(st - prev_s);
+        }
+        prev_s = st;
+        prev_t = lt;
+    }
+    fclose(f);
+    double rate = NAN;
+    if (n >= 5) {
+        qsort(spp, n, sizeof(*spp), cmp_double);
+        const double med = n % 2 ? spp[n / 2] : 0.5 * (spp[n / 2 - 1] + spp[n / 2]);
+        rate = med > 0 ? 1.0 / med : NAN;
+    }
+    free(spp);
+    return rate;
 }
 
 typedef struct det_result {
@@ -961,8 +1011,8 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
         goto abort;
     }
     /* The join itself disturbs the rounds for a while (progress_join):
-     * leave the cluster SETTLE_S of it first, so that the BASE_WINDOW_S
-     * before the kill are plain training, the baseline. */
+     * leave the cluster SETTLE_S after it first, so that the crash is
+     * measured on its own. */
     const struct settle_goal sg = {g, ds_bench_now() + SETTLE_S};
     if (!cluster_wait(&c, 240, settled, &sg)) {
         snprintf(r->why, sizeof(r->why), "step %d not reached within 240 s", o->kill_at);
@@ -1013,34 +1063,32 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
     r->all_dead_s = r->ok ? last_d - t_kill : NAN;
     r->spread_s = j_last - j_first;
     r->state_s = jn->t_state - jn->t_self_joined;
-    /* Training progress (step rates, survivors summed) while the cluster
-     * has not yet removed the dead node, from the kill to the last death
-     * line, and in JOIN_WINDOW_S from the first view with the new node;
-     * both against the BASE_WINDOW_S just before the kill. */
+    /* Training progress, as the mean step rate per node: while the
+     * cluster has not yet removed the dead node (survivors, from the kill to
+     * the last death line), and in JOIN_WINDOW_S from the first view with
+     * the new node (every node); both against the same nodes' typical rate
+     * before the kill (typical_rate: the median, so that the stalls
+     * measured here hardly move it, nor the machine's other load in any one
+     * window). */
     double t_view = INFINITY;
     for (int i = 0; i < n; i++)
         t_view = fmin(t_view, c.node[i].t_view_all);
-    if (r->ok && r->all_dead_s > 0) {
-        double base = 0, during = 0, join = 0;
-        int n_join = 0;
+    if (r->ok && r->all_dead_s > 0 && isfinite(t_view)) {
+        struct agg typ_all = {0}, typ_surv = {0}, during = {0}, join = {0};
         for (int i = 0; i <= n; i++) {
+            const char *path = c.node[i].path;
+            const double typ = typical_rate(path, t_kill);
+            agg_add(&typ_all, typ);
+            agg_add(&join, step_rate(path, t_view, t_view + JOIN_WINDOW_S));
             if (i == v)
                 continue;
-            const double rb = step_rate(c.node[i].path, t_kill - BASE_WINDOW_S, t_kill);
-            const double rd = step_rate(c.node[i].path, t_kill, t_kill + r->all_dead_s);
-            const double rj = isfinite(t_view) ? step_rate(c.node[i].path, t_view,
-                                                           t_view + JOIN_WINDOW_S) : NAN;
-            if (!isfinite(rb) || !isfinite(rd))
-                continue;
-            base += rb;
-            during += rd;
-            if (isfinite(rj)) {
-                join += rj;
-                n_join++;
-            }
+            agg_add(&typ_surv, typ);
+            agg_add(&during, step_rate(path, t_kill, t_kill + r->all_dead_s));
         }
-        r->progress = base > 0 ? during / base : NAN;
-        r->progress_join = base > 0 && n_join == n ? join / base : NAN;
+        if (typ_surv.n == n && during.n == n && agg_mean(&typ_surv) > 0)
+            r->progress = agg_mean(&during) / agg_mean(&typ_surv);
+        if (typ_all.n == n + 1 && join.n == n + 1 && agg_mean(&typ_all) > 0)
+            r->progress_join = agg_mean(&join) / agg_mean(&typ_all);
     }
     r->wall_s = ds_bench_now() - c.t_start;
     return 0;

@@ -40,7 +40,8 @@
  * optimizer, schedule, warm-up and evaluation cadence (rank 0 evaluates; the
  * times are measured the same way). speedup_vs_ddp = DDP's time / the row's.
  * DDP and pairwise-micro-1% on loopback, the pair the goal compares, run
- * --rounds times (3; --quick 1) alternately and the best of each is shown;
+ * --rounds times (3; --quick or --no-torch: 1) alternately and the best of
+ * each is shown;
  * every other row is one run.
  *
  * Network namespaces need root (dslaunch --netns); without it those rows are
@@ -558,8 +559,8 @@ static int parse_opts(opts *o, int argc, char **argv)
     /* --quick: three variants, two nets, 2 and 4 nodes, fewer steps. */
     if (o->steps < 0)
         o->steps = o->quick ? 400 : 600;
-    if (o->rounds < 0)
-        o->rounds = o->quick ? 1 : 3;
+    if (o->rounds < 0) /* repeats are for the comparison with DDP */
+        o->rounds = o->quick || !o->torch ? 1 : 3;
     if (o->rounds < 1 || o->rounds > 20) {
         fprintf(stderr, "dsbench cluster: --rounds in 1..20\n");
         return -EINVAL;

@@ -24,8 +24,8 @@
  * Names carry the dslaunch pid (<pid> in decimal for namespaces, <tag> = the
  * pid in base 36 for interfaces, which must fit IFNAMSIZ): a run cleans up
  * exactly what it made, and a later run can tell a leftover of a dslaunch
- * that was SIGKILLed (its pid gone, or no longer a dslaunch) and remove it
- * (ds_netns_reap_stale). Everything is done by running ip(8) and tc(8)
+ * that was SIGKILLed (its pid gone, or now a process that is no dslaunch by
+ * its comm or argv[0]) and remove it (ds_netns_reap_stale). Everything is done by running ip(8) and tc(8)
  * with fixed argument vectors built from those names, never through a
  * shell; each command's stderr is reported when it fails.
  *
@@ -346,7 +346,18 @@ static int owner_alive(long pid)
         comm[0] = '\0';
     fclose(f);
     comm[strcspn(comm, "\n")] = '\0';
-    return !strcmp(comm, "dslaunch");
+    if (!strcmp(comm, "dslaunch"))
+        return 1;
+    /* Started through a link of another name: its argv[0] still says. */
+    char argv0[PATH_MAX] = "";
+    snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
+    if (!(f = fopen(path, "r")))
+        return 0;
+    size_t n = fread(argv0, 1, sizeof(argv0) - 1, f);
+    fclose(f);
+    argv0[n] = '\0'; /* the first NUL ends argv[0] */
+    const char *base = strrchr(argv0, '/');
+    return strstr(base ? base + 1 : argv0, "dslaunch") != NULL;
 }
 
 int ds_netns_stale_owner(const char *name, long *pid)

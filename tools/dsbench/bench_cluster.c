@@ -41,8 +41,7 @@
  * times are measured the same way). speedup_vs_ddp = DDP's time / the row's.
  * DDP and pairwise-micro-1% on loopback, the pair the goal compares, run
  * --rounds times (3; --quick or --no-torch: 1) alternately and the best of
- * each is shown;
- * every other row is one run.
+ * each is shown; every other row is one run.
  *
  * Network namespaces need root (dslaunch --netns); without it those rows are
  * left out with a note. Every dslaunch runs as our child with

@@ -64,6 +64,9 @@
  *     nodes ran the same round with different views, i.e. one of them had
  *     not yet heard of a join or death when its effective round came. The
  *     drop log is rate-limited, so this is a lower bound.
+ *   - late_changes: membership's "late change" lines: a node learned of a
+ *     join or a death after the round at which it takes effect had come
+ *     (what makes views disagree; also rate-limited).
  * Then one row with the mean over the runs and one with the worst (the
  * max of times and counts, the min of progress ratios). Once every
  * survivor has logged the death, the run has served its purpose: dsbench
@@ -75,7 +78,8 @@
  * diff_pt the crashed run's minus the undisturbed one's in points;
  * max_round_s is the longest a survivor waited for a gossip round, beside
  * the config's gossip.timeout_ms (a round with a dead peer should end at the
- * timeout, not hang); epoch_drops as above, over the whole run.
+ * timeout, not hang); epoch_drops and late_changes as above, over the
+ * whole run.
  *
  * Every dslaunch runs as our child with PR_SET_PDEATHSIG, so if dsbench is
  * stopped dslaunch stops its nodes; when a run goes wrong dsbench also
@@ -463,6 +467,7 @@ typedef struct nlog {
     double t_dead;         /* first "member dead name=<victim>" */
     int false_deaths;      /* "member dead" lines about anyone else */
     int epoch_drops;       /* gossip messages dropped for "other view epoch" */
+    int late_changes;      /* membership "late change" lines */
     int have_summary;      /* its summary line */
     char status[16];
     double test_acc, max_round_s;
@@ -518,6 +523,11 @@ static void nlog_line(const cluster *c, nlog *l, char *line)
         if (!strncmp(ll.msg, "joined through ", 15)) {
             if (!isfinite(l->t_self_joined))
                 l->t_self_joined = t;
+            return;
+        }
+        if (!strncmp(ll.msg, "late change:", 12)) {
+            if (t < c->t_stop)
+                l->late_changes++;
             return;
         }
         if (!strncmp(ll.msg, "view changed ", 13)) {
@@ -973,7 +983,7 @@ typedef struct det_result {
     double suspect_s, first_dead_s, all_dead_s, spread_s, state_s, wall_s;
     double progress;      /* survivors' step rate during detection / baseline */
     double progress_join; /* the same in JOIN_WINDOW_S from the join's round */
-    int false_deaths, epoch_drops;
+    int false_deaths, epoch_drops, late_changes;
 } det_result;
 
 /* One detection run (k = 0, 1, ...): 8 nodes, a 9th joins, one is killed. */
@@ -1044,6 +1054,7 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
         const nlog *l = &c.node[i];
         r->false_deaths += l->false_deaths;
         r->epoch_drops += l->epoch_drops;
+        r->late_changes += l->late_changes;
         if (i == v)
             continue;
         if (isfinite(l->t_suspect))
@@ -1102,7 +1113,7 @@ abort:
 }
 
 typedef struct acc_result {
-    int ok, killed, survivors, done, code, epoch_drops;
+    int ok, killed, survivors, done, code, epoch_drops, late_changes;
     long kill_step;
     double acc, max_round_s, wall_s;
 } acc_result;
@@ -1145,8 +1156,10 @@ static int acc_real_run(const real_opts *o, int kills, acc_result *r)
     r->code = cluster_end(&c, REAL_RUN_TIMEOUT_S + 60);
     r->wall_s = ds_bench_now() - c.t_start;
     double acc = 0, mr = 0;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         r->epoch_drops += c.node[i].epoch_drops;
+        r->late_changes += c.node[i].late_changes;
+    }
     for (int i = 0; i < keep; i++) {
         const nlog *l = &c.node[i];
         if (!l->have_summary)
@@ -1200,7 +1213,8 @@ static int find_dslaunch(char *out, size_t len)
 static void det_row(ds_row *row, const real_opts *o, const char *run, const char *victim,
                     double kill_step, double susp, double first_dead, double all_dead,
                     double progress, double spread, double state, double progress_join,
-                    double false_deaths, double epoch_drops, const char *status)
+                    double false_deaths, double epoch_drops, double late_changes,
+                    const char *status)
 {
     const double T = o->period_ms * 1e-3;
     ds_row_str(row, "table", "real-detect");
@@ -1220,6 +1234,7 @@ static void det_row(ds_row *row, const real_opts *o, const char *run, const char
     ds_row_num(row, "progress_join", progress_join, 2);
     ds_row_num(row, "false_deaths", false_deaths, 1);
     ds_row_num(row, "epoch_drops", epoch_drops, 1);
+    ds_row_num(row, "late_changes", late_changes, 1);
     ds_row_str(row, "status", status);
     ds_row_end(row);
 }
@@ -1244,6 +1259,7 @@ static void acc_row(ds_row *row, const real_opts *o, const acc_result *r, double
     ds_row_num(row, "max_round_s", r->max_round_s, 3);
     ds_row_num(row, "gossip_timeout_s", o->gossip_timeout_ms * 1e-3, 3);
     ds_row_int(row, "epoch_drops", r->epoch_drops);
+    ds_row_int(row, "late_changes", r->late_changes);
     ds_row_num(row, "wall_s", r->wall_s, 1);
     ds_row_str(row, "status", r->ok ? "ok" : "failed");
     ds_row_end(row);
@@ -1287,7 +1303,7 @@ static int real_half(real_opts *o, int json)
     ds_row row;
     ds_row_table(&row, json);
     struct agg susp = {0}, fdead = {0}, adead = {0}, spread = {0}, state = {0}, fd = {0},
-               ed = {0}, prog = {0}, pjoin = {0};
+               ed = {0}, prog = {0}, pjoin = {0}, lc = {0};
     for (int k = 0; k < o->repeats; k++) {
         det_result r;
         fprintf(stderr, "dsbench elastic: detection run %d/%d (%d nodes + 1 at step %d) ... ",
@@ -1307,24 +1323,26 @@ static int real_half(real_opts *o, int json)
         agg_add(&state, r.state_s);
         agg_add(&fd, r.false_deaths);
         agg_add(&ed, r.epoch_drops);
+        agg_add(&lc, r.late_changes);
         agg_add(&prog, r.progress);
         agg_add(&pjoin, r.progress_join);
         char run[16];
         snprintf(run, sizeof(run), "%d", k + 1);
         det_row(&row, o, run, r.victim, r.kill_step >= 0 ? (double)r.kill_step : NAN,
                 r.suspect_s, r.first_dead_s, r.all_dead_s, r.progress, r.spread_s, r.state_s,
-                r.progress_join, r.false_deaths, r.epoch_drops, r.ok ? "ok" : "failed");
+                r.progress_join, r.false_deaths, r.epoch_drops, r.late_changes,
+                r.ok ? "ok" : "failed");
     }
     char st[32];
     snprintf(st, sizeof(st), "%d/%d ok", adead.n, o->repeats);
     det_row(&row, o, "mean", "-", NAN, agg_mean(&susp), agg_mean(&fdead), agg_mean(&adead),
             agg_mean(&prog), agg_mean(&spread), agg_mean(&state), agg_mean(&pjoin),
-            agg_mean(&fd), agg_mean(&ed), st);
+            agg_mean(&fd), agg_mean(&ed), agg_mean(&lc), st);
     /* The worst run per column: the longest times, the most drops, the
      * least progress. */
     det_row(&row, o, "worst", "-", NAN, agg_max(&susp), agg_max(&fdead), agg_max(&adead),
             agg_min(&prog), agg_max(&spread), agg_max(&state), agg_min(&pjoin), agg_max(&fd),
-            agg_max(&ed), st);
+            agg_max(&ed), agg_max(&lc), st);
 
     if (!json)
         printf("\n");

@@ -1017,7 +1017,11 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
     double t_kill = NAN;
     const struct step_goal g = {n, -1, o->kill_at};
     if (!cluster_wait(&c, 240, join_done, &g)) {
-        snprintf(r->why, sizeof(r->why), "the join of n%d did not complete within 240 s", n);
+        if (c.pid <= 0)
+            snprintf(r->why, sizeof(r->why), "dslaunch ended (exit %d) before the join of n%d "
+                     "completed", c.code, n);
+        else
+            snprintf(r->why, sizeof(r->why), "the join of n%d did not complete within 240 s", n);
         goto abort;
     }
     /* The join itself disturbs the rounds for a while (progress_join), at

@@ -24,21 +24,36 @@
  * incarnation; `seq` counts that stream's messages from 1, assigned when the
  * message's first chunk is posted, so every seq that reaches the wire is
  * either posted whole or followed by an ABORT chunk (flags bit 0, no
- * payload). The receiver keys its state by stream (a new stream from a known
- * address means the sender restarted or reset: start over at seq 1), places
- * chunks by index with a bitmap (libfabric reports completions in any order:
- * ofi_rxm's rendezvous reads finish after later eager sends), and delivers
- * messages strictly by seq. Carrying the sender's address in every chunk
- * makes each chunk self-describing, so a first message from an unknown
- * address can be answered (libfabric's FI_SOURCE cannot name a sender that
- * is not yet in the address vector) and a chunk never waits for another to
- * be attributed.
+ * payload). The receiver keeps up to four streams per peer (a new stream
+ * from a known address: the sender restarted or reset, or someone forges
+ * its address), places chunks by index with a bitmap (libfabric reports
+ * completions in any order: ofi_rxm's rendezvous reads finish after later
+ * eager sends), and delivers messages strictly by seq. Carrying the
+ * sender's address in every chunk makes each chunk self-describing, so a
+ * first message from an unknown address can be answered (libfabric's
+ * FI_SOURCE cannot name a sender that is not yet in the address vector) and
+ * a chunk never waits for another to be attributed.
  *
- * Two receive pools: small buffers (64 KiB, tag 1) and chunk-sized ones
- * (tag 2), so that control traffic does not pin megabyte buffers. A message
- * that fits in one chunk and arrives in order is handed to on_recv straight
- * from the pool buffer; the pool allocates a fresh one if the callback keeps
- * it. Larger messages are copied chunk by chunk into one allocation.
+ * Grants. Chunks of up to 16 KiB on the wire (ofi_rxm's eager limit) go
+ * unsolicited into a pool of small receive buffers (tag 1). A larger chunk
+ * is sent only on a grant: the receiver posts a chunk-sized buffer under a
+ * unique tag (bit 62 | 48-bit id) and tells the sender the id (control
+ * chunks, flags bit 1, seq 0: REQ "I need n", GRANT "ids, for your stream
+ * s", RELEASE "ids back", VOID "I reset, forget my grants"). So no large
+ * message is ever unexpected at ofi_rxm, which 1.17 does not survive when
+ * the sender's connection closes (see TP_EAGER_MAX), and a frozen sender
+ * pins only the buffers granted to it. Grants are standing credit, up to a
+ * window per peer and rx_large_bufs in all: a sender gives them back after
+ * 5 s unused, a receiver takes back those unused for 15 s (dead senders),
+ * and both forget them across a reset (the grant message names the sender
+ * stream it was for, so grants issued to an earlier incarnation are never
+ * used). A receiver repeats outstanding grants when asked again, because
+ * the first message sent to a peer that just reopened its endpoint is lost
+ * with the dead connection; the sender ignores ids it holds or used.
+ *
+ * A message that arrives in order in one chunk is handed to on_recv
+ * straight from its receive buffer; a fresh one replaces it if the callback
+ * keeps it. Larger messages are copied chunk by chunk into one allocation.
  *
  * Liveness (DESIGN 7). Sends have deadlines, scanned whenever the earliest
  * one falls due; the wait in the progress loop never sleeps past it. A send
@@ -46,7 +61,9 @@
  * libfabric completes them. When those abandoned sends pass stuck_max_ops or
  * stuck_max_bytes, the whole libfabric stack is closed (fi_close discards
  * outstanding operations, so their buffers are free again) and reopened on
- * the same address; peers are re-inserted and get new streams.
+ * the same address; peers are re-inserted and get new streams. Whatever
+ * libfabric failed (or we cancelled) is quarantined, context and buffer,
+ * for TP_QUARANTINE_GRACE_MS, since ofi_rxm may report it again.
  */
 #include "config.h"
 
@@ -84,10 +101,33 @@
 #define TP_NAME_MAX 128
 #define TP_HDR_MAX (TP_HDR_FIXED + TP_NAME_MAX)
 #define TP_F_ABORT 0x01
+#define TP_F_CTRL 0x02 /* transport control: grant traffic, never delivered */
 
+/* Only messages of at most TP_EAGER_MAX wire bytes travel unsolicited
+ * (ofi_rxm's eager limit). A larger chunk is sent only with a grant: the
+ * tag of a receive buffer the receiver has posted for that sender. ofi_rxm
+ * 1.17 crashes when a receive is posted that matches an *unexpected*
+ * message above its eager limit whose connection has closed (it uses the
+ * freed connection: reproduced standalone, 16384 bytes survive, 16385
+ * crash), so with grants a large chunk is never unexpected. */
 #define TP_TAG_SMALL 1u
-#define TP_TAG_LARGE 2u
-#define TP_SMALL_BUF (64u * 1024u)
+#define TP_TAG_GRANT (1ull << 62)
+#define TP_GRANT_MASK ((1ull << 48) - 1)
+#define TP_EAGER_MAX 16384u
+#define TP_SMALL_BUF TP_EAGER_MAX
+#define TP_GRANT_RING 256      /* grants a sender holds per peer, at most */
+#define TP_GRANTS_PER_MSG 64
+#define TP_REQ_REFRESH_MS 250  /* re-ask for grants that did not come */
+#define TP_GRANT_IDLE_MS 5000   /* a sender gives back grants unused this long */
+/* A receiver takes back a grant unused for this long: its sender would
+ * have given it back if alive, so it is dead or frozen (a frozen one that
+ * resumes sends on a withdrawn tag: never matched, its send times out). */
+#define TP_GRANT_RECLAIM_MS (3 * TP_GRANT_IDLE_MS)
+/* What libfabric failed or we cancelled is kept this long before its
+ * memory is reused: ofi_rxm may report such an operation again (seen
+ * within milliseconds), so the context and buffer must stay valid. */
+#define TP_QUARANTINE_GRACE_MS 60000
+enum ctrl_kind { CTRL_REQ = 1, CTRL_GRANT = 2, CTRL_RELEASE = 3, CTRL_VOID = 4 };
 
 #define TP_RX_HELD_MAX 65536  /* out-of-order messages held per peer */
 #define TP_RX_COPY_MAX 16384  /* held messages up to this size are copied
@@ -97,10 +137,7 @@
 #define TP_CQ_BATCH 32
 #define TP_POST_BUDGET 64     /* chunks posted per loop iteration */
 #define TP_TICK_MS 100        /* longest sleep of the progress loop */
-#define TP_PROBE_MS 250       /* receive-pool watchdog period */
 #define TP_FRESH_GAP_MS 200   /* gap before the first delivery of a stream */
-#define TP_PIN_FACTOR 3       /* pinned buffers per pool: 3x its size (+ for
-                               * the large pool, two peers' windows) */
 #define TP_CACHE_SLOTS 64     /* large buffers kept for reuse */
 #define TP_CACHE_MIN (64u << 10)
 #define TP_CACHE_BYTES ((size_t)256 << 20)
@@ -126,16 +163,18 @@ struct tp_chunk {
     uint8_t hdr[TP_HDR_MAX];
 };
 
-enum op_where { OP_NOWHERE = 0, OP_TXQ, OP_INFLIGHT };
+enum op_where { OP_NOWHERE = 0, OP_TXQ, OP_INFLIGHT, OP_CTRLQ };
 
 struct tp_op {
     struct tp_op *next, *prev;
     uint32_t slot;
     uint8_t is_abort;
+    uint8_t is_ctrl;                  /* control message (payload in copy) */
     uint8_t where;
     uint8_t reported;
     uint8_t abandoned;
     uint8_t tainted;                  /* libfabric failed a chunk: quarantine */
+    uint64_t q_ms;                    /* quarantined at */
     const uint8_t *data;
     size_t len;
     void *copy;                       /* our own copy (release == NULL) */
@@ -207,6 +246,24 @@ struct tp_peer {
     struct op_list txq, inflight;
     uint64_t inflight_bytes;
     struct tp_rxs rxs[TP_STREAMS];   /* its senders' streams */
+
+    /* grants, as a sender: receive buffers it posted for us */
+    uint64_t gr[TP_GRANT_RING];
+    unsigned gr_head, gr_n;
+    uint64_t used[TP_GRANT_RING];     /* grants we used lately: a repeated
+                                       * GRANT for one of them is stale */
+    unsigned used_pos;
+    uint32_t need_sent;               /* grants asked for and not yet come */
+    uint8_t req_pending;              /* a REQ is queued or in flight */
+    uint64_t req_ms;                  /* when we last asked */
+    struct op_list ctrlq;             /* control messages, posted first */
+    uint64_t large_ms;                /* last time a large chunk was queued/posted */
+    /* grants, as a receiver: buffers we posted for it */
+    uint64_t grant_stream;            /* its stream our grants belong to */
+    unsigned grants_out;
+    uint32_t need;                    /* grants it asked for, not yet given */
+    uint64_t gbatch[TP_GRANTS_PER_MSG];
+    unsigned gbatch_n;
     uint32_t busy_next;               /* busy list link: slot+1, 0 = end */
 };
 
@@ -223,17 +280,23 @@ struct tp_rxbuf {
     uint64_t tag;
     uint32_t slot;
     uint8_t posted;     /* libfabric holds it */
-    uint8_t canceling;  /* fi_cancel issued, no completion yet */
-    uint8_t pinned;     /* left its slot: matched to a stalled transfer */
+    uint8_t canceling;  /* fi_cancel issued (grants only), no completion yet */
+    uint8_t is_grant;   /* a buffer granted to one sender (not a pool slot) */
+    uint32_t grant_slot;
+    uint16_t grant_gen;
+    uint64_t grant_id;
+    uint64_t grant_stream; /* the sender stream that asked for it */
+    uint64_t q_ms;      /* quarantined at */
     uint64_t since_ms;  /* posted at, or cancel issued at */
     struct tp_rxbuf *qnext;
+    struct tp_rxbuf *gnext, *gprev; /* the transport's list of grants */
 };
 
 struct tp_stats_atomic {
     _Atomic uint64_t msgs_sent, bytes_sent, msgs_recv, bytes_recv;
     _Atomic uint64_t send_timeouts, send_errors, eagain;
     _Atomic uint64_t stuck_ops, stuck_bytes, queued_bytes, resets;
-    _Atomic uint64_t quarantined_bytes, dup_completions, pinned_bufs;
+    _Atomic uint64_t quarantined_bytes, dup_completions;
     _Atomic uint64_t drops[DS_TP_DROP_COUNT];
 };
 
@@ -273,9 +336,11 @@ struct ds_transport {
     struct tp_rxbuf **rx;        /* pool slots: the current posting of each */
     unsigned nrx, rx_unposted;
     struct tp_rxbuf *q_rx;       /* failed receives, kept until stack close */
-    struct tp_rxbuf *pinned;     /* receives stuck in a stalled transfer */
-    unsigned npinned[2];         /* per pool: small, large */
-    uint64_t next_probe_ms;
+    struct tp_rxbuf *grants;     /* posted grant buffers */
+    unsigned ngrants;
+    unsigned grants_per_peer;    /* a window's worth of chunks */
+    uint64_t next_grant_id;
+    uint64_t next_quarantine_ms; /* next look for quarantine past its grace */
     struct tp_op *q_ops;         /* ops with failed chunks, same */
     uint64_t rx_mem;
     uint32_t busy_head;         /* peers with txq/inflight/held work */
@@ -528,7 +593,7 @@ void ds_transport_opts_default(ds_transport_opts *o)
     o->max_msg_bytes = (size_t)1 << 30;
     o->rx_mem_bytes = (size_t)2 << 30;
     o->rx_small_bufs = 64;
-    o->rx_large_bufs = 16;
+    o->rx_large_bufs = 64;
     o->max_peers = 1024;
     o->rx_timeout_ms = 10000;
     o->miss_limit = 1;
@@ -550,8 +615,9 @@ static int opts_check(const ds_transport_opts *o)
             o->chunk_bytes + TP_HDR_MAX);
     if (o->max_queued_bytes == 0 || o->max_msg_bytes == 0 || o->rx_mem_bytes == 0)
         BAD("max_queued_bytes, max_msg_bytes and rx_mem_bytes must be > 0");
-    if (o->rx_small_bufs == 0 || o->rx_large_bufs == 0 || o->rx_small_bufs + o->rx_large_bufs > 4096)
-        BAD("rx_small_bufs=%u rx_large_bufs=%u: each >= 1, together <= 4096", o->rx_small_bufs,
+    if (o->rx_small_bufs == 0 || o->rx_large_bufs == 0 || o->rx_small_bufs > 4096 ||
+        o->rx_large_bufs > 4096)
+        BAD("rx_small_bufs=%u rx_large_bufs=%u: each in [1, 4096]", o->rx_small_bufs,
             o->rx_large_bufs);
     if (o->max_peers == 0 || o->max_peers > 65535)
         BAD("max_peers=%u outside [1, 65535]", o->max_peers);
@@ -807,7 +873,11 @@ static void av_insert(ds_transport *t, uint32_t slot);
 
 static void op_free(ds_transport *t, struct tp_op *op)
 {
-    if (!op->is_abort) {
+    if (op->is_ctrl) {
+        if (op->data && op->data[0] == CTRL_REQ)
+            t->peers[op->slot].req_pending = 0;
+        free(op->copy);
+    } else if (!op->is_abort) {
         if (op->release)
             op->release(op->release_arg, (void *)op->data);
         ds_transport_buf_put(t, op->copy);
@@ -879,6 +949,8 @@ static void op_retire(ds_transport *t, struct tp_op *op)
         list_unlink(&p->txq, op);
     else if (op->where == OP_INFLIGHT)
         list_unlink(&p->inflight, op);
+    else if (op->where == OP_CTRLQ)
+        list_unlink(&p->ctrlq, op);
     op->where = OP_NOWHERE;
     if (op->abandoned) {
         ST_SUB(t, stuck_ops, 1);
@@ -887,16 +959,43 @@ static void op_retire(ds_transport *t, struct tp_op *op)
     uint32_t slot = op->slot;
     if (op->tainted) {
         /* libfabric failed a chunk of it; ofi_rxm may report a failure
-         * twice, so its contexts and buffer stay valid until the stack is
-         * closed. */
+         * twice, so its contexts and buffer stay valid for the grace
+         * period (or until the stack is closed). */
         op->next = t->q_ops;
+        op->q_ms = ds_now_ms();
         t->q_ops = op;
         ST_ADD(t, quarantined_bytes, op->len);
     } else {
         op_free(t, op);
     }
-    if (p->state == PEER_DRAINING && !p->txq.head && !p->inflight.head)
+    if (p->state == PEER_DRAINING && !p->txq.head && !p->inflight.head && !p->ctrlq.head)
         peer_free_slot(t, slot);
+}
+
+/* Free what has sat in quarantine past its grace period. */
+static void quarantine_age(ds_transport *t, uint64_t now)
+{
+    for (struct tp_op **pp = &t->q_ops; *pp;) {
+        struct tp_op *op = *pp;
+        if (now - op->q_ms >= TP_QUARANTINE_GRACE_MS) {
+            *pp = op->next;
+            ST_SUB(t, quarantined_bytes, op->len);
+            op_free(t, op);
+        } else {
+            pp = &op->next;
+        }
+    }
+    for (struct tp_rxbuf **pp = &t->q_rx; *pp;) {
+        struct tp_rxbuf *rb = *pp;
+        if (now - rb->q_ms >= TP_QUARANTINE_GRACE_MS) {
+            *pp = rb->qnext;
+            ST_SUB(t, quarantined_bytes, rb->cap);
+            free(rb->buf);
+            free(rb);
+        } else {
+            pp = &rb->qnext;
+        }
+    }
 }
 
 /* After the stack is closed nothing in quarantine can be touched again. */
@@ -913,14 +1012,6 @@ static void quarantine_free(ds_transport *t)
         free(rb->buf);
         free(rb);
     }
-    while (t->pinned) {
-        struct tp_rxbuf *rb = t->pinned;
-        t->pinned = rb->qnext;
-        free(rb->buf);
-        free(rb);
-    }
-    t->npinned[0] = t->npinned[1] = 0;
-    atomic_store(&t->st.pinned_bufs, 0);
     atomic_store(&t->st.quarantined_bytes, 0);
 }
 
@@ -979,7 +1070,7 @@ static void chunk_header(ds_transport *t, struct tp_op *op, uint32_t idx, uint8_
 {
     put_le32(h, TP_MAGIC);
     h[4] = TP_VERSION;
-    h[5] = op->is_abort ? TP_F_ABORT : 0;
+    h[5] = op->is_abort ? TP_F_ABORT : op->is_ctrl ? TP_F_CTRL : 0;
     h[6] = (uint8_t)(t->namelen & 0xff);
     h[7] = (uint8_t)(t->namelen >> 8);
     put_le64(h + 8, op->stream);
@@ -990,13 +1081,321 @@ static void chunk_header(ds_transport *t, struct tp_op *op, uint32_t idx, uint8_
     memcpy(h + TP_HDR_FIXED, t->name, t->namelen);
 }
 
-/* Post what the peer's queue and window allow. Returns chunks posted. */
+/* ---- grants (see TP_EAGER_MAX) -------------------------------------- */
+
+static int gr_known(const struct tp_peer *p, uint64_t id)
+{
+    for (unsigned i = 0; i < p->gr_n; i++)
+        if (p->gr[(p->gr_head + i) % TP_GRANT_RING] == id)
+            return 1;
+    for (unsigned i = 0; i < TP_GRANT_RING; i++)
+        if (p->used[i] == id)
+            return 1;
+    return 0;
+}
+
+/* A grant from the peer; one we hold or used already is ignored (the
+ * receiver repeats outstanding grants when we ask again, because a GRANT
+ * message can be lost: the first send to a peer that just reopened its
+ * endpoint vanishes with the dead connection). */
+static void gr_push_back(struct tp_peer *p, uint64_t id)
+{
+    if (gr_known(p, id))
+        return;
+    if (p->gr_n < TP_GRANT_RING) {
+        p->gr[(p->gr_head + p->gr_n) % TP_GRANT_RING] = id;
+        p->gr_n++;
+    }
+}
+
+static void gr_push_front(struct tp_peer *p, uint64_t id)
+{
+    if (p->gr_n < TP_GRANT_RING) {
+        p->gr_head = (p->gr_head + TP_GRANT_RING - 1) % TP_GRANT_RING;
+        p->gr[p->gr_head] = id;
+        p->gr_n++;
+    }
+}
+
+static uint64_t gr_pop(struct tp_peer *p)
+{
+    uint64_t id = p->gr[p->gr_head];
+    p->gr_head = (p->gr_head + 1) % TP_GRANT_RING;
+    p->gr_n--;
+    return id;
+}
+
+/* Queue a control message (kind, then body) for the peer; control goes
+ * out before data, outside the window, so grants flow even while our own
+ * data waits for the peer's. */
+static int ctrl_send(ds_transport *t, uint32_t slot, uint8_t kind, const void *body, size_t blen)
+{
+    struct tp_peer *p = &t->peers[slot];
+    struct tp_op *op = calloc(1, sizeof(*op));
+    uint8_t *pl = malloc(4 + blen);
+    if (!op || !pl) {
+        free(op);
+        free(pl);
+        return -ENOMEM;
+    }
+    pl[0] = kind;
+    pl[1] = pl[2] = pl[3] = 0;
+    if (blen)
+        memcpy(pl + 4, body, blen);
+    op->is_ctrl = 1;
+    op->slot = slot;
+    op->copy = pl;
+    op->data = pl;
+    op->len = 4 + blen;
+    op->nchunks = 1;
+    op->chunk_size = (uint32_t)op->len;
+    op->reported = 1;
+    list_push_tail(&p->ctrlq, op);
+    op->where = OP_CTRLQ;
+    mark_busy(t, slot);
+    return 0;
+}
+
+/* Send grant ids as one message per TP_GRANTS_PER_MSG: u32 n, u64 epoch
+ * (for GRANT: the sender stream the grants are for, so that grants issued
+ * to an incarnation that has since reset are never used; else 0), ids. */
+static void ctrl_send_ids(ds_transport *t, uint32_t slot, uint8_t kind, uint64_t epoch,
+                          const uint64_t *ids, unsigned n)
+{
+    while (n) {
+        unsigned k = n < TP_GRANTS_PER_MSG ? n : TP_GRANTS_PER_MSG;
+        uint8_t body[12 + 8 * TP_GRANTS_PER_MSG];
+        put_le32(body, k);
+        put_le64(body + 4, epoch);
+        for (unsigned i = 0; i < k; i++)
+            put_le64(body + 12 + 8 * i, ids[i]);
+        ctrl_send(t, slot, kind, body, 12 + 8 * (size_t)k);
+        ids += k;
+        n -= k;
+    }
+}
+
+/* As a receiver: post buffers for what the peer asked for (up to a
+ * window per peer and rx_large_bufs in all) and tell it their tags. */
+static void grant_more(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    if (t->broken || p->state != PEER_LIVE)
+        return;
+    while (p->need && p->grants_out < t->grants_per_peer && t->ngrants < t->o.rx_large_bufs) {
+        struct tp_rxbuf *rb = calloc(1, sizeof(*rb));
+        if (!rb)
+            break;
+        rb->cap = t->o.chunk_bytes + TP_HDR_MAX;
+        rb->buf = ds_transport_buf_get(t, rb->cap);
+        if (!rb->buf) {
+            free(rb);
+            break;
+        }
+        rb->is_grant = 1;
+        rb->grant_slot = slot;
+        rb->grant_gen = p->gen;
+        rb->grant_id = t->next_grant_id++ & TP_GRANT_MASK;
+        rb->grant_stream = p->grant_stream;
+        rb->tag = TP_TAG_GRANT | rb->grant_id;
+        rb->ctx.kind = CTX_RX;
+        ssize_t r = fi_trecv(t->ep, rb->buf, rb->cap, NULL, FI_ADDR_UNSPEC, rb->tag, 0, &rb->ctx);
+        if (r) {
+            ds_transport_buf_put(t, rb->buf);
+            free(rb);
+            break; /* -FI_EAGAIN: the next chunk that arrives retries */
+        }
+        rb->posted = 1;
+        rb->since_ms = ds_now_ms();
+        rb->gnext = t->grants;
+        if (t->grants)
+            t->grants->gprev = rb;
+        t->grants = rb;
+        t->ngrants++;
+        p->grants_out++;
+        p->need--;
+        p->gbatch[p->gbatch_n++] = rb->grant_id;
+        if (p->gbatch_n == TP_GRANTS_PER_MSG) {
+            ctrl_send_ids(t, slot, CTRL_GRANT, p->grant_stream, p->gbatch, p->gbatch_n);
+            p->gbatch_n = 0;
+        }
+    }
+    if (p->gbatch_n) {
+        ctrl_send_ids(t, slot, CTRL_GRANT, p->grant_stream, p->gbatch, p->gbatch_n);
+        p->gbatch_n = 0;
+    }
+}
+
+static void grant_unlink(ds_transport *t, struct tp_rxbuf *rb)
+{
+    if (rb->gprev)
+        rb->gprev->gnext = rb->gnext;
+    else
+        t->grants = rb->gnext;
+    if (rb->gnext)
+        rb->gnext->gprev = rb->gprev;
+    rb->gnext = rb->gprev = NULL;
+    t->ngrants--;
+}
+
+/* Cancel our grants to a peer: all of them, or those in ids[0..n). Unused
+ * ones come back FI_ECANCELED; one in use completes as it will. */
+static void grants_cancel(ds_transport *t, uint32_t slot, const uint64_t *ids, unsigned n)
+{
+    if (t->broken)
+        return;
+    for (struct tp_rxbuf *rb = t->grants; rb; rb = rb->gnext) {
+        if (rb->grant_slot != slot || rb->grant_gen != t->peers[slot].gen || rb->canceling)
+            continue;
+        int hit = ids == NULL;
+        for (unsigned i = 0; i < n && !hit; i++)
+            hit = ids[i] == rb->grant_id;
+        if (hit && fi_cancel(&t->ep->fid, &rb->ctx) == 0)
+            rb->canceling = 1;
+    }
+}
+
+/* Take back grants left unused past TP_GRANT_RECLAIM_MS (dead senders). */
+static void grants_reclaim(ds_transport *t, uint64_t now)
+{
+    if (t->broken)
+        return;
+    for (struct tp_rxbuf *rb = t->grants; rb; rb = rb->gnext)
+        if (rb->posted && !rb->canceling && now - rb->since_ms >= TP_GRANT_RECLAIM_MS &&
+            fi_cancel(&t->ep->fid, &rb->ctx) == 0)
+            rb->canceling = 1;
+}
+
+/* After a stack close: every grant buffer is ours again. */
+static void grants_free(ds_transport *t)
+{
+    while (t->grants) {
+        struct tp_rxbuf *rb = t->grants;
+        grant_unlink(t, rb);
+        ds_transport_buf_put(t, rb->buf);
+        free(rb);
+    }
+    t->ngrants = 0;
+}
+
+/* Large chunks still to post to the peer (stops counting at `cap`). */
+static uint32_t large_chunks_queued(ds_transport *t, struct tp_peer *p, uint32_t cap)
+{
+    size_t hl = TP_HDR_FIXED + t->namelen;
+    uint32_t n = 0;
+    for (struct tp_op *op = p->txq.head; op && n < cap; op = op->next) {
+        if (op->is_abort)
+            continue;
+        uint64_t cs = op->chunks ? op->chunk_size : t->o.chunk_bytes;
+        uint64_t nch = op->len ? (op->len + cs - 1) / cs : 1;
+        uint64_t last = op->len - (nch - 1) * cs;
+        for (uint64_t k = op->next_chunk; k < nch && n < cap; k++)
+            n += hl + (k + 1 == nch ? last : cs) > TP_EAGER_MAX;
+    }
+    return n;
+}
+
+/* As a sender blocked on grants: ask (once at a time; again after
+ * TP_REQ_REFRESH_MS if nothing came, e.g. across a reset). */
+static void ask_grants(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    uint64_t now = ds_now_ms();
+    uint64_t due = p->req_ms + TP_REQ_REFRESH_MS;
+    if (p->req_pending || (p->need_sent && now < due)) {
+        if (due < t->next_due_ms)
+            t->next_due_ms = due;
+        return;
+    }
+    uint32_t need = large_chunks_queued(t, p, 2 * t->grants_per_peer);
+    if (!need)
+        return;
+    p->large_ms = now;
+    uint8_t body[4];
+    put_le32(body, need);
+    if (ctrl_send(t, slot, CTRL_REQ, body, sizeof(body)))
+        return;
+    p->req_pending = 1;
+    p->need_sent = need;
+    p->req_ms = now;
+    if (now + TP_REQ_REFRESH_MS < t->next_due_ms)
+        t->next_due_ms = now + TP_REQ_REFRESH_MS;
+}
+
+/* Give back grants we hold and no longer need. */
+static void release_grants(ds_transport *t, uint32_t slot)
+{
+    struct tp_peer *p = &t->peers[slot];
+    uint64_t ids[TP_GRANT_RING];
+    unsigned n = 0;
+    while (p->gr_n)
+        ids[n++] = gr_pop(p);
+    ctrl_send_ids(t, slot, CTRL_RELEASE, 0, ids, n);
+    p->need_sent = 0;
+}
+
+/* Post one chunk of op with tag; 0 or the libfabric error. */
+static ssize_t post_chunk(ds_transport *t, struct tp_peer *p, struct tp_op *op, uint32_t idx,
+                          uint64_t tag)
+{
+    uint64_t off = (uint64_t)idx * op->chunk_size;
+    size_t clen = op->is_abort ? 0 : (size_t)(op->len - off < op->chunk_size ? op->len - off
+                                                                            : op->chunk_size);
+    struct tp_chunk *c = &op->chunks[idx];
+    size_t hl = TP_HDR_FIXED + t->namelen;
+    c->ctx.kind = CTX_TX;
+    c->op = op;
+    c->posted = 1;
+    chunk_header(t, op, idx, c->hdr);
+    struct iovec iov[2] = {
+        {.iov_base = c->hdr, .iov_len = hl},
+        {.iov_base = (void *)(op->data + off), .iov_len = clen},
+    };
+    ssize_t r = fi_tsendv(t->ep, iov, NULL, clen ? 2 : 1, p->fa, tag, &c->ctx);
+    if (r)
+        c->posted = 0;
+    if (r == -FI_EAGAIN) {
+        ST_ADD(t, eagain, 1);
+        t->eagain_seen = 1;
+    }
+    return r;
+}
+
+/* Post what the peer's queues, window and grants allow. Returns chunks
+ * posted. */
 static int post_peer(ds_transport *t, uint32_t slot, int budget)
 {
     struct tp_peer *p = &t->peers[slot];
     int posted = 0;
     if (!p->in_av || t->broken)
         return 0;
+    if (!p->tx_stream)
+        p->tx_stream = random_u64();
+    while (p->ctrlq.head && posted < budget) {
+        struct tp_op *op = p->ctrlq.head;
+        if (!op->chunks) {
+            op->chunks = calloc(1, sizeof(*op->chunks));
+            if (!op->chunks)
+                return posted;
+        }
+        op->stream = p->tx_stream;
+        op->chunks[0].wire = (uint32_t)(TP_HDR_FIXED + t->namelen + op->len);
+        ssize_t r = post_chunk(t, p, op, 0, TP_TAG_SMALL);
+        if (r == -FI_EAGAIN)
+            return posted;
+        list_unlink(&p->ctrlq, op);
+        op->where = OP_NOWHERE;
+        if (r) {
+            op_free(t, op);
+            continue;
+        }
+        posted++;
+        op->pending = 1;
+        op->pending_bytes = op->chunks[0].wire;
+        op->next_chunk = 1;
+        list_push_tail(&p->inflight, op);
+        op->where = OP_INFLIGHT;
+    }
     while (p->txq.head && posted < budget) {
         struct tp_op *op = p->txq.head;
         if (!op->chunks) {
@@ -1014,8 +1413,6 @@ static int post_peer(ds_transport *t, uint32_t slot, int budget)
              * every seq on the wire is followed by all its chunks or an
              * ABORT, and the receiver never waits for a number that was
              * never sent. */
-            if (!p->tx_stream)
-                p->tx_stream = random_u64();
             op->stream = p->tx_stream;
             op->seq = p->tx_seq + 1;
         }
@@ -1023,28 +1420,31 @@ static int post_peer(ds_transport *t, uint32_t slot, int budget)
         size_t clen = op->is_abort ? 0 : (size_t)(op->len - off < op->chunk_size ? op->len - off
                                                                                 : op->chunk_size);
         struct tp_chunk *c = &op->chunks[idx];
-        size_t hl = TP_HDR_FIXED + t->namelen;
-        c->wire = (uint32_t)(hl + clen);
+        c->wire = (uint32_t)(TP_HDR_FIXED + t->namelen + clen);
         if (p->inflight_bytes && p->inflight_bytes + c->wire > t->o.max_inflight_bytes)
             break; /* window full: wait for completions */
-        c->ctx.kind = CTX_TX;
-        c->op = op;
-        c->posted = 1;
-        chunk_header(t, op, idx, c->hdr);
-        struct iovec iov[2] = {
-            {.iov_base = c->hdr, .iov_len = hl},
-            {.iov_base = (void *)(op->data + off), .iov_len = clen},
-        };
-        uint64_t tag = c->wire <= TP_SMALL_BUF ? TP_TAG_SMALL : TP_TAG_LARGE;
-        ssize_t r = fi_tsendv(t->ep, iov, NULL, clen ? 2 : 1, p->fa, tag, &c->ctx);
+        uint64_t tag = TP_TAG_SMALL, gid = 0;
+        int granted = 0;
+        if (c->wire > TP_EAGER_MAX) {
+            if (!p->gr_n) {
+                ask_grants(t, slot);
+                break;
+            }
+            gid = gr_pop(p);
+            granted = 1;
+            tag = TP_TAG_GRANT | gid;
+            p->large_ms = ds_now_ms();
+            p->used[p->used_pos++ % TP_GRANT_RING] = gid;
+        }
+        ssize_t r = post_chunk(t, p, op, idx, tag);
         if (r == -FI_EAGAIN) {
-            c->posted = 0;
-            ST_ADD(t, eagain, 1);
-            t->eagain_seen = 1;
+            if (granted)
+                gr_push_front(p, gid);
             break;
         }
         if (r) {
-            c->posted = 0;
+            if (granted)
+                ctrl_send_ids(t, slot, CTRL_RELEASE, 0, &gid, 1);
             if (!op->is_abort && idx == 0)
                 op->seq = 0;
             ds_log_rl(DS_LOG_WARN, COMP, "fi_tsendv to %s: %s", p->addr, fi_strerror((int)-r));
@@ -1065,7 +1465,7 @@ static int post_peer(ds_transport *t, uint32_t slot, int budget)
         posted++;
         ds_debug(COMP, "posted to %s stream=%016" PRIx64 " seq=%" PRIu64 " chunk=%u/%u bytes=%u%s",
                  p->addr, op->stream, op->seq, idx, op->nchunks, c->wire,
-                 op->is_abort ? " ABORT" : "");
+                 op->is_abort ? " ABORT" : granted ? " granted" : "");
         if (!op->is_abort && idx == 0)
             p->tx_seq = op->seq;
         op->pending++;
@@ -1078,6 +1478,11 @@ static int post_peer(ds_transport *t, uint32_t slot, int budget)
             op->where = OP_INFLIGHT;
         }
     }
+    /* Grants are standing credit; they go back only after a long idle
+     * spell (taking them back costs the receiver a cancel and a quarantine,
+     * see TP_QUARANTINE_GRACE_MS). */
+    if (p->gr_n && ds_now_ms() - p->large_ms >= TP_GRANT_IDLE_MS && !large_chunks_queued(t, p, 1))
+        release_grants(t, slot);
     return posted;
 }
 
@@ -1094,7 +1499,8 @@ static void tx_complete(ds_transport *t, struct tp_chunk *c, int err)
         op->tainted = 1;
     op->pending--;
     op->pending_bytes -= c->wire;
-    p->inflight_bytes -= c->wire;
+    if (!op->is_ctrl)
+        p->inflight_bytes -= c->wire;
     if (op->abandoned)
         ST_SUB(t, stuck_bytes, c->wire);
     if (err) {
@@ -1334,6 +1740,12 @@ static uint32_t rx_peer(ds_transport *t, uint64_t stream, const uint8_t *name, s
             k = i;
     }
     struct tp_rxs *s = &p->rxs[k];
+    if (!created) {
+        /* A new incarnation of the sender (or a forgery): the grants it
+         * gave us may be gone; ask again rather than use them. */
+        p->gr_n = 0;
+        p->need_sent = 0;
+    }
     if (s->id) {
         rxs_clear(t, s, DS_TP_DROP_STALE_STREAM);
         ds_debug(COMP, "peer %s: stream %016" PRIx64 " replaces %016" PRIx64, p->addr, stream,
@@ -1354,6 +1766,75 @@ static uint32_t rx_peer(ds_transport *t, uint64_t stream, const uint8_t *name, s
     return slot;
 }
 
+/* A control message from the peer in slot. 1 when well-formed. */
+static int rx_ctrl(ds_transport *t, uint32_t slot, uint64_t stream, const uint8_t *b, size_t len)
+{
+    struct tp_peer *p = &t->peers[slot];
+    if (len < 8)
+        return 0;
+    uint32_t n = get_le32(b + 4);
+    ds_debug(COMP, "control %u n=%u from %s", b[0], n, p->addr);
+    switch (b[0]) {
+    case CTRL_REQ:
+        if (len != 8)
+            return 0;
+        if (stream != p->grant_stream) {
+            /* A new incarnation of the sender asks: the grants its old one
+             * held will not be used (a sender drops its grants when it
+             * resets), so take them back and start over. */
+            if (p->grant_stream && p->grants_out)
+                grants_cancel(t, slot, NULL, 0);
+            p->grant_stream = stream;
+            p->grants_out = 0;
+        }
+        p->need = n < (1u << 20) ? n : (1u << 20);
+        ds_debug(COMP, "grants for %s: need=%u out=%u all=%u of %u", p->addr, p->need,
+                 p->grants_out, t->ngrants, t->o.rx_large_bufs);
+        /* Repeat what is outstanding (the GRANT may have been lost; the
+         * sender ignores ids it has), then add what it still needs. */
+        {
+            uint64_t ids[TP_GRANT_RING];
+            unsigned k = 0;
+            for (struct tp_rxbuf *rb = t->grants; rb && k < TP_GRANT_RING; rb = rb->gnext)
+                if (rb->grant_slot == slot && rb->grant_gen == p->gen &&
+                    rb->grant_stream == p->grant_stream && !rb->canceling)
+                    ids[k++] = rb->grant_id;
+            if (k)
+                ctrl_send_ids(t, slot, CTRL_GRANT, p->grant_stream, ids, k);
+        }
+        grant_more(t, slot);
+        return 1;
+    case CTRL_GRANT:
+    case CTRL_RELEASE: {
+        if (n == 0 || n > TP_GRANTS_PER_MSG || len != 16 + 8 * (size_t)n)
+            return 0;
+        uint64_t epoch = get_le64(b + 8);
+        uint64_t ids[TP_GRANTS_PER_MSG];
+        for (uint32_t i = 0; i < n; i++)
+            ids[i] = get_le64(b + 16 + 8 * i) & TP_GRANT_MASK;
+        if (b[0] == CTRL_RELEASE) {
+            grants_cancel(t, slot, ids, n);
+            return 1;
+        }
+        if (epoch != p->tx_stream)
+            return 1; /* issued to our previous incarnation, since cancelled */
+        for (uint32_t i = 0; i < n; i++)
+            gr_push_back(p, ids[i]);
+        p->need_sent = p->need_sent > n ? p->need_sent - n : 0;
+        mark_busy(t, slot);
+        return 1;
+    }
+    case CTRL_VOID:
+        /* The peer reset: the grants it gave us are gone. */
+        p->gr_n = 0;
+        p->need_sent = 0;
+        mark_busy(t, slot);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* Handle one received chunk in rb. May take rb->buf (sets it NULL). */
 static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
 {
@@ -1368,8 +1849,10 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
     uint64_t stream = get_le64(h + 8), seq = get_le64(h + 16), total = get_le64(h + 24);
     uint32_t idx = get_le32(h + 32), csize = get_le32(h + 36);
     size_t hl = TP_HDR_FIXED + namelen;
-    if (namelen == 0 || namelen > TP_NAME_MAX || hl > len || stream == 0 || seq == 0 ||
-        (flags & ~TP_F_ABORT)) {
+    int ctrl = (flags & TP_F_CTRL) != 0;
+    if (namelen == 0 || namelen > TP_NAME_MAX || hl > len || stream == 0 ||
+        (seq == 0) != ctrl || (flags & ~(TP_F_ABORT | TP_F_CTRL)) ||
+        (ctrl && (flags & TP_F_ABORT))) {
         drop(t, DS_TP_DROP_BAD_HEADER);
         ds_log_rl(DS_LOG_WARN, COMP, "dropped chunk: bad header fields");
         return;
@@ -1382,6 +1865,13 @@ static void rx_chunk(ds_transport *t, struct tp_rxbuf *rb, size_t len)
     struct tp_peer *p = &t->peers[slot];
     struct tp_rxs *s = &p->rxs[sidx];
     s->last_use = ++t->rx_tick;
+    if (ctrl) {
+        if (total != plen || idx != 0 || !rx_ctrl(t, slot, stream, h + hl, (size_t)plen)) {
+            drop(t, DS_TP_DROP_BAD_HEADER);
+            ds_log_rl(DS_LOG_WARN, COMP, "dropped control chunk from %s: malformed", p->addr);
+        }
+        return;
+    }
     ds_debug(COMP, "chunk from %s stream=%016" PRIx64 " seq=%" PRIu64 " (next %" PRIu64
              ") chunk=%u total=%" PRIu64 "%s", p->addr, stream, seq, s->next, idx, total,
              (flags & TP_F_ABORT) ? " ABORT" : "");
@@ -1602,70 +2092,33 @@ static int post_receives(ds_transport *t)
     return n;
 }
 
-static void pinned_unlink(ds_transport *t, struct tp_rxbuf *rb)
+static void grant_complete(ds_transport *t, struct tp_rxbuf *rb, size_t len, int err)
 {
-    for (struct tp_rxbuf **pp = &t->pinned; *pp; pp = &(*pp)->qnext)
-        if (*pp == rb) {
-            *pp = rb->qnext;
-            break;
+    rb->posted = 0;
+    grant_unlink(t, rb);
+    uint32_t slot = rb->grant_slot;
+    struct tp_peer *p = &t->peers[slot];
+    int same = p->state != PEER_FREE && p->gen == rb->grant_gen;
+    if (same && p->grants_out && rb->grant_stream == p->grant_stream)
+        p->grants_out--;
+    if (err) {
+        /* Cancelled or failed: ofi_rxm may report it again, and after a
+         * cancel may even still write into it. Keep both untouched. */
+        rb->qnext = t->q_rx;
+        rb->q_ms = ds_now_ms();
+        t->q_rx = rb;
+        ST_ADD(t, quarantined_bytes, rb->cap);
+        if (err != FI_ECANCELED) {
+            drop(t, DS_TP_DROP_RX_ERROR);
+            ds_log_rl(DS_LOG_WARN, COMP, "granted receive failed: %s", fi_strerror(err));
         }
-    t->npinned[rb->tag == TP_TAG_LARGE]--;
-    ST_SUB(t, pinned_bufs, 1);
-}
-
-/* The receive-pool watchdog. A posted buffer that libfabric matched to a
- * transfer from a peer that then froze (a rendezvous read it will never
- * answer, the middle of a segmented message) stays posted forever, and
- * enough of them starve every other peer's messages of that size. Buffers
- * posted longer than TP_PROBE_MS get an fi_cancel: an idle one comes back
- * FI_ECANCELED and is simply posted again; one that does not come back
- * within another TP_PROBE_MS is matched and stalled, so it leaves its
- * slot for a fresh buffer (up to TP_PIN_FACTOR times the pool) and is
- * processed or quarantined whenever libfabric finally reports it. */
-static int probe_receives(ds_transport *t, uint64_t now)
-{
-    int work = 0;
-    for (unsigned i = 0; i < t->nrx; i++) {
-        struct tp_rxbuf *rb = t->rx[i];
-        if (!rb->posted || now - rb->since_ms < TP_PROBE_MS)
-            continue;
-        if (!rb->canceling) {
-            ssize_t r = fi_cancel(&t->ep->fid, &rb->ctx);
-            if (r == 0) {
-                rb->canceling = 1;
-                rb->since_ms = now;
-            }
-            continue;
-        }
-        int large = rb->tag == TP_TAG_LARGE;
-        unsigned base = large ? t->o.rx_large_bufs : t->o.rx_small_bufs;
-        /* A frozen sender can have a window's worth of rendezvous chunks
-         * matched here (the same max_inflight_bytes on every node); leave
-         * room for two such peers beyond TP_PIN_FACTOR pools. */
-        size_t bound = (size_t)base * TP_PIN_FACTOR;
-        if (large)
-            bound += 2 * ((t->o.max_inflight_bytes + t->o.chunk_bytes - 1) / t->o.chunk_bytes);
-        if (t->npinned[large] >= bound)
-            continue; /* bounded: this pool now starves until a reset */
-        struct tp_rxbuf *fresh = calloc(1, sizeof(*fresh));
-        if (!fresh)
-            continue;
-        fresh->cap = rb->cap;
-        fresh->tag = rb->tag;
-        fresh->slot = rb->slot;
-        t->rx[i] = fresh;
-        t->rx_unposted++;
-        rb->pinned = 1;
-        rb->canceling = 0;
-        rb->qnext = t->pinned;
-        t->pinned = rb;
-        t->npinned[large]++;
-        ST_ADD(t, pinned_bufs, 1);
-        ds_log_rl(DS_LOG_WARN, COMP, "a %s receive buffer is stuck in a stalled transfer; "
-                  "replaced (%u pinned)", large ? "large" : "small", t->npinned[large]);
-        work++;
+    } else {
+        rx_chunk(t, rb, len);
+        ds_transport_buf_put(t, rb->buf);
+        free(rb);
     }
-    return work;
+    if (same && p->state == PEER_LIVE)
+        grant_more(t, slot);
 }
 
 static void rx_complete(ds_transport *t, struct tp_rxbuf *rb, size_t len, int err)
@@ -1675,31 +2128,12 @@ static void rx_complete(ds_transport *t, struct tp_rxbuf *rb, size_t len, int er
         ST_ADD(t, dup_completions, 1);
         return;
     }
-    rb->posted = 0;
-    if (rb->pinned) {
-        /* A stalled transfer finished after all (the peer resumed, or its
-         * connection failed). Its slot has a replacement: process the
-         * data, then let the buffer go (or keep it quarantined). */
-        pinned_unlink(t, rb);
-        rb->pinned = 0;
-        if (err) {
-            rb->qnext = t->q_rx;
-            t->q_rx = rb;
-            ST_ADD(t, quarantined_bytes, rb->cap);
-            drop(t, DS_TP_DROP_RX_ERROR);
-            return;
-        }
-        rx_chunk(t, rb, len);
-        ds_transport_buf_put(t, rb->buf);
-        free(rb);
+    if (rb->is_grant) {
+        grant_complete(t, rb, len, err);
         return;
     }
+    rb->posted = 0;
     t->rx_unposted++;
-    if (rb->canceling) {
-        rb->canceling = 0;
-        if (err == FI_ECANCELED)
-            return; /* it was idle: the watchdog's cancel; repost as is */
-    }
     if (err) {
         struct tp_rxbuf *fresh = calloc(1, sizeof(*fresh));
         if (fresh) {
@@ -1708,6 +2142,7 @@ static void rx_complete(ds_transport *t, struct tp_rxbuf *rb, size_t len, int er
             fresh->slot = rb->slot;
             t->rx[rb->slot] = fresh;
             rb->qnext = t->q_rx;
+            rb->q_ms = ds_now_ms();
             t->q_rx = rb;
             ST_ADD(t, quarantined_bytes, rb->cap);
         }
@@ -1793,6 +2228,17 @@ static void peer_fresh(struct tp_peer *p)
     memset(p->rxs, 0, sizeof(p->rxs)); /* (held lists were emptied before) */
     for (int i = 0; i < TP_STREAMS; i++)
         p->rxs[i].next = 1;
+    p->gr_head = p->gr_n = 0;
+    memset(p->used, 0, sizeof(p->used));
+    p->used_pos = 0;
+    p->need_sent = 0;
+    p->req_pending = 0;
+    p->req_ms = 0;
+    p->grants_out = 0;
+    p->need = 0;
+    p->gbatch_n = 0;
+    p->grant_stream = 0;
+    p->large_ms = 0;
 }
 
 static void peer_free_slot(ds_transport *t, uint32_t slot)
@@ -1826,7 +2272,13 @@ static void peer_drain(ds_transport *t, uint32_t slot)
         if (!op->reported)
             op_fail(t, op, -ECANCELED);
     rx_clear(t, p, DS_TP_DROP_REMOVED_PEER);
-    if (!p->inflight.head)
+    /* Grants: ours to it are cancelled, its to us handed back (the slot
+     * stays until that message is out). */
+    grants_cancel(t, slot, NULL, 0);
+    p->need = 0;
+    if (p->gr_n)
+        release_grants(t, slot);
+    if (!p->inflight.head && !p->ctrlq.head)
         peer_free_slot(t, slot);
 }
 
@@ -1951,10 +2403,10 @@ static int scan_due(ds_transport *t, uint64_t now)
                     next = s2 + w2;
             }
         }
-        if (p->state == PEER_DRAINING && !p->inflight.head && !p->txq.head)
+        if (p->state == PEER_DRAINING && !p->inflight.head && !p->txq.head && !p->ctrlq.head)
             peer_free_slot(t, slot);
         /* Leave the busy list when nothing is left to watch. */
-        if (!p->txq.head && !p->inflight.head && !peer_holds(p)) {
+        if (!p->txq.head && !p->inflight.head && !p->ctrlq.head && !p->gr_n && !peer_holds(p)) {
             *link = p->busy_next;
             p->in_busy = 0;
             p->busy_next = 0;
@@ -1970,9 +2422,11 @@ static int post_sends(ds_transport *t)
 {
     int n = 0;
     t->eagain_seen = 0;
-    for (uint32_t b = t->busy_head; b; b = t->peers[b - 1].busy_next)
-        if (t->peers[b - 1].txq.head)
+    for (uint32_t b = t->busy_head; b; b = t->peers[b - 1].busy_next) {
+        struct tp_peer *p = &t->peers[b - 1];
+        if (p->txq.head || p->ctrlq.head || p->gr_n)
             n += post_peer(t, b - 1, TP_POST_BUDGET);
+    }
     return n;
 }
 
@@ -1982,7 +2436,6 @@ static void rx_pool_unpost_all(ds_transport *t)
 {
     for (unsigned i = 0; i < t->nrx; i++) {
         t->rx[i]->posted = 0;
-        t->rx[i]->canceling = 0;
     }
     t->rx_unposted = t->nrx;
     quarantine_free(t);
@@ -1997,10 +2450,17 @@ static void do_reset(ds_transport *t, const char *why)
             t->addr_text, why, stuck, (uint64_t)atomic_load(&t->st.stuck_bytes));
     stack_close(t);
     rx_pool_unpost_all(t);
+    grants_free(t);
     for (uint32_t slot = 0; slot < t->npeers; slot++) {
         struct tp_peer *p = &t->peers[slot];
         if (p->state == PEER_FREE)
             continue;
+        while (p->ctrlq.head) {
+            struct tp_op *cop = p->ctrlq.head;
+            list_unlink(&p->ctrlq, cop);
+            cop->where = OP_NOWHERE;
+            op_free(t, cop);
+        }
         /* Nothing is pending in libfabric any more. */
         while (p->inflight.head) {
             struct tp_op *op = p->inflight.head;
@@ -2039,8 +2499,24 @@ static void do_reset(ds_transport *t, const char *why)
             p->rxs[k].resync = 1;
         }
         p->in_av = 0;
+        /* Grants: the buffers we posted for it are gone (tell it, so it
+         * stops using their tags); those it posted for us still stand. */
+        int had = p->grants_out > 0;
+        p->grants_out = 0;
+        p->need = 0;
+        p->gbatch_n = 0;
+        p->grant_stream = 0;
+        /* and the grants we held: our new stream asks again, and the
+         * receiver takes back those our old one held */
+        p->gr_head = p->gr_n = 0;
+        p->need_sent = 0;
+        p->req_pending = 0;
         if (p->state == PEER_DRAINING)
             peer_free_slot(t, slot);
+        else if (had) {
+            static const uint8_t zero[4];
+            ctrl_send(t, slot, CTRL_VOID, zero, sizeof(zero)); /* posted after the reopen */
+        }
     }
     atomic_store(&t->st.stuck_ops, 0);
     atomic_store(&t->st.stuck_bytes, 0);
@@ -2112,8 +2588,15 @@ static void shutdown_all(ds_transport *t)
             op_report(t, op, -ECANCELED);
     }
     stack_close(t);
+    grants_free(t);
     for (uint32_t slot = 0; slot < t->npeers; slot++) {
         struct tp_peer *p = &t->peers[slot];
+        while (p->ctrlq.head) {
+            struct tp_op *op = p->ctrlq.head;
+            list_unlink(&p->ctrlq, op);
+            op->where = OP_NOWHERE;
+            op_free(t, op);
+        }
         while (p->txq.head) {
             struct tp_op *op = p->txq.head;
             list_unlink(&p->txq, op);
@@ -2158,9 +2641,10 @@ static void *progress_main(void *arg)
         uint64_t now = ds_now_ms();
         if (now >= t->next_due_ms)
             work += scan_due(t, now);
-        if (now >= t->next_probe_ms) {
-            work += probe_receives(t, now);
-            t->next_probe_ms = now + TP_PROBE_MS / 2;
+        if (now >= t->next_quarantine_ms) {
+            quarantine_age(t, now);
+            grants_reclaim(t, now);
+            t->next_quarantine_ms = now + 1000;
         }
         if (atomic_load_explicit(&t->st.stuck_ops, memory_order_relaxed) >= t->o.stuck_max_ops ||
             atomic_load_explicit(&t->st.stuck_bytes, memory_order_relaxed) +
@@ -2192,6 +2676,7 @@ static void transport_free(ds_transport *t)
     if (!t)
         return;
     stack_close(t);
+    grants_free(t);
     quarantine_free(t);
     if (t->rx) {
         for (unsigned i = 0; i < t->nrx; i++)
@@ -2266,7 +2751,7 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
 
     t->npeers = o->max_peers;
     t->peers = calloc(t->npeers, sizeof(*t->peers));
-    t->nrx = o->rx_small_bufs + o->rx_large_bufs;
+    t->nrx = o->rx_small_bufs; /* chunk-sized buffers are granted per sender */
     t->rx = calloc(t->nrx, sizeof(*t->rx));
     if (!t->peers || !t->rx) {
         r = -ENOMEM;
@@ -2275,16 +2760,20 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
     for (unsigned i = 0; i < t->npeers; i++)
         peer_fresh(&t->peers[i]);
     for (unsigned i = 0; i < t->nrx; i++) {
-        int small = i < o->rx_small_bufs;
         t->rx[i] = calloc(1, sizeof(**t->rx));
         if (!t->rx[i]) {
             r = -ENOMEM;
             goto fail;
         }
-        t->rx[i]->cap = small ? TP_SMALL_BUF : o->chunk_bytes + TP_HDR_MAX;
-        t->rx[i]->tag = small ? TP_TAG_SMALL : TP_TAG_LARGE;
+        t->rx[i]->cap = TP_SMALL_BUF;
+        t->rx[i]->tag = TP_TAG_SMALL;
         t->rx[i]->slot = i;
     }
+    {
+        size_t w = (o->max_inflight_bytes + o->chunk_bytes - 1) / o->chunk_bytes;
+        t->grants_per_peer = w < 2 ? 2 : w > 128 ? 128 : (unsigned)w;
+    }
+    t->next_grant_id = random_u64();
     t->rx_unposted = t->nrx;
     t->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (t->evfd < 0) {
@@ -2572,7 +3061,6 @@ void ds_transport_stats_get(ds_transport *t, ds_transport_stats *st)
     LD(resets);
     LD(quarantined_bytes);
     LD(dup_completions);
-    LD(pinned_bufs);
     for (int i = 0; i < DS_TP_DROP_COUNT; i++)
         st->drops[i] = atomic_load_explicit(&t->st.drops[i], memory_order_relaxed);
 #undef LD

@@ -121,8 +121,11 @@ typedef struct ds_transport_opts {
     size_t max_queued_bytes;   /* accepted, not yet released, all peers; 2 GiB */
     size_t max_msg_bytes;      /* largest message accepted on receive; 1 GiB */
     size_t rx_mem_bytes;       /* all partial / held received messages; 2 GiB */
-    unsigned rx_small_bufs;    /* posted 64 KiB receive buffers; 64 */
-    unsigned rx_large_bufs;    /* posted chunk-sized receive buffers; 16 */
+    unsigned rx_small_bufs;    /* posted 16 KiB receive buffers for eager
+                                * messages (any sender); 64 */
+    unsigned rx_large_bufs;    /* chunk-sized receive buffers granted to
+                                * senders, all peers together (each peer at
+                                * most a window's worth); 64 */
     unsigned max_peers;        /* peer slots (<= 65535); 1024 */
     uint32_t rx_timeout_ms;    /* a message missing chunks this long is
                                 * skipped; 10000 */

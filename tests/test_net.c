@@ -570,7 +570,7 @@ Test(net_mp, attacks_through_a_real_session_are_dropped_by_reason)
     node_opts o = {.mode = DS_SEC_ENCRYPT, .key = &g_key, .name = "victim"};
     cr_assert_eq(node_open(&v, &o), 0);
 
-    tp_child h;
+    tp_child h = TP_CHILD_INIT;
     char *args[] = {"--identity", hpath, "--cluster", CLUSTER, "--key", k.key, "--name",
                     "mallory", NULL};
     uint64_t hid_wire = spawn_net_peer(&h, args, NULL, 0);
@@ -667,7 +667,7 @@ Test(net_mp, wrong_cluster_key_and_unlisted_key_are_refused)
     cr_assert_eq(node_open(&v, &o), 0);
     char reply[256];
 
-    tp_child wrongkey;
+    tp_child wrongkey = TP_CHILD_INIT;
     char *a1[] = {"--identity", bpath, "--cluster", CLUSTER, "--key", k.key2, "--name", "bad",
                   NULL};
     spawn_net_peer(&wrongkey, a1, NULL, 0);
@@ -676,7 +676,7 @@ Test(net_mp, wrong_cluster_key_and_unlisted_key_are_refused)
     expect_drop(&v, DS_DROP_BAD_MAC, 1, "wrong cluster key");
     cr_assert_eq(ds_net_connected(v.n, bad.id), 0);
 
-    tp_child honest;
+    tp_child honest = TP_CHILD_INIT;
     char *a2[] = {"--identity", gpath, "--cluster", CLUSTER, "--key", k.key, "--name", "good",
                   NULL};
     spawn_net_peer(&honest, a2, NULL, 0);
@@ -702,7 +702,7 @@ Test(net_mp, wrong_cluster_key_and_unlisted_key_are_refused)
         const ds_identity *listed[] = {&v2.id};
         keydir_allow(&k, "allow_peers", listed, 1, allow_peers, sizeof(allow_peers));
     }
-    tp_child unlisted;
+    tp_child unlisted = TP_CHILD_INIT;
     char *a3[] = {"--identity", spath, "--cluster", CLUSTER, "--allow", allow_peers, "--mode",
                   "auth", "--name", "stranger", NULL};
     spawn_net_peer(&unlisted, a3, NULL, 0);
@@ -710,7 +710,7 @@ Test(net_mp, wrong_cluster_key_and_unlisted_key_are_refused)
     cr_assert(!strncmp(reply, "FAIL", 4), "unlisted key connected: %s", reply);
     expect_drop(&v2, DS_DROP_NOT_ALLOWED, 1, "key not on the allow-list");
 
-    tp_child listed;
+    tp_child listed = TP_CHILD_INIT;
     char *a4[] = {"--identity", gpath, "--cluster", CLUSTER, "--allow", allow_peers, "--mode",
                   "auth", "--name", "good", NULL};
     spawn_net_peer(&listed, a4, NULL, 0);

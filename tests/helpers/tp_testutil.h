@@ -286,6 +286,8 @@ typedef struct tp_child {
     int in_fd;       /* write end of the child's stdin */
 } tp_child;
 
+#define TP_CHILD_INIT {.pid = 0, .out_fd = -1, .in_fd = -1}
+
 static pid_t tp_children[TP_MAX_CHILDREN];
 
 static inline void tp_child_forget(pid_t pid)

@@ -144,6 +144,8 @@ static void rx_raw(void *ctx, ds_transport_msg *msg)
     s->bytes = s->msgs = 0;
 }
 
+static size_t g_chunk; /* --chunk: transport chunk_bytes on both sides (0: default) */
+
 static int child_main(int mode, const ds_identity *id, const ds_cluster_key *key, int wfd)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -155,6 +157,8 @@ static int child_main(int mode, const ds_identity *id, const ds_cluster_key *key
     if (mode < 0) {
         ds_transport_opts o;
         ds_transport_opts_default(&o);
+        if (g_chunk)
+            o.chunk_bytes = g_chunk;
         o.on_recv = rx_raw;
         o.cb_ctx = &s;
         r = ds_transport_open(&o, &s.tp);
@@ -165,6 +169,8 @@ static int child_main(int mode, const ds_identity *id, const ds_cluster_key *key
         ds_net_cfg_default(&cfg);
         cfg.identity = id;
         cfg.name = "bench-rx";
+        if (g_chunk)
+            cfg.transport.chunk_bytes = g_chunk;
         cfg.cluster = CLUSTER;
         cfg.cluster_key = key;
         cfg.mode = (enum ds_sec_mode)mode;
@@ -462,6 +468,8 @@ int ds_bench_transport(int argc, char **argv)
             continue;
         if (!strcmp(argv[i], "--no-pingpong")) {
             do_pp = 0;
+        } else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
+            g_chunk = parse_size(argv[++i]);
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 1)
@@ -543,6 +551,8 @@ int ds_bench_transport(int argc, char **argv)
         if (!r && mode < 0) {
             ds_transport_opts o;
             ds_transport_opts_default(&o);
+            if (g_chunk)
+                o.chunk_bytes = g_chunk;
             o.on_recv = tx_raw_recv;
             o.cb_ctx = &s;
             r = ds_transport_open(&o, &s.tp);
@@ -553,6 +563,8 @@ int ds_bench_transport(int argc, char **argv)
             ds_net_cfg_default(&cfg);
             cfg.identity = &id_tx;
             cfg.name = "bench-tx";
+            if (g_chunk)
+                cfg.transport.chunk_bytes = g_chunk;
             cfg.cluster = CLUSTER;
             cfg.cluster_key = &key;
             cfg.mode = (enum ds_sec_mode)mode;

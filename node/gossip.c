@@ -34,7 +34,7 @@
 #include "node/gossip.h"
 #include "node/log.h"
 
-enum { OUT_NONE = 0, OUT_PENDING, OUT_OK, OUT_FAILED };
+enum { OUT_NONE = 0, OUT_PENDING, OUT_OK, OUT_FAILED, OUT_SKIPPED };
 
 struct gout {
     uint32_t target; /* == me: nothing initiated */
@@ -404,7 +404,8 @@ void ds_gossip_end(ds_gossip *g, float *theta)
 {
     for (int s = 0; s < g->n_seg; s++) {
         struct gout *o = &g->out[s];
-        if ((o->state == OUT_FAILED || o->state == OUT_PENDING) && g->cfg.mix == DS_MIX_PAIRWISE)
+        if ((o->state == OUT_FAILED || o->state == OUT_PENDING || o->state == OUT_SKIPPED) &&
+            g->cfg.mix == DS_MIX_PAIRWISE)
             g->sel.scatter_add(g->acc + g->seg[s].off, o->idx, o->stash, o->count, 1.0f);
     }
     const size_t n = g->n;
@@ -651,7 +652,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         if (g->skip[o->target]) {
             /* Known unresponsive: that exchange does not happen this round,
              * and nobody waits for it (DESIGN 5: skipped). */
-            o->state = OUT_FAILED;
+            o->state = OUT_SKIPPED;
             g->st.exchanges_failed++;
             g->st.skipped++;
             continue;
@@ -884,6 +885,21 @@ const ds_gseg *ds_gossip_segment(const ds_gossip *g, int s)
 uint32_t ds_gossip_target(const ds_gossip *g, int s)
 {
     return g->out[s].target;
+}
+
+int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out)
+{
+    if (s < 0 || s >= g->n_seg)
+        return -EINVAL;
+    const struct gout *o = &g->out[s];
+    static const enum ds_gossip_outcome map[] = {DS_GOUT_NONE, DS_GOUT_PENDING, DS_GOUT_OK,
+                                                 DS_GOUT_FAILED, DS_GOUT_SKIPPED};
+    out->target = o->target;
+    out->outcome = map[o->state];
+    out->bytes = o->state == OUT_NONE ? 0 : (uint64_t)o->count * (g->cfg.mix == DS_MIX_CROSSOVER ? 4u : 8u);
+    out->n_in = g->in_n ? g->in_n[s] : 0;
+    out->in_from = g->in_from ? g->in_from + (size_t)s * g->max_in : NULL;
+    return 0;
 }
 
 const float *ds_gossip_acc(const ds_gossip *g)

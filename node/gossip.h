@@ -172,6 +172,23 @@ int ds_gossip_n_segments(const ds_gossip *g);
 const ds_gseg *ds_gossip_segment(const ds_gossip *g, int s);
 /* This round's target of segment s (== me: none), after begin(). */
 uint32_t ds_gossip_target(const ds_gossip *g, int s);
+/* What this round did for segment s (after begin; final after end). */
+enum ds_gossip_outcome {
+    DS_GOUT_NONE = 0,     /* nothing initiated (no partner this round) */
+    DS_GOUT_PENDING = 1,
+    DS_GOUT_OK = 2,
+    DS_GOUT_FAILED = 3,   /* timed out, refused, STALE */
+    DS_GOUT_SKIPPED = 4,  /* not tried: peer unresponsive */
+};
+typedef struct ds_gossip_xinfo {
+    uint32_t target;            /* view index; == me: none */
+    enum ds_gossip_outcome outcome;
+    uint64_t bytes;             /* payload of our REQ (indices + values) */
+    uint32_t n_in;              /* initiators to us */
+    const uint32_t *in_from;    /* their view indices; valid until begin() */
+} ds_gossip_xinfo;
+int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out);
+
 /* Read access for status and tests. */
 const float *ds_gossip_acc(const ds_gossip *g);
 

@@ -53,6 +53,7 @@
 #include "node/rng.h"
 #include "node/run.h"
 #include "node/state.h"
+#include "node/status.h"
 
 static volatile sig_atomic_t stop_signal, stop_count;
 
@@ -138,6 +139,11 @@ typedef struct rt {
     ds_gossip *gossip;
     ds_state *st;
     _Atomic int st_ready;
+    ds_status *status;           /* status.listen / status.file; NULL: off */
+    ds_status_snapshot *snap;
+    uint64_t last_publish_ms;
+    int phase;                   /* enum ds_status_state */
+    double st_loss, st_acc, st_sps;
     ds_trainer t;
     int trainer_up;
     enum ds_topo_kind topo;
@@ -760,7 +766,7 @@ static void announce_leave(rt *r)
 static void leave_and_drain(rt *r)
 {
     ds_membership *ms = atomic_load(&r->ms);
-    const uint64_t until = ds_now_ms() + 3000;
+    const uint64_t until = ds_now_ms() + (stop_signal ? 1000 : 3000);
     announce_leave(r);
     if (r->leaving) {
         ds_membership_set_round(ms, r->leave_round, ds_now_ms());
@@ -780,6 +786,9 @@ static void leave_and_drain(rt *r)
 
 static void rt_fini(rt *r)
 {
+    ds_status_destroy(&r->status);
+    free(r->snap);
+    r->snap = NULL;
     stop_threads(r);
     ds_net_close(&r->net);
     atomic_store(&r->gn_ready, 0);
@@ -888,13 +897,89 @@ static int fetch_state(rt *r)
     return stop_signal ? -EINTR : e;
 }
 
+/* Fill and publish the status snapshot (node/status.h): at most every
+ * 200 ms unless forced (phase changes, the end). */
+static void publish_status(rt *r, int force)
+{
+    if (!r->status || !r->snap)
+        return;
+    const uint64_t now = ds_now_ms();
+    if (!force && now - r->last_publish_ms < 200)
+        return;
+    r->last_publish_ms = now;
+    ds_status_snapshot *sn = r->snap;
+    const ds_conf *c = r->c;
+    const int phase = r->leaving && r->phase == DS_STATUS_TRAINING ? DS_STATUS_LEAVING : r->phase;
+    sn->state = (uint8_t)phase;
+    sn->step = r->t.step;
+    sn->steps = c->train.steps;
+    sn->round = atomic_load(&r->cur_round);
+    sn->epoch = r->last_epoch;
+    sn->loss = r->st_loss;
+    sn->test_acc = r->st_acc;
+    sn->lr = ds_trainer_lr(&r->t);
+    sn->samples_per_s = r->st_sps;
+    /* The view of the last round set up (r->vbuf). */
+    uint32_t G = r->last_G;
+    if (G > r->vcap)
+        G = r->vcap;
+    sn->view_size = r->last_G;
+    sn->n_view = G < DS_STATUS_MAX_VIEW ? G : DS_STATUS_MAX_VIEW;
+    sn->view_me = UINT32_MAX;
+    for (uint32_t i = 0; i < sn->n_view && r->vbuf; i++) {
+        ds_status_member *m = &sn->view[i];
+        m->id = r->vbuf[i].id;
+        snprintf(m->name, sizeof(m->name), "%s", r->vbuf[i].name);
+        snprintf(m->addr, sizeof(m->addr), "%s", r->vbuf[i].addr);
+        snprintf(m->group, sizeof(m->group), "%s", r->vbuf[i].group);
+        m->state = (uint8_t)r->vbuf[i].state;
+        if (m->id == r->id.id)
+            sn->view_me = i;
+    }
+    const int nseg = ds_gossip_n_segments(r->gossip);
+    sn->n_segments = (uint32_t)nseg;
+    sn->n_exchanges = nseg < DS_STATUS_MAX_SEGMENTS ? (uint32_t)nseg : DS_STATUS_MAX_SEGMENTS;
+    static const uint8_t outcome[] = {DS_XCHG_NONE, DS_XCHG_UNKNOWN, DS_XCHG_OK, DS_XCHG_FAILED,
+                                      DS_XCHG_SKIPPED};
+    for (uint32_t s = 0; s < sn->n_exchanges; s++) {
+        ds_status_exchange *x = &sn->exchanges[s];
+        ds_gossip_xinfo xi;
+        memset(x, 0, sizeof(*x));
+        x->segment = s;
+        x->offset = ds_gossip_segment(r->gossip, (int)s)->off;
+        x->length = ds_gossip_segment(r->gossip, (int)s)->len;
+        if (ds_gossip_xinfo_get(r->gossip, (int)s, &xi) < 0 || !r->vbuf || G < 2)
+            continue;
+        x->outcome = outcome[xi.outcome];
+        x->bytes = xi.bytes;
+        if (xi.target < G && r->vbuf[xi.target].id != r->id.id)
+            snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", r->vbuf[xi.target].name);
+        x->n_answer_from = xi.n_in;
+        for (uint32_t k = 0; k < xi.n_in && k < DS_STATUS_MAX_ANSWERS && xi.in_from; k++)
+            if (xi.in_from[k] < G)
+                snprintf(x->answer_from[k], sizeof(x->answer_from[k]), "%s",
+                         r->vbuf[xi.in_from[k]].name);
+    }
+    sn->gossip = *ds_gossip_get_stats(r->gossip);
+    ds_gnet_stats_get(r->gn, &sn->gnet);
+    ds_net_stats_get(r->net, &sn->net);
+    ds_membership *ms = atomic_load(&r->ms);
+    if (ms)
+        ds_membership_stats_get(ms, &sn->membership);
+    ds_status_copy_drops(sn, ds_net_drops(r->net));
+    ds_status_publish(r->status, sn);
+}
+
 /* Training is over (or stopped) but our leave is not effective yet: keep
  * taking part in the rounds, without training, until it is -- the others
  * still count on us. Bounded: 10 s, or a second signal. */
 static void linger(rt *r)
 {
     announce_leave(r);
-    if (!r->leaving)
+    /* Stopped by a signal, a launcher waits only a few seconds before
+     * SIGKILL: no lingering then; the leave still spreads, and the others
+     * skip us after one timeout until it applies. */
+    if (!r->leaving || stop_signal)
         return;
     const uint64_t until = ds_now_ms() + 10000;
     uint64_t round = current_round(r) + 1;
@@ -1001,6 +1086,27 @@ int ds_node_run(const ds_conf *c)
         return 1;
     }
     atomic_store(&r.st_ready, 1);
+    if (c->status.listen[0] || c->status.file[0]) {
+        if (!(r.snap = calloc(1, sizeof(*r.snap)))) {
+            ds_error("node", "cannot start: out of memory");
+            rt_fini(&r);
+            return 1;
+        }
+        ds_status_snapshot_init(r.snap);
+        if ((e = ds_status_create(&r.status, c->status.listen, c->status.file)) < 0) {
+            ds_error("status", "cannot serve status on '%s' / write '%s': %s", c->status.listen,
+                     c->status.file, strerror(-e));
+            rt_fini(&r);
+            return 1;
+        }
+        snprintf(r.snap->name, sizeof(r.snap->name), "%.63s", c->node.name);
+        ds_net_addr(r.net, r.snap->addr, sizeof(r.snap->addr));
+        snprintf(r.snap->group, sizeof(r.snap->group), "%.31s", c->node.group);
+        r.snap->id = r.id.id;
+        r.st_acc = -1;
+        r.phase = DS_STATUS_JOINING;
+        publish_status(&r, 1);
+    }
     char addr[128] = "";
     ds_net_addr(r.net, addr, sizeof(addr));
     ds_info("node", "listening on %s id=%016llx security=%s gossip=%s/%s sparsify=%s density=%g",
@@ -1038,6 +1144,9 @@ int ds_node_run(const ds_conf *c)
         ds_info("gossip", "training starts at round %llu with %lld members",
                 (unsigned long long)r.round0, (long long)c->cluster.min_members);
     }
+    r.phase = DS_STATUS_TRAINING;
+    r.st_acc = -1;
+    publish_status(&r, 1);
     if (c->gossip.overlap && ds_topo_gossips(r.topo)) {
         if ((e = pthread_create(&r.comm, NULL, comm_main, &r)) != 0) {
             ds_error("gossip", "cannot start the communication thread: %s", strerror(e));
@@ -1115,6 +1224,8 @@ int ds_node_run(const ds_conf *c)
                     (double)ds_trainer_lr(t), (unsigned long long)r.rounds,
                     (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
                     r.last_G);
+            r.st_loss = loss_window / window_n;
+            r.st_sps = (double)window_n * tc.batch / ((double)(now - t_window) * 1e-9);
             loss_window = 0;
             window_n = 0;
             t_window = now;
@@ -1132,7 +1243,9 @@ int ds_node_run(const ds_conf *c)
             }
             ds_info("eval", "step=%lld test_loss=%.4f test_acc=%.4f", (long long)t->step,
                     test_loss, test_acc);
+            r.st_acc = test_acc;
         }
+        publish_status(&r, 0);
     }
     if (round_open) {
         comm_wait(&r);
@@ -1152,6 +1265,9 @@ int ds_node_run(const ds_conf *c)
     const double wall = (double)(ds_now_ns() - t_start) * 1e-9;
     const double sps = train_ns ? (double)t->samples / ((double)train_ns * 1e-9) : 0;
     const char *status = ret < 0 ? "failed" : stop_signal ? "stopped" : "done";
+    r.phase = ret < 0 ? DS_STATUS_FAILED : stop_signal ? DS_STATUS_STOPPED : DS_STATUS_DONE;
+    r.st_acc = test_acc;
+    publish_status(&r, 1);
     ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
             "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f "
             "max_round_s=%.3f",

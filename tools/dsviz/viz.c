@@ -975,10 +975,11 @@ int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
 
 /* ---- HTML ------------------------------------------------------------------------------ */
 
-static void html_num(FILE *f, double x, const char *fmt)
+/* x with `prec` digits after the point, or "-" when not a number. */
+static void html_num(FILE *f, double x, int prec)
 {
     if (isfinite(x))
-        fprintf(f, fmt, x);
+        fprintf(f, "%.*f", prec, x);
     else
         fputs("-", f);
 }
@@ -1035,11 +1036,11 @@ int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
             human_bytes(m->bytes_received, r, sizeof(r));
             fprintf(f, "<td>%.0f/%.0f</td><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>", m->step,
                     m->steps, m->round, m->epoch, m->view_size);
-            html_num(f, m->loss, "%.4f");
+            html_num(f, m->loss, 4);
             fputs("</td><td>", f);
-            html_num(f, m->test_acc >= 0 ? m->test_acc : NAN, "%.4f");
+            html_num(f, m->test_acc >= 0 ? m->test_acc : NAN, 4);
             fputs("</td><td>", f);
-            html_num(f, m->samples_per_s, "%.0f");
+            html_num(f, m->samples_per_s, 0);
             fprintf(f, "</td><td>%s</td><td>%s</td><td>%.0f</td><td>%.0f</td><td>%.0f</td></tr>\n",
                     s, r, m->exchanges_ok, m->exchanges_failed, m->drops_total);
         } else {

@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,7 +79,9 @@ struct net_peer {
     ds_hs *hs;
     int hs_initiator;
     uint64_t hs_deadline_ms;
-    int hs_refused;   /* a handshake frame was refused (policy, key, MAC) */
+    int hs_refused;   /* a handshake frame was refused (policy, key, MAC),
+                       * or the responder sent HELLO_REJECT for our HELLO */
+    uint8_t hello_hash[32]; /* BLAKE2b-256 of the HELLO we sent (initiator) */
     int rekey;
     int flushing;     /* the worker is sealing the queue: new frames queue too */
     struct pend *pend_head, *pend_tail;
@@ -117,6 +120,8 @@ struct send_ctx {
 
 struct ds_net {
     ds_net_cfg cfg;
+    uint64_t reject_window_ms;   /* HELLO_REJECT rate limit (under lock) */
+    unsigned rejects_in_window;
     char name[DS_WIRE_NAME_MAX + 1];
     uint64_t cluster_id;
     uint64_t self_id;
@@ -421,6 +426,7 @@ static int dial(ds_net *n, struct net_peer *p)
     p->hs_initiator = 1;
     p->hs_refused = 0;
     p->hs_deadline_ms = ds_now_ms() + n->cfg.handshake_timeout_ms;
+    crypto_generichash(p->hello_hash, sizeof(p->hello_hash), frame, len, NULL, 0);
     r = send_hs_frame(n, p, frame, len);
     if (r)
         ds_log_rl(DS_LOG_WARN, COMP, "HELLO to %s not sent: %s", addr, strerror(-r));
@@ -718,6 +724,91 @@ static void flush_pending(ds_net *n, struct pend *f, struct net_sess *s, ds_tran
     sess_unref(s);
 }
 
+/* ---- refusals ------------------------------------------------------------ */
+
+/* Admission reasons a responder tells the initiator about (HELLO_REJECT):
+ * the initiator can do nothing but give up on us, so waiting out its
+ * handshake timeout, again and again, helps nobody. */
+static int admission_refusal(enum ds_drop_reason why)
+{
+    return why == DS_DROP_NOT_ALLOWED || why == DS_DROP_BAD_MAC || why == DS_DROP_POLICY_MISMATCH ||
+           why == DS_DROP_WRONG_CLUSTER;
+}
+
+struct reject_done {
+    ds_net *n;
+    ds_transport_peer tp;
+};
+
+/* The transport peer of a refused HELLO lives until its REJECT is out. */
+static void reject_sent(void *arg, int status)
+{
+    struct reject_done *d = arg;
+    ds_transport_peer_remove(d->n->tp, d->tp);
+    free(d);
+}
+
+/* Under the lock. At most REJECTS_PER_S per second: a refusal costs us one
+ * small frame per HELLO received, never more than the HELLO itself. */
+#define REJECTS_PER_S 20
+static int send_reject(ds_net *n, ds_transport_peer tp, const uint8_t *hello, size_t len,
+                       const ds_wire_hdr *h, enum ds_drop_reason why)
+{
+    const uint64_t now = ds_now_ms();
+    if (now - n->reject_window_ms >= 1000) {
+        n->reject_window_ms = now;
+        n->rejects_in_window = 0;
+    }
+    if (n->rejects_in_window >= REJECTS_PER_S)
+        return -EAGAIN;
+    ds_wire_msg m;
+    memset(&m, 0, sizeof(m));
+    m.h.type = DS_MSG_HELLO_REJECT;
+    m.h.cluster = h->cluster; /* theirs: they must be able to read it */
+    m.h.sender = n->self_id;
+    m.h.receiver = h->sender;
+    crypto_generichash(m.u.reject.echo, sizeof(m.u.reject.echo), hello, len, NULL, 0);
+    m.u.reject.reason = (uint8_t)why;
+    uint8_t out[DS_WIRE_HDR_SIZE + DS_WIRE_HELLO_REJECT_SIZE];
+    size_t out_len;
+    if (ds_wire_encode(out, sizeof(out), &m, &out_len))
+        return -EINVAL;
+    struct reject_done *d = malloc(sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    d->n = n;
+    d->tp = tp;
+    tap(n, 'S', out, out_len);
+    ds_transport_send_args a = {.buf = out, .len = out_len, .deadline_ms = now + 2000,
+                                .done = reject_sent, .done_arg = d};
+    int r = ds_transport_send(n->tp, tp, &a);
+    if (r) {
+        free(d);
+        return r;
+    }
+    n->rejects_in_window++;
+    return 0;
+}
+
+/* An initiator hears that its HELLO was refused. */
+static void on_reject(ds_net *n, struct net_peer *p, const uint8_t *frame, size_t len)
+{
+    ds_wire_msg m;
+    const ds_wire_bufs no_bufs = {0};
+    if (ds_wire_decode(frame, len, &n->limits, &no_bufs, &m, &n->drops) != DS_DROP_NONE)
+        return;
+    if (!p || !p->hs || !p->hs_initiator ||
+        sodium_memcmp(m.u.reject.echo, p->hello_hash, sizeof(p->hello_hash)) != 0) {
+        ds_drop_note(&n->drops, DS_DROP_STALE_HANDSHAKE, COMP,
+                     "HELLO_REJECT that names no HELLO of ours");
+        return;
+    }
+    ds_log_rl(DS_LOG_WARN, COMP, "%s refused our handshake: %s", p->addr,
+              ds_drop_str((enum ds_drop_reason)m.u.reject.reason));
+    p->hs_refused = 1;
+    p->hs_deadline_ms = 0; /* fails at the next timer pass, with -EACCES */
+}
+
 static void on_hs_frame(ds_net *n, ds_transport_peer tp, const uint8_t *frame, size_t len,
                         const ds_wire_hdr *h, struct report **rep)
 {
@@ -730,6 +821,11 @@ static void on_hs_frame(ds_net *n, ds_transport_peer tp, const uint8_t *frame, s
     tap(n, 'R', frame, len);
     pthread_mutex_lock(&n->lock);
     struct net_peer *p = peer_by_tp(n, tp);
+    if (h->type == DS_MSG_HELLO_REJECT) {
+        on_reject(n, p, frame, len);
+        pthread_mutex_unlock(&n->lock);
+        return;
+    }
     if (h->type == DS_MSG_HELLO) {
         if (p && p->hs && p->hs_initiator) {
             if (n->self_id < h->sender) {
@@ -773,7 +869,10 @@ static void on_hs_frame(ds_net *n, ds_transport_peer tp, const uint8_t *frame, s
             if (fresh && !p->sess) {
                 p->tp = 0; /* the transport peer goes below */
                 peer_free(n, p, rep);
-                ds_transport_peer_remove(n->tp, tp);
+                /* Tell a node we do not admit, so it stops retrying; its
+                 * transport peer then goes once the refusal is out. */
+                if (!admission_refusal(why) || send_reject(n, tp, frame, len, h, why) != 0)
+                    ds_transport_peer_remove(n->tp, tp);
             }
             pthread_mutex_unlock(&n->lock);
             return;

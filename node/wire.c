@@ -192,11 +192,13 @@ static int rule_of(unsigned type, rule *r)
     static const rule fixed_hello = {K_FIXED, C_ZERO, 0, 1, DS_WIRE_HELLO_SIZE, 0};
     static const rule fixed_ack = {K_FIXED, C_ZERO, 0, 1, DS_WIRE_HELLO_ACK_SIZE, 0};
     static const rule fixed_fin = {K_FIXED, C_ZERO, 0, 1, DS_WIRE_HELLO_FIN_SIZE, 0};
+    static const rule fixed_reject = {K_FIXED, C_ZERO, 0, 1, DS_WIRE_HELLO_REJECT_SIZE, 0};
     static const rule sparse = {K_SPARSE, C_ELEMS, 0, 0, DS_WIRE_SPARSE_PREFIX, 4};
     switch (type) {
     case DS_MSG_HELLO: *r = fixed_hello; return 1;
     case DS_MSG_HELLO_ACK: *r = fixed_ack; return 1;
     case DS_MSG_HELLO_FIN: *r = fixed_fin; return 1;
+    case DS_MSG_HELLO_REJECT: *r = fixed_reject; return 1;
     case DS_MSG_GOSSIP_REQ:
     case DS_MSG_GOSSIP_PUSH:
     case DS_MSG_GROUP_REDUCE:
@@ -254,7 +256,8 @@ static void hdr_read(const uint8_t *p, ds_wire_hdr *h)
 
 int ds_wire_is_handshake(unsigned type)
 {
-    return type == DS_MSG_HELLO || type == DS_MSG_HELLO_ACK || type == DS_MSG_HELLO_FIN;
+    return type == DS_MSG_HELLO || type == DS_MSG_HELLO_ACK || type == DS_MSG_HELLO_FIN ||
+           type == DS_MSG_HELLO_REJECT;
 }
 
 /* Gates 1 and 2. No logging here: the public callers log once. */
@@ -861,6 +864,11 @@ int ds_wire_encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len)
         memcpy(p + 32, m->u.fin.sig, 64);
         memcpy(p + 96, m->u.fin.mac, 32);
         break;
+    case DS_MSG_HELLO_REJECT:
+        memcpy(p, m->u.reject.echo, 32);
+        p[32] = m->u.reject.reason;
+        memset(p + 33, 0, 7);
+        break;
     case DS_MSG_GOSSIP_REQ:
     case DS_MSG_GOSSIP_PUSH:
     case DS_MSG_GROUP_REDUCE:
@@ -1023,6 +1031,15 @@ static enum ds_drop_reason payload_read(const uint8_t *f, const ds_wire_limits *
         memcpy(m->u.fin.echo, p, 32);
         memcpy(m->u.fin.sig, p + 32, 64);
         memcpy(m->u.fin.mac, p + 96, 32);
+        return DS_DROP_NONE;
+    case DS_MSG_HELLO_REJECT:
+        for (int i = 33; i < 40; i++)
+            if (p[i])
+                return DS_DROP_BAD_FIELD;
+        if (p[32] == DS_DROP_NONE || p[32] >= DS_DROP__COUNT)
+            return DS_DROP_BAD_FIELD;
+        memcpy(m->u.reject.echo, p, 32);
+        m->u.reject.reason = p[32];
         return DS_DROP_NONE;
     case DS_MSG_GOSSIP_REQ:
     case DS_MSG_GOSSIP_PUSH:

@@ -149,7 +149,7 @@ enum ds_wire_prot {
 
 /* Message types. Handshake types are never sealed. */
 #define DS_MSG_LIST(X) \
-    X(HELLO, 1) X(HELLO_ACK, 2) X(HELLO_FIN, 3) \
+    X(HELLO, 1) X(HELLO_ACK, 2) X(HELLO_FIN, 3) X(HELLO_REJECT, 4) \
     X(GOSSIP_REQ, 16) X(GOSSIP_RESP, 17) X(GOSSIP_STALE, 18) X(GOSSIP_PUSH, 19) \
     X(PING, 32) X(ACK, 33) X(PING_REQ, 34) X(NACK, 35) X(JOIN, 36) X(MEMBERS, 37) X(LEAVE, 38) \
     X(STATE_REQ, 48) X(STATE_CHUNK, 49) \
@@ -173,6 +173,7 @@ const char *ds_msg_type_name(unsigned type);
 #define DS_WIRE_HELLO_SIZE 360u    /* body + sig(64) + mac(32) */
 #define DS_WIRE_HELLO_ACK_SIZE 392u /* body + echo(32) + sig(64) + mac(32) */
 #define DS_WIRE_HELLO_FIN_SIZE 128u /* echo(32) + sig(64) + mac(32) */
+#define DS_WIRE_HELLO_REJECT_SIZE 40u /* echo(32) + reason(1) + zero(7) */
 #define DS_WIRE_SPARSE_PREFIX 16u  /* seg_len, idx_bytes, aux, reserved */
 #define DS_WIRE_MEMBER_SIZE 272u   /* one member record */
 #define DS_WIRE_CHUNK_PREFIX 48u   /* STATE_CHUNK: total, offset, digest */
@@ -310,6 +311,17 @@ typedef struct ds_wire_hello {
     uint8_t mac[32]; /* all zero without a cluster key */
 } ds_wire_hello;
 
+/* HELLO_REJECT: a responder refused a HELLO for an admission reason (not
+ * on the allow-list, wrong cluster key, policy). Not authenticated: the
+ * responder cannot prove anything to a node it does not admit. echo is the
+ * BLAKE2b-256 of the whole HELLO frame it refuses, so only who saw that
+ * HELLO can forge a refusal of it; the initiator treats it as "this seed
+ * will not admit me", never as a statement about the cluster. */
+typedef struct ds_wire_reject {
+    uint8_t echo[32];
+    uint8_t reason; /* enum ds_drop_reason */
+} ds_wire_reject;
+
 typedef struct ds_wire_fin {
     uint8_t echo[32]; /* transcript hash up to the HELLO_ACK */
     uint8_t sig[64];
@@ -406,6 +418,7 @@ typedef struct ds_wire_msg {
     union {
         ds_wire_hello hello; /* HELLO, HELLO_ACK */
         ds_wire_fin fin;
+        ds_wire_reject reject;
         ds_wire_sparse sparse;
         ds_wire_values values;
         ds_wire_stale stale;
@@ -472,7 +485,8 @@ void ds_wire_hdr_encode(const ds_wire_hdr *h, uint8_t out[DS_WIRE_HDR_SIZE]);
 /* The same checks without counting or logging (for a node's own frames). */
 enum ds_drop_reason ds_wire_hdr_check(const uint8_t *frame, size_t len,
                                       const ds_wire_limits *lim, ds_wire_hdr *h) DS_WUR;
-/* 1 for HELLO, HELLO_ACK, HELLO_FIN: frames that are never sealed. */
+/* 1 for HELLO, HELLO_ACK, HELLO_FIN, HELLO_REJECT: frames that are never
+ * sealed. */
 int ds_wire_is_handshake(unsigned type);
 
 enum ds_drop_reason ds_wire_hdr_decode(const uint8_t *frame, size_t len,

@@ -1999,3 +1999,76 @@ Test(elastic, graceful_leave)
     free(l.out);
     free(l.err);
 }
+
+/* A node whose cluster key is not the cluster's asks to join: the seed
+ * refuses its handshake (HELLO_REJECT), it exits at once with a clear
+ * error, and the cluster goes on as if nothing happened. */
+Test(elastic, wrong_key_is_refused)
+{
+    const char *out = tmp_path("intruder");
+    /* Long enough to still be training when the intruder knocks. */
+    const char *extra[] = {"--set", "train.steps=4000", "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+    el_args(args, 2, out, extra);
+    struct live l;
+    live_start(&l, args);
+    struct step_wait w;
+    snprintf(w.log, sizeof(w.log), "%s/n1.log", out);
+    w.step = 30;
+    cr_assert(live_wait(&l, 200000, reached_step, &w), "n1 never reached step 30");
+
+    char bad_key[600], bad_id[600], n1ini[600], s_key[700], s_id[700], s_seed[400], s_data[700],
+        s_listen[64];
+    const int port = ds_port_find(40000 + (int)(getpid() % 20000), 1);
+    cr_assert_gt(port, 0, "no free port");
+    snprintf(s_listen, sizeof(s_listen), "node.listen=127.0.0.1:%d", port);
+    snprintf(bad_key, sizeof(bad_key), "%s/bad.key", out);
+    snprintf(bad_id, sizeof(bad_id), "%s/bad.id", out);
+    snprintf(n1ini, sizeof(n1ini), "%s/n1.ini", out);
+    char *kg1[] = {(char *)bin("DSNODE"), "keygen", "--cluster", "--out", bad_key, NULL};
+    char *kg2[] = {(char *)bin("DSNODE"), "keygen", "--out", bad_id, NULL};
+    char *o = NULL, *e = NULL, errbuf[256];
+    int code;
+    cr_assert_eq(ds_proc_capture(kg1, 20000, &o, &e, &code, errbuf, sizeof(errbuf)), 0);
+    cr_assert_eq(code, 0, "%s", e);
+    free(o);
+    free(e);
+    cr_assert_eq(ds_proc_capture(kg2, 20000, &o, &e, &code, errbuf, sizeof(errbuf)), 0);
+    cr_assert_eq(code, 0, "%s", e);
+    free(o);
+    free(e);
+
+    /* n0's address: the first seed of n1's config. */
+    char *dump = config_valid(n1ini), seeds[300];
+    dump_value(dump, "\nseeds = ", seeds, sizeof(seeds));
+    free(dump);
+    snprintf(s_seed, sizeof(s_seed), "cluster.seeds=%s", seeds);
+    snprintf(s_key, sizeof(s_key), "cluster.key_file=%s", bad_key);
+    snprintf(s_id, sizeof(s_id), "cluster.identity_file=%s", bad_id);
+    snprintf(s_data, sizeof(s_data), "node.data_dir=%s/intruder", out);
+    char *run[] = {(char *)bin("DSNODE"), "run", "--config", n1ini, "--set", "node.name=intruder",
+                   "--set", s_listen, "--set", "status.listen=",
+                   "--set", "status.file=", "--set", "cluster.min_members=1",
+                   "--set", s_seed, "--set", s_key, "--set", s_id, "--set", s_data, NULL};
+    const uint64_t t0 = (uint64_t)time(NULL);
+    cr_assert_eq(ds_proc_capture(run, 60000, &o, &e, &code, errbuf, sizeof(errbuf)), 0, "%s\n%s", errbuf, e ? e : "");
+    cr_expect_eq(code, 1, "the refused node exits 1 (got %d)\n%s", code, e);
+    cr_expect(strstr(e, "is not admitted to cluster"), "a clear error:\n%s", e);
+    cr_expect_lt((uint64_t)time(NULL) - t0, 30, "refused quickly, not after retries");
+    free(o);
+    free(e);
+
+    cr_assert_eq(live_end(&l, 200000), 0, "the cluster finishes: %s", l.err);
+    jv *j = last_json(l.out);
+    for (int i = 0; i < 2; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        cr_expect_eq(jnum(jget(jget(j, "nodes"), name), "exit_status"), 0, "%s", name);
+        cr_expect(!log_has(out, name, "member joined name=intruder"), "%s admitted the intruder", name);
+    }
+    cr_expect(log_has(out, "n0", "reason=not_allowed") || log_has(out, "n0", "reason=bad_mac"),
+              "n0 logged the refusal with its reason");
+    jfree(j);
+    free(l.out);
+    free(l.err);
+}

@@ -953,3 +953,30 @@ Test(wire, seeded_garbage)
     }
     cr_expect_lt(accepted, 20000);
 }
+
+/* HELLO_REJECT: a fixed 40-byte payload, a handshake type (never sealed),
+ * the reason byte a real drop reason and the padding zero. */
+Test(wire, hello_reject_round_trip_and_malformed)
+{
+    ds_wire_msg m;
+    hdr_fill(&m, DS_MSG_HELLO_REJECT);
+    for (int i = 0; i < 32; i++)
+        m.u.reject.echo[i] = (uint8_t)(i * 7 + 1);
+    m.u.reject.reason = DS_DROP_NOT_ALLOWED;
+    uint8_t f[DS_WIRE_HDR_SIZE + DS_WIRE_HELLO_REJECT_SIZE + DS_WIRE_TAG_SIZE];
+    size_t len;
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(len, DS_WIRE_HDR_SIZE + DS_WIRE_HELLO_REJECT_SIZE);
+    cr_expect(ds_wire_is_handshake(DS_MSG_HELLO_REJECT));
+    ds_wire_msg d;
+    cr_assert_eq(dec(f, len, &d), DS_DROP_NONE);
+    cr_expect_eq(memcmp(d.u.reject.echo, m.u.reject.echo, 32), 0);
+    cr_expect_eq(d.u.reject.reason, DS_DROP_NOT_ALLOWED);
+    f[DS_WIRE_HDR_SIZE + 35] = 1; /* padding */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[DS_WIRE_HDR_SIZE + 35] = 0;
+    f[DS_WIRE_HDR_SIZE + 32] = 0; /* "no reason" is not a refusal */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    f[DS_WIRE_HDR_SIZE + 32] = 250;
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+}

@@ -2026,6 +2026,21 @@ out:
     return rc;
 }
 
+void ds_membership_set_lag(ds_membership *m, uint32_t lag_rounds)
+{
+    pthread_mutex_lock(&m->mu);
+    m->cfg.lag_rounds = lag_rounds ? lag_rounds : 1;
+    pthread_mutex_unlock(&m->mu);
+}
+
+uint32_t ds_membership_lag(ds_membership *m)
+{
+    pthread_mutex_lock(&m->mu);
+    const uint32_t lag = m->cfg.lag_rounds;
+    pthread_mutex_unlock(&m->mu);
+    return lag;
+}
+
 void ds_membership_hint(ds_membership *m, uint64_t id, uint64_t now)
 {
     pthread_mutex_lock(&m->mu);

@@ -266,6 +266,14 @@ uint64_t ds_membership_next_deadline(ds_membership *m);
 int ds_membership_recv(ds_membership *m, uint64_t now_ms, const char *from_addr,
                        const uint8_t *frame, size_t len);
 
+/* The lag (rounds from a decision to its effective round) of the changes
+ * this node decides from now on. Records already decided keep theirs, so
+ * nodes may use different lags: the effective round travels in the record.
+ * The runtime keeps it at a few seconds' worth of rounds, so that a change
+ * reaches every member before it applies. */
+void ds_membership_set_lag(ds_membership *m, uint32_t lag_rounds);
+uint32_t ds_membership_lag(ds_membership *m);
+
 /* A hint from gossip/transport: `id` missed a deadline. Not a verdict: the
  * member is probed next (at most one early probe per period). */
 void ds_membership_hint(ds_membership *m, uint64_t id, uint64_t now_ms);

@@ -169,6 +169,7 @@ typedef struct rt {
     pthread_mutex_t skip_lock;
     uint64_t skip_ids[64];
     uint64_t skip_until[64]; /* first round it is tried again; UINT64_MAX: until heard */
+    uint32_t skip_fails[64]; /* consecutive misses: the skip window doubles */
     int n_skip;
     _Atomic uint64_t cur_round;
 
@@ -179,6 +180,16 @@ typedef struct rt {
     float *host_theta;   /* host mirror of theta for the CUDA backend */
     uint64_t round0;     /* round = round0 + step / gossip.every */
     uint64_t lag;        /* membership's lag: rounds until a change applies */
+    uint64_t lag_t0_ms, lag_r0; /* rate window for the lag */
+    double rate;         /* rounds per second, last measured */
+    uint64_t join_round; /* ours, from SELF_JOINED */
+    /* A joiner trains alone until its join round; it keeps the cluster's
+     * pace meanwhile (rounds at pace_rate from pace_r0 at pace_t0_ns) so that
+     * it enters the view in step with the others, not seconds ahead. */
+    uint64_t pace_t0_ns, pace_r0;
+    double pace_rate;
+    int refresh_pending; /* shadow the cluster's state until our join round */
+    int refresh_failures;
     int leaving;         /* LEAVE announced, effective at leave_round */
     uint64_t leave_round;
     uint64_t rounds;
@@ -198,19 +209,33 @@ static void timed_wait(rt *r, uint64_t until_ms)
  * (suspect, dead) hold until the peer is heard from again. */
 #define SKIP_ROUNDS 4
 
+/* A missed deadline: skip the peer for SKIP_ROUNDS << (misses in a row - 1)
+ * rounds (at most 64x), then try again; until == UINT64_MAX: until heard. */
 static void mark_unresponsive_until(rt *r, uint64_t id, uint64_t until)
 {
     pthread_mutex_lock(&r->skip_lock);
     int i = 0;
     while (i < r->n_skip && r->skip_ids[i] != id)
         i++;
-    if (i == r->n_skip && r->n_skip < 64) {
-        r->skip_ids[r->n_skip] = id;
-        r->skip_until[r->n_skip++] = until;
+    if (i == r->n_skip) {
+        if (r->n_skip == 64) {
+            pthread_mutex_unlock(&r->skip_lock);
+            return;
+        }
+        r->skip_ids[i] = id;
+        r->skip_until[i] = 0;
+        r->skip_fails[i] = 0;
+        r->n_skip++;
         ds_debug("gossip", "peer %016llx unresponsive: not waited for", (unsigned long long)id);
-    } else if (i < r->n_skip && until > r->skip_until[i]) {
-        r->skip_until[i] = until;
     }
+    if (until != UINT64_MAX) {
+        const uint32_t f = r->skip_fails[i] < 6 ? r->skip_fails[i] : 6;
+        const uint64_t now_round = until - 1 - SKIP_ROUNDS;
+        until = now_round + 1 + ((uint64_t)SKIP_ROUNDS << f);
+        r->skip_fails[i]++;
+    }
+    if (until > r->skip_until[i])
+        r->skip_until[i] = until;
     pthread_mutex_unlock(&r->skip_lock);
 }
 
@@ -227,6 +252,7 @@ static void mark_responsive(rt *r, uint64_t id)
             r->n_skip--;
             r->skip_ids[i] = r->skip_ids[r->n_skip];
             r->skip_until[i] = r->skip_until[r->n_skip];
+            r->skip_fails[i] = r->skip_fails[r->n_skip];
             break;
         }
     pthread_mutex_unlock(&r->skip_lock);
@@ -348,6 +374,9 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
                 (unsigned long long)ev->round);
         break;
     case DS_MEV_MEMBER_LEFT:
+        /* Gone for good, or lingering until its leave applies: either way
+         * nobody waits for it; what it still sends is served. */
+        mark_unresponsive(r, m->id);
         ds_info("membership", "member left name=%s removal_round=%llu", m->name,
                 (unsigned long long)ev->round);
         break;
@@ -365,6 +394,7 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
         r->seed_id = m->id;
         snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
         r->seed_round = ev->round;
+        r->join_round = ev->join_round;
         pthread_cond_broadcast(&r->cond);
         pthread_mutex_unlock(&r->lock);
         break;
@@ -854,23 +884,23 @@ static void serve_state(rt *r)
         r->t.ops.download(r->host_theta, r->t.theta, r->t.n_params * sizeof(float));
         theta = r->host_theta;
     }
-    ds_state_serve(r->st, theta, (uint64_t)r->t.step, r->round0, current_round(r),
+    ds_state_serve(r->st, theta, (uint64_t)r->t.step, r->round0, current_round(r), r->rate,
                    ds_now_ms() + 4 * (uint64_t)r->c->transport.op_timeout_ms);
 }
 
 /* A late joiner: ask the member that admitted us for its model, step and
  * rounds, and start from them; retry a few times. */
-static int fetch_state(rt *r)
+static int fetch_state(rt *r, int attempts, uint64_t attempt_ms)
 {
     ds_trainer *t = &r->t;
     float *theta = malloc(t->n_params * sizeof(float));
     if (!theta)
         return -ENOMEM;
     int e = -ETIMEDOUT;
-    for (int attempt = 1; attempt <= 5 && !stop_signal; attempt++) {
+    for (int attempt = 1; attempt <= attempts && !stop_signal; attempt++) {
         const uint64_t t0 = ds_now_ms();
-        const uint64_t deadline = t0 + 4 * (uint64_t)r->c->transport.op_timeout_ms;
-        ds_info("state", "asking %s for the model state (attempt %d)", r->seed_addr, attempt);
+        const uint64_t deadline = t0 + attempt_ms;
+        ds_debug("state", "asking %s for the model state (attempt %d)", r->seed_addr, attempt);
         if ((e = ds_state_request(r->st, r->seed_id, r->seed_addr, deadline)) < 0)
             continue;
         ds_state_info info;
@@ -888,13 +918,65 @@ static int fetch_state(rt *r)
         r->round0 = info.round0;
         ds_gossip_reset(r->gossip, theta);
         ds_membership_set_round(atomic_load(&r->ms), info.round, ds_now_ms());
-        ds_info("state", "model state received: step=%llu round=%llu bytes=%zu in %llu ms",
+        r->pace_t0_ns = ds_now_ns();
+        r->pace_r0 = info.round;
+        r->pace_rate = info.rounds_per_s;
+        ds_info("state", "model state received: step=%llu round=%llu bytes=%zu in %llu ms; "
+                "keeping the cluster's pace of %.1f rounds/s until round %llu",
                 (unsigned long long)info.step, (unsigned long long)info.round, info.bytes,
-                (unsigned long long)(ds_now_ms() - t0));
+                (unsigned long long)(ds_now_ms() - t0), info.rounds_per_s,
+                (unsigned long long)r->join_round);
         break;
     }
     free(theta);
     return stop_signal ? -EINTR : e;
+}
+
+/* Changes (joins, leaves, deaths) apply LAG_SECONDS after they are
+ * decided, in rounds at the rate this node runs: at tens of rounds a second
+ * a fixed 32 rounds is shorter than SWIM needs to tell every member
+ * (measured: a join reached 8 nodes in 1.5 s, 64 in ~4 periods), and nodes
+ * then ran a round or two on different views. Never below 32 rounds. */
+#define LAG_SECONDS 5
+static void update_lag(rt *r)
+{
+    const uint64_t now = ds_now_ms(), round = atomic_load(&r->cur_round);
+    if (!r->lag_t0_ms) {
+        r->lag_t0_ms = now;
+        r->lag_r0 = round;
+        return;
+    }
+    if (now - r->lag_t0_ms < 2000)
+        return;
+    const double rate = (double)(round - r->lag_r0) * 1000.0 / (double)(now - r->lag_t0_ms);
+    r->rate = rate;
+    uint64_t lag = (uint64_t)(rate * LAG_SECONDS + 0.5);
+    if (lag < 32)
+        lag = 32;
+    if (lag > (1u << 20))
+        lag = 1u << 20;
+    if (lag > r->lag * 5 / 4 || lag < r->lag * 3 / 4) {
+        ds_membership_set_lag(atomic_load(&r->ms), (uint32_t)lag);
+        ds_debug("membership", "lag %llu rounds (%.1f rounds/s)", (unsigned long long)lag, rate);
+        r->lag = lag;
+    }
+    r->lag_t0_ms = now;
+    r->lag_r0 = round;
+}
+
+/* A joiner alone before its join round: do not run ahead of the cluster. */
+static void keep_pace(rt *r)
+{
+    const uint64_t round = current_round(r);
+    if (r->pace_rate <= 0 || round >= r->join_round || round <= r->pace_r0)
+        return;
+    const uint64_t due = r->pace_t0_ns + (uint64_t)((double)(round - r->pace_r0) / r->pace_rate * 1e9);
+    const uint64_t now = ds_now_ns();
+    if (due > now) {
+        const uint64_t ns = due - now;
+        const struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* Fill and publish the status snapshot (node/status.h): at most every
@@ -1133,7 +1215,8 @@ int ds_node_run(const ds_conf *c)
     }
     if (r.seed_round > 0) {
         /* The cluster is already training: start from its model. */
-        if ((e = fetch_state(&r)) < 0) {
+        r.refresh_pending = 1;
+        if ((e = fetch_state(&r, 5, 4 * (uint64_t)c->transport.op_timeout_ms)) < 0) {
             ds_error("state", "no model state from the cluster: %s", strerror(-e));
             stop_threads(&r);
             rt_fini(&r);
@@ -1163,8 +1246,35 @@ int ds_node_run(const ds_conf *c)
     uint64_t t_window = ds_now_ns(), train_ns = 0;
     int round_open = 0; /* overlap: a round's exchange is running */
 
-    const uint64_t final_round = r.round0 + (uint64_t)(steps / every);
     while (t->step < steps && !stop_signal) {
+        keep_pace(&r);
+        /* Before our join round (the lag is seconds of rounds) we would
+         * train alone, and our solo steps only drift from the cluster's
+         * model. So we shadow the cluster instead: take its model, step and
+         * rounds every half second, and train only the last few rounds
+         * before we enter the view, at its pace. */
+        if (r.refresh_pending) {
+            const uint64_t margin = 8 + (uint64_t)(r.pace_rate * 0.2);
+            if (current_round(&r) + margin < r.join_round) {
+                for (int i = 0; i < 10 && !stop_signal; i++)
+                    usleep(50000);
+                const int got = stop_signal ? -EINTR : fetch_state(&r, 1, 2000);
+                r.refresh_failures = got == 0 ? 0 : r.refresh_failures + 1;
+                if (r.refresh_failures >= 3) {
+                    /* The cluster may be gone (it finished, or we were
+                     * cut off): go on from the last state we have. */
+                    ds_warn("state", "no model state for 3 tries: training on alone from step %lld",
+                            (long long)t->step);
+                    r.refresh_pending = 0;
+                }
+                if (ds_state_pending(r.st))
+                    serve_state(&r);
+                continue;
+            }
+            r.refresh_pending = 0;
+            ds_info("state", "shadowed the cluster up to step %lld; training from here",
+                    (long long)t->step);
+        }
         const uint64_t t0 = ds_now_ns();
         if ((e = ds_trainer_compute_grad(t, &loss, NULL)) < 0) {
             ds_error("train", "step %lld failed: %s", (long long)t->step, strerror(-e));
@@ -1205,11 +1315,8 @@ int ds_node_run(const ds_conf *c)
         }
         if (ds_state_pending(r.st))
             serve_state(&r);
-        /* Leave lag rounds before our last one, so that it takes effect
-         * exactly when we stop (DESIGN 6: announced, effective at a
-         * future round, then exit). */
-        if (!r.leaving && final_round <= current_round(&r) + r.lag)
-            announce_leave(&r);
+        if (!r.leaving)
+            update_lag(&r);
         train_ns += ds_now_ns() - t0;
         loss_window += loss;
         window_n++;

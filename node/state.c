@@ -78,7 +78,7 @@ void ds_state_destroy(ds_state **sp)
 }
 
 void ds_state_pack(uint8_t *buf, const float *theta, size_t n, uint64_t step, uint64_t round0,
-                   uint64_t round)
+                   uint64_t round, double rounds_per_s)
 {
     memset(buf, 0, DS_STATE_HDR_BYTES);
     memcpy(buf, "DSSTATE1", 8);
@@ -86,6 +86,7 @@ void ds_state_pack(uint8_t *buf, const float *theta, size_t n, uint64_t step, ui
     ds_put64(buf + 16, step);
     ds_put64(buf + 24, round0);
     ds_put64(buf + 32, round);
+    ds_put64(buf + 40, rounds_per_s > 0 && rounds_per_s < 1e12 ? (uint64_t)(rounds_per_s * 1000) : 0);
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &theta[i], 4);
@@ -98,7 +99,7 @@ int ds_state_unpack(const uint8_t *buf, size_t len, size_t n, float *theta, ds_s
     if (len != DS_STATE_HDR_BYTES + 4 * n || memcmp(buf, "DSSTATE1", 8) != 0 ||
         ds_le64(buf + 8) != n)
         return -EBADMSG;
-    for (int i = 40; i < DS_STATE_HDR_BYTES; i++)
+    for (int i = 48; i < DS_STATE_HDR_BYTES; i++)
         if (buf[i])
             return -EBADMSG;
     for (size_t i = 0; i < n; i++) {
@@ -113,6 +114,7 @@ int ds_state_unpack(const uint8_t *buf, size_t len, size_t n, float *theta, ds_s
         info->step = ds_le64(buf + 16);
         info->round0 = ds_le64(buf + 24);
         info->round = ds_le64(buf + 32);
+        info->rounds_per_s = (double)ds_le64(buf + 40) / 1000.0;
         info->bytes = len;
     }
     return 0;
@@ -156,7 +158,7 @@ int ds_state_pending(ds_state *s)
 }
 
 int ds_state_serve(ds_state *s, const float *theta, uint64_t step, uint64_t round0,
-                   uint64_t round, uint64_t deadline_ms)
+                   uint64_t round, double rounds_per_s, uint64_t deadline_ms)
 {
     struct requester req[MAX_REQUESTERS];
     pthread_mutex_lock(&s->lock);
@@ -168,7 +170,7 @@ int ds_state_serve(ds_state *s, const float *theta, uint64_t step, uint64_t roun
         return 0;
     if (!s->snap && !(s->snap = malloc(s->total)))
         return -ENOMEM;
-    ds_state_pack(s->snap, theta, s->n, step, round0, round);
+    ds_state_pack(s->snap, theta, s->n, step, round0, round, rounds_per_s);
     uint8_t digest[32];
     crypto_generichash(digest, sizeof(digest), s->snap, s->total, NULL, 0);
     int served = 0;

@@ -1826,8 +1826,9 @@ static void el_args(const char **args, int n_nodes, const char *out, const char 
 Test(elastic, nodes_added_mid_run_get_the_state_and_catch_up)
 {
     const char *out = tmp_path("join");
-    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=50", "--add-at", "150:2",
-                           NULL};
+    /* Long enough that the newcomers join while the others still train. */
+    const char *extra[] = {"--set", "train.steps=1500", "--set", "train.eval_every=50",
+                           "--add-at", "150:2", NULL};
     const char *args[40];
     el_args(args, 4, out, extra);
     struct result r = run_dslaunch(280000, args);
@@ -1846,9 +1847,14 @@ Test(elastic, nodes_added_mid_run_get_the_state_and_catch_up)
         const char *p = strstr(log, "model state received: step=");
         const long from = strtol(p + 27, NULL, 10);
         free(log);
-        long at = ((from + 200 + 49) / 50) * 50;
-        if (at > 500)
-            at = 500;
+        /* Its first evaluation at least 200 steps after the state came
+         * (it shadows the cluster until its join round, so it evaluates only
+         * at the steps it trains through). */
+        long at = -1;
+        for (long st = ((from + 200 + 49) / 50) * 50; st <= 1500 && at < 0; st += 50)
+            if (eval_at(out, name, st) >= 0)
+                at = st;
+        cr_assert_geq(at, 0, "%s never evaluated after step %ld", name, from + 200);
         double others = 0;
         for (int o = 0; o < 4; o++) {
             char on[8];
@@ -1929,7 +1935,8 @@ Test(elastic, two_crashes_out_of_six)
 Test(elastic, frozen_node_comes_back)
 {
     const char *out = tmp_path("stop");
-    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=0", NULL};
+    /* Long enough that the others still train when it wakes up. */
+    const char *extra[] = {"--set", "train.steps=2000", "--set", "train.eval_every=0", NULL};
     const char *args[40];
     el_args(args, 4, out, extra);
     struct live l;
@@ -1957,7 +1964,7 @@ Test(elastic, frozen_node_comes_back)
         const double max_round = summary_value(out, name, "max_round_s");
         cr_expect(max_round >= 0 && max_round <= 3.0, "%s: a round took %.3f s", name, max_round);
     }
-    cr_expect_eq(jnum(jget(jget(j, "nodes"), "n3"), "steps"), 500, "n3 finished");
+    cr_expect_eq(jnum(jget(jget(j, "nodes"), "n3"), "steps"), 2000, "n3 finished");
     cr_expect_lt(jnum(j, "consensus_distance"), 0.1, "n3 mixes with the others again");
     jfree(j);
     free(l.out);

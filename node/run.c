@@ -329,8 +329,10 @@ static void on_net_event(void *ctx, const ds_net_event *ev)
             mark_unresponsive_until(r, ev->peer, atomic_load(&r->cur_round) + 1 + SKIP_ROUNDS);
         break;
     case DS_NET_EV_PEER_RESPONSIVE:
-        if (ev->peer)
-            mark_responsive(r, ev->peer);
+        /* Not evidence enough to wait for it again: a send "completes" as
+         * soon as the kernel takes it, even to a frozen process. Only a
+         * frame from the peer itself (heard_hook) or membership's verdict
+         * brings it back. */
         break;
     case DS_NET_EV_RESET:
         ds_warn("net", "transport endpoint reset (%d stuck operations discarded)", ev->status);
@@ -1254,7 +1256,7 @@ int ds_node_run(const ds_conf *c)
          * rounds every half second, and train only the last few rounds
          * before we enter the view, at its pace. */
         if (r.refresh_pending) {
-            const uint64_t margin = 8 + (uint64_t)(r.pace_rate * 0.2);
+            const uint64_t margin = 4 + (uint64_t)(r.pace_rate * 0.05);
             if (current_round(&r) + margin < r.join_round) {
                 for (int i = 0; i < 10 && !stop_signal; i++)
                     usleep(50000);

@@ -224,7 +224,10 @@ const char *ds_mship_drop_name(enum ds_mship_drop r)
     do { \
         enum ds_mship_drop dr_ = (reason); \
         (m)->st.drops[dr_]++; \
-        ds_log_rl(DS_LOG_WARN, COMP, "drop reason=%s (%s) " fmt, mship_drop_names[dr_], \
+        /* A JOIN that reaches a node still founding or joining is the \
+         * expected start-up race (the joiner retries): info, not warn. */ \
+        ds_log_rl(dr_ == DS_MSHIP_DROP_NOT_JOINED ? DS_LOG_INFO : DS_LOG_WARN, COMP, \
+                  "drop reason=%s (%s) " fmt, mship_drop_names[dr_], \
                   mship_drop_texts[dr_], ##__VA_ARGS__); \
     } while (0)
 

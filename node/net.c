@@ -1052,6 +1052,7 @@ static uint64_t timers(ds_net *n, struct report **rep)
 static void *worker_main(void *arg)
 {
     ds_net *n = arg;
+    pthread_setname_np(pthread_self(), "ds-net");
     uint64_t next_timer = 0;
     for (;;) {
         pthread_mutex_lock(&n->rxlock);

@@ -401,8 +401,10 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
         pthread_mutex_unlock(&r->lock);
         break;
     case DS_MEV_JOIN_RETRY:
-        ds_warn("membership", "no reachable seed yet: trying %s next (attempt %u)", m->addr,
-                ev->attempt);
+        /* Nodes started together race the founder: the first few retries
+         * are expected; say so at warn only when it goes on. */
+        ds_log(ev->attempt <= 4 ? DS_LOG_INFO : DS_LOG_WARN, "membership",
+               "no reachable seed yet: trying %s next (attempt %u)", m->addr, ev->attempt);
         break;
     case DS_MEV_SELF_REFUTED:
         ds_warn("membership", "suspected by peers: refuted with incarnation %u", m->incarnation);
@@ -418,6 +420,7 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
 static void *fd_main(void *arg)
 {
     rt *r = arg;
+    pthread_setname_np(pthread_self(), "ds-membership");
     ds_membership *ms = atomic_load(&r->ms);
     pthread_mutex_lock(&r->lock);
     while (!r->stop_threads) {
@@ -448,6 +451,7 @@ static void gossip_failed_hook(void *ctx, uint64_t id)
 static void *comm_main(void *arg)
 {
     rt *r = arg;
+    pthread_setname_np(pthread_self(), "ds-gossip");
     pthread_mutex_lock(&r->lock);
     for (;;) {
         while (!r->comm_go && !r->stop_threads)

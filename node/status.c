@@ -1357,6 +1357,7 @@ static void accept_some(ds_status *st)
 static void *status_main(void *arg)
 {
     ds_status *st = arg;
+    pthread_setname_np(pthread_self(), "ds-status");
     const int nc = st->o.max_conns;
     for (;;) {
         pthread_mutex_lock(&st->mu);

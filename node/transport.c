@@ -2617,6 +2617,7 @@ static void shutdown_all(ds_transport *t)
 static void *progress_main(void *arg)
 {
     ds_transport *t = arg;
+    pthread_setname_np(pthread_self(), "ds-transport");
     t->last_work_ns = ds_now_ns();
     for (;;) {
         int stop = 0, reset = 0;

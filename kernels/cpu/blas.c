@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "kernels/cpu.h"
@@ -66,11 +67,26 @@ const char *ds_blas_wanted_coretype(void)
     return NULL;
 }
 
+/* A program started through /proc/self/exe is named "exe" by the kernel
+ * (ps, top, /proc/PID/comm, and every thread it creates): give it back the
+ * name it was started under. */
+static void restore_comm(char **argv)
+{
+    if (!argv || !argv[0] || !*argv[0])
+        return;
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    if (*base)
+        prctl(PR_SET_NAME, base, 0, 0, 0);
+}
+
 void ds_blas_reexec_if_needed(char **argv)
 {
     const char *keep = getenv("DS_BLAS_KEEP");
-    if (getenv("OPENBLAS_CORETYPE") || (keep && *keep && strcmp(keep, "0")))
+    if (getenv("OPENBLAS_CORETYPE") || (keep && *keep && strcmp(keep, "0"))) {
+        restore_comm(argv);
         return;
+    }
     const char *want = ds_blas_wanted_coretype();
     if (!want)
         return;

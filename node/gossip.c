@@ -35,6 +35,8 @@
 #include "node/log.h"
 
 enum { OUT_NONE = 0, OUT_PENDING, OUT_OK, OUT_FAILED, OUT_SKIPPED };
+enum { SKIP_NONE = 0, SKIP_NOWAIT, SKIP_ALL }; /* g->skip[] */
+#define NOWAIT_GRACE_NS 10000000u /* 10 ms: a reply from a peer back on time */
 
 struct gout {
     uint32_t target; /* == me: nothing initiated */
@@ -67,7 +69,8 @@ struct ds_gossip {
     uint8_t *in_done;    /* n_seg x max_in */
     uint32_t *in_n;      /* n_seg */
     uint32_t *scratch;   /* G entries for the topology */
-    uint8_t *skip;       /* G entries: peers not waited for this round */
+    uint8_t *skip;       /* G entries: peers not waited for this round
+                          * (SKIP_ALL: nor sent to; SKIP_NOWAIT: sent to) */
     uint8_t *ahead;      /* G entries: peers seen past this round already */
     float *resp;         /* max_len: values of a reply */
     uint32_t G, me;
@@ -320,7 +323,16 @@ int ds_gossip_set_skip(ds_gossip *g, uint32_t peer)
 {
     if (!g->view_set || peer >= g->next_G || peer == g->next_me)
         return -EINVAL;
-    g->skip[peer] = 1;
+    g->skip[peer] = SKIP_ALL;
+    return 0;
+}
+
+int ds_gossip_set_nowait(ds_gossip *g, uint32_t peer)
+{
+    if (!g->view_set || peer >= g->next_G || peer == g->next_me)
+        return -EINVAL;
+    if (g->skip[peer] != SKIP_ALL)
+        g->skip[peer] = SKIP_NOWAIT;
     return 0;
 }
 
@@ -329,13 +341,22 @@ static int outstanding(const ds_gossip *g)
 {
     int n = 0;
     for (int s = 0; s < g->n_seg; s++) {
-        n += g->out[s].state == OUT_PENDING;
+        n += g->out[s].state == OUT_PENDING && !g->skip[g->out[s].target];
         for (uint32_t i = 0; i < g->in_n[s]; i++) {
             const size_t k = (size_t)s * g->max_in + i;
             n += !g->in_done[k] && !g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]];
         }
     }
     return n;
+}
+
+/* Own exchanges still open with peers we do not wait for. */
+static int nowait_pending(const ds_gossip *g)
+{
+    for (int s = 0; s < g->n_seg; s++)
+        if (g->out[s].state == OUT_PENDING && g->skip[g->out[s].target] == SKIP_NOWAIT)
+            return 1;
+    return 0;
 }
 
 /* ---- begin / end ---------------------------------------------------------- */
@@ -649,7 +670,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         struct gout *o = &g->out[s];
         if (o->state != OUT_PENDING)
             continue;
-        if (g->skip[o->target]) {
+        if (g->skip[o->target] == SKIP_ALL) {
             /* Known unresponsive: that exchange does not happen this round,
              * and nobody waits for it (DESIGN 5: skipped). */
             o->state = OUT_SKIPPED;
@@ -709,6 +730,18 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             break;
         dispatch(g, io, &m, deadline);
     }
+    /* Replies from peers we did not wait for: a short grace, so that one
+     * back on time completes its exchange (both halves applied) instead
+     * of leaving it one-sided. */
+    uint64_t grace = ds_now_ns() + NOWAIT_GRACE_NS;
+    if (grace > deadline)
+        grace = deadline;
+    while (nowait_pending(g)) {
+        ds_gmsg m;
+        if (io->recv(io->ctx, &m, grace) <= 0)
+            break;
+        dispatch(g, io, &m, deadline);
+    }
 
     /* Whatever is still open missed the deadline. */
     for (int s = 0; s < g->n_seg; s++) {
@@ -716,7 +749,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         if (o->state == OUT_PENDING) {
             o->state = OUT_FAILED;
             g->st.exchanges_failed++;
-            if (io->peer_failed)
+            if (io->peer_failed && !g->skip[o->target])
                 io->peer_failed(io->ctx, o->target);
         }
         for (uint32_t i = 0; i < g->in_n[s]; i++) {

@@ -151,6 +151,14 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch);
  * Whatever it still sends is served. Returns 0 or -EINVAL. */
 int ds_gossip_set_skip(ds_gossip *g, uint32_t peer);
 
+/* For the next round only, softer: initiate to view index `peer` as usual
+ * (it expects our request and would otherwise wait for it) but do not
+ * wait for its reply or its request -- a peer that missed a deadline
+ * lately. A reply that comes while the round is still open is used; a
+ * missing one fails that exchange without reporting the peer again.
+ * Returns 0 or -EINVAL. */
+int ds_gossip_set_nowait(ds_gossip *g, uint32_t peer);
+
 /* Round `round`, in three parts (see the top of this file). begin and end
  * run on the thread that owns theta; exchange may run on another thread
  * between them. A full round is ds_gossip_round. */

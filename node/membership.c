@@ -851,6 +851,16 @@ static void apply_self(ds_membership *m, const ds_wire_member *u, int table, uin
             /* A record from an earlier life of this key: outbid it. */
             s->inc = u->incarnation + 1;
             bcast(m, s, 0);
+        } else if (u->incarnation == s->inc && s->state == DS_MEMBER_ALIVE &&
+                   u->effective_round != NO_ROUND && u->effective_round < s->join_round) {
+            /* Two members admitted us (a JOIN retried to another seed) and
+             * decided different join rounds: the smaller wins on every
+             * member, so it must win here too, or we would enter the view
+             * later than the others count us in it. */
+            ds_info(COMP, "our join round moved from %" PRIu64 " to %" PRIu64, s->join_round,
+                    u->effective_round);
+            s->join_round = u->effective_round;
+            bcast(m, s, 0);
         }
         break;
     case DS_MEMBER_SUSPECT:

@@ -170,6 +170,7 @@ typedef struct rt {
     uint64_t skip_ids[64];
     uint64_t skip_until[64]; /* first round it is tried again; UINT64_MAX: until heard */
     uint32_t skip_fails[64]; /* consecutive misses: the skip window doubles */
+    uint8_t skip_hard[64];   /* 1: not sent to either (a verdict, a stuck transport) */
     int n_skip;
     _Atomic uint64_t cur_round;
 
@@ -181,6 +182,7 @@ typedef struct rt {
     uint64_t round0;     /* round = round0 + step / gossip.every */
     uint64_t lag;        /* membership's lag: rounds until a change applies */
     uint64_t lag_t0_ms, lag_r0; /* rate window for the lag */
+    double lag_rate;            /* rounds/s the lag is sized for (decaying peak) */
     double rate;         /* rounds per second, last measured */
     uint64_t join_round; /* ours, from SELF_JOINED */
     /* A joiner trains alone until its join round; it keeps the cluster's
@@ -206,12 +208,20 @@ static void timed_wait(rt *r, uint64_t until_ms)
 /* A peer missed a deadline (gossip): do not wait for it for a few rounds,
  * then try again -- if we were the slow one (frozen, overloaded), both
  * sides would otherwise skip each other for good. Membership's verdicts
- * (suspect, dead) hold until the peer is heard from again. */
+ * (suspect, dead) hold until the peer is heard from again.
+ *
+ * Two strengths. A missed gossip deadline is soft: we still send the peer
+ * its requests, we only stop waiting for it. A skip that also stopped our
+ * sends made the peer, which expected our request, wait out its own
+ * timeout, then skip us in turn, and so on: after a crash in a 9-node
+ * cluster the rounds ran at one timeout each for seconds (measured). A
+ * verdict, or a transport that cannot deliver to it, is hard: nothing is
+ * sent to it either. */
 #define SKIP_ROUNDS 4
 
 /* A missed deadline: skip the peer for SKIP_ROUNDS << (misses in a row - 1)
  * rounds (at most 64x), then try again; until == UINT64_MAX: until heard. */
-static void mark_unresponsive_until(rt *r, uint64_t id, uint64_t until)
+static void mark_unresponsive_until(rt *r, uint64_t id, uint64_t until, int hard)
 {
     pthread_mutex_lock(&r->skip_lock);
     int i = 0;
@@ -225,6 +235,7 @@ static void mark_unresponsive_until(rt *r, uint64_t id, uint64_t until)
         r->skip_ids[i] = id;
         r->skip_until[i] = 0;
         r->skip_fails[i] = 0;
+        r->skip_hard[i] = 0;
         r->n_skip++;
         ds_debug("gossip", "peer %016llx unresponsive: not waited for", (unsigned long long)id);
     }
@@ -236,12 +247,14 @@ static void mark_unresponsive_until(rt *r, uint64_t id, uint64_t until)
     }
     if (until > r->skip_until[i])
         r->skip_until[i] = until;
+    if (hard || until == UINT64_MAX)
+        r->skip_hard[i] = 1;
     pthread_mutex_unlock(&r->skip_lock);
 }
 
 static void mark_unresponsive(rt *r, uint64_t id)
 {
-    mark_unresponsive_until(r, id, UINT64_MAX);
+    mark_unresponsive_until(r, id, UINT64_MAX, 1);
 }
 
 static void mark_responsive(rt *r, uint64_t id)
@@ -253,17 +266,20 @@ static void mark_responsive(rt *r, uint64_t id)
             r->skip_ids[i] = r->skip_ids[r->n_skip];
             r->skip_until[i] = r->skip_until[r->n_skip];
             r->skip_fails[i] = r->skip_fails[r->n_skip];
+            r->skip_hard[i] = r->skip_hard[r->n_skip];
             break;
         }
     pthread_mutex_unlock(&r->skip_lock);
 }
 
+/* 0: wait for it; 1: send, do not wait; 2: neither. */
 static int is_unresponsive(rt *r, uint64_t id, uint64_t round)
 {
     pthread_mutex_lock(&r->skip_lock);
     int found = 0;
     for (int i = 0; i < r->n_skip && !found; i++)
-        found = r->skip_ids[i] == id && round < r->skip_until[i];
+        if (r->skip_ids[i] == id && round < r->skip_until[i])
+            found = r->skip_hard[i] ? 2 : 1;
     pthread_mutex_unlock(&r->skip_lock);
     return found;
 }
@@ -326,7 +342,7 @@ static void on_net_event(void *ctx, const ds_net_event *ev)
         if (ms && ev->peer)
             ds_membership_hint(ms, ev->peer, ds_now_ms());
         if (ev->peer)
-            mark_unresponsive_until(r, ev->peer, atomic_load(&r->cur_round) + 1 + SKIP_ROUNDS);
+            mark_unresponsive_until(r, ev->peer, atomic_load(&r->cur_round) + 1 + SKIP_ROUNDS, 1);
         break;
     case DS_NET_EV_PEER_RESPONSIVE:
         /* Not evidence enough to wait for it again: a send "completes" as
@@ -444,7 +460,7 @@ static void gossip_failed_hook(void *ctx, uint64_t id)
     ds_membership *ms = atomic_load(&r->ms);
     if (ms)
         ds_membership_hint(ms, id, ds_now_ms());
-    mark_unresponsive_until(r, id, atomic_load(&r->cur_round) + 1 + SKIP_ROUNDS);
+    mark_unresponsive_until(r, id, atomic_load(&r->cur_round) + 1 + SKIP_ROUNDS, 0);
 }
 
 /* The comm thread: one ds_gossip_exchange per begin(). */
@@ -534,9 +550,13 @@ static int set_round_view(rt *r, uint64_t round)
         return e;
     if ((e = ds_gossip_set_view(r->gossip, G, me, epoch)) < 0)
         return e;
-    for (uint32_t i = 0; i < G; i++)
-        if (i != me && is_unresponsive(r, r->vids[i], round))
+    for (uint32_t i = 0; i < G; i++) {
+        const int u = i != me ? is_unresponsive(r, r->vids[i], round) : 0;
+        if (u == 2)
             ds_gossip_set_skip(r->gossip, i);
+        else if (u == 1)
+            ds_gossip_set_nowait(r->gossip, i);
+    }
     /* Alone: no round at all. snap keeps the last mixed state, so the next
      * real round's begin() still sees all the drift since then. */
     return G < 2 ? 1 : 0;
@@ -882,6 +902,11 @@ static uint64_t current_round(const rt *r)
     return r->round0 + (uint64_t)(r->t.step / r->c->gossip.every);
 }
 
+/* What a shadowing joiner allows for one state fetch (request, the
+ * server's next round boundary, 1 MB in chunks): 17-46 ms measured at 8
+ * nodes on loopback, 310 ms for the first one (connection set-up). */
+#define SHADOW_FETCH_S 0.15
+
 /* Give a snapshot of our model to the nodes that asked (between steps). */
 static void serve_state(rt *r)
 {
@@ -956,7 +981,13 @@ static void update_lag(rt *r)
         return;
     const double rate = (double)(round - r->lag_r0) * 1000.0 / (double)(now - r->lag_t0_ms);
     r->rate = rate;
-    uint64_t lag = (uint64_t)(rate * LAG_SECONDS + 0.5);
+    /* The lag follows the rate the cluster can run at, not a stall's: the
+     * rounds after a crash wait out their timeouts until the suspicion
+     * spreads, and a lag sized then (32 rounds) was under half a second
+     * once the death was declared and the rounds ran again, so members
+     * applied it late. The peak decays by a fifth per window. */
+    r->lag_rate = rate > r->lag_rate * 0.8 ? rate : r->lag_rate * 0.8;
+    uint64_t lag = (uint64_t)(r->lag_rate * LAG_SECONDS + 0.5);
     if (lag < 32)
         lag = 32;
     if (lag > (1u << 20))
@@ -1260,10 +1291,30 @@ int ds_node_run(const ds_conf *c)
          * rounds every half second, and train only the last few rounds
          * before we enter the view, at its pace. */
         if (r.refresh_pending) {
+            /* Our join round can still move earlier (membership: two
+             * admitting members, the smaller round wins). */
+            ds_member_info self_info;
+            if (ds_membership_member(atomic_load(&r.ms), r.id.id, &self_info) == 0 &&
+                self_info.join_round != DS_MEMBERSHIP_NO_ROUND && self_info.join_round < r.join_round)
+                r.join_round = self_info.join_round;
             const uint64_t margin = 4 + (uint64_t)(r.pace_rate * 0.05);
-            if (current_round(&r) + margin < r.join_round) {
-                for (int i = 0; i < 10 && !stop_signal; i++)
-                    usleep(50000);
+            /* Time until the cluster (at its pace since our last fetch)
+             * is margin rounds before our join round. The last fetch must
+             * land before then: one that lands after the join round leaves
+             * the rounds with us waiting out their timeouts, and the
+             * cluster stalled for seconds (measured: 10-28 s at 8 nodes).
+             * So the wait before the next fetch shrinks to fit, and when
+             * no fetch fits we train the remaining rounds ourselves. */
+            double slack_s = 1e9;
+            if (r.pace_rate > 0 && r.join_round > r.pace_r0 + margin)
+                slack_s = (double)(r.join_round - margin - r.pace_r0) / r.pace_rate -
+                          (double)(ds_now_ns() - r.pace_t0_ns) * 1e-9;
+            if (current_round(&r) + margin < r.join_round && slack_s > SHADOW_FETCH_S) {
+                double wait_s = slack_s - SHADOW_FETCH_S;
+                if (wait_s > 0.5)
+                    wait_s = 0.5;
+                for (double w = 0; w < wait_s && !stop_signal; w += 0.05)
+                    usleep(wait_s - w < 0.05 ? (useconds_t)((wait_s - w) * 1e6) : 50000);
                 const int got = stop_signal ? -EINTR : fetch_state(&r, 1, 2000);
                 r.refresh_failures = got == 0 ? 0 : r.refresh_failures + 1;
                 if (r.refresh_failures >= 3) {
@@ -1278,8 +1329,9 @@ int ds_node_run(const ds_conf *c)
                 continue;
             }
             r.refresh_pending = 0;
-            ds_info("state", "shadowed the cluster up to step %lld; training from here",
-                    (long long)t->step);
+            ds_info("state", "shadowed the cluster up to step %lld (round %llu); training on to "
+                    "our join round %llu", (long long)t->step,
+                    (unsigned long long)current_round(&r), (unsigned long long)r.join_round);
         }
         const uint64_t t0 = ds_now_ns();
         if ((e = ds_trainer_compute_grad(t, &loss, NULL)) < 0) {

@@ -1874,10 +1874,18 @@ int ds_membership_leave(ds_membership *m, uint64_t now_ms, uint64_t *eff)
         if (s->join_round != NO_ROUND && s->removal_round <= s->join_round)
             s->removal_round = s->join_round + 1;
         bcast(m, s, 0);
+        /* Told directly: members that may still be running rounds, the
+         * lingering leavers included. When every node finishes together
+         * the last to leave has only those, and they wait for its leave
+         * to stop lingering (node/run.c). */
         uint32_t n = 0;
-        for (uint32_t i = 1; i < m->cap; i++)
-            if (m->tab[i].used && m->tab[i].state == DS_MEMBER_ALIVE)
+        for (uint32_t i = 1; i < m->cap; i++) {
+            const member *e = &m->tab[i];
+            if (e->used && (e->state == DS_MEMBER_ALIVE || e->state == DS_MEMBER_SUSPECT ||
+                            (e->state == DS_MEMBER_LEFT && e->removal_round != NO_ROUND &&
+                             e->removal_round > m->round)))
                 m->tmp[n++] = i;
+        }
         const uint32_t k = m->cfg.indirect_k < n ? m->cfg.indirect_k : n;
         for (uint32_t i = 0; i < k; i++) {
             uint32_t j = i + ds_rng_below(&m->rng, n - i);

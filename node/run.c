@@ -791,6 +791,25 @@ static uint64_t first_round(rt *r)
     return first;
 }
 
+/* Does any other member still count on us: one alive or suspected (not
+ * leaving, not dead)? When every other member has announced its leave
+ * (the end of a run: all finish together), nobody waits for our rounds
+ * and lingering until our leave round would only cost seconds. */
+static int others_count_on_us(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint32_t n = 0;
+    ds_membership_members(ms, NULL, 0, &n);
+    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
+    int any = !all; /* when in doubt, linger */
+    if (all && ds_membership_members(ms, all, n, &n) == 0)
+        for (uint32_t i = 0; i < n && !any; i++)
+            any = all[i].id != r->id.id &&
+                  (all[i].state == DS_MEMBER_ALIVE || all[i].state == DS_MEMBER_SUSPECT);
+    free(all);
+    return any;
+}
+
 static void stop_threads(rt *r)
 {
     pthread_mutex_lock(&r->lock);
@@ -1108,6 +1127,11 @@ static void linger(rt *r)
         ds_info("membership", "taking part in rounds %llu..%llu until the leave takes effect",
                 (unsigned long long)round, (unsigned long long)r->leave_round - 1);
     for (; round < r->leave_round && stop_count < 2 && ds_now_ms() < until; round++) {
+        if (!others_count_on_us(r)) {
+            ds_info("membership", "every other member is leaving too: done at round %llu",
+                    (unsigned long long)round);
+            break;
+        }
         if (gossiping) {
             if (round_begin(r, round) == 0) {
                 ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));

@@ -685,6 +685,90 @@ void ds_replay_mark(ds_replay *w, uint64_t seq)
 
 /* ---- session ------------------------------------------------------------------------- */
 
+/* GF(2^128) as GCM uses it (NIST SP 800-38D, 6.3): the first bit of a
+ * block is the coefficient of x^0; hi holds bytes 0-7 and lo bytes 8-15,
+ * big-endian. Only ds_session_seal_ref needs it (a few multiplications per
+ * frame to move a GHASH computed by libsodium), so it is the plain
+ * shift-and-add, with masks instead of branches on secret bits. */
+typedef struct gf128 {
+    uint64_t hi, lo;
+} gf128;
+
+#define GF_R 0xe100000000000000ull /* x^128 = x^7 + x^2 + x + 1, reflected */
+
+static uint64_t be64_get(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void be64_put(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+static gf128 gf_load(const uint8_t b[16])
+{
+    return (gf128){be64_get(b), be64_get(b + 8)};
+}
+
+static gf128 gf_mul(gf128 x, gf128 y)
+{
+    gf128 z = {0, 0};
+    const uint64_t xw[2] = {x.hi, x.lo};
+    for (int w = 0; w < 2; w++)
+        for (int i = 63; i >= 0; i--) {
+            const uint64_t take = 0 - ((xw[w] >> i) & 1);
+            z.hi ^= y.hi & take;
+            z.lo ^= y.lo & take;
+            const uint64_t wrap = 0 - (y.lo & 1); /* y * x overflows x^127 */
+            y.lo = (y.lo >> 1) | (y.hi << 63);
+            y.hi = (y.hi >> 1) ^ (GF_R & wrap);
+        }
+    return z;
+}
+
+/* a / x: undoes gf_mul(a, x). a * x had its x^0 bit set exactly when the
+ * reduction was applied (the reduction constant's top bit). */
+static gf128 gf_div_x(gf128 a)
+{
+    const uint64_t wrapped = a.hi >> 63;
+    a.hi ^= GF_R & (0 - wrapped);
+    return (gf128){(a.hi << 1) | (a.lo >> 63), (a.lo << 1) | wrapped};
+}
+
+/* The GHASH key H = AES_K(0^128) is not exposed by libsodium, but two tags
+ * under one nonce give it: with an empty message, AD = 16 zero bytes gives
+ * tag1 = E ^ L1 H (the zero block contributes nothing, L1 is the length
+ * block of 128 bits of AD, = x^56) and AD = empty gives tag0 = E (length
+ * block 0). So H = (tag0 ^ tag1) / x^56. These tags never leave here; the
+ * nonce is one no frame uses (seq is never all ones). */
+static void ghash_powers(ds_session *s)
+{
+    uint8_t nonce[crypto_aead_aes256gcm_NPUBBYTES], zero[16] = {0}, t0[16], t1[16], none = 0;
+    memset(nonce, 0xff, sizeof(nonce));
+    crypto_aead_aes256gcm_encrypt_detached_afternm(&none, t0, NULL, &none, 0, zero, 0, NULL, nonce,
+                                                   &s->tx_aes);
+    crypto_aead_aes256gcm_encrypt_detached_afternm(&none, t1, NULL, &none, 0, zero, 16, NULL,
+                                                   nonce, &s->tx_aes);
+    gf128 a = gf_load(t0), b = gf_load(t1);
+    gf128 h = {a.hi ^ b.hi, a.lo ^ b.lo};
+    for (int i = 0; i < 56; i++)
+        h = gf_div_x(h);
+    for (int i = 0; i < DS_GHASH_POWERS; i++) {
+        s->tx_hpow[i][0] = h.hi;
+        s->tx_hpow[i][1] = h.lo;
+        h = gf_mul(h, h);
+    }
+    s->tx_hpow_ok = 1;
+    sodium_memzero(t0, sizeof(t0));
+    sodium_memzero(t1, sizeof(t1));
+    sodium_memzero(&h, sizeof(h));
+}
+
 int ds_session_init(ds_session *s, const ds_session_params *p, const ds_wire_limits *lim,
                     ds_drop_counters *drops)
 {
@@ -714,6 +798,8 @@ int ds_session_init(ds_session *s, const ds_session_params *p, const ds_wire_lim
     if (s->aead == DS_AEAD_AES256GCM) {
         crypto_aead_aes256gcm_beforenm(&s->tx_aes, s->tx_key);
         crypto_aead_aes256gcm_beforenm(&s->rx_aes, s->rx_key);
+        if (s->mode == DS_SEC_AUTH)
+            ghash_powers(s);
     }
     return 0;
 }
@@ -743,15 +829,12 @@ static void nonce_of(uint8_t n[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES], ui
     ds_put64(n, seq);
 }
 
-int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap, size_t *out_len)
+/* What every seal does first: charge the key's byte budget, take the next
+ * seq, and write the header fields. frame holds the header; len counts the
+ * whole unsealed frame. */
+static int seal_begin(ds_session *s, uint8_t *frame, size_t len, const ds_wire_hdr *h,
+                      uint64_t *seq_out)
 {
-    ds_wire_hdr h;
-    if (ds_wire_hdr_check(frame, len, &s->lim, &h) != DS_DROP_NONE ||
-        ds_wire_is_handshake(h.type) || ds_wire_prot(&h) != DS_PROT_NONE)
-        return -EINVAL;
-    const size_t over = ds_session_overhead(s);
-    if (cap < len || cap - len < over)
-        return -ENOSPC;
     if (s->aead == DS_AEAD_AES256GCM) {
         uint64_t used = atomic_fetch_add(&s->tx_bytes, (uint64_t)len);
         if (used + len > DS_SESSION_AESGCM_MAX_BYTES)
@@ -765,8 +848,25 @@ int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap, size_
     ds_put64(frame + DS_WH_SENDER, s->self_id);
     ds_put64(frame + DS_WH_RECEIVER, s->peer_id);
     ds_put64(frame + DS_WH_SEQ, seq);
-    ds_put16(frame + DS_WH_FLAGS, (uint16_t)((h.flags & ~DS_WF_PROT_MASK) |
+    ds_put16(frame + DS_WH_FLAGS, (uint16_t)((h->flags & ~DS_WF_PROT_MASK) |
                                              ((unsigned)s->mode << DS_WF_PROT_SHIFT)));
+    *seq_out = seq;
+    return 0;
+}
+
+int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap, size_t *out_len)
+{
+    ds_wire_hdr h;
+    if (ds_wire_hdr_check(frame, len, &s->lim, &h) != DS_DROP_NONE ||
+        ds_wire_is_handshake(h.type) || ds_wire_prot(&h) != DS_PROT_NONE)
+        return -EINVAL;
+    const size_t over = ds_session_overhead(s);
+    if (cap < len || cap - len < over)
+        return -ENOSPC;
+    uint64_t seq;
+    int r = seal_begin(s, frame, len, &h, &seq);
+    if (r)
+        return r;
     if (s->mode == DS_SEC_NONE) {
         *out_len = len;
         return 0;
@@ -791,6 +891,105 @@ int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap, size_
                                                             enc ? plen : 0, ad, adlen, NULL,
                                                             nonce, s->tx_key);
     *out_len = len + DS_WIRE_TAG_SIZE;
+    return 0;
+}
+
+/* AES-256-GCM auth tag of AD = head || body, empty message, without the
+ * AD in one piece. GHASH is linear: with n = 16-byte blocks of body (the
+ * last one zero-padded) and P_1..P_k the blocks of head,
+ *   S(head || body) = S(body) + (sum P_i H^(k+1-i)) H^(n+1) + (L ^ L') H
+ * where S(body) is what libsodium computes with AD = body alone, L and L'
+ * the two length blocks. tag = E ^ S, and libsodium's tag for AD = body
+ * is E ^ S(body) under the same nonce, so the tag is that tag plus the two
+ * correction terms: k + popcount(n + 1) + 1 multiplications, while
+ * libsodium does the pass over body. head_len must be a multiple of 16
+ * (the body's blocks are then the same in both hashes). */
+static void gcm_tag_split(ds_session *s, const uint8_t *head, size_t head_len, const uint8_t *body,
+                          size_t body_len, const uint8_t *nonce, uint8_t tag[16])
+{
+    uint8_t none = 0;
+    crypto_aead_aes256gcm_encrypt_detached_afternm(&none, tag, NULL, &none, 0,
+                                                   body_len ? body : &none, body_len, NULL, nonce,
+                                                   &s->tx_aes);
+    const gf128 h = {s->tx_hpow[0][0], s->tx_hpow[0][1]};
+    gf128 y = {0, 0};
+    for (size_t i = 0; i < head_len; i += 16) {
+        const gf128 p = gf_load(head + i);
+        y.hi ^= p.hi;
+        y.lo ^= p.lo;
+        y = gf_mul(y, h);
+    }
+    const uint64_t e = (uint64_t)(body_len + 15) / 16 + 1;
+    for (int i = 0; i < DS_GHASH_POWERS && (e >> i); i++)
+        if ((e >> i) & 1)
+            y = gf_mul(y, (gf128){s->tx_hpow[i][0], s->tx_hpow[i][1]});
+    /* The length blocks differ in the AD bit count only (first half). */
+    const gf128 dl = {((uint64_t)(head_len + body_len) * 8) ^ ((uint64_t)body_len * 8), 0};
+    const gf128 c = gf_mul(dl, h);
+    const gf128 t = gf_load(tag);
+    be64_put(tag, t.hi ^ y.hi ^ c.hi);
+    be64_put(tag + 8, t.lo ^ y.lo ^ c.lo);
+    sodium_memzero(&y, sizeof(y));
+}
+
+/* XChaCha20-Poly1305 auth tag of AD = head || body, empty message, with
+ * libsodium's incremental Poly1305: the same construction as its
+ * crypto_aead_xchacha20poly1305_ietf_encrypt_detached (RFC 8439 over the
+ * HChaCha20 subkey), fed the AD in two pieces. */
+static void poly_tag_split(const ds_session *s, const uint8_t *head, size_t head_len,
+                           const uint8_t *body, size_t body_len, const uint8_t *nonce,
+                           uint8_t tag[16])
+{
+    static const uint8_t pad[16];
+    uint8_t subkey[crypto_core_hchacha20_OUTPUTBYTES], n12[crypto_stream_chacha20_ietf_NONCEBYTES];
+    uint8_t block0[64], lens[16];
+    crypto_onetimeauth_poly1305_state st;
+    crypto_core_hchacha20(subkey, nonce, s->tx_key, NULL);
+    memset(n12, 0, 4);
+    memcpy(n12 + 4, nonce + crypto_core_hchacha20_INPUTBYTES, 8);
+    crypto_stream_chacha20_ietf(block0, sizeof(block0), n12, subkey);
+    crypto_onetimeauth_poly1305_init(&st, block0);
+    crypto_onetimeauth_poly1305_update(&st, head, head_len);
+    if (body_len)
+        crypto_onetimeauth_poly1305_update(&st, body, body_len);
+    const size_t adlen = head_len + body_len;
+    crypto_onetimeauth_poly1305_update(&st, pad, (16 - adlen % 16) % 16);
+    ds_put64(lens, (uint64_t)adlen);
+    ds_put64(lens + 8, 0); /* message length */
+    crypto_onetimeauth_poly1305_update(&st, lens, sizeof(lens));
+    crypto_onetimeauth_poly1305_final(&st, tag);
+    sodium_memzero(subkey, sizeof(subkey));
+    sodium_memzero(block0, sizeof(block0));
+    sodium_memzero(&st, sizeof(st));
+}
+
+int ds_session_seal_ref(ds_session *s, uint8_t *head, size_t head_len, const uint8_t *body,
+                        size_t body_len, uint8_t tag[DS_WIRE_TAG_SIZE], size_t *tag_len)
+{
+    ds_wire_hdr h;
+    if (!head || head_len < DS_WIRE_HDR_SIZE || (body_len && !body) ||
+        body_len > SIZE_MAX - head_len ||
+        ds_wire_hdr_check(head, head_len + body_len, &s->lim, &h) != DS_DROP_NONE ||
+        ds_wire_is_handshake(h.type) || ds_wire_prot(&h) != DS_PROT_NONE)
+        return -EINVAL;
+    if (s->mode == DS_SEC_ENCRYPT ||
+        (s->mode == DS_SEC_AUTH && s->aead == DS_AEAD_AES256GCM &&
+         (head_len % 16 || !s->tx_hpow_ok)))
+        return -ENOTSUP;
+    uint64_t seq;
+    int r = seal_begin(s, head, head_len + body_len, &h, &seq);
+    if (r)
+        return r;
+    *tag_len = 0;
+    if (s->mode == DS_SEC_NONE)
+        return 0;
+    uint8_t nonce[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES];
+    nonce_of(nonce, seq);
+    if (s->aead == DS_AEAD_AES256GCM)
+        gcm_tag_split(s, head, head_len, body, body_len, nonce, tag);
+    else
+        poly_tag_split(s, head, head_len, body, body_len, nonce, tag);
+    *tag_len = DS_WIRE_TAG_SIZE;
     return 0;
 }
 

@@ -201,9 +201,15 @@ typedef struct ds_session_params {
     uint64_t peer_id;
 } ds_session_params;
 
+/* Powers H^(2^i) of the sending key's GHASH key kept for
+ * ds_session_seal_ref (AES-256-GCM); enough for any u32 payload length. */
+#define DS_GHASH_POWERS 30
+
 typedef struct ds_session {
     crypto_aead_aes256gcm_state tx_aes; /* 16-byte aligned by its type */
     crypto_aead_aes256gcm_state rx_aes;
+    uint64_t tx_hpow[DS_GHASH_POWERS][2]; /* secret as the key; see crypto.c */
+    int tx_hpow_ok;
     uint8_t tx_key[DS_SESSION_KEY_BYTES];
     uint8_t rx_key[DS_SESSION_KEY_BYTES];
     enum ds_sec_mode mode;
@@ -234,6 +240,21 @@ size_t ds_session_overhead(const ds_session *s);
  * -EOVERFLOW when seq would wrap. Thread-safe against other seals. */
 int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap,
                     size_t *out_len) DS_WUR;
+
+/* Seal a frame whose payload ends outside it, without copying that end:
+ * the frame is head[0..head_len) || body[0..body_len), head holding the
+ * header and the first payload bytes as ds_wire_encode_head wrote them
+ * (payload_len counts body too), body read in place and never written.
+ * Sets the header fields as ds_session_seal does and writes the tag
+ * (mode auth) to tag, *tag_len = ds_session_overhead(s): the bytes
+ * head || body || tag[0..*tag_len) are exactly what ds_session_seal makes
+ * of the contiguous frame with the same seq. Returns 0; the errors of
+ * ds_session_seal; -ENOTSUP where it cannot be done without a copy (mode
+ * encrypt, whose ciphertext must be written somewhere; AES-256-GCM auth
+ * with head_len not a multiple of 16), before anything is consumed: seal
+ * the contiguous frame then. Thread-safe against other seals. */
+int ds_session_seal_ref(ds_session *s, uint8_t *head, size_t head_len, const uint8_t *body,
+                        size_t body_len, uint8_t tag[DS_WIRE_TAG_SIZE], size_t *tag_len) DS_WUR;
 
 /* Open one received frame in place: checks the header (ds_wire_hdr_decode
  * under the session's limits), its protection against the session mode,

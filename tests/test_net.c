@@ -4,7 +4,8 @@
  *
  * Suite "net" (meson suite unit), nodes in this process: every mode both
  * ways (small frames and a 16 MiB state chunk), state chunks whose data is
- * lent (ds_net_send_msg_ref) in every mode, frames queued before the
+ * lent (ds_net_send_msg_ref) in every mode and a state transfer built on
+ * them, frames queued before the
  * handshake, both sides dialling at once, a handshake to nobody, mode and
  * policy mismatches, forgetting a peer, and data frames from a connection
  * that never handshook (unknown_sender).
@@ -29,6 +30,7 @@
 #include "helpers/tp_testutil.h"
 #include "node/crypto.h"
 #include "node/net.h"
+#include "node/state.h"
 
 #define CLUSTER "test-cluster"
 
@@ -400,6 +402,69 @@ Test(net, lent_state_chunks_every_mode)
         cr_assert_eq(l.released, nsizes);
     }
     free(data);
+}
+
+/* Hand the next frame at nd to the state object: a STATE_REQ or a
+ * STATE_CHUNK (what dsnode's on_recv does on the net worker). */
+static void feed_state(node *nd, ds_state *st, const char *from_addr)
+{
+    nt_item *it = node_pop(nd, 10000);
+    cr_assert(it, "state frame missing");
+    ds_net_rx rx = {.sender = it->sender, .name = "peer", .addr = from_addr, .hdr = it->hdr,
+                    .frame = it->frame, .len = it->len};
+    if (it->hdr.type == DS_MSG_STATE_REQ)
+        ds_state_on_req(st, &rx);
+    else if (it->hdr.type == DS_MSG_STATE_CHUNK)
+        ds_state_on_chunk(st, &rx);
+    else
+        cr_assert_fail("unexpected %s", ds_msg_type_name(it->hdr.type));
+    item_free(it);
+}
+
+/* A state transfer in mode auth: the server lends its snapshot's 1 MiB
+ * chunks (ds_net_send_msg_ref); the joiner gets the exact parameters. A
+ * second serve right after the first repacks a fresh snapshot (the first
+ * may still be lent), and the server's ds_state goes before its net while
+ * chunks may still be in flight: the snapshot outlives it. */
+Test(net, state_transfer_with_lent_snapshot)
+{
+    node a, b;
+    node_opts o = {.mode = DS_SEC_AUTH, .key = &g_key, .name = "alpha"};
+    cr_assert_eq(node_open(&a, &o), 0);
+    o.name = "beta";
+    cr_assert_eq(node_open(&b, &o), 0);
+    const size_t n = 700001; /* 2.8 MB: three chunks, the last one odd */
+    float *theta = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    cr_assert(theta && got);
+    ds_state *sa, *sb;
+    cr_assert_eq(ds_state_create(&sa, a.n, n, 1u << 20), 0);
+    cr_assert_eq(ds_state_create(&sb, b.n, n, 1u << 20), 0);
+    for (int round = 1; round <= 2; round++) {
+        for (size_t i = 0; i < n; i++)
+            theta[i] = (float)(i % 1000) * 0.001f * (float)round - 0.5f;
+        const uint64_t dl = ds_now_ms() + 15000;
+        cr_assert_eq(ds_state_request(sb, a.id.id, a.addr, dl), 0);
+        feed_state(&a, sa, b.addr);
+        cr_assert(ds_state_pending(sa));
+        cr_assert_eq(ds_state_serve(sa, theta, 100 + (uint64_t)round, 1, 50, 2.5, dl), 1);
+        for (int k = 0; k < 3; k++)
+            feed_state(&b, sb, a.addr);
+        ds_state_info info;
+        cr_assert_eq(ds_state_wait(sb, ds_now_ms() + 5000, got, &info), 0);
+        cr_assert_eq(info.step, 100 + (uint64_t)round);
+        cr_assert_eq(info.from, a.id.id);
+        cr_assert_eq(memcmp(got, theta, n * sizeof(float)), 0, "round %d: state differs", round);
+    }
+    ds_net_stats st;
+    ds_net_stats_get(a.n, &st);
+    cr_assert_eq(st.send_failures, 0);
+    ds_state_destroy(&sa);
+    ds_state_destroy(&sb);
+    cr_assert_eq(ds_drop_total(ds_net_drops(b.n)), 0);
+    node_close(&a);
+    node_close(&b);
+    free(theta);
+    free(got);
 }
 
 Test(net, many_frames_in_order_from_two_threads)

@@ -16,6 +16,8 @@
  *                                     three frames HELLO, HELLO_ACK,
  *                                     HELLO_FIN; then a session
  *   ds_session_seal / _open           every later frame, in place
+ *   ds_session_seal_ref               the same, the payload's end left where
+ *                                     it is (zero-copy sends)
  *
  * Handshake (initiator I, responder R; H = BLAKE2b-256; K = cluster key):
  *

@@ -16,6 +16,8 @@
  *                                     three frames HELLO, HELLO_ACK,
  *                                     HELLO_FIN; then a session
  *   ds_session_seal / _open           every later frame, in place
+ *   ds_session_seal_ref               the same, the payload's end left where
+ *                                     it is (zero-copy sends)
  *
  * Handshake (initiator I, responder R; H = BLAKE2b-256; K = cluster key):
  *
@@ -234,6 +236,20 @@ size_t ds_session_overhead(const ds_session *s);
  * -EOVERFLOW when seq would wrap. Thread-safe against other seals. */
 int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap,
                     size_t *out_len) DS_WUR;
+
+/* Seal a frame whose payload ends outside it, without copying that end:
+ * the frame is head[0..head_len) || body[0..body_len), head holding the
+ * header and the first payload bytes as ds_wire_encode_head wrote them
+ * (payload_len counts body too), body read in place and never written.
+ * Sets the header fields as ds_session_seal does; *tag_len = 0 (mode none
+ * has no tag): the bytes head || body are exactly what ds_session_seal
+ * makes of the contiguous frame with the same seq. Returns 0; the errors
+ * of ds_session_seal; -ENOTSUP in modes auth and encrypt (libsodium's
+ * AEADs take the associated data and the message whole), before anything
+ * is consumed: seal the contiguous frame then. Thread-safe against other
+ * seals. */
+int ds_session_seal_ref(ds_session *s, uint8_t *head, size_t head_len, const uint8_t *body,
+                        size_t body_len, uint8_t tag[DS_WIRE_TAG_SIZE], size_t *tag_len) DS_WUR;
 
 /* Open one received frame in place: checks the header (ds_wire_hdr_decode
  * under the session's limits), its protection against the session mode,

@@ -1294,7 +1294,10 @@ static void join_tick(ds_membership *m, uint64_t now)
         ev->attempt = m->attempt;
         ev->retry_at_ms = m->join_retry_ms;
     }
-    ds_log_rl(DS_LOG_WARN, COMP, "no answer from a seed yet: attempt=%" PRIu32 " seed=%s "
+    /* The first retries are the expected race with a founder starting
+     * at the same time (node/run.c says the same at the same level). */
+    ds_log_rl(m->attempt <= 4 ? DS_LOG_INFO : DS_LOG_WARN, COMP,
+              "no answer from a seed yet: attempt=%" PRIu32 " seed=%s "
               "next_retry_in_ms=%" PRIu64, m->attempt, seed, m->join_wait_ms);
     send_join(m);
 }

@@ -566,6 +566,108 @@ int ds_net_send_msg(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
     return submit(n, to, to_addr, buf, len, o);
 }
 
+/* The session to send to `to` on directly (up, connection known, no
+ * queue being flushed, no rekey due: what submit() would seal at once),
+ * referenced, and its connection; NULL when the frame would have to wait
+ * or start something. */
+static struct net_sess *direct_sess(ds_net *n, uint64_t to, const char *to_addr,
+                                    ds_transport_peer *tp)
+{
+    struct net_sess *s = NULL;
+    if (to_addr && !*to_addr)
+        to_addr = NULL;
+    pthread_mutex_lock(&n->lock);
+    struct net_peer *p = n->closing ? NULL : to ? peer_by_id(n, to) : NULL;
+    if (!p && to_addr && !n->closing)
+        p = peer_by_addr(n, to_addr);
+    if (p && p->sess && p->tp && !p->flushing && !ds_session_rekey_due(&p->sess->s)) {
+        if (to_addr && !p->dial[0])
+            snprintf(p->dial, sizeof(p->dial), "%s", to_addr);
+        s = sess_ref(p->sess);
+        *tp = p->tp;
+    }
+    pthread_mutex_unlock(&n->lock);
+    return s;
+}
+
+/* The zero-copy path of ds_net_send_msg_ref. -EAGAIN, with nothing
+ * consumed, when it does not apply (no direct session, a mode that must
+ * copy): the caller copies then. */
+static int send_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
+                    const ds_net_send_opts *o, ds_transport_release_fn release, void *release_arg)
+{
+    m->h.cluster = n->cluster_id;
+    m->h.sender = n->self_id;
+    m->h.receiver = to;
+    const size_t size = ds_wire_encoded_size(m);
+    if (!size)
+        return -EINVAL;
+    if (size > (size_t)n->limits.max_payload + DS_WIRE_HDR_SIZE)
+        return -EMSGSIZE;
+    uint8_t head[DS_WIRE_HDR_SIZE + DS_WIRE_CHUNK_PREFIX], tag[DS_WIRE_TAG_SIZE];
+    size_t head_len = 0, tag_len = 0;
+    int r = ds_wire_encode_head(head, sizeof(head), m, &head_len);
+    if (r)
+        return r;
+    ds_transport_peer tp = 0;
+    struct net_sess *s = direct_sess(n, to, to_addr, &tp);
+    if (!s)
+        return -EAGAIN;
+    const uint8_t *data = m->u.chunk.data;
+    const size_t data_len = m->h.count;
+    r = ds_session_seal_ref(&s->s, head, head_len, data, data_len, tag, &tag_len);
+    sess_unref(s);
+    if (r)
+        return r == -ENOTSUP ? -EAGAIN : r;
+    struct send_ctx *c = malloc(sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->n = n;
+    c->done = o->done;
+    c->done_arg = o->done_arg;
+    ds_transport_send_args a = {
+        .buf = data,
+        .len = data_len,
+        .head = head,
+        .head_len = head_len,
+        .tail = tag,
+        .tail_len = tag_len,
+        .deadline_ms = o->deadline_ms,
+        .release = release,
+        .release_arg = release_arg,
+        .done = send_done,
+        .done_arg = c,
+    };
+    r = ds_transport_send(n->tp, tp, &a);
+    if (r) {
+        free(c);
+        return r;
+    }
+    ADD(n, frames_sent, 1);
+    ADD(n, bytes_sent, head_len + data_len + tag_len);
+    return 0;
+}
+
+int ds_net_send_msg_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
+                        const ds_net_send_opts *o, ds_transport_release_fn release,
+                        void *release_arg)
+{
+    if (!n || !m || !o || !release || m->h.type != DS_MSG_STATE_CHUNK)
+        return -EINVAL;
+    if (o->deadline_ms <= ds_now_ms())
+        return -ETIMEDOUT;
+    const void *data = m->u.chunk.data;
+    if (m->h.count >= DS_NET_REF_MIN && n->cfg.mode == DS_SEC_NONE) {
+        int r = send_ref(n, to, to_addr, m, o, release, release_arg);
+        if (r != -EAGAIN)
+            return r;
+    }
+    int r = ds_net_send_msg(n, to, to_addr, m, o);
+    if (!r)
+        release(release_arg, (void *)data); /* copied: lent no longer */
+    return r;
+}
+
 int ds_net_connect(ds_net *n, const char *addr, uint64_t expect)
 {
     if (!n || !addr || !*addr)

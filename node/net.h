@@ -165,6 +165,31 @@ int ds_net_send_frame(ds_net *n, uint64_t to, const char *to_addr, const uint8_t
 int ds_net_send_msg(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
                     const ds_net_send_opts *o) DS_WUR;
 
+/* STATE_CHUNK data of at least this many bytes goes out without a copy
+ * through ds_net_send_msg_ref (below it a copy costs less than the
+ * bookkeeping). */
+#define DS_NET_REF_MIN (64u << 10)
+
+/* ds_net_send_msg for a STATE_CHUNK (-EINVAL for another type) whose data
+ * the caller lends instead of having it copied: in mode none, when a
+ * session is up, the header and prefix go out from a small
+ * buffer and the data straight from m->u.chunk.data (count bytes), which
+ * the transport reads until libfabric is done with it. The caller promises
+ * that those bytes stay valid and unchanged until
+ * release(release_arg, (void *)m->u.chunk.data) runs: exactly once when
+ * this returns 0, on a net or transport thread, after done or (a send that
+ * timed out while libfabric still holds it) long after, at the latest when
+ * the transport resets its endpoint or the net closes (docs/transport.md:
+ * a send to a killed peer may never complete). Where the data is copied
+ * after all (modes auth and encrypt, below DS_NET_REF_MIN, no session yet: the frame
+ * waits for the handshake) release runs before this returns, on the
+ * calling thread. When this returns an error, release does not run and
+ * the data is the caller's again at once. The bytes on the wire are the
+ * same as ds_net_send_msg's. */
+int ds_net_send_msg_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
+                        const ds_net_send_opts *o, ds_transport_release_fn release,
+                        void *release_arg) DS_WUR;
+
 /* Start a handshake with the node at addr now (sends start one anyway).
  * expect: the node id it must prove, 0 = any admitted node. Returns 0 or
  * an errno as ds_net_send_frame. */

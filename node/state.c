@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <math.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +20,39 @@ struct requester {
     char addr[DS_WIRE_ADDR_MAX + 1];
 };
 
+/* A served snapshot. Its chunks are lent to the net (ds_net_send_msg_ref),
+ * which reads them until the transport releases each send, possibly long
+ * after the serve (a send to a killed peer is held until the transport
+ * resets its endpoint or closes): one reference per lent chunk and one for
+ * the ds_state, the last one frees it. So a snapshot outlives the
+ * ds_state if it must, and the next serve repacks it in place only when
+ * nothing holds it. */
+struct snap {
+    _Atomic unsigned refs;
+    uint8_t data[];
+};
+
+static struct snap *snap_new(size_t bytes)
+{
+    struct snap *sn = malloc(sizeof(*sn) + bytes);
+    if (sn)
+        atomic_init(&sn->refs, 1);
+    return sn;
+}
+
+static void snap_unref(struct snap *sn)
+{
+    if (sn && atomic_fetch_sub(&sn->refs, 1) == 1)
+        free(sn);
+}
+
+/* The net's release of one lent chunk (any thread). */
+static void snap_release(void *arg, void *buf)
+{
+    (void)buf;
+    snap_unref(arg);
+}
+
 struct ds_state {
     ds_net *net;
     size_t n;
@@ -30,7 +64,7 @@ struct ds_state {
     /* server */
     struct requester req[MAX_REQUESTERS];
     int n_req;
-    uint8_t *snap;       /* the last snapshot served */
+    struct snap *snap;   /* the last snapshot served (our reference) */
 
     /* client */
     uint64_t want_from;  /* 0: no transfer wanted */
@@ -69,7 +103,7 @@ void ds_state_destroy(ds_state **sp)
     if (!sp || !*sp)
         return;
     ds_state *s = *sp;
-    free(s->snap);
+    snap_unref(s->snap); /* chunks still lent keep it alive */
     free(s->buf);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
@@ -168,11 +202,16 @@ int ds_state_serve(ds_state *s, const float *theta, uint64_t step, uint64_t roun
     pthread_mutex_unlock(&s->lock);
     if (!n_req)
         return 0;
-    if (!s->snap && !(s->snap = malloc(s->total)))
+    if (s->snap && atomic_load(&s->snap->refs) != 1) {
+        snap_unref(s->snap); /* still lent out: leave it to its sends */
+        s->snap = NULL;
+    }
+    if (!s->snap && !(s->snap = snap_new(s->total)))
         return -ENOMEM;
-    ds_state_pack(s->snap, theta, s->n, step, round0, round, rounds_per_s);
+    uint8_t *snap = s->snap->data;
+    ds_state_pack(snap, theta, s->n, step, round0, round, rounds_per_s);
     uint8_t digest[32];
-    crypto_generichash(digest, sizeof(digest), s->snap, s->total, NULL, 0);
+    crypto_generichash(digest, sizeof(digest), snap, s->total, NULL, 0);
     int served = 0;
     for (int i = 0; i < n_req; i++) {
         int ok = 1;
@@ -188,10 +227,13 @@ int ds_state_serve(ds_state *s, const float *theta, uint64_t step, uint64_t roun
             m.u.chunk.total = s->total;
             m.u.chunk.offset = off;
             memcpy(m.u.chunk.digest, digest, 32);
-            m.u.chunk.data = s->snap + off;
+            m.u.chunk.data = snap + off;
             const ds_net_send_opts o = {.deadline_ms = deadline_ms};
-            int e = ds_net_send_msg(s->net, req[i].id, req[i].addr, &m, &o);
+            atomic_fetch_add(&s->snap->refs, 1);
+            int e = ds_net_send_msg_ref(s->net, req[i].id, req[i].addr, &m, &o, snap_release,
+                                        s->snap);
             if (e < 0) {
+                snap_unref(s->snap); /* not lent after all */
                 ds_warn("state", "sending the state to %016llx failed: %s",
                         (unsigned long long)req[i].id, strerror(-e));
                 ok = 0;

@@ -17,7 +17,10 @@
  * Server side: the net worker queues requests (ds_state_on_req); the
  * training thread, which owns theta, serves them between steps
  * (ds_state_serve): one snapshot, digest, then every chunk to every waiting
- * requester, queued in the transport.
+ * requester, queued in the transport. The chunks are lent, not copied
+ * (ds_net_send_msg_ref): a snapshot is refcounted and lives until the
+ * transport has released its last chunk, which may be long after the serve
+ * when a peer died mid-transfer (docs/decisions.md).
  *
  * Client side: ds_state_request, then the net worker feeds chunks
  * (ds_state_on_chunk) into a buffer of exactly the size this node's own

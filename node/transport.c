@@ -175,8 +175,13 @@ struct tp_op {
     uint8_t abandoned;
     uint8_t tainted;                  /* libfabric failed a chunk: quarantine */
     uint64_t q_ms;                    /* quarantined at */
-    const uint8_t *data;
-    size_t len;
+    const uint8_t *data;              /* the caller's buf (or copy): released */
+    size_t len;                       /* head + body + tail */
+    size_t body_len;
+    uint16_t head_len, tail_len;      /* edge[0..head_len), then the tail */
+    uint8_t edge[DS_TRANSPORT_EDGE_MAX];
+    uint8_t *flat;                    /* the whole message in one piece, for a
+                                       * provider with too few iovecs */
     void *copy;                       /* our own copy (release == NULL) */
     ds_transport_release_fn release;
     void *release_arg;
@@ -316,6 +321,7 @@ struct ds_transport {
     size_t namelen;
     char addr_text[DS_TRANSPORT_ADDR_MAX];
     uint32_t addr_format;
+    size_t iov_limit;            /* the provider's, for sends */
     int broken;                  /* stack closed, reopen pending */
     uint64_t reopen_at_ms;
 
@@ -696,6 +702,7 @@ static int stack_open(ds_transport *t, const char *port)
         return map_getinfo_err(r);
     }
     t->addr_format = t->info->addr_format;
+    t->iov_limit = t->info->tx_attr ? t->info->tx_attr->iov_limit : 1;
     const char *step = "fi_fabric";
     r = fi_fabric(t->info->fabric_attr, &t->fabric, NULL);
     if (r)
@@ -881,6 +888,7 @@ static void op_free(ds_transport *t, struct tp_op *op)
         if (op->release)
             op->release(op->release_arg, (void *)op->data);
         ds_transport_buf_put(t, op->copy);
+        ds_transport_buf_put(t, op->flat);
         ST_SUB(t, queued_bytes, op->len);
     }
     free(op->chunks);
@@ -1147,6 +1155,7 @@ static int ctrl_send(ds_transport *t, uint32_t slot, uint8_t kind, const void *b
     op->copy = pl;
     op->data = pl;
     op->len = 4 + blen;
+    op->body_len = op->len;
     op->nchunks = 1;
     op->chunk_size = (uint32_t)op->len;
     op->reported = 1;
@@ -1334,6 +1343,51 @@ static void release_grants(ds_transport *t, uint32_t slot)
     p->need_sent = 0;
 }
 
+/* The iovecs of bytes [off, off + len) of op's message (head || body ||
+ * tail, or its flat copy) into iov[0..3); returns how many. */
+static int op_iov(const struct tp_op *op, uint64_t off, size_t len, struct iovec *iov)
+{
+    const uint8_t *base[3] = {op->edge, op->data, op->edge + op->head_len};
+    size_t size[3] = {op->head_len, op->body_len, op->tail_len};
+    if (op->flat) {
+        base[0] = op->flat;
+        size[0] = op->len;
+        size[1] = size[2] = 0;
+    }
+    const uint64_t end = off + len;
+    uint64_t at = 0;
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        const uint64_t lo = at > off ? at : off;
+        const uint64_t hi = at + size[i] < end ? at + size[i] : end;
+        if (lo < hi) {
+            iov[n].iov_base = (void *)(base[i] + (lo - at));
+            iov[n].iov_len = (size_t)(hi - lo);
+            n++;
+        }
+        at += size[i];
+    }
+    return n;
+}
+
+/* A chunk needs up to four iovecs (its header and three pieces); with a
+ * provider that takes fewer, an op with pieces goes out from one flat
+ * copy instead (the caller's buffer is still released with the op). */
+static int op_flatten(ds_transport *t, struct tp_op *op)
+{
+    if (op->flat || (!op->head_len && !op->tail_len) || t->iov_limit >= 4)
+        return 0;
+    uint8_t *f = ds_transport_buf_get(t, op->len ? op->len : 1);
+    if (!f)
+        return -ENOMEM;
+    memcpy(f, op->edge, op->head_len);
+    if (op->body_len)
+        memcpy(f + op->head_len, op->data, op->body_len);
+    memcpy(f + op->head_len + op->body_len, op->edge + op->head_len, op->tail_len);
+    op->flat = f;
+    return 0;
+}
+
 /* Post one chunk of op with tag; 0 or the libfabric error. */
 static ssize_t post_chunk(ds_transport *t, struct tp_peer *p, struct tp_op *op, uint32_t idx,
                           uint64_t tag)
@@ -1347,11 +1401,9 @@ static ssize_t post_chunk(ds_transport *t, struct tp_peer *p, struct tp_op *op, 
     c->op = op;
     c->posted = 1;
     chunk_header(t, op, idx, c->hdr);
-    struct iovec iov[2] = {
-        {.iov_base = c->hdr, .iov_len = hl},
-        {.iov_base = (void *)(op->data + off), .iov_len = clen},
-    };
-    ssize_t r = fi_tsendv(t->ep, iov, NULL, clen ? 2 : 1, p->fa, tag, &c->ctx);
+    struct iovec iov[4] = {{.iov_base = c->hdr, .iov_len = hl}};
+    int niov = 1 + (clen ? op_iov(op, off, clen, iov + 1) : 0);
+    ssize_t r = fi_tsendv(t->ep, iov, NULL, (size_t)niov, p->fa, tag, &c->ctx);
     if (r)
         c->posted = 0;
     if (r == -FI_EAGAIN) {
@@ -1400,6 +1452,8 @@ static int post_peer(ds_transport *t, uint32_t slot, int budget)
         struct tp_op *op = p->txq.head;
         if (!op->chunks) {
             if (!op->is_abort) {
+                if (op_flatten(t, op))
+                    return posted; /* retry on the next pass */
                 op->chunk_size = (uint32_t)t->o.chunk_bytes;
                 op->nchunks = op->len ? (uint32_t)((op->len + op->chunk_size - 1) / op->chunk_size) : 1;
             }
@@ -2935,13 +2989,23 @@ int ds_transport_peer_addr(ds_transport *t, ds_transport_peer p, char *buf, size
 
 int ds_transport_send(ds_transport *t, ds_transport_peer p, const ds_transport_send_args *a)
 {
-    if (!t || !a || (a->len && !a->buf))
+    if (!t || !a || (a->len && !a->buf) || (a->head_len && !a->head) ||
+        (a->tail_len && !a->tail) || a->head_len > DS_TRANSPORT_EDGE_MAX ||
+        a->tail_len > DS_TRANSPORT_EDGE_MAX - a->head_len)
         return -EINVAL;
     if (a->deadline_ms <= ds_now_ms())
         return -ETIMEDOUT;
     struct tp_op *op = calloc(1, sizeof(*op));
     if (!op)
         return -ENOMEM;
+    if (a->head_len)
+        memcpy(op->edge, a->head, a->head_len);
+    if (a->tail_len)
+        memcpy(op->edge + a->head_len, a->tail, a->tail_len);
+    op->head_len = (uint16_t)a->head_len;
+    op->tail_len = (uint16_t)a->tail_len;
+    op->body_len = a->len;
+    const size_t total = a->len + a->head_len + a->tail_len;
     if (a->release) {
         op->data = a->buf;
         op->release = a->release;
@@ -2955,7 +3019,7 @@ int ds_transport_send(ds_transport *t, ds_transport_peer p, const ds_transport_s
         memcpy(op->copy, a->buf, a->len);
         op->data = op->copy;
     }
-    op->len = a->len;
+    op->len = total;
     op->deadline_ms = a->deadline_ms;
     op->done = a->done;
     op->done_arg = a->done_arg;
@@ -2967,10 +3031,10 @@ int ds_transport_send(ds_transport *t, ds_transport_peer p, const ds_transport_s
         r = -ECANCELED;
     } else if ((r = peer_slot(t, p, &slot)) == 0) {
         uint64_t q = atomic_load(&t->st.queued_bytes);
-        if (q + a->len > t->o.max_queued_bytes) {
+        if (q + total > t->o.max_queued_bytes) {
             r = -ENOBUFS;
         } else {
-            ST_ADD(t, queued_bytes, a->len);
+            ST_ADD(t, queued_bytes, total);
             op->slot = slot;
             list_push_tail(&t->subq, op);
         }

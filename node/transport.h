@@ -137,6 +137,9 @@ typedef struct ds_transport_opts {
     void *cb_ctx;                   /* passed to on_recv and on_event */
 } ds_transport_opts;
 
+/* Bytes of head and tail together in one send. */
+#define DS_TRANSPORT_EDGE_MAX 256
+
 /* One send. `buf`/`len`: the message. Ownership of buf:
  *  - release == NULL: the transport copies the message before
  *    ds_transport_send returns; the caller keeps buf.
@@ -150,6 +153,16 @@ typedef struct ds_transport_opts {
 typedef struct ds_transport_send_args {
     const void *buf;
     size_t len;
+    /* Optional small pieces sent before and after buf, always copied here
+     * (head_len + tail_len <= DS_TRANSPORT_EDGE_MAX): the message is then
+     * head || buf || tail, len counting buf only. They let a caller frame a
+     * buffer without copying it (node/net: header and chunk prefix before
+     * the caller's payload, the tag after it); each chunk goes to libfabric
+     * as an iovec of its pieces. */
+    const void *head;
+    size_t head_len;
+    const void *tail;
+    size_t tail_len;
     uint64_t deadline_ms;
     ds_transport_release_fn release;
     void *release_arg;

@@ -833,16 +833,21 @@ size_t ds_wire_encoded_size(const ds_wire_msg *m)
     return DS_WIRE_HDR_SIZE + p;
 }
 
-int ds_wire_encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len)
+/* ds_wire_encode, or with split (STATE_CHUNK only) everything but the
+ * chunk's data: *len then counts the header and the prefix. */
+static int encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len, int split)
 {
     enum ds_idx_enc enc = DS_IDX_DENSE;
     int err;
+    if (split && m->h.type != DS_MSG_STATE_CHUNK)
+        return -EINVAL;
     size_t plen = payload_size(m, &enc, &err);
     if (err)
         return err;
     if (plen > UINT32_MAX)
         return -EINVAL;
-    if (cap < DS_WIRE_HDR_SIZE + plen)
+    const size_t written = split ? DS_WIRE_CHUNK_PREFIX : plen;
+    if (cap < DS_WIRE_HDR_SIZE + written)
         return -ENOSPC;
 
     ds_wire_hdr *h = &m->h;
@@ -938,7 +943,9 @@ int ds_wire_encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len)
         ds_put64(p, c->total);
         ds_put64(p + 8, c->offset);
         memcpy(p + 16, c->digest, 32);
-        if (n)
+        if (n && !c->data)
+            return -EINVAL;
+        if (n && !split)
             memcpy(p + DS_WIRE_CHUNK_PREFIX, c->data, n);
         break;
     }
@@ -958,8 +965,18 @@ int ds_wire_encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len)
     if (rc)
         return rc;
     ds_wire_hdr_encode(h, out);
-    *len = DS_WIRE_HDR_SIZE + plen;
+    *len = DS_WIRE_HDR_SIZE + written;
     return 0;
+}
+
+int ds_wire_encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len)
+{
+    return encode(out, cap, m, len, 0);
+}
+
+int ds_wire_encode_head(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len)
+{
+    return encode(out, cap, m, len, 1);
 }
 
 /* ---- decode ------------------------------------------------------------------------- */

@@ -472,6 +472,14 @@ int ds_wire_idx_sizes(uint32_t seg_len, const uint32_t *idx, uint32_t count,
  * range, counts over 2^32, bad strings), -EDOM for a non-finite value. */
 int ds_wire_encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len) DS_WUR;
 
+/* The same for a STATE_CHUNK, without its data: writes the header (whose
+ * payload_len counts the data) and the 48-byte prefix, *len = 112; the
+ * frame is out[0..*len) followed by the count bytes at m->u.chunk.data,
+ * which the caller sends from where they are (node/net's zero-copy path).
+ * cap >= DS_WIRE_HDR_SIZE + DS_WIRE_CHUNK_PREFIX. -EINVAL for another
+ * type; otherwise the errors of ds_wire_encode. */
+int ds_wire_encode_head(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len) DS_WUR;
+
 /* Header only (for the security layer, which rewrites seq and flags). */
 void ds_wire_hdr_encode(const ds_wire_hdr *h, uint8_t out[DS_WIRE_HDR_SIZE]);
 

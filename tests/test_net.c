@@ -3,7 +3,9 @@
  * endpoints on 127.0.0.1.
  *
  * Suite "net" (meson suite unit), nodes in this process: every mode both
- * ways (small frames and a 16 MiB state chunk), frames queued before the
+ * ways (small frames and a 16 MiB state chunk), state chunks whose data is
+ * lent (ds_net_send_msg_ref) in every mode and a state transfer built on
+ * them, frames queued before the
  * handshake, both sides dialling at once, a handshake to nobody, mode and
  * policy mismatches, forgetting a peer, and data frames from a connection
  * that never handshook (unknown_sender).
@@ -28,6 +30,7 @@
 #include "helpers/tp_testutil.h"
 #include "node/crypto.h"
 #include "node/net.h"
+#include "node/state.h"
 
 #define CLUSTER "test-cluster"
 
@@ -289,6 +292,179 @@ Test(net, every_mode_both_ways)
         node_close(&a);
         node_close(&b);
     }
+}
+
+/* Releases of lent STATE_CHUNK data (ds_net_send_msg_ref). */
+typedef struct lent {
+    pthread_mutex_t m;
+    unsigned released;
+    const void *last;
+} lent;
+
+static void lent_release(void *arg, void *buf)
+{
+    lent *l = arg;
+    pthread_mutex_lock(&l->m);
+    l->released++;
+    l->last = buf;
+    pthread_mutex_unlock(&l->m);
+}
+
+static unsigned lent_wait(lent *l, unsigned n, int timeout_ms)
+{
+    uint64_t end = ds_now_ms() + (uint64_t)timeout_ms;
+    unsigned got;
+    for (;;) {
+        pthread_mutex_lock(&l->m);
+        got = l->released;
+        pthread_mutex_unlock(&l->m);
+        if (got >= n || ds_now_ms() >= end)
+            return got;
+        usleep(2000);
+    }
+}
+
+/* ds_net_send_msg_ref in every mode: the first frame before any session
+ * (copied, released at once), then lent data of odd sizes below and above
+ * DS_NET_REF_MIN and across transport chunks; each frame arrives, opens
+ * and decodes to the data, in order, and every loan is released once. */
+Test(net, lent_state_chunks_every_mode)
+{
+    static const size_t sizes[] = {1000, DS_NET_REF_MIN - 1, DS_NET_REF_MIN, DS_NET_REF_MIN + 5,
+                                   (1u << 20) + 7, (1u << 20) + 4096, (3u << 20) + 1};
+    const unsigned nsizes = sizeof(sizes) / sizeof(sizes[0]);
+    const enum ds_sec_mode modes[] = {DS_SEC_NONE, DS_SEC_AUTH, DS_SEC_ENCRYPT};
+    const size_t maxn = (3u << 20) + 1;
+    uint8_t *data = malloc(nsizes * maxn);
+    cr_assert(data);
+    for (int k = 0; k < 3; k++) {
+        node a, b;
+        node_opts o = {.mode = modes[k], .key = &g_key, .name = "alpha"};
+        cr_assert_eq(node_open(&a, &o), 0);
+        o.name = "beta";
+        cr_assert_eq(node_open(&b, &o), 0);
+        lent l = {.m = PTHREAD_MUTEX_INITIALIZER};
+        tp_done d;
+        tp_done_init(&d);
+        const uint64_t dl = ds_now_ms() + 20000;
+        for (unsigned i = 0; i < nsizes; i++) {
+            uint8_t *p = data + (size_t)i * maxn;
+            tp_pattern_fill(p, sizes[i], 4242 + (uint64_t)k, i);
+            ds_wire_msg m;
+            memset(&m, 0, sizeof(m));
+            m.h.type = DS_MSG_STATE_CHUNK;
+            m.h.round = i;
+            m.h.count = (uint32_t)sizes[i];
+            m.u.chunk.total = sizes[i];
+            m.u.chunk.data = p;
+            ds_net_send_opts so = {.deadline_ms = dl, .done = tp_done_cb, .done_arg = &d};
+            cr_assert_eq(ds_net_send_msg_ref(a.n, b.id.id, i == 0 ? b.addr : NULL, &m, &so,
+                                             lent_release, &l),
+                         0, "mode %d size %zu", k, sizes[i]);
+            if (i == 0) {
+                /* No session yet: copied into the waiting queue, given back. */
+                cr_assert_eq(lent_wait(&l, 1, 0), 1);
+                nt_item *it = node_pop(&b, 8000);
+                cr_assert(it, "first frame");
+                cr_assert_eq(it->hdr.round, 0);
+                item_free(it);
+                cr_assert(ds_net_connected(a.n, b.id.id));
+            }
+        }
+        for (unsigned i = 1; i < nsizes; i++) {
+            nt_item *it = node_pop(&b, 10000);
+            cr_assert(it, "mode %d: frame %u missing", k, i);
+            ds_wire_msg got;
+            ds_wire_bufs bufs = {0};
+            cr_assert_eq(ds_net_decode(b.n, &(ds_net_rx){.frame = it->frame, .len = it->len},
+                                       &bufs, &got), DS_DROP_NONE);
+            cr_assert_eq(got.h.type, DS_MSG_STATE_CHUNK);
+            cr_assert_eq(got.h.round, i, "order");
+            cr_assert_eq(got.h.count, sizes[i]);
+            cr_assert_eq(ds_wire_prot(&got.h), (unsigned)modes[k]);
+            cr_assert_eq(memcmp(got.u.chunk.data, data + (size_t)i * maxn, sizes[i]), 0,
+                         "mode %d size %zu: data differs", k, sizes[i]);
+            item_free(it);
+        }
+        cr_assert_eq(tp_done_wait(&d, nsizes, 10000), nsizes);
+        cr_assert_eq(d.ok, nsizes);
+        cr_assert_eq(lent_wait(&l, nsizes, 10000), nsizes);
+        /* Not a STATE_CHUNK: refused, not released. */
+        ds_wire_msg m;
+        memset(&m, 0, sizeof(m));
+        m.h.type = DS_MSG_GOSSIP_STALE;
+        ds_net_send_opts so = {.deadline_ms = dl};
+        cr_assert_eq(ds_net_send_msg_ref(a.n, b.id.id, NULL, &m, &so, lent_release, &l), -EINVAL);
+        cr_assert_eq(ds_drop_total(ds_net_drops(a.n)), 0);
+        cr_assert_eq(ds_drop_total(ds_net_drops(b.n)), 0);
+        node_close(&a);
+        node_close(&b);
+        cr_assert_eq(l.released, nsizes);
+    }
+    free(data);
+}
+
+/* Hand the next frame at nd to the state object: a STATE_REQ or a
+ * STATE_CHUNK (what dsnode's on_recv does on the net worker). */
+static void feed_state(node *nd, ds_state *st, const char *from_addr)
+{
+    nt_item *it = node_pop(nd, 10000);
+    cr_assert(it, "state frame missing");
+    ds_net_rx rx = {.sender = it->sender, .name = "peer", .addr = from_addr, .hdr = it->hdr,
+                    .frame = it->frame, .len = it->len};
+    if (it->hdr.type == DS_MSG_STATE_REQ)
+        ds_state_on_req(st, &rx);
+    else if (it->hdr.type == DS_MSG_STATE_CHUNK)
+        ds_state_on_chunk(st, &rx);
+    else
+        cr_assert_fail("unexpected %s", ds_msg_type_name(it->hdr.type));
+    item_free(it);
+}
+
+/* A state transfer in mode auth: the server lends its snapshot's 1 MiB
+ * chunks (ds_net_send_msg_ref); the joiner gets the exact parameters. A
+ * second serve right after the first repacks a fresh snapshot (the first
+ * may still be lent), and the server's ds_state goes before its net while
+ * chunks may still be in flight: the snapshot outlives it. */
+Test(net, state_transfer_with_lent_snapshot)
+{
+    node a, b;
+    node_opts o = {.mode = DS_SEC_AUTH, .key = &g_key, .name = "alpha"};
+    cr_assert_eq(node_open(&a, &o), 0);
+    o.name = "beta";
+    cr_assert_eq(node_open(&b, &o), 0);
+    const size_t n = 700001; /* 2.8 MB: three chunks, the last one odd */
+    float *theta = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    cr_assert(theta && got);
+    ds_state *sa, *sb;
+    cr_assert_eq(ds_state_create(&sa, a.n, n, 1u << 20), 0);
+    cr_assert_eq(ds_state_create(&sb, b.n, n, 1u << 20), 0);
+    for (int round = 1; round <= 2; round++) {
+        for (size_t i = 0; i < n; i++)
+            theta[i] = (float)(i % 1000) * 0.001f * (float)round - 0.5f;
+        const uint64_t dl = ds_now_ms() + 15000;
+        cr_assert_eq(ds_state_request(sb, a.id.id, a.addr, dl), 0);
+        feed_state(&a, sa, b.addr);
+        cr_assert(ds_state_pending(sa));
+        cr_assert_eq(ds_state_serve(sa, theta, 100 + (uint64_t)round, 1, 50, 2.5, dl), 1);
+        for (int k = 0; k < 3; k++)
+            feed_state(&b, sb, a.addr);
+        ds_state_info info;
+        cr_assert_eq(ds_state_wait(sb, ds_now_ms() + 5000, got, &info), 0);
+        cr_assert_eq(info.step, 100 + (uint64_t)round);
+        cr_assert_eq(info.from, a.id.id);
+        cr_assert_eq(memcmp(got, theta, n * sizeof(float)), 0, "round %d: state differs", round);
+    }
+    ds_net_stats st;
+    ds_net_stats_get(a.n, &st);
+    cr_assert_eq(st.send_failures, 0);
+    ds_state_destroy(&sa);
+    ds_state_destroy(&sb);
+    cr_assert_eq(ds_drop_total(ds_net_drops(b.n)), 0);
+    node_close(&a);
+    node_close(&b);
+    free(theta);
+    free(got);
 }
 
 Test(net, many_frames_in_order_from_two_threads)

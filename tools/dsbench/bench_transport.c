@@ -12,7 +12,9 @@
  * order). goodput = payload bytes delivered / (answer time - first send).
  * Through node/net a message is one STATE_CHUNK frame (64-byte header,
  * 48-byte chunk prefix, payload, 16-byte tag), encoded and sealed on the
- * sending thread, opened and decoded on the receiver's net worker.
+ * sending thread, opened and decoded on the receiver's net worker. It is
+ * sent with ds_net_send_msg_ref (the payload lent, not copied, in modes
+ * none and auth), or with --copy through ds_net_send_msg as before.
  *
  * The baseline is `fi_pingpong -p tcp -e rdm -S <bytes> -I <n>`: one
  * message in flight, echoed back; it prints MB/sec as all bytes moved (both
@@ -23,7 +25,7 @@
  * each: both see the same spells of load.
  *
  *   nice dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M]
- *                          [--modes transport,none,auth,encrypt] [--no-pingpong]
+ *                          [--modes transport,none,auth,encrypt] [--no-pingpong] [--copy]
  */
 #include "config.h"
 
@@ -145,6 +147,7 @@ static void rx_raw(void *ctx, ds_transport_msg *msg)
 }
 
 static size_t g_chunk; /* --chunk: transport chunk_bytes on both sides (0: default) */
+static int g_copy;     /* --copy: ds_net_send_msg (payload copied) instead of _ref */
 
 static int child_main(int mode, const ds_identity *id, const ds_cluster_key *key, int wfd)
 {
@@ -268,7 +271,10 @@ static int send_one(tx_side *s, int mode, ds_transport_peer peer, uint64_t to, c
         m.u.chunk.total = bytes;
         m.u.chunk.data = data;
         ds_net_send_opts o = {.deadline_ms = deadline, .done = window_done, .done_arg = tok};
-        r = ds_net_send_msg(s->net, to, NULL, &m, &o);
+        /* data outlives the net (freed after ds_net_close): lending it
+         * needs no release bookkeeping. */
+        r = g_copy ? ds_net_send_msg(s->net, to, NULL, &m, &o)
+                   : ds_net_send_msg_ref(s->net, to, NULL, &m, &o, no_release, NULL);
     }
     if (r) {
         pthread_mutex_lock(&w->m);
@@ -468,6 +474,8 @@ int ds_bench_transport(int argc, char **argv)
             continue;
         if (!strcmp(argv[i], "--no-pingpong")) {
             do_pp = 0;
+        } else if (!strcmp(argv[i], "--copy")) {
+            g_copy = 1;
         } else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
             g_chunk = parse_size(argv[++i]);
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
@@ -493,7 +501,7 @@ int ds_bench_transport(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M] "
-                            "[--modes transport,none,auth,encrypt] [--no-pingpong]\n");
+                            "[--modes transport,none,auth,encrypt] [--no-pingpong] [--copy]\n");
             return 2;
         }
     }

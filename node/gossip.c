@@ -461,6 +461,13 @@ static int send_msg(ds_gossip *g, const ds_gossip_io *io, ds_gmsg *m, uint64_t d
     return r;
 }
 
+/* A reply's send deadline: one timeout from now, whatever is left of
+ * our own round. */
+static uint64_t reply_deadline(const ds_gossip *g)
+{
+    return ds_now_ns() + (uint64_t)g->cfg.timeout_ms * 1000000u;
+}
+
 /* Keep m for a later round; its arrays are copied. */
 static void enqueue(ds_gossip *g, const ds_gmsg *m)
 {
@@ -560,8 +567,13 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
                      .count = m->count, .val = g->resp};
         *done = 1;
         /* Apply our half only once the reply is on its way, so a refused
-         * send leaves both sides untouched. */
-        if (send_msg(g, io, &r, deadline) < 0) {
+         * send leaves both sides untouched. The reply gets a deadline of
+         * its own: a REQ that came in time but is served just after our
+         * round's deadline (a starved thread) still deserves its answer,
+         * and the requester waits on its own clock; with our deadline the
+         * send failed at once and the requester waited out its timeout. */
+        (void)deadline;
+        if (send_msg(g, io, &r, reply_deadline(g)) < 0) {
             g->st.missed++;
             return 1;
         }
@@ -651,7 +663,7 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m, uint
         if (m->type == DS_GMSG_REQ) {
             ds_gmsg st = {.type = DS_GMSG_STALE, .to = m->from, .round = m->round,
                           .segment = m->segment};
-            if (send_msg(g, io, &st, deadline) == 0)
+            if (send_msg(g, io, &st, reply_deadline(g)) == 0)
                 g->st.stale_sent++;
         } else {
             g->st.late++;

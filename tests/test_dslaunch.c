@@ -1840,32 +1840,54 @@ Test(elastic, nodes_added_mid_run_get_the_state_and_catch_up)
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
         cr_assert(log_has(out, name, "model state received: step="), "%s got no state", name);
-        /* The step it started from, then 200 steps later (next eval). */
+        /* The step it trains from: it shadows the cluster (fresh state,
+         * no training) until its join round, then says so. */
         char path[600];
         snprintf(path, sizeof(path), "%s/%s.log", out, name);
         char *log = read_text(path);
-        const char *p = strstr(log, "model state received: step=");
-        const long from = strtol(p + 27, NULL, 10);
-        free(log);
-        /* Its first evaluation at least 200 steps after the state came
-         * (it shadows the cluster until its join round, so it evaluates only
-         * at the steps it trains through). */
-        long at = -1;
-        for (long st = ((from + 200 + 49) / 50) * 50; st <= 1500 && at < 0; st += 50)
-            if (eval_at(out, name, st) >= 0)
-                at = st;
-        cr_assert_geq(at, 0, "%s never evaluated after step %ld", name, from + 200);
-        double others = 0;
-        for (int o = 0; o < 4; o++) {
-            char on[8];
-            snprintf(on, sizeof(on), "n%d", o);
-            others += eval_at(out, on, at) / 4;
+        const char *key = "shadowed the cluster up to step ";
+        const char *p = strstr(log, key);
+        if (!p) {
+            key = "model state received: step=";
+            p = strstr(log, key);
         }
-        const double mine = eval_at(out, name, at);
-        cr_log_info("%s joined at step %ld: test_acc %.4f at step %ld, the others %.4f", name,
-                    from, mine, at, others);
-        cr_expect(mine > 0 && fabs(mine - others) <= 0.01,
-                  "%s at step %ld: %.4f vs the others' %.4f", name, at, mine, others);
+        const long from = strtol(p + strlen(key), NULL, 10);
+        free(log);
+        /* Issue 6: within 1 pt of the others' test accuracy within 200
+         * steps: at some evaluation in (from, from + 200]. One node against
+         * the others' mean at one evaluation moves by about 1 pt by itself
+         * (the original nodes differ that much), so the first evaluation
+         * alone would be a coin toss near the bound. */
+        int evals = 0, close = 0;
+        double best = 1;
+        for (long st = ((from + 50) / 50) * 50; st <= from + 200 && st <= 1500; st += 50) {
+            const double mine = eval_at(out, name, st);
+            if (mine < 0)
+                continue;
+            double others = 0;
+            int no = 0;
+            for (int o = 0; o < 4; o++) {
+                char on[8];
+                snprintf(on, sizeof(on), "n%d", o);
+                const double v = eval_at(out, on, st);
+                if (v >= 0) {
+                    others += v;
+                    no++;
+                }
+            }
+            if (!no)
+                continue;
+            others /= no;
+            evals++;
+            close += fabs(mine - others) <= 0.01;
+            if (fabs(mine - others) < best)
+                best = fabs(mine - others);
+            cr_log_info("%s (training from step %ld): test_acc %.4f at step %ld, the others %.4f",
+                        name, from, mine, st, others);
+        }
+        cr_assert_gt(evals, 0, "%s never evaluated in the 200 steps after step %ld", name, from);
+        cr_expect(close > 0, "%s not within 1 pt of the others at any of %d evaluations in the 200 "
+                  "steps after step %ld (closest %.4f apart)", name, evals, from, best);
     }
     jfree(j);
     result_free(&r);

@@ -535,8 +535,7 @@ static void drop(ds_gossip *g, const ds_gmsg *m, const char *why)
 
 /* Serve one message of the current round. Returns 1 when it completed an
  * expected exchange (in or out), else 0. */
-static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m,
-                          uint64_t deadline)
+static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
 {
     const uint32_t s = m->segment;
     if (s >= (uint32_t)g->n_seg) {
@@ -572,7 +571,6 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
          * round's deadline (a starved thread) still deserves its answer,
          * and the requester waits on its own clock; with our deadline the
          * send failed at once and the requester waited out its timeout. */
-        (void)deadline;
         if (send_msg(g, io, &r, reply_deadline(g)) < 0) {
             g->st.missed++;
             return 1;
@@ -633,7 +631,7 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
 }
 
 /* Route one received gossip message: now, later, or STALE. */
-static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m, uint64_t deadline)
+static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
 {
     if (m->type == DS_GMSG_ARED) {
         drop(g, m, "all-reduce chunk outside an all-reduce");
@@ -670,7 +668,7 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m, uint
         }
         return 0;
     }
-    return handle_current(g, io, m, deadline);
+    return handle_current(g, io, m);
 }
 
 int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
@@ -720,7 +718,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     for (int i = 0; i < qn; i++) {
         struct qmsg *q = &g->q[i];
         if (q->m.epoch == g->epoch && q->m.round == g->round) {
-            handle_current(g, io, &q->m, deadline);
+            handle_current(g, io, &q->m);
             free(q->idx);
             free(q->val);
         } else if (q->m.epoch < g->epoch || (q->m.epoch == g->epoch && q->m.round < g->round)) {
@@ -740,7 +738,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         int r = io->recv(io->ctx, &m, deadline);
         if (r <= 0)
             break;
-        dispatch(g, io, &m, deadline);
+        dispatch(g, io, &m);
     }
     /* Replies from peers we did not wait for: a short grace, so that one
      * back on time completes its exchange (both halves applied) instead
@@ -752,7 +750,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         ds_gmsg m;
         if (io->recv(io->ctx, &m, grace) <= 0)
             break;
-        dispatch(g, io, &m, deadline);
+        dispatch(g, io, &m);
     }
 
     /* Whatever is still open missed the deadline. */
@@ -821,7 +819,7 @@ static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t 
         if (r <= 0)
             return NULL;
         if (buf->type != DS_GMSG_ARED) {
-            dispatch(g, io, buf, deadline);
+            dispatch(g, io, buf);
             continue;
         }
         if (buf->round == step && buf->segment == rs && buf->from == left)

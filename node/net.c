@@ -539,6 +539,21 @@ int ds_net_send_frame(ds_net *n, uint64_t to, const char *to_addr, const uint8_t
     return submit(n, to, to_addr, buf, len, o);
 }
 
+/* Address m from us to `to` and check its encoded size (*size) against
+ * the limits. */
+static int stamp(ds_net *n, uint64_t to, ds_wire_msg *m, size_t *size)
+{
+    m->h.cluster = n->cluster_id;
+    m->h.sender = n->self_id;
+    m->h.receiver = to;
+    *size = ds_wire_encoded_size(m);
+    if (!*size)
+        return -EINVAL;
+    if (*size > (size_t)n->limits.max_payload + DS_WIRE_HDR_SIZE)
+        return -EMSGSIZE;
+    return 0;
+}
+
 int ds_net_send_msg(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
                     const ds_net_send_opts *o)
 {
@@ -546,19 +561,15 @@ int ds_net_send_msg(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
         return -EINVAL;
     if (o->deadline_ms <= ds_now_ms())
         return -ETIMEDOUT;
-    m->h.cluster = n->cluster_id;
-    m->h.sender = n->self_id;
-    m->h.receiver = to;
-    size_t size = ds_wire_encoded_size(m);
-    if (!size)
-        return -EINVAL;
-    if (size > (size_t)n->limits.max_payload + DS_WIRE_HDR_SIZE)
-        return -EMSGSIZE;
+    size_t size;
+    int r = stamp(n, to, m, &size);
+    if (r)
+        return r;
     uint8_t *buf = ds_transport_buf_get(n->tp, size + DS_WIRE_TAG_SIZE);
     if (!buf)
         return -ENOMEM;
     size_t len = 0;
-    int r = ds_wire_encode(buf, size + DS_WIRE_TAG_SIZE, m, &len);
+    r = ds_wire_encode(buf, size + DS_WIRE_TAG_SIZE, m, &len);
     if (r) {
         free(buf);
         return r;
@@ -596,17 +607,13 @@ static struct net_sess *direct_sess(ds_net *n, uint64_t to, const char *to_addr,
 static int send_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
                     const ds_net_send_opts *o, ds_transport_release_fn release, void *release_arg)
 {
-    m->h.cluster = n->cluster_id;
-    m->h.sender = n->self_id;
-    m->h.receiver = to;
-    const size_t size = ds_wire_encoded_size(m);
-    if (!size)
-        return -EINVAL;
-    if (size > (size_t)n->limits.max_payload + DS_WIRE_HDR_SIZE)
-        return -EMSGSIZE;
+    size_t size;
+    int r = stamp(n, to, m, &size);
+    if (r)
+        return r;
     uint8_t head[DS_WIRE_HDR_SIZE + DS_WIRE_CHUNK_PREFIX], tag[DS_WIRE_TAG_SIZE];
     size_t head_len = 0, tag_len = 0;
-    int r = ds_wire_encode_head(head, sizeof(head), m, &head_len);
+    r = ds_wire_encode_head(head, sizeof(head), m, &head_len);
     if (r)
         return r;
     ds_transport_peer tp = 0;

@@ -1754,6 +1754,16 @@ static int reached_step(void *arg)
     return last_step(w->log) >= w->step;
 }
 
+/* Wait (up to 200 s) until node `name` of the run in `out` has logged
+ * step `step`; fails the test otherwise. */
+static void wait_for_step(struct live *l, const char *out, const char *name, long step)
+{
+    struct step_wait w;
+    snprintf(w.log, sizeof(w.log), "%s/%s.log", out, name);
+    w.step = step;
+    cr_assert(live_wait(l, 200000, reached_step, &w), "%s never reached step %ld", name, step);
+}
+
 /* The value of `key=` in the node's summary line (its log), or -1. */
 static double summary_value(const char *out, const char *name, const char *key)
 {
@@ -1917,10 +1927,7 @@ Test(elastic, two_crashes_out_of_six)
     el_args(args, 6, out, extra);
     struct live l;
     live_start(&l, args);
-    struct step_wait w;
-    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
-    w.step = 150;
-    cr_assert(live_wait(&l, 200000, reached_step, &w), "n0 never reached step 150");
+    wait_for_step(&l, out, "n0", 150);
     for (int i = 4; i < 6; i++) {
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
@@ -1963,18 +1970,16 @@ Test(elastic, frozen_node_comes_back)
     el_args(args, 4, out, extra);
     struct live l;
     live_start(&l, args);
-    struct step_wait w;
-    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
-    w.step = 150;
-    cr_assert(live_wait(&l, 200000, reached_step, &w), "n0 never reached step 150");
+    wait_for_step(&l, out, "n0", 150);
     const pid_t p = node_pid(out, "n3");
     cr_assert_gt(p, 0);
     cr_assert_eq(kill(p, SIGSTOP), 0);
     /* The others keep training meanwhile. */
-    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
-    const long before = last_step(w.log);
+    char n0log[600];
+    snprintf(n0log, sizeof(n0log), "%s/n0.log", out);
+    const long before = last_step(n0log);
     usleep(5000000);
-    const long during = last_step(w.log);
+    const long during = last_step(n0log);
     cr_assert_eq(kill(p, SIGCONT), 0);
     cr_expect_gt(during, before, "n0 made no progress while n3 was frozen");
     const int code = live_end(&l, 240000);
@@ -2004,10 +2009,7 @@ Test(elastic, graceful_leave)
     el_args(args, 4, out, extra);
     struct live l;
     live_start(&l, args);
-    struct step_wait w;
-    snprintf(w.log, sizeof(w.log), "%s/n0.log", out);
-    w.step = 150;
-    cr_assert(live_wait(&l, 200000, reached_step, &w), "n0 never reached step 150");
+    wait_for_step(&l, out, "n0", 150);
     const pid_t p = node_pid(out, "n3");
     cr_assert_gt(p, 0);
     cr_assert_eq(kill(p, SIGTERM), 0);
@@ -2041,10 +2043,7 @@ Test(elastic, wrong_key_is_refused)
     el_args(args, 2, out, extra);
     struct live l;
     live_start(&l, args);
-    struct step_wait w;
-    snprintf(w.log, sizeof(w.log), "%s/n1.log", out);
-    w.step = 30;
-    cr_assert(live_wait(&l, 200000, reached_step, &w), "n1 never reached step 30");
+    wait_for_step(&l, out, "n1", 30);
 
     char bad_key[600], bad_id[600], n1ini[600], s_key[700], s_id[700], s_seed[400], s_data[700],
         s_listen[64];

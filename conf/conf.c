@@ -58,6 +58,7 @@
 
 #include <ini.h>
 
+#include "base/hostport.h"
 #include "conf/conf.h"
 
 #ifndef DS_INIH_RUNTIME_OPTIONS
@@ -80,7 +81,7 @@ enum kcheck {
     CHK_NONEMPTY,          /* any non-empty text */
     CHK_NAME,              /* 1..63 of [A-Za-z0-9_.-] */
     CHK_NAME_OR_EMPTY,     /* "" or a NAME */
-    CHK_HOSTPORT,          /* ds_conf_parse_hostport() accepts it */
+    CHK_HOSTPORT,          /* ds_hostport_parse() accepts it, port >= 1 */
     CHK_HOSTPORT_OR_EMPTY, /* "" or a HOSTPORT */
 };
 
@@ -352,107 +353,6 @@ static void suggest_key(char *out, size_t out_len, const char *section, const ch
         snprintf(out, out_len, "; '%s' is in [%s]", keys[other].name, keys[other].section);
 }
 
-/* ---- host:port ---------------------------------------------------------- */
-
-static bool parse_ipv4(const char *s, size_t n)
-{
-    int parts = 0;
-    size_t i = 0;
-    while (i < n) {
-        size_t start = i;
-        int v = 0;
-        while (i < n && s[i] >= '0' && s[i] <= '9' && i - start < 3)
-            v = v * 10 + (s[i++] - '0');
-        if (i == start || v > 255 || (i - start > 1 && s[start] == '0'))
-            return false;
-        parts++;
-        if (i == n)
-            break;
-        if (s[i] != '.' || parts == 4)
-            return false;
-        i++;
-        if (i == n)
-            return false;
-    }
-    return parts == 4;
-}
-
-/* RFC 1123 hostname; a name whose last label is all digits is not one
- * (it would be a malformed IPv4 address, RFC 3696 section 2). */
-static bool parse_hostname(const char *s, size_t n)
-{
-    if (n == 0 || n > 253)
-        return false;
-    size_t label = 0;
-    bool all_digits = true;
-    for (size_t i = 0; i <= n; i++) {
-        if (i == n || s[i] == '.') {
-            if (label == 0 || label > 63 || s[i - 1] == '-')
-                return false;
-            if (i == n && all_digits)
-                return false;
-            label = 0;
-            all_digits = true;
-            continue;
-        }
-        char ch = s[i];
-        bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                     (ch >= '0' && ch <= '9');
-        if (!alnum && ch != '-')
-            return false;
-        if (ch == '-' && label == 0)
-            return false;
-        if (!(ch >= '0' && ch <= '9'))
-            all_digits = false;
-        label++;
-    }
-    return true;
-}
-
-int ds_conf_parse_hostport(const char *s, char *host, size_t host_len, uint16_t *port)
-{
-    if (!s)
-        return -EINVAL;
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s)
-        return -EINVAL;
-    size_t hn = (size_t)(colon - s);
-    if (memchr(s, ':', hn)) /* a second colon: IPv6 or garbage */
-        return -EINVAL;
-    const char *p = colon + 1;
-    size_t pn = strlen(p);
-    if (pn == 0 || pn > 5 || p[0] == '0')
-        return -EINVAL;
-    long v = 0;
-    for (size_t i = 0; i < pn; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return -EINVAL;
-        v = v * 10 + (p[i] - '0');
-    }
-    if (v < 1 || v > 65535)
-        return -EINVAL;
-    if (!parse_ipv4(s, hn) && !parse_hostname(s, hn))
-        return -EINVAL;
-    if (host) {
-        if (hn + 1 > host_len)
-            return -ENAMETOOLONG;
-        memcpy(host, s, hn);
-        host[hn] = '\0';
-    }
-    if (port)
-        *port = (uint16_t)v;
-    return 0;
-}
-
-int ds_conf_host_is_loopback(const char *host)
-{
-    if (!host)
-        return 0;
-    if (!strcasecmp(host, "localhost"))
-        return 1;
-    return parse_ipv4(host, strlen(host)) && !strncmp(host, "127.", 4);
-}
-
 /* ---- describing constraints --------------------------------------------- */
 
 /* Shortest decimal text that strtod() turns back into exactly v; whole
@@ -478,8 +378,8 @@ static void describe_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_NONEMPTY] = "non-empty text",
         [CHK_NAME] = "a name of 1..63 characters from A-Z a-z 0-9 _ . -",
         [CHK_NAME_OR_EMPTY] = "empty or a name of 1..63 characters from A-Z a-z 0-9 _ . -",
-        [CHK_HOSTPORT] = "host:port (IPv4 address or hostname, port 1..65535)",
-        [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port (IPv4 address or hostname, port 1..65535)",
+        [CHK_HOSTPORT] = "host:port (IPv4 address, [IPv6] address or hostname; port 1..65535)",
+        [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port (IPv4 address, [IPv6] address or hostname; port 1..65535)",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -644,7 +544,8 @@ static bool check_str(enum kcheck chk, const char *s, size_t n)
             return false;
         memcpy(buf, s, n);
         buf[n] = '\0';
-        return ds_conf_parse_hostport(buf, NULL, 0, NULL) == 0;
+        ds_hostport hp;
+        return ds_hostport_parse(buf, &hp) == 0 && hp.port >= 1;
     }
     return false;
 }
@@ -1383,20 +1284,18 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
         goto out_free;
     }
     if (!strcmp(c->security.mode, "none")) {
-        char host[DS_CONF_STR_MAX];
+        ds_hostport hp;
         const char *bad = NULL, *bad_key = NULL;
-        if (ds_conf_parse_hostport(c->node.listen, host, sizeof(host), NULL) ||
-            !ds_conf_host_is_loopback(host))
+        if (ds_hostport_parse(c->node.listen, &hp) || !ds_host_is_loopback(hp.host))
             bad = c->node.listen, bad_key = "node.listen";
         for (int i = 0; !bad && i < c->cluster.seeds_count; i++)
-            if (ds_conf_parse_hostport(c->cluster.seeds[i], host, sizeof(host), NULL) ||
-                !ds_conf_host_is_loopback(host))
+            if (ds_hostport_parse(c->cluster.seeds[i], &hp) || !ds_host_is_loopback(hp.host))
                 bad = c->cluster.seeds[i], bad_key = "cluster.seeds";
         if (bad) {
             char q[QUOTE_BUF];
             quote(q, sizeof(q), bad, strlen(bad));
             rc = fail(err, err_len, NULL,
-                      "security.mode = none requires loopback addresses only (127.0.0.0/8 or "
+                      "security.mode = none requires loopback addresses only (127.0.0.0/8, ::1 or "
                       "localhost), found %s = %s",
                       bad_key, q);
             goto out_free;

@@ -1,5 +1,5 @@
 /*
- * conf/conf.h: dsnode's configuration (DESIGN 8).
+ * conf/conf.h: dsnode's configuration (design §8).
  *
  * A configuration is one plain struct, ds_conf, generated from the key list
  * in conf/keys.h: one nested struct per ini section, one field per key, so
@@ -91,7 +91,7 @@ int ds_conf_set(ds_conf *c, const char *assignment, char *err, size_t err_len);
  * tie keys together:
  *   gossip.mix = crossover needs sparsify.method = none (dense only);
  *   security.mode = none needs node.listen and every cluster.seeds entry on
- *   loopback (127.0.0.0/8 or localhost);
+ *   loopback (127.0.0.0/8, ::1 or localhost);
  *   train.nesterov = true needs train.momentum > 0.
  * 0 or -EINVAL with ONE line in err. */
 int ds_conf_check(const ds_conf *c, char *err, size_t err_len);
@@ -103,17 +103,5 @@ int ds_conf_dump(const ds_conf *c, FILE *out);
 
 /* One line per key: section.key, type, default, constraint, help. */
 void ds_conf_help(FILE *out);
-
-/* Parse "host:port": host is an IPv4 address in dotted decimal or an RFC 1123
- * hostname (labels of [A-Za-z0-9-], 1..63 characters, at most 253 in all);
- * port is decimal 1..65535. IPv6 is not accepted. On success copies the host
- * into host (host_len bytes; host may be NULL to only validate) and the port
- * into *port (may be NULL). Returns 0, -EINVAL for a malformed string, or
- * -ENAMETOOLONG when the host does not fit in host_len. */
-int ds_conf_parse_hostport(const char *s, char *host, size_t host_len, uint16_t *port);
-
-/* 1 when host (as returned by ds_conf_parse_hostport) is a loopback address:
- * IPv4 127.0.0.0/8 or "localhost" (any case); 0 otherwise. */
-int ds_conf_host_is_loopback(const char *host);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * conf/keys.h: THE list of dsnode's configuration keys (DESIGN 8).
+ * conf/keys.h: THE list of dsnode's configuration keys (design §8).
  *
  * Everything the configuration system knows about a key is written here once:
  * its section, name, type, default, constraint and help line. conf.h expands

@@ -12,7 +12,7 @@
  * with ops->upload / ops->download. Reductions (dot, sum, nrm2) return their
  * value on the host and accumulate in double.
  *
- * One dsnode process owns one accelerator (DESIGN 1), so the CUDA backend
+ * One dsnode process owns one accelerator (design §1), so the CUDA backend
  * keeps its stream and cuBLAS handle per process; compute ops are ordered on
  * that stream and ops->sync waits for them.
  *
@@ -30,7 +30,7 @@ enum ds_backend_kind {
     DS_BACKEND_CUDA = 1,
 };
 
-/* Parameters of one optimizer step (DESIGN 3). */
+/* Parameters of one optimizer step (design §3). */
 typedef struct ds_sgd_params {
     float lr;           /* learning rate for this step (after warm-up) */
     float momentum;     /* 0 disables the momentum buffer */
@@ -63,7 +63,7 @@ typedef struct ds_sgd_params {
 #define DS_DECL_SOFTMAX_XENT(name) \
     void (name)(float *dlogits, const float *logits, const int32_t *labels, \
                 int rows, int cols, double *loss_sum, int64_t *correct)
-/* One SGD step (DESIGN 3): g' = g + wd*theta; m = mu*m + g';
+/* One SGD step (design §3): g' = g + wd*theta; m = mu*m + g';
  * theta -= lr * (nesterov ? g' + mu*m : m). With momentum 0, mom is unused. */
 #define DS_DECL_SGD(name) \
     void (name)(float *theta, float *mom, const float *grad, size_t n, \

@@ -1,5 +1,5 @@
 /*
- * kernels/select.h: the selection kernels under sparsify/ (DESIGN 4), as a
+ * kernels/select.h: the selection kernels under sparsify/ (design §4), as a
  * table of function pointers like kernels.h's ds_ops.
  *
  * Every sparsifier reduces to a few streaming passes over a float vector:

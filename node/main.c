@@ -17,9 +17,9 @@
 #include "conf/conf.h"
 #include "kernels/cpu.h"
 #include "kernels/kernels.h"
-#include "node/keygen.h"
-#include "node/log.h"
-#include "node/run.h"
+#include "node/sec/keygen.h"
+#include "base/log.h"
+#include "node/runtime/run.h"
 
 static void usage(FILE *f)
 {

@@ -1,6 +1,6 @@
 /*
  * sparsify/group.c: the group-level rules of MiCRO and DEFT as pure
- * functions (DESIGN 4, 5 "Hierarchy"): every member of a group computes the
+ * functions (design §4, 5 "Hierarchy"): every member of a group computes the
  * same answer from the same inputs, so no member has to announce it.
  *
  * MiCRO: the vector is cut into G near-equal contiguous chunks once; at

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/splitmix.h"
 #include "sparsify/sparsify.h"
 
 struct ds_sparsifier {
@@ -23,7 +24,7 @@ struct ds_sparsifier {
     int started;               /* the threshold start has happened */
     float delta;               /* threshold for the next call (sage, micro, threshold) */
     double mean_prev;          /* sage: sampled mean |v| of the last call */
-    double micro_ratio;        /* micro: count / k of the last call (e in DESIGN 4) */
+    double micro_ratio;        /* micro: count / k of the last call (e in design §4) */
     int micro_fed;             /* ds_micro_feedback() supplied the group's count */
     size_t micro_group_count;
     size_t micro_k_group;      /* k of the whole vector at the last call */
@@ -40,26 +41,15 @@ struct ds_sparsifier {
     ds_sparsify_totals totals;
 };
 
-/* SplitMix64 (the generator DESIGN 5 documents in topology/); sparsify/
- * may not depend on topology/, so it carries its own copy of the ten
- * lines. */
-static inline uint64_t ds_sp_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [0, n), 1 <= n <= 2^32, no bias (Lemire's multiply and
+/* Uniform in [0, n) from SplitMix64 (base/splitmix.h), 1 <= n <= 2^32, no bias (Lemire's multiply and
  * reject, 32-bit draws). */
 static inline uint32_t ds_sp_below(uint64_t *state, uint64_t n)
 {
-    uint64_t m = (ds_sp_next(state) >> 32) * n;
+    uint64_t m = (ds_splitmix64_step(state) >> 32) * n;
     if ((uint32_t)m < n) {
         const uint32_t t = (uint32_t)((0x100000000ull - n) % n);
         while ((uint32_t)m < t)
-            m = (ds_sp_next(state) >> 32) * n;
+            m = (ds_splitmix64_step(state) >> 32) * n;
     }
     return (uint32_t)(m >> 32);
 }

@@ -1,5 +1,5 @@
 /*
- * sparsify/sparsify.c: the sparsifier object, the seven methods of DESIGN 4
+ * sparsify/sparsify.c: the sparsifier object, the seven methods of design §4
  * and error feedback.
  *
  * Every method is one or two streaming passes of the selection kernels
@@ -7,7 +7,7 @@
  * authors' published code (SAGE, MiCRO and DEFT: github.com/kljp/micro,
  * gradient_reducers.py), with these departures, each for a reason:
  *
- * - Threshold start (DESIGN 4). The authors start SAGE, MiCRO and the hard
+ * - Threshold start (design §4). The authors start SAGE, MiCRO and the hard
  *   threshold at 1/(2 sqrt(k)), which assumes gradient-scale values; our
  *   gossip accumulator holds parameter drift, about lr times smaller, where
  *   MiCRO's 0.5%-per-call steering would take hundreds of calls to arrive.

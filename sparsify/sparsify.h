@@ -1,5 +1,5 @@
 /*
- * sparsify/sparsify.h: which entries of a vector a node sends (DESIGN 4).
+ * sparsify/sparsify.h: which entries of a vector a node sends (design §4).
  *
  * A sparsifier is an object per (method, segment): given a float vector v
  * of length n (a segment of the gossip accumulator, or g + residual at group
@@ -74,7 +74,7 @@ int ds_sparsify_method_parse(const char *s);
 
 /* Where a threshold method without a configured value starts. */
 enum ds_sparsify_start {
-    DS_START_KTH = 0,       /* the exact k-th largest |v| of the first call (DESIGN 4) */
+    DS_START_KTH = 0,       /* the exact k-th largest |v| of the first call (design §4) */
     DS_START_PUBLISHED = 1, /* 1 / (2 sqrt(k)), as the authors' code */
 };
 

@@ -1,5 +1,5 @@
 /*
- * sparsify/topk.c: exact top-k by magnitude in linear time (DESIGN 4's
+ * sparsify/topk.c: exact top-k by magnitude in linear time (design §4's
  * topk, DEFT's per-unit selection and the threshold start).
  *
  * Radix select on the magnitude keys (float bits with the sign cleared,

@@ -1,6 +1,6 @@
 /*
  * tests/test_crypto.c: identities, key files, admission, the handshake and
- * sealed sessions (DESIGN 7).
+ * sealed sessions (design §7).
  *
  * The attacks of issue 4 each get a test asserting the drop reason and its
  * counter, followed by a genuine frame that still goes through: a flipped
@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "node/crypto.h"
-#include "node/keygen.h"
+#include "node/sec/crypto.h"
+#include "node/sec/keygen.h"
 #include "testutil.h"
 
 #define HSCAP DS_WIRE_MAX_HS_FRAME

@@ -15,7 +15,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
-#include "node/train.h"
+#include "node/train/train.h"
 #include "testutil.h"
 
 static ds_ops dev;

@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "node/data.h"
+#include "node/train/data.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 

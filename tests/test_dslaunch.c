@@ -49,7 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/crypto.h"
+#include "node/sec/crypto.h"
 #include "testutil.h"
 #include "tools/dslaunch/dslaunch.h"
 

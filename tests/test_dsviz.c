@@ -19,8 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/log.h"
-#include "node/status.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "node/status/status.h"
 #include "tools/dsviz/json.h"
 #include "tools/dsviz/viz.h"
 

@@ -1,6 +1,6 @@
 /*
  * tests/test_gossip.c: the gossip engine on an in-process fake network
- * (tests/gossip_fake.c), one thread per node.
+ * (node/gossip/fake.c), one thread per node.
  *   - pairwise rounds with every sparsifier conserve the sum of all models
  *     (to float rounding), with local drift added between rounds;
  *   - dense pairwise and the paper's crossover rule shrink the consensus
@@ -19,9 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gossip_fake.h"
-#include "node/gossip.h"
-#include "node/log.h"
+#include "base/clock.h"
+#include "node/gossip/fake.h"
+#include "node/gossip/gossip.h"
+#include "base/log.h"
 #include "testutil.h"
 
 #define MAXG 8

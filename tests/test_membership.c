@@ -1,6 +1,6 @@
 /*
- * tests/test_membership.c: SWIM + Lifeguard membership (node/membership.h)
- * on the simulated network of tests/swim_fakenet.h: simulated time, seeded,
+ * tests/test_membership.c: SWIM + Lifeguard membership (node/membership/membership.h)
+ * on the simulated network of node/membership/sim.h: simulated time, seeded,
  * deterministic, a few seconds in all.
  *
  * What is asserted, and why each assertion can fail:
@@ -30,10 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/log.h"
-#include "node/membership.h"
-#include "node/wire.h"
-#include "tests/swim_fakenet.h"
+#include "base/log.h"
+#include "node/membership/membership.h"
+#include "node/wire/wire.h"
+#include "node/membership/sim.h"
 #include "tests/testutil.h"
 
 static void quiet(void)

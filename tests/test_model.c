@@ -12,7 +12,7 @@
 
 #include "kernels/cpu.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "node/model.h"
+#include "node/train/model.h"
 #include "testutil.h"
 
 /* Central differences of the mean loss w.r.t. every parameter, in double

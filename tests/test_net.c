@@ -28,9 +28,10 @@
 #include <sys/stat.h>
 
 #include "helpers/tp_testutil.h"
-#include "node/crypto.h"
-#include "node/net.h"
-#include "node/state.h"
+#include "base/clock.h"
+#include "node/sec/crypto.h"
+#include "node/net/net.h"
+#include "node/gossip/state.h"
 
 #define CLUSTER "test-cluster"
 

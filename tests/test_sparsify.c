@@ -1,5 +1,5 @@
 /*
- * tests/test_sparsify.c: the sparsifiers of DESIGN 4 (sparsify/sparsify.h).
+ * tests/test_sparsify.c: the sparsifiers of design §4 (sparsify/sparsify.h).
  *
  * - topk returns exactly the k largest |v|, ties to the lower index,
  *   against a sort-based oracle, with every kernel variant;
@@ -9,7 +9,7 @@
  *   warm-up: over 300 calls of a drifting synthetic stream, and over 300
  *   steps of a real stream, the parameter drift (and the gradients) of the
  *   784-256-256-10 MLP training on Fashion-MNIST, generated here by the
- *   real trainer (node/train.h);
+ *   real trainer (node/train/train.h);
  * - DEFT: per-unit k sums to k within the number of units; the packing's
  *   heaviest bin is within 4/3 of the optimum (found by brute force);
  * - MiCRO's chunks partition the vector at every step and rotate;
@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "kernels/cpu.h"
-#include "node/train.h"
+#include "node/train/train.h"
 #include "sparsify/sparsify.h"
 #include "testutil.h"
 
@@ -464,7 +464,7 @@ Test(sparsify, sage_and_micro_track_a_drifting_stream, .timeout = 120)
 }
 
 /* The real stream: the MLP's training on Fashion-MNIST, one segment per
- * layer as the gossip layer cuts it (DESIGN 2). Gossip level: acc +=
+ * layer as the gossip layer cuts it (design §2). Gossip level: acc +=
  * theta_after - theta_before, select from acc, acc[S] = 0. Group level:
  * residual = g + residual, select, residual[S] = 0 (ds_ef_step).
  *

@@ -1,5 +1,5 @@
 /*
- * tests/test_status.c: node/status, the status page and file (DESIGN 10).
+ * tests/test_status.c: node/status, the status page and file (design §10).
  *
  * Suite "status" (meson suite unit), all on 127.0.0.1 in this process:
  *   - the JSON document, parsed back with dsviz's reader (tools/dsviz/
@@ -33,8 +33,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/log.h"
-#include "node/status.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "node/status/status.h"
 #include "tools/dsviz/json.h"
 
 static void setup_log(void)

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/train.h"
+#include "node/train/train.h"
 
 static char err[512];
 

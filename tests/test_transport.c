@@ -33,7 +33,9 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
+#include "base/hostport.h"
 #include "helpers/tp_testutil.h"
+#include "base/clock.h"
 
 #define SEED 0x5eed7a11ull
 
@@ -161,23 +163,6 @@ TestSuite(transport, .init = setup_log, .timeout = 60);
 TestSuite(transport_mp, .init = setup_log, .fini = teardown_children, .timeout = 120);
 
 /* ---- addresses and options ------------------------------------------ */
-
-Test(transport, hostport_parsing)
-{
-    char h[64], p[8];
-    cr_assert_eq(ds_transport_split_hostport("127.0.0.1:5000", h, sizeof(h), p, sizeof(p)), 0);
-    cr_assert_str_eq(h, "127.0.0.1");
-    cr_assert_str_eq(p, "5000");
-    cr_assert_eq(ds_transport_split_hostport("[::1]:7", h, sizeof(h), p, sizeof(p)), 0);
-    cr_assert_str_eq(h, "::1");
-    cr_assert_str_eq(p, "7");
-    cr_assert_eq(ds_transport_split_hostport("node-3.cluster:65535", h, sizeof(h), p, sizeof(p)), 0);
-    const char *bad[] = {"", "host", "host:", ":80", "h:65536", "h:12a", "::1:80", "[::1]80",
-                         "h:123456"};
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        cr_assert_eq(ds_transport_split_hostport(bad[i], h, sizeof(h), p, sizeof(p)), -EINVAL,
-                     "'%s' accepted", bad[i]);
-}
 
 Test(transport, bad_options_are_refused)
 {
@@ -674,10 +659,12 @@ static void raw_open(struct raw *w, const char *dst)
     cr_assert_eq(fi_enable(w->ep), 0);
     w->namelen = sizeof(w->name);
     cr_assert_eq(fi_getname(&w->ep->fid, w->name, &w->namelen), 0);
-    char host[64], port[8];
-    cr_assert_eq(ds_transport_split_hostport(dst, host, sizeof(host), port, sizeof(port)), 0);
+    ds_hostport hp;
+    cr_assert_eq(ds_hostport_parse(dst, &hp), 0);
+    char port[8];
+    snprintf(port, sizeof(port), "%u", (unsigned)hp.port);
     struct fi_info *di;
-    cr_assert_eq(fi_getinfo(FI_VERSION(1, 17), host, port, 0, h, &di), 0);
+    cr_assert_eq(fi_getinfo(FI_VERSION(1, 17), hp.host, port, 0, h, &di), 0);
     cr_assert_eq(fi_av_insert(w->av, di->dest_addr, 1, &w->dst, 0, NULL), 1);
     fi_freeinfo(di);
     fi_freeinfo(h);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/wire.h"
+#include "node/wire/wire.h"
 #include "testutil.h"
 
 #define CAP (1u << 16)

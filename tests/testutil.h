@@ -14,12 +14,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/splitmix.h"
+
 static inline uint64_t ds_t_next(uint64_t *s)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return ds_splitmix64_step(s);
 }
 
 /* Uniform in [lo, hi). */

@@ -5,7 +5,7 @@ N processes on this host train the same MLP as dsnode (784-256-256-10, He /
 Xavier uniform initialisation, batch 64 per process, SGD with momentum 0.9
 and weight decay 1e-4) with dsnode's learning-rate schedule (train.lr reached
 by a linear warm-up over --warmup steps, then cosine decay to 0 at --steps;
-the same formula as node/train.c, ds_trainer_lr), each process on its own
+the same formula as node/train/train.c, ds_trainer_lr), each process on its own
 shuffle, averaging gradients with gloo's dense all-reduce every step: the
 AllReduce-SGD that dsnode's gossip is compared with.
 

@@ -1,5 +1,5 @@
 /*
- * topology/topology.h: who exchanges with whom, each gossip round (DESIGN 5).
+ * topology/topology.h: who exchanges with whom, each gossip round (design §5).
  *
  * Every node must compute the same schedule for the same round without
  * asking anyone, so the schedule is a pure function of (topology, cluster
@@ -76,60 +76,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- SplitMix64 ------------------------------------------------------------ */
-
-#define DS_SPLITMIX64_GAMMA UINT64_C(0x9e3779b97f4a7c15)
-#define DS_SPLITMIX64_M1 UINT64_C(0xbf58476d1ce4e5b9)
-#define DS_SPLITMIX64_M2 UINT64_C(0x94d049bb133111eb)
+#include "base/splitmix.h"
 
 /* Domain tag of the topology streams: "ds-topo1" in ASCII, big-endian. */
 #define DS_RNG_DOMAIN_TOPO UINT64_C(0x64732d746f706f31)
-
-/* One stream. Plain value: copy it to fork a stream, no cleanup. */
-typedef struct ds_splitmix64 {
-    uint64_t state;
-} ds_splitmix64;
-
-/* The SplitMix64 output function, a bijection on 64-bit words. */
-static inline uint64_t ds_splitmix64_mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * DS_SPLITMIX64_M1;
-    z = (z ^ (z >> 27)) * DS_SPLITMIX64_M2;
-    return z ^ (z >> 31);
-}
-
-static inline void ds_splitmix64_seed(ds_splitmix64 *g, uint64_t state)
-{
-    g->state = state;
-}
-
-static inline uint64_t ds_splitmix64_next(ds_splitmix64 *g)
-{
-    g->state += DS_SPLITMIX64_GAMMA;
-    return ds_splitmix64_mix(g->state);
-}
-
-/* Uniform on [0, n) without modulo bias (see the rule above). n must be
- * >= 1; n == 0 returns 0 and draws nothing. */
-static inline uint32_t ds_splitmix64_below(ds_splitmix64 *g, uint32_t n)
-{
-    if (n == 0)
-        return 0;
-    uint64_t m = (ds_splitmix64_next(g) >> 32) * (uint64_t)n;
-    if ((uint32_t)m < n) {
-        /* 2^32 mod n: the low words below it belong to the partial top
-         * bucket; rejecting them leaves each result exactly
-         * floor(2^32 / n) preimages. */
-        uint32_t t = (uint32_t)(-n) % n;
-        while ((uint32_t)m < t)
-            m = (ds_splitmix64_next(g) >> 32) * (uint64_t)n;
-    }
-    return (uint32_t)(m >> 32);
-}
-
-/* Starting state for (domain, words[0..n)): h = domain; h = mix(h ^ w_i).
- * words is borrowed for the call; n may be 0 (the state is then domain). */
-uint64_t ds_splitmix64_derive(uint64_t domain, const uint64_t *words, size_t n);
 
 /* ---- topologies ------------------------------------------------------------ */
 
@@ -195,7 +145,7 @@ int ds_topo_peers(enum ds_topo_kind k, const ds_topo_key *key, uint32_t G, uint3
                   uint32_t *initiate_to, uint32_t *answer_from, uint32_t *n_answer,
                   uint32_t max_answer, uint32_t *scratch);
 
-/* ---- hierarchy (DESIGN 5, "Hierarchy") --------------------------------------
+/* ---- hierarchy (design §5, "Hierarchy") --------------------------------------
  * The view's participants are groups; members of a group are numbered
  * 0..size-1 in sorted order. Segment s of group g is handled by member
  * (s mod |g|), which initiates to member (s mod |h|) of h = perm_s[g] and

@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/cuda_ops.cu: the CUDA backend's op table.
  *
- * One process owns one device (DESIGN 1), so the stream and cuBLAS handle
+ * One process owns one device (design §1), so the stream and cuBLAS handle
  * are per process. Every compute op is queued on that stream; reductions and
  * softmax cross-entropy copy their scalar results back, which synchronizes.
  * "No driver" and "no device" are normal answers: ds_ops_init_cuda returns

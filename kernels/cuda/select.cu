@@ -367,7 +367,7 @@ extern "C" int ds_select_ops_init_cuda(ds_select_ops *ops, int device, char *why
         return -ENODEV;
     }
     if (s_ready && s_device != device) {
-        /* One process owns one accelerator (DESIGN 1). */
+        /* One process owns one accelerator (design §1). */
         snprintf(why, why_len, "selection kernels already bound to CUDA device %d", s_device);
         return -EBUSY;
     }

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/crypto.h"
-#include "node/wire.h"
+#include "node/sec/crypto.h"
+#include "node/wire/wire.h"
 
 #define FZ_CLUSTER 0x00c0ffee00c0ffeeull
 #define FZ_CAP 4096

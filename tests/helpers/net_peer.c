@@ -1,5 +1,5 @@
 /*
- * tests/helpers/net_peer.c: a node of the secured layer (node/net.h) in its
+ * tests/helpers/net_peer.c: a node of the secured layer (node/net/net.h) in its
  * own process, driven line by line on stdin, for tests/test_net.c. It plays
  * the honest peer and, on command, the attacker: it can seal a frame with
  * its genuine session and then damage, replay or re-address it, or replay
@@ -36,9 +36,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/crypto.h"
-#include "node/log.h"
-#include "node/net.h"
+#include "base/clock.h"
+#include "node/sec/crypto.h"
+#include "base/log.h"
+#include "node/net/net.h"
 
 static ds_net *g_net;
 static pthread_mutex_t g_out = PTHREAD_MUTEX_INITIALIZER;

@@ -24,8 +24,9 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include "node/log.h"
-#include "node/transport.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "node/transport/transport.h"
 
 static ds_transport *g_tp;
 static int g_sink;

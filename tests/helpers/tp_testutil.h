@@ -32,8 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "node/log.h"
-#include "node/transport.h"
+#include "base/clock.h"
+#include "base/splitmix.h"
+#include "base/log.h"
+#include "node/transport/transport.h"
 
 /* ---- inbox ----------------------------------------------------------- */
 
@@ -140,10 +142,7 @@ static inline tp_item *tp_inbox_pop(tp_inbox *b, int timeout_ms)
 
 static inline uint64_t tp_mix(uint64_t z)
 {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return ds_splitmix64_step(&z);
 }
 
 static inline void tp_pattern_fill(uint8_t *p, size_t len, uint64_t seed, uint64_t index)

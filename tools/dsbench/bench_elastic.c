@@ -8,8 +8,8 @@
  *       real: [--repeats R] [--steps N] [--kill-at STEP] [--add-at STEP]
  *             [--config FILE] [--dslaunch PATH] [--keep DIR]
  *
- * The fake half (--fake) runs the membership protocol (node/membership.h)
- * on the simulated network of tests/swim_fakenet.h, where time is
+ * The fake half (--fake) runs the membership protocol (node/membership/membership.h)
+ * on the simulated network of node/membership/sim.h, where time is
  * simulated, so the figures are protocol properties (periods, messages),
  * not machine speed, and a run repeats exactly for a given seed.
  *
@@ -106,9 +106,9 @@
 #include <unistd.h>
 
 #include "conf/conf.h"
-#include "node/log.h"
-#include "node/membership.h"
-#include "tests/swim_fakenet.h"
+#include "base/log.h"
+#include "node/membership/membership.h"
+#include "node/membership/sim.h"
 #include "tools/dsbench/bench.h"
 #include "tools/dslaunch/dslaunch.h"
 

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/splitmix.h"
 #include "kernels/cpu.h"
 #include "kernels/kernels.h"
 #include "kernels/select.h"
@@ -50,10 +51,7 @@ static volatile double sink;
 
 static uint64_t next(uint64_t *s)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return ds_splitmix64_step(s);
 }
 
 /* Gaussian (Box-Muller, two at a time) times a per-entry scale in

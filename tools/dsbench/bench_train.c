@@ -17,7 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/dsnode.h"
+#include "base/log.h"
+#include "node/sec/crypto.h"
+#include "node/train/train.h"
+#include "node/wire/wire.h"
 #include "tools/dsbench/bench.h"
 
 typedef struct run_result {

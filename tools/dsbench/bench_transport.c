@@ -44,9 +44,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "node/dsnode.h"
-/* node/net.h is not in dsnode.h yet; the transport bench needs it. */
-#include "node/net.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "node/sec/crypto.h"
+#include "node/train/train.h"
+#include "node/wire/wire.h"
+#include "node/net/net.h"
 #include "tools/dsbench/bench.h"
 
 #define CLUSTER "dsbench"

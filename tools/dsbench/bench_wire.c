@@ -1,6 +1,6 @@
 /*
  * tools/dsbench/bench_wire.c: `dsbench wire`: what the wire format and the
- * security layer cost on one core (node/wire.h, node/crypto.h).
+ * security layer cost on one core (node/wire/wire.h, node/sec/crypto.h).
  *
  * Table 1, sparse payloads: a GOSSIP_REQ over a segment of 2^20 floats at
  * densities 0.1% .. 50% (seeded uniform index sets), in each index encoding
@@ -30,17 +30,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/dsnode.h"
+#include "base/splitmix.h"
+#include "base/log.h"
+#include "node/sec/crypto.h"
+#include "node/train/train.h"
+#include "node/wire/wire.h"
 #include "tools/dsbench/bench.h"
 
 static volatile uint64_t sink;
 
 static uint64_t next(uint64_t *s)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return ds_splitmix64_step(s);
 }
 
 /* Best time of `reps` blocks of `iters` calls of fn. */

@@ -36,7 +36,7 @@
 _Static_assert(sizeof(float) == 4, "model.bin holds IEEE-754 binary32");
 
 /* model.bin is little-endian, like every host dsnode builds for (x86-64;
- * node/wire.h pins the byte order for the node as a whole). Refuse to
+ * node/wire/wire.h pins the byte order for the node as a whole). Refuse to
  * misread it anywhere else rather than convert silently. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "model.bin is read natively");
 

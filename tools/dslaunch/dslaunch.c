@@ -4,7 +4,7 @@
  *   dslaunch local -n N --config base.ini [options]   a cluster on this host
  *   dslaunch --help | --version
  *
- * `hosts` and Slurm (DESIGN 9) come later; each command is a function in its
+ * `hosts` and Slurm (design §9) come later; each command is a function in its
  * own file taking (argc, argv) with argv[0] the command's name, so adding
  * one is a row in the table below. dslaunch runs the `dsnode` program and
  * links nothing of node/: the contract between them is dsnode's command

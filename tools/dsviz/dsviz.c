@@ -1,7 +1,7 @@
 /*
  * tools/dsviz/dsviz.c: `dsviz [--out PREFIX] [--format dot|svg|html|all]
  * [--timeout-ms N] SOURCE...` -- draw a running (or finished) cluster from
- * its nodes' status (DESIGN 9, docs/status.md).
+ * its nodes' status (design §9, docs/status.md).
  *
  * A SOURCE is a status.json file, a directory (its status.json and every
  * DIR/x/status.json below it: a dslaunch run directory whose nodes had

@@ -8,7 +8,7 @@
  * exchanges as edges initiator -> target per segment -> DOT, SVG (through
  * Graphviz `dot` when installed) and a self-contained HTML page.
  *
- * dsviz links nothing of node/ (DESIGN 1): the status schema
+ * dsviz links nothing of node/ (design §1): the status schema
  * (docs/status.md) is the interface, read with tools/dsviz/json.h.
  */
 #ifndef DS_TOOLS_DSVIZ_VIZ_H

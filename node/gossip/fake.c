@@ -1,0 +1,193 @@
+/* node/gossip/fake.c: see fake.h. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "node/gossip/fake.h"
+
+struct fmsg {
+    ds_gmsg m;
+    uint32_t *idx;
+    float *val;
+    struct fmsg *next;
+};
+
+struct fnode {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct fmsg *head, *tail;
+    struct fmsg *held; /* the message handed out by the last recv */
+    int dead;
+    ds_gossip_io io;
+    struct ds_fakenet *net;
+    uint32_t me;
+};
+
+struct ds_fakenet {
+    uint32_t G;
+    struct fnode *node;
+    pthread_mutex_t stats_lock;
+    uint64_t *failures;
+    uint64_t delivered;
+};
+
+static void free_msg(struct fmsg *f)
+{
+    if (!f)
+        return;
+    free(f->idx);
+    free(f->val);
+    free(f);
+}
+
+static int fake_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
+{
+    (void)deadline_ns;
+    struct fnode *self = ctx;
+    struct ds_fakenet *net = self->net;
+    if (m->to >= net->G)
+        return -EINVAL;
+    pthread_mutex_lock(&self->lock);
+    int dead = self->dead;
+    pthread_mutex_unlock(&self->lock);
+    if (dead)
+        return -ECONNRESET;
+    struct fnode *dst = &net->node[m->to];
+    struct fmsg *f = calloc(1, sizeof(*f));
+    f->m = *m;
+    f->m.from = self->me;
+    if (m->idx && m->count) {
+        f->idx = malloc(m->count * sizeof(uint32_t));
+        memcpy(f->idx, m->idx, m->count * sizeof(uint32_t));
+    }
+    if (m->val && m->count) {
+        f->val = malloc(m->count * sizeof(float));
+        memcpy(f->val, m->val, m->count * sizeof(float));
+    }
+    f->m.idx = f->idx;
+    f->m.val = f->val;
+    pthread_mutex_lock(&dst->lock);
+    if (dst->dead) {
+        /* A dead peer: the bytes leave and nothing ever answers. */
+        pthread_mutex_unlock(&dst->lock);
+        free_msg(f);
+        return 0;
+    }
+    if (dst->tail)
+        dst->tail->next = f;
+    else
+        dst->head = f;
+    dst->tail = f;
+    pthread_cond_signal(&dst->cond);
+    pthread_mutex_unlock(&dst->lock);
+    pthread_mutex_lock(&net->stats_lock);
+    net->delivered++;
+    pthread_mutex_unlock(&net->stats_lock);
+    return 0;
+}
+
+static int fake_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
+{
+    struct fnode *self = ctx;
+    struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+    pthread_mutex_lock(&self->lock);
+    free_msg(self->held);
+    self->held = NULL;
+    while (!self->head) {
+        if (pthread_cond_timedwait(&self->cond, &self->lock, &ts) == ETIMEDOUT && !self->head) {
+            pthread_mutex_unlock(&self->lock);
+            return 0;
+        }
+    }
+    struct fmsg *f = self->head;
+    self->head = f->next;
+    if (!self->head)
+        self->tail = NULL;
+    self->held = f;
+    *m = f->m;
+    pthread_mutex_unlock(&self->lock);
+    return 1;
+}
+
+static void fake_failed(void *ctx, uint32_t peer)
+{
+    struct fnode *self = ctx;
+    pthread_mutex_lock(&self->net->stats_lock);
+    self->net->failures[peer]++;
+    pthread_mutex_unlock(&self->net->stats_lock);
+}
+
+ds_fakenet *ds_fakenet_create(uint32_t G)
+{
+    ds_fakenet *net = calloc(1, sizeof(*net));
+    net->G = G;
+    net->node = calloc(G, sizeof(*net->node));
+    net->failures = calloc(G, sizeof(uint64_t));
+    pthread_mutex_init(&net->stats_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    for (uint32_t i = 0; i < G; i++) {
+        struct fnode *n = &net->node[i];
+        pthread_mutex_init(&n->lock, NULL);
+        pthread_cond_init(&n->cond, &ca);
+        n->net = net;
+        n->me = i;
+        n->io.ctx = n;
+        n->io.send = fake_send;
+        n->io.recv = fake_recv;
+        n->io.peer_failed = fake_failed;
+    }
+    pthread_condattr_destroy(&ca);
+    return net;
+}
+
+void ds_fakenet_destroy(ds_fakenet *net)
+{
+    for (uint32_t i = 0; i < net->G; i++) {
+        struct fnode *n = &net->node[i];
+        free_msg(n->held);
+        while (n->head) {
+            struct fmsg *f = n->head;
+            n->head = f->next;
+            free_msg(f);
+        }
+        pthread_mutex_destroy(&n->lock);
+        pthread_cond_destroy(&n->cond);
+    }
+    pthread_mutex_destroy(&net->stats_lock);
+    free(net->node);
+    free(net->failures);
+    free(net);
+}
+
+const ds_gossip_io *ds_fakenet_io(ds_fakenet *net, uint32_t me)
+{
+    return &net->node[me].io;
+}
+
+void ds_fakenet_set_dead(ds_fakenet *net, uint32_t node, int dead)
+{
+    struct fnode *n = &net->node[node];
+    pthread_mutex_lock(&n->lock);
+    n->dead = dead;
+    pthread_mutex_unlock(&n->lock);
+}
+
+uint64_t ds_fakenet_failures(ds_fakenet *net, uint32_t peer)
+{
+    pthread_mutex_lock(&net->stats_lock);
+    uint64_t f = net->failures[peer];
+    pthread_mutex_unlock(&net->stats_lock);
+    return f;
+}
+
+uint64_t ds_fakenet_delivered(ds_fakenet *net)
+{
+    pthread_mutex_lock(&net->stats_lock);
+    uint64_t d = net->delivered;
+    pthread_mutex_unlock(&net->stats_lock);
+    return d;
+}

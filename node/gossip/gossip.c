@@ -1,0 +1,952 @@
+/*
+ * node/gossip/gossip.c: the gossip engine (see gossip.h for the data flow).
+ *
+ * Round pacing (design §5). A node in round r sends its REQs, then serves
+ * messages until it has a reply to each of its REQs and every REQ the
+ * schedule says it will receive, or until gossip.timeout_ms has passed.
+ * Messages for a later round are kept (bounded) and served when this node
+ * gets there; a REQ for a round that is over here gets a STALE reply, so the
+ * initiator stops waiting at once instead of at its deadline. A peer that
+ * misses the deadline is skipped for this round (its exchanges do not
+ * happen) and reported through io->peer_failed.
+ *
+ * Departures from the papers, and why:
+ * - A reply that arrives after its round is over is dropped (counted as
+ *   late). The responder has applied its half, so such an exchange breaks
+ *   exact conservation of the sum by w * (x_b - x_a) on S. Rounds end at a
+ *   deadline only when a peer is slow or gone, and the design accepts a
+ *   skipped exchange there; docs/gossip.md discusses it.
+ * - Error feedback at gossip level: the values sent are parameters, not
+ *   drift; acc only decides WHICH coordinates to mix (the largest local
+ *   drift) and forgets them once mixed. A failed exchange gives the drift
+ *   back so the coordinates are chosen again.
+ * - The AllReduce-SGD baseline uses the same seam and queue: a ring
+ *   reduce-scatter then all-gather of the dense gradient, averaged.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "kernels/cpu.h"
+#include "node/gossip/gossip.h"
+#include "base/log.h"
+
+enum { OUT_NONE = 0, OUT_PENDING, OUT_OK, OUT_FAILED, OUT_SKIPPED };
+enum { SKIP_NONE = 0, SKIP_NOWAIT, SKIP_ALL }; /* g->skip[] */
+#define NOWAIT_GRACE_NS 10000000u /* 10 ms: a reply from a peer back on time */
+
+struct gout {
+    uint32_t target; /* == me: nothing initiated */
+    int state;
+    size_t count, cap;
+    uint32_t *idx;   /* S (segment-relative) */
+    float *val;      /* snap[S]: what we sent */
+    float *stash;    /* acc[S] before it was zeroed */
+};
+
+/* A message kept for a later round (owned copies of its arrays). */
+struct qmsg {
+    ds_gmsg m;
+    uint32_t *idx;
+    float *val;
+};
+
+struct ds_gossip {
+    ds_gossip_cfg cfg;
+    size_t n;
+    int n_seg;
+    ds_gseg *seg;
+    size_t max_len;
+    float *acc, *snap, *delta;
+    ds_sparsifier **sp;
+    ds_select_ops sel;
+    struct gout *out;
+    uint32_t max_in;
+    uint32_t *in_from;   /* n_seg x max_in */
+    uint8_t *in_done;    /* n_seg x max_in */
+    uint32_t *in_n;      /* n_seg */
+    uint32_t *scratch;   /* G entries for the topology */
+    uint8_t *skip;       /* G entries: peers not waited for this round
+                          * (SKIP_ALL: nor sent to; SKIP_NOWAIT: sent to) */
+    uint8_t *ahead;      /* G entries: peers seen past this round already */
+    float *resp;         /* max_len: values of a reply */
+    uint32_t G, me;
+    uint64_t epoch, round;
+    uint32_t next_G, next_me;
+    uint64_t next_epoch;
+    int view_set;
+    struct qmsg *q;
+    int qn, qcap;
+    struct qmsg held; /* a queued message being served (arrays owned) */
+    ds_gossip_stats st;
+};
+
+/* ---- segments ----------------------------------------------------------- */
+
+int ds_gossip_segments(const ds_layer *layers, int n_layers, size_t n, int want, ds_gseg *out)
+{
+    if (n_layers <= 0 || n == 0 || want < 0)
+        return -EINVAL;
+    if (want == 0) {
+        for (int i = 0; i < n_layers; i++) {
+            out[i].off = layers[i].off;
+            out[i].len = layers[i].len;
+        }
+        return n_layers;
+    }
+    if ((size_t)want > n)
+        want = (int)n;
+    const size_t ideal = n / (size_t)want;
+    size_t prev = 0;
+    int k = 0;
+    for (int s = 1; s <= want; s++) {
+        size_t cut = s == want ? n : (size_t)((double)n * s / want);
+        if (s < want) {
+            /* Move the cut to the nearest layer boundary within a quarter
+             * segment, so a layer is not split when it need not be. */
+            size_t best = cut, bestd = ideal / 4 + 1;
+            for (int i = 1; i < n_layers; i++) {
+                const size_t b = layers[i].off;
+                const size_t d = b > cut ? b - cut : cut - b;
+                if (d < bestd && b > prev) {
+                    best = b;
+                    bestd = d;
+                }
+            }
+            cut = best;
+        }
+        if (cut <= prev)
+            continue;
+        out[k].off = prev;
+        out[k].len = cut - prev;
+        prev = cut;
+        k++;
+    }
+    return k;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+static void free_queue(ds_gossip *g)
+{
+    for (int i = 0; i < g->qn; i++) {
+        free(g->q[i].idx);
+        free(g->q[i].val);
+    }
+    g->qn = 0;
+}
+
+void ds_gossip_destroy(ds_gossip **gp)
+{
+    if (!gp || !*gp)
+        return;
+    ds_gossip *g = *gp;
+    for (int s = 0; g->sp && s < g->n_seg; s++)
+        ds_sparsifier_destroy(&g->sp[s]);
+    for (int s = 0; g->out && s < g->n_seg; s++) {
+        free(g->out[s].idx);
+        free(g->out[s].val);
+        free(g->out[s].stash);
+    }
+    free_queue(g);
+    free(g->q);
+    free(g->held.idx);
+    free(g->held.val);
+    free(g->sp);
+    free(g->out);
+    free(g->seg);
+    free(g->acc);
+    free(g->snap);
+    free(g->delta);
+    free(g->in_from);
+    free(g->in_done);
+    free(g->in_n);
+    free(g->scratch);
+    free(g->skip);
+    free(g->ahead);
+    free(g->resp);
+    free(g);
+    *gp = NULL;
+}
+
+/* Layer boundaries inside [off, off+len), relative to off, as DEFT units. */
+static size_t segment_units(const ds_layer *layers, int n_layers, const ds_gseg *sg,
+                            uint32_t *unit_off)
+{
+    size_t u = 0;
+    unit_off[u++] = 0;
+    for (int i = 0; i < n_layers; i++) {
+        const size_t end = layers[i].off + layers[i].len;
+        if (end > sg->off && end < sg->off + sg->len)
+            unit_off[u++] = (uint32_t)(end - sg->off);
+    }
+    unit_off[u] = (uint32_t)sg->len;
+    return u;
+}
+
+int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *layers,
+                     int n_layers, size_t n_params, const float *theta)
+{
+    *out = NULL;
+    if (!cfg || !layers || n_layers <= 0 || n_params == 0 || !theta || cfg->weight <= 0 ||
+        cfg->weight > 0.5f || cfg->timeout_ms <= 0)
+        return -EINVAL;
+    if (cfg->mix == DS_MIX_CROSSOVER && cfg->method != DS_SPARSIFY_NONE)
+        return -EINVAL;
+    ds_gossip *g = calloc(1, sizeof(*g));
+    if (!g)
+        return -ENOMEM;
+    g->cfg = *cfg;
+    g->n = n_params;
+    const int max_seg = cfg->segments > n_layers ? cfg->segments : n_layers;
+    g->seg = calloc((size_t)max_seg, sizeof(*g->seg));
+    if (!g->seg)
+        goto nomem;
+    g->n_seg = ds_gossip_segments(layers, n_layers, n_params, cfg->segments, g->seg);
+    if (g->n_seg <= 0) {
+        ds_gossip_destroy(&g);
+        return -EINVAL;
+    }
+    for (int s = 0; s < g->n_seg; s++)
+        if (g->seg[s].len > g->max_len)
+            g->max_len = g->seg[s].len;
+    if (g->max_len > UINT32_MAX) {
+        ds_gossip_destroy(&g);
+        return -EOVERFLOW;
+    }
+
+    g->acc = calloc(n_params, sizeof(float));
+    g->snap = malloc(n_params * sizeof(float));
+    g->delta = calloc(n_params, sizeof(float));
+    g->resp = malloc(g->max_len * sizeof(float));
+    g->sp = calloc((size_t)g->n_seg, sizeof(*g->sp));
+    g->out = calloc((size_t)g->n_seg, sizeof(*g->out));
+    g->in_n = calloc((size_t)g->n_seg, sizeof(*g->in_n));
+    if (!g->acc || !g->snap || !g->delta || !g->resp || !g->sp || !g->out || !g->in_n)
+        goto nomem;
+    memcpy(g->snap, theta, n_params * sizeof(float));
+    ds_select_ops_init(&g->sel, ds_cpu_flags());
+
+    uint32_t *units = malloc(((size_t)n_layers + 2) * sizeof(uint32_t));
+    if (!units)
+        goto nomem;
+    for (int s = 0; s < g->n_seg; s++) {
+        const size_t len = g->seg[s].len;
+        struct gout *o = &g->out[s];
+        if (cfg->mix == DS_MIX_PAIRWISE) {
+            ds_sparsify_cfg sc;
+            ds_sparsify_cfg_defaults(&sc, cfg->method);
+            sc.seed = ds_splitmix64_mix(cfg->node_seed ^ ds_splitmix64_mix((uint64_t)s + 1));
+            sc.threshold = cfg->threshold;
+            if (cfg->method == DS_SPARSIFY_DEFT) {
+                sc.n_units = segment_units(layers, n_layers, &g->seg[s], units);
+                sc.unit_off = units;
+            }
+            int r = ds_sparsifier_create(&g->sp[s], &sc, len, &g->sel);
+            if (r < 0) {
+                free(units);
+                ds_gossip_destroy(&g);
+                return r;
+            }
+            o->cap = ds_sparsify_capacity(g->sp[s], len, cfg->density);
+        } else {
+            o->cap = len;
+        }
+        o->idx = malloc((o->cap ? o->cap : 1) * sizeof(uint32_t));
+        o->val = malloc((o->cap ? o->cap : 1) * sizeof(float));
+        o->stash = malloc((o->cap ? o->cap : 1) * sizeof(float));
+        if (!o->idx || !o->val || !o->stash) {
+            free(units);
+            goto nomem;
+        }
+    }
+    free(units);
+    *out = g;
+    return 0;
+
+nomem:
+    ds_gossip_destroy(&g);
+    return -ENOMEM;
+}
+
+void ds_gossip_reset(ds_gossip *g, const float *theta)
+{
+    memcpy(g->snap, theta, g->n * sizeof(float));
+    memset(g->acc, 0, g->n * sizeof(float));
+    memset(g->delta, 0, g->n * sizeof(float));
+    for (int s = 0; g->sp && s < g->n_seg; s++)
+        if (g->sp[s])
+            ds_sparsifier_reset(g->sp[s]);
+    free_queue(g);
+}
+
+int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
+{
+    if (G == 0 || me >= G)
+        return -EINVAL;
+    const uint32_t max_in = g->cfg.topology == DS_TOPO_RANDOM ? G : 1;
+    if (!g->scratch || G > g->next_G || max_in > g->max_in) {
+        uint32_t *sc = realloc(g->scratch, (size_t)G * sizeof(uint32_t));
+        if (!sc)
+            return -ENOMEM;
+        g->scratch = sc;
+        uint8_t *sk = realloc(g->skip, G);
+        if (!sk)
+            return -ENOMEM;
+        g->skip = sk;
+        uint8_t *ah = realloc(g->ahead, G);
+        if (!ah)
+            return -ENOMEM;
+        g->ahead = ah;
+        uint32_t *f = realloc(g->in_from, (size_t)g->n_seg * max_in * sizeof(uint32_t));
+        if (!f)
+            return -ENOMEM;
+        g->in_from = f;
+        uint8_t *d = realloc(g->in_done, (size_t)g->n_seg * max_in);
+        if (!d)
+            return -ENOMEM;
+        g->in_done = d;
+        g->max_in = max_in;
+    }
+    g->next_G = G;
+    g->next_me = me;
+    g->next_epoch = epoch;
+    g->view_set = 1;
+    memset(g->skip, 0, G);
+    return 0;
+}
+
+int ds_gossip_set_skip(ds_gossip *g, uint32_t peer)
+{
+    if (!g->view_set || peer >= g->next_G || peer == g->next_me)
+        return -EINVAL;
+    g->skip[peer] = SKIP_ALL;
+    return 0;
+}
+
+int ds_gossip_set_nowait(ds_gossip *g, uint32_t peer)
+{
+    if (!g->view_set || peer >= g->next_G || peer == g->next_me)
+        return -EINVAL;
+    if (g->skip[peer] != SKIP_ALL)
+        g->skip[peer] = SKIP_NOWAIT;
+    return 0;
+}
+
+/* Exchanges still open that we wait for. */
+static int outstanding(const ds_gossip *g)
+{
+    int n = 0;
+    for (int s = 0; s < g->n_seg; s++) {
+        n += g->out[s].state == OUT_PENDING && !g->skip[g->out[s].target];
+        for (uint32_t i = 0; i < g->in_n[s]; i++) {
+            const size_t k = (size_t)s * g->max_in + i;
+            n += !g->in_done[k] && !g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]];
+        }
+    }
+    return n;
+}
+
+/* Own exchanges still open with peers we do not wait for. */
+static int nowait_pending(const ds_gossip *g)
+{
+    for (int s = 0; s < g->n_seg; s++)
+        if (g->out[s].state == OUT_PENDING && g->skip[g->out[s].target] == SKIP_NOWAIT)
+            return 1;
+    return 0;
+}
+
+/* ---- begin / end ---------------------------------------------------------- */
+
+int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
+{
+    if (!g->view_set)
+        return -EINVAL;
+    g->G = g->next_G;
+    g->me = g->next_me;
+    g->epoch = g->next_epoch;
+    g->round = round;
+
+    /* acc += theta - snap: the optimizer's drift since the last mix. */
+    const size_t n = g->n;
+    float *acc = g->acc, *snap = g->snap;
+    if (g->cfg.error_feedback) {
+        for (size_t i = 0; i < n; i++)
+            acc[i] += theta[i] - snap[i];
+    } else {
+        for (size_t i = 0; i < n; i++)
+            acc[i] = theta[i] - snap[i];
+    }
+    memcpy(snap, theta, n * sizeof(float));
+
+    memset(g->ahead, 0, g->G);
+    const int gossips = ds_topo_gossips(g->cfg.topology);
+    for (int s = 0; s < g->n_seg; s++) {
+        struct gout *o = &g->out[s];
+        const ds_gseg *sg = &g->seg[s];
+        o->state = OUT_NONE;
+        o->count = 0;
+        o->target = g->me;
+        g->in_n[s] = 0;
+        if (!gossips || g->G < 2)
+            continue;
+        const ds_topo_key key = {g->cfg.seed, g->epoch, round, (uint32_t)s};
+        uint32_t n_in = 0;
+        int r = ds_topo_peers(g->cfg.topology, &key, g->G, g->me, &o->target,
+                              g->in_from + (size_t)s * g->max_in, &n_in, g->max_in, g->scratch);
+        if (r < 0)
+            return r;
+        g->in_n[s] = n_in;
+        memset(g->in_done + (size_t)s * g->max_in, 0, g->max_in);
+        if (o->target == g->me)
+            continue;
+        if (g->cfg.mix == DS_MIX_CROSSOVER) {
+            o->count = sg->len;
+            memcpy(o->val, snap + sg->off, sg->len * sizeof(float));
+        } else {
+            ds_sparsify_result res;
+            r = ds_sparsify_select(g->sp[s], acc + sg->off, sg->len, g->cfg.density, o->idx,
+                                   o->stash, o->cap, &res);
+            if (r < 0)
+                return r;
+            o->count = res.count;
+            g->sel.gather(o->val, snap + sg->off, o->idx, o->count);
+            g->sel.zero_at(acc + sg->off, o->idx, o->count);
+        }
+        o->state = OUT_PENDING;
+    }
+    return 0;
+}
+
+void ds_gossip_end(ds_gossip *g, float *theta)
+{
+    for (int s = 0; s < g->n_seg; s++) {
+        struct gout *o = &g->out[s];
+        if ((o->state == OUT_FAILED || o->state == OUT_PENDING || o->state == OUT_SKIPPED) &&
+            g->cfg.mix == DS_MIX_PAIRWISE)
+            g->sel.scatter_add(g->acc + g->seg[s].off, o->idx, o->stash, o->count, 1.0f);
+    }
+    const size_t n = g->n;
+    float *d = g->delta, *snap = g->snap;
+    for (size_t i = 0; i < n; i++) {
+        theta[i] += d[i];
+        snap[i] += d[i];
+        d[i] = 0.0f;
+    }
+    if (!g->cfg.error_feedback)
+        memset(g->acc, 0, n * sizeof(float));
+    g->st.rounds++;
+}
+
+/* ---- exchange ---------------------------------------------------------------- */
+
+static uint64_t payload_bytes(const ds_gmsg *m)
+{
+    return (uint64_t)m->count * (m->idx ? 8u : 4u);
+}
+
+static int send_msg(ds_gossip *g, const ds_gossip_io *io, ds_gmsg *m, uint64_t deadline)
+{
+    m->from = g->me;
+    m->epoch = g->epoch;
+    m->round_now = g->round;
+    int r = io->send(io->ctx, m, deadline);
+    if (r == 0) {
+        g->st.bytes_sent += payload_bytes(m);
+        g->st.values_sent += m->count;
+    }
+    return r;
+}
+
+/* A reply's send deadline: one timeout from now, whatever is left of
+ * our own round. */
+static uint64_t reply_deadline(const ds_gossip *g)
+{
+    return ds_now_ns() + (uint64_t)g->cfg.timeout_ms * 1000000u;
+}
+
+/* Keep m for a later round; its arrays are copied. */
+static void enqueue(ds_gossip *g, const ds_gmsg *m)
+{
+    if (g->qcap == 0) {
+        g->qcap = 8 * g->n_seg * (int)(g->max_in + 1) + 64;
+        g->q = calloc((size_t)g->qcap, sizeof(*g->q));
+    }
+    if (!g->q || g->qn >= g->qcap) {
+        g->st.dropped++;
+        ds_log_rl(DS_LOG_WARN, "gossip", "future-round queue full: dropped type=%u from=%u round=%llu",
+                  m->type, m->from, (unsigned long long)m->round);
+        return;
+    }
+    struct qmsg *q = &g->q[g->qn];
+    q->m = *m;
+    q->idx = NULL;
+    q->val = NULL;
+    if (m->idx && m->count) {
+        q->idx = malloc((size_t)m->count * sizeof(uint32_t));
+        if (!q->idx)
+            goto fail;
+        memcpy(q->idx, m->idx, (size_t)m->count * sizeof(uint32_t));
+    }
+    if (m->val && m->count) {
+        q->val = malloc((size_t)m->count * sizeof(float));
+        if (!q->val)
+            goto fail;
+        memcpy(q->val, m->val, (size_t)m->count * sizeof(float));
+    }
+    q->m.idx = q->idx;
+    q->m.val = q->val;
+    g->qn++;
+    g->st.queued++;
+    return;
+fail:
+    free(q->idx);
+    g->st.dropped++;
+}
+
+/* Indices strictly increasing and inside a segment of len entries. */
+static int indices_ok(const uint32_t *idx, uint32_t count, size_t len)
+{
+    for (uint32_t j = 0; j < count; j++)
+        if (idx[j] >= len || (j && idx[j] <= idx[j - 1]))
+            return 0;
+    return 1;
+}
+
+static int expected_in(ds_gossip *g, uint32_t s, uint32_t from, uint8_t **done)
+{
+    for (uint32_t i = 0; i < g->in_n[s]; i++)
+        if (g->in_from[(size_t)s * g->max_in + i] == from) {
+            *done = &g->in_done[(size_t)s * g->max_in + i];
+            return 1;
+        }
+    return 0;
+}
+
+static void drop(ds_gossip *g, const ds_gmsg *m, const char *why)
+{
+    g->st.dropped++;
+    ds_log_rl(DS_LOG_WARN, "gossip", "dropped type=%u from=%u round=%llu segment=%u: %s", m->type,
+              m->from, (unsigned long long)m->round, m->segment, why);
+}
+
+/* Serve one message of the current round. Returns 1 when it completed an
+ * expected exchange (in or out), else 0. */
+static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    const uint32_t s = m->segment;
+    if (s >= (uint32_t)g->n_seg) {
+        drop(g, m, "segment out of range");
+        return 0;
+    }
+    const ds_gseg *sg = &g->seg[s];
+    struct gout *o = &g->out[s];
+    uint8_t *done;
+    const float w = g->cfg.weight;
+
+    switch (m->type) {
+    case DS_GMSG_REQ: {
+        if (g->cfg.mix != DS_MIX_PAIRWISE || !expected_in(g, s, m->from, &done) || *done) {
+            drop(g, m, "REQ not expected from this peer");
+            return 0;
+        }
+        if (m->count > sg->len || (m->count && (!m->idx || !m->val)) ||
+            !indices_ok(m->idx, m->count, sg->len)) {
+            drop(g, m, "REQ indices malformed");
+            return 0;
+        }
+        const float *mine = g->snap + sg->off;
+        float *d = g->delta + sg->off, *acc = g->acc + sg->off;
+        for (uint32_t j = 0; j < m->count; j++)
+            g->resp[j] = mine[m->idx[j]];
+        ds_gmsg r = {.type = DS_GMSG_RESP, .to = m->from, .round = m->round, .segment = s,
+                     .count = m->count, .val = g->resp};
+        *done = 1;
+        /* Apply our half only once the reply is on its way, so a refused
+         * send leaves both sides untouched. The reply gets a deadline of
+         * its own: a REQ that came in time but is served just after our
+         * round's deadline (a starved thread) still deserves its answer,
+         * and the requester waits on its own clock; with our deadline the
+         * send failed at once and the requester waited out its timeout. */
+        if (send_msg(g, io, &r, reply_deadline(g)) < 0) {
+            g->st.missed++;
+            return 1;
+        }
+        for (uint32_t j = 0; j < m->count; j++) {
+            const uint32_t i = m->idx[j];
+            d[i] += w * (m->val[j] - mine[i]);
+            acc[i] = 0.0f;
+        }
+        g->st.answered++;
+        g->st.values_received += m->count;
+        g->st.bytes_received += payload_bytes(m);
+        return 1;
+    }
+    case DS_GMSG_RESP:
+        if (o->state != OUT_PENDING || o->target != m->from || m->count != o->count ||
+            (m->count && !m->val)) {
+            drop(g, m, "RESP does not match our REQ");
+            return 0;
+        }
+        for (size_t j = 0; j < o->count; j++)
+            g->delta[sg->off + o->idx[j]] += w * (m->val[j] - o->val[j]);
+        o->state = OUT_OK;
+        g->st.exchanges_ok++;
+        g->st.values_received += m->count;
+        g->st.bytes_received += payload_bytes(m);
+        return 1;
+    case DS_GMSG_STALE:
+        if (o->state != OUT_PENDING || o->target != m->from) {
+            drop(g, m, "STALE does not match our REQ");
+            return 0;
+        }
+        o->state = OUT_FAILED;
+        g->st.exchanges_failed++;
+        g->st.stale_received++;
+        return 1;
+    case DS_GMSG_CROSS: {
+        if (g->cfg.mix != DS_MIX_CROSSOVER || !expected_in(g, s, m->from, &done) || *done ||
+            m->count != sg->len || !m->val) {
+            drop(g, m, "CROSS not expected or wrong length");
+            return 0;
+        }
+        /* The paper's rule: theta[s] = (theta[s] + received) / 2. */
+        const float *mine = g->snap + sg->off;
+        float *d = g->delta + sg->off;
+        for (size_t i = 0; i < sg->len; i++)
+            d[i] += 0.5f * (m->val[i] - mine[i]);
+        *done = 1;
+        g->st.answered++;
+        g->st.values_received += m->count;
+        g->st.bytes_received += payload_bytes(m);
+        return 1;
+    }
+    default:
+        drop(g, m, "unexpected type");
+        return 0;
+    }
+}
+
+/* Route one received gossip message: now, later, or STALE. */
+static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    if (m->type == DS_GMSG_ARED) {
+        drop(g, m, "all-reduce chunk outside an all-reduce");
+        return 0;
+    }
+    /* A peer already past this round will not send anything more for it
+     * (what it sent for it is queued or lost): stop waiting for it. This is
+     * what lets a node that fell behind -- frozen, overloaded -- catch up
+     * at compute speed instead of one timeout per round. */
+    if (m->from < g->G && (m->round_now > g->round || m->epoch > g->epoch))
+        g->ahead[m->from] = 1;
+    if (m->epoch != g->epoch) {
+        if (m->epoch > g->epoch && m->type != DS_GMSG_STALE)
+            enqueue(g, m);
+        else
+            drop(g, m, "other view epoch");
+        return 0;
+    }
+    if (m->round > g->round) {
+        if (m->type == DS_GMSG_REQ || m->type == DS_GMSG_CROSS)
+            enqueue(g, m);
+        else
+            drop(g, m, "reply for a future round");
+        return 0;
+    }
+    if (m->round < g->round) {
+        if (m->type == DS_GMSG_REQ) {
+            ds_gmsg st = {.type = DS_GMSG_STALE, .to = m->from, .round = m->round,
+                          .segment = m->segment};
+            if (send_msg(g, io, &st, reply_deadline(g)) == 0)
+                g->st.stale_sent++;
+        } else {
+            g->st.late++;
+        }
+        return 0;
+    }
+    return handle_current(g, io, m);
+}
+
+int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
+{
+    const uint64_t t0 = ds_now_ns();
+    const uint64_t deadline = t0 + (uint64_t)g->cfg.timeout_ms * 1000000u;
+
+    for (int s = 0; s < g->n_seg; s++) {
+        struct gout *o = &g->out[s];
+        if (o->state != OUT_PENDING)
+            continue;
+        if (g->skip[o->target] == SKIP_ALL) {
+            /* Known unresponsive: that exchange does not happen this round,
+             * and nobody waits for it (design §5: skipped). */
+            o->state = OUT_SKIPPED;
+            g->st.exchanges_failed++;
+            g->st.skipped++;
+            continue;
+        }
+        ds_gmsg m = {
+            .type = g->cfg.mix == DS_MIX_CROSSOVER ? DS_GMSG_CROSS : DS_GMSG_REQ,
+            .to = o->target,
+            .round = g->round,
+            .segment = (uint32_t)s,
+            .seg_len = (uint32_t)g->seg[s].len,
+            .count = (uint32_t)o->count,
+            .idx = g->cfg.mix == DS_MIX_CROSSOVER ? NULL : o->idx,
+            .val = o->val,
+        };
+        if (send_msg(g, io, &m, deadline) < 0) {
+            o->state = OUT_FAILED;
+            g->st.exchanges_failed++;
+            if (io->peer_failed)
+                io->peer_failed(io->ctx, o->target);
+            continue;
+        }
+        if (g->cfg.mix == DS_MIX_CROSSOVER) {
+            /* Nothing comes back for a CROSS: it is done once sent. */
+            o->state = OUT_OK;
+            g->st.exchanges_ok++;
+        }
+    }
+
+    /* Serve what arrived early for this round, oldest first. */
+    int kept = 0;
+    const int qn = g->qn;
+    for (int i = 0; i < qn; i++) {
+        struct qmsg *q = &g->q[i];
+        if (q->m.epoch == g->epoch && q->m.round == g->round) {
+            handle_current(g, io, &q->m);
+            free(q->idx);
+            free(q->val);
+        } else if (q->m.epoch < g->epoch || (q->m.epoch == g->epoch && q->m.round < g->round)) {
+            free(q->idx);
+            free(q->val);
+            g->st.dropped++;
+        } else {
+            if (q->m.from < g->G)
+                g->ahead[q->m.from] = 1; /* it is already past this round */
+            g->q[kept++] = *q;
+        }
+    }
+    g->qn = kept;
+
+    while (outstanding(g) > 0) {
+        ds_gmsg m;
+        int r = io->recv(io->ctx, &m, deadline);
+        if (r <= 0)
+            break;
+        dispatch(g, io, &m);
+    }
+    /* Replies from peers we did not wait for: a short grace, so that one
+     * back on time completes its exchange (both halves applied) instead
+     * of leaving it one-sided. */
+    uint64_t grace = ds_now_ns() + NOWAIT_GRACE_NS;
+    if (grace > deadline)
+        grace = deadline;
+    while (nowait_pending(g)) {
+        ds_gmsg m;
+        if (io->recv(io->ctx, &m, grace) <= 0)
+            break;
+        dispatch(g, io, &m);
+    }
+
+    /* Whatever is still open missed the deadline. */
+    for (int s = 0; s < g->n_seg; s++) {
+        struct gout *o = &g->out[s];
+        if (o->state == OUT_PENDING) {
+            o->state = OUT_FAILED;
+            g->st.exchanges_failed++;
+            if (io->peer_failed && !g->skip[o->target])
+                io->peer_failed(io->ctx, o->target);
+        }
+        for (uint32_t i = 0; i < g->in_n[s]; i++) {
+            const size_t k = (size_t)s * g->max_in + i;
+            if (g->in_done[k])
+                continue;
+            g->st.missed++;
+            if (!g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]] && io->peer_failed)
+                io->peer_failed(io->ctx, g->in_from[k]);
+        }
+    }
+    const uint64_t took = ds_now_ns() - t0;
+    g->st.wait_ns += took;
+    if (took > g->st.max_wait_ns)
+        g->st.max_wait_ns = took;
+    return 0;
+}
+
+int ds_gossip_round(ds_gossip *g, float *theta, uint64_t round, const ds_gossip_io *io)
+{
+    int r = ds_gossip_begin(g, theta, round);
+    if (r < 0)
+        return r;
+    r = ds_gossip_exchange(g, io);
+    ds_gossip_end(g, theta);
+    return r;
+}
+
+/* ---- AllReduce-SGD baseline -------------------------------------------------- */
+
+/* Chunk c of n cut into G near-equal ranges. */
+static void chunk(size_t n, uint32_t G, uint32_t c, size_t *off, size_t *len)
+{
+    const size_t base = n / G, extra = n % G;
+    *off = (size_t)c * base + (c < extra ? c : extra);
+    *len = base + (c < extra ? 1 : 0);
+}
+
+/* Wait for ring step `rs` of `step` from the left neighbour; messages of
+ * later steps are kept. Returns the message or NULL at the deadline. */
+static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t step,
+                                 uint32_t rs, uint32_t left, uint64_t deadline, ds_gmsg *buf)
+{
+    for (int i = 0; i < g->qn; i++) {
+        ds_gmsg *m = &g->q[i].m;
+        if (m->type == DS_GMSG_ARED && m->round == step && m->segment == rs && m->from == left) {
+            free(g->held.idx);
+            free(g->held.val);
+            g->held = g->q[i];
+            g->q[i] = g->q[--g->qn];
+            *buf = g->held.m;
+            return buf;
+        }
+    }
+    for (;;) {
+        int r = io->recv(io->ctx, buf, deadline);
+        if (r <= 0)
+            return NULL;
+        if (buf->type != DS_GMSG_ARED) {
+            dispatch(g, io, buf);
+            continue;
+        }
+        if (buf->round == step && buf->segment == rs && buf->from == left)
+            return buf;
+        if (buf->round > step || (buf->round == step && buf->segment > rs))
+            enqueue(g, buf);
+        else
+            g->st.late++;
+    }
+}
+
+int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
+                        const ds_gossip_io *io)
+{
+    if (!g->view_set)
+        return -EINVAL;
+    g->G = g->next_G;
+    g->me = g->next_me;
+    g->epoch = g->next_epoch;
+    const uint32_t G = g->G, me = g->me;
+    if (G < 2)
+        return 0;
+    const uint32_t right = (me + 1) % G, left = (me + G - 1) % G;
+    const uint64_t t0 = ds_now_ns();
+    const uint64_t deadline = t0 + (uint64_t)g->cfg.timeout_ms * 1000000u;
+    float *work = g->delta; /* n floats of scratch, zero outside rounds */
+    if (n > g->n)
+        return -EINVAL;
+    memcpy(work, grad, n * sizeof(float));
+    int ret = 0;
+    ds_gmsg in;
+
+    /* Reduce-scatter: after G-1 steps, chunk (me+1) mod G holds the sum. */
+    for (uint32_t i = 0; i < G - 1 && !ret; i++) {
+        size_t off, len;
+        chunk(n, G, (me + G - i) % G, &off, &len);
+        ds_gmsg m = {.type = DS_GMSG_ARED, .to = right, .round = step, .segment = i,
+                     .count = (uint32_t)len, .val = work + off};
+        if (send_msg(g, io, &m, deadline) < 0) {
+            ret = -ETIMEDOUT;
+            break;
+        }
+        const ds_gmsg *r = await_ared(g, io, step, i, left, deadline, &in);
+        chunk(n, G, (me + 2 * G - i - 1) % G, &off, &len);
+        if (!r || r->count != len) {
+            ret = -ETIMEDOUT;
+            break;
+        }
+        for (size_t j = 0; j < len; j++)
+            work[off + j] += r->val[j];
+    }
+    /* All-gather: pass the finished chunks around. */
+    for (uint32_t i = 0; i < G - 1 && !ret; i++) {
+        size_t off, len;
+        chunk(n, G, (me + 1 + G - i) % G, &off, &len);
+        ds_gmsg m = {.type = DS_GMSG_ARED, .to = right, .round = step, .segment = G - 1 + i,
+                     .count = (uint32_t)len, .val = work + off};
+        if (send_msg(g, io, &m, deadline) < 0) {
+            ret = -ETIMEDOUT;
+            break;
+        }
+        const ds_gmsg *r = await_ared(g, io, step, G - 1 + i, left, deadline, &in);
+        chunk(n, G, (me + G - i) % G, &off, &len);
+        if (!r || r->count != len) {
+            ret = -ETIMEDOUT;
+            break;
+        }
+        memcpy(work + off, r->val, len * sizeof(float));
+    }
+    if (ret == 0) {
+        const float inv = 1.0f / (float)G;
+        for (size_t j = 0; j < n; j++)
+            grad[j] = work[j] * inv;
+        g->st.exchanges_ok++;
+    } else {
+        g->st.exchanges_failed++;
+        if (io->peer_failed)
+            io->peer_failed(io->ctx, left);
+    }
+    memset(work, 0, n * sizeof(float));
+    g->st.rounds++;
+    const uint64_t took = ds_now_ns() - t0;
+    g->st.wait_ns += took;
+    if (took > g->st.max_wait_ns)
+        g->st.max_wait_ns = took;
+    return ret;
+}
+
+/* ---- accessors ------------------------------------------------------------ */
+
+const ds_gossip_stats *ds_gossip_get_stats(const ds_gossip *g)
+{
+    return &g->st;
+}
+
+int ds_gossip_n_segments(const ds_gossip *g)
+{
+    return g->n_seg;
+}
+
+const ds_gseg *ds_gossip_segment(const ds_gossip *g, int s)
+{
+    return &g->seg[s];
+}
+
+uint32_t ds_gossip_target(const ds_gossip *g, int s)
+{
+    return g->out[s].target;
+}
+
+int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out)
+{
+    if (s < 0 || s >= g->n_seg)
+        return -EINVAL;
+    const struct gout *o = &g->out[s];
+    static const enum ds_gossip_outcome map[] = {DS_GOUT_NONE, DS_GOUT_PENDING, DS_GOUT_OK,
+                                                 DS_GOUT_FAILED, DS_GOUT_SKIPPED};
+    out->target = o->target;
+    out->outcome = map[o->state];
+    out->bytes = o->state == OUT_NONE ? 0 : (uint64_t)o->count * (g->cfg.mix == DS_MIX_CROSSOVER ? 4u : 8u);
+    out->n_in = g->in_n ? g->in_n[s] : 0;
+    out->in_from = g->in_from ? g->in_from + (size_t)s * g->max_in : NULL;
+    return 0;
+}
+
+const float *ds_gossip_acc(const ds_gossip *g)
+{
+    return g->acc;
+}

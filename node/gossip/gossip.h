@@ -1,0 +1,203 @@
+/*
+ * node/gossip/gossip.h: the gossip engine (design §2 and 5): segments, the local
+ * drift accumulator, sparse pairwise mixing or the paper's dense crossover
+ * rule, round pacing with deadlines, and the AllReduce-SGD baseline.
+ *
+ * The engine talks to its peers only through ds_gossip_io (a seam, as in
+ * STYLE's "protocol logic behind seams"): node/gossip/gossip_net.c implements it
+ * over the secured libfabric layer, node/gossip/fake.c over in-process
+ * mailboxes, so the mixing rules are tested on a fake network with
+ * failures injected.
+ *
+ * A round, as data flows (buffers are host memory, n_params floats each):
+ *
+ *   begin(theta):     acc += theta - snap        local drift since the last mix
+ *                     snap = theta               the round snapshot
+ *                     per segment s with a target: S = sparsify(acc[s]),
+ *                     stash acc[S], acc[S] = 0, REQ values = snap[S]
+ *   exchange(io):     send every REQ; answer every REQ received from
+ *                     snap; delta += w (theirs - mine) per finished
+ *                     exchange; wait at most gossip.timeout_ms
+ *   end(theta):       theta += delta, snap += delta, delta = 0;
+ *                     failed exchanges give their stash back to acc
+ *
+ * exchange() touches only snap (read), acc at received indices, delta and
+ * its own buffers, so it may run on a communication thread while the main
+ * thread computes the next gradient and steps theta (gossip.overlap): the
+ * result is x_{t+1} = x_t - lr g(x_t) + mix_delta(x_t), the snapshot
+ * semantics of design §5. With snap advanced by delta in end(), the next
+ * begin() sees exactly the optimizer's drift, never the mixing's.
+ *
+ * Pairwise mixing conserves the sum of all models exactly for any S: both
+ * sides add w * (x_b - x_a) with opposite signs, computed from the same two
+ * floats (IEEE subtraction is sign-symmetric), so only the final additions
+ * to theta round.
+ */
+#ifndef DS_NODE_GOSSIP_H
+#define DS_NODE_GOSSIP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "node/train/model.h"
+#include "sparsify/sparsify.h"
+#include "topology/topology.h"
+
+enum ds_mix {
+    DS_MIX_PAIRWISE = 0,
+    DS_MIX_CROSSOVER = 1,
+};
+
+/* Gossip-level message kinds (the wire layer maps them to its types). */
+enum ds_gmsg_type {
+    DS_GMSG_REQ = 1,   /* round, segment, S (idx), initiator's snap[S] */
+    DS_GMSG_RESP = 2,  /* round, segment, responder's snap[S] (count = |S|) */
+    DS_GMSG_STALE = 3, /* round, segment: "that round is over here" */
+    DS_GMSG_CROSS = 4, /* round, segment, the whole segment (dense crossover) */
+    DS_GMSG_ARED = 5,  /* all-reduce chunk: round = step, segment = ring step */
+};
+
+/* One message as the engine sees it. Arrays are borrowed: for send, for the
+ * call; for recv, until the next recv. */
+typedef struct ds_gmsg {
+    uint8_t type;
+    uint32_t from, to;  /* view indices */
+    uint64_t epoch, round;
+    uint64_t round_now; /* the sender's current round (filled by the engine;
+                         * differs from round only in STALE) */
+    uint32_t segment;
+    uint32_t seg_len;   /* REQ, CROSS: the segment's length (for encoding) */
+    uint32_t count;     /* entries in idx (REQ) and val */
+    const uint32_t *idx;
+    const float *val;
+} ds_gmsg;
+
+typedef struct ds_gossip_io {
+    void *ctx;
+    /* Hand m to the transport for m->to. Must not block past deadline_ns
+     * (CLOCK_MONOTONIC). 0, or a negative errno: the exchange fails. */
+    int (*send)(void *ctx, const ds_gmsg *m, uint64_t deadline_ns);
+    /* Next gossip message for this node, waiting until deadline_ns:
+     * 1 with *m filled, 0 at the deadline, a negative errno on failure. */
+    int (*recv)(void *ctx, ds_gmsg *m, uint64_t deadline_ns);
+    /* A peer missed a deadline (membership hears of it). May be NULL. */
+    void (*peer_failed)(void *ctx, uint32_t peer);
+} ds_gossip_io;
+
+typedef struct ds_gossip_cfg {
+    enum ds_topo_kind topology;
+    enum ds_mix mix;
+    float weight;               /* pairwise w, (0, 0.5] */
+    int segments;               /* 0 = one per layer */
+    enum ds_sparsify_method method;
+    double density;
+    int error_feedback;         /* 0: acc restarts from zero every round */
+    float threshold;            /* sparsify.threshold (0 = automatic) */
+    uint64_t seed;              /* cluster seed: topology and sparsifier streams */
+    uint64_t node_seed;         /* this node's own streams (random sparsifier) */
+    int timeout_ms;
+} ds_gossip_cfg;
+
+typedef struct ds_gseg {
+    size_t off, len;
+} ds_gseg;
+
+typedef struct ds_gossip_stats {
+    uint64_t rounds;
+    uint64_t exchanges_ok;      /* own REQs answered by RESP / CROSS sent */
+    uint64_t exchanges_failed;  /* own REQs timed out, refused or STALE */
+    uint64_t answered;          /* REQs answered / CROSS received */
+    uint64_t missed;            /* expected REQs / CROSS that never came */
+    uint64_t skipped;           /* own exchanges not tried: peer unresponsive */
+    uint64_t stale_sent, stale_received;
+    uint64_t late;              /* replies for a round already over */
+    uint64_t queued;            /* messages for a future round, kept */
+    uint64_t dropped;           /* malformed, unexpected or over the queue bound */
+    uint64_t values_sent, values_received;
+    uint64_t bytes_sent, bytes_received; /* gossip payload (indices + values) */
+    uint64_t wait_ns;           /* time spent inside exchange() */
+    uint64_t max_wait_ns;       /* the longest single exchange() / all-reduce */
+} ds_gossip_stats;
+
+typedef struct ds_gossip ds_gossip;
+
+/* Cut n parameters into segments: one per layer when want == 0, else
+ * `want` near-equal contiguous ranges whose cuts move to a layer boundary
+ * when one lies within a quarter of a segment. out holds max(want,
+ * n_layers) entries. Returns the number of segments or -EINVAL. */
+int ds_gossip_segments(const ds_layer *layers, int n_layers, size_t n, int want, ds_gseg *out);
+
+/* Create an engine for a model of n_params floats laid out as `layers`,
+ * starting from theta (host memory, borrowed for the call: acc = 0,
+ * snap = theta). The caller owns *out; free with ds_gossip_destroy.
+ * Returns 0, -EINVAL or -ENOMEM. */
+int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *layers,
+                     int n_layers, size_t n_params, const float *theta)
+    __attribute__((warn_unused_result));
+
+/* NULL-safe; clears the caller's pointer. */
+void ds_gossip_destroy(ds_gossip **g);
+
+/* Start over from theta (host memory): snap = theta, acc = delta = 0,
+ * every sparsifier's state forgotten. After a model transfer. */
+void ds_gossip_reset(ds_gossip *g, const float *theta);
+
+/* Set the view: G participants, this node is `me`, at view epoch `epoch`.
+ * Takes effect at the next begin(). Returns 0 or -EINVAL / -ENOMEM. */
+int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch);
+
+/* For the next round only (set_view clears it): do not initiate to view
+ * index `peer` and do not wait for it -- a peer known to be unresponsive.
+ * Whatever it still sends is served. Returns 0 or -EINVAL. */
+int ds_gossip_set_skip(ds_gossip *g, uint32_t peer);
+
+/* For the next round only, softer: initiate to view index `peer` as usual
+ * (it expects our request and would otherwise wait for it) but do not
+ * wait for its reply or its request -- a peer that missed a deadline
+ * lately. A reply that comes while the round is still open is used; a
+ * missing one fails that exchange without reporting the peer again.
+ * Returns 0 or -EINVAL. */
+int ds_gossip_set_nowait(ds_gossip *g, uint32_t peer);
+
+/* Round `round`, in three parts (see the top of this file). begin and end
+ * run on the thread that owns theta; exchange may run on another thread
+ * between them. A full round is ds_gossip_round. */
+int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round);
+int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io);
+void ds_gossip_end(ds_gossip *g, float *theta);
+int ds_gossip_round(ds_gossip *g, float *theta, uint64_t round, const ds_gossip_io *io);
+
+/* AllReduce-SGD baseline: replace grad (n floats, host) by the mean over
+ * the view's G nodes with a ring reduce-scatter + all-gather, tagged with
+ * `step`. A ring step that misses its deadline aborts the reduction: grad
+ * then holds this node's own gradient (documented in docs/gossip.md) and
+ * the return is -ETIMEDOUT. */
+int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
+                        const ds_gossip_io *io);
+
+const ds_gossip_stats *ds_gossip_get_stats(const ds_gossip *g);
+int ds_gossip_n_segments(const ds_gossip *g);
+const ds_gseg *ds_gossip_segment(const ds_gossip *g, int s);
+/* This round's target of segment s (== me: none), after begin(). */
+uint32_t ds_gossip_target(const ds_gossip *g, int s);
+/* What this round did for segment s (after begin; final after end). */
+enum ds_gossip_outcome {
+    DS_GOUT_NONE = 0,     /* nothing initiated (no partner this round) */
+    DS_GOUT_PENDING = 1,
+    DS_GOUT_OK = 2,
+    DS_GOUT_FAILED = 3,   /* timed out, refused, STALE */
+    DS_GOUT_SKIPPED = 4,  /* not tried: peer unresponsive */
+};
+typedef struct ds_gossip_xinfo {
+    uint32_t target;            /* view index; == me: none */
+    enum ds_gossip_outcome outcome;
+    uint64_t bytes;             /* payload of our REQ (indices + values) */
+    uint32_t n_in;              /* initiators to us */
+    const uint32_t *in_from;    /* their view indices; valid until begin() */
+} ds_gossip_xinfo;
+int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out);
+
+/* Read access for status and tests. */
+const float *ds_gossip_acc(const ds_gossip *g);
+
+#endif

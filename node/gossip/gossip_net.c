@@ -1,0 +1,385 @@
+/* node/gossip/gossip_net.c: see gossip_net.h. */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "node/gossip/gossip_net.h"
+#include "base/log.h"
+
+struct gq {
+    struct gq *next;
+    uint64_t sender;
+    size_t bytes;
+    ds_gmsg m;        /* idx/val point into the allocation after this struct */
+};
+
+struct ds_gnet {
+    ds_net *net;
+    ds_gossip_io io;
+    uint32_t max_count;
+    size_t max_queue_bytes;
+
+    /* Decode scratch: the net's worker thread only. */
+    uint32_t *dec_idx;
+    float *dec_val;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct gq *head, *tail;
+    size_t queued_bytes;
+    struct gq *held;  /* handed out by the last recv (gossip thread) */
+    uint64_t *view;
+    char (*addr)[DS_WIRE_ADDR_MAX + 1];
+    uint32_t G;
+    void (*failed_fn)(void *ctx, uint64_t id);
+    void *failed_ctx;
+    void (*heard_fn)(void *ctx, uint64_t id);
+    void *heard_ctx;
+    ds_gnet_stats st;
+};
+
+int ds_gnet_handles(unsigned t)
+{
+    return t == DS_MSG_GOSSIP_REQ || t == DS_MSG_GOSSIP_RESP || t == DS_MSG_GOSSIP_STALE ||
+           t == DS_MSG_GOSSIP_PUSH || t == DS_MSG_ALLREDUCE;
+}
+
+static int to_wire_type(uint8_t t)
+{
+    switch (t) {
+    case DS_GMSG_REQ: return DS_MSG_GOSSIP_REQ;
+    case DS_GMSG_RESP: return DS_MSG_GOSSIP_RESP;
+    case DS_GMSG_STALE: return DS_MSG_GOSSIP_STALE;
+    case DS_GMSG_CROSS: return DS_MSG_GOSSIP_PUSH;
+    case DS_GMSG_ARED: return DS_MSG_ALLREDUCE;
+    default: return -1;
+    }
+}
+
+static uint8_t from_wire_type(unsigned t)
+{
+    switch (t) {
+    case DS_MSG_GOSSIP_REQ: return DS_GMSG_REQ;
+    case DS_MSG_GOSSIP_RESP: return DS_GMSG_RESP;
+    case DS_MSG_GOSSIP_STALE: return DS_GMSG_STALE;
+    case DS_MSG_GOSSIP_PUSH: return DS_GMSG_CROSS;
+    default: return DS_GMSG_ARED;
+    }
+}
+
+static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
+{
+    ds_gnet *g = ctx;
+    const int type = to_wire_type(m->type);
+    if (type < 0)
+        return -EINVAL;
+    char to_addr[DS_WIRE_ADDR_MAX + 1];
+    uint64_t to = 0;
+    pthread_mutex_lock(&g->lock);
+    if (m->to < g->G) {
+        to = g->view[m->to];
+        memcpy(to_addr, g->addr[m->to], sizeof(to_addr));
+    }
+    pthread_mutex_unlock(&g->lock);
+    if (!to)
+        return -EHOSTUNREACH;
+    ds_wire_msg w;
+    memset(&w, 0, sizeof(w));
+    w.h.type = (uint8_t)type;
+    w.h.round = m->round;
+    w.h.epoch = (uint32_t)m->epoch;
+    w.h.segment = m->segment;
+    w.h.count = m->count;
+    switch (m->type) {
+    case DS_GMSG_REQ:
+    case DS_GMSG_CROSS:
+        w.u.sparse.seg_len = m->seg_len;
+        w.u.sparse.enc = DS_IDX_AUTO;
+        w.u.sparse.idx = m->idx;
+        w.u.sparse.val = m->val;
+        break;
+    case DS_GMSG_RESP:
+        w.u.values.val = m->val;
+        break;
+    case DS_GMSG_STALE:
+        w.h.count = 0;
+        w.u.stale.round_now = m->round_now;
+        break;
+    case DS_GMSG_ARED:
+        w.u.ar.phase = 0;
+        w.u.ar.step = m->segment;
+        w.u.ar.elem_offset = 0;
+        w.u.ar.val = m->val;
+        break;
+    }
+    const ds_net_send_opts o = {.deadline_ms = deadline_ns / 1000000u};
+    int r = ds_net_send_msg(g->net, to, to_addr[0] ? to_addr : NULL, &w, &o);
+    if (r < 0) {
+        pthread_mutex_lock(&g->lock);
+        g->st.send_failed++;
+        pthread_mutex_unlock(&g->lock);
+        ds_log_rl(DS_LOG_WARN, "gossip", "send %s to view index %u failed: %s",
+                  ds_msg_type_name((unsigned)type), m->to, strerror(-r));
+    }
+    return r;
+}
+
+/* View index of a node id, or UINT32_MAX. Called with the lock held. */
+static uint32_t index_of(const ds_gnet *g, uint64_t id)
+{
+    for (uint32_t i = 0; i < g->G; i++)
+        if (g->view[i] == id)
+            return i;
+    return UINT32_MAX;
+}
+
+static int gnet_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
+{
+    ds_gnet *g = ctx;
+    const struct timespec ts = {(time_t)(deadline_ns / 1000000000u),
+                                (long)(deadline_ns % 1000000000u)};
+    pthread_mutex_lock(&g->lock);
+    free(g->held);
+    g->held = NULL;
+    for (;;) {
+        while (!g->head) {
+            if (pthread_cond_timedwait(&g->cond, &g->lock, &ts) == ETIMEDOUT && !g->head) {
+                pthread_mutex_unlock(&g->lock);
+                return 0;
+            }
+        }
+        struct gq *q = g->head;
+        g->head = q->next;
+        if (!g->head)
+            g->tail = NULL;
+        g->queued_bytes -= q->bytes;
+        const uint32_t from = index_of(g, q->sender);
+        if (from == UINT32_MAX) {
+            g->st.dropped_not_in_view++;
+            ds_log_rl(DS_LOG_INFO, "gossip", "dropped %s from %016llx: not in this round's view",
+                      ds_msg_type_name((unsigned)to_wire_type(q->m.type)),
+                      (unsigned long long)q->sender);
+            free(q);
+            continue;
+        }
+        q->m.from = from;
+        g->held = q;
+        *m = q->m;
+        pthread_mutex_unlock(&g->lock);
+        return 1;
+    }
+}
+
+static void gnet_failed(void *ctx, uint32_t peer)
+{
+    ds_gnet *g = ctx;
+    const uint64_t id = ds_gnet_view_id(g, peer);
+    if (id && g->failed_fn)
+        g->failed_fn(g->failed_ctx, id);
+}
+
+int ds_gnet_create(ds_gnet **out, ds_net *net, uint32_t max_count, size_t max_queue_bytes)
+{
+    *out = NULL;
+    ds_gnet *g = calloc(1, sizeof(*g));
+    if (!g)
+        return -ENOMEM;
+    g->net = net;
+    g->max_count = max_count;
+    g->max_queue_bytes = max_queue_bytes;
+    g->dec_idx = malloc(((size_t)max_count + 1) * sizeof(uint32_t));
+    g->dec_val = malloc(((size_t)max_count + 1) * sizeof(float));
+    if (!g->dec_idx || !g->dec_val) {
+        free(g->dec_idx);
+        free(g->dec_val);
+        free(g);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    g->io.ctx = g;
+    g->io.send = gnet_send;
+    g->io.recv = gnet_recv;
+    g->io.peer_failed = gnet_failed;
+    *out = g;
+    return 0;
+}
+
+void ds_gnet_destroy(ds_gnet **gp)
+{
+    if (!gp || !*gp)
+        return;
+    ds_gnet *g = *gp;
+    while (g->head) {
+        struct gq *q = g->head;
+        g->head = q->next;
+        free(q);
+    }
+    free(g->held);
+    free(g->view);
+    free(g->addr);
+    free(g->dec_idx);
+    free(g->dec_val);
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->cond);
+    free(g);
+    *gp = NULL;
+}
+
+void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
+{
+    if (g->heard_fn)
+        g->heard_fn(g->heard_ctx, rx->sender);
+    const ds_wire_bufs bufs = {
+        .idx = g->dec_idx,
+        .idx_cap = g->max_count,
+        .val = g->dec_val,
+        .val_cap = g->max_count,
+    };
+    ds_wire_msg w;
+    if (ds_net_decode(g->net, rx, &bufs, &w) != DS_DROP_NONE) {
+        /* Counted and logged by the decoder. */
+        pthread_mutex_lock(&g->lock);
+        g->st.dropped_decode++;
+        pthread_mutex_unlock(&g->lock);
+        return;
+    }
+    const uint8_t type = from_wire_type(w.h.type);
+    uint32_t count = w.h.count;
+    const uint32_t *idx = NULL;
+    const float *val = NULL;
+    switch (type) {
+    case DS_GMSG_REQ:
+    case DS_GMSG_CROSS:
+        idx = type == DS_GMSG_REQ ? w.u.sparse.idx : NULL;
+        val = w.u.sparse.val;
+        if (type == DS_GMSG_REQ && count && !idx) {
+            /* Dense encoding: the decoder left the indices implicit. */
+            for (uint32_t i = 0; i < count; i++)
+                g->dec_idx[i] = i;
+            idx = g->dec_idx;
+        }
+        break;
+    case DS_GMSG_RESP:
+        val = w.u.values.val;
+        break;
+    case DS_GMSG_STALE:
+        count = 0;
+        break;
+    case DS_GMSG_ARED:
+        val = w.u.ar.val;
+        break;
+    }
+    const size_t bytes = sizeof(struct gq) + (idx ? (size_t)count * 4 : 0) +
+                         (val ? (size_t)count * 4 : 0);
+    pthread_mutex_lock(&g->lock);
+    if (g->queued_bytes + bytes > g->max_queue_bytes) {
+        g->st.dropped_full++;
+        pthread_mutex_unlock(&g->lock);
+        ds_log_rl(DS_LOG_WARN, "gossip", "receive queue full (%zu bytes): dropped %s from %s",
+                  g->max_queue_bytes, ds_msg_type_name(w.h.type), rx->name);
+        return;
+    }
+    g->queued_bytes += bytes;
+    pthread_mutex_unlock(&g->lock);
+
+    struct gq *q = malloc(bytes);
+    if (!q) {
+        pthread_mutex_lock(&g->lock);
+        g->queued_bytes -= bytes;
+        g->st.dropped_full++;
+        pthread_mutex_unlock(&g->lock);
+        return;
+    }
+    memset(q, 0, sizeof(*q));
+    q->bytes = bytes;
+    q->sender = rx->sender;
+    q->m.type = type;
+    q->m.epoch = w.h.epoch;
+    q->m.round = w.h.round;
+    q->m.round_now = type == DS_GMSG_STALE ? w.u.stale.round_now : w.h.round;
+    q->m.segment = type == DS_GMSG_ARED ? w.u.ar.step : w.h.segment;
+    q->m.count = count;
+    uint8_t *p = (uint8_t *)(q + 1);
+    if (idx) {
+        memcpy(p, idx, (size_t)count * 4);
+        q->m.idx = (const uint32_t *)p;
+        p += (size_t)count * 4;
+    }
+    if (val) {
+        memcpy(p, val, (size_t)count * 4);
+        q->m.val = (const float *)p;
+    }
+    pthread_mutex_lock(&g->lock);
+    if (g->tail)
+        g->tail->next = q;
+    else
+        g->head = q;
+    g->tail = q;
+    g->st.queued++;
+    pthread_cond_signal(&g->cond);
+    pthread_mutex_unlock(&g->lock);
+}
+
+int ds_gnet_set_view(ds_gnet *g, const uint64_t *ids, const char *const *addrs, uint32_t G)
+{
+    uint64_t *v = malloc((G ? G : 1) * sizeof(uint64_t));
+    char(*a)[DS_WIRE_ADDR_MAX + 1] = calloc(G ? G : 1, sizeof(*a));
+    if (!v || !a) {
+        free(v);
+        free(a);
+        return -ENOMEM;
+    }
+    memcpy(v, ids, (size_t)G * sizeof(uint64_t));
+    for (uint32_t i = 0; addrs && i < G; i++)
+        if (addrs[i])
+            snprintf(a[i], sizeof(a[i]), "%s", addrs[i]);
+    pthread_mutex_lock(&g->lock);
+    free(g->view);
+    free(g->addr);
+    g->view = v;
+    g->addr = a;
+    g->G = G;
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+}
+
+uint64_t ds_gnet_view_id(ds_gnet *g, uint32_t i)
+{
+    pthread_mutex_lock(&g->lock);
+    const uint64_t id = i < g->G ? g->view[i] : 0;
+    pthread_mutex_unlock(&g->lock);
+    return id;
+}
+
+const ds_gossip_io *ds_gnet_io(ds_gnet *g)
+{
+    return &g->io;
+}
+
+void ds_gnet_set_failure_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx)
+{
+    g->failed_fn = fn;
+    g->failed_ctx = ctx;
+}
+
+void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx)
+{
+    g->heard_fn = fn;
+    g->heard_ctx = ctx;
+}
+
+void ds_gnet_stats_get(ds_gnet *g, ds_gnet_stats *st)
+{
+    pthread_mutex_lock(&g->lock);
+    *st = g->st;
+    pthread_mutex_unlock(&g->lock);
+}

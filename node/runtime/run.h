@@ -1,0 +1,27 @@
+/*
+ * node/runtime/run.h: `dsnode run`: one node's life from a validated config to its
+ * summary line.
+ */
+#ifndef DS_NODE_RUN_H
+#define DS_NODE_RUN_H
+
+#include "conf/conf.h"
+#include "node/train/train.h"
+
+/* Map the [train] and [cluster] keys onto the trainer's settings: the
+ * initial parameters are seeded by cluster.seed (the same model on every
+ * node), the data shuffle by cluster.seed and node.name (different data
+ * order per node). */
+void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *out);
+
+/* Write the trainer's parameters to dir/model.bin (created atomically:
+ * "DSMODEL1", u64 LE float count, float32 LE values); creates dir. 0 or a
+ * negative errno with one line in err. */
+int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len);
+
+/* Train as the config says. Logs progress to stderr and prints the summary
+ * line to stdout. Returns the process exit status: 0 when training finished,
+ * 1 on an error, 128 + signal when stopped by SIGINT or SIGTERM. */
+int ds_node_run(const ds_conf *c);
+
+#endif

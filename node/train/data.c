@@ -1,0 +1,263 @@
+/* node/train/data.c: IDX loading and minibatch sampling (see data.h). */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include "node/train/data.h"
+
+#define FMNIST_MEAN 0.2860f
+#define FMNIST_STD 0.3530f
+
+/* Read exactly len bytes. 0, or a negative errno with the reason in err. */
+static int gz_read_exact(gzFile f, const char *path, void *buf, size_t len, const char *what,
+                         char *err, size_t err_len)
+{
+    size_t got = 0;
+    while (got < len) {
+        size_t want = len - got;
+        if (want > (1u << 30))
+            want = 1u << 30;
+        int r = gzread(f, (char *)buf + got, (unsigned)want);
+        if (r < 0) {
+            int zerr;
+            const char *msg = gzerror(f, &zerr);
+            snprintf(err, err_len, "%s: corrupt compressed data while reading %s: %s", path, what,
+                     msg ? msg : "unknown zlib error");
+            return -EBADMSG;
+        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    if (got < len) {
+        int zerr;
+        const char *msg = gzerror(f, &zerr);
+        if (zerr != Z_OK && zerr != Z_STREAM_END) {
+            snprintf(err, err_len, "%s: corrupt compressed data while reading %s: %s", path, what,
+                     msg ? msg : "unknown zlib error");
+            return -EBADMSG;
+        }
+        snprintf(err, err_len, "%s: truncated: %s needs %zu bytes, file has %zu", path, what, len,
+                 got);
+        return -EBADMSG;
+    }
+    return 0;
+}
+
+/* Parse one IDX file of unsigned bytes with `ndims` dimensions. */
+static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data, char *err,
+                    size_t err_len)
+{
+    struct stat st;
+    if (stat(path, &st) < 0) {
+        int e = errno;
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+        return -e;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "%s: is a directory, expected an IDX file", path);
+        return -EISDIR;
+    }
+    gzFile f = gzopen(path, "rb");
+    if (!f) {
+        int e = errno ? errno : EIO;
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+        return -e;
+    }
+    int ret;
+    uint8_t hdr[4];
+    if ((ret = gz_read_exact(f, path, hdr, 4, "the IDX magic", err, err_len)) < 0)
+        goto out;
+    if (hdr[0] != 0 || hdr[1] != 0 || hdr[2] != 0x08 || hdr[3] != ndims) {
+        snprintf(err, err_len,
+                 "%s: bad IDX magic %02x %02x %02x %02x, expected 00 00 08 %02x (unsigned bytes, "
+                 "%d dimensions)",
+                 path, hdr[0], hdr[1], hdr[2], hdr[3], ndims, ndims);
+        ret = -EBADMSG;
+        goto out;
+    }
+    uint8_t raw[4 * 3];
+    if ((ret = gz_read_exact(f, path, raw, 4 * (size_t)ndims, "the dimensions", err, err_len)) < 0)
+        goto out;
+    uint64_t total = 1;
+    for (int i = 0; i < ndims; i++) {
+        dims[i] = (uint32_t)raw[4 * i] << 24 | (uint32_t)raw[4 * i + 1] << 16 |
+                  (uint32_t)raw[4 * i + 2] << 8 | raw[4 * i + 3];
+        if (dims[i] == 0) {
+            snprintf(err, err_len, "%s: dimension %d is 0", path, i);
+            ret = -EBADMSG;
+            goto out;
+        }
+        total *= dims[i];
+        if (total > DS_DATA_MAX_BYTES) {
+            snprintf(err, err_len, "%s: declares more than %llu bytes of data", path,
+                     (unsigned long long)DS_DATA_MAX_BYTES);
+            ret = -EBADMSG;
+            goto out;
+        }
+    }
+    *data = malloc(total);
+    if (!*data) {
+        snprintf(err, err_len, "%s: out of memory for %llu bytes", path, (unsigned long long)total);
+        ret = -ENOMEM;
+        goto out;
+    }
+    if ((ret = gz_read_exact(f, path, *data, total, "the data", err, err_len)) < 0)
+        goto out_free;
+    uint8_t extra;
+    int r = gzread(f, &extra, 1);
+    if (r != 0) {
+        if (r < 0) {
+            int zerr;
+            snprintf(err, err_len, "%s: corrupt compressed data after the declared size: %s", path,
+                     gzerror(f, &zerr));
+        } else {
+            snprintf(err, err_len, "%s: trailing bytes after the %llu declared by the header", path,
+                     (unsigned long long)total);
+        }
+        ret = -EBADMSG;
+        goto out_free;
+    }
+    gzclose(f);
+    return 0;
+
+out_free:
+    free(*data);
+    *data = NULL;
+out:
+    gzclose(f);
+    return ret;
+}
+
+int ds_dataset_load(ds_dataset *d, const char *images_path, const char *labels_path, char *err,
+                    size_t err_len)
+{
+    memset(d, 0, sizeof(*d));
+    uint32_t idims[3], ldims[1];
+    int ret = idx_load(images_path, 3, idims, &d->images, err, err_len);
+    if (ret < 0)
+        return ret;
+    if ((ret = idx_load(labels_path, 1, ldims, &d->labels, err, err_len)) < 0)
+        goto fail;
+    if (idims[0] != ldims[0]) {
+        snprintf(err, err_len, "%s: %u labels, but %s has %u images", labels_path, ldims[0],
+                 images_path, idims[0]);
+        ret = -EINVAL;
+        goto fail;
+    }
+    for (uint32_t i = 0; i < ldims[0]; i++)
+        if (d->labels[i] >= DS_DATA_CLASSES) {
+            snprintf(err, err_len, "%s: label %u at index %u, expected 0..%d", labels_path,
+                     d->labels[i], i, DS_DATA_CLASSES - 1);
+            ret = -EINVAL;
+            goto fail;
+        }
+    d->n = idims[0];
+    d->rows = (int)idims[1];
+    d->cols = (int)idims[2];
+    return 0;
+
+fail:
+    ds_dataset_free(d);
+    return ret;
+}
+
+int ds_dataset_load_fmnist(ds_dataset *train, ds_dataset *test, const char *dir, char *err,
+                           size_t err_len)
+{
+    char ip[4096], lp[4096];
+    snprintf(ip, sizeof(ip), "%s/train-images-idx3-ubyte.gz", dir);
+    snprintf(lp, sizeof(lp), "%s/train-labels-idx1-ubyte.gz", dir);
+    int ret = ds_dataset_load(train, ip, lp, err, err_len);
+    if (ret < 0)
+        return ret;
+    snprintf(ip, sizeof(ip), "%s/t10k-images-idx3-ubyte.gz", dir);
+    snprintf(lp, sizeof(lp), "%s/t10k-labels-idx1-ubyte.gz", dir);
+    if ((ret = ds_dataset_load(test, ip, lp, err, err_len)) < 0) {
+        ds_dataset_free(train);
+        return ret;
+    }
+    if (test->rows != train->rows || test->cols != train->cols) {
+        snprintf(err, err_len, "%s: images are %dx%d, training images are %dx%d", ip, test->rows,
+                 test->cols, train->rows, train->cols);
+        ds_dataset_free(train);
+        ds_dataset_free(test);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+void ds_dataset_free(ds_dataset *d)
+{
+    if (!d)
+        return;
+    free(d->images);
+    free(d->labels);
+    memset(d, 0, sizeof(*d));
+}
+
+void ds_dataset_gather(const ds_dataset *d, const uint32_t *idx, size_t first, int batch,
+                       float *x, int32_t *y)
+{
+    const size_t dim = (size_t)d->rows * d->cols;
+    const float scale = 1.0f / (255.0f * FMNIST_STD), shift = -FMNIST_MEAN / FMNIST_STD;
+    for (int b = 0; b < batch; b++) {
+        const size_t i = idx ? idx[b] : first + (size_t)b;
+        const uint8_t *p = d->images + i * dim;
+        float *o = x + (size_t)b * dim;
+        for (size_t j = 0; j < dim; j++)
+            o[j] = (float)p[j] * scale + shift;
+        y[b] = d->labels[i];
+    }
+}
+
+static void reshuffle(ds_sampler *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        s->perm[i] = (uint32_t)i;
+    for (size_t i = s->n - 1; i > 0; i--) {
+        const uint32_t j = ds_rng_below(&s->rng, (uint32_t)(i + 1));
+        const uint32_t t = s->perm[i];
+        s->perm[i] = s->perm[j];
+        s->perm[j] = t;
+    }
+    s->pos = 0;
+}
+
+int ds_sampler_init(ds_sampler *s, size_t n, uint64_t seed)
+{
+    memset(s, 0, sizeof(*s));
+    if (n == 0 || n > UINT32_MAX)
+        return -EINVAL;
+    s->perm = malloc(n * sizeof(uint32_t));
+    if (!s->perm)
+        return -ENOMEM;
+    s->n = n;
+    ds_rng_seed(&s->rng, seed);
+    reshuffle(s);
+    return 0;
+}
+
+void ds_sampler_next(ds_sampler *s, uint32_t *idx, int batch)
+{
+    for (int b = 0; b < batch; b++) {
+        if (s->pos == s->n) {
+            s->epoch++;
+            reshuffle(s);
+        }
+        idx[b] = s->perm[s->pos++];
+    }
+}
+
+void ds_sampler_free(ds_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->perm);
+    memset(s, 0, sizeof(*s));
+}

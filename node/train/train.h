@@ -1,0 +1,79 @@
+/*
+ * node/train/train.h: one node's local training: backend, model, data, optimizer.
+ *
+ * The trainer owns theta (parameters), grad and the momentum buffer in the
+ * backend's memory, all in the model's layout (node/train/model.h). A step is
+ * split in two so the gossip and group layers can act in between:
+ *   ds_trainer_compute_grad()   next minibatch -> forward/backward -> grad
+ *   ds_trainer_apply_grad()     SGD (momentum, weight decay, Nesterov,
+ *                               linear warm-up, cosine decay) on theta
+ */
+#ifndef DS_NODE_TRAIN_H
+#define DS_NODE_TRAIN_H
+
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "node/train/data.h"
+#include "node/train/model.h"
+
+#define DS_TRAIN_MAX_HIDDEN 8
+#define DS_TRAIN_EVAL_BATCH 500
+
+typedef struct ds_train_cfg {
+    char backend[32];       /* auto | cpu | cuda */
+    char dataset_dir[1024];
+    int hidden[DS_TRAIN_MAX_HIDDEN];
+    int n_hidden;
+    int batch;
+    double lr, momentum, weight_decay;
+    int nesterov;
+    int64_t warmup_steps;
+    int cosine;             /* 1: cosine decay of lr to 0 at total_steps */
+    int64_t total_steps;
+    int threads;            /* BLAS threads on the CPU backend */
+    uint64_t init_seed;     /* parameter init: the same on every node */
+    uint64_t data_seed;     /* this node's shuffle: differs per node */
+} ds_train_cfg;
+
+typedef struct ds_trainer {
+    ds_train_cfg cfg;
+    ds_ops ops;
+    ds_model model;
+    ds_dataset train, test;
+    ds_sampler sampler;
+    size_t n_params;
+    float *theta, *grad, *mom;       /* backend memory, n_params each */
+    float *x_dev;                    /* backend: max batch x input */
+    int32_t *y_dev;
+    float *x_host;                   /* == x_dev on the CPU backend */
+    int32_t *y_host;
+    uint32_t *idx;
+    int64_t step;                    /* optimizer steps taken */
+    uint64_t samples;                /* training samples consumed */
+    char backend_note[256];          /* why this backend, for the log */
+} ds_trainer;
+
+/* Defaults matching conf's: MLP 256,256, batch 64, lr 0.05, momentum 0.9. */
+void ds_train_cfg_defaults(ds_train_cfg *c);
+
+/* Load data, pick the backend, build the model, initialise theta.
+ * 0 or a negative errno with one line in err. */
+int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t err_len);
+void ds_trainer_fini(ds_trainer *t);
+
+/* Forward/backward on the next minibatch into t->grad. Mean loss and
+ * batch accuracy go to *loss and *acc (either may be NULL). */
+int ds_trainer_compute_grad(ds_trainer *t, double *loss, double *acc);
+
+/* Learning rate of the next optimizer step: linear warm-up over
+ * warmup_steps, then constant or cosine decay from lr to 0 at total_steps. */
+float ds_trainer_lr(const ds_trainer *t);
+
+/* One optimizer step on theta with t->grad; t->step++. */
+void ds_trainer_apply_grad(ds_trainer *t);
+
+/* Mean loss and accuracy over the whole test set. */
+int ds_trainer_evaluate(ds_trainer *t, double *loss, double *acc);
+
+#endif

@@ -1,0 +1,285 @@
+/*
+ * node/transport/transport.h: reliable, deadline-bound messaging between dsnode
+ * processes over libfabric (design §7).
+ *
+ * One ds_transport is one libfabric FI_EP_RDM endpoint with tagged messages
+ * (provider "tcp" = tcp;ofi_rxm by default, "shm", or any name fi_info
+ * offers) listening on a host:port. It moves opaque messages of any size,
+ * from 0 bytes to max_msg_bytes, to peers named by host:port. It knows
+ * nothing about node names, keys or message types: the secured layer
+ * (node/net/net.h) builds on it.
+ *
+ * Why it is more than a wrapper: libfabric 1.17's tcp;ofi_rxm, when a peer
+ * is killed or frozen, neither completes nor fails the sends already in
+ * flight to it, fi_cancel does not cancel sends, and new sends to it return
+ * -FI_EAGAIN forever (measured; see docs/transport.md). So liveness is ours:
+ *
+ *   - every send carries an absolute deadline (ds_now_ms() clock). Its `done`
+ *     callback runs exactly once: 0 when every chunk completed, -ETIMEDOUT
+ *     when the deadline passed first, another negative errno on failure. It
+ *     runs no later than the deadline plus one progress tick (~100 ms).
+ *   - a buffer whose libfabric completion has not arrived is never reused or
+ *     freed: a send that timed out is "abandoned" and the transport keeps its
+ *     buffer until the completion comes (release runs then). When abandoned
+ *     operations pass a bound (stuck_max_ops / stuck_max_bytes) the endpoint
+ *     is closed, which makes libfabric discard them, their buffers are
+ *     released, and the endpoint is reopened on the same address.
+ *   - bytes posted to libfabric and not yet completed are capped per peer
+ *     (max_inflight_bytes); bytes accepted but not yet completed are capped
+ *     per transport (max_queued_bytes, send returns -ENOBUFS beyond it).
+ *   - a peer that misses a deadline (or whose sends fail in the provider)
+ *     is reported upward once (DS_TRANSPORT_EV_PEER_UNRESPONSIVE) and again
+ *     when it recovers (DS_TRANSPORT_EV_PEER_RESPONSIVE).
+ *
+ * Messages larger than chunk_bytes travel as several libfabric messages of
+ * at most chunk_bytes, each behind a small transport header (stream, seq,
+ * total length, chunk index); the receiver reassembles them with bounded
+ * memory (max_msg_bytes per message, rx_mem_bytes in all). Integrity is the
+ * TCP checksum here and the AEAD of the secured layer above; the transport
+ * checks only that the chunks are consistent.
+ *
+ * Order: messages from one peer are delivered whole, at most once, in the
+ * order they were submitted to that peer. A message the sender abandoned
+ * after posting some of its chunks is never delivered (the sender tells the
+ * receiver with an abort marker); a message that was never posted never
+ * existed on the wire; a message whose chunks stop arriving is skipped after
+ * rx_timeout_ms. A send reported as -ETIMEDOUT may still have been delivered
+ * (timeouts are ambiguous, as everywhere).
+ *
+ * Threading: each transport runs ONE progress thread that makes every
+ * libfabric call (so the domain is opened FI_THREAD_DOMAIN). Every public
+ * function except ds_transport_close may be called from any thread,
+ * including from inside the callbacks: calls only take a mutex and queue
+ * work for the progress thread, then wake it. All callbacks (on_recv,
+ * on_event, done, release) run on the progress thread, with no transport
+ * lock held; they must be short and must not block, because the transport
+ * makes no progress while one runs.
+ */
+#ifndef DS_NODE_TRANSPORT_H
+#define DS_NODE_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "base/clock.h"
+
+typedef struct ds_transport ds_transport;
+
+/* A peer handle: slot and generation. 0 is never a valid peer. A handle of a
+ * removed peer stays invalid (-ENOENT) even when its slot is reused. */
+typedef uint32_t ds_transport_peer;
+#define DS_TRANSPORT_PEER_NONE 0u
+
+/* Longest "host:port" text the transport returns, with its NUL. */
+#define DS_TRANSPORT_ADDR_MAX 96
+
+/* A received message, handed to on_recv. `data` (len bytes) is borrowed
+ * until on_recv returns, unless on_recv calls ds_transport_msg_take. */
+typedef struct ds_transport_msg {
+    ds_transport_peer peer; /* sender (created on first contact if unknown) */
+    const uint8_t *data;
+    size_t len;
+    void *base_;  /* internal: the allocation holding data */
+    int taken_;   /* internal */
+} ds_transport_msg;
+
+enum ds_transport_event_kind {
+    /* A message came from an address no peer had; a peer slot was created
+     * for it (the message itself follows through on_recv). */
+    DS_TRANSPORT_EV_PEER_NEW = 1,
+    /* The peer missed a deadline `misses` times in a row (reported once per
+     * episode, when misses reaches opts.miss_limit). */
+    DS_TRANSPORT_EV_PEER_UNRESPONSIVE = 2,
+    /* An unresponsive peer completed a send or sent us a message again. */
+    DS_TRANSPORT_EV_PEER_RESPONSIVE = 3,
+    /* The endpoint was closed and reopened (stuck bound or
+     * ds_transport_reset); peer = 0, status = stuck ops discarded. */
+    DS_TRANSPORT_EV_RESET = 4,
+};
+
+typedef struct ds_transport_event {
+    enum ds_transport_event_kind kind;
+    ds_transport_peer peer;
+    uint32_t misses;
+    int status;
+} ds_transport_event;
+
+typedef void (*ds_transport_recv_fn)(void *ctx, ds_transport_msg *msg);
+typedef void (*ds_transport_event_fn)(void *ctx, const ds_transport_event *ev);
+typedef void (*ds_transport_done_fn)(void *arg, int status);
+typedef void (*ds_transport_release_fn)(void *arg, void *buf);
+
+typedef struct ds_transport_opts {
+    const char *provider;  /* "tcp" (= "tcp;ofi_rxm"), "shm", or an fi_info
+                            * provider name; NULL means "tcp" */
+    const char *listen;    /* "host:port" or "[v6]:port"; port 0 = any free */
+    const char *advertise; /* address peers reply to, published in every
+                            * chunk header; NULL = the bound listen address
+                            * (required when listen's host is a wildcard) */
+    size_t chunk_bytes;        /* payload per libfabric message (4 KiB..64 MiB,
+                                * the same on every node); default 1 MiB +
+                                * 4 KiB (room for node/net's frame overhead) */
+    size_t max_inflight_bytes; /* per peer, posted and not completed; 8 MiB */
+    size_t max_queued_bytes;   /* accepted, not yet released, all peers; 2 GiB */
+    size_t max_msg_bytes;      /* largest message accepted on receive; 1 GiB */
+    size_t rx_mem_bytes;       /* all partial / held received messages; 2 GiB */
+    unsigned rx_small_bufs;    /* posted 16 KiB receive buffers for eager
+                                * messages (any sender); 64 */
+    unsigned rx_large_bufs;    /* chunk-sized receive buffers granted to
+                                * senders, all peers together (each peer at
+                                * most a window's worth); 64 */
+    unsigned max_peers;        /* peer slots (<= 65535); 1024 */
+    uint32_t rx_timeout_ms;    /* a message missing chunks this long is
+                                * skipped; 10000 */
+    unsigned miss_limit;       /* missed deadlines before UNRESPONSIVE; 1 */
+    unsigned stuck_max_ops;    /* abandoned sends before a reset; 1024 */
+    size_t stuck_max_bytes;    /* abandoned bytes before a reset; 256 MiB */
+    ds_transport_recv_fn on_recv;   /* required */
+    ds_transport_event_fn on_event; /* may be NULL */
+    void *cb_ctx;                   /* passed to on_recv and on_event */
+} ds_transport_opts;
+
+/* Bytes of head and tail together in one send. */
+#define DS_TRANSPORT_EDGE_MAX 256
+
+/* One send. `buf`/`len`: the message. Ownership of buf:
+ *  - release == NULL: the transport copies the message before
+ *    ds_transport_send returns; the caller keeps buf.
+ *  - release != NULL: on success the transport owns buf (read-only) until it
+ *    calls release(release_arg, buf), exactly once, on the progress thread,
+ *    after libfabric has finished with every byte -- possibly long after
+ *    `done` reported a timeout (or when the endpoint is closed, which makes
+ *    libfabric discard it). On failure the caller keeps buf.
+ * done(done_arg, status) runs exactly once when the send was accepted (may
+ * be NULL). deadline_ms is absolute, on the ds_now_ms() clock. */
+typedef struct ds_transport_send_args {
+    const void *buf;
+    size_t len;
+    /* Optional small pieces sent before and after buf, always copied here
+     * (head_len + tail_len <= DS_TRANSPORT_EDGE_MAX): the message is then
+     * head || buf || tail, len counting buf only. They let a caller frame a
+     * buffer without copying it (node/net: header and chunk prefix before
+     * the caller's payload, the tag after it); each chunk goes to libfabric
+     * as an iovec of its pieces. */
+    const void *head;
+    size_t head_len;
+    const void *tail;
+    size_t tail_len;
+    uint64_t deadline_ms;
+    ds_transport_release_fn release;
+    void *release_arg;
+    ds_transport_done_fn done;
+    void *done_arg;
+} ds_transport_send_args;
+
+/* Drop reasons counted on the receive path (a chunk or message discarded). */
+enum ds_transport_drop {
+    DS_TP_DROP_BAD_HEADER = 0, /* short, bad magic/version/lengths */
+    DS_TP_DROP_BAD_ADDR,       /* sender address not valid for the provider */
+    DS_TP_DROP_PEERS_FULL,     /* unknown sender, no free peer slot */
+    DS_TP_DROP_TOO_BIG,        /* message > max_msg_bytes or truncated chunk */
+    DS_TP_DROP_NO_MEMORY,      /* rx_mem_bytes or malloc exhausted */
+    DS_TP_DROP_LATE,           /* chunk of a message already delivered/skipped */
+    DS_TP_DROP_DUPLICATE,      /* chunk received twice */
+    DS_TP_DROP_STALE_STREAM,   /* chunk from a sender instance since replaced */
+    DS_TP_DROP_ABORTED,        /* the sender abandoned the message */
+    DS_TP_DROP_RX_TIMEOUT,     /* chunks stopped arriving */
+    DS_TP_DROP_BACKLOG,        /* too many out-of-order messages held */
+    DS_TP_DROP_RX_ERROR,       /* libfabric receive error completion */
+    DS_TP_DROP_REMOVED_PEER,   /* held for a peer the application removed */
+    DS_TP_DROP_COUNT
+};
+
+/* Name of a drop reason ("bad_header", ...), for logs and /metrics. */
+const char *ds_transport_drop_name(enum ds_transport_drop reason);
+
+typedef struct ds_transport_stats {
+    uint64_t msgs_sent, bytes_sent;     /* completed sends */
+    uint64_t msgs_recv, bytes_recv;     /* delivered messages */
+    uint64_t send_timeouts, send_errors;
+    uint64_t eagain;                    /* -FI_EAGAIN from libfabric posts */
+    uint64_t stuck_ops, stuck_bytes;    /* abandoned, completion pending now */
+    uint64_t queued_bytes;              /* accepted, not yet released, now */
+    uint64_t resets;
+    uint64_t quarantined_bytes;         /* failed by libfabric, kept until
+                                         * the next reset (counts toward
+                                         * stuck_max_bytes) */
+    uint64_t dup_completions;           /* repeated reports for one op */
+    uint64_t pinned_bufs;               /* receive buffers set aside while a
+                                         * stalled peer's transfer holds them */
+    uint64_t drops[DS_TP_DROP_COUNT];
+} ds_transport_stats;
+
+/* Fill *o with the defaults above (listen "127.0.0.1:0", provider "tcp",
+ * no callbacks). */
+void ds_transport_opts_default(ds_transport_opts *o);
+
+/* Open an endpoint and start its progress thread. *out receives the
+ * transport (caller owns; ds_transport_close frees it). The option strings
+ * are copied. Returns 0, -EINVAL (bad option, logged with the reason),
+ * -EADDRINUSE, -ENODATA (provider/address not offered by libfabric),
+ * -ENOMEM, or another negative errno. */
+__attribute__((warn_unused_result))
+int ds_transport_open(const ds_transport_opts *o, ds_transport **out);
+
+/* Stop the progress thread, which fails every pending send with -ECANCELED
+ * (done callbacks, then release callbacks, still on the progress thread),
+ * closes the endpoint and frees what libfabric held; then free everything.
+ * Accepts NULL; clears *t. Must not be called from a callback. */
+void ds_transport_close(ds_transport **t);
+
+/* This endpoint's advertised address as "host:port" (the real port when
+ * listen asked for port 0). */
+int ds_transport_addr(ds_transport *t, char *buf, size_t n);
+
+/* Resolve "host:port" and return its peer (the existing one when the same
+ * address was added or heard from before). Resolution happens here, on the
+ * calling thread; the address vector insert on the progress thread. Returns
+ * 0, -EINVAL (malformed), -ENOENT (does not resolve), -ENOSPC (no slot). */
+__attribute__((warn_unused_result))
+int ds_transport_peer_add(ds_transport *t, const char *hostport, ds_transport_peer *out);
+
+/* Forget a peer: its queued sends fail with -ECANCELED, what it had sent
+ * and not yet delivered is dropped, its handle becomes invalid, and its slot
+ * is reused once its abandoned sends are gone. A later message from the same
+ * address creates a new peer (DS_TRANSPORT_EV_PEER_NEW). */
+int ds_transport_peer_remove(ds_transport *t, ds_transport_peer p);
+
+/* The peer's address as "host:port". -ENOENT if p is not a live peer. */
+int ds_transport_peer_addr(ds_transport *t, ds_transport_peer p, char *buf, size_t n);
+
+/* Queue one message for p. Returns 0 (accepted: done will run), or
+ * -EINVAL, -ENOENT (unknown/removed peer), -ENOBUFS (max_queued_bytes),
+ * -ENOMEM, -ECANCELED (closing), -ETIMEDOUT (deadline already past). */
+__attribute__((warn_unused_result))
+int ds_transport_send(ds_transport *t, ds_transport_peer p, const ds_transport_send_args *a);
+
+/* Convenience: copy buf, send it, and wait for its done status (0,
+ * -ETIMEDOUT, ...). Never waits much past deadline_ms. Not from callbacks. */
+int ds_transport_send_wait(ds_transport *t, ds_transport_peer p, const void *buf, size_t len,
+                           uint64_t deadline_ms);
+
+/* Take ownership of a received message inside on_recv: returns the pointer
+ * to free() when done with msg->data (which stays valid and unchanged). */
+void *ds_transport_msg_take(ds_transport_msg *msg);
+
+/* Large-buffer recycling (optional). ds_transport_buf_get returns a buffer
+ * of at least `size` bytes, from the transport's small cache of freed
+ * large buffers when one fits, else malloc; ds_transport_buf_put hands a
+ * malloc'd buffer back (kept if the cache has room, else freed). A buffer
+ * taken with ds_transport_msg_take may go back this way instead of free():
+ * reusing warm pages spares the page faults of a fresh 1-64 MiB allocation
+ * on every message. Any thread; put accepts NULL. Both are plain malloc
+ * memory: free() is always allowed too. */
+void *ds_transport_buf_get(ds_transport *t, size_t size);
+void ds_transport_buf_put(ds_transport *t, void *buf);
+
+/* Ask the progress thread to close and reopen the endpoint now (what the
+ * stuck bound does on its own). Pending sends fail with -ENETRESET except
+ * those not yet posted, which go out on the new endpoint. */
+int ds_transport_reset(ds_transport *t);
+
+/* A consistent snapshot of the counters. */
+void ds_transport_stats_get(ds_transport *t, ds_transport_stats *st);
+
+
+#endif

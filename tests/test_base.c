@@ -1,0 +1,162 @@
+/*
+ * tests/test_base.c: base/ (host:port, little-endian helpers, SplitMix64's
+ * bare-state step, the clock).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/hostport.h"
+#include "base/le.h"
+#include "base/splitmix.h"
+
+/* ---- host:port ------------------------------------------------------------ */
+
+Test(base, hostport_accepts)
+{
+    static const struct {
+        const char *s;
+        const char *host;
+        int port;
+        enum ds_host_kind kind;
+    } good[] = {
+        {"127.0.0.1:7000", "127.0.0.1", 7000, DS_HOST_IPV4},
+        {"0.0.0.0:1", "0.0.0.0", 1, DS_HOST_IPV4},
+        {"255.255.255.255:65535", "255.255.255.255", 65535, DS_HOST_IPV4},
+        {"localhost:80", "localhost", 80, DS_HOST_NAME},
+        {"node-1.rack2.example.org:9", "node-1.rack2.example.org", 9, DS_HOST_NAME},
+        {"a:1", "a", 1, DS_HOST_NAME},
+        {"1a.2b:5", "1a.2b", 5, DS_HOST_NAME},
+        {"3com.net:22", "3com.net", 22, DS_HOST_NAME},
+        {"node-3.cluster:65535", "node-3.cluster", 65535, DS_HOST_NAME},
+        {"[::1]:7", "::1", 7, DS_HOST_IPV6},
+        {"[::]:7000", "::", 7000, DS_HOST_IPV6},
+        {"[fd00:1:2::3]:5000", "fd00:1:2::3", 5000, DS_HOST_IPV6},
+        {"[::ffff:10.0.0.1]:1", "::ffff:10.0.0.1", 1, DS_HOST_IPV6},
+        {"127.0.0.1:0", "127.0.0.1", 0, DS_HOST_IPV4},
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ds_hostport hp;
+        cr_expect_eq(ds_hostport_parse(good[i].s, &hp), 0, "'%s' refused", good[i].s);
+        cr_expect_str_eq(hp.host, good[i].host);
+        cr_expect_eq(hp.port, good[i].port, "%s: port %u", good[i].s, hp.port);
+        cr_expect_eq(hp.kind, good[i].kind, "%s: kind %d", good[i].s, hp.kind);
+    }
+}
+
+Test(base, hostport_refuses)
+{
+    static const char *const bad[] = {
+        "", ":7000", "host", "host:", "host:65536", "host:07000", "host:+80", "host:8o",
+        "::1:7000", "1.2.3:7000", "1.2.3.4.5:7000", "256.1.1.1:7", "01.2.3.4:7", "-host:7",
+        "host-:7", "ho_st:7", "a..b:7", "a.:7", "host :7", " host:7", "host:7 ", "123:7",
+        "1.2.3.04:7", "h:12a", "[::1]80", "h:123456", "[::1:7", "[]:7", "[127.0.0.1]:7",
+        "[localhost]:7", "[::1%eth0]:7", "[:::1]:7", "[::1]:", "[::1]:x",
+    };
+    ds_hostport hp;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_expect_eq(ds_hostport_parse(bad[i], &hp), -EINVAL, "'%s' accepted", bad[i]);
+    cr_expect_eq(ds_hostport_parse(NULL, &hp), -EINVAL);
+    cr_expect_eq(ds_hostport_parse("a:1", NULL), -EINVAL);
+}
+
+Test(base, hostport_name_lengths)
+{
+    /* Labels up to 63 characters, 253 characters in all. */
+    char name[300];
+    ds_hostport hp;
+    for (int last = 61; last <= 62; last++) {
+        memset(name, 'a', 63);
+        name[63] = '.';
+        memset(name + 64, 'b', 63);
+        name[127] = '.';
+        memset(name + 128, 'c', 63);
+        name[191] = '.';
+        memset(name + 192, 'd', (size_t)last);
+        strcpy(name + 192 + last, ":1");
+        cr_expect_eq(ds_hostport_parse(name, &hp), last == 61 ? 0 : -EINVAL, "%d characters",
+                     192 + last);
+    }
+    memset(name, 'e', 64);
+    strcpy(name + 64, ":1");
+    cr_expect_eq(ds_hostport_parse(name, &hp), -EINVAL, "64-character label");
+    name[63] = ':';
+    name[64] = '1';
+    name[65] = '\0';
+    cr_expect_eq(ds_hostport_parse(name, &hp), 0, "63-character label");
+}
+
+Test(base, hostport_format_round_trips)
+{
+    static const char *const in[] = {"127.0.0.1:7000", "[::1]:7", "node-1.example:65535",
+                                     "[fd00::3]:1"};
+    for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+        ds_hostport hp;
+        char buf[DS_HOSTPORT_MAX + 1];
+        cr_assert_eq(ds_hostport_parse(in[i], &hp), 0);
+        cr_expect_eq(ds_hostport_format(hp.host, hp.port, buf, sizeof(buf)), (int)strlen(in[i]));
+        cr_expect_str_eq(buf, in[i]);
+    }
+    char small[8];
+    cr_expect_eq(ds_hostport_format("127.0.0.1", 7000, small, sizeof(small)), -ENAMETOOLONG);
+    cr_expect_eq(ds_hostport_format("bad host", 1, small, sizeof(small)), -EINVAL);
+}
+
+Test(base, host_classes)
+{
+    cr_expect(ds_host_is_loopback("127.0.0.1"));
+    cr_expect(ds_host_is_loopback("127.200.3.4"));
+    cr_expect(ds_host_is_loopback("LOCALHOST"));
+    cr_expect(ds_host_is_loopback("::1"));
+    cr_expect_not(ds_host_is_loopback("127.example.com"));
+    cr_expect_not(ds_host_is_loopback("10.0.0.1"));
+    cr_expect_not(ds_host_is_loopback("localhost.example"));
+    cr_expect_not(ds_host_is_loopback("::2"));
+    cr_expect_not(ds_host_is_loopback(NULL));
+    cr_expect(ds_host_is_wildcard("0.0.0.0"));
+    cr_expect(ds_host_is_wildcard("::"));
+    cr_expect(ds_host_is_wildcard("0:0::0"));
+    cr_expect_not(ds_host_is_wildcard("0.0.0.1"));
+    cr_expect_not(ds_host_is_wildcard("localhost"));
+}
+
+/* ---- little-endian ------------------------------------------------------- */
+
+Test(base, le_round_trips_and_byte_order)
+{
+    uint8_t b[8];
+    ds_put64(b, 0x0807060504030201ull);
+    for (int i = 0; i < 8; i++)
+        cr_expect_eq(b[i], i + 1);
+    cr_expect_eq(ds_le64(b), 0x0807060504030201ull);
+    cr_expect_eq(ds_le32(b + 4), 0x08070605u);
+    cr_expect_eq(ds_le16(b + 6), 0x0807u);
+    ds_put32(b, 0xdeadbeefu);
+    cr_expect_eq(b[0], 0xef);
+    cr_expect_eq(ds_le32(b), 0xdeadbeefu);
+    ds_put16(b, 0xbeef);
+    cr_expect_eq(b[1], 0xbe);
+    cr_expect_eq(ds_le16(b), 0xbeef);
+}
+
+/* ---- SplitMix64 and the clock ---------------------------------------------- */
+
+Test(base, splitmix_step_is_next)
+{
+    ds_splitmix64 g;
+    ds_splitmix64_seed(&g, 1234567);
+    uint64_t bare = 1234567;
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(ds_splitmix64_step(&bare), ds_splitmix64_next(&g));
+    /* The published first output for state 1234567. */
+    bare = 1234567;
+    cr_expect_eq(ds_splitmix64_step(&bare), 6457827717110365317ull);
+}
+
+Test(base, clock_is_monotonic)
+{
+    uint64_t a = ds_now_ns(), b = ds_now_ns();
+    cr_expect_geq(b, a);
+    cr_expect_leq(ds_now_ms(), ds_now_ns() / 1000000u);
+}

@@ -16,7 +16,18 @@ static _Atomic int log_level = DS_LOG_INFO;
 static FILE *log_out;
 static pthread_mutex_t rl_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static const char *const level_names[] = {"error", "warn", "info", "debug"};
+#define LEVEL_NAME_(e, v, name) [e] = name,
+static const char *const level_names[] = {DS_LOG_LEVELS(LEVEL_NAME_)};
+#undef LEVEL_NAME_
+#define NLEVELS ((int)(sizeof(level_names) / sizeof(level_names[0])))
+/* level_names is indexed by level: each value must be its position. */
+#define LEVEL_POS_(e, v, name) POS_##e,
+enum { DS_LOG_LEVELS(LEVEL_POS_) };
+#undef LEVEL_POS_
+#define LEVEL_AT_POS_(e, v, name) \
+    _Static_assert((int)e == (int)POS_##e, #e " is not at its position");
+DS_LOG_LEVELS(LEVEL_AT_POS_)
+#undef LEVEL_AT_POS_
 
 void ds_log_setup(const char *node_name, enum ds_log_level level, FILE *out)
 {
@@ -28,7 +39,7 @@ void ds_log_setup(const char *node_name, enum ds_log_level level, FILE *out)
 
 int ds_log_level_parse(const char *s)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; s && i < NLEVELS; i++)
         if (!strcmp(s, level_names[i]))
             return i;
     return -1;

@@ -15,12 +15,19 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum ds_log_level {
-    DS_LOG_ERROR = 0,
-    DS_LOG_WARN = 1,
-    DS_LOG_INFO = 2,
-    DS_LOG_DEBUG = 3,
-};
+/* The levels, most severe first: X(enumerator, value, name). This list is
+ * the only place a level is named: it generates the enum below and the
+ * names log lines carry, and conf/keys.h takes node.log_level's choices from
+ * it. A level's value is its position (log.c checks). */
+#define DS_LOG_LEVELS(X) \
+    X(DS_LOG_ERROR, 0, "error") \
+    X(DS_LOG_WARN, 1, "warn") \
+    X(DS_LOG_INFO, 2, "info") \
+    X(DS_LOG_DEBUG, 3, "debug")
+
+#define DS_LOG_ENUMERATOR_(e, v, name) e = v,
+enum ds_log_level { DS_LOG_LEVELS(DS_LOG_ENUMERATOR_) };
+#undef DS_LOG_ENUMERATOR_
 
 /* Set this process's node name (copied), threshold and stream (borrowed;
  * NULL means stderr). Safe to call again to change them. */

@@ -10,6 +10,14 @@
  * and the help print the table. So a constraint is written once and the
  * parser, the validator, the dump and the --help text cannot disagree.
  *
+ * Enum keys. keys.h names each enum key's choice list, the X-macro that the
+ * module consuming the key generates its enum and names from (see
+ * conf/choices.h for where each list lives). The table takes the key's
+ * (value, name) pairs from that list, so conf accepts exactly the names the
+ * module knows, stores the module's own enum value, and prints the names
+ * in the list's order in the help and in "expected one of a|b|c". Only the
+ * lists are used: conf/ links none of those modules.
+ *
  * Parsing a file. inih does the ini grammar (sections, "key = value" and
  * "key: value", ';'/'#' comment lines, ';' inline comments after a blank,
  * the UTF-8 BOM). We read the whole file into memory first (bounded by
@@ -85,6 +93,12 @@ enum kcheck {
     CHK_HOSTPORT_OR_EMPTY, /* "" or a HOSTPORT */
 };
 
+/* One choice of an enum key: its value and its name. */
+typedef struct choice {
+    int value;
+    const char *name;
+} choice;
+
 typedef struct kdesc {
     const char *section;
     const char *name;
@@ -99,7 +113,8 @@ typedef struct kdesc {
     double fmin, fmax;     /* float; fmax == DBL_MAX: no upper bound */
     const char *bounds;    /* float: "[]", "(]", "[)" or "()" */
     int cmin, cmax;        /* lists: item count */
-    const char *choices;   /* enum: "a|b|c" */
+    const choice *choices; /* enum: the key's list, in its order */
+    size_t n_choices;
 } kdesc;
 
 #define KEY_ROW_(sec, key, def_, help_, ...) \
@@ -113,9 +128,10 @@ typedef struct kdesc {
 #define ENTRY_FLOAT(sec, key, def, lo, hi, bnd, help) \
     KEY_ROW_(sec, key, def, help, .type = T_FLOAT, .fmin = (lo), .fmax = (hi), .bounds = bnd)
 #define ENTRY_BOOL(sec, key, def, help) KEY_ROW_(sec, key, def, help, .type = T_BOOL)
-#define ENTRY_ENUM(sec, key, def, ch, help) \
+#define ENTRY_ENUM(sec, key, def, etype, list, help) \
     KEY_ROW_(sec, key, def, help, .type = T_ENUM, .size = sizeof(((ds_conf *)0)->sec.key), \
-             .choices = ch)
+             .choices = choices_##sec##_##key, \
+             .n_choices = sizeof(choices_##sec##_##key) / sizeof(choice))
 #define ENTRY_ILIST(sec, key, def, lo, hi, clo, chi, help) \
     KEY_ROW_(sec, key, def, help, .type = T_ILIST, .count_off = offsetof(ds_conf, sec.key##_count), \
              .imin = (lo), .imax = (hi), .cmin = (clo), .cmax = (chi))
@@ -126,22 +142,36 @@ typedef struct kdesc {
 #define SECTION_KEYS_(sec, X) DS_CONF_KEYS_##sec(X)
 #define SECTION_NAME_(sec, X) #sec,
 
+/* Each enum key's choices, choices_<section>_<key>[], from its list. */
+#define CHOICE_ROW_(e, v, name) {(int)(e), name},
+#define CHOICES_STR(sec, key, def, chk, help)
+#define CHOICES_INT(sec, key, def, lo, hi, help)
+#define CHOICES_FLOAT(sec, key, def, lo, hi, bnd, help)
+#define CHOICES_BOOL(sec, key, def, help)
+#define CHOICES_ENUM(sec, key, def, etype, list, help) \
+    static const choice choices_##sec##_##key[] = {list(CHOICE_ROW_)};
+#define CHOICES_ILIST(sec, key, def, lo, hi, clo, chi, help)
+#define CHOICES_SLIST(sec, key, def, chk, clo, chi, help)
+#define CHOICES_(type, sec, key, def, ...) CHOICES_##type(sec, key, def, __VA_ARGS__)
+DS_CONF_SECTIONS(SECTION_KEYS_, CHOICES_)
+
 static const kdesc keys[] = {DS_CONF_SECTIONS(SECTION_KEYS_, ENTRY_)};
 static const char *const sections[] = {DS_CONF_SECTIONS(SECTION_NAME_, ~)};
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define NSECTIONS (sizeof(sections) / sizeof(sections[0]))
 
-/* What the compiler can check about the list itself. (Defaults and enum
- * names are checked by ds_conf_defaults(), which aborts on a bad one; every
- * test run starts with it.) */
+/* What the compiler can check about the list itself. (Defaults are checked
+ * by ds_conf_defaults(), which aborts on a bad one; every test run starts
+ * with it. An enum value is stored as an int, hence the size check.) */
 #define ASSERT_STR(sec, key, def, chk, help)
 #define ASSERT_INT(sec, key, def, lo, hi, help) \
     _Static_assert((lo) <= (hi), #sec "." #key ": min > max");
 #define ASSERT_FLOAT(sec, key, def, lo, hi, bnd, help)
 #define ASSERT_BOOL(sec, key, def, help)
-#define ASSERT_ENUM(sec, key, def, ch, help) \
-    _Static_assert(sizeof(ch) > 1, #sec "." #key ": no choices");
+#define ASSERT_ENUM(sec, key, def, etype, list, help) \
+    _Static_assert(sizeof(((ds_conf *)0)->sec.key) == sizeof(int), \
+                   #sec "." #key ": the enum is not int-sized");
 #define ASSERT_ILIST(sec, key, def, lo, hi, clo, chi, help) \
     _Static_assert((lo) <= (hi) && 0 <= (clo) && (clo) <= (chi) && (chi) <= DS_CONF_LIST_MAX, \
                    #sec "." #key ": bad bounds");
@@ -404,6 +434,15 @@ static void describe_float_range(const kdesc *k, char *out, size_t n)
         snprintf(out, n, "in %c%s, %s%c", lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
 }
 
+/* The names of enum key k in its list's order, "a|b|c". */
+static void join_choices(const kdesc *k, char *out, size_t n)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < k->n_choices && o < n; i++)
+        o += (size_t)snprintf(out + o, n - o, "%s%s", i ? "|" : "", k->choices[i].name);
+}
+
 /* The <what> of "expected <what>": the whole constraint of the key. */
 static void describe(const kdesc *k, char *out, size_t n)
 {
@@ -423,9 +462,12 @@ static void describe(const kdesc *k, char *out, size_t n)
     case T_BOOL:
         snprintf(out, n, "a boolean (true/false, yes/no, on/off, 1/0)");
         break;
-    case T_ENUM:
-        snprintf(out, n, "one of %s", k->choices);
+    case T_ENUM: {
+        size_t o = (size_t)snprintf(out, n, "one of ");
+        if (o < n)
+            join_choices(k, out + o, n - o);
         break;
+    }
     case T_ILIST:
         describe_int_range(k, r, sizeof(r));
         snprintf(out, n, "%d..%d comma-separated integers %s", k->cmin, k->cmax, r);
@@ -469,7 +511,7 @@ static void constraint(const kdesc *k, char *out, size_t n)
         snprintf(out, n, "true|false");
         break;
     case T_ENUM:
-        snprintf(out, n, "%s", k->choices);
+        join_choices(k, out, n);
         break;
     case T_ILIST:
         describe_int_range(k, r, sizeof(r));
@@ -686,14 +728,13 @@ static int parse_value(const kdesc *k, const char *s, ds_conf *c, char *err, siz
         }
         return expected(err, err_len, w, k, what, s, n, NULL);
     case T_ENUM:
-        for (const char *p = k->choices; *p;) {
-            size_t len = strcspn(p, "|");
-            if (len == n && len < k->size && !strncasecmp(p, s, n)) {
-                memset(field, 0, k->size);
-                memcpy(field, p, len); /* the canonical (list) spelling */
+        /* Any case; what is stored is the value, which the dump writes
+         * back in the list's spelling. */
+        for (size_t i = 0; i < k->n_choices; i++) {
+            if (ieq(k->choices[i].name, s, n)) {
+                memcpy(field, &k->choices[i].value, sizeof(int));
                 return 0;
             }
-            p += len + (p[len] == '|');
         }
         return expected(err, err_len, w, k, what, s, n, NULL);
     case T_ILIST:
@@ -750,7 +791,9 @@ static int parse_value(const kdesc *k, const char *s, ds_conf *c, char *err, siz
 
 /* The value of key k in *c as the text the loader accepts. out must hold
  * DS_CONF_LINE_MAX bytes. Returns -EINVAL when the field cannot be formatted
- * (a string without its NUL, a list count out of range). */
+ * (a string without its NUL, a list count out of range), and -ERANGE for an
+ * enum value that is not in the key's list (out then holds the number, for
+ * the error message). */
 static int format_value(const kdesc *k, const ds_conf *c, char *out, size_t n)
 {
     const char *field = (const char *)c + k->off;
@@ -758,11 +801,22 @@ static int format_value(const kdesc *k, const ds_conf *c, char *out, size_t n)
     out[0] = '\0';
     switch (k->type) {
     case T_STR:
-    case T_ENUM:
         if (!memchr(field, '\0', k->size))
             return -EINVAL;
         snprintf(out, n, "%s", field);
         return 0;
+    case T_ENUM: {
+        int v;
+        memcpy(&v, field, sizeof(v));
+        for (size_t i = 0; i < k->n_choices; i++) {
+            if (k->choices[i].value == v) {
+                snprintf(out, n, "%s", k->choices[i].name);
+                return 0;
+            }
+        }
+        snprintf(out, n, "%d", v);
+        return -ERANGE;
+    }
     case T_INT: {
         int64_t v;
         memcpy(&v, field, sizeof(v));
@@ -1234,6 +1288,17 @@ out_free:
 
 /* ---- check -------------------------------------------------------------- */
 
+/* The name of value v of enum key section.name ("?" if not in its list).
+ * From conf's own table: conf/ includes the modules' lists, not their code. */
+static const char *choice_name(const char *section, const char *name, int v)
+{
+    int k = find_key(section, name);
+    for (size_t i = 0; k >= 0 && i < keys[k].n_choices; i++)
+        if (keys[k].choices[i].value == v)
+            return keys[k].choices[i].name;
+    return "?";
+}
+
 int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
 {
     if (!c)
@@ -1242,8 +1307,8 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
     /* Each key on its own: format the field, parse it back as the loader
      * would (trimmed), and format the result again. The value is valid when
      * it parses, and canonical when both texts agree, which is what makes
-     * the dump load back to the same struct (an enum in the wrong case or a
-     * path with a trailing blank would not). */
+     * the dump load back to the same struct (a path with a trailing blank
+     * would not). */
     char *text = malloc(DS_CONF_LINE_MAX), *again = malloc(DS_CONF_LINE_MAX);
     ds_conf *scratch = calloc(1, sizeof(*scratch));
     int rc = 0;
@@ -1254,7 +1319,9 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
     }
     for (size_t i = 0; i < NKEYS; i++) {
         const kdesc *k = &keys[i];
-        if (format_value(k, c, text, DS_CONF_LINE_MAX)) {
+        /* An enum value outside its list (-ERANGE) is formatted as a number,
+         * which the parse below refuses with the key's choices. */
+        if (format_value(k, c, text, DS_CONF_LINE_MAX) == -EINVAL) {
             rc = fail(err, err_len, NULL, "%s.%s: corrupt value (unterminated text or bad count)",
                       k->section, k->name);
             goto out_free;
@@ -1276,14 +1343,14 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
         }
     }
 
-    if (!strcmp(c->gossip.mix, "crossover") && strcmp(c->sparsify.method, "none")) {
+    if (c->gossip.mix == DS_MIX_CROSSOVER && c->sparsify.method != DS_SPARSIFY_NONE) {
         rc = fail(err, err_len, NULL,
                   "gossip.mix = crossover requires sparsify.method = none (crossover mixing is "
                   "dense only), found sparsify.method = %s",
-                  c->sparsify.method);
+                  choice_name("sparsify", "method", (int)c->sparsify.method));
         goto out_free;
     }
-    if (!strcmp(c->security.mode, "none")) {
+    if (c->security.mode == DS_SEC_NONE) {
         ds_hostport hp;
         const char *bad = NULL, *bad_key = NULL;
         if (ds_hostport_parse(c->node.listen, &hp) || !ds_host_is_loopback(hp.host))

@@ -12,8 +12,9 @@
  *   int       int64_t key
  *   float     double key                           always finite
  *   bool      bool key
- *   enum      char key[DS_CONF_ENUM_MAX]           one of the listed names,
- *                                                  lower case, exactly
+ *   enum      enum <type> key                      a value of the key's list
+ *                                                  (conf/keys.h names the list
+ *                                                  and its enum type)
  *   int list  int64_t key[DS_CONF_LIST_MAX]; int key_count;
  *   str list  char key[DS_CONF_LIST_MAX][DS_CONF_STR_MAX]; int key_count;
  *
@@ -26,6 +27,11 @@
  * Every error is ONE line in err, "FILE:LINE: section.key: expected <what>,
  * found '<text>'" and friends (docs/config.md lists them), and a failed call
  * leaves *c exactly as it was.
+ *
+ * An enum key is parsed once, here: its field holds the C enum of the module
+ * that gives the choices a meaning (c->sparsify.method is an enum
+ * ds_sparsify_method, c->security.mode an enum ds_sec_mode), so consumers
+ * use the value as it is and never parse the name again.
  *
  * Relative paths in the config are kept as written; node/ resolves them
  * against its working directory (docs/config.md).
@@ -42,7 +48,6 @@
 #include "conf/keys.h"
 
 #define DS_CONF_STR_MAX 256  /* bytes of a str field, NUL included */
-#define DS_CONF_ENUM_MAX 32  /* bytes of an enum field, NUL included */
 #define DS_CONF_LIST_MAX 16  /* items of a list field */
 #define DS_CONF_LINE_MAX 8192 /* longest line of a config file */
 #define DS_CONF_FILE_MAX (1 << 20) /* largest config file, bytes */
@@ -53,7 +58,7 @@
 #define DS_CONF_FIELD_INT(sec, key, def, min, max, help) int64_t key;
 #define DS_CONF_FIELD_FLOAT(sec, key, def, min, max, bounds, help) double key;
 #define DS_CONF_FIELD_BOOL(sec, key, def, help) bool key;
-#define DS_CONF_FIELD_ENUM(sec, key, def, choices, help) char key[DS_CONF_ENUM_MAX];
+#define DS_CONF_FIELD_ENUM(sec, key, def, etype, list, help) etype key;
 #define DS_CONF_FIELD_ILIST(sec, key, def, imin, imax, cmin, cmax, help) \
     int64_t key[DS_CONF_LIST_MAX]; \
     int key##_count;
@@ -97,8 +102,11 @@ int ds_conf_set(ds_conf *c, const char *assignment, char *err, size_t err_len);
 int ds_conf_check(const ds_conf *c, char *err, size_t err_len);
 
 /* Write *c as ini text (every key, in list order) that ds_conf_load turns
- * back into an identical struct when loaded over ds_conf_defaults. 0, or
- * -EIO when writing to out failed. out is borrowed. */
+ * back into an identical struct when loaded over ds_conf_defaults. 0, -EIO
+ * when writing to out failed, -ENOMEM, or -EINVAL (after writing the rest) when a
+ * field cannot be formatted (text without its NUL, a list count out of
+ * range, an enum value outside its list): that key is written as
+ * "key = <corrupt value>", which the loader refuses. out is borrowed. */
 int ds_conf_dump(const ds_conf *c, FILE *out);
 
 /* One line per key: section.key, type, default, constraint, help. */

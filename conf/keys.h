@@ -7,7 +7,8 @@
  * reads c->train.lr); conf.c expands it into the key table that drives the
  * ini handler, the per-key validation, the dump and the help text. Adding a
  * key is one line here, one row in docs/config.md and one case in
- * tests/test_conf.c (the test refuses a key it has no case for).
+ * tests/test_conf.c (the test refuses a key it has no case for); an enum
+ * key also needs a consumer case in tests/test_conf_choices.c.
  *
  * Each section has its own list, DS_CONF_KEYS_<section>(X), so the struct can
  * be generated section by section; DS_CONF_SECTIONS(S, X) names the sections
@@ -22,7 +23,12 @@
  *            bounds is "[]", "(]", "[)" or "()": which ends are inclusive;
  *            max == DBL_MAX means no upper bound
  *   X(BOOL,  section, key, "default", "help")
- *   X(ENUM,  section, key, "default", "choice|choice|...", "help")
+ *   X(ENUM,  section, key, "default", enum type, LIST, "help")
+ *            LIST is the X-macro list of the choices, X(enumerator, value,
+ *            "name") each, kept by the module that gives them a meaning
+ *            (sparsify/, topology/, kernels/, base/log.h) or, for parts of
+ *            node/, in conf/choices.h; enum type is the enum it generates,
+ *            the type of the field in ds_conf
  *   X(ILIST, section, key, "default", item_min, item_max, count_min, count_max, "help")
  *   X(SLIST, section, key, "default", CHECK, count_min, count_max, "help")
  *
@@ -30,9 +36,18 @@
  * config file, so a default can never be something a user could not write.
  * The min/max expressions use <stdint.h> and <float.h> names; the files that
  * expand this list include those headers.
+ *
+ * The headers below are included for their choice lists and enums only
+ * (macros and types): conf/ links none of those modules.
  */
 #ifndef DS_CONF_KEYS_H
 #define DS_CONF_KEYS_H
+
+#include "base/log.h"           /* DS_LOG_LEVELS */
+#include "conf/choices.h"       /* DS_MIXES, DS_SEC_MODES, DS_MODELS, DS_LR_SCHEDULES */
+#include "kernels/kernels.h"    /* DS_OPS_BACKENDS */
+#include "sparsify/sparsify.h"  /* DS_SPARSIFY_METHODS */
+#include "topology/topology.h"  /* DS_TOPO_KINDS */
 
 #define DS_CONF_SECTIONS(S, X) \
     S(node, X) \
@@ -53,7 +68,7 @@
       "nodes with the same group all-reduce gradients every step; empty = a group of its own") \
     X(STR, node, data_dir, ".", NONEMPTY, \
       "directory for this node's outputs and state") \
-    X(ENUM, node, log_level, "info", "error|warn|info|debug", \
+    X(ENUM, node, log_level, "info", enum ds_log_level, DS_LOG_LEVELS, \
       "log threshold")
 
 #define DS_CONF_KEYS_cluster(X) \
@@ -73,9 +88,9 @@
       "wait until this many members are alive before the first training step")
 
 #define DS_CONF_KEYS_train(X) \
-    X(ENUM, train, backend, "auto", "auto|cpu|cuda", \
+    X(ENUM, train, backend, "auto", enum ds_ops_backend, DS_OPS_BACKENDS, \
       "compute backend; auto = CUDA when a device answers, else the CPU") \
-    X(ENUM, train, model, "mlp", "mlp", \
+    X(ENUM, train, model, "mlp", enum ds_model_kind, DS_MODELS, \
       "model architecture") \
     X(ILIST, train, hidden, "256,256", 1, 65536, 1, 8, \
       "hidden layer sizes of the MLP") \
@@ -91,7 +106,7 @@
       "L2 weight decay") \
     X(BOOL, train, nesterov, "false", \
       "Nesterov momentum (needs momentum > 0)") \
-    X(ENUM, train, lr_schedule, "cosine", "constant|cosine", \
+    X(ENUM, train, lr_schedule, "cosine", enum ds_lr_schedule, DS_LR_SCHEDULES, \
       "learning rate after the warm-up: constant, or cosine decay to 0 at train.steps") \
     X(INT, train, warmup_steps, "0", 0, INT64_MAX, \
       "steps of linear learning-rate warm-up; 0 = none") \
@@ -105,7 +120,7 @@
       "BLAS threads of the CPU backend")
 
 #define DS_CONF_KEYS_sparsify(X) \
-    X(ENUM, sparsify, method, "micro", "none|random|topk|threshold|sage|micro|deft", \
+    X(ENUM, sparsify, method, "micro", enum ds_sparsify_method, DS_SPARSIFY_METHODS, \
       "sparsifier for what a node sends; none = dense") \
     X(FLOAT, sparsify, density, "0.01", 0, 1, "(]", \
       "fraction of a segment's values sent per exchange") \
@@ -115,9 +130,9 @@
       "starting threshold; 0 = automatic (exact k-th largest |v| of the first call)")
 
 #define DS_CONF_KEYS_gossip(X) \
-    X(ENUM, gossip, topology, "crossover", "crossover|ring|exponential|random|allreduce", \
+    X(ENUM, gossip, topology, "crossover", enum ds_topo_kind, DS_TOPO_KINDS, \
       "who exchanges with whom each round; allreduce = dense all-reduce baseline, no gossip") \
-    X(ENUM, gossip, mix, "pairwise", "pairwise|crossover", \
+    X(ENUM, gossip, mix, "pairwise", enum ds_mix, DS_MIXES, \
       "mixing rule; crossover is dense only (sparsify.method = none)") \
     X(FLOAT, gossip, weight, "0.3333333333", 0, 0.5, "(]", \
       "pairwise mixing weight w") \
@@ -139,7 +154,7 @@
       "cap on bytes in flight to one peer, in MiB")
 
 #define DS_CONF_KEYS_security(X) \
-    X(ENUM, security, mode, "encrypt", "encrypt|auth|none", \
+    X(ENUM, security, mode, "encrypt", enum ds_sec_mode, DS_SEC_MODES, \
       "encrypt = AEAD on every message; auth = authenticate only; none = only if every address is loopback")
 
 #define DS_CONF_KEYS_status(X) \

@@ -135,10 +135,36 @@ void ds_ops_init_cpu(ds_ops *ops);
  * why[0..why_len). */
 int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len);
 
-/* Choose a backend by name: "auto" (CUDA when a device answers, else CPU),
- * "cpu" or "cuda". Returns 0, -ENODEV when "cuda" was asked for and is not
- * available, -EINVAL for an unknown name; `why` receives a one-line note
- * for the log either way (e.g. why auto chose the CPU). */
+/* The backends one can ask for, in the order the config and the help list
+ * them: X(enumerator, value, name). auto is CUDA when a device answers,
+ * else the CPU. This list is the only place a backend choice is named: it
+ * generates enum ds_ops_backend and the names ds_ops_backend_name() and
+ * ds_ops_init() use, and conf/keys.h takes train.backend's choices from it.
+ * (enum ds_backend_kind above is what a filled table is, never auto.) */
+#define DS_OPS_BACKENDS(X) \
+    X(DS_OPS_AUTO, 0, "auto") \
+    X(DS_OPS_CPU, 1, "cpu") \
+    X(DS_OPS_CUDA, 2, "cuda")
+
+#define DS_OPS_ENUMERATOR_(e, v, name) e = v,
+enum ds_ops_backend { DS_OPS_BACKENDS(DS_OPS_ENUMERATOR_) };
+#undef DS_OPS_ENUMERATOR_
+
+/* The name of b in DS_OPS_BACKENDS (static string), or "?" for a value
+ * not in the list (which ds_ops_init refuses). */
+const char *ds_ops_backend_name(enum ds_ops_backend b);
+
+/* The backend named s (exactly, lower case), or -EINVAL (also for NULL). */
+int ds_ops_backend_parse(const char *s);
+
+/* Fill *ops with the backend b asks for. Returns 0, -ENODEV when cuda was
+ * asked for and is not available, -EINVAL for a value not in
+ * DS_OPS_BACKENDS; `why` receives a one-line note for the log either way
+ * (e.g. why auto chose the CPU). */
+int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, char *why, size_t why_len);
+
+/* ds_ops_init_backend() for the backend named `backend` ("auto", "cpu" or
+ * "cuda"); an unknown name is -EINVAL with the choices in `why`. */
 int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len);
 
 /* Threads OpenBLAS may use for the CPU GEMM (1 = the caller's thread). */

@@ -89,7 +89,7 @@ static int cmd_run(int argc, char **argv)
     }
     if (load_config(&c, path, nset, sets) < 0)
         return 2;
-    ds_log_setup(c.node.name, (enum ds_log_level)ds_log_level_parse(c.node.log_level), NULL);
+    ds_log_setup(c.node.name, c.node.log_level, NULL);
     if (ds_cpu_mask_error())
         ds_warn("kernels", "%s", ds_cpu_mask_error());
     return ds_node_run(&c);

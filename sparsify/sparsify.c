@@ -58,9 +58,20 @@
 #define SP_RNG_DOMAIN 0x64732d7370617273ull
 #define SAGE_MAX_SAMPLES 400
 
+#define METHOD_NAME_(e, v, name) [e] = name,
 static const char *const method_names[DS_SPARSIFY_N_METHODS] = {
-    "none", "random", "topk", "threshold", "sage", "micro", "deft",
+    DS_SPARSIFY_METHODS(METHOD_NAME_)
 };
+#undef METHOD_NAME_
+/* Tables indexed by method (method_names, methods[] below) need each
+ * method's value to be its position in DS_SPARSIFY_METHODS. */
+#define METHOD_POS_(e, v, name) POS_##e,
+enum { DS_SPARSIFY_METHODS(METHOD_POS_) };
+#undef METHOD_POS_
+#define METHOD_AT_POS_(e, v, name) \
+    _Static_assert((int)e == (int)POS_##e, #e " is not at its position");
+DS_SPARSIFY_METHODS(METHOD_AT_POS_)
+#undef METHOD_AT_POS_
 
 const char *ds_sparsify_method_name(int method)
 {

@@ -49,22 +49,30 @@
 
 #include "kernels/select.h"
 
-enum ds_sparsify_method {
-    DS_SPARSIFY_NONE = 0,
-    DS_SPARSIFY_RANDOM,
-    DS_SPARSIFY_TOPK,
-    DS_SPARSIFY_THRESHOLD,
-    DS_SPARSIFY_SAGE,
-    DS_SPARSIFY_MICRO,
-    DS_SPARSIFY_DEFT,
-    DS_SPARSIFY_N_METHODS
-};
+/* The methods, in the order the config and the help list them:
+ * X(enumerator, value, name). This list is the only place a method is
+ * named: it generates the enum below and the name table in sparsify.c, and
+ * conf/keys.h takes sparsify.method's choices from it. */
+#define DS_SPARSIFY_METHODS(X) \
+    X(DS_SPARSIFY_NONE, 0, "none") \
+    X(DS_SPARSIFY_RANDOM, 1, "random") \
+    X(DS_SPARSIFY_TOPK, 2, "topk") \
+    X(DS_SPARSIFY_THRESHOLD, 3, "threshold") \
+    X(DS_SPARSIFY_SAGE, 4, "sage") \
+    X(DS_SPARSIFY_MICRO, 5, "micro") \
+    X(DS_SPARSIFY_DEFT, 6, "deft")
 
-/* "none", "random", "topk", "threshold", "sage", "micro", "deft"; NULL for
- * a value out of range. */
+#define DS_SPARSIFY_ENUMERATOR_(e, v, name) e = v,
+enum ds_sparsify_method {
+    DS_SPARSIFY_METHODS(DS_SPARSIFY_ENUMERATOR_)
+    DS_SPARSIFY_N_METHODS /* the values above are 0..N-1 (sparsify.c checks) */
+};
+#undef DS_SPARSIFY_ENUMERATOR_
+
+/* The method's name in DS_SPARSIFY_METHODS; NULL for a value out of range. */
 const char *ds_sparsify_method_name(int method);
 
-/* The method named s, or -EINVAL. */
+/* The method named s (exactly, lower case), or -EINVAL. */
 int ds_sparsify_method_parse(const char *s);
 
 /* MiCRO restarts from the exact k-th largest |v| when a call would keep

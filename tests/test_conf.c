@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "conf/conf.h"
+#include "helpers/conf_enum_keys.h"
 
 #ifndef DS_CONF_EXAMPLES_DIR
 #error "meson passes DS_CONF_EXAMPLES_DIR"
@@ -327,13 +328,13 @@ Test(conf, defaults_are_the_documented_ones)
     cr_expect_str_eq(c.node.listen, "127.0.0.1:7000");
     cr_expect_str_eq(c.node.group, "");
     cr_expect_str_eq(c.node.data_dir, ".");
-    cr_expect_str_eq(c.node.log_level, "info");
+    cr_expect_eq(c.node.log_level, DS_LOG_INFO);
     cr_expect_str_eq(c.cluster.id, "dsnode");
     cr_expect_eq(c.cluster.seeds_count, 0);
     cr_expect_eq(c.cluster.seed, 1);
     cr_expect_str_eq(c.cluster.key_file, "");
-    cr_expect_str_eq(c.train.backend, "auto");
-    cr_expect_str_eq(c.train.model, "mlp");
+    cr_expect_eq(c.train.backend, DS_OPS_AUTO);
+    cr_expect_eq(c.train.model, DS_MODEL_MLP);
     cr_expect_eq(c.train.hidden_count, 2);
     cr_expect_eq(c.train.hidden[0], 256);
     cr_expect_eq(c.train.hidden[1], 256);
@@ -348,12 +349,12 @@ Test(conf, defaults_are_the_documented_ones)
     cr_expect_eq(c.train.eval_every, 500);
     cr_expect_eq(c.train.log_every, 100);
     cr_expect_eq(c.train.threads, 1);
-    cr_expect_str_eq(c.sparsify.method, "micro");
+    cr_expect_eq(c.sparsify.method, DS_SPARSIFY_MICRO);
     cr_expect_eq(c.sparsify.density, 0.01);
     cr_expect_eq(c.sparsify.error_feedback, true);
     cr_expect_eq(c.sparsify.threshold, 0.0);
-    cr_expect_str_eq(c.gossip.topology, "crossover");
-    cr_expect_str_eq(c.gossip.mix, "pairwise");
+    cr_expect_eq(c.gossip.topology, DS_TOPO_CROSSOVER);
+    cr_expect_eq(c.gossip.mix, DS_MIX_PAIRWISE);
     cr_expect_eq(c.gossip.weight, 0.3333333333);
     cr_expect_eq(c.gossip.segments, 0);
     cr_expect_eq(c.gossip.every, 1);
@@ -362,7 +363,7 @@ Test(conf, defaults_are_the_documented_ones)
     cr_expect_str_eq(c.transport.provider, "tcp");
     cr_expect_eq(c.transport.op_timeout_ms, 5000);
     cr_expect_eq(c.transport.max_inflight_mb, 64);
-    cr_expect_str_eq(c.security.mode, "encrypt");
+    cr_expect_eq(c.security.mode, DS_SEC_ENCRYPT);
     cr_expect_str_eq(c.status.listen, "");
     cr_expect_str_eq(c.status.file, "");
     cr_expect_eq(ds_conf_check(&c, err, sizeof(err)), 0, "%s", err);
@@ -396,6 +397,32 @@ Test(conf, typed_fields_after_load)
     /* Keys the file does not name keep what the struct held. */
     cr_expect_eq(c.train.steps, 3000);
     cr_expect_str_eq(c.node.name, "node0");
+}
+
+Test(conf, enum_fields_hold_the_list_values)
+{
+    /* Any case in, the list's value stored. security.mode's values are not
+     * their positions in the list (encrypt 2, auth 1, none 0). */
+    const char *path = write_file("enums.ini",
+                                  "[node]\nlog_level = Warn\n"
+                                  "[train]\nbackend = CUDA\nlr_schedule = constant\n"
+                                  "[sparsify]\nmethod = DEFT\n"
+                                  "[gossip]\ntopology = Exponential\n"
+                                  "[security]\nmode = none\n");
+    ds_conf c = defaults();
+    char err[DS_CONF_ERR_MAX] = "";
+    cr_assert_eq(ds_conf_load(&c, path, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(c.node.log_level, DS_LOG_WARN);
+    cr_expect_eq(c.train.backend, DS_OPS_CUDA);
+    cr_expect_eq(c.train.lr_schedule, DS_LR_CONSTANT);
+    cr_expect_eq(c.sparsify.method, DS_SPARSIFY_DEFT);
+    cr_expect_eq(c.gossip.topology, DS_TOPO_EXPONENTIAL);
+    cr_expect_eq(c.security.mode, DS_SEC_NONE);
+    cr_expect_eq((int)c.security.mode, 0);
+    cr_assert_eq(ds_conf_set(&c, "security.mode=Auth", err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(c.security.mode, DS_SEC_AUTH);
+    cr_expect_str_eq(dumped(&c, "security.mode"), "auth");
+    cr_expect_str_eq(dumped(&c, "train.backend"), "cuda");
 }
 
 Test(conf, load_over_existing_values)
@@ -893,6 +920,104 @@ Test(conf, dump_round_trip_extremes)
     round_trip(&c);
 }
 
+/* A config with key set to choice i through --set; also_set (NULL or an
+ * assignment) first. */
+static ds_conf with_choice(const enum_key *k, size_t i, const char *also_set)
+{
+    ds_conf c = defaults();
+    char a[256], err[DS_CONF_ERR_MAX] = "";
+    if (also_set)
+        cr_assert_eq(ds_conf_set(&c, also_set, err, sizeof(err)), 0, "%s: %s", also_set, err);
+    snprintf(a, sizeof(a), "%s=%s", k->key, k->names[i]);
+    cr_assert_eq(ds_conf_set(&c, a, err, sizeof(err)), 0, "%s: %s", a, err);
+    cr_assert_eq(k->get(&c), k->values[i], "%s", a);
+    return c;
+}
+
+Test(conf, enum_lists_are_well_formed)
+{
+    cr_assert_gt(NENUM, 0);
+    for (size_t e = 0; e < NENUM; e++) {
+        const enum_key *k = &enum_keys[e];
+        cr_expect_gt(k->n, 0, "%s has no choices", k->key);
+        for (size_t i = 0; i < k->n; i++) {
+            const char *n = k->names[i];
+            /* Written in the list's spelling by the dump, matched in any
+             * case by the loader, joined with '|' in the help and errors. */
+            cr_expect(n[0] != '\0', "%s: choice %zu has no name", k->key, i);
+            for (const char *p = n; *p; p++)
+                cr_expect((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_',
+                          "%s: choice '%s' is not lower-case [a-z0-9_]", k->key, n);
+            for (size_t j = 0; j < i; j++) {
+                cr_expect(strcasecmp(n, k->names[j]) != 0, "%s: '%s' twice", k->key, n);
+                cr_expect_neq(k->values[i], k->values[j], "%s: '%s' and '%s' share a value",
+                              k->key, n, k->names[j]);
+            }
+        }
+    }
+}
+
+Test(conf, enum_choices_in_help_and_errors)
+{
+    /* The help's constraint column and the error's "one of" list every
+     * choice of the list, in its order. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_not_null(f);
+    ds_conf_help(f);
+    fclose(f);
+    for (size_t e = 0; e < NENUM; e++) {
+        const enum_key *k = &enum_keys[e];
+        char joined[512] = "", line_start[64], a[128], want[DS_CONF_ERR_MAX];
+        char err[DS_CONF_ERR_MAX] = "";
+        for (size_t i = 0; i < k->n; i++)
+            snprintf(joined + strlen(joined), sizeof(joined) - strlen(joined), "%s%s",
+                     i ? "|" : "", k->names[i]);
+        snprintf(line_start, sizeof(line_start), "\n%s ", k->key);
+        const char *line = strstr(text, line_start);
+        cr_assert_not_null(line, "%s not in the help", k->key);
+        const char *eol = strchr(line + 1, '\n');
+        char field[64];
+        snprintf(field, sizeof(field), " %s ", joined);
+        const char *at_ = strstr(line, field);
+        cr_expect(at_ && (!eol || at_ < eol), "%s: help does not show %s", k->key, joined);
+        ds_conf c = defaults();
+        snprintf(a, sizeof(a), "%s=no-such-choice", k->key);
+        cr_expect_eq(ds_conf_set(&c, a, err, sizeof(err)), -EINVAL);
+        snprintf(want, sizeof(want), "--set %s: %s: expected one of %s, found 'no-such-choice'", a,
+                 k->key, joined);
+        cr_expect_str_eq(err, want);
+    }
+    free(text);
+}
+
+Test(conf, dump_round_trip_every_choice)
+{
+    for (size_t e = 0; e < NENUM; e++)
+        for (size_t i = 0; i < enum_keys[e].n; i++) {
+            ds_conf c = with_choice(&enum_keys[e], i, NULL);
+            cr_expect_str_eq(dumped(&c, enum_keys[e].key), enum_keys[e].names[i]);
+            round_trip(&c);
+        }
+}
+
+Test(conf, dump_of_an_enum_value_outside_its_list)
+{
+    ds_conf c = defaults();
+    c.gossip.topology = (enum ds_topo_kind)99;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_not_null(f);
+    cr_expect_eq(ds_conf_dump(&c, f), -EINVAL);
+    fclose(f);
+    /* Said in a way the loader refuses too; the other keys are all there. */
+    cr_expect_not_null(strstr(text, "\n[gossip]\ntopology = <corrupt value>\nmix = pairwise\n"),
+                       "%s", text);
+    free(text);
+}
+
 /* ---- check ------------------------------------------------------------------- */
 
 static void expect_check(const ds_conf *c, const char *msg)
@@ -963,8 +1088,11 @@ Test(conf, check_validates_fields_set_by_code)
     c.gossip.timeout_ms = 0;
     expect_check(&c, "gossip.timeout_ms: expected an integer in 1..600000, found '0'");
     c = defaults();
-    strcpy(c.train.backend, "CPU");
-    expect_check(&c, "train.backend: expected one of auto|cpu|cuda, found 'CPU' (not in canonical form)");
+    c.train.backend = (enum ds_ops_backend)7; /* not a value of the list */
+    expect_check(&c, "train.backend: expected one of auto|cpu|cuda, found '7'");
+    c = defaults();
+    c.security.mode = (enum ds_sec_mode)-1;
+    expect_check(&c, "security.mode: expected one of encrypt|auth|none, found '-1'");
     c = defaults();
     strcpy(c.node.data_dir, "/tmp/x ");
     expect_check(&c, "node.data_dir: expected non-empty text, found '/tmp/x ' (not in canonical form)");
@@ -1020,15 +1148,15 @@ static void expect_example(const char *name, void (*more)(const ds_conf *))
 
 static void single_more(const ds_conf *c)
 {
-    cr_expect_str_eq(c->train.backend, "cpu");
+    cr_expect_eq(c->train.backend, DS_OPS_CPU);
     cr_expect_eq(c->train.steps, 3000);
     cr_expect_eq(c->cluster.seeds_count, 0);
 }
 
 static void cluster_more(const ds_conf *c)
 {
-    cr_expect_str_eq(c->gossip.topology, "crossover");
-    cr_expect_str_eq(c->sparsify.method, "micro");
+    cr_expect_eq(c->gossip.topology, DS_TOPO_CROSSOVER);
+    cr_expect_eq(c->sparsify.method, DS_SPARSIFY_MICRO);
     cr_expect_eq(c->sparsify.density, 0.01);
     cr_expect_gt(c->cluster.seeds_count, 0);
 }

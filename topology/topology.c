@@ -33,13 +33,18 @@
 
 #include "topology/topology.h"
 
-static const char *const kind_names[DS_TOPO_KIND_COUNT] = {
-    [DS_TOPO_CROSSOVER] = "crossover",
-    [DS_TOPO_RING] = "ring",
-    [DS_TOPO_EXPONENTIAL] = "exponential",
-    [DS_TOPO_RANDOM] = "random",
-    [DS_TOPO_ALLREDUCE] = "allreduce",
-};
+#define KIND_NAME_(e, v, name) [e] = name,
+static const char *const kind_names[DS_TOPO_KIND_COUNT] = {DS_TOPO_KINDS(KIND_NAME_)};
+#undef KIND_NAME_
+/* kind_names and kind_valid need each kind's value to be its position in
+ * DS_TOPO_KINDS. */
+#define KIND_POS_(e, v, name) POS_##e,
+enum { DS_TOPO_KINDS(KIND_POS_) };
+#undef KIND_POS_
+#define KIND_AT_POS_(e, v, name) \
+    _Static_assert((int)e == (int)POS_##e, #e " is not at its position");
+DS_TOPO_KINDS(KIND_AT_POS_)
+#undef KIND_AT_POS_
 
 static int kind_valid(enum ds_topo_kind k)
 {

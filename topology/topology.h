@@ -83,17 +83,24 @@
 
 /* ---- topologies ------------------------------------------------------------ */
 
-enum ds_topo_kind {
-    DS_TOPO_CROSSOVER = 0,
-    DS_TOPO_RING = 1,
-    DS_TOPO_EXPONENTIAL = 2,
-    DS_TOPO_RANDOM = 3,
-    DS_TOPO_ALLREDUCE = 4,
-};
-#define DS_TOPO_KIND_COUNT 5
+/* The topologies, in the order the config and the help list them:
+ * X(enumerator, value, name). This list is the only place a topology is
+ * named: it generates the enum below and the name table in topology.c, and
+ * conf/keys.h takes gossip.topology's choices from it. */
+#define DS_TOPO_KINDS(X) \
+    X(DS_TOPO_CROSSOVER, 0, "crossover") \
+    X(DS_TOPO_RING, 1, "ring") \
+    X(DS_TOPO_EXPONENTIAL, 2, "exponential") \
+    X(DS_TOPO_RANDOM, 3, "random") \
+    X(DS_TOPO_ALLREDUCE, 4, "allreduce")
+
+#define DS_TOPO_ENUMERATOR_(e, v, name) e = v,
+enum ds_topo_kind { DS_TOPO_KINDS(DS_TOPO_ENUMERATOR_) };
+#undef DS_TOPO_ENUMERATOR_
+/* How many kinds; their values are 0..COUNT-1 (topology.c checks). */
+#define DS_TOPO_ONE_(e, v, name) +1
+#define DS_TOPO_KIND_COUNT (0 DS_TOPO_KINDS(DS_TOPO_ONE_))
 #define DS_TOPO_DEFAULT DS_TOPO_CROSSOVER
-/* For "expected ..." in config errors. */
-#define DS_TOPO_NAMES "crossover, ring, exponential, random or allreduce"
 
 /* Parse a config name (exact, lower case). Returns 0 and sets *out, or
  * -EINVAL for NULL or an unknown name (then *out is left as it was). */

@@ -195,6 +195,8 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     if (!cfg || !layers || n_layers <= 0 || n_params == 0 || !theta || cfg->weight <= 0 ||
         cfg->weight > 0.5f || cfg->timeout_ms <= 0)
         return -EINVAL;
+    if (cfg->mix != DS_MIX_PAIRWISE && cfg->mix != DS_MIX_CROSSOVER)
+        return -EINVAL;
     if (cfg->mix == DS_MIX_CROSSOVER && cfg->method != DS_SPARSIFY_NONE)
         return -EINVAL;
     ds_gossip *g = calloc(1, sizeof(*g));

@@ -39,14 +39,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "conf/choices.h" /* enum ds_mix: gossip.mix's list */
 #include "node/train/model.h"
 #include "sparsify/sparsify.h"
 #include "topology/topology.h"
-
-enum ds_mix {
-    DS_MIX_PAIRWISE = 0,
-    DS_MIX_CROSSOVER = 1,
-};
 
 /* Gossip-level message kinds (the wire layer maps them to its types). */
 enum ds_gmsg_type {

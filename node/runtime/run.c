@@ -68,7 +68,7 @@ static void on_signal(int sig)
 void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
 {
     ds_train_cfg_defaults(t);
-    snprintf(t->backend, sizeof(t->backend), "%s", c->train.backend);
+    snprintf(t->backend, sizeof(t->backend), "%s", ds_ops_backend_name(c->train.backend));
     snprintf(t->dataset_dir, sizeof(t->dataset_dir), "%s", c->train.dataset_dir);
     t->n_hidden = c->train.hidden_count;
     for (int i = 0; i < c->train.hidden_count && i < DS_TRAIN_MAX_HIDDEN; i++)
@@ -79,7 +79,7 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     t->weight_decay = c->train.weight_decay;
     t->nesterov = c->train.nesterov;
     t->warmup_steps = c->train.warmup_steps;
-    t->cosine = !strcmp(c->train.lr_schedule, "cosine");
+    t->cosine = c->train.lr_schedule == DS_LR_COSINE;
     t->total_steps = c->train.steps;
     t->threads = (int)c->train.threads;
     t->init_seed = (uint64_t)c->cluster.seed;
@@ -658,12 +658,7 @@ static int open_net(rt *r, char *err, size_t err_len)
     nc.cluster = c->cluster.id;
     nc.cluster_key = r->have_ck ? &r->ck : NULL;
     nc.allow = r->allow;
-    const int mode = ds_sec_mode_parse(c->security.mode);
-    if (mode < 0) {
-        snprintf(err, err_len, "security.mode: unknown '%s'", c->security.mode);
-        return -EINVAL;
-    }
-    nc.mode = (enum ds_sec_mode)mode;
+    nc.mode = c->security.mode;
     nc.transport.provider = c->transport.provider;
     nc.transport.listen = c->node.listen;
     nc.transport.max_inflight_bytes = (size_t)c->transport.max_inflight_mb << 20;
@@ -892,7 +887,9 @@ static int make_gossip(rt *r, char *err, size_t err_len)
 {
     const ds_conf *c = r->c;
     ds_gossip_cfg gc = {
-        .mix = !strcmp(c->gossip.mix, "crossover") ? DS_MIX_CROSSOVER : DS_MIX_PAIRWISE,
+        .topology = c->gossip.topology,
+        .mix = c->gossip.mix,
+        .method = c->sparsify.method,
         .weight = (float)c->gossip.weight,
         .segments = (int)c->gossip.segments,
         .density = c->sparsify.density,
@@ -902,12 +899,6 @@ static int make_gossip(rt *r, char *err, size_t err_len)
         .node_seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x73707273ull, c->node.name),
         .timeout_ms = (int)c->gossip.timeout_ms,
     };
-    if (ds_topo_parse(c->gossip.topology, &gc.topology) < 0 ||
-        ds_sparsify_method_parse(c->sparsify.method) < 0) {
-        snprintf(err, err_len, "unknown gossip.topology or sparsify.method");
-        return -EINVAL;
-    }
-    gc.method = (enum ds_sparsify_method)ds_sparsify_method_parse(c->sparsify.method);
     r->topo = gc.topology;
     float *theta = host_theta(r);
     int e = ds_gossip_create(&r->gossip, &gc, r->t.model.layer, r->t.model.n_layers,
@@ -1258,8 +1249,9 @@ int ds_node_run(const ds_conf *c)
     char addr[128] = "";
     ds_net_addr(r.net, addr, sizeof(addr));
     ds_info("node", "listening on %s id=%016llx security=%s gossip=%s/%s sparsify=%s density=%g",
-            addr, (unsigned long long)r.id.id, c->security.mode, c->gossip.topology,
-            c->gossip.mix, c->sparsify.method, c->sparsify.density);
+            addr, (unsigned long long)r.id.id, ds_sec_mode_name(c->security.mode),
+            ds_topo_name(c->gossip.topology), ds_mix_name(c->gossip.mix),
+            ds_sparsify_method_name(c->sparsify.method), c->sparsify.density);
 
     if ((e = start_membership(&r, err, sizeof(err))) < 0 ||
         (e = wait_for_cluster(&r, err, sizeof(err))) < 0) {

@@ -68,26 +68,26 @@ int ds_crypto_init(void)
     return sodium_init() < 0 ? -EIO : 0;
 }
 
+#define SEC_MODE_ROW_(e, v, name) {e, name},
+static const struct {
+    enum ds_sec_mode mode;
+    const char *name;
+} sec_modes[] = {DS_SEC_MODES(SEC_MODE_ROW_)};
+#undef SEC_MODE_ROW_
+
 int ds_sec_mode_parse(const char *s)
 {
-    if (!s)
-        return -EINVAL;
-    if (!strcmp(s, "none"))
-        return DS_SEC_NONE;
-    if (!strcmp(s, "auth"))
-        return DS_SEC_AUTH;
-    if (!strcmp(s, "encrypt"))
-        return DS_SEC_ENCRYPT;
+    for (size_t i = 0; s && i < sizeof(sec_modes) / sizeof(sec_modes[0]); i++)
+        if (!strcmp(s, sec_modes[i].name))
+            return (int)sec_modes[i].mode;
     return -EINVAL;
 }
 
 const char *ds_sec_mode_name(enum ds_sec_mode m)
 {
-    switch (m) {
-    case DS_SEC_NONE: return "none";
-    case DS_SEC_AUTH: return "auth";
-    case DS_SEC_ENCRYPT: return "encrypt";
-    }
+    for (size_t i = 0; i < sizeof(sec_modes) / sizeof(sec_modes[0]); i++)
+        if (sec_modes[i].mode == m)
+            return sec_modes[i].name;
     return "?";
 }
 

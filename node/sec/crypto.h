@@ -73,6 +73,7 @@
 
 #include <sodium.h>
 
+#include "conf/choices.h" /* enum ds_sec_mode: security.mode's list */
 #include "node/wire/wire.h"
 
 #define DS_PK_BYTES 32
@@ -87,13 +88,11 @@
  * three quarters so it can do so without a pause. */
 #define DS_SESSION_AESGCM_MAX_BYTES (1ull << 36)
 
-enum ds_sec_mode {
-    DS_SEC_NONE = 0,
-    DS_SEC_AUTH = 1,
-    DS_SEC_ENCRYPT = 2,
-};
-/* "none" | "auth" | "encrypt" -> mode; -EINVAL otherwise. */
+/* The security modes, enum ds_sec_mode, and their names are security.mode's
+ * list, DS_SEC_MODES in conf/choices.h (none 0, auth 1, encrypt 2: the
+ * hello body's mode byte). A name of that list -> mode; -EINVAL otherwise. */
 int ds_sec_mode_parse(const char *s) DS_WUR;
+/* The mode's name in DS_SEC_MODES, or "?" for a value not in it. */
 const char *ds_sec_mode_name(enum ds_sec_mode m);
 
 /* AEADs as bits, so a set fits a handshake byte. */

@@ -1,0 +1,68 @@
+/*
+ * conf/choices.h: the choices of the enum keys that no library module owns.
+ *
+ * An enum key's choices are listed once, by whoever gives them a meaning:
+ * sparsify.method by sparsify/ (DS_SPARSIFY_METHODS), gossip.topology by
+ * topology/ (DS_TOPO_KINDS), train.backend by kernels/ (DS_OPS_BACKENDS),
+ * node.log_level by base/log.h (DS_LOG_LEVELS). The others belong to parts
+ * of node/, which sit above conf/ and cannot be included by it, so their
+ * lists live here and node/ uses the enums generated below:
+ *   key                list             enum                 used by
+ *   gossip.mix         DS_MIXES         enum ds_mix          node/gossip
+ *   security.mode      DS_SEC_MODES     enum ds_sec_mode     node/sec
+ *   train.model        DS_MODELS        enum ds_model_kind   node/runtime (the MLP only)
+ *   train.lr_schedule  DS_LR_SCHEDULES  enum ds_lr_schedule  node/runtime -> node/train
+ *
+ * Every list has the same form, X(enumerator, value, name), in the order
+ * the config's help and its errors list the names. The value is written
+ * out because some of them are more than config: a security mode's value is
+ * the mode byte of the handshake (docs/protocol.md), so it must not change
+ * when the list is reordered.
+ *
+ * This header is plain C with no functions to link: node/ rooms include it
+ * for the enums without depending on the config loader.
+ */
+#ifndef DS_CONF_CHOICES_H
+#define DS_CONF_CHOICES_H
+
+/* gossip.mix: how two nodes combine what they exchanged (docs/gossip.md).
+ * crossover is dense only (ds_conf_check). */
+#define DS_MIXES(X) \
+    X(DS_MIX_PAIRWISE, 0, "pairwise") \
+    X(DS_MIX_CROSSOVER, 1, "crossover")
+
+/* security.mode: what protects every message (docs/security.md). The values
+ * are the hello body's mode byte (docs/protocol.md). */
+#define DS_SEC_MODES(X) \
+    X(DS_SEC_ENCRYPT, 2, "encrypt") \
+    X(DS_SEC_AUTH, 1, "auth") \
+    X(DS_SEC_NONE, 0, "none")
+
+/* train.model: the model architecture. */
+#define DS_MODELS(X) \
+    X(DS_MODEL_MLP, 0, "mlp")
+
+/* train.lr_schedule: the learning rate after the warm-up. */
+#define DS_LR_SCHEDULES(X) \
+    X(DS_LR_CONSTANT, 0, "constant") \
+    X(DS_LR_COSINE, 1, "cosine")
+
+#define DS_CHOICE_ENUMERATOR_(e, v, name) e = v,
+enum ds_mix { DS_MIXES(DS_CHOICE_ENUMERATOR_) };
+enum ds_sec_mode { DS_SEC_MODES(DS_CHOICE_ENUMERATOR_) };
+enum ds_model_kind { DS_MODELS(DS_CHOICE_ENUMERATOR_) };
+enum ds_lr_schedule { DS_LR_SCHEDULES(DS_CHOICE_ENUMERATOR_) };
+#undef DS_CHOICE_ENUMERATOR_
+
+/* The name of a gossip.mix value, or "?" for one not in DS_MIXES. */
+static inline const char *ds_mix_name(enum ds_mix m)
+{
+#define DS_CHOICE_CASE_(e, v, name) case e: return name;
+    switch (m) {
+    DS_MIXES(DS_CHOICE_CASE_)
+    }
+#undef DS_CHOICE_CASE_
+    return "?";
+}
+
+#endif

@@ -1,0 +1,238 @@
+/*
+ * tests/test_conf_choices.c: every choice of every enum key reaches the
+ * module that consumes it, and that module takes it.
+ *
+ * For each enum key of conf/keys.h, every choice goes in as text through
+ * ds_conf_set and comes out as the value node/ hands on; it must pass
+ * ds_conf_check and be taken by the module that gives it a meaning
+ * (sparsify: a sparsifier of that method runs; topology: the round's
+ * schedule is drawn; kernels: an ops table is filled; base/log: a line at
+ * that level is written; node/sec: a session in that mode is set up;
+ * node/gossip: an engine with that mixing rule is created). So no choice
+ * exists that conf accepts and its consumer refuses. The suite fails for
+ * an enum key without a consumer case here. Where node/runtime maps a value
+ * onto the trainer's settings (ds_run_train_cfg), each choice must also map
+ * to settings of its own: a choice the mapping ignores is no choice.
+ *
+ * A binary of its own: it links all of node/ (CUDA and libfabric included),
+ * which would slow every forked test of test_conf.
+ * Run: meson test -C build conf_choices --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "conf/conf.h"
+#include "helpers/conf_enum_keys.h"
+#include "kernels/kernels.h"
+#include "node/gossip/gossip.h"
+#include "node/runtime/run.h"
+#include "node/sec/crypto.h"
+#include "sparsify/sparsify.h"
+#include "topology/topology.h"
+
+/* A config with key set to choice i through --set; also_set (NULL or an
+ * assignment) first. */
+static ds_conf with_choice(const enum_key *k, size_t i, const char *also_set)
+{
+    ds_conf c;
+    char a[256], err[DS_CONF_ERR_MAX] = "";
+    ds_conf_defaults(&c);
+    if (also_set)
+        cr_assert_eq(ds_conf_set(&c, also_set, err, sizeof(err)), 0, "%s: %s", also_set, err);
+    snprintf(a, sizeof(a), "%s=%s", k->key, k->names[i]);
+    cr_assert_eq(ds_conf_set(&c, a, err, sizeof(err)), 0, "%s: %s", a, err);
+    cr_assert_eq(k->get(&c), k->values[i], "%s", a);
+    return c;
+}
+
+typedef struct consumer {
+    const char *key;
+    const char *also_set; /* NULL, or an assignment a cross-key rule needs */
+    void (*take)(const ds_conf *c, const char *name, int value);
+    bool train_cfg;       /* consumed through ds_run_train_cfg */
+} consumer;
+
+/* base/log: ds_log_setup takes the level, and a line at that level is
+ * written and carries the level's name. */
+static void take_log_level(const ds_conf *c, const char *name, int value)
+{
+    char *text = NULL, want[64];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_not_null(f);
+    ds_log_setup("t", c->node.log_level, f);
+    cr_expect(ds_log_enabled(c->node.log_level), "%s", name);
+    ds_log(c->node.log_level, "conf", "choice %s", name);
+    ds_log_setup("t", DS_LOG_WARN, NULL);
+    fclose(f);
+    snprintf(want, sizeof(want), " %s t conf choice %s\n", name, name);
+    cr_expect(text && strstr(text, want), "log level %s (%d) wrote '%s'", name, value, text);
+    cr_expect_eq(ds_log_level_parse(name), value);
+    free(text);
+}
+
+/* kernels: the trainer's backend name, as node/runtime hands it on, and the
+ * value itself, both fill an ops table; cuda may find no device here. */
+static void take_backend(const ds_conf *c, const char *name, int value)
+{
+    ds_train_cfg t;
+    ds_ops ops;
+    char why[256] = "";
+    ds_run_train_cfg(c, &t);
+    cr_expect_str_eq(t.backend, name);
+    int r = ds_ops_init(&ops, t.backend, why, sizeof(why));
+    cr_expect(r == 0 || r == -ENODEV, "backend %s: %d %s", name, r, why);
+    if (r == 0)
+        ds_ops_fini(&ops);
+    r = ds_ops_init_backend(&ops, c->train.backend, why, sizeof(why));
+    cr_expect(r == 0 || r == -ENODEV, "backend %s: %d %s", name, r, why);
+    if (r == 0)
+        ds_ops_fini(&ops);
+    cr_expect_str_eq(ds_ops_backend_name(c->train.backend), name);
+    cr_expect_eq(ds_ops_backend_parse(name), value);
+}
+
+/* node/runtime builds the MLP and nothing else: a second model would need
+ * its own case here and its own trainer settings (checked below). */
+static void take_model(const ds_conf *c, const char *name, int value)
+{
+    cr_expect_eq(c->train.model, DS_MODEL_MLP, "train.model %s: node/runtime builds only the MLP",
+                 name);
+}
+
+/* node/runtime -> node/train: the schedule becomes the trainer's cosine
+ * flag (and each schedule a different trainer, checked below). */
+static void take_lr_schedule(const ds_conf *c, const char *name, int value)
+{
+    ds_train_cfg t;
+    ds_run_train_cfg(c, &t);
+    cr_expect_eq(t.cosine, c->train.lr_schedule == DS_LR_COSINE, "%s", name);
+}
+
+/* sparsify: a sparsifier of that method is created and runs one call. */
+static void take_method(const ds_conf *c, const char *name, int value)
+{
+    ds_sparsify_cfg sc;
+    ds_sparsifier *sp = NULL;
+    float v[64], val[64];
+    uint32_t idx[64];
+    ds_sparsify_result res;
+    for (int i = 0; i < 64; i++)
+        v[i] = (float)((i * 37) % 64) - 31.5f;
+    ds_sparsify_cfg_defaults(&sc, c->sparsify.method);
+    sc.threshold = (float)c->sparsify.threshold;
+    cr_assert_eq(ds_sparsifier_create(&sp, &sc, 64, NULL), 0, "sparsify.method %s", name);
+    cr_expect_eq(ds_sparsifier_method(sp), c->sparsify.method);
+    cr_expect_eq(ds_sparsify_select(sp, v, 64, c->sparsify.density, idx, val, 64, &res), 0, "%s",
+                 name);
+    ds_sparsifier_destroy(&sp);
+    cr_expect_str_eq(ds_sparsify_method_name(value), name);
+    cr_expect_eq(ds_sparsify_method_parse(name), value);
+}
+
+/* topology: the schedule of a round, as a whole and for one node. */
+static void take_topology(const ds_conf *c, const char *name, int value)
+{
+    const ds_topo_key key = {.seed = (uint64_t)c->cluster.seed, .epoch = 1, .round = 3};
+    uint32_t perm[8], scratch[8], answer[8], to, n;
+    cr_expect_eq(ds_topo_targets(c->gossip.topology, &key, 8, perm), 0, "topology %s", name);
+    cr_expect_eq(ds_topo_peers(c->gossip.topology, &key, 8, 2, &to, answer, &n, 8, scratch), 0,
+                 "topology %s", name);
+    enum ds_topo_kind k;
+    cr_expect_eq(ds_topo_parse(name, &k), 0);
+    cr_expect_eq((int)k, value);
+    cr_expect_str_eq(ds_topo_name(c->gossip.topology), name);
+}
+
+/* node/gossip: an engine is created with that mixing rule. */
+static void take_mix(const ds_conf *c, const char *name, int value)
+{
+    ds_layer layer = {.name = "fc1", .off = 0, .len = 64, .in = 7, .out = 8};
+    float theta[64] = {0};
+    ds_gossip_cfg gc = {
+        .topology = c->gossip.topology,
+        .mix = c->gossip.mix,
+        .weight = (float)c->gossip.weight,
+        .segments = (int)c->gossip.segments,
+        .method = c->sparsify.method,
+        .density = c->sparsify.density,
+        .error_feedback = c->sparsify.error_feedback,
+        .seed = (uint64_t)c->cluster.seed,
+        .timeout_ms = (int)c->gossip.timeout_ms,
+    };
+    ds_gossip *g = NULL;
+    cr_expect_eq(ds_gossip_create(&g, &gc, &layer, 1, 64, theta), 0, "gossip.mix %s", name);
+    ds_gossip_destroy(&g);
+    cr_expect_str_eq(ds_mix_name(c->gossip.mix), name);
+}
+
+/* node/sec: a session in that mode is set up, and the mode's name is the
+ * one logs and tools use. */
+static void take_sec_mode(const ds_conf *c, const char *name, int value)
+{
+    ds_session_params p = {.mode = c->security.mode, .aead = DS_AEAD_XCHACHA20};
+    ds_session s;
+    cr_assert_eq(ds_crypto_init(), 0);
+    cr_expect_eq(ds_session_init(&s, &p, NULL, NULL), 0, "security.mode %s", name);
+    ds_session_wipe(&s);
+    cr_expect_str_eq(ds_sec_mode_name(c->security.mode), name);
+    cr_expect_eq(ds_sec_mode_parse(name), value);
+}
+
+static const consumer consumers[] = {
+    {"node.log_level", NULL, take_log_level, false},
+    {"train.backend", NULL, take_backend, true},
+    {"train.model", NULL, take_model, true},
+    {"train.lr_schedule", NULL, take_lr_schedule, true},
+    {"sparsify.method", NULL, take_method, false},
+    {"gossip.topology", NULL, take_topology, false},
+    /* crossover mixing is dense only (ds_conf_check). */
+    {"gossip.mix", "sparsify.method=none", take_mix, false},
+    {"security.mode", NULL, take_sec_mode, false},
+};
+#define NCONSUMERS (sizeof(consumers) / sizeof(consumers[0]))
+
+Test(choices, every_enum_key_has_a_consumer)
+{
+    for (size_t e = 0; e < NENUM; e++) {
+        int n = 0;
+        for (size_t j = 0; j < NCONSUMERS; j++)
+            n += !strcmp(enum_keys[e].key, consumers[j].key);
+        cr_expect_eq(n, 1, "%s has %d consumer cases in tests/test_conf.c (want 1)",
+                     enum_keys[e].key, n);
+    }
+    cr_expect_eq(NCONSUMERS, NENUM, "consumer cases for keys that are not enum keys");
+}
+
+Test(choices, every_choice_is_taken_by_its_consumer)
+{
+    for (size_t j = 0; j < NCONSUMERS; j++) {
+        const consumer *u = &consumers[j];
+        const enum_key *k = NULL;
+        for (size_t e = 0; e < NENUM; e++)
+            if (!strcmp(enum_keys[e].key, u->key))
+                k = &enum_keys[e];
+        cr_assert_not_null(k, "%s is not an enum key", u->key);
+        ds_train_cfg seen[32];
+        cr_assert_leq(k->n, 32);
+        for (size_t i = 0; i < k->n; i++) {
+            ds_conf c = with_choice(k, i, u->also_set);
+            char err[DS_CONF_ERR_MAX] = "";
+            cr_expect_eq(ds_conf_check(&c, err, sizeof(err)), 0, "%s=%s: %s", k->key, k->names[i],
+                         err);
+            u->take(&c, k->names[i], k->values[i]);
+            if (!u->train_cfg)
+                continue;
+            ds_run_train_cfg(&c, &seen[i]);
+            for (size_t m = 0; m < i; m++)
+                cr_expect(memcmp(&seen[m], &seen[i], sizeof(seen[i])) != 0,
+                          "%s: %s and %s give the trainer the same settings", k->key,
+                          k->names[m], k->names[i]);
+        }
+    }
+}

@@ -50,7 +50,6 @@ const char *ds_mship_drop_name(enum ds_mship_drop r)
     return (unsigned)r < DS_MSHIP_DROP__COUNT ? mship_drop_names[r] : "?";
 }
 
-
 const char *ds_mship_drop_text(enum ds_mship_drop r)
 {
     return (unsigned)r < DS_MSHIP_DROP__COUNT ? mship_drop_texts[r] : "?";

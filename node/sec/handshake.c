@@ -292,7 +292,6 @@ static void peer_from(ds_peer_info *p, const ds_wire_hello *b)
     snprintf(p->address, sizeof(p->address), "%s", b->addr);
 }
 
-
 /* WAIT_HELLO: a HELLO from an admitted key that shares an AEAD with us. */
 static enum ds_drop_reason read_hello(ds_hs *hs, const uint8_t *frame, const ds_wire_msg *m)
 {

@@ -531,7 +531,7 @@ Test(crypto, handshake_flip_every_byte_of_every_frame, .timeout = 120)
     ds_allowlist_free(&al);
 }
 
-/* H2 as the protocol defines it, computed here independently of crypto.c. */
+/* H2 as the protocol defines it, computed here independently of handshake.c. */
 static void ack_hash(uint8_t out[32], const uint8_t *hello, size_t hl, const uint8_t *ack)
 {
     const char *label = "dsnode hs v1 ack";

@@ -1,10 +1,11 @@
 /*
- * tests/test_wire.c: the wire format. The header's bytes at their pinned
- * offsets, golden ids (computed independently with Python's hashlib), a
- * round trip of every message type, every sparse encoding on seeded index
- * sets of odd sizes (and the exact-size choice), each malformed class
- * asserted by its drop reason and counted, every truncation of every
- * message type, and seeded garbage (ASan catches any out-of-bounds read).
+ * tests/test_wire.c: the wire format. The header's, the member record's
+ * and the handshake payloads' bytes at their pinned offsets, golden ids
+ * (computed independently with Python's hashlib), a round trip of every
+ * message type, every sparse encoding on seeded index sets of odd sizes
+ * (and the exact-size choice), each malformed class asserted by its drop
+ * reason and counted, every truncation of every message type, and seeded
+ * garbage (ASan catches any out-of-bounds read).
  * Run: meson test -C build wire --verbose
  */
 #include <criterion/criterion.h>
@@ -91,6 +92,140 @@ Test(wire, header_bytes_at_pinned_offsets)
     };
     for (unsigned i = 0; i < DS_WIRE_HDR_SIZE; i++)
         cr_expect_eq(b[i], want[i], "byte %u: %02x want %02x", i, b[i], want[i]);
+}
+
+/* ---- record layouts ------------------------------------------------------------- */
+
+/* The offsets below are the ones docs/protocol.md draws, written out as
+ * numbers rather than taken from member.h and hello.h, so a change to a
+ * pinned layout fails here as well as in its static_asserts. */
+
+static void expect_at(const uint8_t *p, unsigned off, const void *want, size_t n, const char *what)
+{
+    cr_expect_eq(memcmp(p + off, want, n), 0, "%s at %u", what, off);
+}
+
+/* A string field: its bytes, then zeros to the end of the field. */
+static void expect_str_at(const uint8_t *p, unsigned off, const char *s, unsigned field,
+                          const char *what)
+{
+    size_t n = strlen(s);
+    expect_at(p, off, s, n, what);
+    for (unsigned i = (unsigned)n; i < field; i++)
+        cr_expect_eq(p[off + i], 0, "%s padding at %u", what, off + i);
+}
+
+Test(wire, member_record_bytes_at_pinned_offsets)
+{
+    static uint8_t f[DS_WIRE_HDR_SIZE + 272 + DS_WIRE_TAG_SIZE];
+    ds_wire_msg m;
+    size_t len = 0;
+    hdr_fill(&m, DS_MSG_JOIN);
+    for (int k = 0; k < 32; k++)
+        m.u.join.pk[k] = (uint8_t)(0xa0 + k);
+    m.u.join.incarnation = 0x11223344u;
+    m.u.join.state = DS_MEMBER_SUSPECT;
+    m.u.join.effective_round = 0x0102030405060708ull;
+    snprintf(m.u.join.name, sizeof(m.u.join.name), "node-7");
+    snprintf(m.u.join.addr, sizeof(m.u.join.addr), "10.0.0.7:4100");
+    snprintf(m.u.join.group, sizeof(m.u.join.group), "rack2");
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(len, DS_WIRE_HDR_SIZE + 272);
+    const uint8_t *p = f + DS_WIRE_HDR_SIZE;
+    expect_at(p, 0, m.u.join.pk, 32, "pk");
+    static const uint8_t inc[4] = {0x44, 0x33, 0x22, 0x11};
+    expect_at(p, 32, inc, 4, "incarnation");
+    cr_expect_eq(p[36], DS_MEMBER_SUSPECT, "state");
+    cr_expect_eq(p[37], 6, "name_len");
+    cr_expect_eq(p[38], 13, "addr_len");
+    cr_expect_eq(p[39], 5, "group_len");
+    static const uint8_t round[8] = {0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01};
+    expect_at(p, 40, round, 8, "effective_round");
+    expect_str_at(p, 48, "node-7", 64, "name");
+    expect_str_at(p, 112, "10.0.0.7:4100", 128, "addr");
+    expect_str_at(p, 240, "rack2", 32, "group");
+}
+
+static void hello_fill(ds_wire_hello *b)
+{
+    memset(b, 0, sizeof(*b));
+    b->mode = 2;
+    b->aeads = 3;
+    b->admission = 1;
+    for (int k = 0; k < 32; k++) {
+        b->pk[k] = (uint8_t)(0x10 + k);
+        b->eph[k] = (uint8_t)(0x50 + k);
+        b->echo[k] = (uint8_t)(0x90 + k);
+        b->mac[k] = (uint8_t)(0xd0 + k);
+    }
+    for (int k = 0; k < 64; k++)
+        b->sig[k] = (uint8_t)(0x20 + k);
+    snprintf(b->name, sizeof(b->name), "alpha");
+    snprintf(b->addr, sizeof(b->addr), "10.0.0.1:4000");
+}
+
+Test(wire, handshake_payload_bytes_at_pinned_offsets)
+{
+    static uint8_t f[DS_WIRE_HDR_SIZE + 392 + DS_WIRE_TAG_SIZE];
+    ds_wire_msg m;
+    size_t len = 0;
+    const uint8_t *p = f + DS_WIRE_HDR_SIZE;
+
+    /* HELLO_ACK: the body, then echo, sig, mac. */
+    hdr_fill(&m, DS_MSG_HELLO_ACK);
+    hello_fill(&m.u.hello);
+    m.u.hello.aeads = 1;
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(len, DS_WIRE_HDR_SIZE + 392);
+    cr_expect_eq(p[0], 2, "mode");
+    cr_expect_eq(p[1], 1, "aeads");
+    cr_expect_eq(p[2], 1, "admission");
+    cr_expect_eq(p[3], 5, "name_len");
+    cr_expect_eq(p[4], 13, "addr_len");
+    cr_expect(p[5] == 0 && p[6] == 0 && p[7] == 0, "reserved");
+    expect_at(p, 8, m.u.hello.pk, 32, "pk");
+    expect_at(p, 40, m.u.hello.eph, 32, "eph");
+    expect_str_at(p, 72, "alpha", 64, "name");
+    expect_str_at(p, 136, "10.0.0.1:4000", 128, "addr");
+    expect_at(p, 264, m.u.hello.echo, 32, "echo");
+    expect_at(p, 296, m.u.hello.sig, 64, "sig");
+    expect_at(p, 360, m.u.hello.mac, 32, "mac");
+
+    /* HELLO: the body, then sig, mac (no echo). */
+    hdr_fill(&m, DS_MSG_HELLO);
+    hello_fill(&m.u.hello);
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(len, DS_WIRE_HDR_SIZE + 360);
+    cr_expect_eq(p[1], 3, "aeads offered");
+    expect_at(p, 264, m.u.hello.sig, 64, "sig");
+    expect_at(p, 328, m.u.hello.mac, 32, "mac");
+
+    /* HELLO_FIN: echo, sig, mac. */
+    hdr_fill(&m, DS_MSG_HELLO_FIN);
+    for (int k = 0; k < 32; k++) {
+        m.u.fin.echo[k] = (uint8_t)(0x30 + k);
+        m.u.fin.mac[k] = (uint8_t)(0x70 + k);
+    }
+    for (int k = 0; k < 64; k++)
+        m.u.fin.sig[k] = (uint8_t)(0xb0 + k);
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(len, DS_WIRE_HDR_SIZE + 128);
+    expect_at(p, 0, m.u.fin.echo, 32, "echo");
+    expect_at(p, 32, m.u.fin.sig, 64, "sig");
+    expect_at(p, 96, m.u.fin.mac, 32, "mac");
+
+    /* HELLO_REJECT: echo, reason, seven zeros. */
+    hdr_fill(&m, DS_MSG_HELLO_REJECT);
+    for (int k = 0; k < 32; k++)
+        m.u.reject.echo[k] = (uint8_t)(0xc0 + k);
+    m.u.reject.reason = DS_DROP_NOT_ALLOWED;
+    memset(f, 0xee, sizeof(f));
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
+    cr_assert_eq(len, DS_WIRE_HDR_SIZE + 40);
+    expect_at(p, 0, m.u.reject.echo, 32, "echo");
+    cr_expect_eq(p[32], DS_DROP_NOT_ALLOWED, "reason");
+    for (unsigned i = 33; i < 40; i++)
+        cr_expect_eq(p[i], 0, "zero at %u", i);
 }
 
 Test(wire, golden_ids)

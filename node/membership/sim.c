@@ -1,5 +1,15 @@
 /*
- * node/membership/sim.c: the simulated network of sim.h.
+ * node/membership/sim.c: the simulated network of sim.h: many real
+ * membership instances in one process, over a network and a clock that
+ * only exist here.
+ *
+ * This is product code, not a test helper: it is what `dsbench elastic
+ * --fake` runs (tools/dsbench/bench_elastic.c, docs/bench/elastic.md) to
+ * measure detection and convergence at cluster sizes no single machine can
+ * start as processes, and the membership tests run the same simulations.
+ * It moved here from tests/ so the tool links it from the library instead
+ * of compiling test sources. It uses only the public API of membership.h,
+ * like any other owner of an instance.
  *
  * Discrete events: the clock jumps to the earliest of (next frame arrival,
  * next protocol deadline of any running node, next round boundary). Frames

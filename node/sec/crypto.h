@@ -1,59 +1,30 @@
 /*
- * node/sec/crypto.h: identities, admission, the handshake and sealed sessions
- * (design §7), on libsodium. Pure: bytes in, bytes out; the transport moves
- * the frames and owns the timing (deadlines, retries).
+ * node/sec/crypto.h: identities, admission, the handshake and sealed
+ * sessions (design §7), on libsodium. Pure: bytes in, bytes out; the
+ * transport moves the frames and owns the timing (deadlines, retries).
  *
- * Pieces, in the order a node uses them:
+ * This header is the room's umbrella: it includes one header per concern,
+ * and callers may include either it or the one they need. The pieces, in
+ * the order a node uses them:
  *
- *   ds_crypto_init()                  once per process (sodium_init)
- *   ds_identity_load()                the node's Ed25519 key pair (keygen.h
- *                                     writes it; mode 0600 enforced)
- *   ds_cluster_key_load() and/or      admission: a 32-byte pre-shared key
- *   ds_allowlist_load()               (every holder is fully trusted) or a
- *                                     list of admitted public keys (or both:
- *                                     then a peer must pass both)
- *   ds_hs_*                           one handshake per peer connection:
- *                                     three frames HELLO, HELLO_ACK,
- *                                     HELLO_FIN; then a session
- *   ds_session_seal / _open           every later frame, in place
- *   ds_session_seal_ref               the same, the payload's end left where
- *                                     it is (zero-copy sends)
+ *   policy.h     ds_crypto_init() once per process (sodium_init); the
+ *                security modes, AEADs and admission bits peers agree on
+ *   keys.h       ds_identity_load(): the node's Ed25519 key pair (keygen.h
+ *                writes it; mode 0600 enforced); ds_cluster_key_load()
+ *   allow.h      ds_allowlist_load(): the admitted public keys. Admission is
+ *                a 32-byte pre-shared cluster key (every holder is fully
+ *                trusted) or an allow-list, or both (then a peer must pass
+ *                both)
+ *   handshake.h  ds_hs_*: one handshake per peer connection, three frames
+ *                HELLO, HELLO_ACK, HELLO_FIN; then a session
+ *   session.h    ds_session_seal / _open: every later frame, in place;
+ *                ds_session_seal_ref: the same, the payload's end left where
+ *                it is (zero-copy sends)
+ *   replay.h     the session's receive-side replay window
  *
- * Handshake (initiator I, responder R; H = BLAKE2b-256; K = cluster key):
- *
- *   I -> R  HELLO      mode, AEADs offered, admission, I's name, address,
- *                      identity key, fresh X25519 key e_I;
- *                      sig_I(H1), mac_K(H1)    H1 = H("hello" || frame)
- *   R -> I  HELLO_ACK  the same fields for R with the chosen AEAD, fresh
- *                      e_R, echo = H1;
- *                      sig_R(H2), mac_K(H2)    H2 = H("ack" || HELLO || frame)
- *   I -> R  HELLO_FIN  echo = H2;
- *                      sig_I(H3), mac_K(H3)    H3 = H("fin" || HELLO ||
- *                                                     HELLO_ACK || frame)
- *
- * ("frame" is the message's own header and payload up to its signature.)
- * Each hash covers every earlier byte of the handshake: the cluster id, both
- * names, addresses, identity keys and ephemeral keys, the modes and the
- * chosen cipher. Session keys: crypto_kx (I is the client), each direction's
- * key then bound to the transcript: k = BLAKE2b-256(key = kx key, "session"
- * || H3). A replayed HELLO makes R answer with a fresh e_R, and no old
- * HELLO_FIN can sign the new H2 (its echo does not even match: the reason is
- * STALE_HANDSHAKE); a replayed HELLO_ACK fails the same way at I. The HELLO
- * signature lets R reject forged HELLOs before it spends a key exchange; it
- * is not proof of freshness (HELLO_FIN is).
- *
- * Sealing: the 64-byte header is the associated data; the nonce is the
- * header's per-direction seq (1, 2, ...) in little-endian, zero-padded to
- * the cipher's nonce size; the 16-byte tag follows the payload.
- * encrypt: AES-256-GCM when both peers have AES-NI, else XChaCha20-Poly1305.
- * auth:    the same AEAD over an empty message with header || payload as
- *          associated data (payload in clear): AES-GCM's GHASH alone ran at
- *          about 4.7 GB/s here, Poly1305 at 2-3 GB/s (docs/bench/crypto.md).
- * none:    no tag; seq, addressing and replay checks still apply (they catch
- *          accidents, not attackers). Config refuses it off loopback.
- * The receiver keeps a 1024-wide sliding window over seq: a seq seen before
- * is REPLAY, one more than 1023 behind the newest is TOO_OLD. The window
- * moves only after the tag has verified, so forgeries cannot push it.
+ * The protocol is described where it is implemented: the handshake in
+ * handshake.h, sealing in session.h, the replay window in replay.h; the
+ * threat model in docs/security.md and the frames in docs/protocol.md.
  *
  * Secrets (identity, cluster key, ephemeral and session keys) are wiped with
  * sodium_memzero by the *_wipe functions and on every error path.
@@ -67,6 +38,7 @@
 #ifndef DS_NODE_CRYPTO_H
 #define DS_NODE_CRYPTO_H
 
+<<<<<<< HEAD
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -339,5 +311,13 @@ const ds_peer_info *ds_hs_peer(const ds_hs *hs);
 int ds_hs_session(ds_hs *hs, ds_session *s, const ds_wire_limits *lim) DS_WUR;
 /* Wipe every secret in hs. Safe on a zeroed or finished hs. */
 void ds_hs_wipe(ds_hs *hs);
+=======
+#include "node/sec/allow.h"
+#include "node/sec/handshake.h"
+#include "node/sec/keys.h"
+#include "node/sec/policy.h"
+#include "node/sec/replay.h"
+#include "node/sec/session.h"
+>>>>>>> h-sec
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * node/sec/keygen.c: `dsnode keygen` (see keygen.h). The work is in crypto.c;
+ * node/sec/keygen.c: `dsnode keygen` (see keygen.h). The work is in keys.c;
  * this file is argument parsing and messages, kept apart so main.c's
  * command table needs one row and tests can run the command in-process.
  */

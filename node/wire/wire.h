@@ -5,43 +5,21 @@
  * little-endian header, then `payload_len` payload bytes, then (when the
  * session authenticates) a 16-byte tag. This module turns frames into typed
  * messages and back. It is pure: bytes in, bytes out, no sockets, no
- * threads, no allocation. The security layer (node/sec/crypto.h) seals and opens
- * frames in place; the transport moves them.
+ * threads, no allocation. The security layer (node/sec/crypto.h) seals and
+ * opens frames in place; the transport moves them.
  *
- * Why a hand-written codec with explicit shifts instead of packed structs:
- * a struct cast ties the format to one compiler's layout and one CPU's
- * byte order, and it lets a reader touch a field before the length has been
- * checked. Here every field is read with ds_le*() from a byte pointer, and
- * only after the frame length has been checked against the type's rule
- * (docs/protocol.md has the table per type). A packed mirror struct exists
- * solely so static_assert can pin each offset and size at compile time.
+ * This header is the module's API; the byte layouts are pinned in their own
+ * headers, which it includes:
  *
- * Header (all integers little-endian; offsets in bytes):
+ *   node/wire/header.h   the 64-byte header, flags, string-field widths
+ *   node/wire/member.h   the 272-byte member record (membership)
+ *   node/wire/hello.h    the handshake payloads (HELLO ... HELLO_REJECT)
  *
- *    0       4       8               16              24              32
- *    +-------+-+-+---+---------------+---------------+---------------+
- *    | magic |v|t|flg|  cluster id   |    sender     |   receiver    |
- *    +-------+-+-+---+---------------+-------+-------+-------+-------+
- *    |     round     | epoch | segm. | count |pay.len|      seq      |
- *    +---------------+-------+-------+-------+-------+---------------+
- *   32              40      44      48      52      56              64
- *
- *    magic    u32  0x776e7364, the bytes "dsnw"
- *    v        u8   version, DS_WIRE_VERSION
- *    t        u8   message type (enum ds_msg_type)
- *    flg      u16  flags: bits 0-1 index encoding (sparse types only),
- *                  bits 2-3 protection (0 none, 1 auth, 2 encrypt),
- *                  bit 4 MORE (another chunk follows), bits 5-15 zero
- *    cluster  u64  ds_wire_cluster_id(cluster name)
- *    sender   u64  ds_wire_node_id(sender's Ed25519 public key)
- *    receiver u64  same for the receiver; 0 in a HELLO to an unknown peer
- *    round    u64  gossip round the message belongs to
- *    epoch    u32  membership view epoch
- *    segment  u32  segment (or chunk) number
- *    count    u32  element / record / byte count, per type
- *    pay.len  u32  payload bytes (plaintext length, tag not included)
- *    seq      u64  per-direction sequence number, 1, 2, ...; the AEAD
- *                  nonce counter; 0 in handshake frames
+ * and the code is split the same way: header.c (header checks, the length
+ * rule per type), encode.c and decode.c (message codecs), index.c (sparse
+ * index sets), member.c and hello.c (the two record layouts), drop.c (drop
+ * reasons and their counters), wire.c (type names, limits, identifiers).
+ * docs/protocol.md draws every payload.
  *
  * Identifiers: both are the first 8 bytes, read little-endian, of a
  * 16-byte BLAKE2b (libsodium crypto_generichash) of a label and the input:
@@ -53,6 +31,9 @@
  * Errors: every decode failure is one enum ds_drop_reason. The function
  * that returns the reason has already counted it (ds_drop_counters, when
  * given) and written one rate-limited log line, so callers only act on it.
+ *
+ * Threads: every function is pure or works on caller-owned memory, and may
+ * run on any thread; ds_drop_counters are atomic.
  *
  * Run the tests: meson test -C build wire; bench: see docs/bench/crypto.md.
  */
@@ -67,86 +48,15 @@
 
 #include "base/le.h"
 #include "base/log.h"
+#include "node/wire/header.h"
+#include "node/wire/hello.h"
+#include "node/wire/member.h"
 
 #ifndef DS_WUR
 #define DS_WUR __attribute__((warn_unused_result))
 #endif
 
-/* ---- constants ------------------------------------------------------------ */
-
-#define DS_WIRE_MAGIC 0x776e7364u /* "dsnw" as bytes on the wire */
-#define DS_WIRE_VERSION 1u
-#define DS_WIRE_HDR_SIZE 64u
-#define DS_WIRE_TAG_SIZE 16u
-
-/* Field offsets and sizes in the header. */
-enum {
-    DS_WH_MAGIC = 0, DS_WH_MAGIC_SIZE = 4,
-    DS_WH_VERSION = 4, DS_WH_VERSION_SIZE = 1,
-    DS_WH_TYPE = 5, DS_WH_TYPE_SIZE = 1,
-    DS_WH_FLAGS = 6, DS_WH_FLAGS_SIZE = 2,
-    DS_WH_CLUSTER = 8, DS_WH_CLUSTER_SIZE = 8,
-    DS_WH_SENDER = 16, DS_WH_SENDER_SIZE = 8,
-    DS_WH_RECEIVER = 24, DS_WH_RECEIVER_SIZE = 8,
-    DS_WH_ROUND = 32, DS_WH_ROUND_SIZE = 8,
-    DS_WH_EPOCH = 40, DS_WH_EPOCH_SIZE = 4,
-    DS_WH_SEGMENT = 44, DS_WH_SEGMENT_SIZE = 4,
-    DS_WH_COUNT = 48, DS_WH_COUNT_SIZE = 4,
-    DS_WH_PAYLOAD_LEN = 52, DS_WH_PAYLOAD_LEN_SIZE = 4,
-    DS_WH_SEQ = 56, DS_WH_SEQ_SIZE = 8,
-};
-
-/* A mirror of the layout for static_assert only: never cast wire bytes to it. */
-struct __attribute__((packed)) ds_wire_hdr_layout {
-    uint32_t magic;
-    uint8_t version;
-    uint8_t type;
-    uint16_t flags;
-    uint64_t cluster, sender, receiver, round;
-    uint32_t epoch, segment, count, payload_len;
-    uint64_t seq;
-};
-#define DS_WH_PIN(field, OFF) \
-    static_assert(offsetof(struct ds_wire_hdr_layout, field) == OFF, #field " offset"); \
-    static_assert(sizeof(((struct ds_wire_hdr_layout *)0)->field) == OFF##_SIZE, #field " size")
-DS_WH_PIN(magic, DS_WH_MAGIC);
-DS_WH_PIN(version, DS_WH_VERSION);
-DS_WH_PIN(type, DS_WH_TYPE);
-DS_WH_PIN(flags, DS_WH_FLAGS);
-DS_WH_PIN(cluster, DS_WH_CLUSTER);
-DS_WH_PIN(sender, DS_WH_SENDER);
-DS_WH_PIN(receiver, DS_WH_RECEIVER);
-DS_WH_PIN(round, DS_WH_ROUND);
-DS_WH_PIN(epoch, DS_WH_EPOCH);
-DS_WH_PIN(segment, DS_WH_SEGMENT);
-DS_WH_PIN(count, DS_WH_COUNT);
-DS_WH_PIN(payload_len, DS_WH_PAYLOAD_LEN);
-DS_WH_PIN(seq, DS_WH_SEQ);
-static_assert(sizeof(struct ds_wire_hdr_layout) == DS_WIRE_HDR_SIZE, "header size");
-static_assert(DS_WH_SEQ + DS_WH_SEQ_SIZE == DS_WIRE_HDR_SIZE, "header has no tail gap");
-
-/* Flags. */
-#define DS_WF_IDX_MASK 0x0003u
-#define DS_WF_PROT_SHIFT 2
-#define DS_WF_PROT_MASK 0x000cu
-#define DS_WF_MORE 0x0010u
-#define DS_WF_KNOWN 0x001fu
-
-/* Index-set encodings of sparse payloads (flags bits 0-1). */
-enum ds_idx_enc {
-    DS_IDX_DENSE = 0,  /* no index block: count == seg_len, indices 0..n-1 */
-    DS_IDX_RAW = 1,    /* u32 per index */
-    DS_IDX_VARINT = 2, /* LEB128 gaps: first index, then idx[i]-idx[i-1]-1 */
-    DS_IDX_BITMAP = 3, /* one bit per segment element, u32 words, LSB first */
-    DS_IDX_AUTO = 255, /* encode only: pick the smallest by exact size */
-};
-
-/* Protection of a frame (flags bits 2-3); the values equal enum ds_sec_mode. */
-enum ds_wire_prot {
-    DS_PROT_NONE = 0,
-    DS_PROT_AUTH = 1,    /* payload in clear, 16-byte tag over header+payload */
-    DS_PROT_ENCRYPT = 2, /* payload encrypted, tag over header (AD) + payload */
-};
+/* ---- message types ---------------------------------------------------------- */
 
 /* Message types. Handshake types are never sealed. */
 #define DS_MSG_LIST(X) \
@@ -163,20 +73,10 @@ enum ds_msg_type {
 /* "GOSSIP_REQ", ...; "?" for an unknown type. Static storage. */
 const char *ds_msg_type_name(unsigned type);
 
-/* String fields: a length byte plus a zero-padded array on the wire; the
- * bytes are printable ASCII 0x21..0x7e (no spaces: they go into log lines). */
-#define DS_WIRE_NAME_MAX 63  /* node name */
-#define DS_WIRE_ADDR_MAX 127 /* "host:port" or a provider address string */
-#define DS_WIRE_GROUP_MAX 31 /* node.group */
-
-/* Payload sizes of the fixed parts (bytes; docs/protocol.md draws them). */
-#define DS_WIRE_HELLO_BODY 264u    /* shared by HELLO and HELLO_ACK */
-#define DS_WIRE_HELLO_SIZE 360u    /* body + sig(64) + mac(32) */
-#define DS_WIRE_HELLO_ACK_SIZE 392u /* body + echo(32) + sig(64) + mac(32) */
-#define DS_WIRE_HELLO_FIN_SIZE 128u /* echo(32) + sig(64) + mac(32) */
-#define DS_WIRE_HELLO_REJECT_SIZE 40u /* echo(32) + reason(1) + zero(7) */
+/* Payload sizes of the fixed parts (bytes; docs/protocol.md draws them).
+ * The handshake payloads are in node/wire/hello.h, the member record in
+ * node/wire/member.h. */
 #define DS_WIRE_SPARSE_PREFIX 16u  /* seg_len, idx_bytes, aux, reserved */
-#define DS_WIRE_MEMBER_SIZE 272u   /* one member record */
 #define DS_WIRE_CHUNK_PREFIX 48u   /* STATE_CHUNK: total, offset, digest */
 #define DS_WIRE_MAX_HS_FRAME (DS_WIRE_HDR_SIZE + DS_WIRE_HELLO_ACK_SIZE)
 
@@ -298,7 +198,7 @@ static inline unsigned ds_wire_prot(const ds_wire_hdr *h)
     return (h->flags & DS_WF_PROT_MASK) >> DS_WF_PROT_SHIFT;
 }
 
-/* Handshake payloads (filled and checked by node/sec/crypto.c). */
+/* Handshake payloads (filled and checked by node/sec/handshake.c). */
 typedef struct ds_wire_hello {
     uint8_t mode;      /* enum ds_sec_mode of the sender */
     uint8_t aeads;     /* HELLO: offered mask; HELLO_ACK: the chosen one */
@@ -491,16 +391,15 @@ void ds_wire_hdr_encode(const ds_wire_hdr *h, uint8_t out[DS_WIRE_HDR_SIZE]);
  * (+ tag when the protection bits say so), count within its limit, and the
  * payload length against the type's rule. Reads no payload byte. On
  * DS_DROP_NONE *h holds the header. Counts and logs drops. */
+enum ds_drop_reason ds_wire_hdr_decode(const uint8_t *frame, size_t len,
+                                       const ds_wire_limits *lim, ds_wire_hdr *h,
+                                       ds_drop_counters *drops) DS_WUR;
 /* The same checks without counting or logging (for a node's own frames). */
 enum ds_drop_reason ds_wire_hdr_check(const uint8_t *frame, size_t len,
                                       const ds_wire_limits *lim, ds_wire_hdr *h) DS_WUR;
 /* 1 for HELLO, HELLO_ACK, HELLO_FIN, HELLO_REJECT: frames that are never
  * sealed. */
 int ds_wire_is_handshake(unsigned type);
-
-enum ds_drop_reason ds_wire_hdr_decode(const uint8_t *frame, size_t len,
-                                       const ds_wire_limits *lim, ds_wire_hdr *h,
-                                       ds_drop_counters *drops) DS_WUR;
 
 /* Decode a whole frame whose payload is plaintext (as received in `none`
  * mode, or after ds_session_open). Validates everything listed at the top

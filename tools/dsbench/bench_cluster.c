@@ -51,6 +51,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +60,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "conf/conf.h"
 #include "tools/dsbench/bench.h"
@@ -348,20 +351,32 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
     return r->ok ? 0 : -1;
 }
 
-/* A number after "key": in a JSON text; NAN when absent or null. */
-static double json_num(const char *text, const char *key)
+/* The number at key of the JSON object text (torch_ddp.py's last line);
+ * NAN when the text is not a JSON object, or key is absent, null or not a
+ * number. */
+static double json_num(const json_t *doc, const char *key)
 {
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"%s\": ", key);
-    const char *p = strstr(text, pat);
-    if (!p)
-        return NAN;
-    p += strlen(pat);
-    if (!strncmp(p, "null", 4))
-        return NAN;
-    char *end;
-    double v = strtod(p, &end);
-    return end == p ? NAN : v;
+    const json_t *v = json_object_get(doc, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* torch_ddp.py prints one JSON object as its last line: that object, or
+ * NULL (new reference; caller json_decrefs). */
+static json_t *last_json_line(const char *out)
+{
+    const char *end = out + strlen(out);
+    while (end > out && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' '))
+        end--;
+    const char *start = end;
+    while (start > out && start[-1] != '\n')
+        start--;
+    json_error_t jerr;
+    json_t *doc = json_loadb(start, (size_t)(end - start), 0, &jerr);
+    if (doc && !json_is_object(doc)) {
+        json_decref(doc);
+        doc = NULL;
+    }
+    return doc;
 }
 
 static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
@@ -403,20 +418,23 @@ static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
     int ret = ds_proc_capture(argv, (RUN_TIMEOUT_S + 60) * 1000, &out, &etext, &code, err,
                               sizeof(err));
     r->wall_s = ds_bench_now() - t0;
-    if (ret < 0 || code != 0 || !strstr(out, "\"final_acc\"")) {
+    json_t *doc = ret < 0 || code != 0 ? NULL : last_json_line(out);
+    if (!doc || !json_object_get(doc, "final_acc")) {
         fprintf(stderr, "FAILED (%s)\n", ret < 0 ? err : "torch_ddp.py said:");
         tail_lines(etext, 12);
+        json_decref(doc);
         free(out);
         free(etext);
         return -1;
     }
     r->ok = 1;
-    r->t85 = json_num(out, "time_to_target_s");
-    r->train85 = json_num(out, "train_to_target_s");
-    r->steps85 = json_num(out, "steps_to_target");
+    r->t85 = json_num(doc, "time_to_target_s");
+    r->train85 = json_num(doc, "train_to_target_s");
+    r->steps85 = json_num(doc, "steps_to_target");
     r->reached = isfinite(r->t85) ? nodes : 0;
-    r->final_acc = json_num(out, "final_acc");
-    r->samples_per_s = json_num(out, "samples_per_s");
+    r->final_acc = json_num(doc, "final_acc");
+    r->samples_per_s = json_num(doc, "samples_per_s");
+    json_decref(doc);
     fprintf(stderr, "%.0f s: %.0f%% after %.1f s, final %.4f\n", r->wall_s, o->target * 100,
             r->t85, r->final_acc);
     free(out);
@@ -506,6 +524,68 @@ static int find_dslaunch(char *out, size_t len)
     return -ENOENT;
 }
 
+/* The option values as given, before parse_opts checks and fills in the
+ * defaults (borrowed from argv). */
+typedef struct raw_opts {
+    const char *variants, *nets, *scale, *config, *dslaunch, *keep, *scale_variants;
+} raw_opts;
+
+/* getopt_long over argv into o (numbers, flags) and *raw (the lists and
+ * paths). 0, 1 (--help: done) or -EINVAL (the usage said). */
+static int read_opts(opts *o, raw_opts *raw, int argc, char **argv)
+{
+    enum { O_JSON = 256, O_QUICK, O_NO_TORCH, O_ROUNDS, O_STEPS, O_EVAL, O_TARGET,
+           O_VARIANTS, O_NETS, O_SCALE, O_SCALE_VARIANTS, O_CONFIG, O_DSLAUNCH, O_KEEP };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"json", no_argument, NULL, O_JSON},
+        {"quick", no_argument, NULL, O_QUICK},
+        {"no-torch", no_argument, NULL, O_NO_TORCH},
+        {"rounds", required_argument, NULL, O_ROUNDS},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"eval-every", required_argument, NULL, O_EVAL},
+        {"target", required_argument, NULL, O_TARGET},
+        {"variants", required_argument, NULL, O_VARIANTS},
+        {"nets", required_argument, NULL, O_NETS},
+        {"scale", required_argument, NULL, O_SCALE},
+        {"scale-variants", required_argument, NULL, O_SCALE_VARIANTS},
+        {"config", required_argument, NULL, O_CONFIG},
+        {"dslaunch", required_argument, NULL, O_DSLAUNCH},
+        {"keep", required_argument, NULL, O_KEEP},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage(stdout); return 1;
+        case O_JSON: o->json = 1; break;
+        case O_QUICK: o->quick = 1; break;
+        case O_NO_TORCH: o->torch = 0; break;
+        case O_ROUNDS: o->rounds = atoi(optarg); break;
+        case O_STEPS: o->steps = atoi(optarg); break;
+        case O_EVAL: o->eval_every = atoi(optarg); break;
+        case O_TARGET: o->target = atof(optarg); break;
+        case O_VARIANTS: raw->variants = optarg; break;
+        case O_NETS: raw->nets = optarg; break;
+        case O_SCALE: raw->scale = optarg; break;
+        case O_SCALE_VARIANTS: raw->scale_variants = optarg; break;
+        case O_CONFIG: raw->config = optarg; break;
+        case O_DSLAUNCH: raw->dslaunch = optarg; break;
+        case O_KEEP: raw->keep = optarg; break;
+        default: /* an unknown option or a missing value */
+            usage(stderr);
+            return -EINVAL;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int parse_opts(opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof(*o));
@@ -514,47 +594,13 @@ static int parse_opts(opts *o, int argc, char **argv)
     o->steps = -1;
     o->eval_every = 50;
     o->target = 0.85;
-    const char *variants = NULL, *nets = NULL, *scale = NULL, *config = NULL, *dsl = NULL,
-               *keep = NULL, *scale_variants = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (ds_bench_flag_json(a, &o->json))
-            continue;
-        if (!strcmp(a, "--quick"))
-            o->quick = 1;
-        else if (!strcmp(a, "--no-torch"))
-            o->torch = 0;
-        else if (!strcmp(a, "--rounds") && has)
-            o->rounds = atoi(argv[++i]);
-        else if (!strcmp(a, "--steps") && has)
-            o->steps = atoi(argv[++i]);
-        else if (!strcmp(a, "--eval-every") && has)
-            o->eval_every = atoi(argv[++i]);
-        else if (!strcmp(a, "--target") && has)
-            o->target = atof(argv[++i]);
-        else if (!strcmp(a, "--variants") && has)
-            variants = argv[++i];
-        else if (!strcmp(a, "--nets") && has)
-            nets = argv[++i];
-        else if (!strcmp(a, "--scale") && has)
-            scale = argv[++i];
-        else if (!strcmp(a, "--scale-variants") && has)
-            scale_variants = argv[++i];
-        else if (!strcmp(a, "--config") && has)
-            config = argv[++i];
-        else if (!strcmp(a, "--dslaunch") && has)
-            dsl = argv[++i];
-        else if (!strcmp(a, "--keep") && has)
-            keep = argv[++i];
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 1;
-        } else {
-            usage(stderr);
-            return -EINVAL;
-        }
-    }
+    raw_opts raw = {0};
+    const int r = read_opts(o, &raw, argc, argv);
+    if (r != 0)
+        return r;
+    const char *variants = raw.variants, *nets = raw.nets, *scale = raw.scale,
+               *config = raw.config, *dsl = raw.dslaunch, *keep = raw.keep,
+               *scale_variants = raw.scale_variants;
     /* --quick: three variants, two nets, 2 and 4 nodes, fewer steps. */
     if (o->steps < 0)
         o->steps = o->quick ? 400 : 600;

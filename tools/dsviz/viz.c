@@ -551,24 +551,13 @@ static int cmp_docs(const void *a, const void *b)
     return strcmp(((const ds_viz_doc *)a)->name, ((const ds_viz_doc *)b)->name);
 }
 
-int ds_viz_build(ds_viz *v)
+/* Fill the member of every reporting node from its own document. */
+static int build_reporting(ds_viz *v, size_t *mcap)
 {
-    size_t mcap = 0, ecap = 0;
-    free(v->m);
-    free(v->e);
-    v->m = NULL;
-    v->e = NULL;
-    v->n_m = v->n_e = 0;
-    v->n_segments = 0;
-    /* Sorted by name: the output does not depend on the order of sources. */
-    if (v->n_docs > 1)
-        qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);
-
-    /* Reporting nodes first, then every view member. */
     for (size_t d = 0; d < v->n_docs; d++) {
         const json_t *root = v->docs[d].doc;
         const json_t *node = jget(root, "node");
-        int i = member(v, v->docs[d].name, &mcap);
+        int i = member(v, v->docs[d].name, mcap);
         if (i < 0)
             return i;
         ds_viz_member *m = &v->m[i];
@@ -597,6 +586,12 @@ int ds_viz_build(ds_viz *v)
         m->exchanges_ok = jnum(gossip, "exchanges_ok", 0);
         m->exchanges_failed = jnum(gossip, "exchanges_failed", 0);
     }
+    return 0;
+}
+
+/* Add every member some view lists; the worst state any view gives it. */
+static int build_view_members(ds_viz *v, size_t *mcap)
+{
     for (size_t d = 0; d < v->n_docs; d++) {
         const json_t *members = jget(jget(v->docs[d].doc, "view"), "members");
         for (size_t k = 0; k < json_array_size(members); k++) {
@@ -604,7 +599,7 @@ int ds_viz_build(ds_viz *v)
             const char *name = jstr(mv, "name", NULL);
             if (!name || !name[0])
                 continue;
-            int i = member(v, name, &mcap);
+            int i = member(v, name, mcap);
             if (i < 0)
                 return i;
             ds_viz_member *m = &v->m[i];
@@ -622,8 +617,14 @@ int ds_viz_build(ds_viz *v)
         }
     }
 
-    /* Edges: initiator -> target per segment, from the initiator's
-     * document; from the answerer's only when the initiator did not report. */
+    return 0;
+}
+
+/* Edges: initiator -> target per segment, from the initiator's document;
+ * from the answerer's only when the initiator did not report. */
+static int build_edges(ds_viz *v, size_t *mcap)
+{
+    size_t ecap = 0;
     for (size_t d = 0; d < v->n_docs; d++) {
         const json_t *root = v->docs[d].doc;
         const json_t *list = jget(jget(root, "exchanges"), "list");
@@ -640,7 +641,7 @@ int ds_viz_build(ds_viz *v)
             e.round = round;
             const char *to = jstr(x, "initiate_to", "");
             if (to[0]) {
-                int t = member(v, to, &mcap);
+                int t = member(v, to, mcap);
                 if (t < 0)
                     return t;
                 e.from = self;
@@ -658,7 +659,7 @@ int ds_viz_build(ds_viz *v)
                     continue;
                 if (!from[0] || doc_of(v, from) >= 0)
                     continue;
-                int f = member(v, from, &mcap);
+                int f = member(v, from, mcap);
                 if (f < 0)
                     return f;
                 e.from = f;
@@ -672,6 +673,30 @@ int ds_viz_build(ds_viz *v)
             }
         }
     }
+    return 0;
+}
+
+int ds_viz_build(ds_viz *v)
+{
+    size_t mcap = 0;
+    free(v->m);
+    free(v->e);
+    v->m = NULL;
+    v->e = NULL;
+    v->n_m = v->n_e = 0;
+    v->n_segments = 0;
+    /* Sorted by name: the output does not depend on the order of sources. */
+    if (v->n_docs > 1)
+        qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);
+
+    /* Reporting nodes first, then every view member, then the edges. */
+    int e = build_reporting(v, &mcap);
+    if (e == 0)
+        e = build_view_members(v, &mcap);
+    if (e == 0)
+        e = build_edges(v, &mcap);
+    if (e < 0)
+        return e;
     v->built = 1;
     return 0;
 }

@@ -218,6 +218,71 @@ static void tail_lines(const char *text, int n)
 }
 
 /* dslaunch local for one variant / net / size; fills *r from the logs. */
+/* The figures of a finished (or failed) run from its nodes' logs and
+ * models in dir, into *r (r->ok cleared when a node's figures are
+ * missing). */
+static void collect_figures(const opts *o, const ds_conf *c, const char *dir, int nodes,
+                            result *r)
+{
+    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0;
+    int n_acc = 0, n_bpr = 0, n_sps = 0;
+    const char **models = calloc((size_t)nodes, sizeof(char *));
+    char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
+    for (int i = 0; i < nodes; i++) {
+        char logp[PATH_MAX + 192];
+        node_figures f;
+        snprintf(logp, sizeof(logp), "%s/n%d.log", dir, i);
+        if (read_node_log(logp, o->target, &f) < 0) {
+            r->ok = 0;
+            continue;
+        }
+        if (!f.have_summary || !f.have_start)
+            r->ok = 0;
+        if (f.reached) {
+            r->reached++;
+            t85 += f.t85;
+            tr85 += f.train85;
+            st85 += f.steps85;
+        }
+        if (f.have_summary && isfinite(f.test_acc) && f.test_acc >= 0) {
+            acc += f.test_acc;
+            n_acc++;
+        }
+        if (f.have_summary && isfinite(f.bytes_sent) && f.rounds > 0) {
+            bpr += f.bytes_sent / f.rounds;
+            n_bpr++;
+        }
+        /* Samples per second the way DDP's is measured: steps done over
+         * the time from the first step to the last evaluation. */
+        if (f.have_start && f.t_last > 0) {
+            sps += f.last_step * (double)c->train.batch_size / f.t_last;
+            n_sps++;
+        }
+        if (mpath && models) {
+            snprintf(mpath[i], sizeof(mpath[i]), "%s/n%d/model.bin", dir, i);
+            models[i] = access(mpath[i], R_OK) == 0 ? mpath[i] : NULL;
+        }
+    }
+    if (r->reached == nodes) {
+        r->t85 = t85 / nodes;
+        r->train85 = tr85 / nodes;
+        r->steps85 = st85 / nodes;
+    }
+    r->final_acc = n_acc ? acc / n_acc : NAN;
+    r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
+    r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
+    ds_consensus cons = {0, 0, NAN, NAN, NAN};
+    if (models && mpath && ds_consensus_compute(models, nodes, NULL, &cons, NULL) == 0 &&
+        cons.n_models >= 2)
+        r->consensus = cons.rel;
+    free(models);
+    free(mpath);
+    if (r->ok)
+        fprintf(stderr, "%.0f s: %.0f%% after %.1f s (%d/%d nodes), final %.4f, %.0f B/round\n",
+                r->wall_s, o->target * 100, r->t85, r->reached, nodes, r->final_acc,
+                r->bytes_per_round);
+}
+
 static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const char *net,
                        int nodes, int idx, result *r)
 {
@@ -291,63 +356,7 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
         free(etext);
     }
 
-    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0;
-    int n_acc = 0, n_bpr = 0, n_sps = 0;
-    const char **models = calloc((size_t)nodes, sizeof(char *));
-    char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
-    for (int i = 0; i < nodes; i++) {
-        char logp[PATH_MAX + 192];
-        node_figures f;
-        snprintf(logp, sizeof(logp), "%s/n%d.log", dir, i);
-        if (read_node_log(logp, o->target, &f) < 0) {
-            r->ok = 0;
-            continue;
-        }
-        if (!f.have_summary || !f.have_start)
-            r->ok = 0;
-        if (f.reached) {
-            r->reached++;
-            t85 += f.t85;
-            tr85 += f.train85;
-            st85 += f.steps85;
-        }
-        if (f.have_summary && isfinite(f.test_acc) && f.test_acc >= 0) {
-            acc += f.test_acc;
-            n_acc++;
-        }
-        if (f.have_summary && isfinite(f.bytes_sent) && f.rounds > 0) {
-            bpr += f.bytes_sent / f.rounds;
-            n_bpr++;
-        }
-        /* Samples per second the way DDP's is measured: steps done over
-         * the time from the first step to the last evaluation. */
-        if (f.have_start && f.t_last > 0) {
-            sps += f.last_step * (double)c->train.batch_size / f.t_last;
-            n_sps++;
-        }
-        if (mpath && models) {
-            snprintf(mpath[i], sizeof(mpath[i]), "%s/n%d/model.bin", dir, i);
-            models[i] = access(mpath[i], R_OK) == 0 ? mpath[i] : NULL;
-        }
-    }
-    if (r->reached == nodes) {
-        r->t85 = t85 / nodes;
-        r->train85 = tr85 / nodes;
-        r->steps85 = st85 / nodes;
-    }
-    r->final_acc = n_acc ? acc / n_acc : NAN;
-    r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
-    r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
-    ds_consensus cons = {0, 0, NAN, NAN, NAN};
-    if (models && mpath && ds_consensus_compute(models, nodes, NULL, &cons, NULL) == 0 &&
-        cons.n_models >= 2)
-        r->consensus = cons.rel;
-    free(models);
-    free(mpath);
-    if (r->ok)
-        fprintf(stderr, "%.0f s: %.0f%% after %.1f s (%d/%d nodes), final %.4f, %.0f B/round\n",
-                r->wall_s, o->target * 100, r->t85, r->reached, nodes, r->final_acc,
-                r->bytes_per_round);
+    collect_figures(o, c, dir, nodes, r);
     return r->ok ? 0 : -1;
 }
 
@@ -750,6 +759,71 @@ static void goal_out(ds_row *row, const char *goal, double value, const char *wa
     ds_row_end(row);
 }
 
+/* The bytes-per-round table over node counts; *lo and *hi: the smallest
+ * and largest figure of pairwise-micro-1% (for the goal), or +/-inf. */
+static void scale_table(const opts *o, const result *scale_rows, int n_scale_rows, double *lo,
+                        double *hi)
+{
+    ds_row row;
+    ds_row_table(&row, o->json);
+    *lo = INFINITY;
+    *hi = -INFINITY;
+    for (int k = 0; k < n_scale_rows; k++) {
+        const result *r = &scale_rows[k];
+        const double base = scale_rows[k - k % o->n_scale].bytes_per_round;
+        ds_row_str(&row, "variant", r->variant);
+        ds_row_int(&row, "nodes", r->nodes);
+        ds_row_str(&row, "net", r->net);
+        ds_row_num(&row, "bytes_per_node_per_round", r->bytes_per_round, 0);
+        ds_row_num(&row, "vs_first", r->bytes_per_round / base, 3);
+        ds_row_num(&row, "final_acc", r->final_acc, 4);
+        ds_row_num(&row, "time_to_85_s", r->t85, 2);
+        ds_row_str(&row, "status", r->ok ? "ok" : "failed");
+        ds_row_end(&row);
+        if (isfinite(r->bytes_per_round) && !strcmp(r->variant, all_variants[MICRO].name)) {
+            *lo = fmin(*lo, r->bytes_per_round);
+            *hi = fmax(*hi, r->bytes_per_round);
+        }
+    }
+}
+
+/* The goals (issue 5), judged on the loopback rows. */
+static void goals_table(const opts *o, const result *rows, int n_rows, const result *ddp,
+                        double lo, double hi)
+{
+    const result *micro = NULL, *allred = NULL;
+    for (int i = 0; i < n_rows; i++) {
+        if (strcmp(rows[i].net, "loopback"))
+            continue;
+        if (!strcmp(rows[i].variant, all_variants[MICRO].name))
+            micro = &rows[i];
+        if (!strcmp(rows[i].variant, all_variants[ALLRED].name))
+            allred = &rows[i];
+    }
+    if (!o->json)
+        printf("\n");
+    ds_row row;
+    ds_row_table(&row, o->json);
+    const int known = micro && o->torch && ddp->ok && isfinite(micro->t85) && isfinite(ddp->t85);
+    const double s = known ? ddp->t85 / micro->t85 : NAN;
+    goal_out(&row, "pairwise-micro-1% time to 85% vs DDP (x faster)", s, ">= 2", known,
+             known && s >= 2.0);
+    const int known2 = micro && o->torch && ddp->ok && isfinite(micro->train85) &&
+                       isfinite(ddp->train85);
+    const double s2 = known2 ? ddp->train85 / micro->train85 : NAN;
+    goal_out(&row, "same, evaluation time taken out (x faster)", s2, ">= 2", known2,
+             known2 && s2 >= 2.0);
+    const int known3 = micro && allred && isfinite(micro->final_acc) &&
+                       isfinite(allred->final_acc);
+    const double d = known3 ? (micro->final_acc - allred->final_acc) * 100 : NAN;
+    goal_out(&row, "pairwise-micro-1% final acc minus allreduce-dense (pt)", d, ">= -1",
+             known3, known3 && d >= -1.0);
+    const int known4 = o->n_scale >= 2 && isfinite(lo) && lo > 0;
+    const double spread = known4 ? hi / lo : NAN;
+    goal_out(&row, "bytes/node/round, largest / smallest over the node counts", spread,
+             "<= 1.10", known4, known4 && spread <= 1.10);
+}
+
 int ds_bench_cluster(int argc, char **argv)
 {
     opts o;
@@ -853,59 +927,9 @@ int ds_bench_cluster(int argc, char **argv)
         row_out(&row, &rows[i], o.torch ? &ddp : NULL);
     if (!o.json)
         printf("\n");
-    ds_row_table(&row, o.json);
-    double lo = INFINITY, hi = -INFINITY; /* micro's, for the goal */
-    for (int k = 0; k < n_scale_rows; k++) {
-        const result *r = &scale_rows[k];
-        const double base = scale_rows[k - k % o.n_scale].bytes_per_round;
-        ds_row_str(&row, "variant", r->variant);
-        ds_row_int(&row, "nodes", r->nodes);
-        ds_row_str(&row, "net", r->net);
-        ds_row_num(&row, "bytes_per_node_per_round", r->bytes_per_round, 0);
-        ds_row_num(&row, "vs_first", r->bytes_per_round / base, 3);
-        ds_row_num(&row, "final_acc", r->final_acc, 4);
-        ds_row_num(&row, "time_to_85_s", r->t85, 2);
-        ds_row_str(&row, "status", r->ok ? "ok" : "failed");
-        ds_row_end(&row);
-        if (isfinite(r->bytes_per_round) && !strcmp(r->variant, all_variants[MICRO].name)) {
-            lo = fmin(lo, r->bytes_per_round);
-            hi = fmax(hi, r->bytes_per_round);
-        }
-    }
-
-    /* Goals (issue 5), judged on the loopback rows. */
-    const result *micro = NULL, *allred = NULL;
-    for (int i = 0; i < n_rows; i++) {
-        if (strcmp(rows[i].net, "loopback"))
-            continue;
-        if (!strcmp(rows[i].variant, all_variants[MICRO].name))
-            micro = &rows[i];
-        if (!strcmp(rows[i].variant, all_variants[ALLRED].name))
-            allred = &rows[i];
-    }
-    if (!o.json)
-        printf("\n");
-    ds_row_table(&row, o.json);
-    {
-        const int known = micro && o.torch && ddp.ok && isfinite(micro->t85) && isfinite(ddp.t85);
-        const double s = known ? ddp.t85 / micro->t85 : NAN;
-        goal_out(&row, "pairwise-micro-1% time to 85% vs DDP (x faster)", s, ">= 2", known,
-                 known && s >= 2.0);
-        const int known2 = micro && o.torch && ddp.ok && isfinite(micro->train85) &&
-                           isfinite(ddp.train85);
-        const double s2 = known2 ? ddp.train85 / micro->train85 : NAN;
-        goal_out(&row, "same, evaluation time taken out (x faster)", s2, ">= 2", known2,
-                 known2 && s2 >= 2.0);
-        const int known3 = micro && allred && isfinite(micro->final_acc) &&
-                           isfinite(allred->final_acc);
-        const double d = known3 ? (micro->final_acc - allred->final_acc) * 100 : NAN;
-        goal_out(&row, "pairwise-micro-1% final acc minus allreduce-dense (pt)", d, ">= -1",
-                 known3, known3 && d >= -1.0);
-        const int known4 = o.n_scale >= 2 && isfinite(lo) && lo > 0;
-        const double spread = known4 ? hi / lo : NAN;
-        goal_out(&row, "bytes/node/round, largest / smallest over the node counts", spread,
-                 "<= 1.10", known4, known4 && spread <= 1.10);
-    }
+    double lo, hi;
+    scale_table(&o, scale_rows, n_scale_rows, &lo, &hi);
+    goals_table(&o, rows, n_rows, &ddp, lo, hi);
     if (!o.keep)
         remove_tree(o.dir);
     else

@@ -1623,6 +1623,49 @@ static void raise_fd_limit(int nodes)
     }
 }
 
+/* From here on signals are read through a signalfd (returned, or -1 with
+ * errno). SIGPIPE is ignored so that a closed stdout is a write error, not
+ * our death (the nodes get it back at SIG_DFL in proc.c). */
+static int signals_to_fd(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGWINCH);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/* --netns: stale leftovers removed, then every namespace made (recorded in
+ * L->ns for the teardown). 0; -1 when it failed (said); 128 + signal when
+ * a signal came meanwhile. */
+static int netns_up(struct launch *L)
+{
+    char why[700];
+    ds_netns_reap_stale(stderr);
+    if (ds_netns_init(&L->ns, getpid(), L->total, L->netns_rate, why, sizeof(why)) < 0 ||
+        ds_netns_setup(&L->ns, why, sizeof(why)) < 0) {
+        fprintf(stderr, "dslaunch: cannot set up the network namespaces: %s\n", why);
+        return -1;
+    }
+    const int sig = take_signals(L);
+    if (sig) {
+        fprintf(stderr, "dslaunch: interrupted before the nodes started\n");
+        return 128 + sig;
+    }
+    char first[48];
+    ds_netns_addr(0, first, sizeof(first));
+    fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I) on bridge "
+            "%s, %s%s\n", L->total, L->total == 1 ? "" : "s", (int)getpid(), first,
+            L->ns.bridge, L->netns_rate ? "each link limited to " : "no rate limit",
+            L->netns_rate ? L->netns_rate_text : "");
+    return 0;
+}
+
 int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
 {
     struct launch *L = calloc(1, sizeof(*L));
@@ -1639,20 +1682,7 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         goto free_launch;
     }
 
-    /* Signals: from here on, read through a signalfd. SIGPIPE is ignored so
-     * that a closed stdout is a write error, not our death (the nodes get it
-     * back at SIG_DFL in proc.c). */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGWINCH);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    L->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (L->sigfd < 0) {
+    if ((L->sigfd = signals_to_fd()) < 0) {
         fprintf(stderr, "dslaunch: signalfd: %s\n", strerror(errno));
         status = 1;
         goto free_launch;
@@ -1706,25 +1736,10 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         status = 128 + sig;
         goto free_nodes;
     }
-    if (L->netns) {
-        char why[700];
-        ds_netns_reap_stale(stderr);
-        if (ds_netns_init(&L->ns, getpid(), L->total, L->netns_rate, why, sizeof(why)) < 0 ||
-            ds_netns_setup(&L->ns, why, sizeof(why)) < 0) {
-            fprintf(stderr, "dslaunch: cannot set up the network namespaces: %s\n", why);
-            goto teardown;
-        }
-        if ((sig = take_signals(L))) {
-            fprintf(stderr, "dslaunch: interrupted before the nodes started\n");
-            status = 128 + sig;
-            goto teardown;
-        }
-        char first[48];
-        ds_netns_addr(0, first, sizeof(first));
-        fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I) on bridge "
-                "%s, %s%s\n", L->total, L->total == 1 ? "" : "s", (int)getpid(), first,
-                L->ns.bridge, L->netns_rate ? "each link limited to " : "no rate limit",
-                L->netns_rate ? L->netns_rate_text : "");
+    if (L->netns && (ret = netns_up(L)) != 0) {
+        if (ret > 0)
+            status = ret;
+        goto teardown;
     }
     fprintf(stderr, "dslaunch: %d node%s, run directory %s, ports from %d, dsnode %s\n", L->n,
             L->n == 1 ? "" : "s", L->dir, L->nodes[0].port, L->dsnode);

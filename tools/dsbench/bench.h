@@ -2,8 +2,9 @@
  * tools/dsbench/bench.h: what every dsbench command shares.
  *
  * A command is `int ds_bench_<name>(int argc, char **argv)` (argv[0] is the
- * command name), registered in dsbench.c; it reads its options with
- * getopt_long. Results go out as rows: Markdown table rows by default
+ * command name), registered in dsbench.c; it reads its own options
+ * (getopt_long; wire, transport and elastic still by hand, through
+ * ds_bench_flag_json). Results go out as rows: Markdown table rows by default
  * (pasted into docs/benchmarks.md), or with --json one JSON object per row
  * on its own line (jansson; every string escaped, so any bytes give valid
  * JSON). A row is built with ds_row_* calls; keys must come in the same

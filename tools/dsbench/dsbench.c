@@ -1,7 +1,7 @@
 /*
  * tools/dsbench/dsbench.c: benchmark driver. `dsbench <command> [--json]`.
  * Each command lives in bench_<command>.c and reads its own options
- * (getopt_long, argv[0] its name); results are Markdown rows for
+ * (argv[0] its name); results are Markdown rows for
  * docs/benchmarks.md, or JSON lines with --json. dsbench is white-box by
  * declaration (tools/dsbench/meson.build): it links the rooms it measures.
  */

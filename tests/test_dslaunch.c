@@ -492,32 +492,54 @@ Test(dslaunch_parts, json_output)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_assert(!ds_json_is_number(bad[i]), "%s", bad[i]);
 
+    /* dsnode's text as JSON values: control bytes escaped, UTF-8 kept (as
+     * \u escapes: the output is ASCII), bytes that are not UTF-8 read as
+     * Latin-1, numbers passed through when the whole value is one. */
+    json_t *a = json_array();
+    cr_assert_not_null(a);
+    cr_assert_eq(json_array_append_new(a, ds_json_text("a\"b\\c\n\x01\xc3\xa9")), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_text("\xff\x7f")), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_number(0.25)), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_number(NAN)), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_number(INFINITY)), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_number(1.0 / 3)), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_text_or_number("cpu-avx512")), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_text_or_number("123")), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_text_or_number("0.8712")), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_text_or_number("99999999999999999999")), 0);
+    cr_assert_eq(json_array_append_new(a, ds_json_text_or_number("1e999")), 0);
+    json_t *o = json_object();
+    cr_assert_not_null(o);
+    cr_assert_eq(ds_json_set(o, "k\xff", ds_json_text(NULL)), 0);
+    cr_assert_eq(json_array_append_new(a, o), 0);
+
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     cr_assert_not_null(f);
-    fputc('[', f);
-    ds_json_str(f, "a\"b\\c\n\x01\xc3\xa9");
-    fputc(',', f);
-    ds_json_num(f, 0.25);
-    fputc(',', f);
-    ds_json_num(f, NAN);
-    fputc(',', f);
-    ds_json_num(f, INFINITY);
-    fputc(',', f);
-    ds_json_text_or_num(f, "cpu-avx512");
-    fputc(',', f);
-    ds_json_text_or_num(f, "123");
-    fputc(']', f);
+    cr_assert_eq(ds_json_write_line(f, a, 0), 0);
     fclose(f);
-    cr_assert_str_eq(buf, "[\"a\\\"b\\\\c\\n\\u0001\\u00c3\\u00a9\",0.25,null,null,"
-                          "\"cpu-avx512\",123]");
-    jv *v = jparse_all(buf);
-    cr_assert_not_null(v, "our own reader accepts it");
-    cr_assert_eq(v->n, 6);
-    cr_assert_str_eq(v->items[0]->str, "a\"b\\c\n\x01??");
-    jfree(v);
+    cr_assert_str_eq(buf, "[\"a\\\"b\\\\c\\n\\u0001\\u00E9\", \"\\u00FF\x7f\", 0.25, null, null, "
+                          "0.3333333333, \"cpu-avx512\", 123, 0.8712, 1e20, \"1e999\", "
+                          "{\"k\\u00FF\": null}]\n");
+    /* jansson reads back what it wrote, to the same values. */
+    json_error_t jerr;
+    json_t *back = json_loads(buf, 0, &jerr);
+    cr_assert_not_null(back, "%s", jerr.text);
+    cr_assert_str_eq(json_string_value(json_array_get(back, 0)), "a\"b\\c\n\x01\xc3\xa9");
+    cr_assert(json_equal(back, a));
+    json_decref(back);
     free(buf);
+
+    /* compact: no blanks */
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    cr_assert_eq(ds_json_write_line(f, o, 1), 0);
+    fclose(f);
+    cr_assert_str_eq(buf, "{\"k\\u00FF\":null}\n");
+    free(buf);
+    json_decref(a);
 }
 
 Test(dslaunch_parts, consensus_known_values)

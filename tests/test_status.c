@@ -2,9 +2,8 @@
  * tests/test_status.c: node/status, the status page and file (design §10).
  *
  * Suite "status" (meson suite unit), all on 127.0.0.1 in this process:
- *   - the JSON document, parsed back with dsviz's reader (tools/dsviz/
- *     json.h): every field the lead fills comes out where docs/status.md
- *     says, peer-supplied names with quotes, control bytes and invalid
+ *   - the JSON document, parsed back with jansson: every field the lead
+ *     fills comes out where docs/status.md says, peer-supplied names with quotes, control bytes and invalid
  *     UTF-8 still give valid JSON;
  *   - the Prometheus page: every line is a comment or a well-formed sample
  *     of a family declared by TYPE before it, with the values put in;
@@ -22,6 +21,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -36,7 +36,6 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "node/status/status.h"
-#include "tools/dsviz/json.h"
 
 static void setup_log(void)
 {
@@ -120,31 +119,52 @@ static ds_status_snapshot *sample_snapshot(void)
     return s;
 }
 
-static ds_jdoc *parse_or_fail(const char *text, size_t len)
+/* The document, strictly (jansson; duplicate keys refused too). */
+static json_t *parse_or_fail(const char *text, size_t len)
 {
-    char err[200];
-    ds_jdoc *d = NULL;
-    int e = ds_jdoc_parse(text, len, &d, err, sizeof(err));
-    cr_assert_eq(e, 0, "JSON does not parse: %s\n%.400s", err, text);
+    json_error_t err;
+    json_t *d = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    cr_assert_not_null(d, "JSON does not parse: %d:%d: %s\n%.400s", err.line, err.column,
+                       err.text, text);
     return d;
 }
 
-static double num_at(const ds_jv *root, const char *a, const char *b)
+/* The number at key, or dflt when absent or not a number. */
+static double get_num(const json_t *v, const char *key, double dflt)
 {
-    const ds_jv *v = ds_jv_get(root, a);
-    if (b)
-        v = ds_jv_get(v, b);
-    cr_assert_eq(ds_jv_type(v), DS_JNUM, "%s.%s is not a number", a, b ? b : "");
-    return ds_jv_num(v, 0);
+    const json_t *x = json_object_get(v, key);
+    return json_is_number(x) ? json_number_value(x) : dflt;
 }
 
-static const char *str_at(const ds_jv *root, const char *a, const char *b)
+/* The string at key, or dflt when absent or not a string. */
+static const char *get_str(const json_t *v, const char *key, const char *dflt)
 {
-    const ds_jv *v = ds_jv_get(root, a);
+    const char *s = json_string_value(json_object_get(v, key));
+    return s ? s : dflt;
+}
+
+/* 1 / 0 for true / false, else -1. */
+static int get_bool(const json_t *v)
+{
+    return json_is_true(v) ? 1 : json_is_false(v) ? 0 : -1;
+}
+
+static double num_at(const json_t *root, const char *a, const char *b)
+{
+    const json_t *v = json_object_get(root, a);
     if (b)
-        v = ds_jv_get(v, b);
-    cr_assert_eq(ds_jv_type(v), DS_JSTR, "%s.%s is not a string", a, b ? b : "");
-    return ds_jv_str(v, "");
+        v = json_object_get(v, b);
+    cr_assert(json_is_number(v), "%s.%s is not a number", a, b ? b : "");
+    return json_number_value(v);
+}
+
+static const char *str_at(const json_t *root, const char *a, const char *b)
+{
+    const json_t *v = json_object_get(root, a);
+    if (b)
+        v = json_object_get(v, b);
+    cr_assert(json_is_string(v), "%s.%s is not a string", a, b ? b : "");
+    return json_string_value(v);
 }
 
 /* Connect to 127.0.0.1:port (blocking). */
@@ -272,8 +292,8 @@ Test(status, json_has_every_field)
     size_t len;
     cr_assert_eq(ds_status_render_json(s, 1700000000123ull, &text, &len), 0);
     cr_assert_eq(strlen(text), len);
-    ds_jdoc *d = parse_or_fail(text, len);
-    const ds_jv *r = ds_jdoc_root(d);
+    json_t *d = parse_or_fail(text, len);
+    const json_t *r = d;
     cr_expect_eq(num_at(r, "schema", NULL), 1);
     cr_expect_eq(num_at(r, "time_unix_ms", NULL), 1700000000123.0);
     cr_expect_str_eq(str_at(r, "node", "name"), "n0");
@@ -290,31 +310,32 @@ Test(status, json_has_every_field)
     cr_expect_eq(num_at(r, "round", NULL), 12);
     cr_expect_eq(num_at(r, "epoch", NULL), 3);
 
-    const ds_jv *view = ds_jv_get(r, "view");
-    cr_expect_eq(ds_jv_get_num(view, "size", -1), 3);
-    cr_expect_eq(ds_jv_get_num(view, "me", -1), 0);
-    cr_expect_eq(ds_jv_bool(ds_jv_get(view, "truncated"), -1), 0);
-    const ds_jv *mem = ds_jv_get(view, "members");
-    cr_assert_eq(ds_jv_len(mem), 3);
-    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 2), "name", ""), "n2");
-    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 2), "addr", ""), "127.0.0.1:7002");
-    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 2), "state", ""), "suspect");
-    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "group", ""), "rackA");
-    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "id", ""), "0000000000001001");
+    const json_t *view = json_object_get(r, "view");
+    cr_expect_eq(get_num(view, "size", -1), 3);
+    cr_expect_eq(get_num(view, "me", -1), 0);
+    cr_expect_eq(get_bool(json_object_get(view, "truncated")), 0);
+    const json_t *mem = json_object_get(view, "members");
+    cr_assert_eq(json_array_size(mem), 3);
+    cr_expect_str_eq(get_str(json_array_get(mem, 2), "name", ""), "n2");
+    cr_expect_str_eq(get_str(json_array_get(mem, 2), "addr", ""), "127.0.0.1:7002");
+    cr_expect_str_eq(get_str(json_array_get(mem, 2), "state", ""), "suspect");
+    cr_expect_str_eq(get_str(json_array_get(mem, 1), "group", ""), "rackA");
+    cr_expect_str_eq(get_str(json_array_get(mem, 1), "id", ""), "0000000000001001");
 
-    const ds_jv *xs = ds_jv_get(r, "exchanges");
-    cr_expect_eq(ds_jv_get_num(xs, "round", -1), 12);
-    cr_expect_eq(ds_jv_get_num(xs, "segments", -1), 2);
-    const ds_jv *list = ds_jv_get(xs, "list");
-    cr_assert_eq(ds_jv_len(list), 2);
-    const ds_jv *x1 = ds_jv_at(list, 1);
-    cr_expect_eq(ds_jv_get_num(x1, "segment", -1), 1);
-    cr_expect_eq(ds_jv_get_num(x1, "offset", -1), 100);
-    cr_expect_eq(ds_jv_get_num(x1, "length", -1), 10);
-    cr_expect_str_eq(ds_jv_get_str(x1, "initiate_to", ""), "n2");
-    cr_expect_str_eq(ds_jv_str(ds_jv_at(ds_jv_get(x1, "answer_from"), 0), ""), "n1");
-    cr_expect_str_eq(ds_jv_get_str(x1, "outcome", ""), "failed");
-    cr_expect_eq(ds_jv_get_num(ds_jv_at(list, 0), "bytes", -1), 808);
+    const json_t *xs = json_object_get(r, "exchanges");
+    cr_expect_eq(get_num(xs, "round", -1), 12);
+    cr_expect_eq(get_num(xs, "segments", -1), 2);
+    const json_t *list = json_object_get(xs, "list");
+    cr_assert_eq(json_array_size(list), 2);
+    const json_t *x1 = json_array_get(list, 1);
+    cr_expect_eq(get_num(x1, "segment", -1), 1);
+    cr_expect_eq(get_num(x1, "offset", -1), 100);
+    cr_expect_eq(get_num(x1, "length", -1), 10);
+    cr_expect_str_eq(get_str(x1, "initiate_to", ""), "n2");
+    cr_expect_str_eq(json_string_value(json_array_get(json_object_get(x1, "answer_from"), 0)),
+                     "n1");
+    cr_expect_str_eq(get_str(x1, "outcome", ""), "failed");
+    cr_expect_eq(get_num(json_array_get(list, 0), "bytes", -1), 808);
 
     cr_expect_eq(num_at(r, "net", "bytes_sent"), 123456);
     cr_expect_eq(num_at(r, "net", "bytes_received"), 654321);
@@ -323,7 +344,7 @@ Test(status, json_has_every_field)
     cr_expect_eq(num_at(r, "drops", "bad_tag"), 3);
     cr_expect_eq(num_at(r, "drops", "replay"), 4);
     cr_expect_eq(num_at(r, "drops", "short"), 0);
-    cr_expect_null(ds_jv_get(ds_jv_get(r, "drops"), "none"));
+    cr_expect_null(json_object_get(json_object_get(r, "drops"), "none"));
     cr_expect_eq(num_at(r, "drops_total", NULL), 7);
     cr_expect_eq(num_at(r, "gossip", "exchanges_ok"), 20);
     cr_expect_eq(num_at(r, "gossip", "exchanges_failed"), 4);
@@ -331,13 +352,13 @@ Test(status, json_has_every_field)
     cr_expect_eq(num_at(r, "gossip", "max_round_s"), 0.25);
     cr_expect_eq(num_at(r, "gossip_net", "dropped_not_in_view"), 2);
     cr_expect_eq(num_at(r, "transport", "msgs_sent"), 99);
-    cr_expect_eq(ds_jv_get_num(ds_jv_get(ds_jv_get(r, "transport"), "drops"), "late", -1), 5);
+    cr_expect_eq(get_num(json_object_get(json_object_get(r, "transport"), "drops"), "late", -1), 5);
     cr_expect_eq(num_at(r, "membership", "suspect"), 1);
     cr_expect_eq(num_at(r, "membership", "lhm"), 2);
-    cr_expect_eq(ds_jv_get_num(ds_jv_get(ds_jv_get(r, "membership"), "drops"), "forged", -1), 6);
-    cr_expect_eq(
-        ds_jv_get_num(ds_jv_get(ds_jv_get(r, "membership"), "wire_drops"), "bad_field", -1), 8);
-    ds_jdoc_free(&d);
+    const json_t *ms = json_object_get(r, "membership");
+    cr_expect_eq(get_num(json_object_get(ms, "drops"), "forged", -1), 6);
+    cr_expect_eq(get_num(json_object_get(ms, "wire_drops"), "bad_field", -1), 8);
+    json_decref(d);
     free(text);
 
     /* No evaluation yet, not in the view: null. */
@@ -345,9 +366,9 @@ Test(status, json_has_every_field)
     s->view_me = UINT32_MAX;
     cr_assert_eq(ds_status_render_json(s, 0, &text, &len), 0);
     d = parse_or_fail(text, len);
-    cr_expect_eq(ds_jv_type(ds_jv_get(ds_jv_get(ds_jdoc_root(d), "train"), "test_acc")), DS_JNULL);
-    cr_expect_eq(ds_jv_type(ds_jv_get(ds_jv_get(ds_jdoc_root(d), "view"), "me")), DS_JNULL);
-    ds_jdoc_free(&d);
+    cr_expect(json_is_null(json_object_get(json_object_get(d, "train"), "test_acc")));
+    cr_expect(json_is_null(json_object_get(json_object_get(d, "view"), "me")));
+    json_decref(d);
     free(text);
     free(s);
 }
@@ -370,24 +391,24 @@ Test(status, json_escapes_hostile_text)
     char *text;
     size_t len;
     cr_assert_eq(ds_status_render_json(s, 0, &text, &len), 0);
-    ds_jdoc *d = parse_or_fail(text, len);
-    const ds_jv *view = ds_jv_get(ds_jdoc_root(d), "view");
-    const ds_jv *mem = ds_jv_get(view, "members");
-    cr_expect_eq(ds_jv_len(mem), DS_STATUS_MAX_VIEW);
-    cr_expect_eq(ds_jv_bool(ds_jv_get(view, "truncated"), -1), 1);
-    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "name", ""),
+    json_t *d = parse_or_fail(text, len);
+    const json_t *view = json_object_get(d, "view");
+    const json_t *mem = json_object_get(view, "members");
+    cr_expect_eq(json_array_size(mem), DS_STATUS_MAX_VIEW);
+    cr_expect_eq(get_bool(json_object_get(view, "truncated")), 1);
+    cr_expect_str_eq(get_str(json_array_get(mem, 1), "name", ""),
                      "a\"b\\c\nd\x01" "e\xef\xbf\xbd" "f\xc3\xa9");
-    cr_expect_str_eq(ds_jv_get_str(ds_jv_at(mem, 1), "addr", ""),
+    cr_expect_str_eq(get_str(json_array_get(mem, 1), "addr", ""),
                      "</script>\x7f\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
-    cr_expect_eq(strlen(ds_jv_get_str(ds_jv_at(mem, 2), "group", "")), DS_STATUS_GROUP_LEN);
-    const ds_jv *xs = ds_jv_get(ds_jdoc_root(d), "exchanges");
-    cr_expect_eq(ds_jv_bool(ds_jv_get(xs, "truncated"), -1), 1);
-    const ds_jv *x0 = ds_jv_at(ds_jv_get(xs, "list"), 0);
-    cr_expect_str_eq(ds_jv_get_str(x0, "initiate_to", ""), "x\"y");
-    const ds_jv *x1 = ds_jv_at(ds_jv_get(xs, "list"), 1);
-    cr_expect_eq(ds_jv_len(ds_jv_get(x1, "answer_from")), DS_STATUS_MAX_ANSWERS);
-    cr_expect_eq(ds_jv_get_num(x1, "answer_from_count", -1), 99);
-    ds_jdoc_free(&d);
+    cr_expect_eq(strlen(get_str(json_array_get(mem, 2), "group", "")), DS_STATUS_GROUP_LEN);
+    const json_t *xs = json_object_get(d, "exchanges");
+    cr_expect_eq(get_bool(json_object_get(xs, "truncated")), 1);
+    const json_t *x0 = json_array_get(json_object_get(xs, "list"), 0);
+    cr_expect_str_eq(get_str(x0, "initiate_to", ""), "x\"y");
+    const json_t *x1 = json_array_get(json_object_get(xs, "list"), 1);
+    cr_expect_eq(json_array_size(json_object_get(x1, "answer_from")), DS_STATUS_MAX_ANSWERS);
+    cr_expect_eq(get_num(x1, "answer_from_count", -1), 99);
+    json_decref(d);
     free(text);
     free(s);
 }
@@ -539,9 +560,9 @@ Test(status, serves_status_and_metrics)
     /* Before any publish: an initialised document. */
     resp r = get(port, "/status");
     cr_assert_eq(r.code, 200, "%s", r.raw);
-    ds_jdoc *d = parse_or_fail(r.body, r.body_len);
-    cr_expect_str_eq(str_at(ds_jdoc_root(d), "node", "state"), "joining");
-    ds_jdoc_free(&d);
+    json_t *d = parse_or_fail(r.body, r.body_len);
+    cr_expect_str_eq(str_at(d, "node", "state"), "joining");
+    json_decref(d);
     resp_free(&r);
 
     ds_status_snapshot *s = sample_snapshot();
@@ -553,9 +574,9 @@ Test(status, serves_status_and_metrics)
     snprintf(cl, sizeof(cl), "Content-Length: %zu\r\n", r.body_len);
     cr_expect_not_null(strstr(r.raw, cl), "no %s in %.300s", cl, r.raw);
     d = parse_or_fail(r.body, r.body_len);
-    cr_expect_str_eq(str_at(ds_jdoc_root(d), "node", "name"), "n0");
-    cr_expect_eq(num_at(ds_jdoc_root(d), "train", "step"), 120);
-    ds_jdoc_free(&d);
+    cr_expect_str_eq(str_at(d, "node", "name"), "n0");
+    cr_expect_eq(num_at(d, "train", "step"), 120);
+    json_decref(d);
     resp_free(&r);
 
     /* A query string is ignored; HTTP/1.0 works. */
@@ -835,8 +856,8 @@ Test(status, many_concurrent_clients)
             const char *body = strstr(raw, "\r\n\r\n");
             cr_assert_not_null(body);
             if (i % 2 == 0) {
-                ds_jdoc *d = parse_or_fail(body + 4, len - (size_t)(body + 4 - raw));
-                ds_jdoc_free(&d);
+                json_t *d = parse_or_fail(body + 4, len - (size_t)(body + 4 - raw));
+                json_decref(d);
             }
             ok++;
         } else {
@@ -880,14 +901,14 @@ Test(status, publish_while_serving_is_never_torn)
     for (int k = 0; k < 100; k++) {
         resp r = get(port, "/status");
         cr_assert_eq(r.code, 200);
-        ds_jdoc *d = parse_or_fail(r.body, r.body_len);
-        const ds_jv *root = ds_jdoc_root(d);
+        json_t *d = parse_or_fail(r.body, r.body_len);
+        const json_t *root = d;
         const double step = num_at(root, "train", "step");
         if (k > 10) /* the publisher has run by then */
             cr_expect_eq(num_at(root, "round", NULL), step * 7);
-        cr_expect_eq(ds_jv_len(ds_jv_get(ds_jv_get(root, "view"), "members")),
-                     (size_t)ds_jv_get_num(ds_jv_get(root, "view"), "size", -1));
-        ds_jdoc_free(&d);
+        cr_expect_eq(json_array_size(json_object_get(json_object_get(root, "view"), "members")),
+                     (size_t)get_num(json_object_get(root, "view"), "size", -1));
+        json_decref(d);
         resp_free(&r);
     }
     a.stop = 1;
@@ -916,9 +937,9 @@ static double file_step(const char *path)
     char *t = read_text(path, &len);
     if (!t)
         return -1;
-    ds_jdoc *d = parse_or_fail(t, len);
-    const double step = num_at(ds_jdoc_root(d), "train", "step");
-    ds_jdoc_free(&d);
+    json_t *d = parse_or_fail(t, len);
+    const double step = num_at(d, "train", "step");
+    json_decref(d);
     free(t);
     return step;
 }

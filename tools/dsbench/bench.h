@@ -2,40 +2,57 @@
  * tools/dsbench/bench.h: what every dsbench command shares.
  *
  * A command is `int ds_bench_<name>(int argc, char **argv)` (argv[0] is the
- * command name), registered in dsbench.c. Results go out as rows: Markdown
- * table rows by default (pasted into docs/benchmarks.md), or with --json one
- * JSON object per row on its own line. A row is built with ds_row_* calls;
- * keys must come in the same order for every row of one table.
+ * command name), registered in dsbench.c; it reads its own options
+ * (getopt_long; wire, transport and elastic still by hand, through
+ * ds_bench_flag_json). Results go out as rows: Markdown table rows by default
+ * (pasted into docs/benchmarks.md), or with --json one JSON object per row
+ * on its own line (jansson; every string escaped, so any bytes give valid
+ * JSON). A row is built with ds_row_* calls; keys must come in the same
+ * order for every row of one table.
+ *
+ * Not thread-safe: one thread builds and prints a row.
  */
 #ifndef DS_TOOLS_BENCH_H
 #define DS_TOOLS_BENCH_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #define DS_ROW_MAX_FIELDS 32
 
+enum ds_row_kind { DS_ROW_STR, DS_ROW_INT, DS_ROW_NUM };
+
+/* One table's state and the row being built. Plain value; the caller owns
+ * it (usually on its stack). Fields past DS_ROW_MAX_FIELDS are dropped;
+ * keys are cut at 47 bytes, string values at 95. */
 typedef struct ds_row {
     int json;          /* 1: JSON lines; 0: Markdown */
     int header_done;   /* Markdown header printed for this table */
+    FILE *out;         /* where rows go: stdout (ds_row_table), a test may change it */
     int n;
     char key[DS_ROW_MAX_FIELDS][48];
-    char val[DS_ROW_MAX_FIELDS][96];
-    int quoted[DS_ROW_MAX_FIELDS];
+    char val[DS_ROW_MAX_FIELDS][96];   /* the text Markdown shows */
+    enum ds_row_kind kind[DS_ROW_MAX_FIELDS];
+    int64_t ival[DS_ROW_MAX_FIELDS];   /* DS_ROW_INT */
 } ds_row;
 
-/* Start a new table (prints the header again in Markdown mode). */
+/* Start a new table (prints the header again in Markdown mode); rows go to
+ * stdout. */
 void ds_row_table(ds_row *r, int json);
 void ds_row_str(ds_row *r, const char *key, const char *val);
 void ds_row_int(ds_row *r, const char *key, int64_t val);
-/* A number with `prec` digits after the point (JSON gets the same text). */
+/* A number with `prec` digits after the point; JSON gets the same rounded
+ * value (an integer when prec is 0), null when not finite. */
 void ds_row_num(ds_row *r, const char *key, double val, int prec);
-/* Print the row and clear it for the next one. */
-void ds_row_end(ds_row *r);
+/* Print the row and clear it for the next one. 0, or -ENOMEM / -EIO (the
+ * row was not printed whole). */
+int ds_row_end(ds_row *r);
 
 /* Monotonic seconds. */
 double ds_bench_now(void);
 
-/* Common flag parsing: returns 1 and consumes argv[*i] when it is --json. */
+/* For commands that read argv by hand: 1 (and *json = 1) when arg is
+ * --json, else 0. */
 int ds_bench_flag_json(const char *arg, int *json);
 
 /* Path of the directory holding tools/ scripts (from DS_TOOLS_DIR, else the

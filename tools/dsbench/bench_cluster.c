@@ -51,6 +51,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +60,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "conf/conf.h"
 #include "tools/dsbench/bench.h"
@@ -215,6 +218,71 @@ static void tail_lines(const char *text, int n)
 }
 
 /* dslaunch local for one variant / net / size; fills *r from the logs. */
+/* The figures of a finished (or failed) run from its nodes' logs and
+ * models in dir, into *r (r->ok cleared when a node's figures are
+ * missing). */
+static void collect_figures(const opts *o, const ds_conf *c, const char *dir, int nodes,
+                            result *r)
+{
+    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0;
+    int n_acc = 0, n_bpr = 0, n_sps = 0;
+    const char **models = calloc((size_t)nodes, sizeof(char *));
+    char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
+    for (int i = 0; i < nodes; i++) {
+        char logp[PATH_MAX + 192];
+        node_figures f;
+        snprintf(logp, sizeof(logp), "%s/n%d.log", dir, i);
+        if (read_node_log(logp, o->target, &f) < 0) {
+            r->ok = 0;
+            continue;
+        }
+        if (!f.have_summary || !f.have_start)
+            r->ok = 0;
+        if (f.reached) {
+            r->reached++;
+            t85 += f.t85;
+            tr85 += f.train85;
+            st85 += f.steps85;
+        }
+        if (f.have_summary && isfinite(f.test_acc) && f.test_acc >= 0) {
+            acc += f.test_acc;
+            n_acc++;
+        }
+        if (f.have_summary && isfinite(f.bytes_sent) && f.rounds > 0) {
+            bpr += f.bytes_sent / f.rounds;
+            n_bpr++;
+        }
+        /* Samples per second the way DDP's is measured: steps done over
+         * the time from the first step to the last evaluation. */
+        if (f.have_start && f.t_last > 0) {
+            sps += f.last_step * (double)c->train.batch_size / f.t_last;
+            n_sps++;
+        }
+        if (mpath && models) {
+            snprintf(mpath[i], sizeof(mpath[i]), "%s/n%d/model.bin", dir, i);
+            models[i] = access(mpath[i], R_OK) == 0 ? mpath[i] : NULL;
+        }
+    }
+    if (r->reached == nodes) {
+        r->t85 = t85 / nodes;
+        r->train85 = tr85 / nodes;
+        r->steps85 = st85 / nodes;
+    }
+    r->final_acc = n_acc ? acc / n_acc : NAN;
+    r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
+    r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
+    ds_consensus cons = {0, 0, NAN, NAN, NAN};
+    if (models && mpath && ds_consensus_compute(models, nodes, NULL, &cons, NULL) == 0 &&
+        cons.n_models >= 2)
+        r->consensus = cons.rel;
+    free(models);
+    free(mpath);
+    if (r->ok)
+        fprintf(stderr, "%.0f s: %.0f%% after %.1f s (%d/%d nodes), final %.4f, %.0f B/round\n",
+                r->wall_s, o->target * 100, r->t85, r->reached, nodes, r->final_acc,
+                r->bytes_per_round);
+}
+
 static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const char *net,
                        int nodes, int idx, result *r)
 {
@@ -288,80 +356,36 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
         free(etext);
     }
 
-    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0;
-    int n_acc = 0, n_bpr = 0, n_sps = 0;
-    const char **models = calloc((size_t)nodes, sizeof(char *));
-    char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
-    for (int i = 0; i < nodes; i++) {
-        char logp[PATH_MAX + 192];
-        node_figures f;
-        snprintf(logp, sizeof(logp), "%s/n%d.log", dir, i);
-        if (read_node_log(logp, o->target, &f) < 0) {
-            r->ok = 0;
-            continue;
-        }
-        if (!f.have_summary || !f.have_start)
-            r->ok = 0;
-        if (f.reached) {
-            r->reached++;
-            t85 += f.t85;
-            tr85 += f.train85;
-            st85 += f.steps85;
-        }
-        if (f.have_summary && isfinite(f.test_acc) && f.test_acc >= 0) {
-            acc += f.test_acc;
-            n_acc++;
-        }
-        if (f.have_summary && isfinite(f.bytes_sent) && f.rounds > 0) {
-            bpr += f.bytes_sent / f.rounds;
-            n_bpr++;
-        }
-        /* Samples per second the way DDP's is measured: steps done over
-         * the time from the first step to the last evaluation. */
-        if (f.have_start && f.t_last > 0) {
-            sps += f.last_step * (double)c->train.batch_size / f.t_last;
-            n_sps++;
-        }
-        if (mpath && models) {
-            snprintf(mpath[i], sizeof(mpath[i]), "%s/n%d/model.bin", dir, i);
-            models[i] = access(mpath[i], R_OK) == 0 ? mpath[i] : NULL;
-        }
-    }
-    if (r->reached == nodes) {
-        r->t85 = t85 / nodes;
-        r->train85 = tr85 / nodes;
-        r->steps85 = st85 / nodes;
-    }
-    r->final_acc = n_acc ? acc / n_acc : NAN;
-    r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
-    r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
-    ds_consensus cons = {0, 0, NAN, NAN, NAN};
-    if (models && mpath && ds_consensus_compute(models, nodes, NULL, &cons, NULL) == 0 &&
-        cons.n_models >= 2)
-        r->consensus = cons.rel;
-    free(models);
-    free(mpath);
-    if (r->ok)
-        fprintf(stderr, "%.0f s: %.0f%% after %.1f s (%d/%d nodes), final %.4f, %.0f B/round\n",
-                r->wall_s, o->target * 100, r->t85, r->reached, nodes, r->final_acc,
-                r->bytes_per_round);
+    collect_figures(o, c, dir, nodes, r);
     return r->ok ? 0 : -1;
 }
 
-/* A number after "key": in a JSON text; NAN when absent or null. */
-static double json_num(const char *text, const char *key)
+/* The number at key of the JSON object text (torch_ddp.py's last line);
+ * NAN when the text is not a JSON object, or key is absent, null or not a
+ * number. */
+static double json_num(const json_t *doc, const char *key)
 {
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"%s\": ", key);
-    const char *p = strstr(text, pat);
-    if (!p)
-        return NAN;
-    p += strlen(pat);
-    if (!strncmp(p, "null", 4))
-        return NAN;
-    char *end;
-    double v = strtod(p, &end);
-    return end == p ? NAN : v;
+    const json_t *v = json_object_get(doc, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* torch_ddp.py prints one JSON object as its last line: that object, or
+ * NULL (new reference; caller json_decrefs). */
+static json_t *last_json_line(const char *out)
+{
+    const char *end = out + strlen(out);
+    while (end > out && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' '))
+        end--;
+    const char *start = end;
+    while (start > out && start[-1] != '\n')
+        start--;
+    json_error_t jerr;
+    json_t *doc = json_loadb(start, (size_t)(end - start), 0, &jerr);
+    if (doc && !json_is_object(doc)) {
+        json_decref(doc);
+        doc = NULL;
+    }
+    return doc;
 }
 
 static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
@@ -403,20 +427,23 @@ static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
     int ret = ds_proc_capture(argv, (RUN_TIMEOUT_S + 60) * 1000, &out, &etext, &code, err,
                               sizeof(err));
     r->wall_s = ds_bench_now() - t0;
-    if (ret < 0 || code != 0 || !strstr(out, "\"final_acc\"")) {
+    json_t *doc = ret < 0 || code != 0 ? NULL : last_json_line(out);
+    if (!doc || !json_object_get(doc, "final_acc")) {
         fprintf(stderr, "FAILED (%s)\n", ret < 0 ? err : "torch_ddp.py said:");
         tail_lines(etext, 12);
+        json_decref(doc);
         free(out);
         free(etext);
         return -1;
     }
     r->ok = 1;
-    r->t85 = json_num(out, "time_to_target_s");
-    r->train85 = json_num(out, "train_to_target_s");
-    r->steps85 = json_num(out, "steps_to_target");
+    r->t85 = json_num(doc, "time_to_target_s");
+    r->train85 = json_num(doc, "train_to_target_s");
+    r->steps85 = json_num(doc, "steps_to_target");
     r->reached = isfinite(r->t85) ? nodes : 0;
-    r->final_acc = json_num(out, "final_acc");
-    r->samples_per_s = json_num(out, "samples_per_s");
+    r->final_acc = json_num(doc, "final_acc");
+    r->samples_per_s = json_num(doc, "samples_per_s");
+    json_decref(doc);
     fprintf(stderr, "%.0f s: %.0f%% after %.1f s, final %.4f\n", r->wall_s, o->target * 100,
             r->t85, r->final_acc);
     free(out);
@@ -506,6 +533,68 @@ static int find_dslaunch(char *out, size_t len)
     return -ENOENT;
 }
 
+/* The option values as given, before parse_opts checks and fills in the
+ * defaults (borrowed from argv). */
+typedef struct raw_opts {
+    const char *variants, *nets, *scale, *config, *dslaunch, *keep, *scale_variants;
+} raw_opts;
+
+/* getopt_long over argv into o (numbers, flags) and *raw (the lists and
+ * paths). 0, 1 (--help: done) or -EINVAL (the usage said). */
+static int read_opts(opts *o, raw_opts *raw, int argc, char **argv)
+{
+    enum { O_JSON = 256, O_QUICK, O_NO_TORCH, O_ROUNDS, O_STEPS, O_EVAL, O_TARGET,
+           O_VARIANTS, O_NETS, O_SCALE, O_SCALE_VARIANTS, O_CONFIG, O_DSLAUNCH, O_KEEP };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"json", no_argument, NULL, O_JSON},
+        {"quick", no_argument, NULL, O_QUICK},
+        {"no-torch", no_argument, NULL, O_NO_TORCH},
+        {"rounds", required_argument, NULL, O_ROUNDS},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"eval-every", required_argument, NULL, O_EVAL},
+        {"target", required_argument, NULL, O_TARGET},
+        {"variants", required_argument, NULL, O_VARIANTS},
+        {"nets", required_argument, NULL, O_NETS},
+        {"scale", required_argument, NULL, O_SCALE},
+        {"scale-variants", required_argument, NULL, O_SCALE_VARIANTS},
+        {"config", required_argument, NULL, O_CONFIG},
+        {"dslaunch", required_argument, NULL, O_DSLAUNCH},
+        {"keep", required_argument, NULL, O_KEEP},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage(stdout); return 1;
+        case O_JSON: o->json = 1; break;
+        case O_QUICK: o->quick = 1; break;
+        case O_NO_TORCH: o->torch = 0; break;
+        case O_ROUNDS: o->rounds = atoi(optarg); break;
+        case O_STEPS: o->steps = atoi(optarg); break;
+        case O_EVAL: o->eval_every = atoi(optarg); break;
+        case O_TARGET: o->target = atof(optarg); break;
+        case O_VARIANTS: raw->variants = optarg; break;
+        case O_NETS: raw->nets = optarg; break;
+        case O_SCALE: raw->scale = optarg; break;
+        case O_SCALE_VARIANTS: raw->scale_variants = optarg; break;
+        case O_CONFIG: raw->config = optarg; break;
+        case O_DSLAUNCH: raw->dslaunch = optarg; break;
+        case O_KEEP: raw->keep = optarg; break;
+        default: /* an unknown option or a missing value */
+            usage(stderr);
+            return -EINVAL;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int parse_opts(opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof(*o));
@@ -514,47 +603,13 @@ static int parse_opts(opts *o, int argc, char **argv)
     o->steps = -1;
     o->eval_every = 50;
     o->target = 0.85;
-    const char *variants = NULL, *nets = NULL, *scale = NULL, *config = NULL, *dsl = NULL,
-               *keep = NULL, *scale_variants = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (ds_bench_flag_json(a, &o->json))
-            continue;
-        if (!strcmp(a, "--quick"))
-            o->quick = 1;
-        else if (!strcmp(a, "--no-torch"))
-            o->torch = 0;
-        else if (!strcmp(a, "--rounds") && has)
-            o->rounds = atoi(argv[++i]);
-        else if (!strcmp(a, "--steps") && has)
-            o->steps = atoi(argv[++i]);
-        else if (!strcmp(a, "--eval-every") && has)
-            o->eval_every = atoi(argv[++i]);
-        else if (!strcmp(a, "--target") && has)
-            o->target = atof(argv[++i]);
-        else if (!strcmp(a, "--variants") && has)
-            variants = argv[++i];
-        else if (!strcmp(a, "--nets") && has)
-            nets = argv[++i];
-        else if (!strcmp(a, "--scale") && has)
-            scale = argv[++i];
-        else if (!strcmp(a, "--scale-variants") && has)
-            scale_variants = argv[++i];
-        else if (!strcmp(a, "--config") && has)
-            config = argv[++i];
-        else if (!strcmp(a, "--dslaunch") && has)
-            dsl = argv[++i];
-        else if (!strcmp(a, "--keep") && has)
-            keep = argv[++i];
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 1;
-        } else {
-            usage(stderr);
-            return -EINVAL;
-        }
-    }
+    raw_opts raw = {0};
+    const int r = read_opts(o, &raw, argc, argv);
+    if (r != 0)
+        return r;
+    const char *variants = raw.variants, *nets = raw.nets, *scale = raw.scale,
+               *config = raw.config, *dsl = raw.dslaunch, *keep = raw.keep,
+               *scale_variants = raw.scale_variants;
     /* --quick: three variants, two nets, 2 and 4 nodes, fewer steps. */
     if (o->steps < 0)
         o->steps = o->quick ? 400 : 600;
@@ -704,6 +759,71 @@ static void goal_out(ds_row *row, const char *goal, double value, const char *wa
     ds_row_end(row);
 }
 
+/* The bytes-per-round table over node counts; *lo and *hi: the smallest
+ * and largest figure of pairwise-micro-1% (for the goal), or +/-inf. */
+static void scale_table(const opts *o, const result *scale_rows, int n_scale_rows, double *lo,
+                        double *hi)
+{
+    ds_row row;
+    ds_row_table(&row, o->json);
+    *lo = INFINITY;
+    *hi = -INFINITY;
+    for (int k = 0; k < n_scale_rows; k++) {
+        const result *r = &scale_rows[k];
+        const double base = scale_rows[k - k % o->n_scale].bytes_per_round;
+        ds_row_str(&row, "variant", r->variant);
+        ds_row_int(&row, "nodes", r->nodes);
+        ds_row_str(&row, "net", r->net);
+        ds_row_num(&row, "bytes_per_node_per_round", r->bytes_per_round, 0);
+        ds_row_num(&row, "vs_first", r->bytes_per_round / base, 3);
+        ds_row_num(&row, "final_acc", r->final_acc, 4);
+        ds_row_num(&row, "time_to_85_s", r->t85, 2);
+        ds_row_str(&row, "status", r->ok ? "ok" : "failed");
+        ds_row_end(&row);
+        if (isfinite(r->bytes_per_round) && !strcmp(r->variant, all_variants[MICRO].name)) {
+            *lo = fmin(*lo, r->bytes_per_round);
+            *hi = fmax(*hi, r->bytes_per_round);
+        }
+    }
+}
+
+/* The goals (issue 5), judged on the loopback rows. */
+static void goals_table(const opts *o, const result *rows, int n_rows, const result *ddp,
+                        double lo, double hi)
+{
+    const result *micro = NULL, *allred = NULL;
+    for (int i = 0; i < n_rows; i++) {
+        if (strcmp(rows[i].net, "loopback"))
+            continue;
+        if (!strcmp(rows[i].variant, all_variants[MICRO].name))
+            micro = &rows[i];
+        if (!strcmp(rows[i].variant, all_variants[ALLRED].name))
+            allred = &rows[i];
+    }
+    if (!o->json)
+        printf("\n");
+    ds_row row;
+    ds_row_table(&row, o->json);
+    const int known = micro && o->torch && ddp->ok && isfinite(micro->t85) && isfinite(ddp->t85);
+    const double s = known ? ddp->t85 / micro->t85 : NAN;
+    goal_out(&row, "pairwise-micro-1% time to 85% vs DDP (x faster)", s, ">= 2", known,
+             known && s >= 2.0);
+    const int known2 = micro && o->torch && ddp->ok && isfinite(micro->train85) &&
+                       isfinite(ddp->train85);
+    const double s2 = known2 ? ddp->train85 / micro->train85 : NAN;
+    goal_out(&row, "same, evaluation time taken out (x faster)", s2, ">= 2", known2,
+             known2 && s2 >= 2.0);
+    const int known3 = micro && allred && isfinite(micro->final_acc) &&
+                       isfinite(allred->final_acc);
+    const double d = known3 ? (micro->final_acc - allred->final_acc) * 100 : NAN;
+    goal_out(&row, "pairwise-micro-1% final acc minus allreduce-dense (pt)", d, ">= -1",
+             known3, known3 && d >= -1.0);
+    const int known4 = o->n_scale >= 2 && isfinite(lo) && lo > 0;
+    const double spread = known4 ? hi / lo : NAN;
+    goal_out(&row, "bytes/node/round, largest / smallest over the node counts", spread,
+             "<= 1.10", known4, known4 && spread <= 1.10);
+}
+
 int ds_bench_cluster(int argc, char **argv)
 {
     opts o;
@@ -807,59 +927,9 @@ int ds_bench_cluster(int argc, char **argv)
         row_out(&row, &rows[i], o.torch ? &ddp : NULL);
     if (!o.json)
         printf("\n");
-    ds_row_table(&row, o.json);
-    double lo = INFINITY, hi = -INFINITY; /* micro's, for the goal */
-    for (int k = 0; k < n_scale_rows; k++) {
-        const result *r = &scale_rows[k];
-        const double base = scale_rows[k - k % o.n_scale].bytes_per_round;
-        ds_row_str(&row, "variant", r->variant);
-        ds_row_int(&row, "nodes", r->nodes);
-        ds_row_str(&row, "net", r->net);
-        ds_row_num(&row, "bytes_per_node_per_round", r->bytes_per_round, 0);
-        ds_row_num(&row, "vs_first", r->bytes_per_round / base, 3);
-        ds_row_num(&row, "final_acc", r->final_acc, 4);
-        ds_row_num(&row, "time_to_85_s", r->t85, 2);
-        ds_row_str(&row, "status", r->ok ? "ok" : "failed");
-        ds_row_end(&row);
-        if (isfinite(r->bytes_per_round) && !strcmp(r->variant, all_variants[MICRO].name)) {
-            lo = fmin(lo, r->bytes_per_round);
-            hi = fmax(hi, r->bytes_per_round);
-        }
-    }
-
-    /* Goals (issue 5), judged on the loopback rows. */
-    const result *micro = NULL, *allred = NULL;
-    for (int i = 0; i < n_rows; i++) {
-        if (strcmp(rows[i].net, "loopback"))
-            continue;
-        if (!strcmp(rows[i].variant, all_variants[MICRO].name))
-            micro = &rows[i];
-        if (!strcmp(rows[i].variant, all_variants[ALLRED].name))
-            allred = &rows[i];
-    }
-    if (!o.json)
-        printf("\n");
-    ds_row_table(&row, o.json);
-    {
-        const int known = micro && o.torch && ddp.ok && isfinite(micro->t85) && isfinite(ddp.t85);
-        const double s = known ? ddp.t85 / micro->t85 : NAN;
-        goal_out(&row, "pairwise-micro-1% time to 85% vs DDP (x faster)", s, ">= 2", known,
-                 known && s >= 2.0);
-        const int known2 = micro && o.torch && ddp.ok && isfinite(micro->train85) &&
-                           isfinite(ddp.train85);
-        const double s2 = known2 ? ddp.train85 / micro->train85 : NAN;
-        goal_out(&row, "same, evaluation time taken out (x faster)", s2, ">= 2", known2,
-                 known2 && s2 >= 2.0);
-        const int known3 = micro && allred && isfinite(micro->final_acc) &&
-                           isfinite(allred->final_acc);
-        const double d = known3 ? (micro->final_acc - allred->final_acc) * 100 : NAN;
-        goal_out(&row, "pairwise-micro-1% final acc minus allreduce-dense (pt)", d, ">= -1",
-                 known3, known3 && d >= -1.0);
-        const int known4 = o.n_scale >= 2 && isfinite(lo) && lo > 0;
-        const double spread = known4 ? hi / lo : NAN;
-        goal_out(&row, "bytes/node/round, largest / smallest over the node counts", spread,
-                 "<= 1.10", known4, known4 && spread <= 1.10);
-    }
+    double lo, hi;
+    scale_table(&o, scale_rows, n_scale_rows, &lo, &hi);
+    goals_table(&o, rows, n_rows, &ddp, lo, hi);
     if (!o.keep)
         remove_tree(o.dir);
     else

@@ -31,6 +31,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,36 +238,57 @@ static size_t torch_collect(const size_t *sizes, size_t nsizes, int reps, torch_
     return got;
 }
 
+/* --sizes LIST into sizes[0..*n). 0, or -EINVAL (said). */
+static int parse_sizes(const char *arg, size_t *sizes, size_t *n)
+{
+    *n = 0;
+    char *list = strdup(arg), *save = NULL;
+    if (!list)
+        return -ENOMEM;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        size_t v = parse_size(tok);
+        if (!v || *n == MAX_SIZES) {
+            fprintf(stderr, "dsbench sparsify: bad size '%s' (1..2^32-1, suffix K or M, at most %d)\n",
+                    tok, MAX_SIZES);
+            free(list);
+            return -EINVAL;
+        }
+        sizes[(*n)++] = v;
+    }
+    free(list);
+    return 0;
+}
+
 int ds_bench_sparsify(int argc, char **argv)
 {
     int json = 0, reps = 5, torch = 1;
     size_t sizes[MAX_SIZES] = {1000000, 25000000, 100000000};
     size_t nsizes = 3;
-    for (int i = 1; i < argc; i++) {
-        if (ds_bench_flag_json(argv[i], &json))
-            continue;
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--no-torch")) {
-            torch = 0;
-        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
-            nsizes = 0;
-            char *list = strdup(argv[++i]), *save = NULL;
-            for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                size_t n = parse_size(tok);
-                if (!n || nsizes == MAX_SIZES) {
-                    fprintf(stderr, "dsbench sparsify: bad size '%s' (1..2^32-1, suffix K or M, at most %d)\n",
-                            tok, MAX_SIZES);
-                    free(list);
-                    return 2;
-                }
-                sizes[nsizes++] = n;
-            }
-            free(list);
-        } else {
-            fprintf(stderr, "usage: dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--json]\n");
-            return 2;
+    static const struct option options[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"reps", required_argument, NULL, 'r'},
+        {"no-torch", no_argument, NULL, 'T'},
+        {"sizes", required_argument, NULL, 's'},
+        {NULL, 0, NULL, 0},
+    };
+    int bad = 0, opt;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while (!bad && (opt = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': json = 1; break;
+        case 'r': reps = atoi(optarg); break;
+        case 'T': torch = 0; break;
+        case 's':
+            if (parse_sizes(optarg, sizes, &nsizes) < 0)
+                return 2;
+            break;
+        default: bad = 1; /* an unknown option or a missing value */
         }
+    }
+    if (bad || optind < argc) {
+        fprintf(stderr, "usage: dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--json]\n");
+        return 2;
     }
     if (reps < 1 || nsizes == 0) {
         fprintf(stderr, "dsbench sparsify: --reps must be >= 1 and --sizes non-empty\n");

@@ -16,6 +16,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,19 +71,27 @@ static double run_block(enum what w, enum ds_topo_kind k, uint32_t G, uint64_t r
 
 int ds_bench_topology(int argc, char **argv)
 {
-    int json = 0, reps = 5;
+    static const struct option options[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"max-g", required_argument, NULL, 'g'},
+        {"reps", required_argument, NULL, 'r'},
+        {NULL, 0, NULL, 0},
+    };
+    int json = 0, reps = 5, bad = 0, opt;
     uint32_t max_g = 100000;
-    for (int i = 1; i < argc; i++) {
-        if (ds_bench_flag_json(argv[i], &json))
-            continue;
-        if (!strcmp(argv[i], "--max-g") && i + 1 < argc) {
-            max_g = (uint32_t)strtoul(argv[++i], NULL, 10);
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-        } else {
-            fprintf(stderr, "usage: dsbench topology [--max-g N] [--reps R] [--json]\n");
-            return 2;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while (!bad && (opt = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': json = 1; break;
+        case 'g': max_g = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'r': reps = atoi(optarg); break;
+        default: bad = 1; /* an unknown option or a missing value */
         }
+    }
+    if (bad || optind < argc) {
+        fprintf(stderr, "usage: dsbench topology [--max-g N] [--reps R] [--json]\n");
+        return 2;
     }
     if (max_g < 2 || reps < 1) {
         fprintf(stderr, "dsbench topology: --max-g must be >= 2 and --reps >= 1\n");

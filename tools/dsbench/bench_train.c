@@ -12,6 +12,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -92,22 +93,30 @@ static int run_torch(int steps, int batch, run_result *r)
 
 int ds_bench_train(int argc, char **argv)
 {
-    int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1;
-    for (int i = 1; i < argc; i++) {
-        if (ds_bench_flag_json(argv[i], &json))
-            continue;
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
-            rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-torch"))
-            torch = 0;
-        else {
-            fprintf(stderr, "usage: dsbench train [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]\n");
-            return 2;
+    static const struct option options[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"steps", required_argument, NULL, 's'},
+        {"rounds", required_argument, NULL, 'r'},
+        {"batch", required_argument, NULL, 'b'},
+        {"no-torch", no_argument, NULL, 'T'},
+        {NULL, 0, NULL, 0},
+    };
+    int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1, bad = 0, opt;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while (!bad && (opt = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': json = 1; break;
+        case 's': steps = atoi(optarg); break;
+        case 'r': rounds = atoi(optarg); break;
+        case 'b': batch = atoi(optarg); break;
+        case 'T': torch = 0; break;
+        default: bad = 1; /* an unknown option or a missing value */
         }
+    }
+    if (bad || optind < argc) {
+        fprintf(stderr, "usage: dsbench train [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]\n");
+        return 2;
     }
     if (steps < 1 || rounds < 1 || batch < 1) {
         fprintf(stderr, "dsbench train: steps, rounds and batch must be >= 1\n");

@@ -1,10 +1,13 @@
 /*
  * tools/dsbench/dsbench.c: benchmark driver. `dsbench <command> [--json]`.
- * Each command lives in bench_<command>.c; results are Markdown rows for
- * docs/benchmarks.md, or JSON lines with --json.
+ * Each command lives in bench_<command>.c and reads its own options
+ * (argv[0] its name); results are Markdown rows for
+ * docs/benchmarks.md, or JSON lines with --json. dsbench is white-box by
+ * declaration (tools/dsbench/meson.build): it links the rooms it measures.
  */
 #include "config.h"
 
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,17 +35,41 @@ static void usage(FILE *f)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
 
+static const struct option options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
 int main(int argc, char **argv)
 {
     ds_blas_reexec_if_needed(argv);
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    /* Options before the command only ("+": stop at the command). */
+    opterr = 0;
+    for (;;) {
+        const int at = optind;
+        int c = getopt_long(argc, argv, "+h", options, NULL);
+        if (c == -1)
+            break;
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        fprintf(stderr, "dsbench: unknown command '%s'\n", argv[at]);
+        usage(stderr);
+        return 2;
+    }
+    if (optind >= argc) { /* only "--" */
+        usage(stderr);
+        return 2;
     }
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (!strcmp(argv[1], commands[i].name))
-            return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "dsbench: unknown command '%s'\n", argv[1]);
+        if (!strcmp(argv[optind], commands[i].name))
+            return commands[i].fn(argc - optind, argv + optind);
+    fprintf(stderr, "dsbench: unknown command '%s'\n", argv[optind]);
     usage(stderr);
     return 2;
 }

@@ -106,6 +106,39 @@ int ds_model_check(const char *path, uint64_t *n_params, char *err, size_t errle
     return ret;
 }
 
+/* Check every model of paths[0..n): st[i] = 0 for one that enters the
+ * figures, else why not (-ENOENT for NULL, -EXDEV for a length other than
+ * the first good model's *len; said on warn). Returns how many entered, or
+ * -ENOMEM. */
+static int check_models(const char *const *paths, int n, int *st, uint64_t *len, FILE *warn)
+{
+    char err[512];
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t ni;
+        if (!paths[i]) {
+            st[i] = -ENOENT;
+            continue;
+        }
+        st[i] = ds_model_check(paths[i], &ni, err, sizeof(err));
+        if (st[i] == -ENOMEM)
+            return -ENOMEM;
+        if (st[i] == 0 && m > 0 && ni != *len) {
+            snprintf(err, sizeof(err), "%s: %llu values, the first model has %llu", paths[i],
+                     (unsigned long long)ni, (unsigned long long)*len);
+            st[i] = -EXDEV;
+        }
+        if (st[i] < 0) {
+            if (warn)
+                fprintf(warn, "dslaunch: model left out of the consensus distance: %s\n", err);
+            continue;
+        }
+        *len = ni;
+        m++;
+    }
+    return m;
+}
+
 int ds_consensus_compute(const char *const *paths, int n, int *status, ds_consensus *out,
                          FILE *warn)
 {
@@ -125,29 +158,10 @@ int ds_consensus_compute(const char *const *paths, int n, int *status, ds_consen
         goto free_arrays;
     }
 
-    for (int i = 0; i < n; i++) {
-        uint64_t ni;
-        if (!paths[i]) {
-            st[i] = -ENOENT;
-            continue;
-        }
-        st[i] = ds_model_check(paths[i], &ni, err, sizeof(err));
-        if (st[i] == -ENOMEM) {
-            ret = -ENOMEM;
-            goto free_arrays;
-        }
-        if (st[i] == 0 && m > 0 && ni != len) {
-            snprintf(err, sizeof(err), "%s: %llu values, the first model has %llu", paths[i],
-                     (unsigned long long)ni, (unsigned long long)len);
-            st[i] = -EXDEV;
-        }
-        if (st[i] < 0) {
-            if (warn)
-                fprintf(warn, "dslaunch: model left out of the consensus distance: %s\n", err);
-            continue;
-        }
-        len = ni;
-        m++;
+    m = check_models(paths, n, st, &len, warn);
+    if (m < 0) {
+        ret = m;
+        goto free_arrays;
     }
     out->n_models = m;
     out->n_params = len;

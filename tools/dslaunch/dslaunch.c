@@ -12,6 +12,7 @@
  */
 #include "config.h"
 
+#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,18 +27,45 @@ static void usage(FILE *f)
                "       dslaunch --version\n");
 }
 
+static const struct option options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0},
+};
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-        usage(stdout);
-        return 0;
+    /* Options before the command only ("+": stop at the command, whose own
+     * options are its business); messages are ours (opterr = 0). */
+    opterr = 0;
+    for (;;) {
+        const int at = optind;
+        int c = getopt_long(argc, argv, "+h", options, NULL);
+        if (c == -1)
+            break;
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (c == 'V') {
+            printf("dslaunch %s\n", DS_VERSION);
+            return 0;
+        }
+        fprintf(stderr, "dslaunch: unknown command '%s'\n", argv[at]);
+        usage(stderr);
+        return 2;
     }
-    if (!strcmp(argv[1], "--version")) {
-        printf("dslaunch %s\n", DS_VERSION);
+    if (optind >= argc) { /* only "--" */
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[optind];
+    if (!strcmp(cmd, "help")) {
+        usage(stdout);
         return 0;
     }
     /* Where this binary lives: the default dsnode is the one built or
@@ -52,9 +80,9 @@ int main(int argc, char **argv)
     } else {
         self[0] = '\0';
     }
-    if (!strcmp(argv[1], "local"))
-        return ds_launch_local_main(argc - 1, argv + 1, self);
-    fprintf(stderr, "dslaunch: unknown command '%s'\n", argv[1]);
+    if (!strcmp(cmd, "local"))
+        return ds_launch_local_main(argc - optind, argv + optind, self);
+    fprintf(stderr, "dslaunch: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
 }

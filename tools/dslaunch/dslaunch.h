@@ -8,7 +8,7 @@
  * So this header has five small, separately testable parts:
  *
  *   ds_kv_*         key=value tokens of a log or summary line
- *   ds_json_*       writing JSON (escaped strings, numbers or null)
+ *   ds_json_*       dsnode's text as JSON values (jansson) and one-line output
  *   ds_consensus_*  reading model.bin files; the consensus distance
  *   ds_proc_*       spawning children that die with us; capturing a command;
  *                   probing free TCP ports
@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
+
+#include <jansson.h>
 
 /* ---- key=value lines ----------------------------------------------------- */
 
@@ -68,18 +70,30 @@ typedef struct ds_logline {
  * (line then unchanged). */
 int ds_logline_split(char *line, ds_logline *out);
 
-/* ---- JSON output ----------------------------------------------------------- */
+/* ---- JSON output ------------------------------------------------------------ */
 
-/* A JSON string literal for s: quotes, backslash and control bytes escaped;
- * bytes >= 0x80 are written as \u00XX (Latin-1), so the output is always
- * valid ASCII JSON whatever the input. */
-void ds_json_str(FILE *f, const char *s);
-/* v with up to 10 significant digits, or null when not finite. */
-void ds_json_num(FILE *f, double v);
+/* The report's JSON is built with jansson; these decide how dsnode's text
+ * becomes JSON values. Each returns a new reference (caller owns;
+ * json_decref), or NULL only when out of memory. */
+
+/* A JSON string for s: s when it is valid UTF-8, else each byte read as a
+ * Latin-1 character, so any bytes give a string; JSON null for NULL. */
+json_t *ds_json_text(const char *s);
+/* v rounded to 10 significant digits, or JSON null when not finite. */
+json_t *ds_json_number(double v);
 /* 1 when s is exactly a JSON number (RFC 8259 grammar), else 0. */
 int ds_json_is_number(const char *s);
-/* s itself when it is a JSON number, else s as a JSON string. */
-void ds_json_text_or_num(FILE *f, const char *s);
+/* s as a number when it is a JSON number (an integer when it fits in 64
+ * bits, else a finite double), else s as ds_json_text gives it. */
+json_t *ds_json_text_or_number(const char *s);
+/* obj[key] = val, taking val (also on failure; NULL counts as out of
+ * memory); a key that is not UTF-8 is read as ds_json_text reads it.
+ * 0 or -ENOMEM. */
+int ds_json_set(json_t *obj, const char *key, json_t *val);
+/* v as one line of ASCII JSON (everything else escaped as \uXXXX) and a
+ * newline; compact: no blank after ',' and ':'. Reals with up to 15
+ * significant digits. 0, -ENOMEM or -EIO. */
+int ds_json_write_line(FILE *f, const json_t *v, int compact);
 
 /* ---- final models ----------------------------------------------------------- */
 

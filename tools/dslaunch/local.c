@@ -47,6 +47,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
@@ -341,23 +342,6 @@ static void status_line(struct launch *L)
 
 /* ---- argument parsing ---------------------------------------------------------- */
 
-/* "--opt VALUE" or "--opt=VALUE". Returns 1 when argv[*i] is opt (then *val
- * is its value, or NULL when missing), 0 otherwise. */
-static int opt_value(int argc, char **argv, int *i, const char *opt, const char **val)
-{
-    size_t n = strlen(opt);
-    if (strncmp(argv[*i], opt, n) != 0)
-        return 0;
-    if (argv[*i][n] == '=') {
-        *val = argv[*i] + n + 1;
-        return 1;
-    }
-    if (argv[*i][n] != '\0')
-        return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
-}
-
 static int parse_int(const char *s, long long lo, long long hi, long long *out)
 {
     char *end;
@@ -371,116 +355,194 @@ static int parse_int(const char *s, long long lo, long long hi, long long *out)
     return 0;
 }
 
-static int parse_args(struct launch *L, int argc, char **argv)
+/* Options of `dslaunch local` (getopt_long: "--opt VALUE", "--opt=VALUE",
+ * "-n N", "-nN"). The long-only ones get codes above any character. */
+enum {
+    OPT_JSON = 256,
+    OPT_CONFIG,
+    OPT_SET,
+    OPT_OUT,
+    OPT_PORT_BASE,
+    OPT_TIMEOUT,
+    OPT_ADD_AT,
+    OPT_NETNS,
+    OPT_NETNS_RATE,
+    OPT_DSNODE,
+};
+
+static const struct option local_options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"nodes", required_argument, NULL, 'n'},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"set", required_argument, NULL, OPT_SET},
+    {"out", required_argument, NULL, OPT_OUT},
+    {"port-base", required_argument, NULL, OPT_PORT_BASE},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"add-at", required_argument, NULL, OPT_ADD_AT},
+    {"netns", no_argument, NULL, OPT_NETNS},
+    {"netns-rate", required_argument, NULL, OPT_NETNS_RATE},
+    {"dsnode", required_argument, NULL, OPT_DSNODE},
+    {NULL, 0, NULL, 0},
+};
+
+/* --add-at STEP:COUNT, appended to L->add. 0 or -EINVAL (said). */
+static int take_add_at(struct launch *L, const char *val)
+{
+    const char *colon = val ? strchr(val, ':') : NULL;
+    long long step, count;
+    char stepbuf[32];
+    if (!colon || (size_t)(colon - val) >= sizeof(stepbuf)) {
+        fprintf(stderr, "dslaunch local: --add-at expects STEP:COUNT, found '%s'\n",
+                val ? val : "");
+        return -EINVAL;
+    }
+    memcpy(stepbuf, val, (size_t)(colon - val));
+    stepbuf[colon - val] = '\0';
+    if (parse_int(stepbuf, 1, INT64_MAX, &step) < 0 ||
+        parse_int(colon + 1, 1, MAX_NODES, &count) < 0) {
+        fprintf(stderr, "dslaunch local: --add-at expects STEP:COUNT with STEP >= 1 and "
+                        "COUNT in 1..%d, found '%s'\n", MAX_NODES, val);
+        return -EINVAL;
+    }
+    if (L->nadd >= MAX_ADD) {
+        fprintf(stderr, "dslaunch local: at most %d --add-at options\n", MAX_ADD);
+        return -EINVAL;
+    }
+    L->add[L->nadd].step = step;
+    L->add[L->nadd].count = (int)count;
+    L->nadd++;
+    return 0;
+}
+
+/* One option c with its value (NULL when it was given without one); arg is
+ * the command-line element it came from, for messages. 0, 1 (--help: done)
+ * or -EINVAL (said). */
+static int take_option(struct launch *L, int c, const char *val, const char *arg)
 {
     long long v;
-    L->n = 0;
-    L->port_base = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *val = NULL;
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            local_usage(stdout);
-            return 1;
-        } else if (!strcmp(a, "--json")) {
-            L->json = 1;
-        } else if (!strncmp(a, "-n", 2) && a[2] && a[2] != '=') {
-            if (parse_int(a + 2, 1, MAX_NODES, &v) < 0)
-                goto bad_n;
-            L->n = (int)v;
-        } else if (opt_value(argc, argv, &i, "-n", &val) || opt_value(argc, argv, &i, "--nodes", &val)) {
-            if (parse_int(val, 1, MAX_NODES, &v) < 0) {
-            bad_n:
-                fprintf(stderr, "dslaunch local: -n expects a node count in 1..%d, found '%s'\n",
-                        MAX_NODES, val ? val : a + 2);
-                return -EINVAL;
-            }
-            L->n = (int)v;
-        } else if (opt_value(argc, argv, &i, "--config", &val)) {
-            if (!val || !*val) {
-                fprintf(stderr, "dslaunch local: --config needs a file\n");
-                return -EINVAL;
-            }
-            L->config = val;
-        } else if (opt_value(argc, argv, &i, "--set", &val)) {
-            if (!val || !strchr(val, '=')) {
-                fprintf(stderr, "dslaunch local: --set expects section.key=value, found '%s'\n",
-                        val ? val : "");
-                return -EINVAL;
-            }
-            if (L->nsets >= MAX_SETS) {
-                fprintf(stderr, "dslaunch local: at most %d --set options\n", MAX_SETS);
-                return -EINVAL;
-            }
-            L->sets[L->nsets++] = (char *)val;
-        } else if (opt_value(argc, argv, &i, "--out", &val)) {
-            if (!val || !*val) {
-                fprintf(stderr, "dslaunch local: --out needs a directory\n");
-                return -EINVAL;
-            }
-            L->out = val;
-        } else if (opt_value(argc, argv, &i, "--port-base", &val)) {
-            if (parse_int(val, 1024, 65535, &v) < 0) {
-                fprintf(stderr, "dslaunch local: --port-base expects a port in 1024..65535, "
-                                "found '%s'\n", val ? val : "");
-                return -EINVAL;
-            }
-            L->port_base = (int)v;
-        } else if (opt_value(argc, argv, &i, "--timeout", &val)) {
-            char *end;
-            double t = val ? strtod(val, &end) : 0;
-            if (!val || !*val || *end || !(t > 0) || t > 1e7) {
-                fprintf(stderr, "dslaunch local: --timeout expects seconds > 0, found '%s'\n",
-                        val ? val : "");
-                return -EINVAL;
-            }
-            L->timeout_s = t;
-        } else if (opt_value(argc, argv, &i, "--add-at", &val)) {
-            const char *colon = val ? strchr(val, ':') : NULL;
-            long long step, count;
-            char stepbuf[32];
-            if (!colon || (size_t)(colon - val) >= sizeof(stepbuf)) {
-                fprintf(stderr, "dslaunch local: --add-at expects STEP:COUNT, found '%s'\n",
-                        val ? val : "");
-                return -EINVAL;
-            }
-            memcpy(stepbuf, val, (size_t)(colon - val));
-            stepbuf[colon - val] = '\0';
-            if (parse_int(stepbuf, 1, INT64_MAX, &step) < 0 ||
-                parse_int(colon + 1, 1, MAX_NODES, &count) < 0) {
-                fprintf(stderr, "dslaunch local: --add-at expects STEP:COUNT with STEP >= 1 and "
-                                "COUNT in 1..%d, found '%s'\n", MAX_NODES, val);
-                return -EINVAL;
-            }
-            if (L->nadd >= MAX_ADD) {
-                fprintf(stderr, "dslaunch local: at most %d --add-at options\n", MAX_ADD);
-                return -EINVAL;
-            }
-            L->add[L->nadd].step = step;
-            L->add[L->nadd].count = (int)count;
-            L->nadd++;
-        } else if (!strcmp(a, "--netns")) {
-            L->netns = 1;
-        } else if (opt_value(argc, argv, &i, "--netns-rate", &val)) {
-            int r = ds_netns_rate_parse(val, &L->netns_rate);
-            if (r < 0) {
-                fprintf(stderr, "dslaunch local: --netns-rate expects a rate such as 100mbit or "
-                                "1gbit (kbit, mbit, gbit; 8kbit..100gbit), found '%s'\n",
-                        val ? val : "");
-                return -EINVAL;
-            }
-            L->netns_rate_text = val;
-            L->netns = 1;
-        } else if (opt_value(argc, argv, &i, "--dsnode", &val)) {
-            if (!val || !*val) {
-                fprintf(stderr, "dslaunch local: --dsnode needs a path\n");
-                return -EINVAL;
-            }
-            L->dsnode_opt = val;
-        } else {
-            fprintf(stderr, "dslaunch local: unknown argument '%s' (see dslaunch local --help)\n", a);
+    switch (c) {
+    case 'h':
+        local_usage(stdout);
+        return 1;
+    case OPT_JSON:
+        L->json = 1;
+        return 0;
+    case 'n':
+        if (parse_int(val, 1, MAX_NODES, &v) < 0) {
+            fprintf(stderr, "dslaunch local: -n expects a node count in 1..%d, found '%s'\n",
+                    MAX_NODES, val ? val : "");
             return -EINVAL;
         }
+        L->n = (int)v;
+        return 0;
+    case OPT_CONFIG:
+        if (!val || !*val) {
+            fprintf(stderr, "dslaunch local: --config needs a file\n");
+            return -EINVAL;
+        }
+        L->config = val;
+        return 0;
+    case OPT_SET:
+        if (!val || !strchr(val, '=')) {
+            fprintf(stderr, "dslaunch local: --set expects section.key=value, found '%s'\n",
+                    val ? val : "");
+            return -EINVAL;
+        }
+        if (L->nsets >= MAX_SETS) {
+            fprintf(stderr, "dslaunch local: at most %d --set options\n", MAX_SETS);
+            return -EINVAL;
+        }
+        L->sets[L->nsets++] = (char *)val;
+        return 0;
+    case OPT_OUT:
+        if (!val || !*val) {
+            fprintf(stderr, "dslaunch local: --out needs a directory\n");
+            return -EINVAL;
+        }
+        L->out = val;
+        return 0;
+    case OPT_PORT_BASE:
+        if (parse_int(val, 1024, 65535, &v) < 0) {
+            fprintf(stderr, "dslaunch local: --port-base expects a port in 1024..65535, "
+                            "found '%s'\n", val ? val : "");
+            return -EINVAL;
+        }
+        L->port_base = (int)v;
+        return 0;
+    case OPT_TIMEOUT: {
+        char *end;
+        double t = val ? strtod(val, &end) : 0;
+        if (!val || !*val || *end || !(t > 0) || t > 1e7) {
+            fprintf(stderr, "dslaunch local: --timeout expects seconds > 0, found '%s'\n",
+                    val ? val : "");
+            return -EINVAL;
+        }
+        L->timeout_s = t;
+        return 0;
+    }
+    case OPT_ADD_AT:
+        return take_add_at(L, val);
+    case OPT_NETNS:
+        L->netns = 1;
+        return 0;
+    case OPT_NETNS_RATE:
+        if (ds_netns_rate_parse(val, &L->netns_rate) < 0) {
+            fprintf(stderr, "dslaunch local: --netns-rate expects a rate such as 100mbit or "
+                            "1gbit (kbit, mbit, gbit; 8kbit..100gbit), found '%s'\n",
+                    val ? val : "");
+            return -EINVAL;
+        }
+        L->netns_rate_text = val;
+        L->netns = 1;
+        return 0;
+    case OPT_DSNODE:
+        if (!val || !*val) {
+            fprintf(stderr, "dslaunch local: --dsnode needs a path\n");
+            return -EINVAL;
+        }
+        L->dsnode_opt = val;
+        return 0;
+    default:
+        fprintf(stderr, "dslaunch local: unknown argument '%s' (see dslaunch local --help)\n",
+                arg);
+        return -EINVAL;
+    }
+}
+
+static int parse_args(struct launch *L, int argc, char **argv)
+{
+    L->n = 0;
+    L->port_base = -1;
+    /* "+": stop at the first element that is not an option (it is refused
+     * below), so options are read strictly in order, as given; ":": a
+     * missing value comes back as ':' and gets its option's own message.
+     * optind = 0 makes getopt start afresh on this argv. */
+    optind = 0;
+    opterr = 0;
+    for (;;) {
+        const int at = optind > 0 ? optind : 1; /* the element being read */
+        int c = getopt_long(argc, argv, "+:hn:", local_options, NULL);
+        if (c == -1)
+            break;
+        const char *val = optarg;
+        if (c == ':') {
+            c = optopt;
+            val = NULL;
+        } else if (c == '?') {
+            c = 0;
+        }
+        /* "-n=5" meant -n 5 before getopt; keep it so. */
+        if (c == 'n' && val && val[0] == '=' && !strncmp(argv[at], "-n=", 3))
+            val++;
+        const int r = take_option(L, c, val, argv[at]);
+        if (r != 0)
+            return r;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "dslaunch local: unknown argument '%s' (see dslaunch local --help)\n",
+                argv[optind]);
+        return -EINVAL;
     }
     if (!L->n) {
         fprintf(stderr, "dslaunch local: -n N is required (see dslaunch local --help)\n");
@@ -1374,16 +1436,6 @@ static void loop(struct launch *L)
 
 /* ---- report ---------------------------------------------------------------------------- */
 
-static void json_summary_field(FILE *f, const struct node *nd, const char *key)
-{
-    const char *v = nd->have_summary ? ds_kv_get(&nd->summary, key) : NULL;
-    fprintf(f, ", \"%s\": ", key);
-    if (v)
-        ds_json_text_or_num(f, v);
-    else
-        fputs("null", f);
-}
-
 static const char *node_status(const struct node *nd)
 {
     const char *st = nd->have_summary ? ds_kv_get(&nd->summary, "status") : NULL;
@@ -1394,6 +1446,91 @@ static const char *summary_or_dash(const struct node *nd, const char *key)
 {
     const char *v = nd->have_summary ? ds_kv_get(&nd->summary, key) : NULL;
     return v ? v : "-";
+}
+
+/* The summary value of key as JSON (null when absent); see docs/dslaunch.md. */
+static json_t *summary_json(const struct node *nd, const char *key)
+{
+    const char *v = nd->have_summary ? ds_kv_get(&nd->summary, key) : NULL;
+    return v ? ds_json_text_or_number(v) : json_null();
+}
+
+/* One node's entry of the --json report: exit status, status, the four
+ * fixed summary fields, every other summary key as dsnode wrote it, then
+ * what dslaunch knows (pid, --add-at step, model, listen address, log).
+ * model_ok: the model entered the consensus distance. NULL when out of
+ * memory. */
+static json_t *node_json(const struct launch *L, int i, int model_ok)
+{
+    static const char *const fixed[] = {"steps", "test_acc", "bytes_sent", "bytes_received"};
+    const struct node *nd = &L->nodes[i];
+    json_t *o = json_object();
+    int bad = !o;
+    bad = bad || ds_json_set(o, "exit_status", json_integer(nd->exit_code)) < 0;
+    bad = bad || ds_json_set(o, "status", ds_json_text(node_status(nd))) < 0;
+    for (size_t k = 0; !bad && k < sizeof(fixed) / sizeof(fixed[0]); k++)
+        bad = ds_json_set(o, fixed[k], summary_json(nd, fixed[k])) < 0;
+    for (int k = 0; !bad && nd->have_summary && k < nd->summary.n; k++) {
+        const char *key = nd->summary.key[k];
+        int skip = !strcmp(key, "node") || !strcmp(key, "status");
+        for (size_t j = 0; j < sizeof(fixed) / sizeof(fixed[0]); j++)
+            skip |= !strcmp(key, fixed[j]);
+        if (!skip)
+            bad = ds_json_set(o, key, ds_json_text_or_number(nd->summary.val[k])) < 0;
+    }
+    char host[48], listen[64];
+    node_host(L, i, host, sizeof(host));
+    snprintf(listen, sizeof(listen), "%s:%d", host, nd->port);
+    bad = bad || ds_json_set(o, "pid", json_integer(nd->pid)) < 0;
+    bad = bad || ds_json_set(o, "added_at_step", nd->added_at >= 0 ? json_integer(nd->added_at)
+                                                                  : json_null()) < 0;
+    bad = bad || ds_json_set(o, "model", model_ok ? ds_json_text(nd->model) : json_null()) < 0;
+    bad = bad || ds_json_set(o, "listen", ds_json_text(listen)) < 0;
+    bad = bad || ds_json_set(o, "log", ds_json_text(nd->logp)) < 0;
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* The --json report object (docs/dslaunch.md); NULL when out of memory. */
+static json_t *report_json(const struct launch *L, const ds_consensus *cons, const int *mst,
+                           double mean_acc, double wall, int exit_status)
+{
+    json_t *nodes = json_object(), *o = json_object();
+    int bad = !nodes || !o;
+    for (int i = 0; !bad && i < L->started; i++)
+        bad = ds_json_set(nodes, L->nodes[i].name, node_json(L, i, mst && mst[i] == 0)) < 0;
+    char net[64];
+    if (!L->netns)
+        snprintf(net, sizeof(net), "loopback");
+    else if (!L->netns_rate)
+        snprintf(net, sizeof(net), "netns");
+    else
+        snprintf(net, sizeof(net), "netns %s", L->netns_rate_text);
+    if (!bad) {
+        bad = ds_json_set(o, "nodes", nodes) < 0; /* o owns nodes from here */
+        nodes = NULL;
+    }
+    bad = bad || ds_json_set(o, "net", ds_json_text(net)) < 0;
+    bad = bad || ds_json_set(o, "consensus_distance",
+                             ds_json_number(cons->n_models >= 2 ? cons->rel : NAN)) < 0;
+    bad = bad || ds_json_set(o, "consensus_distance_abs",
+                             ds_json_number(cons->n_models >= 2 ? cons->abs : NAN)) < 0;
+    bad = bad || ds_json_set(o, "consensus_models", json_integer(cons->n_models)) < 0;
+    bad = bad || ds_json_set(o, "mean_test_acc", ds_json_number(mean_acc)) < 0;
+    bad = bad || ds_json_set(o, "wall_s", ds_json_number(wall)) < 0;
+    bad = bad || ds_json_set(o, "out_dir", ds_json_text(L->dir)) < 0;
+    bad = bad ||
+          ds_json_set(o, "stopped_by", ds_json_text(L->stopping ? L->stop_reason : NULL)) < 0;
+    bad = bad || ds_json_set(o, "exit_status", json_integer(exit_status)) < 0;
+    if (bad) {
+        json_decref(nodes);
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 static int report(struct launch *L, int exit_status)
@@ -1449,87 +1586,12 @@ static int report(struct launch *L, int exit_status)
     printf("wall %.1f s; configs, keys, logs and models in %s\n", wall, L->dir);
 
     if (L->json) {
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&buf, &len);
-        if (!f) {
-            fprintf(stderr, "dslaunch: out of memory\n");
-        } else {
-            fputs("{\"nodes\": {", f);
-            for (int i = 0; i < L->started; i++) {
-                const struct node *nd = &L->nodes[i];
-                fprintf(f, "%s", i ? ", " : "");
-                ds_json_str(f, nd->name);
-                fprintf(f, ": {\"exit_status\": %d, \"status\": ", nd->exit_code);
-                ds_json_str(f, node_status(nd));
-                static const char *const fixed[] = {"steps", "test_acc", "bytes_sent",
-                                                    "bytes_received"};
-                for (size_t k = 0; k < sizeof(fixed) / sizeof(fixed[0]); k++)
-                    json_summary_field(f, nd, fixed[k]);
-                /* every other summary key, as dsnode wrote it */
-                for (int k = 0; nd->have_summary && k < nd->summary.n; k++) {
-                    const char *key = nd->summary.key[k];
-                    int skip = !strcmp(key, "node") || !strcmp(key, "status");
-                    for (size_t j = 0; j < sizeof(fixed) / sizeof(fixed[0]); j++)
-                        skip |= !strcmp(key, fixed[j]);
-                    if (skip)
-                        continue;
-                    fputs(", ", f);
-                    ds_json_str(f, key);
-                    fputs(": ", f);
-                    ds_json_text_or_num(f, nd->summary.val[k]);
-                }
-                fprintf(f, ", \"pid\": %d, \"added_at_step\": ", (int)nd->pid);
-                if (nd->added_at >= 0)
-                    fprintf(f, "%lld", (long long)nd->added_at);
-                else
-                    fputs("null", f);
-                fputs(", \"model\": ", f);
-                if (mst && mst[i] == 0)
-                    ds_json_str(f, nd->model);
-                else
-                    fputs("null", f);
-                char host[48], listen[64];
-                node_host(L, i, host, sizeof(host));
-                snprintf(listen, sizeof(listen), "%s:%d", host, nd->port);
-                fputs(", \"listen\": ", f);
-                ds_json_str(f, listen);
-                fputs(", \"log\": ", f);
-                ds_json_str(f, nd->logp);
-                fputs("}", f);
-            }
-            fputs("}, \"net\": ", f);
-            if (!L->netns)
-                ds_json_str(f, "loopback");
-            else if (!L->netns_rate)
-                ds_json_str(f, "netns");
-            else {
-                char net[64];
-                snprintf(net, sizeof(net), "netns %s", L->netns_rate_text);
-                ds_json_str(f, net);
-            }
-            fputs(", \"consensus_distance\": ", f);
-            ds_json_num(f, cons.n_models >= 2 ? cons.rel : NAN);
-            fputs(", \"consensus_distance_abs\": ", f);
-            ds_json_num(f, cons.n_models >= 2 ? cons.abs : NAN);
-            fprintf(f, ", \"consensus_models\": %d, \"mean_test_acc\": ", cons.n_models);
-            ds_json_num(f, acc_n ? acc_sum / acc_n : NAN);
-            fputs(", \"wall_s\": ", f);
-            ds_json_num(f, wall);
-            fputs(", \"out_dir\": ", f);
-            ds_json_str(f, L->dir);
-            fputs(", \"stopped_by\": ", f);
-            if (L->stopping)
-                ds_json_str(f, L->stop_reason);
-            else
-                fputs("null", f);
-            fprintf(f, ", \"exit_status\": %d}\n", exit_status);
-            if (fclose(f) == 0)
-                fwrite(buf, 1, len, stdout);
-            else
-                fprintf(stderr, "dslaunch: out of memory\n");
-            free(buf);
-        }
+        json_t *j = report_json(L, &cons, mst, acc_n ? acc_sum / acc_n : NAN, wall,
+                                exit_status);
+        const int e = j ? ds_json_write_line(stdout, j, 0) : -ENOMEM;
+        if (e < 0)
+            fprintf(stderr, "dslaunch: cannot write the JSON report: %s\n", strerror(-e));
+        json_decref(j);
     }
     fflush(stdout);
     free(paths);
@@ -1561,6 +1623,49 @@ static void raise_fd_limit(int nodes)
     }
 }
 
+/* From here on signals are read through a signalfd (returned, or -1 with
+ * errno). SIGPIPE is ignored so that a closed stdout is a write error, not
+ * our death (the nodes get it back at SIG_DFL in proc.c). */
+static int signals_to_fd(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGWINCH);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/* --netns: stale leftovers removed, then every namespace made (recorded in
+ * L->ns for the teardown). 0; -1 when it failed (said); 128 + signal when
+ * a signal came meanwhile. */
+static int netns_up(struct launch *L)
+{
+    char why[700];
+    ds_netns_reap_stale(stderr);
+    if (ds_netns_init(&L->ns, getpid(), L->total, L->netns_rate, why, sizeof(why)) < 0 ||
+        ds_netns_setup(&L->ns, why, sizeof(why)) < 0) {
+        fprintf(stderr, "dslaunch: cannot set up the network namespaces: %s\n", why);
+        return -1;
+    }
+    const int sig = take_signals(L);
+    if (sig) {
+        fprintf(stderr, "dslaunch: interrupted before the nodes started\n");
+        return 128 + sig;
+    }
+    char first[48];
+    ds_netns_addr(0, first, sizeof(first));
+    fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I) on bridge "
+            "%s, %s%s\n", L->total, L->total == 1 ? "" : "s", (int)getpid(), first,
+            L->ns.bridge, L->netns_rate ? "each link limited to " : "no rate limit",
+            L->netns_rate ? L->netns_rate_text : "");
+    return 0;
+}
+
 int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
 {
     struct launch *L = calloc(1, sizeof(*L));
@@ -1577,20 +1682,7 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         goto free_launch;
     }
 
-    /* Signals: from here on, read through a signalfd. SIGPIPE is ignored so
-     * that a closed stdout is a write error, not our death (the nodes get it
-     * back at SIG_DFL in proc.c). */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGWINCH);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    L->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (L->sigfd < 0) {
+    if ((L->sigfd = signals_to_fd()) < 0) {
         fprintf(stderr, "dslaunch: signalfd: %s\n", strerror(errno));
         status = 1;
         goto free_launch;
@@ -1644,25 +1736,10 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         status = 128 + sig;
         goto free_nodes;
     }
-    if (L->netns) {
-        char why[700];
-        ds_netns_reap_stale(stderr);
-        if (ds_netns_init(&L->ns, getpid(), L->total, L->netns_rate, why, sizeof(why)) < 0 ||
-            ds_netns_setup(&L->ns, why, sizeof(why)) < 0) {
-            fprintf(stderr, "dslaunch: cannot set up the network namespaces: %s\n", why);
-            goto teardown;
-        }
-        if ((sig = take_signals(L))) {
-            fprintf(stderr, "dslaunch: interrupted before the nodes started\n");
-            status = 128 + sig;
-            goto teardown;
-        }
-        char first[48];
-        ds_netns_addr(0, first, sizeof(first));
-        fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I) on bridge "
-                "%s, %s%s\n", L->total, L->total == 1 ? "" : "s", (int)getpid(), first,
-                L->ns.bridge, L->netns_rate ? "each link limited to " : "no rate limit",
-                L->netns_rate ? L->netns_rate_text : "");
+    if (L->netns && (ret = netns_up(L)) != 0) {
+        if (ret > 0)
+            status = ret;
+        goto teardown;
     }
     fprintf(stderr, "dslaunch: %d node%s, run directory %s, ports from %d, dsnode %s\n", L->n,
             L->n == 1 ? "" : "s", L->dir, L->nodes[0].port, L->dsnode);

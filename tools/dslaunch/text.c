@@ -10,12 +10,16 @@
  * the JSON report unchanged and a field it drops becomes null rather than a
  * parse failure. Nothing here trusts the text: values are cut to a fixed
  * size, numbers are accepted only when the whole value is one, and every
- * string that reaches the JSON output is escaped to plain ASCII.
+ * string that reaches the JSON output has a valid form (bytes that are not
+ * UTF-8 are read as Latin-1). The JSON itself is jansson's: these helpers
+ * only decide how a value of dsnode's text becomes a JSON value, and the
+ * writer escapes everything outside printable ASCII.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,35 +132,53 @@ int ds_logline_split(char *line, ds_logline *out)
     return 0;
 }
 
-/* ---- JSON -------------------------------------------------------------------- */
+/* ---- JSON ------------------------------------------------------------------ */
 
-void ds_json_str(FILE *f, const char *s)
+/* Bytes that are not UTF-8 read as Latin-1, each byte one code point, so
+ * every byte string has a JSON form and the same bytes always give the
+ * same text. A new buffer (caller frees), or NULL when out of memory. */
+static char *latin1_to_utf8(const char *s)
 {
-    fputc('"', f);
+    const size_t n = strlen(s);
+    char *out = malloc(2 * n + 1), *w = out;
+    if (!out)
+        return NULL;
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p == '\n')
-            fputs("\\n", f);
-        else if (*p == '\t')
-            fputs("\\t", f);
-        else if (*p < 0x20 || *p >= 0x7f)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
+        if (*p < 0x80) {
+            *w++ = (char)*p;
+        } else {
+            *w++ = (char)(0xc0 | (*p >> 6));
+            *w++ = (char)(0x80 | (*p & 0x3f));
+        }
     }
-    fputc('"', f);
+    *w = '\0';
+    return out;
 }
 
-void ds_json_num(FILE *f, double v)
+json_t *ds_json_text(const char *s)
 {
-    if (!isfinite(v)) {
-        fputs("null", f);
-        return;
-    }
-    /* %.10g never writes a form JSON refuses ("1e+05" is valid JSON, and
-     * finite values have no inf/nan). */
-    fprintf(f, "%.10g", v);
+    if (!s)
+        return json_null();
+    json_t *v = json_string(s); /* NULL when s is not valid UTF-8 */
+    if (v)
+        return v;
+    char *u = latin1_to_utf8(s);
+    if (!u)
+        return NULL;
+    v = json_string(u);
+    free(u);
+    return v;
+}
+
+json_t *ds_json_number(double v)
+{
+    if (!isfinite(v))
+        return json_null();
+    /* Ten significant digits: what a reader of the report needs, and short
+     * text under the writer's 15-digit precision (ds_json_write_line). */
+    char b[32];
+    snprintf(b, sizeof(b), "%.10g", v);
+    return json_real(strtod(b, NULL));
 }
 
 int ds_json_is_number(const char *s)
@@ -190,10 +212,47 @@ int ds_json_is_number(const char *s)
     return *p == '\0';
 }
 
-void ds_json_text_or_num(FILE *f, const char *s)
+json_t *ds_json_text_or_number(const char *s)
 {
-    if (ds_json_is_number(s))
-        fputs(s, f);
-    else
-        ds_json_str(f, s);
+    if (!ds_json_is_number(s))
+        return ds_json_text(s);
+    /* An integer stays an integer when it fits; anything else that is
+     * finite as a double becomes one (at most 15 significant digits, which
+     * the writer gives back as written, up to trailing zeros). */
+    if (!strpbrk(s, ".eE")) {
+        errno = 0;
+        char *end;
+        const long long i = strtoll(s, &end, 10);
+        if (errno == 0 && *end == '\0')
+            return json_integer((json_int_t)i);
+    }
+    const double d = strtod(s, NULL);
+    return isfinite(d) ? json_real(d) : ds_json_text(s);
+}
+
+int ds_json_set(json_t *obj, const char *key, json_t *val)
+{
+    if (!val)
+        return -ENOMEM;
+    /* jansson refuses a key that is not UTF-8: use its ds_json_text form. */
+    json_t *k = ds_json_text(key);
+    if (!k) {
+        json_decref(val);
+        return -ENOMEM;
+    }
+    const int r = json_object_set_new(obj, json_string_value(k), val); /* takes val */
+    json_decref(k);
+    return r == 0 ? 0 : -ENOMEM;
+}
+
+int ds_json_write_line(FILE *f, const json_t *v, int compact)
+{
+    const size_t flags = JSON_ENSURE_ASCII | JSON_REAL_PRECISION(15) |
+                         (compact ? JSON_COMPACT : 0);
+    char *text = json_dumps(v, flags);
+    if (!text)
+        return -ENOMEM;
+    const int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF;
+    free(text);
+    return bad ? -EIO : 0;
 }

@@ -11,14 +11,21 @@
  * SVG comes from Graphviz `dot` (DSVIZ_DOT names another program). Without
  * it, --format svg fails, --format all skips the .svg with a note, and the
  * HTML page carries dsviz's own drawing instead.
+ *
+ * The command line is read with getopt_long (options before the sources;
+ * "--opt VALUE" or "--opt=VALUE"); live pages are fetched with libcurl
+ * (viz.c), whose global state main sets up once.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <curl/curl.h>
 
 #include "tools/dsviz/viz.h"
 
@@ -118,82 +125,142 @@ static int make_svg(const ds_viz *v, const char *dot_prog, char **svg)
     return e;
 }
 
-int main(int argc, char **argv)
+/* The command line, checked. */
+struct args {
+    const char *out;
+    int what;        /* F_* bits */
+    int timeout_ms;
+    int first_src;   /* argv index of the first SOURCE */
+};
+
+/* getopt_long over argv: options first, then SOURCE... ("+": the first
+ * element that is not an option starts the sources, as "--" does, so a
+ * source named like an option can follow "--"). Returns -1 to go on, or
+ * the exit status (0 after --help, 2 on a usage error, said). */
+static int parse_args(int argc, char **argv, struct args *a)
 {
-    const char *out = "dsviz", *format = "all";
-    int timeout_ms = 5000, first_src = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"out", required_argument, NULL, O_OUT},
+        {"format", required_argument, NULL, O_FORMAT},
+        {"timeout-ms", required_argument, NULL, O_TIMEOUT},
+        {NULL, 0, NULL, 0},
+    };
+    const char *format = "all";
+    a->out = "dsviz";
+    a->timeout_ms = 5000;
+    opterr = 0; /* the messages are ours */
+    for (;;) {
+        const int at = optind; /* the element being read */
+        const int c = getopt_long(argc, argv, "+:h", options, NULL);
+        if (c == -1)
+            break;
+        char *end;
+        long t;
+        switch (c) {
+        case 'h':
             usage(stdout);
             return 0;
-        }
-        if (!strcmp(a, "--out") || !strcmp(a, "--format") || !strcmp(a, "--timeout-ms")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "dsviz: %s needs a value\n", a);
+        case O_OUT:
+            a->out = optarg;
+            break;
+        case O_FORMAT:
+            format = optarg;
+            break;
+        case O_TIMEOUT:
+            t = strtol(optarg, &end, 10);
+            if (*end || t < 1 || t > 600000) {
+                fprintf(stderr, "dsviz: --timeout-ms: expected 1..600000, found '%s'\n", optarg);
                 return 2;
             }
-            const char *val = argv[++i];
-            if (!strcmp(a, "--out")) {
-                out = val;
-            } else if (!strcmp(a, "--format")) {
-                format = val;
-            } else {
-                char *end;
-                long t = strtol(val, &end, 10);
-                if (*end || t < 1 || t > 600000) {
-                    fprintf(stderr, "dsviz: --timeout-ms: expected 1..600000, found '%s'\n",
-                            val);
-                    return 2;
-                }
-                timeout_ms = (int)t;
-            }
-            continue;
-        }
-        if (!strcmp(a, "--")) {
-            first_src = i + 1;
+            a->timeout_ms = (int)t;
             break;
-        }
-        if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "dsviz: unknown option '%s'\n", a);
+        case ':':
+            fprintf(stderr, "dsviz: %s needs a value\n", argv[at]);
+            return 2;
+        default:
+            fprintf(stderr, "dsviz: unknown option '%s'\n", argv[at]);
             usage(stderr);
             return 2;
         }
-        first_src = i;
-        break;
     }
-    int what;
+    a->first_src = optind;
     if (!strcmp(format, "dot"))
-        what = F_DOT;
+        a->what = F_DOT;
     else if (!strcmp(format, "svg"))
-        what = F_SVG;
+        a->what = F_SVG;
     else if (!strcmp(format, "html"))
-        what = F_HTML;
+        a->what = F_HTML;
     else if (!strcmp(format, "all"))
-        what = F_DOT | F_SVG | F_HTML;
+        a->what = F_DOT | F_SVG | F_HTML;
     else {
         fprintf(stderr, "dsviz: --format: expected dot, svg, html or all, found '%s'\n", format);
         return 2;
     }
-    if (first_src < 0 || first_src >= argc) {
+    if (a->first_src >= argc) {
         fprintf(stderr, "dsviz: no SOURCE given\n");
         usage(stderr);
         return 2;
     }
-    if (!strcmp(out, "-") && what == (F_DOT | F_SVG | F_HTML)) {
+    if (!strcmp(a->out, "-") && a->what == (F_DOT | F_SVG | F_HTML)) {
         fprintf(stderr, "dsviz: --out - writes one format: give --format dot, svg or html\n");
         return 2;
     }
-    if (!out[0]) {
+    if (!a->out[0]) {
         fprintf(stderr, "dsviz: --out: empty prefix\n");
         return 2;
     }
+    return -1;
+}
 
+/* Write what a->what asks for (svg: Graphviz's drawing, or NULL). 0, or 1
+ * when an output failed (said). */
+static int write_outputs(const struct args *a, const ds_viz *v, const char *svg)
+{
+    int status = 0;
+    const size_t plen = strlen(a->out) + 8;
+    char *path = malloc(plen);
+    if (!path)
+        return 1;
+    const int to_stdout = !strcmp(a->out, "-");
+    if (a->what & F_DOT) {
+        snprintf(path, plen, to_stdout ? "-" : "%s.dot", a->out);
+        if (write_to(path, v, F_DOT, NULL) < 0)
+            status = 1;
+    }
+    if ((a->what & F_SVG) && svg) {
+        snprintf(path, plen, to_stdout ? "-" : "%s.svg", a->out);
+        FILE *f = to_stdout ? stdout : fopen(path, "w");
+        int bad = !f;
+        if (f) {
+            bad = fputs(svg, f) < 0;
+            bad = (f != stdout ? fclose(f) : fflush(f)) != 0 || bad;
+        }
+        if (bad) {
+            fprintf(stderr, "dsviz: cannot write %s: %s\n", path, strerror(errno));
+            status = 1;
+        } else if (!to_stdout) {
+            fprintf(stderr, "dsviz: wrote %s\n", path);
+        }
+    }
+    if (a->what & F_HTML) {
+        snprintf(path, plen, to_stdout ? "-" : "%s.html", a->out);
+        if (write_to(path, v, F_HTML, svg) < 0)
+            status = 1;
+    }
+    free(path);
+    return status;
+}
+
+/* Everything after the command line; the exit status. */
+static int draw(const struct args *a, int argc, char **argv)
+{
     ds_viz v = {0};
     int status = 0;
-    for (int i = first_src; i < argc; i++) {
+    for (int i = a->first_src; i < argc; i++) {
         char err[600];
-        int e = ds_viz_load(&v, argv[i], timeout_ms, err, sizeof(err));
+        int e = ds_viz_load(&v, argv[i], a->timeout_ms, err, sizeof(err));
         if (e < 0) {
             fprintf(stderr, "dsviz: %s\n", err);
             status = 1;
@@ -211,57 +278,40 @@ int main(int argc, char **argv)
         ds_viz_free(&v);
         return 1;
     }
-
     const char *dot_prog = getenv("DSVIZ_DOT");
     if (!dot_prog || !dot_prog[0])
         dot_prog = "dot";
     char *svg = NULL;
-    if (what & (F_SVG | F_HTML)) {
+    if (a->what & (F_SVG | F_HTML)) {
         e = make_svg(&v, dot_prog, &svg);
-        if (e < 0 && what == F_SVG)
+        if (e < 0 && a->what == F_SVG)
             status = 1;
         else if (e < 0)
             fprintf(stderr, "dsviz: %sthe HTML page has dsviz's own drawing\n",
-                    (what & F_SVG) ? "no .svg; " : "");
+                    (a->what & F_SVG) ? "no .svg; " : "");
     }
-    const size_t plen = strlen(out) + 8;
-    char *path = malloc(plen);
-    if (!path) {
-        free(svg);
-        ds_viz_free(&v);
-        return 1;
-    }
-    const int to_stdout = !strcmp(out, "-");
-    if (what & F_DOT) {
-        snprintf(path, plen, to_stdout ? "-" : "%s.dot", out);
-        if (write_to(path, &v, F_DOT, NULL) < 0)
-            status = 1;
-    }
-    if ((what & F_SVG) && svg) {
-        snprintf(path, plen, to_stdout ? "-" : "%s.svg", out);
-        FILE *f = to_stdout ? stdout : fopen(path, "w");
-        int bad = !f;
-        if (f) {
-            bad = fputs(svg, f) < 0;
-            bad = (f != stdout ? fclose(f) : fflush(f)) != 0 || bad;
-        }
-        if (bad) {
-            fprintf(stderr, "dsviz: cannot write %s: %s\n", path, strerror(errno));
-            status = 1;
-        } else if (!to_stdout) {
-            fprintf(stderr, "dsviz: wrote %s\n", path);
-        }
-    }
-    if (what & F_HTML) {
-        snprintf(path, plen, to_stdout ? "-" : "%s.html", out);
-        if (write_to(path, &v, F_HTML, svg) < 0)
-            status = 1;
-    }
-    if (!to_stdout)
+    if (write_outputs(a, &v, svg) != 0)
+        status = 1;
+    if (strcmp(a->out, "-"))
         fprintf(stderr, "dsviz: %zu members (%zu reporting), %zu exchanges\n", v.n_m, v.n_docs,
                 v.n_e);
-    free(path);
     free(svg);
     ds_viz_free(&v);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a;
+    const int st = parse_args(argc, argv, &a);
+    if (st >= 0)
+        return st;
+    /* Once, before any thread: libcurl's global state for the live pages. */
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
+        fprintf(stderr, "dsviz: cannot initialise libcurl\n");
+        return 1;
+    }
+    const int status = draw(&a, argc, argv);
+    curl_global_cleanup();
     return status;
 }

@@ -16,6 +16,11 @@
  *     (alive < suspect < left < dead).
  *   - Everything taken from a document is text from the network: it is
  *     escaped for DOT, SVG/HTML (entities) and never used as a path.
+ *   - The parts that are not dsviz's own are libraries: jansson reads the
+ *     documents (every field is checked for its type where it is used, so
+ *     a document written by someone else cannot make dsviz misread it),
+ *     libcurl fetches live pages, base/hostport.h decides what is a
+ *     host:port.
  */
 #include "config.h"
 
@@ -23,19 +28,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+
+#include "base/hostport.h"
 #include "tools/dsviz/viz.h"
 
 extern char **environ;
@@ -52,6 +56,25 @@ static uint64_t mono_ms(void)
 static void copy_str(char *dst, size_t n, const char *src)
 {
     snprintf(dst, n, "%s", src ? src : "");
+}
+
+/* Reading a document written by someone else: each accessor accepts NULL
+ * and a value of the wrong type, and gives the default then. */
+static const json_t *jget(const json_t *v, const char *key)
+{
+    return json_object_get(v, key); /* NULL unless v is an object with key */
+}
+
+static double jnum(const json_t *v, const char *key, double dflt)
+{
+    const json_t *x = jget(v, key);
+    return json_is_number(x) ? json_number_value(x) : dflt;
+}
+
+static const char *jstr(const json_t *v, const char *key, const char *dflt)
+{
+    const char *s = json_string_value(jget(v, key)); /* NULL unless a string */
+    return s ? s : dflt;
 }
 
 int ds_viz_read_file(const char *path, size_t max, char **out, size_t *len)
@@ -124,10 +147,32 @@ int ds_viz_read_file(const char *path, size_t max, char **out, size_t *len)
 
 /* ---- documents ---------------------------------------------------------------- */
 
+int ds_viz_parse_json(const char *text, size_t len, json_t **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    /* A byte order mark is not JSON, but editors write one. */
+    if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) {
+        text += 3;
+        len -= 3;
+    }
+    json_error_t je;
+    json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    if (!v) {
+        if (json_error_code(&je) == json_error_out_of_memory) {
+            snprintf(err, err_len, "out of memory");
+            return -ENOMEM;
+        }
+        snprintf(err, err_len, "%d:%d: %s", je.line, je.column, je.text);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
 void ds_viz_free(ds_viz *v)
 {
     for (size_t i = 0; i < v->n_docs; i++)
-        ds_jdoc_free(&v->docs[i].doc);
+        json_decref(v->docs[i].doc);
     free(v->docs);
     free(v->m);
     free(v->e);
@@ -137,47 +182,45 @@ void ds_viz_free(ds_viz *v)
 int ds_viz_add_json(ds_viz *v, const char *text, size_t len, const char *origin, char *err,
                     size_t err_len)
 {
-    char perr[160];
-    ds_jdoc *d = NULL;
-    int e = ds_jdoc_parse(text, len, &d, perr, sizeof(perr));
+    char perr[200];
+    json_t *d = NULL;
+    int e = ds_viz_parse_json(text, len, &d, perr, sizeof(perr));
     if (e < 0) {
-        snprintf(err, err_len, "%s: not valid JSON: %s", origin,
-                 e == -ENOMEM ? "out of memory" : perr);
+        snprintf(err, err_len, "%s: not valid JSON: %s", origin, perr);
         return e;
     }
-    const ds_jv *root = ds_jdoc_root(d);
-    const char *name = ds_jv_get_str(ds_jv_get(root, "node"), "name", NULL);
-    const double schema = ds_jv_get_num(root, "schema", -1);
+    const char *name = jstr(jget(d, "node"), "name", NULL);
+    const double schema = jnum(d, "schema", -1);
     if (!name || !name[0] || schema != 1) {
         snprintf(err, err_len, "%s: not a dsnode status document (%s)", origin,
                  schema != 1 ? "schema is not 1" : "no node.name");
-        ds_jdoc_free(&d);
+        json_decref(d);
         return -EINVAL;
     }
-    const double t = ds_jv_get_num(root, "time_unix_ms", 0);
+    const double t = jnum(d, "time_unix_ms", 0);
     for (size_t i = 0; i < v->n_docs; i++) {
         if (strcmp(v->docs[i].name, name))
             continue;
         if (t >= v->docs[i].time_unix_ms) {
-            ds_jdoc_free(&v->docs[i].doc);
+            json_decref(v->docs[i].doc);
             v->docs[i].doc = d;
             v->docs[i].time_unix_ms = t;
             copy_str(v->docs[i].origin, sizeof(v->docs[i].origin), origin);
         } else {
-            ds_jdoc_free(&d);
+            json_decref(d);
         }
         v->built = 0;
         return 0;
     }
     if (v->n_docs >= DS_VIZ_MAX_DOCS) {
         snprintf(err, err_len, "%s: more than %d documents", origin, DS_VIZ_MAX_DOCS);
-        ds_jdoc_free(&d);
+        json_decref(d);
         return -EINVAL;
     }
     ds_viz_doc *nd = realloc(v->docs, (v->n_docs + 1) * sizeof(*nd));
     if (!nd) {
         snprintf(err, err_len, "%s: out of memory", origin);
-        ds_jdoc_free(&d);
+        json_decref(d);
         return -ENOMEM;
     }
     v->docs = nd;
@@ -257,23 +300,11 @@ static int load_dir(ds_viz *v, const char *dir, char *err, size_t err_len)
     return added;
 }
 
-/* "host:port" with a port 1..65535 and a host of name characters. */
+/* host:port by the one parser (base/hostport.h), with a real port. */
 static int is_hostport(const char *s)
 {
-    const char *c = strrchr(s, ':');
-    if (!c || c == s || !c[1] || strlen(c + 1) > 5)
-        return 0;
-    for (const char *p = s; p < c; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '.' || *p == '-' || *p == '_'))
-            return 0;
-    long port = 0;
-    for (const char *p = c + 1; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return 0;
-        port = port * 10 + (*p - '0');
-    }
-    return port >= 1 && port <= 65535;
+    ds_hostport hp;
+    return ds_hostport_parse(s, &hp) == 0 && hp.port >= 1;
 }
 
 int ds_viz_load(ds_viz *v, const char *source, int timeout_ms, char *err, size_t err_len)
@@ -304,18 +335,78 @@ int ds_viz_load(ds_viz *v, const char *source, int timeout_ms, char *err, size_t
 
 /* ---- HTTP client ---------------------------------------------------------------- */
 
-static int wait_fd(int fd, short ev, uint64_t deadline)
+/* The body as it arrives: grown as needed, never past max bytes. */
+struct sink {
+    char *buf;
+    size_t len, cap, max;
+    int too_big;
+};
+
+static size_t sink_write(char *data, size_t size, size_t n, void *arg)
 {
-    for (;;) {
-        const uint64_t now = mono_ms();
-        if (now >= deadline)
-            return -ETIMEDOUT;
-        struct pollfd p = {.fd = fd, .events = ev};
-        int n = poll(&p, 1, (int)(deadline - now));
-        if (n > 0)
+    struct sink *s = arg;
+    const size_t k = size * n;
+    if (k > s->max - s->len) {
+        s->too_big = 1;
+        return 0; /* libcurl stops the transfer: CURLE_WRITE_ERROR */
+    }
+    if (s->len + k + 1 > s->cap) {
+        size_t nc = s->cap ? s->cap : 65536;
+        while (nc < s->len + k + 1)
+            nc *= 2;
+        char *nb = realloc(s->buf, nc);
+        if (!nb)
             return 0;
-        if (n < 0 && errno != EINTR)
-            return -errno;
+        s->buf = nb;
+        s->cap = nc;
+    }
+    memcpy(s->buf + s->len, data, k);
+    s->len += k;
+    return k;
+}
+
+/* A failed transfer as -errno with its message in err. */
+static int http_error(CURL *c, CURLcode rc, const struct sink *s, const char *hostport,
+                      const char *cerr, char *err, size_t err_len)
+{
+    long os_errno = 0;
+    switch (rc) {
+    case CURLE_OPERATION_TIMEDOUT:
+        snprintf(err, err_len, "%s: no answer in time", hostport);
+        return -ETIMEDOUT;
+    case CURLE_FILESIZE_EXCEEDED:
+        snprintf(err, err_len, "%s: answer larger than %zu bytes", hostport, s->max);
+        return -EFBIG;
+    case CURLE_WRITE_ERROR:
+        if (s->too_big) {
+            snprintf(err, err_len, "%s: answer larger than %zu bytes", hostport, s->max);
+            return -EFBIG;
+        }
+        snprintf(err, err_len, "%s: out of memory", hostport);
+        return -ENOMEM;
+    case CURLE_OUT_OF_MEMORY:
+        snprintf(err, err_len, "%s: out of memory", hostport);
+        return -ENOMEM;
+    case CURLE_COULDNT_RESOLVE_HOST:
+        snprintf(err, err_len, "%s: cannot resolve: %s", hostport, cerr);
+        return -EHOSTUNREACH;
+    case CURLE_COULDNT_CONNECT:
+        /* The system's reason (refused, unreachable) says most. */
+        curl_easy_getinfo(c, CURLINFO_OS_ERRNO, &os_errno);
+        if (os_errno > 0) {
+            snprintf(err, err_len, "%s: %s", hostport, strerror((int)os_errno));
+            return -(int)os_errno;
+        }
+        snprintf(err, err_len, "%s: %s", hostport, cerr);
+        return -ECONNREFUSED;
+    case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_GOT_NOTHING:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+        snprintf(err, err_len, "%s: not an HTTP answer (%s)", hostport, cerr);
+        return -EPROTO;
+    default:
+        snprintf(err, err_len, "%s: %s", hostport, cerr);
+        return -EIO;
     }
 }
 
@@ -324,145 +415,63 @@ int ds_viz_http_get(const char *hostport, const char *path, int timeout_ms, size
 {
     *body = NULL;
     *len = 0;
-    const uint64_t deadline = mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1);
-    const char *c = strrchr(hostport, ':');
-    char host[256];
-    if (!c || (size_t)(c - hostport) >= sizeof(host)) {
+    ds_hostport hp;
+    char addr[DS_HOSTPORT_MAX + 1], url[DS_HOSTPORT_MAX + 600];
+    if (ds_hostport_parse(hostport, &hp) < 0 || hp.port == 0 ||
+        ds_hostport_format(hp.host, hp.port, addr, sizeof(addr)) < 0) {
         snprintf(err, err_len, "%s: expected host:port", hostport);
         return -EINVAL;
     }
-    memcpy(host, hostport, (size_t)(c - hostport));
-    host[c - hostport] = 0;
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    int g = getaddrinfo(host, c + 1, &hints, &ai);
-    if (g != 0 || !ai) {
-        snprintf(err, err_len, "%s: cannot resolve: %s", hostport, gai_strerror(g));
-        if (ai)
-            freeaddrinfo(ai);
-        return -EHOSTUNREACH;
+    const int ul = snprintf(url, sizeof(url), "http://%s%s", addr, path);
+    if (ul < 0 || (size_t)ul >= sizeof(url)) {
+        snprintf(err, err_len, "%s: path too long", hostport);
+        return -EINVAL;
     }
+    CURL *c = curl_easy_init();
+    if (!c) {
+        snprintf(err, err_len, "%s: out of memory", hostport);
+        return -ENOMEM;
+    }
+    struct sink s = {.max = max};
+    char cerr[CURL_ERROR_SIZE] = "";
+    /* Plain HTTP to exactly this address: no proxy from the environment,
+     * no redirect elsewhere; one deadline for everything, name resolution
+     * included (the threaded resolver honours it without signals). */
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(c, CURLOPT_PROXY, "");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(timeout_ms > 0 ? timeout_ms : 1));
+    curl_easy_setopt(c, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_0);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "dsviz");
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)max);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &s);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    const CURLcode rc = curl_easy_perform(c);
+    if (!cerr[0])
+        snprintf(cerr, sizeof(cerr), "%s", curl_easy_strerror(rc));
     int e = 0;
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        e = -errno;
-        snprintf(err, err_len, "%s: socket: %s", hostport, strerror(-e));
-        goto out_ai;
-    }
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
-        if (errno != EINPROGRESS) {
-            e = -errno;
-            goto fail_io;
-        }
-        if ((e = wait_fd(fd, POLLOUT, deadline)) < 0)
-            goto fail_io;
-        int so = 0;
-        socklen_t sl = sizeof(so);
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
-        if (so) {
-            e = -so;
-            goto fail_io;
-        }
-    }
-    char req[600];
-    const int rl = snprintf(req, sizeof(req),
-                            "GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: dsviz\r\n"
-                            "Connection: close\r\n\r\n",
-                            path, hostport);
-    if (rl < 0 || (size_t)rl >= sizeof(req)) {
-        e = -EINVAL;
-        goto fail_io;
-    }
-    for (int off = 0; off < rl;) {
-        ssize_t w = send(fd, req + off, (size_t)(rl - off), MSG_NOSIGNAL);
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if ((e = wait_fd(fd, POLLOUT, deadline)) < 0)
-                goto fail_io;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            e = -errno;
-            goto fail_io;
-        }
-        off += (int)w;
-    }
-    /* Headers are at most 64 KiB on top of the body limit. */
-    const size_t limit = max + 65536;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            size_t nc = cap ? cap * 2 : 65536;
-            char *nb = realloc(buf, nc);
-            if (!nb) {
-                e = -ENOMEM;
-                goto fail_io;
-            }
-            buf = nb;
-            cap = nc;
-        }
-        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if ((e = wait_fd(fd, POLLIN, deadline)) < 0)
-                goto fail_io;
-            continue;
-        }
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            e = -errno;
-            goto fail_io;
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-        if (n > limit) {
-            e = -EFBIG;
-            snprintf(err, err_len, "%s: answer larger than %zu bytes", hostport, limit);
-            goto fail;
-        }
-    }
-    buf[n] = 0;
-    int code = 0;
-    if (n < 12 || (memcmp(buf, "HTTP/1.0 ", 9) && memcmp(buf, "HTTP/1.1 ", 9)) ||
-        sscanf(buf + 9, "%3d", &code) != 1) {
+    long code = 0;
+    if (rc != CURLE_OK) {
+        e = http_error(c, rc, &s, hostport, cerr, err, err_len);
+    } else if (curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code) != CURLE_OK || code != 200) {
+        snprintf(err, err_len, "%s: HTTP %ld for %s", hostport, code, path);
         e = -EPROTO;
-        snprintf(err, err_len, "%s: not an HTTP answer", hostport);
-        goto fail;
+    } else if (!s.buf && !(s.buf = malloc(1))) { /* an empty body */
+        snprintf(err, err_len, "%s: out of memory", hostport);
+        e = -ENOMEM;
     }
-    char *hend = strstr(buf, "\r\n\r\n");
-    if (!hend) {
-        e = -EPROTO;
-        snprintf(err, err_len, "%s: HTTP answer without a header end", hostport);
-        goto fail;
+    curl_easy_cleanup(c);
+    if (e < 0) {
+        free(s.buf);
+        return e;
     }
-    if (code != 200) {
-        e = -EPROTO;
-        snprintf(err, err_len, "%s: HTTP %d for %s", hostport, code, path);
-        goto fail;
-    }
-    hend += 4;
-    const size_t blen = n - (size_t)(hend - buf);
-    memmove(buf, hend, blen);
-    buf[blen] = 0;
-    *body = buf;
-    *len = blen;
-    close(fd);
-    freeaddrinfo(ai);
+    s.buf[s.len] = '\0';
+    *body = s.buf;
+    *len = s.len;
     return 0;
-
-fail_io:
-    snprintf(err, err_len, "%s: %s", hostport,
-             e == -ETIMEDOUT ? "no answer in time" : strerror(-e));
-fail:
-    free(buf);
-    close(fd);
-out_ai:
-    freeaddrinfo(ai);
-    return e;
 }
 
 /* ---- the graph -------------------------------------------------------------------- */
@@ -542,114 +551,115 @@ static int cmp_docs(const void *a, const void *b)
     return strcmp(((const ds_viz_doc *)a)->name, ((const ds_viz_doc *)b)->name);
 }
 
-int ds_viz_build(ds_viz *v)
+/* Fill the member of every reporting node from its own document. */
+static int build_reporting(ds_viz *v, size_t *mcap)
 {
-    size_t mcap = 0, ecap = 0;
-    free(v->m);
-    free(v->e);
-    v->m = NULL;
-    v->e = NULL;
-    v->n_m = v->n_e = 0;
-    v->n_segments = 0;
-    /* Sorted by name: the output does not depend on the order of sources. */
-    if (v->n_docs > 1)
-        qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);
-
-    /* Reporting nodes first, then every view member. */
     for (size_t d = 0; d < v->n_docs; d++) {
-        const ds_jv *root = ds_jdoc_root(v->docs[d].doc);
-        const ds_jv *node = ds_jv_get(root, "node");
-        int i = member(v, v->docs[d].name, &mcap);
+        const json_t *root = v->docs[d].doc;
+        const json_t *node = jget(root, "node");
+        int i = member(v, v->docs[d].name, mcap);
         if (i < 0)
             return i;
         ds_viz_member *m = &v->m[i];
-        const ds_jv *train = ds_jv_get(root, "train");
-        const ds_jv *net = ds_jv_get(root, "net");
-        const ds_jv *gossip = ds_jv_get(root, "gossip");
+        const json_t *train = jget(root, "train");
+        const json_t *net = jget(root, "net");
+        const json_t *gossip = jget(root, "gossip");
         m->reported = 1;
         m->doc = (int)d;
-        copy_str(m->addr, sizeof(m->addr), ds_jv_get_str(node, "addr", ""));
-        copy_str(m->group, sizeof(m->group), ds_jv_get_str(node, "group", ""));
-        copy_str(m->id, sizeof(m->id), ds_jv_get_str(node, "id", ""));
-        copy_str(m->state, sizeof(m->state), ds_jv_get_str(node, "state", "?"));
-        m->step = ds_jv_get_num(train, "step", 0);
-        m->steps = ds_jv_get_num(train, "steps", 0);
-        m->loss = ds_jv_get_num(train, "loss", NAN);
-        m->test_acc = ds_jv_get_num(train, "test_acc", -1);
-        m->lr = ds_jv_get_num(train, "lr", NAN);
-        m->samples_per_s = ds_jv_get_num(train, "samples_per_s", 0);
-        m->round = ds_jv_get_num(root, "round", 0);
-        m->epoch = ds_jv_get_num(root, "epoch", 0);
-        m->bytes_sent = ds_jv_get_num(net, "bytes_sent", 0);
-        m->bytes_received = ds_jv_get_num(net, "bytes_received", 0);
-        m->drops_total = ds_jv_get_num(root, "drops_total", 0);
-        m->view_size = ds_jv_get_num(ds_jv_get(root, "view"), "size", 0);
-        m->time_unix_ms = ds_jv_get_num(root, "time_unix_ms", 0);
-        m->exchanges_ok = ds_jv_get_num(gossip, "exchanges_ok", 0);
-        m->exchanges_failed = ds_jv_get_num(gossip, "exchanges_failed", 0);
+        copy_str(m->addr, sizeof(m->addr), jstr(node, "addr", ""));
+        copy_str(m->group, sizeof(m->group), jstr(node, "group", ""));
+        copy_str(m->id, sizeof(m->id), jstr(node, "id", ""));
+        copy_str(m->state, sizeof(m->state), jstr(node, "state", "?"));
+        m->step = jnum(train, "step", 0);
+        m->steps = jnum(train, "steps", 0);
+        m->loss = jnum(train, "loss", NAN);
+        m->test_acc = jnum(train, "test_acc", -1);
+        m->lr = jnum(train, "lr", NAN);
+        m->samples_per_s = jnum(train, "samples_per_s", 0);
+        m->round = jnum(root, "round", 0);
+        m->epoch = jnum(root, "epoch", 0);
+        m->bytes_sent = jnum(net, "bytes_sent", 0);
+        m->bytes_received = jnum(net, "bytes_received", 0);
+        m->drops_total = jnum(root, "drops_total", 0);
+        m->view_size = jnum(jget(root, "view"), "size", 0);
+        m->time_unix_ms = jnum(root, "time_unix_ms", 0);
+        m->exchanges_ok = jnum(gossip, "exchanges_ok", 0);
+        m->exchanges_failed = jnum(gossip, "exchanges_failed", 0);
     }
+    return 0;
+}
+
+/* Add every member some view lists; the worst state any view gives it. */
+static int build_view_members(ds_viz *v, size_t *mcap)
+{
     for (size_t d = 0; d < v->n_docs; d++) {
-        const ds_jv *members = ds_jv_get(ds_jv_get(ds_jdoc_root(v->docs[d].doc), "view"),
-                                         "members");
-        for (size_t k = 0; k < ds_jv_len(members); k++) {
-            const ds_jv *mv = ds_jv_at(members, k);
-            const char *name = ds_jv_get_str(mv, "name", NULL);
+        const json_t *members = jget(jget(v->docs[d].doc, "view"), "members");
+        for (size_t k = 0; k < json_array_size(members); k++) {
+            const json_t *mv = json_array_get(members, k);
+            const char *name = jstr(mv, "name", NULL);
             if (!name || !name[0])
                 continue;
-            int i = member(v, name, &mcap);
+            int i = member(v, name, mcap);
             if (i < 0)
                 return i;
             ds_viz_member *m = &v->m[i];
             if (!m->reported) {
                 if (!m->addr[0])
-                    copy_str(m->addr, sizeof(m->addr), ds_jv_get_str(mv, "addr", ""));
+                    copy_str(m->addr, sizeof(m->addr), jstr(mv, "addr", ""));
                 if (!m->group[0])
-                    copy_str(m->group, sizeof(m->group), ds_jv_get_str(mv, "group", ""));
+                    copy_str(m->group, sizeof(m->group), jstr(mv, "group", ""));
                 if (!m->id[0])
-                    copy_str(m->id, sizeof(m->id), ds_jv_get_str(mv, "id", ""));
+                    copy_str(m->id, sizeof(m->id), jstr(mv, "id", ""));
             }
-            const char *st = ds_jv_get_str(mv, "state", "alive");
+            const char *st = jstr(mv, "state", "alive");
             if (state_rank(st) > state_rank(m->seen_state))
                 copy_str(m->seen_state, sizeof(m->seen_state), st);
         }
     }
 
-    /* Edges: initiator -> target per segment, from the initiator's
-     * document; from the answerer's only when the initiator did not report. */
+    return 0;
+}
+
+/* Edges: initiator -> target per segment, from the initiator's document;
+ * from the answerer's only when the initiator did not report. */
+static int build_edges(ds_viz *v, size_t *mcap)
+{
+    size_t ecap = 0;
     for (size_t d = 0; d < v->n_docs; d++) {
-        const ds_jv *root = ds_jdoc_root(v->docs[d].doc);
-        const ds_jv *list = ds_jv_get(ds_jv_get(root, "exchanges"), "list");
+        const json_t *root = v->docs[d].doc;
+        const json_t *list = jget(jget(root, "exchanges"), "list");
         const int self = ds_viz_find(v, v->docs[d].name);
-        const double round = ds_jv_get_num(ds_jv_get(root, "exchanges"), "round",
-                                           ds_jv_get_num(root, "round", 0));
-        for (size_t k = 0; k < ds_jv_len(list); k++) {
-            const ds_jv *x = ds_jv_at(list, k);
-            const double segd = ds_jv_get_num(x, "segment", -1);
+        const double round = jnum(jget(root, "exchanges"), "round", jnum(root, "round", 0));
+        for (size_t k = 0; k < json_array_size(list); k++) {
+            const json_t *x = json_array_get(list, k);
+            const double segd = jnum(x, "segment", -1);
             if (!(segd >= 0 && segd < 1e6))
                 continue;
             ds_viz_edge e;
             memset(&e, 0, sizeof(e));
             e.segment = (unsigned)segd;
             e.round = round;
-            const char *to = ds_jv_get_str(x, "initiate_to", "");
+            const char *to = jstr(x, "initiate_to", "");
             if (to[0]) {
-                int t = member(v, to, &mcap);
+                int t = member(v, to, mcap);
                 if (t < 0)
                     return t;
                 e.from = self;
                 e.to = t;
-                copy_str(e.outcome, sizeof(e.outcome), ds_jv_get_str(x, "outcome", "unknown"));
-                e.bytes = ds_jv_get_num(x, "bytes", 0);
+                copy_str(e.outcome, sizeof(e.outcome), jstr(x, "outcome", "unknown"));
+                e.bytes = jnum(x, "bytes", 0);
                 int r = edge(v, &ecap, &e);
                 if (r < 0)
                     return r;
             }
-            const ds_jv *ans = ds_jv_get(x, "answer_from");
-            for (size_t a = 0; a < ds_jv_len(ans); a++) {
-                const char *from = ds_jv_str(ds_jv_at(ans, a), "");
+            const json_t *ans = jget(x, "answer_from");
+            for (size_t a = 0; a < json_array_size(ans); a++) {
+                const char *from = json_string_value(json_array_get(ans, a));
+                if (!from)
+                    continue;
                 if (!from[0] || doc_of(v, from) >= 0)
                     continue;
-                int f = member(v, from, &mcap);
+                int f = member(v, from, mcap);
                 if (f < 0)
                     return f;
                 e.from = f;
@@ -663,6 +673,30 @@ int ds_viz_build(ds_viz *v)
             }
         }
     }
+    return 0;
+}
+
+int ds_viz_build(ds_viz *v)
+{
+    size_t mcap = 0;
+    free(v->m);
+    free(v->e);
+    v->m = NULL;
+    v->e = NULL;
+    v->n_m = v->n_e = 0;
+    v->n_segments = 0;
+    /* Sorted by name: the output does not depend on the order of sources. */
+    if (v->n_docs > 1)
+        qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);
+
+    /* Reporting nodes first, then every view member, then the edges. */
+    int e = build_reporting(v, &mcap);
+    if (e == 0)
+        e = build_view_members(v, &mcap);
+    if (e == 0)
+        e = build_edges(v, &mcap);
+    if (e < 0)
+        return e;
     v->built = 1;
     return 0;
 }

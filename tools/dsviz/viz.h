@@ -9,7 +9,12 @@
  * Graphviz `dot` when installed) and a self-contained HTML page.
  *
  * dsviz links nothing of node/ (design §1): the status schema
- * (docs/status.md) is the interface, read with tools/dsviz/json.h.
+ * (docs/status.md) is the interface. Documents are read with jansson,
+ * live pages fetched with libcurl, host:port sources parsed by
+ * base/hostport.h (the one parser, so dsviz accepts the addresses a node's
+ * status.listen accepts).
+ *
+ * Not thread-safe: a ds_viz belongs to one thread at a time.
  */
 #ifndef DS_TOOLS_DSVIZ_VIZ_H
 #define DS_TOOLS_DSVIZ_VIZ_H
@@ -18,12 +23,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "tools/dsviz/json.h"
+#include <jansson.h>
 
 #define DS_VIZ_MAX_DOCS 4096
 #define DS_VIZ_MAX_MEMBERS 4096
 #define DS_VIZ_MAX_EDGES 65536
-#define DS_VIZ_MAX_FILE ((size_t)16 << 20)
+#define DS_VIZ_MAX_FILE ((size_t)16 << 20) /* a status document, from a file or a page */
 
 typedef struct ds_viz_member {
     char name[64], addr[128], group[32], id[17];
@@ -47,7 +52,7 @@ typedef struct ds_viz_edge {
 } ds_viz_edge;
 
 typedef struct ds_viz_doc {
-    ds_jdoc *doc;
+    json_t *doc;           /* owned (one reference) */
     char origin[256];      /* where it came from */
     char name[64];
     double time_unix_ms;
@@ -67,6 +72,15 @@ typedef struct ds_viz {
 /* Zero-initialise a ds_viz (= {0}) before use; ds_viz_free releases it. */
 void ds_viz_free(ds_viz *v);
 
+/* Parse one JSON text text[0..len) the way dsviz reads status documents:
+ * jansson, strict RFC 8259 (invalid UTF-8, lone surrogates, \u0000,
+ * duplicate keys, trailing text and numbers outside double range are
+ * errors); any value at the top; a UTF-8 byte order mark skipped. On
+ * success *out is the value (caller owns; json_decref). Returns 0, -EINVAL
+ * (err holds "LINE:COL: what", *out NULL) or -ENOMEM. */
+int ds_viz_parse_json(const char *text, size_t len, json_t **out, char *err, size_t err_len)
+    __attribute__((warn_unused_result));
+
 /* Add one status document (text[0..len), origin for messages). A document
  * for a node already loaded replaces it when it is newer. 0, -EINVAL
  * (err: "ORIGIN: why") or -ENOMEM. */
@@ -74,15 +88,20 @@ int ds_viz_add_json(ds_viz *v, const char *text, size_t len, const char *origin,
                     size_t err_len) __attribute__((warn_unused_result));
 
 /* Load a source: a status.json path, a directory (DIR/status.json and
- * every DIR/x/status.json, sorted), or host:port (GET /status, at most
- * timeout_ms). Returns the number of documents added (>= 1), or -errno
- * with err set (-ENOENT: a directory without any status.json). */
+ * every DIR/x/status.json, sorted), or host:port by base/hostport.h with a
+ * port >= 1 (GET /status, at most timeout_ms). Returns the number of
+ * documents added (>= 1), or -errno with err set (-ENOENT: a directory
+ * without any status.json). */
 int ds_viz_load(ds_viz *v, const char *source, int timeout_ms, char *err, size_t err_len)
     __attribute__((warn_unused_result));
 
-/* HTTP GET http://hostport/path into a new buffer (*body, caller frees,
- * NUL-terminated) of *len bytes; at most max bytes, timeout_ms in all.
- * 0, or -errno with err set (HTTP codes other than 200 are -EPROTO). */
+/* HTTP GET http://hostport/path (libcurl; plain HTTP only, no proxy, no
+ * redirects) into a new buffer (*body, caller frees, NUL-terminated) of
+ * *len bytes; a body of at most max bytes, timeout_ms in all (name
+ * resolution included). 0, or -errno with err set: -EINVAL (not
+ * host:port), -ETIMEDOUT, -EFBIG, -EPROTO (not HTTP, or a code other than
+ * 200), the connect error (-ECONNREFUSED ...), -EHOSTUNREACH (no such
+ * host) or -ENOMEM. */
 int ds_viz_http_get(const char *hostport, const char *path, int timeout_ms, size_t max,
                     char **body, size_t *len, char *err, size_t err_len)
     __attribute__((warn_unused_result));

@@ -42,6 +42,9 @@
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "node/runtime/engine.h"
+/* For publish_status alone, which fills the status snapshot from the
+ * engine's state; it moves next to the engine (node/runtime/publish.c),
+ * and then this client uses engine.h only. */
 #include "node/runtime/engine_impl.h"
 #include "node/runtime/run.h"
 #include "node/status/status.h"

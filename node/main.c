@@ -6,20 +6,26 @@
  *   dsnode keygen [--cluster] --out FILE
  *   dsnode help-config | --help | --version
  *
- * Exit status: 0 success; 1 runtime failure; 2 usage or config error;
- * 128 + signal when a run was stopped by SIGINT / SIGTERM.
+ * The subcommand comes first, its options after it (getopt_long, so
+ * `--set X` and `--set=X` both work). Exit status: 0 success; 1 runtime
+ * failure; 2 usage or config error; 128 + signal when a run was stopped
+ * by SIGINT / SIGTERM.
  */
 #include "config.h"
 
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/log.h"
 #include "conf/conf.h"
 #include "kernels/cpu.h"
 #include "kernels/kernels.h"
-#include "node/sec/keygen.h"
-#include "base/log.h"
 #include "node/runtime/run.h"
+#include "node/sec/keygen.h"
+
+#define MAX_SETS 256
 
 static void usage(FILE *f)
 {
@@ -50,25 +56,49 @@ fail:
     return -1;
 }
 
-/* Collect --config/positional FILE and --set options. */
+/* A subcommand's options: --config FILE, --set section.key=value (any
+ * number, kept in order) and, where positional_ok, FILE as the first
+ * argument that is not an option. argv[0] is the subcommand. Prints what
+ * it does not understand and returns -1. */
 static int parse_common(int argc, char **argv, int positional_ok, const char **path, char **sets,
                         int *nset)
 {
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"set", required_argument, NULL, 's'},
+        {NULL, 0, NULL, 0},
+    };
     *nset = 0;
     *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config") && i + 1 < argc) {
-            *path = argv[++i];
-        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
-            sets[(*nset)++] = argv[++i];
-        } else if (!strncmp(argv[i], "--set=", 6)) {
-            sets[(*nset)++] = argv[i] + 6;
-        } else if (positional_ok && argv[i][0] != '-' && !*path) {
-            *path = argv[i];
-        } else {
-            fprintf(stderr, "dsnode %s: unexpected argument '%s'\n", argv[0], argv[i]);
+    optind = 1;
+    opterr = 0; /* our message, not getopt's */
+    /* "-": arguments that are not options come back in order, as 1. */
+    int ch, done = optind; /* arguments taken so far */
+    while ((ch = getopt_long(argc, argv, "-", opts, NULL)) != -1) {
+        done = optind;
+        switch (ch) {
+        case 'c':
+            *path = optarg;
+            break;
+        case 's':
+            sets[(*nset)++] = optarg;
+            break;
+        case 1:
+            if (positional_ok && optarg[0] != '-' && !*path) {
+                *path = optarg;
+                break;
+            }
+            fprintf(stderr, "dsnode %s: unexpected argument '%s'\n", argv[0], optarg);
+            return -1;
+        default:
+            fprintf(stderr, "dsnode %s: unexpected argument '%s'\n", argv[0], argv[optind - 1]);
             return -1;
         }
+    }
+    /* getopt skips a "--" and stops there; we never took one. */
+    if (optind > done) {
+        fprintf(stderr, "dsnode %s: unexpected argument '--'\n", argv[0]);
+        return -1;
     }
     return 0;
 }
@@ -76,10 +106,10 @@ static int parse_common(int argc, char **argv, int positional_ok, const char **p
 static int cmd_run(int argc, char **argv)
 {
     const char *path;
-    char *sets[256];
+    char *sets[MAX_SETS];
     int nset;
     ds_conf c;
-    if (argc > 256 || parse_common(argc, argv, 0, &path, sets, &nset) < 0) {
+    if (argc > MAX_SETS || parse_common(argc, argv, 0, &path, sets, &nset) < 0) {
         usage(stderr);
         return 2;
     }
@@ -92,16 +122,28 @@ static int cmd_run(int argc, char **argv)
     ds_log_setup(c.node.name, c.node.log_level, NULL);
     if (ds_cpu_mask_error())
         ds_warn("kernels", "%s", ds_cpu_mask_error());
-    return ds_node_run(&c);
+    const int code = ds_node_run(&c, DS_RUN_PROCESS_EXITS);
+    /* The process ends here, without closing the libfabric endpoint: a run
+     * leaves it to the kernel (DS_RUN_PROCESS_EXITS). fi_close on a
+     * tcp;ofi_rxm endpoint into which a peer is still sending a large
+     * message (a peer's last dense segment, when nodes finish together)
+     * crashed libfabric 1.17 with SIGSEGV (dsbench cluster, crossover-dense
+     * at 100 Mbit/s: one node in two runs). Our last frames have been
+     * drained by then and the kernel flushes and closes the sockets. The
+     * net's threads are still running, so the process must not go through
+     * exit(): its handlers and library destructors (libfabric's among them)
+     * would run under them. Flush stdio ourselves, then _exit. */
+    fflush(NULL);
+    _exit(code);
 }
 
 static int cmd_check_config(int argc, char **argv)
 {
     const char *path;
-    char *sets[256];
+    char *sets[MAX_SETS];
     int nset;
     ds_conf c;
-    if (argc > 256 || parse_common(argc, argv, 1, &path, sets, &nset) < 0) {
+    if (argc > MAX_SETS || parse_common(argc, argv, 1, &path, sets, &nset) < 0) {
         usage(stderr);
         return 2;
     }
@@ -117,34 +159,64 @@ static int cmd_check_config(int argc, char **argv)
     return 0;
 }
 
+static char **prog_argv; /* main's argv, for the OpenBLAS re-exec */
+
+static int cmd_help(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    usage(stdout);
+    return 0;
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("dsnode %s\n", DS_VERSION);
+    return 0;
+}
+
+static int cmd_help_config(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    ds_conf_help(stdout);
+    return 0;
+}
+
+static int cmd_run_reexec(int argc, char **argv)
+{
+    ds_blas_reexec_if_needed(prog_argv);
+    return cmd_run(argc, argv);
+}
+
+/* The subcommands; each gets its own argv (argv[0] = its name). */
+static const struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+} commands[] = {
+    {"--help", cmd_help},
+    {"-h", cmd_help},
+    {"help", cmd_help},
+    {"--version", cmd_version},
+    {"help-config", cmd_help_config},
+    {"keygen", ds_keygen_main},
+    {"check-config", cmd_check_config},
+    {"run", cmd_run_reexec},
+};
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
-    const char *cmd = argv[1];
-    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
-        usage(stdout);
-        return 0;
-    }
-    if (!strcmp(cmd, "--version")) {
-        printf("dsnode %s\n", DS_VERSION);
-        return 0;
-    }
-    if (!strcmp(cmd, "help-config")) {
-        ds_conf_help(stdout);
-        return 0;
-    }
-    if (!strcmp(cmd, "keygen"))
-        return ds_keygen_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "check-config"))
-        return cmd_check_config(argc - 1, argv + 1);
-    if (!strcmp(cmd, "run")) {
-        ds_blas_reexec_if_needed(argv);
-        return cmd_run(argc - 1, argv + 1);
-    }
-    fprintf(stderr, "dsnode: unknown command '%s'\n", cmd);
+    prog_argv = argv;
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dsnode: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
 }

@@ -7,6 +7,8 @@
  *     distance geometrically;
  *   - a node that does not answer is skipped, reported, and the others' sum
  *     does not change;
+ *   - the engine's deadlines run on its io's clock (the fake's, which
+ *     moves only when a wait runs out);
  *   - a REQ for a round that is over gets STALE;
  *   - the all-reduce baseline gives every node the mean gradient.
  * Run: meson test -C build gossip --verbose
@@ -19,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/clock.h"
 #include "node/gossip/fake.h"
 #include "node/gossip/gossip.h"
 #include "base/log.h"
@@ -300,17 +301,21 @@ Test(gossip, silent_peer_is_skipped_and_reported)
 }
 
 /* Peers known to be unresponsive are not waited for: rounds with a dead
- * node take no timeout at all, the live nodes' sum still holds. */
+ * node take no timeout at all, the live nodes' sum still holds. Measured
+ * on the fake network's clock, which moves only when a wait runs out. */
 Test(gossip, skipped_peer_costs_no_timeout)
 {
     cluster c = {.G = 6, .rounds = 8, .noise = 1, .cfg = base_cfg(), .skip_dead = 1};
     c.cfg.timeout_ms = 2000;
     c.dead[4] = 1;
-    const uint64_t t0 = ds_now_ms();
     run_cluster(&c);
-    const uint64_t took = ds_now_ms() - t0;
-    cr_expect_lt(took, 1500, "8 rounds took %llu ms: someone waited for the dead node",
-                 (unsigned long long)took);
+    cr_expect_eq(ds_fakenet_timeouts(c.net), 0, "%llu waits ran out: someone waited for the "
+                 "dead node", (unsigned long long)ds_fakenet_timeouts(c.net));
+    cr_expect_eq(ds_fakenet_now_ns(c.net), 0, "8 rounds took %llu ms of the fake clock",
+                 (unsigned long long)(ds_fakenet_now_ns(c.net) / 1000000u));
+    for (uint32_t i = 0; i < c.G; i++)
+        if (!c.dead[i])
+            cr_expect_eq(ds_gossip_get_stats(c.g[i])->max_wait_ns, 0, "node %u waited", i);
     cr_expect_lt(c.max_sum_err, 1.0);
     cr_expect_eq(ds_fakenet_failures(c.net, 4), 0, "a skipped peer is not reported again");
     uint64_t skipped = 0;
@@ -319,6 +324,43 @@ Test(gossip, skipped_peer_costs_no_timeout)
             skipped += ds_gossip_get_stats(c.g[i])->skipped;
     cr_expect_gt(skipped, 0);
     free_cluster(&c);
+}
+
+/* The engine reads time only through its io: a round with its partner
+ * absent ends exactly one timeout later on the io's clock, and a peer that
+ * is not waited for costs exactly the 10 ms grace, without being reported
+ * again. Single-threaded on an instant fake clock: no real waiting. */
+Test(gossip, deadlines_run_on_the_io_clock)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_fakenet_set_instant(net, 1);
+    const uint64_t t0 = 1000000000ull, ms = 1000000ull;
+    ds_fakenet_advance(net, t0);
+    float *a = calloc(n_params, 4);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 50;
+    ds_gossip *ga;
+    cr_assert_eq(ds_gossip_create(&ga, &cfg, layers, NL, n_params, a), 0);
+    cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 1), 0);
+    cr_assert_eq(ds_gossip_round(ga, a, 0, ds_fakenet_io(net, 0)), 0);
+    cr_expect_eq(ds_fakenet_now_ns(net), t0 + 50 * ms, "the round ended at %llu ns",
+                 (unsigned long long)(ds_fakenet_now_ns(net) - t0));
+    cr_expect_eq(ds_gossip_get_stats(ga)->wait_ns, 50 * ms);
+    cr_expect_eq(ds_gossip_get_stats(ga)->max_wait_ns, 50 * ms);
+    const uint64_t reported = ds_fakenet_failures(net, 1);
+    cr_expect_gt(reported, 0, "the absent partner was reported");
+
+    cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 1), 0);
+    cr_assert_eq(ds_gossip_set_nowait(ga, 1), 0);
+    cr_assert_eq(ds_gossip_round(ga, a, 1, ds_fakenet_io(net, 0)), 0);
+    cr_expect_eq(ds_fakenet_now_ns(net), t0 + 60 * ms, "a peer not waited for cost %llu ns",
+                 (unsigned long long)(ds_fakenet_now_ns(net) - t0 - 50 * ms));
+    cr_expect_eq(ds_fakenet_failures(net, 1), reported, "reported again");
+    cr_expect_eq(ds_gossip_get_stats(ga)->max_wait_ns, 50 * ms);
+    ds_gossip_destroy(&ga);
+    free(a);
+    ds_fakenet_destroy(net);
 }
 
 /* A REQ for a round this node has finished gets STALE, and the initiator

@@ -1,10 +1,12 @@
 /* node/gossip/fake.c: see fake.h. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "node/gossip/fake.h"
 
 struct fmsg {
@@ -31,7 +33,24 @@ struct ds_fakenet {
     pthread_mutex_t stats_lock;
     uint64_t *failures;
     uint64_t delivered;
+    uint64_t timeouts;
+    _Atomic uint64_t clock; /* the fake clock, ns */
+    _Atomic int instant;
 };
+
+/* Move the clock to `to` unless it is there already (it never goes back). */
+static void clock_reach(struct ds_fakenet *net, uint64_t to)
+{
+    uint64_t cur = atomic_load(&net->clock);
+    while (cur < to && !atomic_compare_exchange_weak(&net->clock, &cur, to))
+        ;
+}
+
+static uint64_t fake_now(void *ctx)
+{
+    struct fnode *self = ctx;
+    return atomic_load(&self->net->clock);
+}
 
 static void free_msg(struct fmsg *f)
 {
@@ -91,13 +110,28 @@ static int fake_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
 static int fake_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
 {
     struct fnode *self = ctx;
-    struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+    struct ds_fakenet *net = self->net;
     pthread_mutex_lock(&self->lock);
     free_msg(self->held);
     self->held = NULL;
-    while (!self->head) {
-        if (pthread_cond_timedwait(&self->cond, &self->lock, &ts) == ETIMEDOUT && !self->head) {
+    if (!self->head) {
+        const uint64_t now = atomic_load(&net->clock);
+        if (deadline_ns > now && !atomic_load(&net->instant)) {
+            /* Wait in real time as long as the fake clock has left. */
+            const uint64_t until = ds_now_ns() + (deadline_ns - now);
+            const struct timespec ts = {(time_t)(until / 1000000000u),
+                                        (long)(until % 1000000000u)};
+            while (!self->head)
+                if (pthread_cond_timedwait(&self->cond, &self->lock, &ts) == ETIMEDOUT)
+                    break;
+        }
+        if (!self->head) {
+            /* Out of time: the clock is at our deadline now. */
             pthread_mutex_unlock(&self->lock);
+            clock_reach(net, deadline_ns);
+            pthread_mutex_lock(&net->stats_lock);
+            net->timeouts++;
+            pthread_mutex_unlock(&net->stats_lock);
             return 0;
         }
     }
@@ -125,6 +159,8 @@ ds_fakenet *ds_fakenet_create(uint32_t G)
     net->G = G;
     net->node = calloc(G, sizeof(*net->node));
     net->failures = calloc(G, sizeof(uint64_t));
+    atomic_init(&net->clock, 0);
+    atomic_init(&net->instant, 0);
     pthread_mutex_init(&net->stats_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -139,6 +175,7 @@ ds_fakenet *ds_fakenet_create(uint32_t G)
         n->io.send = fake_send;
         n->io.recv = fake_recv;
         n->io.peer_failed = fake_failed;
+        n->io.now_ns = fake_now;
     }
     pthread_condattr_destroy(&ca);
     return net;
@@ -190,4 +227,27 @@ uint64_t ds_fakenet_delivered(ds_fakenet *net)
     uint64_t d = net->delivered;
     pthread_mutex_unlock(&net->stats_lock);
     return d;
+}
+
+uint64_t ds_fakenet_now_ns(ds_fakenet *net)
+{
+    return atomic_load(&net->clock);
+}
+
+void ds_fakenet_advance(ds_fakenet *net, uint64_t ns)
+{
+    atomic_fetch_add(&net->clock, ns);
+}
+
+uint64_t ds_fakenet_timeouts(ds_fakenet *net)
+{
+    pthread_mutex_lock(&net->stats_lock);
+    uint64_t t = net->timeouts;
+    pthread_mutex_unlock(&net->stats_lock);
+    return t;
+}
+
+void ds_fakenet_set_instant(ds_fakenet *net, int on)
+{
+    atomic_store(&net->instant, on);
 }

@@ -10,6 +10,11 @@
  * misses the deadline is skipped for this round (its exchanges do not
  * happen) and reported through io->peer_failed.
  *
+ * Time comes only from the io (io->now_ns): deadlines, the grace for
+ * peers not waited for and the wait counters are all on the io's clock.
+ * Under node/gossip/fake.c that clock moves only when a wait runs out, so
+ * a test can tell "nobody waited for the dead peer" from the clock itself.
+ *
  * Departures from the papers, and why:
  * - A reply that arrives after its round is over is dropped (counted as
  *   late). The responder has applied its half, so such an exchange breaks
@@ -30,7 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/clock.h"
 #include "kernels/cpu.h"
 #include "node/gossip/gossip.h"
 #include "base/log.h"
@@ -466,9 +470,9 @@ static int send_msg(ds_gossip *g, const ds_gossip_io *io, ds_gmsg *m, uint64_t d
 
 /* A reply's send deadline: one timeout from now, whatever is left of
  * our own round. */
-static uint64_t reply_deadline(const ds_gossip *g)
+static uint64_t reply_deadline(const ds_gossip *g, const ds_gossip_io *io)
 {
-    return ds_now_ns() + (uint64_t)g->cfg.timeout_ms * 1000000u;
+    return io->now_ns(io->ctx) + (uint64_t)g->cfg.timeout_ms * 1000000u;
 }
 
 /* Keep m for a later round; its arrays are copied. */
@@ -574,7 +578,7 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
          * round's deadline (a starved thread) still deserves its answer,
          * and the requester waits on its own clock; with our deadline the
          * send failed at once and the requester waited out its timeout. */
-        if (send_msg(g, io, &r, reply_deadline(g)) < 0) {
+        if (send_msg(g, io, &r, reply_deadline(g, io)) < 0) {
             g->st.missed++;
             return 1;
         }
@@ -664,7 +668,7 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
         if (m->type == DS_GMSG_REQ) {
             ds_gmsg st = {.type = DS_GMSG_STALE, .to = m->from, .round = m->round,
                           .segment = m->segment};
-            if (send_msg(g, io, &st, reply_deadline(g)) == 0)
+            if (send_msg(g, io, &st, reply_deadline(g, io)) == 0)
                 g->st.stale_sent++;
         } else {
             g->st.late++;
@@ -676,7 +680,7 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
 
 int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
 {
-    const uint64_t t0 = ds_now_ns();
+    const uint64_t t0 = io->now_ns(io->ctx);
     const uint64_t deadline = t0 + (uint64_t)g->cfg.timeout_ms * 1000000u;
 
     for (int s = 0; s < g->n_seg; s++) {
@@ -746,7 +750,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     /* Replies from peers we did not wait for: a short grace, so that one
      * back on time completes its exchange (both halves applied) instead
      * of leaving it one-sided. */
-    uint64_t grace = ds_now_ns() + NOWAIT_GRACE_NS;
+    uint64_t grace = io->now_ns(io->ctx) + NOWAIT_GRACE_NS;
     if (grace > deadline)
         grace = deadline;
     while (nowait_pending(g)) {
@@ -774,7 +778,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
                 io->peer_failed(io->ctx, g->in_from[k]);
         }
     }
-    const uint64_t took = ds_now_ns() - t0;
+    const uint64_t took = io->now_ns(io->ctx) - t0;
     g->st.wait_ns += took;
     if (took > g->st.max_wait_ns)
         g->st.max_wait_ns = took;
@@ -846,7 +850,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
     if (G < 2)
         return 0;
     const uint32_t right = (me + 1) % G, left = (me + G - 1) % G;
-    const uint64_t t0 = ds_now_ns();
+    const uint64_t t0 = io->now_ns(io->ctx);
     const uint64_t deadline = t0 + (uint64_t)g->cfg.timeout_ms * 1000000u;
     float *work = g->delta; /* n floats of scratch, zero outside rounds */
     if (n > g->n)
@@ -904,7 +908,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
     }
     memset(work, 0, n * sizeof(float));
     g->st.rounds++;
-    const uint64_t took = ds_now_ns() - t0;
+    const uint64_t took = io->now_ns(io->ctx) - t0;
     g->st.wait_ns += took;
     if (took > g->st.max_wait_ns)
         g->st.max_wait_ns = took;

@@ -7,7 +7,8 @@
  * STYLE's "protocol logic behind seams"): node/gossip/gossip_net.c implements it
  * over the secured libfabric layer, node/gossip/fake.c over in-process
  * mailboxes, so the mixing rules are tested on a fake network with
- * failures injected.
+ * failures injected. The seam carries the clock too: the engine reads the
+ * time only through it.
  *
  * A round, as data flows (buffers are host memory, n_params floats each):
  *
@@ -39,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/clock.h"
 #include "conf/choices.h" /* enum ds_mix: gossip.mix's list */
 #include "node/train/model.h"
 #include "sparsify/sparsify.h"
@@ -68,17 +70,32 @@ typedef struct ds_gmsg {
     const float *val;
 } ds_gmsg;
 
+/* Every deadline below is on the io's own clock, now_ns: the engine reads
+ * no clock of its own, so a test's io can run rounds on a clock it
+ * controls (node/gossip/fake.c) and assert on that clock instead of on
+ * elapsed wall time. All four functions are called on the thread running
+ * the engine's exchange() or allreduce(). */
 typedef struct ds_gossip_io {
     void *ctx;
-    /* Hand m to the transport for m->to. Must not block past deadline_ns
-     * (CLOCK_MONOTONIC). 0, or a negative errno: the exchange fails. */
+    /* Hand m to the transport for m->to. Must not block past deadline_ns.
+     * 0, or a negative errno: the exchange fails. */
     int (*send)(void *ctx, const ds_gmsg *m, uint64_t deadline_ns);
     /* Next gossip message for this node, waiting until deadline_ns:
      * 1 with *m filled, 0 at the deadline, a negative errno on failure. */
     int (*recv)(void *ctx, ds_gmsg *m, uint64_t deadline_ns);
     /* A peer missed a deadline (membership hears of it). May be NULL. */
     void (*peer_failed)(void *ctx, uint32_t peer);
+    /* Now, in nanoseconds, on the clock the deadlines are on. Required. */
+    uint64_t (*now_ns)(void *ctx);
 } ds_gossip_io;
+
+/* The real clock for an io that runs on the network: CLOCK_MONOTONIC
+ * (base/clock.h), ctx unused. */
+static inline uint64_t ds_gossip_monotonic_ns(void *ctx)
+{
+    (void)ctx;
+    return ds_now_ns();
+}
 
 typedef struct ds_gossip_cfg {
     enum ds_topo_kind topology;

@@ -209,6 +209,7 @@ int ds_gnet_create(ds_gnet **out, ds_net *net, uint32_t max_count, size_t max_qu
     g->io.send = gnet_send;
     g->io.recv = gnet_recv;
     g->io.peer_failed = gnet_failed;
+    g->io.now_ns = ds_gossip_monotonic_ns;
     *out = g;
     return 0;
 }

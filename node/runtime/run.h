@@ -1,6 +1,7 @@
 /*
  * node/runtime/run.h: `dsnode run`: one node's life from a validated config to its
- * summary line.
+ * summary line. The training loop is a client of the engine
+ * (node/runtime/engine.h).
  */
 #ifndef DS_NODE_RUN_H
 #define DS_NODE_RUN_H
@@ -19,9 +20,17 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *out);
  * negative errno with one line in err. */
 int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len);
 
-/* Train as the config says. Logs progress to stderr and prints the summary
- * line to stdout. Returns the process exit status: 0 when training finished,
- * 1 on an error, 128 + signal when stopped by SIGINT or SIGTERM. */
-int ds_node_run(const ds_conf *c);
+/* ds_node_run flag: the caller ends the process (_exit) as soon as
+ * ds_node_run returns. A run that trained then leaves its endpoint open
+ * and its memory in place (ds_engine_abandon) instead of closing them:
+ * see node/main.c for why. Without it everything is closed and freed. */
+#define DS_RUN_PROCESS_EXITS 1u
+
+/* Train as the config says. Installs SIGINT/SIGTERM handlers (first:
+ * stop training and leave; second: stop lingering). Logs progress to
+ * stderr and prints the summary line to stdout. Returns the process exit
+ * status: 0 when training finished, 1 on an error, 128 + signal when
+ * stopped by SIGINT or SIGTERM. */
+int ds_node_run(const ds_conf *c, unsigned flags);
 
 #endif

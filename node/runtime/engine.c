@@ -1,0 +1,654 @@
+/*
+ * node/runtime/engine.c: the engine's life outside the rounds: open (keys,
+ * settings), register (the gossip engine over the client's layers), listen
+ * (endpoint, adapters, status), join (found or join, wait for the
+ * cluster), close; and what the other threads call into: the net worker's
+ * frames and events, membership's sends and events, and the failure
+ * detector's thread. rounds.c holds the rounds and the policies that run
+ * between training steps. See engine.h for the API, engine_impl.h for the
+ * state and its locks.
+ *
+ * Start: the node opens its endpoint, then founds the cluster when it has
+ * no seeds or its own address is the first seed, else joins through the
+ * seeds (retrying with backoff). It trains once cluster.min_members members
+ * are alive. A member enters the gossip view at the effective round its
+ * join was given, the same round on every node (node/membership/membership.h).
+ *
+ * Skips: what the network, gossip and membership say about a peer goes to
+ * the skip table (skip.h) here, under skip_lock, from whichever thread
+ * says it; rounds.c reads the table when it sets up a round's view.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/rng.h"
+#include "node/runtime/engine_impl.h"
+
+/* Neither stop request made: for a client that passes none. */
+static const volatile sig_atomic_t never;
+
+static void timed_wait(rt *r, uint64_t until_ms)
+{
+    const struct timespec ts = {(time_t)(until_ms / 1000), (long)(until_ms % 1000) * 1000000L};
+    pthread_cond_timedwait(&r->cond, &r->lock, &ts);
+}
+
+/* ---- settings ------------------------------------------------------------ */
+
+/* The conf keys that name a choice (security.mode, gossip.mix,
+ * gossip.topology, sparsify.method; parsed once, by conf/) into the
+ * settings the engine's parts take. */
+static void settings_from_conf(rt *r)
+{
+    const ds_conf *c = r->c;
+    r->mode = c->security.mode;
+    r->gcfg = (ds_gossip_cfg){
+        .topology = c->gossip.topology,
+        .mix = c->gossip.mix,
+        .method = c->sparsify.method,
+        .weight = (float)c->gossip.weight,
+        .segments = (int)c->gossip.segments,
+        .density = c->sparsify.density,
+        .error_feedback = c->sparsify.error_feedback,
+        .threshold = (float)c->sparsify.threshold,
+        .seed = (uint64_t)c->cluster.seed,
+        .node_seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x73707273ull, c->node.name),
+        .timeout_ms = (int)c->gossip.timeout_ms,
+    };
+    r->topo = r->gcfg.topology;
+}
+
+/* ---- peers not waited for (skip.h) ------------------------------------- */
+
+static void note_new(int fresh, uint64_t id)
+{
+    if (fresh == 1)
+        ds_debug("gossip", "peer %016llx unresponsive: not waited for", (unsigned long long)id);
+}
+
+/* A missed deadline in the current round: skip.h's window. */
+static void peer_missed(rt *r, uint64_t id, int hard)
+{
+    pthread_mutex_lock(&r->skip_lock);
+    const int fresh = ds_skip_missed(&r->skip, id, atomic_load(&r->cur_round), hard);
+    pthread_mutex_unlock(&r->skip_lock);
+    note_new(fresh, id);
+}
+
+/* A membership verdict: until heard from. */
+static void peer_hold(rt *r, uint64_t id)
+{
+    pthread_mutex_lock(&r->skip_lock);
+    const int fresh = ds_skip_hold(&r->skip, id);
+    pthread_mutex_unlock(&r->skip_lock);
+    note_new(fresh, id);
+}
+
+static void peer_heard(rt *r, uint64_t id)
+{
+    pthread_mutex_lock(&r->skip_lock);
+    ds_skip_heard(&r->skip, id);
+    pthread_mutex_unlock(&r->skip_lock);
+}
+
+/* ---- callbacks from the net worker and membership ----------------------- */
+
+static void heard_hook(void *ctx, uint64_t id)
+{
+    peer_heard(ctx, id);
+}
+
+static void gossip_failed_hook(void *ctx, uint64_t id)
+{
+    rt *r = ctx;
+    ds_membership *ms = atomic_load(&r->ms);
+    if (ms)
+        ds_membership_hint(ms, id, ds_now_ms());
+    peer_missed(r, id, 0);
+}
+
+static void on_net_recv(void *ctx, ds_net_rx *rx)
+{
+    rt *r = ctx;
+    const unsigned type = rx->hdr.type;
+    if (ds_gnet_handles(type)) {
+        if (atomic_load(&r->gn_ready))
+            ds_gnet_on_frame(r->gn, rx);
+        return;
+    }
+    if (type == DS_MSG_STATE_REQ || type == DS_MSG_STATE_CHUNK) {
+        if (atomic_load(&r->st_ready)) {
+            if (type == DS_MSG_STATE_REQ)
+                ds_state_on_req(r->st, rx);
+            else
+                ds_state_on_chunk(r->st, rx);
+        }
+        return;
+    }
+    ds_membership *ms = atomic_load(&r->ms);
+    if (type >= DS_MSG_PING && type <= DS_MSG_LEAVE) {
+        if (ms)
+            (void)ds_membership_recv(ms, ds_now_ms(), rx->addr, rx->frame, rx->len);
+        return;
+    }
+    ds_log_rl(DS_LOG_INFO, "net", "dropped %s from %s: not handled by this node",
+              ds_msg_type_name(type), rx->name);
+}
+
+static void on_net_event(void *ctx, const ds_net_event *ev)
+{
+    rt *r = ctx;
+    ds_membership *ms = atomic_load(&r->ms);
+    switch (ev->kind) {
+    case DS_NET_EV_PEER_UP:
+        ds_debug("net", "session up with %s (%s)", ev->name, ev->addr);
+        break;
+    case DS_NET_EV_HANDSHAKE_FAILED:
+        ds_log_rl(DS_LOG_WARN, "net", "handshake with %s %s failed: %s", ev->name, ev->addr,
+                  strerror(-ev->status));
+        if (ev->status == -EACCES) {
+            pthread_mutex_lock(&r->lock);
+            if (!r->joined) {
+                r->refused = 1;
+                snprintf(r->refused_by, sizeof(r->refused_by), "%s", ev->addr);
+                pthread_cond_broadcast(&r->cond);
+            }
+            pthread_mutex_unlock(&r->lock);
+        }
+        break;
+    case DS_NET_EV_PEER_UNRESPONSIVE:
+        if (ms && ev->peer)
+            ds_membership_hint(ms, ev->peer, ds_now_ms());
+        if (ev->peer)
+            peer_missed(r, ev->peer, 1);
+        break;
+    case DS_NET_EV_PEER_RESPONSIVE:
+        /* Not evidence enough to wait for it again: a send "completes" as
+         * soon as the kernel takes it, even to a frozen process. Only a
+         * frame from the peer itself (heard_hook) or membership's verdict
+         * brings it back. */
+        break;
+    case DS_NET_EV_RESET:
+        ds_warn("net", "transport endpoint reset (%d stuck operations discarded)", ev->status);
+        break;
+    }
+}
+
+static void ms_send(void *ctx, uint64_t to_id, const char *to_addr, const uint8_t *frame,
+                    size_t len)
+{
+    rt *r = ctx;
+    const ds_net_send_opts o = {.deadline_ms =
+                                    ds_now_ms() + (uint64_t)r->c->transport.op_timeout_ms};
+    int e = ds_net_send_frame(r->net, to_id, to_addr, frame, len, &o);
+    if (e < 0)
+        ds_debug("membership", "send to %s failed: %s", to_addr ? to_addr : "?", strerror(-e));
+}
+
+static void ms_self_joined(rt *r, const ds_membership_event *ev)
+{
+    const ds_member_info *m = &ev->member;
+    ds_info("membership", "joined through %s: %u members, their round %llu, our join round %llu",
+            m->name, ev->view_size, (unsigned long long)ev->round,
+            (unsigned long long)ev->join_round);
+    pthread_mutex_lock(&r->lock);
+    r->joined = 1;
+    r->seed_id = m->id;
+    snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
+    r->seed_round = ev->round;
+    r->join_round = ev->join_round;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void ms_event(void *ctx, const ds_membership_event *ev)
+{
+    rt *r = ctx;
+    const ds_member_info *m = &ev->member;
+    switch (ev->kind) {
+    case DS_MEV_MEMBER_JOINED:
+        ds_info("membership", "member joined name=%s addr=%s round=%lld", m->name, m->addr,
+                ev->round == DS_MEMBERSHIP_NO_ROUND ? -1LL : (long long)ev->round);
+        peer_heard(r, m->id);
+        break;
+    case DS_MEV_MEMBER_SUSPECTED:
+        ds_info("membership", "member suspected name=%s", m->name);
+        peer_hold(r, m->id);
+        break;
+    case DS_MEV_MEMBER_ALIVE:
+        ds_info("membership", "member alive again name=%s incarnation=%u", m->name,
+                m->incarnation);
+        peer_heard(r, m->id);
+        break;
+    case DS_MEV_MEMBER_DEAD:
+        peer_hold(r, m->id);
+        ds_warn("membership", "member dead name=%s removal_round=%llu", m->name,
+                (unsigned long long)ev->round);
+        break;
+    case DS_MEV_MEMBER_LEFT:
+        /* Gone for good, or lingering until its leave applies: either way
+         * nobody waits for it; what it still sends is served. */
+        peer_hold(r, m->id);
+        ds_info("membership", "member left name=%s removal_round=%llu", m->name,
+                (unsigned long long)ev->round);
+        break;
+    case DS_MEV_VIEW_CHANGED:
+        ds_info("membership", "view changed round=%llu epoch=%llu size=%u in_view=%d",
+                (unsigned long long)ev->round, (unsigned long long)ev->epoch, ev->view_size,
+                ev->in_view);
+        break;
+    case DS_MEV_SELF_JOINED:
+        ms_self_joined(r, ev);
+        break;
+    case DS_MEV_JOIN_RETRY:
+        /* Nodes started together race the founder: the first few retries
+         * are expected; say so at warn only when it goes on. */
+        ds_log(ev->attempt <= 4 ? DS_LOG_INFO : DS_LOG_WARN, "membership",
+               "no reachable seed yet: trying %s next (attempt %u)", m->addr, ev->attempt);
+        break;
+    case DS_MEV_SELF_REFUTED:
+        ds_warn("membership", "suspected by peers: refuted with incarnation %u", m->incarnation);
+        break;
+    case DS_MEV_SELF_REJOINED:
+        ds_warn("membership", "declared dead by peers: out of the view from round %llu, back "
+                "from %llu", (unsigned long long)ev->round, (unsigned long long)ev->join_round);
+        break;
+    }
+}
+
+/* The failure detector: SWIM timers, on their own thread. */
+static void *fd_main(void *arg)
+{
+    rt *r = arg;
+    pthread_setname_np(pthread_self(), "ds-membership");
+    ds_membership *ms = atomic_load(&r->ms);
+    pthread_mutex_lock(&r->lock);
+    while (!r->stop_threads) {
+        pthread_mutex_unlock(&r->lock);
+        const uint64_t now = ds_now_ms();
+        ds_membership_tick(ms, now);
+        uint64_t next = ds_membership_next_deadline(ms);
+        if (next > now + 50)
+            next = now + 50;
+        pthread_mutex_lock(&r->lock);
+        if (!r->stop_threads && next > ds_now_ms())
+            timed_wait(r, next);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+/* The comm thread and the failure detector. */
+static void stop_threads(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->stop_threads = 1;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+    if (r->comm_up)
+        pthread_join(r->comm, NULL);
+    if (r->fd_up)
+        pthread_join(r->fd, NULL);
+    r->comm_up = r->fd_up = 0;
+}
+
+/* ---- open ----------------------------------------------------------------- */
+
+static int load_keys(rt *r, char *err, size_t err_len)
+{
+    const ds_conf *c = r->c;
+    int e;
+    if (c->cluster.identity_file[0]) {
+        if ((e = ds_identity_load(&r->id, c->cluster.identity_file, err, err_len)) < 0)
+            return e;
+    } else {
+        if ((e = ds_identity_generate(&r->id)) < 0) {
+            snprintf(err, err_len, "cannot generate an identity");
+            return e;
+        }
+        ds_info("security", "no cluster.identity_file: using a fresh identity for this run");
+    }
+    if (c->cluster.key_file[0]) {
+        if ((e = ds_cluster_key_load(&r->ck, c->cluster.key_file, err, err_len)) < 0)
+            return e;
+        r->have_ck = 1;
+    }
+    if (c->cluster.allowed_keys[0] &&
+        (e = ds_allowlist_load(&r->allow, c->cluster.allowed_keys, err, err_len)) < 0)
+        return e;
+    if (!r->have_ck && !r->allow) {
+        /* No admission policy: this node admits nobody (an empty
+         * allow-list), which is right for a node alone and said loudly
+         * for anything else. */
+        if ((e = ds_allowlist_parse(&r->allow, "", 0, "(none)", err, err_len)) < 0)
+            return e;
+        if (c->cluster.seeds_count > 0 || c->cluster.min_members > 1)
+            ds_warn("security", "neither cluster.key_file nor cluster.allowed_keys is set: no "
+                    "peer can be admitted");
+    }
+    return 0;
+}
+
+int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop)
+{
+    char err[1024];
+    int e;
+    *out = NULL;
+    rt *r = calloc(1, sizeof(*r));
+    if (!r) {
+        ds_error("node", "cannot start: out of memory");
+        return -ENOMEM;
+    }
+    r->c = c;
+    r->stop.signal = stop && stop->signal ? stop->signal : &never;
+    r->stop.count = stop && stop->count ? stop->count : &never;
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(&r->skip_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (ds_crypto_init() < 0) {
+        ds_error("security", "libsodium failed to initialise");
+        e = -EIO;
+        goto fail;
+    }
+    if ((e = load_keys(r, err, sizeof(err))) < 0) {
+        ds_error("node", "cannot start: %s", err);
+        goto fail;
+    }
+    settings_from_conf(r);
+    *out = r;
+    return 0;
+fail:
+    ds_engine_close(&r);
+    return e;
+}
+
+/* ---- register --------------------------------------------------------------- */
+
+int ds_engine_register(ds_engine *r, const ds_engine_params *p)
+{
+    if (r->registered || !p || !p->params || !p->grad || !p->layers || !p->adopt ||
+        !p->pull != !p->push)
+        return -EINVAL;
+    r->p = *p;
+    r->registered = 1;
+    if (r->p.pull)
+        r->p.pull(r->p.ctx, DS_ENGINE_PARAMS);
+    int e = ds_gossip_create(&r->gossip, &r->gcfg, p->layers, p->n_layers, p->n, p->params);
+    if (e < 0)
+        ds_error("node", "cannot start: cannot set up gossip: %s", strerror(-e));
+    return e;
+}
+
+/* ---- listen ------------------------------------------------------------------- */
+
+/* The largest count one frame carries: a segment of the model, at least
+ * the whole model (a state chunk is cut to fit). */
+static size_t max_segment(const rt *r)
+{
+    size_t max_seg = 0;
+    for (int i = 0; i < ds_gossip_n_segments(r->gossip); i++)
+        if (ds_gossip_segment(r->gossip, i)->len > max_seg)
+            max_seg = ds_gossip_segment(r->gossip, i)->len;
+    return max_seg > r->p.n ? max_seg : r->p.n;
+}
+
+static int open_net(rt *r)
+{
+    const ds_conf *c = r->c;
+    ds_net_cfg nc;
+    ds_net_cfg_default(&nc);
+    nc.identity = &r->id;
+    nc.name = c->node.name;
+    nc.cluster = c->cluster.id;
+    nc.cluster_key = r->have_ck ? &r->ck : NULL;
+    nc.allow = r->allow;
+    nc.mode = r->mode;
+    nc.transport.provider = c->transport.provider;
+    nc.transport.listen = c->node.listen;
+    nc.transport.max_inflight_bytes = (size_t)c->transport.max_inflight_mb << 20;
+    /* A frame carries at most one segment of indices and values. */
+    ds_wire_limits_default(&nc.limits);
+    nc.limits.max_segment = (uint32_t)max_segment(r);
+    nc.limits.max_count = nc.limits.max_segment;
+    nc.on_recv = on_net_recv;
+    nc.on_event = on_net_event;
+    nc.cb_ctx = r;
+    int e = ds_net_open(&nc, &r->net);
+    if (e < 0)
+        ds_error("net", "cannot listen on %s (provider %s): %s", c->node.listen,
+                 c->transport.provider, strerror(-e));
+    return e;
+}
+
+static int open_status(rt *r)
+{
+    const ds_conf *c = r->c;
+    if (!c->status.listen[0] && !c->status.file[0])
+        return 0;
+    if (!(r->snap = calloc(1, sizeof(*r->snap)))) {
+        ds_error("node", "cannot start: out of memory");
+        return -ENOMEM;
+    }
+    ds_status_snapshot_init(r->snap);
+    int e = ds_status_create(&r->status, c->status.listen, c->status.file);
+    if (e < 0) {
+        ds_error("status", "cannot serve status on '%s' / write '%s': %s", c->status.listen,
+                 c->status.file, strerror(-e));
+        return e;
+    }
+    snprintf(r->snap->name, sizeof(r->snap->name), "%.63s", c->node.name);
+    ds_net_addr(r->net, r->snap->addr, sizeof(r->snap->addr));
+    snprintf(r->snap->group, sizeof(r->snap->group), "%.31s", c->node.group);
+    r->snap->id = r->id.id;
+    return 0;
+}
+
+int ds_engine_listen(ds_engine *r)
+{
+    const ds_conf *c = r->c;
+    int e;
+    if (!r->registered)
+        return -EINVAL;
+    if ((e = open_net(r)) < 0)
+        return e;
+    if ((e = ds_gnet_create(&r->gn, r->net, (uint32_t)max_segment(r), (size_t)256 << 20)) < 0) {
+        ds_error("node", "cannot start: out of memory");
+        return e;
+    }
+    ds_gnet_set_failure_hook(r->gn, gossip_failed_hook, r);
+    ds_gnet_set_heard_hook(r->gn, heard_hook, r);
+    atomic_store(&r->gn_ready, 1);
+    if ((e = ds_state_create(&r->st, r->net, r->p.n, 1u << 20)) < 0) {
+        ds_error("node", "cannot start: out of memory");
+        return e;
+    }
+    atomic_store(&r->st_ready, 1);
+    if ((e = open_status(r)) < 0)
+        return e;
+    char addr[128] = "";
+    ds_net_addr(r->net, addr, sizeof(addr));
+    ds_info("node", "listening on %s id=%016llx security=%s gossip=%s/%s sparsify=%s density=%g",
+            addr, (unsigned long long)r->id.id, ds_sec_mode_name(c->security.mode),
+            ds_topo_name(c->gossip.topology), ds_mix_name(c->gossip.mix),
+            ds_sparsify_method_name(c->sparsify.method), c->sparsify.density);
+    return 0;
+}
+
+/* ---- join --------------------------------------------------------------------- */
+
+static int start_membership(rt *r, char *err, size_t err_len)
+{
+    const ds_conf *c = r->c;
+    ds_membership_cfg mc;
+    ds_membership_cfg_default(&mc);
+    mc.cluster_id = ds_wire_cluster_id(c->cluster.id);
+    mc.name = c->node.name;
+    mc.addr = c->node.listen;
+    mc.group = c->node.group;
+    memcpy(mc.pk, r->id.pk, sizeof(mc.pk));
+    mc.seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x6d656d62ull, c->node.name);
+    /* Nodes of a cluster start together: a seed may not have founded the
+     * cluster yet when the first JOIN reaches it, so retry soon. */
+    mc.join_timeout_ms = 500;
+    ds_lag_init(&r->lag, mc.lag_rounds);
+    const ds_membership_io io = {.ctx = r, .send = ms_send, .event = ms_event};
+    ds_membership *ms;
+    int e = ds_membership_create(&mc, &io, &ms);
+    if (e < 0) {
+        snprintf(err, err_len, "cannot start membership: %s", strerror(-e));
+        return e;
+    }
+    atomic_store(&r->ms, ms);
+    if ((e = pthread_create(&r->fd, NULL, fd_main, r)) != 0) {
+        snprintf(err, err_len, "cannot start the failure detector: %s", strerror(e));
+        return -e;
+    }
+    r->fd_up = 1;
+
+    /* Found the cluster when there is no seed or we are the first one. */
+    const char *seeds[DS_CONF_LIST_MAX];
+    for (int i = 0; i < c->cluster.seeds_count; i++)
+        seeds[i] = c->cluster.seeds[i];
+    const uint64_t now = ds_now_ms();
+    if (c->cluster.seeds_count == 0 || !strcmp(seeds[0], c->node.listen)) {
+        ds_info("membership", "founding the cluster '%s'", c->cluster.id);
+        e = ds_membership_bootstrap(ms, now);
+        pthread_mutex_lock(&r->lock);
+        r->joined = 1;
+        pthread_mutex_unlock(&r->lock);
+    } else {
+        ds_info("membership", "joining through %d seed(s), first %s", c->cluster.seeds_count,
+                seeds[0]);
+        e = ds_membership_join(ms, now, seeds, (size_t)c->cluster.seeds_count);
+    }
+    if (e < 0)
+        snprintf(err, err_len, "cannot %s: %s", c->cluster.seeds_count ? "join" : "bootstrap",
+                 strerror(-e));
+    return e;
+}
+
+/* Wait until joined and cluster.min_members members are alive. */
+static int wait_for_cluster(rt *r, char *err, size_t err_len)
+{
+    const int64_t want = r->c->cluster.min_members;
+    uint64_t last_log = 0;
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        if (ds_rt_stop_signal(r)) {
+            pthread_mutex_unlock(&r->lock);
+            return -EINTR;
+        }
+        if (r->refused) {
+            pthread_mutex_unlock(&r->lock);
+            snprintf(err, err_len, "refused by %s: this node is not admitted to cluster '%s' "
+                     "(check cluster.key_file and cluster.allowed_keys)", r->refused_by,
+                     r->c->cluster.id);
+            return -EACCES;
+        }
+        if (r->joined) {
+            ds_membership_stats st;
+            ds_membership_stats_get(atomic_load(&r->ms), &st);
+            if ((int64_t)st.alive >= want)
+                break;
+            const uint64_t now = ds_now_ms();
+            if (now - last_log >= 2000) {
+                ds_info("membership", "waiting for members: %u of %lld alive", st.alive,
+                        (long long)want);
+                last_log = now;
+            }
+        }
+        timed_wait(r, ds_now_ms() + 50);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
+int ds_engine_join(ds_engine *r, char *err, size_t err_len)
+{
+    if (!r->net)
+        return -EINVAL;
+    int e = start_membership(r, err, err_len);
+    if (e == 0)
+        e = wait_for_cluster(r, err, err_len);
+    return e;
+}
+
+/* ---- the client's numbers, and ours ---------------------------------------------- */
+
+void ds_engine_report_set(ds_engine *r, const ds_engine_report *rep)
+{
+    r->phase = rep->phase;
+    r->st_loss = rep->loss;
+    r->st_acc = rep->test_acc;
+    r->st_lr = rep->lr;
+    r->st_sps = rep->samples_per_s;
+}
+
+void ds_engine_info_get(ds_engine *r, ds_engine_info *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->rounds = r->rounds;
+    out->view_size = r->last_G;
+    if (r->gossip)
+        out->gossip = *ds_gossip_get_stats(r->gossip);
+    if (r->net)
+        ds_net_stats_get(r->net, &out->net);
+}
+
+/* ---- close ------------------------------------------------------------------- */
+
+void ds_engine_close(ds_engine **ep)
+{
+    if (!ep || !*ep)
+        return;
+    rt *r = *ep;
+    ds_status_destroy(&r->status);
+    free(r->snap);
+    r->snap = NULL;
+    stop_threads(r);
+    ds_net_close(&r->net);
+    atomic_store(&r->gn_ready, 0);
+    atomic_store(&r->st_ready, 0);
+    ds_state_destroy(&r->st);
+    ds_membership *ms = atomic_exchange(&r->ms, NULL);
+    ds_membership_destroy(&ms);
+    ds_gnet_destroy(&r->gn);
+    ds_gossip_destroy(&r->gossip);
+    ds_allowlist_free(&r->allow);
+    ds_identity_wipe(&r->id);
+    ds_cluster_key_wipe(&r->ck);
+    free(r->vbuf);
+    free(r->vids);
+    free(r->vaddrs);
+    pthread_mutex_destroy(&r->lock);
+    pthread_mutex_destroy(&r->skip_lock);
+    pthread_cond_destroy(&r->cond);
+    free(r);
+    *ep = NULL;
+}
+
+void ds_engine_abandon(ds_engine **ep)
+{
+    if (!ep || !*ep)
+        return;
+    rt *r = *ep;
+    /* What the net's threads may still touch (the net, gn, st, ms, r
+     * itself) stays; everything of our own stops, secrets are wiped. */
+    ds_status_destroy(&r->status);
+    stop_threads(r);
+    ds_identity_wipe(&r->id);
+    ds_cluster_key_wipe(&r->ck);
+    *ep = NULL;
+}

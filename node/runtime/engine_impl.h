@@ -1,0 +1,112 @@
+/*
+ * node/runtime/engine_impl.h: the engine's state, private to node/runtime.
+ * engine.c (open, listen, join, close, the network and membership
+ * callbacks, the failure detector), rounds.c (views, rounds, the comm
+ * thread, state transfer, pacing, shadowing, lag, leaving) and
+ * publish_status (the status snapshot) read it; a client uses engine.h.
+ *
+ * Locking. `lock` with `cond` guards the thread handshakes (stop_threads,
+ * comm_go/comm_done), the join outcome (joined, seed_*, refused*), and is
+ * the wait for the failure detector's timer. `skip_lock` guards `skip`:
+ * the net worker, the comm thread and membership's callbacks mark peers
+ * there while the main thread reads it. ms, gn_ready, st_ready and
+ * cur_round are atomics, read by the net worker. Everything else belongs
+ * to the main thread.
+ */
+#ifndef DS_NODE_RUNTIME_ENGINE_IMPL_H
+#define DS_NODE_RUNTIME_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "node/gossip/gossip_net.h"
+#include "node/gossip/state.h"
+#include "node/membership/membership.h"
+#include "node/runtime/engine.h"
+#include "node/runtime/lag.h"
+#include "node/runtime/pace.h"
+#include "node/runtime/skip.h"
+#include "node/sec/crypto.h"
+#include "node/status/status.h"
+
+struct ds_engine {
+    const ds_conf *c;
+    ds_engine_stop stop;
+    enum ds_sec_mode mode;   /* from conf, parsed once (settings_from_conf) */
+    ds_gossip_cfg gcfg;      /* from conf, parsed once */
+    ds_identity id;
+    ds_cluster_key ck;
+    int have_ck;
+    ds_allowlist *allow;
+    ds_net *net;
+    _Atomic(ds_membership *) ms;
+    ds_gnet *gn;
+    _Atomic int gn_ready; /* gn exists: the net worker may hand it frames */
+    ds_gossip *gossip;
+    ds_state *st;
+    _Atomic int st_ready;
+    ds_status *status;           /* status.listen / status.file; NULL: off */
+    ds_status_snapshot *snap;
+    uint64_t last_publish_ms;
+    /* The client's numbers (ds_engine_report). */
+    int phase;                   /* enum ds_status_state */
+    double st_loss, st_acc, st_sps, st_lr;
+    int64_t step;                /* optimizer steps taken, as last told */
+    ds_engine_params p;          /* the client's parameters */
+    int registered;
+    enum ds_topo_kind topo;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC: fd thread, join and comm waits */
+    int stop_threads;
+    int joined;
+    uint64_t seed_id;    /* the member that answered our JOIN, its round */
+    char seed_addr[DS_WIRE_ADDR_MAX + 1];
+    uint64_t seed_round;
+    int refused;         /* a seed refused our handshake: not admitted */
+    char refused_by[DS_WIRE_ADDR_MAX + 1];
+    pthread_t fd;
+    int fd_up;
+
+    /* overlap: the comm thread runs ds_gossip_exchange between begin/end */
+    pthread_t comm;
+    int comm_up, comm_go, comm_done;
+    int round_open;      /* a round's exchange is running on the comm thread */
+
+    /* Peers not waited for (skip.h), under skip_lock. */
+    pthread_mutex_t skip_lock;
+    ds_skip_table skip;
+    _Atomic uint64_t cur_round;
+
+    ds_member_info *vbuf; /* the view of the round being set up: vcap entries */
+    uint32_t vcap;
+    uint64_t *vids;
+    const char **vaddrs;
+    uint64_t round0;     /* round = round0 + step / gossip.every */
+    ds_lag lag;          /* membership's lag and the pace measured (lag.h) */
+    uint64_t join_round; /* ours, from SELF_JOINED */
+    ds_pace pace;        /* a joiner keeps the cluster's pace (pace.h) */
+    int refresh_pending; /* shadow the cluster's state until our join round */
+    int refresh_failures;
+    int leaving;         /* LEAVE announced, effective at leave_round */
+    uint64_t leave_round;
+    uint64_t rounds;
+    uint32_t last_G;
+    uint64_t last_epoch;
+};
+
+/* The name the runtime's functions have always used for it. */
+typedef struct ds_engine rt;
+
+/* The client's stop requests (ds_engine_stop). */
+static inline int ds_rt_stop_signal(const rt *r)
+{
+    return (int)*r->stop.signal;
+}
+
+static inline int ds_rt_stop_count(const rt *r)
+{
+    return (int)*r->stop.count;
+}
+
+#endif

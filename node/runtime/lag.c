@@ -1,0 +1,38 @@
+/*
+ * node/runtime/lag.c: the membership lag from a decaying peak of the
+ * measured pace (see lag.h for the rules and why).
+ */
+#include "node/runtime/lag.h"
+
+void ds_lag_init(ds_lag *l, uint64_t lag_rounds)
+{
+    *l = (ds_lag){.lag = lag_rounds};
+}
+
+int ds_lag_update(ds_lag *l, uint64_t now_ms, uint64_t round)
+{
+    if (!l->started) {
+        l->started = 1;
+        l->t0_ms = now_ms;
+        l->r0 = round;
+        return 0;
+    }
+    if (now_ms - l->t0_ms < DS_LAG_WINDOW_MS)
+        return 0;
+    const double rate = (double)(round - l->r0) * 1000.0 / (double)(now_ms - l->t0_ms);
+    l->rate = rate;
+    l->peak = rate > l->peak * 0.8 ? rate : l->peak * 0.8;
+    uint64_t lag = (uint64_t)(l->peak * DS_LAG_SECONDS + 0.5);
+    if (lag < DS_LAG_MIN_ROUNDS)
+        lag = DS_LAG_MIN_ROUNDS;
+    if (lag > DS_LAG_MAX_ROUNDS)
+        lag = DS_LAG_MAX_ROUNDS;
+    int changed = 0;
+    if (lag > l->lag * 5 / 4 || lag < l->lag * 3 / 4) {
+        l->lag = lag;
+        changed = 1;
+    }
+    l->t0_ms = now_ms;
+    l->r0 = round;
+    return changed;
+}

@@ -1,0 +1,50 @@
+/*
+ * node/runtime/lag.h: how many rounds a membership change (join, leave,
+ * death) waits before it applies, sized from the pace this node measures.
+ * A pure module: the caller passes the time (now_ms) and the round; no
+ * locks, no clock, no globals. The engine calls ds_lag_update after each
+ * training step and tells membership the new lag when it returns 1.
+ *
+ * The rules (docs/gossip.md, "The lag"), and why:
+ * - The lag is DS_LAG_SECONDS' worth of rounds, never below 32 and never
+ *   above 2^20. At tens of rounds a second a fixed 32 rounds was shorter
+ *   than SWIM needs to tell every member (a join reached 8 nodes in
+ *   1.5 s), and nodes ran rounds on different views (commit 5adf3a2).
+ * - The pace is measured over windows of at least 2 s, and the lag is
+ *   sized from a peak of it that decays by a fifth per window, not from
+ *   the last window: the rounds right after a crash wait out their
+ *   timeouts until the suspicion spreads, and a lag sized from that stall
+ *   (32 rounds) was under half a second once the rounds ran again, so
+ *   members applied the death late (commit 3f33fb9).
+ * - Membership is told only when the lag moves by more than a quarter, so
+ *   the noise of the measurement does not change it every window.
+ */
+#ifndef DS_NODE_RUNTIME_LAG_H
+#define DS_NODE_RUNTIME_LAG_H
+
+#include <stdint.h>
+
+#define DS_LAG_SECONDS 5
+#define DS_LAG_MIN_ROUNDS 32
+#define DS_LAG_MAX_ROUNDS (1u << 20)
+#define DS_LAG_WINDOW_MS 2000
+
+/* Owned by the caller; not thread-safe. */
+typedef struct ds_lag {
+    int started;
+    uint64_t t0_ms, r0; /* the current window: its start and round then */
+    double peak;        /* rounds/s the lag is sized for (decaying peak) */
+    double rate;        /* rounds/s over the last finished window */
+    uint64_t lag;       /* rounds: what membership was last told */
+} ds_lag;
+
+/* Start with membership's initial lag (lag_rounds). */
+void ds_lag_init(ds_lag *l, uint64_t lag_rounds);
+
+/* The node is at round `round` at time now_ms. The first call starts the
+ * first window; a window of at least DS_LAG_WINDOW_MS ends at the next
+ * call, updating l->rate and l->peak. Returns 1 when l->lag changed
+ * (membership must be told), else 0. */
+int ds_lag_update(ds_lag *l, uint64_t now_ms, uint64_t round);
+
+#endif

@@ -1,0 +1,521 @@
+/*
+ * node/runtime/rounds.c: what the engine does between the client's
+ * training steps: set up each round's view, run the gossip round (here, or
+ * on the comm thread with gossip.overlap) and apply its deltas, average
+ * gradients for topology allreduce, give our state to joiners and take the
+ * cluster's when we join, and leave at the end. The policies it follows
+ * are pure modules of their own, tested alone: skip windows (skip.h), the
+ * lag (lag.h), a joiner's pace (pace.h) and shadowing (shadow.h), and
+ * leaving (leave.h); this file holds the locking, the clock and the waits
+ * around them.
+ *
+ * Round r happens after optimizer step (r - round0) * gossip.every. Its
+ * view (members, epoch) comes from membership for round r; the gossip
+ * engine's view indices map to node ids through node/gossip/gossip_net.
+ *
+ * Threads: everything here runs on the client's thread except comm_main,
+ * which only runs ds_gossip_exchange between a round's begin and end.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "node/runtime/engine_impl.h"
+#include "node/runtime/leave.h"
+#include "node/runtime/shadow.h"
+
+/* ---- views ------------------------------------------------------------------ */
+
+/* The view at `round`, into r->vbuf / r->vids. */
+static int view_at(rt *r, uint64_t round, uint32_t *G, uint32_t *me, uint64_t *epoch)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    if (!r->vcap) {
+        r->vbuf = malloc(16 * sizeof(*r->vbuf));
+        r->vids = malloc(16 * sizeof(*r->vids));
+        r->vaddrs = malloc(16 * sizeof(*r->vaddrs));
+        if (!r->vbuf || !r->vids || !r->vaddrs)
+            return -ENOMEM;
+        r->vcap = 16;
+    }
+    for (;;) {
+        int e = ds_membership_view_at(ms, round, r->vbuf, r->vcap, G, me, epoch);
+        if (e == 0)
+            break;
+        if (e != -ENOSPC)
+            return e;
+        const uint32_t cap = *G + 16;
+        ds_member_info *nb = realloc(r->vbuf, cap * sizeof(*nb));
+        if (nb)
+            r->vbuf = nb;
+        uint64_t *ni = realloc(r->vids, cap * sizeof(*ni));
+        if (ni)
+            r->vids = ni;
+        const char **na = realloc(r->vaddrs, cap * sizeof(*na));
+        if (na)
+            r->vaddrs = na;
+        if (!nb || !ni || !na)
+            return -ENOMEM;
+        r->vcap = cap;
+    }
+    for (uint32_t i = 0; i < *G; i++)
+        r->vids[i] = r->vbuf[i].id;
+    return 0;
+}
+
+/* Tell the gossip engine which peers this round does not wait for. */
+static void set_round_skips(rt *r, uint32_t G, uint32_t me, uint64_t round)
+{
+    pthread_mutex_lock(&r->skip_lock);
+    for (uint32_t i = 0; i < G; i++) {
+        const enum ds_skip_verdict u =
+            i != me ? ds_skip_check(&r->skip, r->vids[i], round) : DS_SKIP_WAIT;
+        if (u == DS_SKIP_ALL)
+            ds_gossip_set_skip(r->gossip, i);
+        else if (u == DS_SKIP_NOWAIT)
+            ds_gossip_set_nowait(r->gossip, i);
+    }
+    pthread_mutex_unlock(&r->skip_lock);
+}
+
+/* Point the gossip engine and the adapter at round `round`'s view.
+ * 0: a round to run; 1: alone, no round; < 0: error. */
+static int set_round_view(rt *r, uint64_t round)
+{
+    uint32_t G, me;
+    uint64_t epoch;
+    ds_membership_set_round(atomic_load(&r->ms), round, ds_now_ms());
+    atomic_store(&r->cur_round, round);
+    int e = view_at(r, round, &G, &me, &epoch);
+    if (e < 0)
+        return e;
+    if (me == DS_MEMBERSHIP_NOT_IN_VIEW || G == 0) {
+        /* Not (yet, or no longer) in the view: a round of one. */
+        G = 1;
+        me = 0;
+        r->vids[0] = r->id.id;
+    }
+    if (G != r->last_G || epoch != r->last_epoch) {
+        ds_info("gossip", "round=%llu view_size=%u epoch=%llu me=%u", (unsigned long long)round,
+                G, (unsigned long long)epoch, me);
+        r->last_G = G;
+        r->last_epoch = epoch;
+    }
+    for (uint32_t i = 0; i < G; i++)
+        r->vaddrs[i] = r->vids[i] == r->id.id ? NULL : r->vbuf[i].addr;
+    if ((e = ds_gnet_set_view(r->gn, r->vids, r->vaddrs, G)) < 0)
+        return e;
+    if ((e = ds_gossip_set_view(r->gossip, G, me, epoch)) < 0)
+        return e;
+    set_round_skips(r, G, me, round);
+    /* Alone: no round at all. snap keeps the last mixed state, so the next
+     * real round's begin() still sees all the drift since then. */
+    return G < 2 ? 1 : 0;
+}
+
+/* ---- rounds ----------------------------------------------------------------- */
+
+/* The client's parameters as host memory. */
+static float *params_host(rt *r)
+{
+    if (r->p.pull)
+        r->p.pull(r->p.ctx, DS_ENGINE_PARAMS);
+    return r->p.params;
+}
+
+static void params_push(rt *r)
+{
+    if (r->p.push)
+        r->p.push(r->p.ctx, DS_ENGINE_PARAMS);
+}
+
+/* 0: a round began; 1: no round (alone); < 0: error. */
+static int round_begin(rt *r, uint64_t round)
+{
+    int e = set_round_view(r, round);
+    if (e == 0)
+        e = ds_gossip_begin(r->gossip, params_host(r), round);
+    if (e < 0)
+        ds_error("gossip", "round %llu cannot start: %s", (unsigned long long)round, strerror(-e));
+    return e;
+}
+
+static void round_end(rt *r)
+{
+    ds_gossip_end(r->gossip, params_host(r));
+    params_push(r);
+    r->rounds++;
+}
+
+/* The comm thread: one ds_gossip_exchange per comm_start(). */
+static void *comm_main(void *arg)
+{
+    rt *r = arg;
+    pthread_setname_np(pthread_self(), "ds-gossip");
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        while (!r->comm_go && !r->stop_threads)
+            pthread_cond_wait(&r->cond, &r->lock);
+        if (r->stop_threads)
+            break;
+        r->comm_go = 0;
+        pthread_mutex_unlock(&r->lock);
+        ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
+        pthread_mutex_lock(&r->lock);
+        r->comm_done = 1;
+        pthread_cond_broadcast(&r->cond);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+static void comm_start(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->comm_done = 0;
+    r->comm_go = 1;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void comm_wait(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    while (!r->comm_done)
+        pthread_cond_wait(&r->cond, &r->lock);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static uint64_t current_round(const rt *r)
+{
+    return r->round0 + (uint64_t)(r->step / r->c->gossip.every);
+}
+
+void ds_engine_settle(ds_engine *r)
+{
+    if (!r->round_open)
+        return;
+    comm_wait(r);
+    round_end(r);
+    r->round_open = 0;
+}
+
+void ds_engine_reduce(ds_engine *r, int64_t step)
+{
+    if (ds_topo_gossips(r->topo))
+        return;
+    /* AllReduce-SGD: the mean gradient of the view, every step. */
+    const uint64_t round = r->round0 + (uint64_t)step;
+    if (set_round_view(r, round) != 0) /* 1: alone, nothing to average */
+        return;
+    if (r->p.pull)
+        r->p.pull(r->p.ctx, DS_ENGINE_GRAD);
+    if (ds_gossip_allreduce(r->gossip, r->p.grad, r->p.n, round, ds_gnet_io(r->gn)) < 0)
+        ds_log_rl(DS_LOG_WARN, "gossip", "all-reduce of step %llu incomplete: "
+                  "local gradient used", (unsigned long long)round);
+    if (r->p.push)
+        r->p.push(r->p.ctx, DS_ENGINE_GRAD);
+    r->rounds++;
+}
+
+/* ---- state transfer --------------------------------------------------------- */
+
+/* Give a snapshot of our model to the nodes that asked (between steps). */
+static void serve_state(rt *r)
+{
+    ds_state_serve(r->st, params_host(r), (uint64_t)r->step, r->round0, current_round(r),
+                   r->lag.rate, ds_now_ms() + 4 * (uint64_t)r->c->transport.op_timeout_ms);
+}
+
+/* Take a snapshot that arrived: the client's params and step, our rounds
+ * and the cluster's pace. */
+static int adopt_state(rt *r, const float *theta, const ds_state_info *info, uint64_t t0)
+{
+    memcpy(r->p.params, theta, r->p.n * sizeof(float));
+    int e = r->p.push ? r->p.push(r->p.ctx, DS_ENGINE_PARAMS) : 0;
+    if (e < 0)
+        return e;
+    r->p.adopt(r->p.ctx, (int64_t)info->step);
+    r->step = (int64_t)info->step;
+    r->round0 = info->round0;
+    ds_gossip_reset(r->gossip, theta);
+    ds_membership_set_round(atomic_load(&r->ms), info->round, ds_now_ms());
+    ds_pace_set(&r->pace, ds_now_ns(), info->round, info->rounds_per_s);
+    ds_info("state", "model state received: step=%llu round=%llu bytes=%zu in %llu ms; "
+            "keeping the cluster's pace of %.1f rounds/s until round %llu",
+            (unsigned long long)info->step, (unsigned long long)info->round, info->bytes,
+            (unsigned long long)(ds_now_ms() - t0), info->rounds_per_s,
+            (unsigned long long)r->join_round);
+    return 0;
+}
+
+/* A late joiner: ask the member that admitted us for its model, step and
+ * rounds, and start from them; retry a few times. */
+static int fetch_state(rt *r, int attempts, uint64_t attempt_ms)
+{
+    float *theta = malloc(r->p.n * sizeof(float));
+    if (!theta)
+        return -ENOMEM;
+    int e = -ETIMEDOUT;
+    for (int attempt = 1; attempt <= attempts && !ds_rt_stop_signal(r); attempt++) {
+        const uint64_t t0 = ds_now_ms();
+        const uint64_t deadline = t0 + attempt_ms;
+        ds_debug("state", "asking %s for the model state (attempt %d)", r->seed_addr, attempt);
+        if ((e = ds_state_request(r->st, r->seed_id, r->seed_addr, deadline)) < 0)
+            continue;
+        ds_state_info info;
+        do
+            e = ds_state_wait(r->st, ds_now_ms() + 200, theta, &info);
+        while (e == -ETIMEDOUT && ds_now_ms() < deadline && !ds_rt_stop_signal(r));
+        if (e < 0) {
+            ds_warn("state", "state transfer from %s failed: %s", r->seed_addr, strerror(-e));
+            continue;
+        }
+        e = adopt_state(r, theta, &info, t0);
+        break;
+    }
+    free(theta);
+    return ds_rt_stop_signal(r) ? -EINTR : e;
+}
+
+/* ---- start ------------------------------------------------------------------ */
+
+/* The first round everyone trains in: the latest join round among the
+ * members alive now. Every initial member knows the same records once all
+ * are alive, so all compute the same round, and all are in its view from
+ * the first step (an AllReduce-SGD run must not start with members apart). */
+static uint64_t first_round(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint32_t n = 0;
+    ds_membership_members(ms, NULL, 0, &n);
+    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
+    uint64_t first = 0;
+    if (all && ds_membership_members(ms, all, n, &n) == 0)
+        for (uint32_t i = 0; i < n; i++)
+            if (all[i].state == DS_MEMBER_ALIVE && all[i].join_round != DS_MEMBERSHIP_NO_ROUND &&
+                all[i].join_round > first)
+                first = all[i].join_round;
+    free(all);
+    return first;
+}
+
+int ds_engine_start(ds_engine *r)
+{
+    const ds_conf *c = r->c;
+    int e;
+    if (r->seed_round > 0) {
+        /* The cluster is already training: start from its model. */
+        r->refresh_pending = 1;
+        if ((e = fetch_state(r, 5, 4 * (uint64_t)c->transport.op_timeout_ms)) < 0) {
+            ds_error("state", "no model state from the cluster: %s", strerror(-e));
+            return e;
+        }
+    } else {
+        r->round0 = first_round(r);
+        ds_info("gossip", "training starts at round %llu with %lld members",
+                (unsigned long long)r->round0, (long long)c->cluster.min_members);
+    }
+    if (c->gossip.overlap && ds_topo_gossips(r->topo)) {
+        if ((e = pthread_create(&r->comm, NULL, comm_main, r)) != 0) {
+            ds_error("gossip", "cannot start the communication thread: %s", strerror(e));
+            return -e;
+        }
+        r->comm_up = 1;
+    }
+    return 0;
+}
+
+/* ---- between steps ---------------------------------------------------------- */
+
+/* A joiner alone before its join round: do not run ahead of the cluster. */
+static void keep_pace(rt *r)
+{
+    const uint64_t ns = ds_pace_wait_ns(&r->pace, current_round(r), r->join_round, ds_now_ns());
+    if (ns) {
+        const struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Before our join round (the lag is seconds of rounds) we would train
+ * alone, and our solo steps only drift from the cluster's model. So we
+ * shadow the cluster instead (shadow.h). 1: shadowed, 0: train now. */
+static int shadow(rt *r)
+{
+    /* Our join round can still move earlier (membership: two admitting
+     * members, the smaller round wins). */
+    ds_member_info self_info;
+    if (ds_membership_member(atomic_load(&r->ms), r->id.id, &self_info) == 0)
+        r->join_round = ds_shadow_join_round(r->join_round, self_info.join_round);
+    double wait_s;
+    if (!ds_shadow_next(&r->pace, current_round(r), r->join_round, ds_now_ns(), &wait_s)) {
+        r->refresh_pending = 0;
+        ds_info("state", "shadowed the cluster up to step %lld (round %llu); training on to "
+                "our join round %llu", (long long)r->step,
+                (unsigned long long)current_round(r), (unsigned long long)r->join_round);
+        return 0;
+    }
+    for (double w = 0; w < wait_s && !ds_rt_stop_signal(r); w += 0.05)
+        usleep(wait_s - w < 0.05 ? (useconds_t)((wait_s - w) * 1e6) : 50000);
+    const int got = ds_rt_stop_signal(r) ? -EINTR : fetch_state(r, 1, 2000);
+    if (ds_shadow_fetched(&r->refresh_failures, got == 0)) {
+        /* The cluster may be gone (it finished, or we were cut off): go
+         * on from the last state we have. */
+        ds_warn("state", "no model state for 3 tries: training on alone from step %lld",
+                (long long)r->step);
+        r->refresh_pending = 0;
+    }
+    if (ds_state_pending(r->st))
+        serve_state(r);
+    return 1;
+}
+
+int ds_engine_before_step(ds_engine *r)
+{
+    keep_pace(r);
+    return r->refresh_pending ? shadow(r) : 0;
+}
+
+/* Changes (joins, leaves, deaths) apply lag rounds after they are decided
+ * (lag.h). */
+static void update_lag(rt *r)
+{
+    if (ds_lag_update(&r->lag, ds_now_ms(), atomic_load(&r->cur_round))) {
+        ds_membership_set_lag(atomic_load(&r->ms), (uint32_t)r->lag.lag);
+        ds_debug("membership", "lag %llu rounds (%.1f rounds/s)", (unsigned long long)r->lag.lag,
+                 r->lag.rate);
+    }
+}
+
+void ds_engine_step(ds_engine *r, int64_t step)
+{
+    const int64_t every = r->c->gossip.every;
+    r->step = step;
+    ds_engine_settle(r);
+    if (ds_topo_gossips(r->topo) && step % every == 0 &&
+        round_begin(r, r->round0 + (uint64_t)(step / every)) == 0) {
+        if (r->comm_up) {
+            comm_start(r);
+            r->round_open = 1;
+        } else {
+            ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
+            round_end(r);
+        }
+    }
+    if (ds_state_pending(r->st))
+        serve_state(r);
+    if (!r->leaving)
+        update_lag(r);
+}
+
+/* ---- leaving ----------------------------------------------------------------- */
+
+/* Does any other member still count on us (leave.h)? */
+static int others_count_on_us(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint32_t n = 0;
+    ds_membership_members(ms, NULL, 0, &n);
+    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
+    int any = !all; /* when in doubt, linger */
+    if (all && ds_membership_members(ms, all, n, &n) == 0)
+        any = ds_leave_others_count_on_us(all, n, r->id.id);
+    free(all);
+    return any;
+}
+
+/* Announce a graceful leave, effective lag rounds from now (design §6):
+ * every node drops us from its view at that same round, and until then we
+ * keep taking part in the rounds. */
+static void announce_leave(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint64_t eff;
+    if (r->leaving || !ms || ds_membership_leave(ms, ds_now_ms(), &eff) < 0)
+        return;
+    r->leaving = 1;
+    r->leave_round = eff;
+    ds_info("membership", "leaving: effective at round %llu", (unsigned long long)eff);
+}
+
+/* One round while lingering, without training. 0, or -ENOMEM. */
+static int linger_round(rt *r, uint64_t round, float **zero)
+{
+    if (ds_topo_gossips(r->topo)) {
+        if (round_begin(r, round) == 0) {
+            ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
+            round_end(r);
+        }
+    } else if (set_round_view(r, round) == 0) {
+        /* AllReduce: contribute a zero gradient (the others' mean is
+         * scaled by (G-1)/G for these last rounds: documented). */
+        if (!*zero && !(*zero = calloc(r->p.n, sizeof(float))))
+            return -ENOMEM;
+        memset(*zero, 0, r->p.n * sizeof(float));
+        ds_gossip_allreduce(r->gossip, *zero, r->p.n, round, ds_gnet_io(r->gn));
+    }
+    return 0;
+}
+
+/* Training is over (or stopped) but our leave is not effective yet: keep
+ * taking part in the rounds, without training, until it is -- the others
+ * still count on us (leave.h). */
+static void linger(rt *r)
+{
+    announce_leave(r);
+    ds_linger l;
+    if (!ds_linger_start(&l, r->leaving, ds_rt_stop_signal(r), current_round(r), r->leave_round,
+                         ds_now_ms()))
+        return;
+    float *zero = NULL;
+    if (l.next_round < l.leave_round)
+        ds_info("membership", "taking part in rounds %llu..%llu until the leave takes effect",
+                (unsigned long long)l.next_round, (unsigned long long)l.leave_round - 1);
+    for (; ds_linger_more(&l, ds_rt_stop_count(r), ds_now_ms()); l.next_round++) {
+        if (linger_round(r, l.next_round, &zero) < 0)
+            break;
+        /* Checked after the round, not before (leave.h). */
+        if (!others_count_on_us(r)) {
+            ds_info("membership", "every other member is leaving too: done after round %llu",
+                    (unsigned long long)l.next_round);
+            break;
+        }
+    }
+    free(zero);
+}
+
+/* Let the leave spread; flush what we still send. */
+static void leave_and_drain(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    const uint64_t until = ds_leave_drain_until(ds_rt_stop_signal(r), ds_now_ms());
+    announce_leave(r);
+    if (r->leaving) {
+        ds_membership_set_round(ms, r->leave_round, ds_now_ms());
+        while (!ds_membership_leave_done(ms) && ds_now_ms() < until)
+            usleep(20000);
+        ds_info("membership", "left the cluster at round %llu", (unsigned long long)r->leave_round);
+    }
+    /* Give the transport time to deliver the last replies. */
+    while (ds_now_ms() < until) {
+        ds_net_stats st;
+        ds_net_stats_get(r->net, &st);
+        if (st.transport.queued_bytes == 0 && st.pending_frames == 0)
+            break;
+        usleep(10000);
+    }
+}
+
+void ds_engine_leave(ds_engine *r)
+{
+    linger(r);
+    leave_and_drain(r);
+}

@@ -22,6 +22,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "node/runtime/publish.h"
 #include "node/status/status.h"
 #include "tools/dsviz/viz.h"
 
@@ -204,13 +205,15 @@ static ds_status_snapshot *round_snapshot(int i, uint64_t round)
     s->steps = 100;
     s->round = round;
     s->loss = 1.0 / (i + 1);
-    s->net.bytes_sent = 1000u * (uint64_t)(i + 1);
+    ds_publish_stats ps = {0};
+    ps.net.bytes_sent = 1000u * (uint64_t)(i + 1);
+    cr_assert_eq(ds_publish_metrics(s, &ps), 0);
     s->view_size = s->n_view = 4;
     s->view_me = (uint32_t)i;
     for (int k = 0; k < 4; k++) {
         snprintf(s->view[k].name, sizeof(s->view[k].name), "n%d", k);
         snprintf(s->view[k].group, sizeof(s->view[k].group), "%s", k < 2 ? "a" : "b");
-        s->view[k].state = k == 3 && i == 0 ? DS_MEMBER_SUSPECT : DS_MEMBER_ALIVE;
+        s->view[k].state = k == 3 && i == 0 ? DS_STATUS_MEMBER_SUSPECT : DS_STATUS_MEMBER_ALIVE;
     }
     s->n_segments = s->n_exchanges = 2;
     for (int seg = 0; seg < 2; seg++) {

@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "base/clock.h"
+#include "base/metric.h"
 #include "conf/choices.h" /* enum ds_mix: gossip.mix's list */
 #include "node/train/model.h"
 #include "sparsify/sparsify.h"
@@ -115,21 +116,51 @@ typedef struct ds_gseg {
     size_t off, len;
 } ds_gseg;
 
+/* The engine's counters (base/metric.h: one row per field gives the
+ * member, its /status key, its /metrics family and its docs/status.md
+ * row). An exchange is one segment's REQ/RESP (or CROSS) with one peer. */
+#define DS_GOSSIP_HELP_XCHG "Exchanges this node initiated, by outcome."
+#define DS_GOSSIP_HELP_STALE "STALE replies."
+#define DS_GOSSIP_HELP_VALUES "Parameter values exchanged."
+#define DS_GOSSIP_HELP_BYTES "Gossip payload bytes (indices and values)."
+#define DS_GOSSIP_STATS(X) \
+    X(U64, rounds, "rounds", "dsnode_gossip_rounds_total", COUNTER, NULL, NULL, \
+      "Gossip rounds taken part in.") \
+    X(U64, exchanges_ok, "exchanges_ok", "dsnode_gossip_exchanges_total", COUNTER, "outcome", \
+      "ok", DS_GOSSIP_HELP_XCHG) \
+    X(U64, exchanges_failed, "exchanges_failed", "dsnode_gossip_exchanges_total", COUNTER, \
+      "outcome", "failed", DS_GOSSIP_HELP_XCHG) \
+    X(U64, answered, "answered", "dsnode_gossip_answered_total", COUNTER, NULL, NULL, \
+      "Requests answered (REQs answered, CROSS received).") \
+    X(U64, missed, "missed", "dsnode_gossip_missed_total", COUNTER, NULL, NULL, \
+      "Expected requests that never came.") \
+    X(U64, skipped, "skipped", "dsnode_gossip_exchanges_total", COUNTER, "outcome", \
+      "skipped", DS_GOSSIP_HELP_XCHG) \
+    X(U64, stale_sent, "stale_sent", "dsnode_gossip_stale_total", COUNTER, "direction", \
+      "sent", DS_GOSSIP_HELP_STALE) \
+    X(U64, stale_received, "stale_received", "dsnode_gossip_stale_total", COUNTER, \
+      "direction", "received", DS_GOSSIP_HELP_STALE) \
+    X(U64, late, "late", "dsnode_gossip_late_total", COUNTER, NULL, NULL, \
+      "Replies for a round already over.") \
+    X(U64, queued, "queued", "dsnode_gossip_queued_total", COUNTER, NULL, NULL, \
+      "Messages for a future round, kept.") \
+    X(U64, dropped, "dropped", "dsnode_gossip_dropped_total", COUNTER, NULL, NULL, \
+      "Gossip messages dropped (malformed, unexpected, over the queue bound).") \
+    X(U64, values_sent, "values_sent", "dsnode_gossip_values_total", COUNTER, "direction", \
+      "sent", DS_GOSSIP_HELP_VALUES) \
+    X(U64, values_received, "values_received", "dsnode_gossip_values_total", COUNTER, \
+      "direction", "received", DS_GOSSIP_HELP_VALUES) \
+    X(U64, bytes_sent, "payload_bytes_sent", "dsnode_gossip_payload_bytes_total", COUNTER, \
+      "direction", "sent", DS_GOSSIP_HELP_BYTES) \
+    X(U64, bytes_received, "payload_bytes_received", "dsnode_gossip_payload_bytes_total", \
+      COUNTER, "direction", "received", DS_GOSSIP_HELP_BYTES) \
+    X(NS, wait_ns, "wait_s", "dsnode_gossip_wait_seconds_total", COUNTER, NULL, NULL, \
+      "Time spent waiting inside gossip exchanges.") \
+    X(NS, max_wait_ns, "max_round_s", "dsnode_gossip_max_round_seconds", GAUGE, NULL, NULL, \
+      "Longest single exchange phase (exchange() or all-reduce) so far.")
+
 typedef struct ds_gossip_stats {
-    uint64_t rounds;
-    uint64_t exchanges_ok;      /* own REQs answered by RESP / CROSS sent */
-    uint64_t exchanges_failed;  /* own REQs timed out, refused or STALE */
-    uint64_t answered;          /* REQs answered / CROSS received */
-    uint64_t missed;            /* expected REQs / CROSS that never came */
-    uint64_t skipped;           /* own exchanges not tried: peer unresponsive */
-    uint64_t stale_sent, stale_received;
-    uint64_t late;              /* replies for a round already over */
-    uint64_t queued;            /* messages for a future round, kept */
-    uint64_t dropped;           /* malformed, unexpected or over the queue bound */
-    uint64_t values_sent, values_received;
-    uint64_t bytes_sent, bytes_received; /* gossip payload (indices + values) */
-    uint64_t wait_ns;           /* time spent inside exchange() */
-    uint64_t max_wait_ns;       /* the longest single exchange() / all-reduce */
+    DS_GOSSIP_STATS(DS_METRIC_FIELD)
 } ds_gossip_stats;
 
 typedef struct ds_gossip ds_gossip;

@@ -20,14 +20,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/metric.h"
 #include "node/gossip/gossip.h"
 #include "node/net/net.h"
 
 typedef struct ds_gnet ds_gnet;
 
+/* gossip_net's counters (base/metric.h: one row per field gives the
+ * member, its /status key, its /metrics family and its docs/status.md
+ * row). */
+#define DS_GNET_HELP_DROP "Gossip frames dropped before the engine, by reason."
+#define DS_GNET_STATS(X) \
+    X(U64, queued, "queued", "dsnode_gossip_net_queued_total", COUNTER, NULL, NULL, \
+      "Gossip frames queued.") \
+    X(U64, dropped_full, "dropped_full", "dsnode_gossip_net_dropped_total", COUNTER, "reason", \
+      "queue_full", DS_GNET_HELP_DROP) \
+    X(U64, dropped_decode, "dropped_decode", "dsnode_gossip_net_dropped_total", COUNTER, \
+      "reason", "decode", DS_GNET_HELP_DROP) \
+    X(U64, dropped_not_in_view, "dropped_not_in_view", "dsnode_gossip_net_dropped_total", \
+      COUNTER, "reason", "not_in_view", DS_GNET_HELP_DROP) \
+    X(U64, send_failed, "send_failed", "dsnode_gossip_net_send_failed_total", COUNTER, NULL, \
+      NULL, "Gossip sends that failed.")
+
 typedef struct ds_gnet_stats {
-    uint64_t queued, dropped_full, dropped_decode, dropped_not_in_view;
-    uint64_t send_failed;
+    DS_GNET_STATS(DS_METRIC_FIELD)
 } ds_gnet_stats;
 
 /* net is borrowed for the gnet's life. max_count: the largest count a

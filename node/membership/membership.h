@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/metric.h"
 #include "node/wire/wire.h"
 
 typedef struct ds_membership ds_membership;
@@ -191,23 +192,64 @@ enum ds_mship_drop {
 /* "malformed", ... (a metric label); "?" when out of range. */
 const char *ds_mship_drop_name(enum ds_mship_drop r);
 
+/* The protocol's counters and levels (base/metric.h: one row per field
+ * gives the member, its /status key, its /metrics family and its
+ * docs/status.md row). Rows without a family are in /status only. */
+#define DS_MSHIP_HELP_MEMBERS "Member table entries by state (self included)."
+#define DS_MSHIP_HELP_MSGS "Membership messages."
+#define DS_MSHIP_HELP_BYTES "Membership bytes."
+#define DS_MEMBERSHIP_STATS(X) \
+    X(U32, alive, "alive", "dsnode_members", GAUGE, "state", "alive", DS_MSHIP_HELP_MEMBERS) \
+    X(U32, suspect, "suspect", "dsnode_members", GAUGE, "state", "suspect", \
+      DS_MSHIP_HELP_MEMBERS) \
+    X(U32, dead, "dead", "dsnode_members", GAUGE, "state", "dead", DS_MSHIP_HELP_MEMBERS) \
+    X(U32, left, "left", "dsnode_members", GAUGE, "state", "left", DS_MSHIP_HELP_MEMBERS) \
+    X(U32, lhm, "lhm", "dsnode_membership_local_health", GAUGE, NULL, NULL, \
+      "Lifeguard local health multiplier (0 = healthy).") \
+    X(U64, round, "round", NULL, GAUGE, NULL, NULL, "Current membership round.") \
+    X(U64, epoch, "epoch", NULL, GAUGE, NULL, NULL, "View epoch of the current round.") \
+    X(U64, msgs_sent, "msgs_sent", "dsnode_membership_messages_total", COUNTER, "direction", \
+      "sent", DS_MSHIP_HELP_MSGS) \
+    X(U64, bytes_sent, "bytes_sent", "dsnode_membership_bytes_total", COUNTER, "direction", \
+      "sent", DS_MSHIP_HELP_BYTES) \
+    X(U64, msgs_recv, "msgs_received", "dsnode_membership_messages_total", COUNTER, \
+      "direction", "received", DS_MSHIP_HELP_MSGS) \
+    X(U64, bytes_recv, "bytes_received", "dsnode_membership_bytes_total", COUNTER, \
+      "direction", "received", DS_MSHIP_HELP_BYTES) \
+    X(U64, probes, "probes", "dsnode_membership_probes_total", COUNTER, NULL, NULL, \
+      "Probes started.") \
+    X(U64, probes_failed, "probes_failed", "dsnode_membership_probes_failed_total", COUNTER, \
+      NULL, NULL, "Probes without an answer.") \
+    X(U64, pings_sent, "pings_sent", NULL, COUNTER, NULL, NULL, "PINGs sent.") \
+    X(U64, acks_sent, "acks_sent", NULL, COUNTER, NULL, NULL, "ACKs sent.") \
+    X(U64, ping_reqs_sent, "ping_reqs_sent", NULL, COUNTER, NULL, NULL, \
+      "PING-REQs (indirect probes) sent.") \
+    X(U64, nacks_sent, "nacks_sent", NULL, COUNTER, NULL, NULL, "NACKs sent.") \
+    X(U64, nacks_received, "nacks_received", NULL, COUNTER, NULL, NULL, "NACKs received.") \
+    X(U64, acks_unmatched, "acks_unmatched", NULL, COUNTER, NULL, NULL, \
+      "ACKs that matched no probe in progress.") \
+    X(U64, joins_sent, "joins_sent", NULL, COUNTER, NULL, NULL, "JOINs sent.") \
+    X(U64, members_sent, "members_sent", NULL, COUNTER, NULL, NULL, "MEMBERS answers sent.") \
+    X(U64, leaves_sent, "leaves_sent", NULL, COUNTER, NULL, NULL, "LEAVEs sent.") \
+    X(U64, updates_sent, "updates_sent", NULL, COUNTER, NULL, NULL, \
+      "Member records piggybacked on messages.") \
+    X(U64, suspicions, "suspicions", "dsnode_membership_suspicions_total", COUNTER, NULL, \
+      NULL, "Suspicions raised by this node's probes.") \
+    X(U64, deaths, "deaths", "dsnode_membership_deaths_total", COUNTER, NULL, NULL, \
+      "Deaths declared by this node's suspicion timers.") \
+    X(U64, refutations, "refutations", "dsnode_membership_refutations_total", COUNTER, NULL, \
+      NULL, "Suspicions about this node refuted.") \
+    X(U64, rejoins, "rejoins", "dsnode_membership_rejoins_total", COUNTER, NULL, NULL, \
+      "Rejoins after being declared dead or left.") \
+    X(U64, late_changes, "late_changes", "dsnode_membership_late_changes_total", COUNTER, \
+      NULL, NULL, \
+      "Changes that arrived after their effective round (the current round's view " \
+      "changed mid-round).")
+
 typedef struct ds_membership_stats {
-    uint64_t msgs_sent, bytes_sent, msgs_recv, bytes_recv;
-    uint64_t pings_sent, acks_sent, ping_reqs_sent, nacks_sent;
-    uint64_t joins_sent, members_sent, leaves_sent;
-    uint64_t probes, probes_failed, nacks_received, acks_unmatched;
-    uint64_t suspicions;    /* raised by this node's own failed probes */
-    uint64_t deaths;        /* declared by this node's suspicion timers */
-    uint64_t refutations;   /* of suspicions about this node */
-    uint64_t rejoins;       /* after being declared dead/left */
-    uint64_t late_changes;  /* changes that reached us after their round:
-                             * the current round's view changed mid-round */
-    uint64_t updates_sent;  /* piggybacked records */
-    uint64_t drops[DS_MSHIP_DROP__COUNT];
-    uint64_t wire[DS_DROP__COUNT]; /* decoder drops by wire reason */
-    uint32_t lhm;           /* local health multiplier now (0 = healthy) */
-    uint32_t alive, suspect, dead, left; /* table, self included */
-    uint64_t round, epoch;  /* current round and its epoch */
+    DS_MEMBERSHIP_STATS(DS_METRIC_FIELD)
+    uint64_t drops[DS_MSHIP_DROP__COUNT]; /* by enum ds_mship_drop */
+    uint64_t wire[DS_DROP__COUNT];        /* decoder drops by wire reason */
 } ds_membership_stats;
 
 /* Create a protocol instance for this node (identity from cfg, copied; io

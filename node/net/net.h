@@ -46,6 +46,7 @@
 #include <stdint.h>
 
 #include "base/clock.h"
+#include "base/metric.h"
 #include "node/sec/crypto.h"
 #include "node/transport/transport.h"
 #include "node/wire/wire.h"
@@ -217,13 +218,32 @@ enum ds_drop_reason ds_net_decode(ds_net *n, const ds_net_rx *rx, const ds_wire_
  * ds_net_decode refused a frame for). Valid while the net lives. */
 ds_drop_counters *ds_net_drops(ds_net *n);
 
+/* The secured layer's counters (base/metric.h: one row per field gives
+ * the member, its /status key, its /metrics family and its docs/status.md
+ * row). The transport's own counters follow as .transport. */
+#define DS_NET_HELP_HS "Handshakes by result."
+#define DS_NET_STATS(X) \
+    X(U64, frames_sent, "frames_sent", "dsnode_frames_sent_total", COUNTER, NULL, NULL, \
+      "Sealed frames handed to the transport.") \
+    X(U64, bytes_sent, "bytes_sent", "dsnode_bytes_sent_total", COUNTER, NULL, NULL, \
+      "Bytes of sealed frames sent.") \
+    X(U64, frames_recv, "frames_received", "dsnode_frames_received_total", COUNTER, NULL, \
+      NULL, "Frames opened and delivered.") \
+    X(U64, bytes_recv, "bytes_received", "dsnode_bytes_received_total", COUNTER, NULL, NULL, \
+      "Bytes of frames received.") \
+    X(U64, handshakes_ok, "handshakes_ok", "dsnode_handshakes_total", COUNTER, "result", "ok", \
+      DS_NET_HELP_HS) \
+    X(U64, handshakes_failed, "handshakes_failed", "dsnode_handshakes_total", COUNTER, \
+      "result", "failed", DS_NET_HELP_HS) \
+    X(U64, sessions, "sessions", "dsnode_sessions", GAUGE, NULL, NULL, \
+      "Secure sessions up now.") \
+    X(U64, pending_frames, "pending_frames", "dsnode_pending_frames", GAUGE, NULL, NULL, \
+      "Frames waiting for a session now.") \
+    X(U64, send_failures, "send_failures", "dsnode_send_failures_total", COUNTER, NULL, NULL, \
+      "Frame sends that failed (done callbacks with an error).")
+
 typedef struct ds_net_stats {
-    uint64_t frames_sent, bytes_sent;     /* sealed frames handed to the transport */
-    uint64_t frames_recv, bytes_recv;     /* opened and delivered */
-    uint64_t handshakes_ok, handshakes_failed;
-    uint64_t sessions;                    /* up now */
-    uint64_t pending_frames;              /* waiting for a session now */
-    uint64_t send_failures;               /* done callbacks with an error */
+    DS_NET_STATS(DS_METRIC_FIELD)
     ds_transport_stats transport;
 } ds_net_stats;
 

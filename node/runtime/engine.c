@@ -31,6 +31,7 @@
 #include "base/log.h"
 #include "base/rng.h"
 #include "node/runtime/engine_impl.h"
+#include "node/runtime/publish.h"
 
 /* Neither stop request made: for a client that passes none. */
 static const volatile sig_atomic_t never;
@@ -442,7 +443,7 @@ static int open_status(rt *r)
         return -ENOMEM;
     }
     ds_status_snapshot_init(r->snap);
-    int e = ds_status_create(&r->status, c->status.listen, c->status.file);
+    int e = ds_publish_open(&r->status, c->status.listen, c->status.file, r->snap);
     if (e < 0) {
         ds_error("status", "cannot serve status on '%s' / write '%s': %s", c->status.listen,
                  c->status.file, strerror(-e));
@@ -594,6 +595,33 @@ void ds_engine_report_set(ds_engine *r, const ds_engine_report *rep)
     r->st_acc = rep->test_acc;
     r->st_lr = rep->lr;
     r->st_sps = rep->samples_per_s;
+}
+
+void ds_engine_publish(ds_engine *r, int force)
+{
+    if (!r->status || !r->snap)
+        return;
+    const uint32_t G = r->last_G < r->vcap ? r->last_G : r->vcap;
+    const ds_publish_src src = {
+        .state = r->leaving && r->phase == DS_STATUS_TRAINING ? DS_STATUS_LEAVING : r->phase,
+        .step = r->step,
+        .steps = r->c->train.steps,
+        .round = atomic_load(&r->cur_round),
+        .epoch = r->last_epoch,
+        .loss = r->st_loss,
+        .test_acc = r->st_acc,
+        .lr = r->st_lr,
+        .samples_per_s = r->st_sps,
+        .view = r->vbuf,
+        .view_len = G,
+        .view_size = r->last_G,
+        .self_id = r->id.id,
+        .gossip = r->gossip,
+        .gnet = r->gn,
+        .net = r->net,
+        .membership = atomic_load(&r->ms),
+    };
+    ds_publish_status(r->status, r->snap, &r->last_publish_ms, force, &src);
 }
 
 void ds_engine_info_get(ds_engine *r, ds_engine_info *out)

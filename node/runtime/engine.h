@@ -47,9 +47,9 @@
  * messages `dsnode` has always printed); ds_engine_join also fills err
  * with the one line the client reports.
  *
- * The status snapshot is filled from the engine's state by publish_status
- * (node/runtime/run.c for now, through node/runtime/engine_impl.h); the
- * client supplies the training numbers it shows with ds_engine_report.
+ * The status snapshot is filled from the engine's state by
+ * ds_engine_publish (through node/runtime/publish.h); the client supplies
+ * the training numbers it shows with ds_engine_report_set.
  */
 #ifndef DS_NODE_RUNTIME_ENGINE_H
 #define DS_NODE_RUNTIME_ENGINE_H
@@ -174,6 +174,11 @@ void ds_engine_leave(ds_engine *e);
 void ds_engine_report_set(ds_engine *e, const ds_engine_report *r);
 
 void ds_engine_info_get(ds_engine *e, ds_engine_info *out);
+
+/* Fill the status snapshot from the engine's state and the last report and
+ * publish it (status.listen, status.file): at most every 200 ms unless
+ * force (phase changes, the end). Nothing happens when status is off. */
+void ds_engine_publish(ds_engine *e, int force);
 
 /* NULL-safe; clears the caller's pointer. Stops the engine's threads and
  * closes everything, the endpoint too. Secrets are wiped. */

@@ -2,8 +2,8 @@
  * node/runtime/engine_impl.h: the engine's state, private to node/runtime.
  * engine.c (open, listen, join, close, the network and membership
  * callbacks, the failure detector), rounds.c (views, rounds, the comm
- * thread, state transfer, pacing, shadowing, lag, leaving) and
- * publish_status (the status snapshot) read it; a client uses engine.h.
+ * thread, state transfer, pacing, shadowing, lag, leaving) read it; a
+ * client uses engine.h.
  *
  * Locking. `lock` with `cond` guards the thread handshakes (stop_threads,
  * comm_go/comm_done), the join outcome (joined, seed_*, refused*), and is

@@ -42,10 +42,6 @@
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "node/runtime/engine.h"
-/* For publish_status alone, which fills the status snapshot from the
- * engine's state; it moves next to the engine (node/runtime/publish.c),
- * and then this client uses engine.h only. */
-#include "node/runtime/engine_impl.h"
 #include "node/runtime/run.h"
 #include "node/status/status.h"
 
@@ -130,81 +126,6 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
 }
 
 
-/* ---- status ---------------------------------------------------------------- */
-
-/* Fill and publish the status snapshot (node/status/status.h): at most every
- * 200 ms unless forced (phase changes, the end). */
-static void publish_status(rt *r, int force)
-{
-    if (!r->status || !r->snap)
-        return;
-    const uint64_t now = ds_now_ms();
-    if (!force && now - r->last_publish_ms < 200)
-        return;
-    r->last_publish_ms = now;
-    ds_status_snapshot *sn = r->snap;
-    const ds_conf *c = r->c;
-    const int phase = r->leaving && r->phase == DS_STATUS_TRAINING ? DS_STATUS_LEAVING : r->phase;
-    sn->state = (uint8_t)phase;
-    sn->step = r->step;
-    sn->steps = c->train.steps;
-    sn->round = atomic_load(&r->cur_round);
-    sn->epoch = r->last_epoch;
-    sn->loss = r->st_loss;
-    sn->test_acc = r->st_acc;
-    sn->lr = r->st_lr;
-    sn->samples_per_s = r->st_sps;
-    /* The view of the last round set up (r->vbuf). */
-    uint32_t G = r->last_G;
-    if (G > r->vcap)
-        G = r->vcap;
-    sn->view_size = r->last_G;
-    sn->n_view = G < DS_STATUS_MAX_VIEW ? G : DS_STATUS_MAX_VIEW;
-    sn->view_me = UINT32_MAX;
-    for (uint32_t i = 0; i < sn->n_view && r->vbuf; i++) {
-        ds_status_member *m = &sn->view[i];
-        m->id = r->vbuf[i].id;
-        snprintf(m->name, sizeof(m->name), "%s", r->vbuf[i].name);
-        snprintf(m->addr, sizeof(m->addr), "%s", r->vbuf[i].addr);
-        snprintf(m->group, sizeof(m->group), "%s", r->vbuf[i].group);
-        m->state = (uint8_t)r->vbuf[i].state;
-        if (m->id == r->id.id)
-            sn->view_me = i;
-    }
-    const int nseg = ds_gossip_n_segments(r->gossip);
-    sn->n_segments = (uint32_t)nseg;
-    sn->n_exchanges = nseg < DS_STATUS_MAX_SEGMENTS ? (uint32_t)nseg : DS_STATUS_MAX_SEGMENTS;
-    static const uint8_t outcome[] = {DS_XCHG_NONE, DS_XCHG_UNKNOWN, DS_XCHG_OK, DS_XCHG_FAILED,
-                                      DS_XCHG_SKIPPED};
-    for (uint32_t s = 0; s < sn->n_exchanges; s++) {
-        ds_status_exchange *x = &sn->exchanges[s];
-        ds_gossip_xinfo xi;
-        memset(x, 0, sizeof(*x));
-        x->segment = s;
-        x->offset = ds_gossip_segment(r->gossip, (int)s)->off;
-        x->length = ds_gossip_segment(r->gossip, (int)s)->len;
-        if (ds_gossip_xinfo_get(r->gossip, (int)s, &xi) < 0 || !r->vbuf || G < 2)
-            continue;
-        x->outcome = outcome[xi.outcome];
-        x->bytes = xi.bytes;
-        if (xi.target < G && r->vbuf[xi.target].id != r->id.id)
-            snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", r->vbuf[xi.target].name);
-        x->n_answer_from = xi.n_in;
-        for (uint32_t k = 0; k < xi.n_in && k < DS_STATUS_MAX_ANSWERS && xi.in_from; k++)
-            if (xi.in_from[k] < G)
-                snprintf(x->answer_from[k], sizeof(x->answer_from[k]), "%s",
-                         r->vbuf[xi.in_from[k]].name);
-    }
-    sn->gossip = *ds_gossip_get_stats(r->gossip);
-    ds_gnet_stats_get(r->gn, &sn->gnet);
-    ds_net_stats_get(r->net, &sn->net);
-    ds_membership *ms = atomic_load(&r->ms);
-    if (ms)
-        ds_membership_stats_get(ms, &sn->membership);
-    ds_status_copy_drops(sn, ds_net_drops(r->net));
-    ds_status_publish(r->status, sn);
-}
-
 /* ---- the client ------------------------------------------------------------ */
 
 /* `dsnode run`'s side: the trainer, and what its log and summary show. */
@@ -253,7 +174,7 @@ static void publish(run *u, int force)
 {
     u->rep.lr = ds_trainer_lr(&u->t);
     ds_engine_report_set(u->e, &u->rep);
-    publish_status(u->e, force);
+    ds_engine_publish(u->e, force);
 }
 
 /* Log the trainer and hand its parameters to the engine. */

@@ -7,20 +7,28 @@
  * to ds_status_publish, which copies it under a mutex and returns: nothing
  * here ever reads another module's memory, so a slow or hostile HTTP client
  * can cost the status thread time but never the training thread. The
- * snapshot is plain data (fixed arrays, value copies of the other modules'
- * stats structs), so it is filled with assignments, snprintf and memcpy.
+ * snapshot is plain data: fixed arrays for the node, its view and this
+ * round's exchanges, and the other modules' counters as metric groups
+ * (base/metric.h: a table of descriptors of static storage, plus the
+ * values copied out of the module's stats struct). This module knows no
+ * other module of node/: the runtime (node/runtime/publish.h) hands it the
+ * tables and the values.
  *
- * One thread per ds_status serves HTTP and rewrites the file. HTTP:
- * GET only, HTTP/1.0 and 1.1, one request per connection (Connection:
- * close), bounded request size, bounded concurrent connections, a deadline
- * per connection for reading the request and one for writing the answer;
- * a request that is too large or malformed gets 400, a method other than
- * GET 405, a path other than /status and /metrics 404, a connection over
- * the limit 503. The file is written to PATH.tmp and renamed over PATH, at
- * most once per file_interval_ms, so a reader sees a whole document and a
- * round every few milliseconds does not turn into a disk write each.
+ * One thread per ds_status serves HTTP (libmicrohttpd, driven by that
+ * thread) and rewrites the file. HTTP: GET and HEAD, HTTP/1.0 and 1.1, one
+ * request per connection (Connection: close), bounded request size,
+ * bounded connections in all and per client address, a deadline per
+ * connection for the whole request and one for the answer. Answers: 200
+ * for /status and /metrics; 404 for another path; 405 for another method;
+ * 400 for a malformed request; 414 or 431 for a request line or headers
+ * over max_request; 505 for a version other than HTTP/1.x; 503 for a
+ * connection over max_conns. The file is written to PATH.tmp and renamed
+ * over PATH, at most once per file_interval_ms, so a reader sees a whole
+ * document and a round every few milliseconds does not turn into a disk
+ * write each.
  *
- * The JSON schema and the metric names are documented in docs/status.md.
+ * The JSON schema, the metric names and the decisions are in
+ * docs/status.md.
  */
 #ifndef DS_NODE_STATUS_H
 #define DS_NODE_STATUS_H
@@ -28,22 +36,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "node/gossip/gossip.h"
-#include "node/gossip/gossip_net.h"
-#include "node/membership/membership.h"
-#include "node/net/net.h"
-#include "node/transport/transport.h"
-#include "node/wire/wire.h"
+#include "base/metric.h"
 
 /* ---- the snapshot ------------------------------------------------------------ */
 
 #define DS_STATUS_MAX_VIEW 256    /* members listed; view_size may be larger */
 #define DS_STATUS_MAX_SEGMENTS 64 /* exchanges listed; n_segments may be larger */
 #define DS_STATUS_MAX_ANSWERS 8   /* answer_from names per segment */
+#define DS_STATUS_MAX_GROUPS 16   /* metric groups */
+#define DS_STATUS_MAX_VALUES 512  /* metric values in all groups */
 
-#define DS_STATUS_NAME_LEN (DS_WIRE_NAME_MAX + 1)
-#define DS_STATUS_ADDR_LEN (DS_WIRE_ADDR_MAX + 1)
-#define DS_STATUS_GROUP_LEN (DS_WIRE_GROUP_MAX + 1)
+/* Text fields, terminator included (the wire's limits + 1; the runtime
+ * checks they agree). */
+#define DS_STATUS_NAME_LEN 64
+#define DS_STATUS_ADDR_LEN 128
+#define DS_STATUS_GROUP_LEN 32
 
 /* This node's life, as in the summary line plus the phases before it. */
 enum ds_status_state {
@@ -66,13 +73,22 @@ enum ds_status_outcome {
     DS_XCHG__COUNT
 };
 
+/* A member's state in the view (the same values as membership's). */
+enum ds_status_member_state {
+    DS_STATUS_MEMBER_ALIVE = 0,
+    DS_STATUS_MEMBER_SUSPECT = 1,
+    DS_STATUS_MEMBER_DEAD = 2,
+    DS_STATUS_MEMBER_LEFT = 3,
+    DS_STATUS_MEMBER__COUNT
+};
+
 /* One member of the view at this round. */
 typedef struct ds_status_member {
-    uint64_t id;                     /* node id (ds_wire_node_id of its key) */
+    uint64_t id;                     /* node id */
     char name[DS_STATUS_NAME_LEN];
     char addr[DS_STATUS_ADDR_LEN];
     char group[DS_STATUS_GROUP_LEN]; /* "" = a group of one */
-    uint8_t state;                   /* enum ds_member_state */
+    uint8_t state;                   /* enum ds_status_member_state */
 } ds_status_member;
 
 /* One segment's exchanges this round. */
@@ -118,22 +134,32 @@ typedef struct ds_status_snapshot {
     uint32_t n_segments, n_exchanges;
     ds_status_exchange exchanges[DS_STATUS_MAX_SEGMENTS];
 
-    /* counters, copied whole from their modules */
-    ds_gossip_stats gossip;          /* *ds_gossip_get_stats() */
-    ds_gnet_stats gnet;              /* ds_gnet_stats_get() */
-    ds_net_stats net;                /* ds_net_stats_get(): frames, bytes,
-                                      * handshakes and .transport */
-    ds_membership_stats membership;  /* ds_membership_stats_get() */
-    uint64_t drops[DS_DROP__COUNT];  /* ds_status_copy_drops(ds_net_drops()) */
+    /* the other modules' counters, group by group in page order (filled by
+     * ds_status_add_group; the descriptor tables are of static storage,
+     * so the snapshot stays a plain copyable value) */
+    uint32_t n_groups, n_values;
+    const ds_metric_group *groups[DS_STATUS_MAX_GROUPS];
+    uint32_t first[DS_STATUS_MAX_GROUPS]; /* group i's values start here */
+    uint64_t values[DS_STATUS_MAX_VALUES]; /* raw: U32 widened, NS in ns */
 } ds_status_snapshot;
 
+/* The snapshot functions below work on the caller's snapshot only (no
+ * shared state): any thread, one at a time per snapshot. */
+
 /* Zero everything, then test_acc = -1, view_me = UINT32_MAX, state =
- * joining. */
+ * joining, no metric groups. */
 void ds_status_snapshot_init(ds_status_snapshot *s);
 
-/* Copy the atomic drop counters into s->drops (plain numbers). c may be
- * NULL (all zero). */
-void ds_status_copy_drops(ds_status_snapshot *s, const ds_drop_counters *c);
+/* Forget the metric groups (before adding this round's). */
+void ds_status_clear_groups(ds_status_snapshot *s);
+
+/* Append group g (static storage, borrowed for the snapshot's life) with
+ * its values read from the struct at src (borrowed for the call) through
+ * g's descriptors. A group with a parent must come after the parent.
+ * Returns 0, -EINVAL (g malformed, or its parent not added yet) or
+ * -ENOSPC (DS_STATUS_MAX_GROUPS or DS_STATUS_MAX_VALUES reached). */
+int ds_status_add_group(ds_status_snapshot *s, const ds_metric_group *g, const void *src)
+    __attribute__((warn_unused_result));
 
 /* "joining", ..., "failed"; "?" when out of range. */
 const char *ds_status_state_name(enum ds_status_state st);
@@ -144,14 +170,23 @@ const char *ds_status_member_state_name(unsigned member_state);
 
 /* ---- rendering (also used by tests and the file writer) ----------------------- */
 
+/* Pure functions of their arguments: any thread. */
+
 /* The /status document for s, NUL-terminated, into a new buffer (*out,
  * caller frees) of *len bytes. now_unix_ms stamps "time_unix_ms". Returns 0
  * or -ENOMEM. */
 int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, char **out,
                           size_t *len) __attribute__((warn_unused_result));
 
-/* The /metrics page for s, like ds_status_render_json. */
+/* The /metrics page for s (without the server's own counters), like
+ * ds_status_render_json. */
 int ds_status_render_metrics(const ds_status_snapshot *s, char **out, size_t *len)
+    __attribute__((warn_unused_result));
+
+/* The Markdown table docs/status.md shows for group g (one row per
+ * descriptor: JSON key, metric with its label, type, meaning), into a new
+ * NUL-terminated buffer (*out, caller frees). Returns 0 or -ENOMEM. */
+int ds_status_doc_table(const ds_metric_group *g, char **out)
     __attribute__((warn_unused_result));
 
 /* ---- the server and the file writer ------------------------------------------- */
@@ -159,37 +194,75 @@ int ds_status_render_metrics(const ds_status_snapshot *s, char **out, size_t *le
 typedef struct ds_status ds_status;
 
 typedef struct ds_status_opts {
-    const char *listen;         /* "host:port" (IPv4 or a name; port 0 = any
+    const char *listen;         /* "host:port" (base/hostport.h; port 0 = any
                                  * free port); NULL or "" = no HTTP */
     const char *file;           /* path; NULL or "" = no file */
-    int max_conns;              /* connections served at once; 16 */
+    int max_conns;              /* connections served at once; 16. As many
+                                 * again are taken to be answered 503. */
+    int max_conns_per_ip;       /* connections from one client address;
+                                 * 8; 0 = no limit */
     size_t max_request;         /* bytes of request line + headers; 8192 */
     int request_timeout_ms;     /* to receive the whole request; 5000 */
     int write_timeout_ms;       /* to send the whole answer; 5000 */
     int file_interval_ms;       /* the file is rewritten at most this often; 500 */
+    const ds_status_snapshot *initial; /* shown until the first publish (copied
+                                 * at create; its metric groups make the
+                                 * first document carry every key); NULL:
+                                 * a ds_status_snapshot_init one */
 } ds_status_opts;
 
-/* The defaults above, listen and file NULL. */
+/* The defaults above, listen, file and initial NULL. */
 void ds_status_opts_default(ds_status_opts *o);
 
+/* The server's own counters: one list (base/metric.h) gives the members,
+ * their /metrics families and their docs/status.md rows. They are not in
+ * /status. */
+#define DS_STATUS_HELP_RESP "Answers of this status server, by HTTP code."
+#define DS_STATUS_STATS(X) \
+    X(U64, resp_200, NULL, "dsnode_status_responses_total", COUNTER, "code", "200", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, resp_400, NULL, "dsnode_status_responses_total", COUNTER, "code", "400", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, resp_404, NULL, "dsnode_status_responses_total", COUNTER, "code", "404", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, resp_405, NULL, "dsnode_status_responses_total", COUNTER, "code", "405", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, resp_414, NULL, "dsnode_status_responses_total", COUNTER, "code", "414", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, resp_431, NULL, "dsnode_status_responses_total", COUNTER, "code", "431", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, refused_full, NULL, "dsnode_status_responses_total", COUNTER, "code", "503", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, resp_505, NULL, "dsnode_status_responses_total", COUNTER, "code", "505", \
+      DS_STATUS_HELP_RESP) \
+    X(U64, accepted, NULL, "dsnode_status_connections_total", COUNTER, NULL, NULL, \
+      "Connections accepted.") \
+    X(U64, timeouts, NULL, "dsnode_status_timeouts_total", COUNTER, NULL, NULL, \
+      "Connections dropped for being too slow.") \
+    X(U64, file_writes, NULL, "dsnode_status_file_writes_total", COUNTER, NULL, NULL, \
+      "status.file rewrites.") \
+    X(U64, file_errors, NULL, "dsnode_status_file_errors_total", COUNTER, NULL, NULL, \
+      "status.file write failures.") \
+    X(U64, publishes, NULL, NULL, COUNTER, NULL, NULL, "Snapshots published by the node.")
+
 typedef struct ds_status_stats {
-    uint64_t accepted;          /* connections taken */
-    uint64_t refused_full;      /* answered 503: max_conns busy */
-    uint64_t timeouts;          /* dropped: request or answer too slow */
-    uint64_t resp_200, resp_400, resp_404, resp_405;
-    uint64_t file_writes, file_errors;
-    uint64_t publishes;
+    DS_STATUS_STATS(DS_METRIC_FIELD)
 } ds_status_stats;
 
+/* The group of ds_status_stats (for docs and tests). */
+extern const ds_metric_group ds_status_stats_group;
+
 /* Start serving: bind status.listen (when set) and start the status
- * thread. Until the first publish, /status shows an initialised snapshot
- * (state joining, no name). The option strings are copied. When neither
+ * thread. Until the first publish, /status shows o->initial, or an
+ * initialised snapshot (state joining, no name, no counters). The option
+ * strings are copied. When neither
  * listen nor file is set, *out is NULL and 0 is returned: every other
  * function accepts a NULL ds_status and does nothing.
  * Returns 0, -EINVAL (bad host:port or options), -EADDRINUSE, -EACCES,
  * another negative errno from socket/bind/listen or from creating
- * file.tmp (the directory must exist and be writable), or -ENOMEM; the
- * reason is logged. The caller owns *out (ds_status_destroy). */
+ * file.tmp (the directory must exist and be writable), -EIO (the HTTP
+ * library refused to start), or -ENOMEM; the reason is logged. The caller
+ * owns *out (ds_status_destroy). */
 int ds_status_create_opts(ds_status **out, const ds_status_opts *o)
     __attribute__((warn_unused_result));
 
@@ -198,14 +271,16 @@ int ds_status_create(ds_status **out, const char *listen, const char *file)
     __attribute__((warn_unused_result));
 
 /* Copy *s (borrowed for the call) as the current status. Takes a mutex
- * for one memcpy; never does I/O and never waits for a client. NULL-safe. */
+ * for one memcpy; never does I/O and never waits for a client. NULL-safe.
+ * Any thread; one publisher at a time is the expected use. */
 void ds_status_publish(ds_status *st, const ds_status_snapshot *s);
 
 /* The bound HTTP address "host:port" (the real port when listen asked for
  * 0). 0, -ENOENT when there is no HTTP server, -ENOSPC when n is too small. */
 int ds_status_addr(const ds_status *st, char *buf, size_t n);
 
-/* Counters of the server itself (they also appear in /metrics). */
+/* Counters of the server itself (they also appear in /metrics). Any
+ * thread. */
 void ds_status_stats_get(ds_status *st, ds_status_stats *out);
 
 /* Stop the thread, close every connection, write the last published

@@ -372,8 +372,9 @@ struct ds_transport {
 };
 
 static const char *const drop_names[DS_TP_DROP_COUNT] = {
-    "bad_header", "bad_addr", "peers_full", "too_big", "no_memory", "late", "duplicate",
-    "stale_stream", "aborted", "rx_timeout", "backlog", "rx_error", "removed_peer",
+#define DS_TP_DROP_NAME_(e, name, text) name,
+    DS_TP_DROP_LIST(DS_TP_DROP_NAME_)
+#undef DS_TP_DROP_NAME_
 };
 
 const char *ds_transport_drop_name(enum ds_transport_drop reason)

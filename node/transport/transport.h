@@ -61,6 +61,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "base/clock.h"
+#include "base/metric.h"
 
 typedef struct ds_transport ds_transport;
 
@@ -171,42 +172,73 @@ typedef struct ds_transport_send_args {
     void *done_arg;
 } ds_transport_send_args;
 
-/* Drop reasons counted on the receive path (a chunk or message discarded). */
+/* Drop reasons counted on the receive path (a chunk or message discarded).
+ * One list: enum, metric name, meaning. */
+#define DS_TP_DROP_LIST(X) \
+    X(BAD_HEADER, "bad_header", "short, bad magic/version/lengths") \
+    X(BAD_ADDR, "bad_addr", "sender address not valid for the provider") \
+    X(PEERS_FULL, "peers_full", "unknown sender, no free peer slot") \
+    X(TOO_BIG, "too_big", "message > max_msg_bytes or truncated chunk") \
+    X(NO_MEMORY, "no_memory", "rx_mem_bytes or malloc exhausted") \
+    X(LATE, "late", "chunk of a message already delivered/skipped") \
+    X(DUPLICATE, "duplicate", "chunk received twice") \
+    X(STALE_STREAM, "stale_stream", "chunk from a sender instance since replaced") \
+    X(ABORTED, "aborted", "the sender abandoned the message") \
+    X(RX_TIMEOUT, "rx_timeout", "chunks stopped arriving") \
+    X(BACKLOG, "backlog", "too many out-of-order messages held") \
+    X(RX_ERROR, "rx_error", "libfabric receive error completion") \
+    X(REMOVED_PEER, "removed_peer", "held for a peer the application removed")
+
 enum ds_transport_drop {
-    DS_TP_DROP_BAD_HEADER = 0, /* short, bad magic/version/lengths */
-    DS_TP_DROP_BAD_ADDR,       /* sender address not valid for the provider */
-    DS_TP_DROP_PEERS_FULL,     /* unknown sender, no free peer slot */
-    DS_TP_DROP_TOO_BIG,        /* message > max_msg_bytes or truncated chunk */
-    DS_TP_DROP_NO_MEMORY,      /* rx_mem_bytes or malloc exhausted */
-    DS_TP_DROP_LATE,           /* chunk of a message already delivered/skipped */
-    DS_TP_DROP_DUPLICATE,      /* chunk received twice */
-    DS_TP_DROP_STALE_STREAM,   /* chunk from a sender instance since replaced */
-    DS_TP_DROP_ABORTED,        /* the sender abandoned the message */
-    DS_TP_DROP_RX_TIMEOUT,     /* chunks stopped arriving */
-    DS_TP_DROP_BACKLOG,        /* too many out-of-order messages held */
-    DS_TP_DROP_RX_ERROR,       /* libfabric receive error completion */
-    DS_TP_DROP_REMOVED_PEER,   /* held for a peer the application removed */
+#define DS_TP_DROP_ENUM_(e, name, text) DS_TP_DROP_##e,
+    DS_TP_DROP_LIST(DS_TP_DROP_ENUM_)
+#undef DS_TP_DROP_ENUM_
     DS_TP_DROP_COUNT
 };
 
 /* Name of a drop reason ("bad_header", ...), for logs and /metrics. */
 const char *ds_transport_drop_name(enum ds_transport_drop reason);
 
+/* The transport's counters (base/metric.h: one row per field gives the
+ * member, its /status key, its /metrics family and its docs/status.md
+ * row). "now" marks a level rather than a running count. */
+#define DS_TP_HELP_MSGS "Transport messages (completed sends, delivered messages)."
+#define DS_TP_HELP_BYTES "Transport message bytes."
+#define DS_TRANSPORT_STATS(X) \
+    X(U64, msgs_sent, "msgs_sent", "dsnode_transport_messages_total", COUNTER, \
+      "direction", "sent", DS_TP_HELP_MSGS) \
+    X(U64, bytes_sent, "bytes_sent", "dsnode_transport_bytes_total", COUNTER, \
+      "direction", "sent", DS_TP_HELP_BYTES) \
+    X(U64, msgs_recv, "msgs_received", "dsnode_transport_messages_total", COUNTER, \
+      "direction", "received", DS_TP_HELP_MSGS) \
+    X(U64, bytes_recv, "bytes_received", "dsnode_transport_bytes_total", COUNTER, \
+      "direction", "received", DS_TP_HELP_BYTES) \
+    X(U64, send_timeouts, "send_timeouts", "dsnode_transport_send_timeouts_total", COUNTER, \
+      NULL, NULL, "Sends past their deadline.") \
+    X(U64, send_errors, "send_errors", "dsnode_transport_send_errors_total", COUNTER, \
+      NULL, NULL, "Sends failed by the provider.") \
+    X(U64, eagain, "eagain", "dsnode_transport_eagain_total", COUNTER, NULL, NULL, \
+      "-FI_EAGAIN from libfabric posts.") \
+    X(U64, stuck_ops, "stuck_ops", "dsnode_transport_stuck_ops", GAUGE, NULL, NULL, \
+      "Abandoned operations whose completion is pending now.") \
+    X(U64, stuck_bytes, "stuck_bytes", "dsnode_transport_stuck_bytes", GAUGE, NULL, NULL, \
+      "Bytes of abandoned operations now.") \
+    X(U64, queued_bytes, "queued_bytes", "dsnode_transport_queued_bytes", GAUGE, NULL, NULL, \
+      "Bytes accepted, not yet released, now.") \
+    X(U64, resets, "resets", "dsnode_transport_resets_total", COUNTER, NULL, NULL, \
+      "Endpoint resets.") \
+    X(U64, quarantined_bytes, "quarantined_bytes", "dsnode_transport_quarantined_bytes", \
+      GAUGE, NULL, NULL, \
+      "Bytes failed by libfabric, kept until the next reset (they count toward " \
+      "stuck_max_bytes).") \
+    X(U64, dup_completions, "dup_completions", "dsnode_transport_dup_completions_total", \
+      COUNTER, NULL, NULL, "Repeated completions for one operation.") \
+    X(U64, pinned_bufs, "pinned_bufs", "dsnode_transport_pinned_buffers", GAUGE, NULL, NULL, \
+      "Receive buffers set aside while a stalled peer's transfer holds them.")
+
 typedef struct ds_transport_stats {
-    uint64_t msgs_sent, bytes_sent;     /* completed sends */
-    uint64_t msgs_recv, bytes_recv;     /* delivered messages */
-    uint64_t send_timeouts, send_errors;
-    uint64_t eagain;                    /* -FI_EAGAIN from libfabric posts */
-    uint64_t stuck_ops, stuck_bytes;    /* abandoned, completion pending now */
-    uint64_t queued_bytes;              /* accepted, not yet released, now */
-    uint64_t resets;
-    uint64_t quarantined_bytes;         /* failed by libfabric, kept until
-                                         * the next reset (counts toward
-                                         * stuck_max_bytes) */
-    uint64_t dup_completions;           /* repeated reports for one op */
-    uint64_t pinned_bufs;               /* receive buffers set aside while a
-                                         * stalled peer's transfer holds them */
-    uint64_t drops[DS_TP_DROP_COUNT];
+    DS_TRANSPORT_STATS(DS_METRIC_FIELD)
+    uint64_t drops[DS_TP_DROP_COUNT];   /* by enum ds_transport_drop */
 } ds_transport_stats;
 
 /* Fill *o with the defaults above (listen "127.0.0.1:0", provider "tcp",

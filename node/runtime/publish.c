@@ -1,0 +1,251 @@
+/*
+ * node/runtime/publish.c: fill the status snapshot from the modules (see
+ * publish.h).
+ *
+ * node/status may include nothing of node/ but base (the arrows in
+ * tests/arrows.py), so the runtime is the one place that reads the
+ * modules for it. The metric tables are made here from the modules' own
+ * X-macro lists (base/metric.h), one row per field: adding a counter to a
+ * list adds it to the struct, to /status, to /metrics and to the table in
+ * docs/status.md that a test compares with the file.
+ */
+#include "config.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "node/runtime/publish.h"
+
+#define PUBLISH_EVERY_MS 200
+
+/* The snapshot's text fields hold the wire's longest names. */
+static_assert(DS_STATUS_NAME_LEN == DS_WIRE_NAME_MAX + 1, "name length");
+static_assert(DS_STATUS_ADDR_LEN == DS_WIRE_ADDR_MAX + 1, "address length");
+static_assert(DS_STATUS_GROUP_LEN == DS_WIRE_GROUP_MAX + 1, "group length");
+
+/* ---- the tables, from the modules' lists ---- */
+
+#define NET_ROW_(...) DS_METRIC_ROW(ds_net_stats, __VA_ARGS__)
+static const ds_metric_desc net_desc[] = {DS_NET_STATS(NET_ROW_)};
+
+#define WIRE_DROP_ROW_(e, name, text) \
+    DS_METRIC_REASON(ds_publish_stats, drops, DS_DROP_##e, name, text, "dsnode_drops_total", \
+                     "Frames dropped by the secured layer, by reason.")
+static const ds_metric_desc drop_desc[] = {DS_DROP_LIST(WIRE_DROP_ROW_)};
+
+#define GOSSIP_ROW_(...) DS_METRIC_ROW(ds_gossip_stats, __VA_ARGS__)
+static const ds_metric_desc gossip_desc[] = {DS_GOSSIP_STATS(GOSSIP_ROW_)};
+
+#define GNET_ROW_(...) DS_METRIC_ROW(ds_gnet_stats, __VA_ARGS__)
+static const ds_metric_desc gnet_desc[] = {DS_GNET_STATS(GNET_ROW_)};
+
+#define TP_ROW_(...) DS_METRIC_ROW(ds_transport_stats, __VA_ARGS__)
+static const ds_metric_desc tp_desc[] = {DS_TRANSPORT_STATS(TP_ROW_)};
+
+#define TP_DROP_ROW_(e, name, text) \
+    DS_METRIC_REASON(ds_transport_stats, drops, DS_TP_DROP_##e, name, text, \
+                     "dsnode_transport_drops_total", "Transport messages dropped, by reason.")
+static const ds_metric_desc tp_drop_desc[] = {DS_TP_DROP_LIST(TP_DROP_ROW_)};
+
+#define MS_ROW_(...) DS_METRIC_ROW(ds_membership_stats, __VA_ARGS__)
+static const ds_metric_desc ms_desc[] = {DS_MEMBERSHIP_STATS(MS_ROW_)};
+
+#define MS_DROP_ROW_(e, name, text) \
+    DS_METRIC_REASON(ds_membership_stats, drops, DS_MSHIP_DROP_##e, name, text, \
+                     "dsnode_membership_drops_total", "Membership frames dropped, by reason.")
+static const ds_metric_desc ms_drop_desc[] = {DS_MSHIP_DROP_LIST(MS_DROP_ROW_)};
+
+#define MS_WIRE_ROW_(e, name, text) \
+    DS_METRIC_REASON(ds_membership_stats, wire, DS_DROP_##e, name, text, \
+                     "dsnode_membership_wire_drops_total", \
+                     "Membership frames refused by the wire decoder, by reason.")
+static const ds_metric_desc ms_wire_desc[] = {DS_DROP_LIST(MS_WIRE_ROW_)};
+
+#define N_(a) (uint32_t)(sizeof(a) / sizeof((a)[0]))
+
+/* The wire's reason 0 is "none" (accepted): not a drop, not shown. */
+static_assert(DS_DROP_NONE == 0, "wire reason 0 is none");
+
+static const ds_metric_group g_net = {
+    .json = "net", .doc = "net", .desc = net_desc, .n = N_(net_desc)};
+static const ds_metric_group g_drops = {.json = "drops", .total = "drops_total",
+                                        .doc = "drops", .desc = drop_desc + 1,
+                                        .n = N_(drop_desc) - 1};
+static const ds_metric_group g_gossip = {
+    .json = "gossip", .doc = "gossip", .desc = gossip_desc, .n = N_(gossip_desc)};
+static const ds_metric_group g_gnet = {
+    .json = "gossip_net", .doc = "gossip_net", .desc = gnet_desc, .n = N_(gnet_desc)};
+static const ds_metric_group g_tp = {
+    .json = "transport", .doc = "transport", .desc = tp_desc, .n = N_(tp_desc)};
+static const ds_metric_group g_tp_drops = {.json = "drops", .parent = "transport",
+                                           .doc = "transport.drops", .desc = tp_drop_desc,
+                                           .n = N_(tp_drop_desc)};
+static const ds_metric_group g_ms = {
+    .json = "membership", .doc = "membership", .desc = ms_desc, .n = N_(ms_desc)};
+static const ds_metric_group g_ms_drops = {.json = "drops", .parent = "membership",
+                                           .doc = "membership.drops", .desc = ms_drop_desc,
+                                           .n = N_(ms_drop_desc)};
+static const ds_metric_group g_ms_wire = {.json = "wire_drops", .parent = "membership",
+                                          .doc = "membership.wire_drops",
+                                          .desc = ms_wire_desc + 1, .n = N_(ms_wire_desc) - 1};
+
+static const ds_metric_group *const groups[] = {
+    &g_net, &g_drops, &g_gossip, &g_gnet, &g_tp, &g_tp_drops, &g_ms, &g_ms_drops, &g_ms_wire,
+};
+
+const ds_metric_group *const *ds_publish_groups(size_t *n)
+{
+    *n = sizeof(groups) / sizeof(groups[0]);
+    return groups;
+}
+
+int ds_publish_metrics(ds_status_snapshot *sn, const ds_publish_stats *ps)
+{
+    /* Each group reads the struct its descriptors were made for. */
+    const void *src[] = {&ps->net, ps, &ps->gossip, &ps->gnet, &ps->net.transport,
+                         &ps->net.transport, &ps->membership, &ps->membership,
+                         &ps->membership};
+    static_assert(sizeof(src) / sizeof(src[0]) == sizeof(groups) / sizeof(groups[0]),
+                  "a struct per group");
+    ds_status_clear_groups(sn);
+    for (size_t i = 0; i < sizeof(groups) / sizeof(groups[0]); i++) {
+        const int e = ds_status_add_group(sn, groups[i], src[i]);
+        if (e < 0)
+            return e;
+    }
+    return 0;
+}
+
+int ds_publish_open(ds_status **out, const char *listen, const char *file,
+                    ds_status_snapshot *sn)
+{
+    ds_publish_stats zero;
+    memset(&zero, 0, sizeof(zero));
+    int e = ds_publish_metrics(sn, &zero);
+    if (e < 0)
+        return e;
+    ds_status_opts o;
+    ds_status_opts_default(&o);
+    o.listen = listen;
+    o.file = file;
+    o.initial = sn;
+    return ds_status_create_opts(out, &o);
+}
+
+/* ---- the rest of the snapshot ---- */
+
+static uint8_t member_state(enum ds_member_state s)
+{
+    switch (s) {
+    case DS_MEMBER_ALIVE: return DS_STATUS_MEMBER_ALIVE;
+    case DS_MEMBER_SUSPECT: return DS_STATUS_MEMBER_SUSPECT;
+    case DS_MEMBER_DEAD: return DS_STATUS_MEMBER_DEAD;
+    case DS_MEMBER_LEFT: return DS_STATUS_MEMBER_LEFT;
+    default: return DS_STATUS_MEMBER__COUNT; /* shown as "?" */
+    }
+}
+
+static void fill_view(ds_status_snapshot *sn, const ds_publish_src *src)
+{
+    const uint32_t G = src->view ? src->view_len : 0;
+    sn->view_size = src->view_size;
+    sn->n_view = G < DS_STATUS_MAX_VIEW ? G : DS_STATUS_MAX_VIEW;
+    sn->view_me = UINT32_MAX;
+    for (uint32_t i = 0; i < sn->n_view; i++) {
+        ds_status_member *m = &sn->view[i];
+        m->id = src->view[i].id;
+        snprintf(m->name, sizeof(m->name), "%s", src->view[i].name);
+        snprintf(m->addr, sizeof(m->addr), "%s", src->view[i].addr);
+        snprintf(m->group, sizeof(m->group), "%s", src->view[i].group);
+        m->state = member_state(src->view[i].state);
+        if (m->id == src->self_id)
+            sn->view_me = i;
+    }
+}
+
+/* This round's exchange of each segment, named by view members. */
+static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src)
+{
+    static const uint8_t outcome[] = {
+        [DS_GOUT_NONE] = DS_XCHG_NONE,     [DS_GOUT_PENDING] = DS_XCHG_UNKNOWN,
+        [DS_GOUT_OK] = DS_XCHG_OK,         [DS_GOUT_FAILED] = DS_XCHG_FAILED,
+        [DS_GOUT_SKIPPED] = DS_XCHG_SKIPPED,
+    };
+    const int nseg = src->gossip ? ds_gossip_n_segments(src->gossip) : 0;
+    const uint32_t G = src->view ? src->view_len : 0;
+    sn->n_segments = (uint32_t)nseg;
+    sn->n_exchanges = nseg < DS_STATUS_MAX_SEGMENTS ? (uint32_t)nseg : DS_STATUS_MAX_SEGMENTS;
+    for (uint32_t s = 0; s < sn->n_exchanges; s++) {
+        ds_status_exchange *x = &sn->exchanges[s];
+        ds_gossip_xinfo xi;
+        memset(x, 0, sizeof(*x));
+        x->segment = s;
+        x->offset = ds_gossip_segment(src->gossip, (int)s)->off;
+        x->length = ds_gossip_segment(src->gossip, (int)s)->len;
+        if (ds_gossip_xinfo_get(src->gossip, (int)s, &xi) < 0 || G < 2)
+            continue;
+        x->outcome = (unsigned)xi.outcome < sizeof(outcome) ? outcome[xi.outcome]
+                                                            : (uint8_t)DS_XCHG_UNKNOWN;
+        x->bytes = xi.bytes;
+        if (xi.target < G && src->view[xi.target].id != src->self_id)
+            snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", src->view[xi.target].name);
+        x->n_answer_from = xi.n_in;
+        for (uint32_t k = 0; k < xi.n_in && k < DS_STATUS_MAX_ANSWERS && xi.in_from; k++)
+            if (xi.in_from[k] < G)
+                snprintf(x->answer_from[k], sizeof(x->answer_from[k]), "%s",
+                         src->view[xi.in_from[k]].name);
+    }
+}
+
+/* The counters, read from the modules through their getters. */
+static void fill_metrics(ds_status_snapshot *sn, const ds_publish_src *src)
+{
+    ds_publish_stats ps;
+    memset(&ps, 0, sizeof(ps));
+    if (src->gossip)
+        ps.gossip = *ds_gossip_get_stats(src->gossip);
+    if (src->gnet)
+        ds_gnet_stats_get(src->gnet, &ps.gnet);
+    if (src->net) {
+        ds_net_stats_get(src->net, &ps.net);
+        const ds_drop_counters *dc = ds_net_drops(src->net);
+        for (int r = 0; r < DS_DROP__COUNT; r++)
+            ps.drops[r] = ds_drop_get(dc, (enum ds_drop_reason)r);
+    }
+    if (src->membership)
+        ds_membership_stats_get(src->membership, &ps.membership);
+    /* The tables are fixed and fit (test_status checks it): an error here
+     * would be a programming error, and the page then lacks counters. */
+    const int e = ds_publish_metrics(sn, &ps);
+    if (e < 0)
+        ds_log_rl(DS_LOG_WARN, "status", "the counters do not fit the snapshot: %s",
+                  strerror(-e));
+}
+
+void ds_publish_status(ds_status *st, ds_status_snapshot *sn, uint64_t *last_ms, int force,
+                       const ds_publish_src *src)
+{
+    if (!st || !sn)
+        return;
+    const uint64_t now = ds_now_ms();
+    if (!force && now - *last_ms < PUBLISH_EVERY_MS)
+        return;
+    *last_ms = now;
+    sn->state = (uint8_t)src->state;
+    sn->step = src->step;
+    sn->steps = src->steps;
+    sn->round = src->round;
+    sn->epoch = src->epoch;
+    sn->loss = src->loss;
+    sn->test_acc = src->test_acc;
+    sn->lr = src->lr;
+    sn->samples_per_s = src->samples_per_s;
+    fill_view(sn, src);
+    fill_exchanges(sn, src);
+    fill_metrics(sn, src);
+    ds_status_publish(st, sn);
+}

@@ -1,0 +1,92 @@
+/*
+ * node/status/file.c: status.file, the /status document on disk.
+ *
+ * The document is written to PATH.tmp and renamed over PATH, so a reader
+ * (dsviz, dslaunch, a test) always sees a whole document, never a half
+ * written one. There is no fsync: the file is a view of a running node,
+ * not a record, and a crash that loses the last version loses nothing
+ * anyone relies on. The status thread decides when (status.c: at most once
+ * per file_interval_ms, only when something new was published, and once
+ * more at destroy); this file does the writing. A failed write is counted
+ * (file_errors, also in /metrics) and logged, rate-limited, since a full
+ * disk would otherwise fail twice a second for the rest of the run.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "node/status/internal.h"
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int ds_status_file_check(const ds_status *st)
+{
+    int fd = open(st->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        const int e = -errno;
+        ds_error(DS_STATUS_COMP, "status.file: cannot create %s: %s", st->tmp, strerror(-e));
+        return e;
+    }
+    close(fd);
+    unlink(st->tmp);
+    return 0;
+}
+
+/* PATH.tmp, then rename over PATH. 0 or a negative errno; no .tmp is left
+ * behind either way. */
+static int replace(const ds_status *st)
+{
+    int fd = open(st->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    int e = write_all(fd, st->json, st->json_len);
+    if (close(fd) < 0 && e == 0)
+        e = -errno;
+    if (e == 0 && rename(st->tmp, st->file) < 0)
+        e = -errno;
+    if (e < 0)
+        unlink(st->tmp);
+    return e;
+}
+
+void ds_status_file_write(ds_status *st)
+{
+    int e = ds_status_cached_json(st);
+    if (e == 0)
+        e = replace(st);
+    st->file_last_ms = ds_now_ms();
+    if (e < 0) {
+        DS_STATUS_BUMP(st, file_errors);
+        ds_log_rl(DS_LOG_WARN, DS_STATUS_COMP, "cannot write %s: %s", st->file, strerror(-e));
+        return;
+    }
+    st->file_gen = st->cur_gen;
+    DS_STATUS_BUMP(st, file_writes);
+}
+
+int ds_status_file_dirty(ds_status *st)
+{
+    pthread_mutex_lock(&st->mu);
+    const int d = st->pub_gen != st->file_gen;
+    pthread_mutex_unlock(&st->mu);
+    return d;
+}

@@ -1,0 +1,152 @@
+/*
+ * node/status/metric.c: the snapshot's plain parts and its metric tables.
+ *
+ * The counters the page shows belong to other modules. They reach this
+ * module as metric groups (base/metric.h): a descriptor table of static
+ * storage plus the values, copied here out of the module's stats struct by
+ * ds_status_add_group. The snapshot therefore stays one plain value that
+ * publish can memcpy, and this module needs no header of the modules it
+ * reports on. The same tables render /status (json.c), /metrics (prom.c)
+ * and the tables of docs/status.md (ds_status_doc_table), which a test
+ * compares with the file: a counter is written once, in its list.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/status/internal.h"
+
+/* ---- names ------------------------------------------------------------------ */
+
+static const char *const state_names[DS_STATUS__COUNT] = {
+    "joining", "training", "leaving", "done", "stopped", "failed",
+};
+static const char *const outcome_names[DS_XCHG__COUNT] = {
+    "unknown", "ok", "failed", "skipped", "none",
+};
+static const char *const member_state_names[DS_STATUS_MEMBER__COUNT] = {
+    "alive", "suspect", "dead", "left",
+};
+
+const char *ds_status_state_name(enum ds_status_state st)
+{
+    return (unsigned)st < DS_STATUS__COUNT ? state_names[st] : "?";
+}
+
+const char *ds_status_outcome_name(enum ds_status_outcome o)
+{
+    return (unsigned)o < DS_XCHG__COUNT ? outcome_names[o] : "?";
+}
+
+const char *ds_status_member_state_name(unsigned member_state)
+{
+    return member_state < DS_STATUS_MEMBER__COUNT ? member_state_names[member_state] : "?";
+}
+
+/* ---- the snapshot ----------------------------------------------------------- */
+
+void ds_status_snapshot_init(ds_status_snapshot *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->state = DS_STATUS_JOINING;
+    s->test_acc = -1;
+    s->view_me = UINT32_MAX;
+}
+
+void ds_status_clear_groups(ds_status_snapshot *s)
+{
+    s->n_groups = 0;
+    s->n_values = 0;
+}
+
+int ds_status_add_group(ds_status_snapshot *s, const ds_metric_group *g, const void *src)
+{
+    if (!g || !src || (g->n && !g->desc) || (g->parent && !g->json))
+        return -EINVAL;
+    if (g->parent) {
+        /* The parent's object must exist by the time this one is shown. */
+        uint32_t k = 0;
+        while (k < s->n_groups &&
+               !(s->groups[k]->json && !strcmp(s->groups[k]->json, g->parent)))
+            k++;
+        if (k == s->n_groups)
+            return -EINVAL;
+    }
+    if (s->n_groups >= DS_STATUS_MAX_GROUPS || g->n > DS_STATUS_MAX_VALUES - s->n_values)
+        return -ENOSPC;
+    s->groups[s->n_groups] = g;
+    s->first[s->n_groups] = s->n_values;
+    for (uint32_t i = 0; i < g->n; i++)
+        s->values[s->n_values + i] = ds_metric_get(&g->desc[i], src);
+    s->n_values += g->n;
+    s->n_groups++;
+    return 0;
+}
+
+double ds_status_value_d(const ds_status_snapshot *s, uint32_t gi, uint32_t i)
+{
+    const uint64_t v = s->values[s->first[gi] + i];
+    return s->groups[gi]->desc[i].type == DS_METRIC_T_NS ? (double)v * 1e-9 : (double)v;
+}
+
+/* ---- the server's own counters ----------------------------------------------- */
+
+#define STATUS_ROW_(...) DS_METRIC_ROW(ds_status_stats, __VA_ARGS__)
+static const ds_metric_desc status_stats_desc[] = {DS_STATUS_STATS(STATUS_ROW_)};
+#undef STATUS_ROW_
+
+const ds_metric_group ds_status_stats_group = {
+    .json = NULL,
+    .doc = "status",
+    .desc = status_stats_desc,
+    .n = sizeof(status_stats_desc) / sizeof(status_stats_desc[0]),
+};
+
+/* ---- docs/status.md ---------------------------------------------------------- */
+
+/* A table cell: s with '|' escaped (Markdown tables split on it). */
+static void cell(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '|')
+            fputc('\\', f);
+        fputc(*s, f);
+    }
+}
+
+int ds_status_doc_table(const ds_metric_group *g, char **out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return -ENOMEM;
+    fputs("| JSON key | metric | type | meaning |\n|---|---|---|---|\n", f);
+    for (uint32_t i = 0; i < g->n; i++) {
+        const ds_metric_desc *d = &g->desc[i];
+        fputs("| ", f);
+        if (d->json)
+            fprintf(f, "`%s`%s", d->json, d->type == DS_METRIC_T_NS ? " (seconds)" : "");
+        else
+            fputs("-", f);
+        fputs(" | ", f);
+        if (d->prom && d->label_key)
+            fprintf(f, "`%s{%s=\"%s\"}`", d->prom, d->label_key, d->label_value);
+        else if (d->prom)
+            fprintf(f, "`%s`", d->prom);
+        else
+            fputs("-", f);
+        fprintf(f, " | %s | ", d->kind == DS_METRIC_GAUGE ? "gauge" : "counter");
+        cell(f, d->doc ? d->doc : d->help);
+        fputs(" |\n", f);
+    }
+    if (fclose(f) != 0) {
+        free(buf);
+        return -ENOMEM;
+    }
+    *out = buf;
+    return 0;
+}

@@ -1,0 +1,260 @@
+/*
+ * node/status/prom.c: the /metrics page, Prometheus text format 0.0.4.
+ *
+ * There is no Debian library for writing this format, and it is small:
+ * "# HELP", "# TYPE", then name{labels} value lines, a family's samples
+ * together. The text goes to an open_memstream stream (the C library's
+ * growing buffer), so nothing here manages memory by hand.
+ *
+ * The node's own gauges (identity, training, view, exchanges) are written
+ * out below; every counter of the other modules comes from its metric
+ * group (base/metric.h), one family at a time: the rows of a family are
+ * gathered wherever they stand in the list, so a list can follow its
+ * struct's order (which is also the /status order) and /metrics still
+ * gets contiguous families.
+ *
+ * Label values from peers (names) are escaped as the format asks (\\, \"
+ * and \n); other control characters become '?' and bytes that are not
+ * valid UTF-8 become U+FFFD, so a hostile name cannot break a line.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/status/internal.h"
+
+#define F(s) (s), sizeof(s)
+
+/* A label value (without the quotes). */
+static void label_val(FILE *f, const char *s, size_t max)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    const size_t n = strnlen(s, max);
+    for (size_t i = 0; i < n;) {
+        const unsigned c = u[i];
+        if (c == '"' || c == '\\') {
+            fputc('\\', f);
+            fputc((int)c, f);
+            i++;
+        } else if (c == '\n') {
+            fputs("\\n", f);
+            i++;
+        } else if (c < 0x20 || c == 0x7f) {
+            fputc('?', f);
+            i++;
+        } else {
+            const size_t l = ds_status_utf8_len(u + i, n - i);
+            if (l == 0) {
+                fputs("\xef\xbf\xbd", f);
+                i++;
+            } else {
+                fwrite(s + i, 1, l, f);
+                i += l;
+            }
+        }
+    }
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* name{node="NODE" ... : the caller adds labels, then a value. */
+static void open_sample(FILE *f, const char *metric, const char *node, size_t node_max)
+{
+    fprintf(f, "%s{node=\"", metric);
+    label_val(f, node, node_max);
+    fputc('"', f);
+}
+
+static void label(FILE *f, const char *key, const char *val, size_t max)
+{
+    fprintf(f, ",%s=\"", key);
+    label_val(f, val, max);
+    fputc('"', f);
+}
+
+static void value_u(FILE *f, uint64_t v)
+{
+    fprintf(f, "} %llu\n", (unsigned long long)v);
+}
+
+static void value_d(FILE *f, double v)
+{
+    if (isnan(v))
+        fputs("} NaN\n", f);
+    else if (isinf(v))
+        fputs(v > 0 ? "} +Inf\n" : "} -Inf\n", f);
+    else
+        fprintf(f, "} %.17g\n", v);
+}
+
+static void one_u(FILE *f, const ds_status_snapshot *s, const char *name, const char *type,
+                  const char *help, uint64_t v)
+{
+    family(f, name, type, help);
+    open_sample(f, name, F(s->name));
+    value_u(f, v);
+}
+
+static void one_d(FILE *f, const ds_status_snapshot *s, const char *name, const char *type,
+                  const char *help, double v)
+{
+    family(f, name, type, help);
+    open_sample(f, name, F(s->name));
+    value_d(f, v);
+}
+
+void ds_status_prom_rows(FILE *f, const char *name, size_t name_max, const ds_metric_desc *desc,
+                         uint32_t n, const uint64_t *v)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const ds_metric_desc *d = &desc[i];
+        if (!d->prom)
+            continue;
+        uint32_t k = 0;
+        while (k < i && !(desc[k].prom && !strcmp(desc[k].prom, d->prom)))
+            k++;
+        if (k < i)
+            continue; /* written with its family's first row */
+        family(f, d->prom, d->kind == DS_METRIC_GAUGE ? "gauge" : "counter", d->help);
+        for (uint32_t j = i; j < n; j++) {
+            const ds_metric_desc *e = &desc[j];
+            if (!e->prom || strcmp(e->prom, d->prom))
+                continue;
+            open_sample(f, e->prom, name, name_max);
+            if (e->label_key)
+                label(f, e->label_key, e->label_value, 64);
+            if (e->type == DS_METRIC_T_NS)
+                value_d(f, (double)v[j] * 1e-9);
+            else
+                value_u(f, v[j]);
+        }
+    }
+}
+
+/* The node's identity, state and training progress. */
+static void node_part(FILE *f, const ds_status_snapshot *s)
+{
+    char id[17];
+    snprintf(id, sizeof(id), "%016llx", (unsigned long long)s->id);
+    family(f, "dsnode_info", "gauge", "Constant 1, labelled with the node's identity.");
+    open_sample(f, "dsnode_info", F(s->name));
+    label(f, "addr", F(s->addr));
+    label(f, "group", F(s->group));
+    label(f, "id", F(id));
+    value_u(f, 1);
+
+    family(f, "dsnode_state", "gauge", "1 for the node's current state, 0 for the others.");
+    for (int i = 0; i < DS_STATUS__COUNT; i++) {
+        open_sample(f, "dsnode_state", F(s->name));
+        label(f, "state", ds_status_state_name((enum ds_status_state)i), 16);
+        value_u(f, s->state == i);
+    }
+
+    one_d(f, s, "dsnode_step", "gauge", "Optimizer steps done.", (double)s->step);
+    one_d(f, s, "dsnode_steps", "gauge", "Optimizer steps configured (train.steps).",
+          (double)s->steps);
+    one_u(f, s, "dsnode_round", "gauge", "Current gossip round.", s->round);
+    one_u(f, s, "dsnode_view_epoch", "gauge", "View epoch of the current round.", s->epoch);
+    one_u(f, s, "dsnode_view_size", "gauge", "Members in the view of the current round.",
+          s->view_size);
+    one_u(f, s, "dsnode_in_view", "gauge", "1 when this node is in the current view.",
+          s->view_me != UINT32_MAX);
+    one_d(f, s, "dsnode_loss", "gauge", "Training loss, mean over the last log window.", s->loss);
+    family(f, "dsnode_test_accuracy", "gauge",
+           "Test accuracy at the last evaluation (absent before the first).");
+    if (s->test_acc >= 0) {
+        open_sample(f, "dsnode_test_accuracy", F(s->name));
+        value_d(f, s->test_acc);
+    }
+    one_d(f, s, "dsnode_learning_rate", "gauge", "Current learning rate.", s->lr);
+    one_d(f, s, "dsnode_samples_per_second", "gauge", "Training throughput.", s->samples_per_s);
+    one_u(f, s, "dsnode_segments", "gauge", "Segments the model is cut into for gossip.",
+          s->n_segments);
+}
+
+/* This round's segments and the exchanges this node initiates. */
+static void exchange_part(FILE *f, const ds_status_snapshot *s)
+{
+    const uint32_t n_x =
+        s->n_exchanges < DS_STATUS_MAX_SEGMENTS ? s->n_exchanges : DS_STATUS_MAX_SEGMENTS;
+    family(f, "dsnode_segment_length", "gauge", "Floats in each listed segment.");
+    for (uint32_t i = 0; i < n_x; i++) {
+        char seg[16];
+        snprintf(seg, sizeof(seg), "%u", s->exchanges[i].segment);
+        open_sample(f, "dsnode_segment_length", F(s->name));
+        label(f, "segment", F(seg));
+        value_u(f, s->exchanges[i].length);
+    }
+    family(f, "dsnode_exchange", "gauge",
+           "1 per segment this node initiates an exchange of this round, by peer and outcome.");
+    for (uint32_t i = 0; i < n_x; i++) {
+        const ds_status_exchange *x = &s->exchanges[i];
+        if (!x->initiate_to[0])
+            continue;
+        char seg[16];
+        snprintf(seg, sizeof(seg), "%u", x->segment);
+        open_sample(f, "dsnode_exchange", F(s->name));
+        label(f, "segment", F(seg));
+        label(f, "peer", F(x->initiate_to));
+        label(f, "outcome", ds_status_outcome_name((enum ds_status_outcome)x->outcome), 16);
+        value_u(f, 1);
+    }
+}
+
+/* Close the stream (which sets *buf and *blen, as open_memstream was
+ * given them) and hand the text over: 0, or -ENOMEM when the stream ran
+ * out of memory on the way. */
+static int finish(FILE *f, char **buf, size_t *blen, char **out, size_t *len)
+{
+    const int bad = ferror(f);
+    if (fclose(f) != 0 || bad || !*buf) {
+        free(*buf);
+        return -ENOMEM;
+    }
+    *out = *buf;
+    *len = *blen;
+    return 0;
+}
+
+int ds_status_render_metrics(const ds_status_snapshot *s, char **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f)
+        return -ENOMEM;
+    node_part(f, s);
+    exchange_part(f, s);
+    const uint32_t ng = s->n_groups < DS_STATUS_MAX_GROUPS ? s->n_groups : DS_STATUS_MAX_GROUPS;
+    for (uint32_t gi = 0; gi < ng; gi++)
+        ds_status_prom_rows(f, F(s->name), s->groups[gi]->desc, s->groups[gi]->n,
+                            &s->values[s->first[gi]]);
+    return finish(f, &buf, &blen, out, len);
+}
+
+int ds_status_render_server_metrics(const ds_status_snapshot *s, const ds_status_stats *ss,
+                                    char **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    const ds_metric_group *g = &ds_status_stats_group;
+    uint64_t v[sizeof(ds_status_stats) / sizeof(uint64_t)];
+    for (uint32_t i = 0; i < g->n; i++)
+        v[i] = ds_metric_get(&g->desc[i], ss);
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f)
+        return -ENOMEM;
+    ds_status_prom_rows(f, F(s->name), g->desc, g->n, v);
+    return finish(f, &buf, &blen, out, len);
+}

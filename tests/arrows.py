@@ -71,10 +71,36 @@ def acyclic():
         visit(r, [])
 
 
+def doc_matches(root):
+    """docs/architecture.md's table of arrows must be this list, row for row."""
+    path = os.path.join(root, 'docs', 'architecture.md')
+    with open(path, encoding='utf-8') as f:
+        text = f.read()
+    start = text.find('| room | may include |')
+    if start < 0:
+        print('docs/architecture.md: no "| room | may include |" table')
+        return 1
+    rows = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith('|'):
+            break
+        room, inc = [c.strip() for c in line.strip('|').split('|')]
+        room = 'node' if room == 'node (main.c)' else room
+        rows[room] = (None if inc == 'anything' else
+                      [] if inc == 'nothing of ours' else [x.strip() for x in inc.split(',')])
+    bad = 0
+    for room in sorted(set(rows) | set(ARROWS)):
+        if rows.get(room, 'missing') != ARROWS.get(room, 'missing'):
+            print(f'docs/architecture.md: row {room}: {rows.get(room, "missing")} '
+                  f'but tests/arrows.py says {ARROWS.get(room, "missing")}')
+            bad += 1
+    return bad
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), '..')
     acyclic()
-    bad = 0
+    bad = doc_matches(root)
     checked = 0
     for top in sorted(set(r.split('/')[0] for r in ARROWS)):
         for dirpath, _, files in os.walk(os.path.join(root, top)):

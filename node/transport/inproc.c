@@ -395,11 +395,12 @@ static int pump_peer(ip_ep *e, uint32_t slot, uint64_t now, uint64_t *next)
             op_free(e, op);
             continue;
         }
-        op_report(e, op, -ETIMEDOUT);
+        /* Stuck before done runs, so done sees it counted. */
         op->next = e->stuck;
         e->stuck = op;
         IST_ADD(e, stuck_ops, 1);
         IST_ADD(e, stuck_bytes, op->len);
+        op_report(e, op, -ETIMEDOUT);
     }
     return work;
 }

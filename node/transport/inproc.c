@@ -674,8 +674,10 @@ static struct ip_op *op_new(ip_ep *e, const ds_transport_send_args *a)
     struct ip_op *op = calloc(1, sizeof(*op));
     if (!op)
         return NULL;
-    memcpy(op->edge, a->head, a->head_len);
-    memcpy(op->edge + a->head_len, a->tail, a->tail_len);
+    if (a->head_len)
+        memcpy(op->edge, a->head, a->head_len);
+    if (a->tail_len)
+        memcpy(op->edge + a->head_len, a->tail, a->tail_len);
     op->head_len = (uint16_t)a->head_len;
     op->tail_len = (uint16_t)a->tail_len;
     op->body_len = a->len;

@@ -9,6 +9,11 @@
  * nothing about node names, keys or message types: the secured layer
  * (node/net/net.h) builds on it.
  *
+ * Provider "inproc" (node/transport/inproc.h) opens an in-process endpoint
+ * instead: the same API between endpoints of one process, without
+ * libfabric, with faults a test can inject. What follows describes the
+ * libfabric endpoint; inproc.h says what the in-process one keeps of it.
+ *
  * Why it is more than a wrapper: libfabric 1.17's tcp;ofi_rxm, when a peer
  * is killed or frozen, neither completes nor fails the sends already in
  * flight to it, fi_cancel does not cancel sends, and new sends to it return
@@ -111,7 +116,8 @@ typedef void (*ds_transport_release_fn)(void *arg, void *buf);
 
 typedef struct ds_transport_opts {
     const char *provider;  /* "tcp" (= "tcp;ofi_rxm"), "shm", or an fi_info
-                            * provider name; NULL means "tcp" */
+                            * provider name; NULL means "tcp"; "inproc":
+                            * the in-process transport (inproc.h) */
     const char *listen;    /* "host:port" or "[v6]:port"; port 0 = any free */
     const char *advertise; /* address peers reply to, published in every
                             * chunk header; NULL = the bound listen address

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 /* ---- names ------------------------------------------------------------------ */
 
@@ -67,39 +68,26 @@ uint64_t ds_drop_total(const ds_drop_counters *c)
 int ds_drop_format(const ds_drop_counters *c, enum ds_drop_fmt fmt, char *buf, size_t cap)
 {
     size_t len = 0;
-    int any = 0;
+    if (fmt != DS_DROP_FMT_KV)
+        return -EINVAL;
     if (!buf || cap == 0)
         return -ENOSPC;
     buf[0] = '\0';
-#define APPEND(...) \
-    do { \
-        int k_ = snprintf(buf + len, cap - len, __VA_ARGS__); \
-        if (k_ < 0 || (size_t)k_ >= cap - len) \
-            return -ENOSPC; \
-        len += (size_t)k_; \
-    } while (0)
-    if (fmt == DS_DROP_FMT_JSON)
-        APPEND("{");
     for (int r = 1; r < DS_DROP__COUNT; r++) {
-        uint64_t v = ds_drop_get(c, (enum ds_drop_reason)r);
-        switch (fmt) {
-        case DS_DROP_FMT_KV:
-            if (v)
-                APPEND("%s%s=%" PRIu64, any ? " " : "", drop_names[r], v);
-            break;
-        case DS_DROP_FMT_JSON:
-            APPEND("%s\"%s\":%" PRIu64, any ? "," : "", drop_names[r], v);
-            break;
-        case DS_DROP_FMT_PROM:
-            APPEND("ds_drops_total{reason=\"%s\"} %" PRIu64 "\n", drop_names[r], v);
-            break;
-        }
-        any |= fmt != DS_DROP_FMT_KV || v != 0;
+        const uint64_t v = ds_drop_get(c, (enum ds_drop_reason)r);
+        if (!v)
+            continue;
+        const int k = snprintf(buf + len, cap - len, "%s%s=%" PRIu64, len ? " " : "",
+                               drop_names[r], v);
+        if (k < 0 || (size_t)k >= cap - len)
+            return -ENOSPC;
+        len += (size_t)k;
     }
-    if (fmt == DS_DROP_FMT_JSON)
-        APPEND("}");
-    if (fmt == DS_DROP_FMT_KV && !any)
-        APPEND("none");
-#undef APPEND
+    if (len == 0) {
+        if (cap < 5)
+            return -ENOSPC;
+        memcpy(buf, "none", 5);
+        len = 4;
+    }
     return (int)len;
 }

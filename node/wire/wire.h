@@ -138,13 +138,14 @@ uint64_t ds_drop_get(const ds_drop_counters *c, enum ds_drop_reason r);
 /* Sum over all reasons except NONE. */
 uint64_t ds_drop_total(const ds_drop_counters *c);
 
+/* The one text form for log lines and benchmark rows (the status page's
+ * JSON and Prometheus forms come from the metric lists, node/status). */
 enum ds_drop_fmt {
-    DS_DROP_FMT_KV,   /* "bad_tag=3 replay=1" (non-zero only; "none" if all zero) */
-    DS_DROP_FMT_JSON, /* {"short":0,...,"overload":0} every reason but NONE */
-    DS_DROP_FMT_PROM, /* ds_drops_total{reason="bad_tag"} 3\n per reason */
+    DS_DROP_FMT_KV, /* "bad_tag=3 replay=1" (non-zero only; "none" if all zero) */
 };
 /* Writes a NUL-terminated text into buf[0..cap). Returns its length, or
- * -ENOSPC when cap is too small (buf then holds a truncated prefix). */
+ * -ENOSPC when cap is too small (buf then holds a truncated prefix), or
+ * -EINVAL for an unknown fmt. */
 int ds_drop_format(const ds_drop_counters *c, enum ds_drop_fmt fmt, char *buf, size_t cap);
 
 /* Count the drop and write one rate-limited log line at this call site.

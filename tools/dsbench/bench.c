@@ -121,15 +121,6 @@ double ds_bench_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int ds_bench_flag_json(const char *arg, int *json)
-{
-    if (!strcmp(arg, "--json")) {
-        *json = 1;
-        return 1;
-    }
-    return 0;
-}
-
 const char *ds_bench_tools_dir(void)
 {
     const char *d = getenv("DS_TOOLS_DIR");

@@ -2,9 +2,9 @@
  * tools/dsbench/bench.h: what every dsbench command shares.
  *
  * A command is `int ds_bench_<name>(int argc, char **argv)` (argv[0] is the
- * command name), registered in dsbench.c; it reads its own options
- * (getopt_long; wire, transport and elastic still by hand, through
- * ds_bench_flag_json). Results go out as rows: Markdown table rows by default
+ * command name), registered in dsbench.c; it reads its own options with
+ * getopt_long (optind = 0 first, opterr = 0: the messages are its own).
+ * Results go out as rows: Markdown table rows by default
  * (pasted into docs/benchmarks.md), or with --json one JSON object per row
  * on its own line (jansson; every string escaped, so any bytes give valid
  * JSON). A row is built with ds_row_* calls; keys must come in the same
@@ -50,10 +50,6 @@ int ds_row_end(ds_row *r);
 
 /* Monotonic seconds. */
 double ds_bench_now(void);
-
-/* For commands that read argv by hand: 1 (and *json = 1) when arg is
- * --json, else 0. */
-int ds_bench_flag_json(const char *arg, int *json);
 
 /* Path of the directory holding tools/ scripts (from DS_TOOLS_DIR, else the
  * source tree's tools/ directory compiled in). */

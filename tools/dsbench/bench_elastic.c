@@ -94,6 +94,7 @@
 #include <ftw.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -986,18 +987,146 @@ typedef struct det_result {
     int false_deaths, epoch_drops, late_changes;
 } det_result;
 
-/* One detection run (k = 0, 1, ...): 8 nodes, a 9th joins, one is killed. */
-static int detect_real_run(const real_opts *o, int k, det_result *r)
+/* Clears r for detection run k (figures NAN until measured) and picks its
+ * victim: a different one each run, never n0 (the founder; no reason to
+ * avoid it, but keeping it makes runs alike). Returns the victim's index. */
+static int det_result_init(det_result *r, const real_opts *o, int k)
 {
     memset(r, 0, sizeof(*r));
     r->suspect_s = r->first_dead_s = r->all_dead_s = r->spread_s = r->state_s = NAN;
     r->progress = r->progress_join = NAN;
     r->kill_step = -1;
-    const int n = o->det_nodes;
-    /* A different victim each run, never n0 (the founder; no reason to
-     * avoid it, but keeping it makes runs alike). */
-    const int v = 1 + (2 + 2 * k) % (n - 1);
+    const int v = 1 + (2 + 2 * k) % (o->det_nodes - 1);
     snprintf(r->victim, sizeof(r->victim), "n%d", v);
+    return v;
+}
+
+/* Waits (up to 240 s) until the joiner n{n} has its state and every
+ * initial node has it in its view. 0, or -1 with r->why. */
+static int detect_await_join(cluster *c, int n, det_result *r)
+{
+    const struct step_goal g = {n, -1, 0};
+    if (cluster_wait(c, 240, join_done, &g))
+        return 0;
+    if (c->pid <= 0)
+        snprintf(r->why, sizeof(r->why), "dslaunch ended (exit %d) before the join of n%d "
+                 "completed", c->code, n);
+    else
+        snprintf(r->why, sizeof(r->why), "the join of n%d did not complete within 240 s", n);
+    return -1;
+}
+
+/* The join itself disturbs the rounds for a while (progress_join), at
+ * times for 20 s and more. So that the crash is measured on its own, the
+ * kill waits at least SETTLE_S, until n0 is back to half its typical rate
+ * from before the join over the last RECOVER_S (checked once a second), at
+ * most SETTLE_MAX_S (then r->unsettled), and until every initial node has
+ * reached --kill-at. 0 when the kill may come, or -1 with r->why. */
+static int detect_settle(cluster *c, const real_opts *o, det_result *r)
+{
+    const int n = o->det_nodes;
+    double t_admit = INFINITY;
+    for (int i = 0; i < n; i++)
+        t_admit = fmin(t_admit, c->node[i].t_joined);
+    const double base0 = typical_rate(c->node[0].path, t_admit);
+    const double settle_min = ds_bench_now() + SETTLE_S, settle_max = settle_min + SETTLE_MAX_S;
+    for (;;) {
+        cluster_wait(c, 1.0, never, NULL);
+        if (c->pid <= 0) {
+            snprintf(r->why, sizeof(r->why), "dslaunch ended before the kill");
+            return -1;
+        }
+        if (ds_bench_now() > settle_max) {
+            if (min_step(c, n, -1) < o->kill_at) {
+                snprintf(r->why, sizeof(r->why), "step %d not reached", o->kill_at);
+                return -1;
+            }
+            r->unsettled = 1;
+            return 0;
+        }
+        if (ds_bench_now() < settle_min || min_step(c, n, -1) < o->kill_at)
+            continue;
+        const double now = realtime_now();
+        const double rate = step_rate(c->node[0].path, now - RECOVER_S, now);
+        if (!isfinite(base0) || rate >= 0.5 * base0)
+            return 0;
+    }
+}
+
+/* From the logs of the ended run (initial nodes n0..n{n-1}, joiner n{n},
+ * victim v killed at t_kill): the detection times, the join's spread and
+ * state transfer, and the counts of false deaths, epoch drops and late
+ * changes. */
+static void detect_times(const cluster *c, int n, int v, double t_kill, det_result *r)
+{
+    double first_s = INFINITY, first_d = INFINITY, last_d = -INFINITY;
+    double j_first = INFINITY, j_last = -INFINITY;
+    for (int i = 0; i <= n; i++) {
+        const nlog *l = &c->node[i];
+        r->false_deaths += l->false_deaths;
+        r->epoch_drops += l->epoch_drops;
+        r->late_changes += l->late_changes;
+        if (i == v)
+            continue;
+        if (isfinite(l->t_suspect))
+            first_s = fmin(first_s, l->t_suspect);
+        if (isfinite(l->t_dead)) {
+            first_d = fmin(first_d, l->t_dead);
+            last_d = fmax(last_d, l->t_dead);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        j_first = fmin(j_first, c->node[i].t_joined);
+        j_last = fmax(j_last, c->node[i].t_joined);
+    }
+    const nlog *jn = &c->node[n];
+    r->suspect_s = isfinite(first_s) ? first_s - t_kill : NAN;
+    r->first_dead_s = isfinite(first_d) ? first_d - t_kill : NAN;
+    r->all_dead_s = r->ok ? last_d - t_kill : NAN;
+    r->spread_s = j_last - j_first;
+    r->state_s = jn->t_state - jn->t_self_joined;
+}
+
+/* Training progress, as the mean step rate per node: while the cluster
+ * has not yet removed the dead node (survivors, from the kill to the last
+ * death line), and in JOIN_WINDOW_S from the first view with the new node
+ * (every node); both against the same nodes' typical rate before the kill
+ * (typical_rate: the median, so that the stalls measured here hardly move
+ * it, nor the machine's other load in any one window). Needs
+ * detect_times' all_dead_s; leaves the ratios NAN when a node's rate is
+ * missing. */
+static void detect_progress(const cluster *c, int n, int v, double t_kill, det_result *r)
+{
+    double t_view = INFINITY;
+    for (int i = 0; i < n; i++)
+        t_view = fmin(t_view, c->node[i].t_view_all);
+    if (!r->ok || !(r->all_dead_s > 0) || !isfinite(t_view))
+        return;
+    struct agg typ_all = {0}, typ_surv = {0}, during = {0}, join = {0};
+    for (int i = 0; i <= n; i++) {
+        const char *path = c->node[i].path;
+        const double typ = typical_rate(path, t_kill);
+        agg_add(&typ_all, typ);
+        agg_add(&join, step_rate(path, t_view, t_view + JOIN_WINDOW_S));
+        if (i == v)
+            continue;
+        agg_add(&typ_surv, typ);
+        agg_add(&during, step_rate(path, t_kill, t_kill + r->all_dead_s));
+    }
+    if (typ_surv.n == n && during.n == n && agg_mean(&typ_surv) > 0)
+        r->progress = agg_mean(&during) / agg_mean(&typ_surv);
+    if (typ_all.n == n + 1 && join.n == n + 1 && agg_mean(&typ_all) > 0)
+        r->progress_join = agg_mean(&join) / agg_mean(&typ_all);
+}
+
+/* One detection run (k = 0, 1, ...): 8 nodes, a 9th joins, one is killed
+ * once the cluster has settled from the join, and the cluster is stopped
+ * once every survivor has declared it dead. 0 with r (r->ok: every
+ * survivor did), or a negative errno (r->why said). */
+static int detect_real_run(const real_opts *o, int k, det_result *r)
+{
+    const int n = o->det_nodes;
+    const int v = det_result_init(r, o, k);
     char name[32], add[32];
     snprintf(name, sizeof(name), "detect-%d", k + 1);
     snprintf(add, sizeof(add), "%d:1", o->add_at);
@@ -1015,46 +1144,8 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
     snprintf(c.victim, sizeof(c.victim), "%s", r->victim);
 
     double t_kill = NAN;
-    const struct step_goal g = {n, -1, o->kill_at};
-    if (!cluster_wait(&c, 240, join_done, &g)) {
-        if (c.pid <= 0)
-            snprintf(r->why, sizeof(r->why), "dslaunch ended (exit %d) before the join of n%d "
-                     "completed", c.code, n);
-        else
-            snprintf(r->why, sizeof(r->why), "the join of n%d did not complete within 240 s", n);
+    if (detect_await_join(&c, n, r) < 0 || detect_settle(&c, o, r) < 0)
         goto abort;
-    }
-    /* The join itself disturbs the rounds for a while (progress_join), at
-     * times for 20 s and more. So that the crash is measured on its own, the
-     * kill waits at least SETTLE_S, until n0 is back to half its typical
-     * rate from before the join over the last RECOVER_S (checked once a
-     * second), at most SETTLE_MAX_S (then "unsettled"). */
-    double t_admit = INFINITY;
-    for (int i = 0; i < n; i++)
-        t_admit = fmin(t_admit, c.node[i].t_joined);
-    const double base0 = typical_rate(c.node[0].path, t_admit);
-    const double settle_min = ds_bench_now() + SETTLE_S, settle_max = settle_min + SETTLE_MAX_S;
-    for (;;) {
-        cluster_wait(&c, 1.0, never, NULL);
-        if (c.pid <= 0) {
-            snprintf(r->why, sizeof(r->why), "dslaunch ended before the kill");
-            goto abort;
-        }
-        if (ds_bench_now() > settle_max) {
-            if (min_step(&c, n, -1) < o->kill_at) {
-                snprintf(r->why, sizeof(r->why), "step %d not reached", o->kill_at);
-                goto abort;
-            }
-            r->unsettled = 1;
-            break;
-        }
-        if (ds_bench_now() < settle_min || min_step(&c, n, -1) < o->kill_at)
-            continue;
-        const double now = realtime_now();
-        const double rate = step_rate(c.node[0].path, now - RECOVER_S, now);
-        if (!isfinite(base0) || rate >= 0.5 * base0)
-            break;
-    }
     r->kill_step = c.node[v].step;
     if ((ret = node_kill(&c, r->victim, &t_kill)) < 0) {
         snprintf(r->why, sizeof(r->why), "could not kill %s: %s", r->victim, strerror(-ret));
@@ -1074,60 +1165,8 @@ static int detect_real_run(const real_opts *o, int k, det_result *r)
     if (c.pid > 0)
         kill(c.pid, SIGINT);
     cluster_end(&c, 60);
-
-    double first_s = INFINITY, first_d = INFINITY, last_d = -INFINITY;
-    double j_first = INFINITY, j_last = -INFINITY;
-    for (int i = 0; i <= n; i++) {
-        const nlog *l = &c.node[i];
-        r->false_deaths += l->false_deaths;
-        r->epoch_drops += l->epoch_drops;
-        r->late_changes += l->late_changes;
-        if (i == v)
-            continue;
-        if (isfinite(l->t_suspect))
-            first_s = fmin(first_s, l->t_suspect);
-        if (isfinite(l->t_dead)) {
-            first_d = fmin(first_d, l->t_dead);
-            last_d = fmax(last_d, l->t_dead);
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        j_first = fmin(j_first, c.node[i].t_joined);
-        j_last = fmax(j_last, c.node[i].t_joined);
-    }
-    const nlog *jn = &c.node[n];
-    r->suspect_s = isfinite(first_s) ? first_s - t_kill : NAN;
-    r->first_dead_s = isfinite(first_d) ? first_d - t_kill : NAN;
-    r->all_dead_s = r->ok ? last_d - t_kill : NAN;
-    r->spread_s = j_last - j_first;
-    r->state_s = jn->t_state - jn->t_self_joined;
-    /* Training progress, as the mean step rate per node: while the
-     * cluster has not yet removed the dead node (survivors, from the kill to
-     * the last death line), and in JOIN_WINDOW_S from the first view with
-     * the new node (every node); both against the same nodes' typical rate
-     * before the kill (typical_rate: the median, so that the stalls
-     * measured here hardly move it, nor the machine's other load in any one
-     * window). */
-    double t_view = INFINITY;
-    for (int i = 0; i < n; i++)
-        t_view = fmin(t_view, c.node[i].t_view_all);
-    if (r->ok && r->all_dead_s > 0 && isfinite(t_view)) {
-        struct agg typ_all = {0}, typ_surv = {0}, during = {0}, join = {0};
-        for (int i = 0; i <= n; i++) {
-            const char *path = c.node[i].path;
-            const double typ = typical_rate(path, t_kill);
-            agg_add(&typ_all, typ);
-            agg_add(&join, step_rate(path, t_view, t_view + JOIN_WINDOW_S));
-            if (i == v)
-                continue;
-            agg_add(&typ_surv, typ);
-            agg_add(&during, step_rate(path, t_kill, t_kill + r->all_dead_s));
-        }
-        if (typ_surv.n == n && during.n == n && agg_mean(&typ_surv) > 0)
-            r->progress = agg_mean(&during) / agg_mean(&typ_surv);
-        if (typ_all.n == n + 1 && join.n == n + 1 && agg_mean(&typ_all) > 0)
-            r->progress_join = agg_mean(&join) / agg_mean(&typ_all);
-    }
+    detect_times(&c, n, v, t_kill, r);
+    detect_progress(&c, n, v, t_kill, r);
     r->wall_s = ds_bench_now() - c.t_start;
     return 0;
 
@@ -1413,105 +1452,163 @@ static void usage(FILE *f)
                "Without --fake or --real both halves run.\n");
 }
 
-int ds_bench_elastic(int argc, char **argv)
-{
-    int json = 0, want_fake = 0, want_real = 0;
-    fake_opts fo = {.seeds = 5, .period_ms = 1000, .window = 90, .sizes = {8, 64}, .n_sizes = 2};
+/* The command line: which halves, their options, and the paths as given
+ * (borrowed from argv; NULL: the default). */
+typedef struct elastic_opts {
+    int json, want_fake, want_real;
+    fake_opts fo;
     real_opts ro;
-    memset(&ro, 0, sizeof(ro));
-    ro.repeats = 3;
-    ro.det_nodes = 8;
-    ro.acc_nodes = 6;
-    ro.acc_kills = 2;
-    ro.steps = 500;
-    ro.kill_at = 150;
-    ro.add_at = 30;
-    const char *config = NULL, *dsl = NULL, *keep = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (ds_bench_flag_json(a, &json))
-            continue;
-        if (!strcmp(a, "--fake")) {
-            want_fake = 1;
-        } else if (!strcmp(a, "--real")) {
-            want_real = 1;
-        } else if (!strcmp(a, "--seeds") && has) {
-            fo.seeds = atoi(argv[++i]);
-        } else if (!strcmp(a, "--period-ms") && has) {
-            fo.period_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
-        } else if (!strcmp(a, "--sizes") && has) {
-            fo.n_sizes = parse_sizes(argv[++i], fo.sizes, 8);
-        } else if (!strcmp(a, "--window") && has) {
-            fo.window = (uint32_t)strtoul(argv[++i], NULL, 10);
-        } else if (!strcmp(a, "--repeats") && has) {
-            ro.repeats = atoi(argv[++i]);
-        } else if (!strcmp(a, "--steps") && has) {
-            ro.steps = atoi(argv[++i]);
-        } else if (!strcmp(a, "--kill-at") && has) {
-            ro.kill_at = atoi(argv[++i]);
-        } else if (!strcmp(a, "--add-at") && has) {
-            ro.add_at = atoi(argv[++i]);
-        } else if (!strcmp(a, "--config") && has) {
-            config = argv[++i];
-        } else if (!strcmp(a, "--dslaunch") && has) {
-            dsl = argv[++i];
-        } else if (!strcmp(a, "--keep") && has) {
-            keep = argv[++i];
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "dsbench elastic: unknown option or missing value: '%s'\n", a);
+    const char *config, *dslaunch, *keep;
+} elastic_opts;
+
+/* The argument getopt_long stopped at: what the complaint names. at is
+ * optind before that call (0 on the first, which means argv[1]). */
+static const char *bad_arg(int argc, char **argv, int at)
+{
+    if (at < 1)
+        at = 1;
+    return at < argc ? argv[at] : "";
+}
+
+/* getopt_long over argv into e (defaults first). 0, 1 (--help: usage on
+ * stdout, done) or 2 (said, with the usage on stderr). Values are checked
+ * by check_opts. */
+static int read_opts(elastic_opts *e, int argc, char **argv)
+{
+    enum { O_JSON = 256, O_FAKE, O_REAL, O_SEEDS, O_PERIOD, O_SIZES, O_WINDOW, O_REPEATS,
+           O_STEPS, O_KILL_AT, O_ADD_AT, O_CONFIG, O_DSLAUNCH, O_KEEP };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"json", no_argument, NULL, O_JSON},
+        {"fake", no_argument, NULL, O_FAKE},
+        {"real", no_argument, NULL, O_REAL},
+        {"seeds", required_argument, NULL, O_SEEDS},
+        {"period-ms", required_argument, NULL, O_PERIOD},
+        {"sizes", required_argument, NULL, O_SIZES},
+        {"window", required_argument, NULL, O_WINDOW},
+        {"repeats", required_argument, NULL, O_REPEATS},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"kill-at", required_argument, NULL, O_KILL_AT},
+        {"add-at", required_argument, NULL, O_ADD_AT},
+        {"config", required_argument, NULL, O_CONFIG},
+        {"dslaunch", required_argument, NULL, O_DSLAUNCH},
+        {"keep", required_argument, NULL, O_KEEP},
+        {NULL, 0, NULL, 0},
+    };
+    memset(e, 0, sizeof(*e));
+    e->fo = (fake_opts){.seeds = 5, .period_ms = 1000, .window = 90, .sizes = {8, 64},
+                        .n_sizes = 2};
+    e->ro.repeats = 3;
+    e->ro.det_nodes = 8;
+    e->ro.acc_nodes = 6;
+    e->ro.acc_kills = 2;
+    e->ro.steps = 500;
+    e->ro.kill_at = 150;
+    e->ro.add_at = 30;
+    int c, at = 0;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage(stdout); return 1;
+        case O_JSON: e->json = 1; break;
+        case O_FAKE: e->want_fake = 1; break;
+        case O_REAL: e->want_real = 1; break;
+        case O_SEEDS: e->fo.seeds = atoi(optarg); break;
+        case O_PERIOD: e->fo.period_ms = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case O_SIZES: e->fo.n_sizes = parse_sizes(optarg, e->fo.sizes, 8); break;
+        case O_WINDOW: e->fo.window = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case O_REPEATS: e->ro.repeats = atoi(optarg); break;
+        case O_STEPS: e->ro.steps = atoi(optarg); break;
+        case O_KILL_AT: e->ro.kill_at = atoi(optarg); break;
+        case O_ADD_AT: e->ro.add_at = atoi(optarg); break;
+        case O_CONFIG: e->config = optarg; break;
+        case O_DSLAUNCH: e->dslaunch = optarg; break;
+        case O_KEEP: e->keep = optarg; break;
+        default: /* an unknown option or a missing value */
+            fprintf(stderr, "dsbench elastic: unknown option or missing value: '%s'\n",
+                    bad_arg(argc, argv, at));
             usage(stderr);
             return 2;
         }
+        at = optind;
     }
-    if (!want_fake && !want_real)
-        want_fake = want_real = 1;
-    if (fo.seeds < 1 || fo.seeds > 1000 || fo.period_ms < 10 || fo.period_ms > 600000 ||
-        fo.n_sizes < 1 || fo.window < 10) {
+    if (optind < argc) {
+        fprintf(stderr, "dsbench elastic: unknown option or missing value: '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (!e->want_fake && !e->want_real)
+        e->want_fake = e->want_real = 1;
+    return 0;
+}
+
+/* Both halves' numbers in range (checked whichever halves run). 0, or 2
+ * (said). */
+static int check_opts(const elastic_opts *e)
+{
+    const fake_opts *fo = &e->fo;
+    const real_opts *ro = &e->ro;
+    if (fo->seeds < 1 || fo->seeds > 1000 || fo->period_ms < 10 || fo->period_ms > 600000 ||
+        fo->n_sizes < 1 || fo->window < 10) {
         fprintf(stderr, "dsbench elastic: need 1 <= --seeds <= 1000, 10 <= --period-ms <= "
                         "600000, --sizes like 8,64, --window >= 10\n");
         return 2;
     }
     /* The kill must come after the join's start, and well before the
      * accuracy runs end (their survivors must train on without them). */
-    if (ro.repeats < 1 || ro.repeats > 20 || ro.steps < 50 || ro.steps > 100000 ||
-        ro.add_at < 10 || ro.kill_at <= ro.add_at || ro.kill_at > ro.steps / 2) {
+    if (ro->repeats < 1 || ro->repeats > 20 || ro->steps < 50 || ro->steps > 100000 ||
+        ro->add_at < 10 || ro->kill_at <= ro->add_at || ro->kill_at > ro->steps / 2) {
         fprintf(stderr, "dsbench elastic: need 1 <= --repeats <= 20, 50 <= --steps <= 100000, "
                         "10 <= --add-at < --kill-at <= --steps / 2\n");
         return 2;
     }
-    if (want_real) {
-        if (config)
-            snprintf(ro.config, sizeof(ro.config), "%s", config);
-        else
-            snprintf(ro.config, sizeof(ro.config), "%s/../conf/examples/cluster.ini",
-                     ds_bench_tools_dir());
-        if (dsl)
-            snprintf(ro.dslaunch, sizeof(ro.dslaunch), "%s", dsl);
-        else if (find_dslaunch(ro.dslaunch, sizeof(ro.dslaunch)) < 0) {
-            fprintf(stderr, "dsbench elastic: cannot find dslaunch beside dsbench; pass "
-                            "--dslaunch\n");
-            return 2;
-        }
-        if (access(ro.dslaunch, X_OK) < 0) {
-            fprintf(stderr, "dsbench elastic: %s: %s\n", ro.dslaunch, strerror(errno));
-            return 2;
-        }
-        if (keep) {
-            snprintf(ro.dir, sizeof(ro.dir), "%s", keep);
-            ro.keep = 1;
-        }
+    return 0;
+}
+
+/* The real half's paths into e->ro: the config (default: the source
+ * tree's conf/examples/cluster.ini), dslaunch (default: beside dsbench;
+ * it must be executable) and --keep. 0, or 2 (said). */
+static int real_paths(elastic_opts *e)
+{
+    real_opts *ro = &e->ro;
+    if (e->config)
+        snprintf(ro->config, sizeof(ro->config), "%s", e->config);
+    else
+        snprintf(ro->config, sizeof(ro->config), "%s/../conf/examples/cluster.ini",
+                 ds_bench_tools_dir());
+    if (e->dslaunch)
+        snprintf(ro->dslaunch, sizeof(ro->dslaunch), "%s", e->dslaunch);
+    else if (find_dslaunch(ro->dslaunch, sizeof(ro->dslaunch)) < 0) {
+        fprintf(stderr, "dsbench elastic: cannot find dslaunch beside dsbench; pass "
+                        "--dslaunch\n");
+        return 2;
     }
-    int ret = 0;
-    if (want_fake)
-        ret = fake_half(&fo, json);
-    if (want_real && ret != 2) {
-        if (want_fake && !json)
+    if (access(ro->dslaunch, X_OK) < 0) {
+        fprintf(stderr, "dsbench elastic: %s: %s\n", ro->dslaunch, strerror(errno));
+        return 2;
+    }
+    if (e->keep) {
+        snprintf(ro->dir, sizeof(ro->dir), "%s", e->keep);
+        ro->keep = 1;
+    }
+    return 0;
+}
+
+int ds_bench_elastic(int argc, char **argv)
+{
+    elastic_opts e;
+    int ret = read_opts(&e, argc, argv);
+    if (ret)
+        return ret == 1 ? 0 : ret;
+    if ((ret = check_opts(&e)) || (e.want_real && (ret = real_paths(&e))))
+        return ret;
+    if (e.want_fake)
+        ret = fake_half(&e.fo, e.json);
+    if (e.want_real && ret != 2) {
+        if (e.want_fake && !e.json)
             printf("\n");
-        const int r = real_half(&ro, json);
+        const int r = real_half(&e.ro, e.json);
         ret = r == 2 ? 2 : ret ? ret : r;
     }
     return ret;

@@ -31,6 +31,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -464,186 +465,298 @@ static const char *mode_name(int mode)
     return mode < 0 ? "transport" : ds_sec_mode_name((enum ds_sec_mode)mode);
 }
 
-int ds_bench_transport(int argc, char **argv)
+/* What the command line asked for (--chunk and --copy go to g_chunk and
+ * g_copy, which the receiving child reads too). */
+typedef struct tp_opts {
+    int json, do_pp, reps, nsizes, nmodes;
+    double seconds;
+    size_t sizes[8];
+    int modes[8]; /* -1: "transport", else an enum ds_sec_mode */
+} tp_opts;
+
+/* --sizes: the sizes that parse (at most 8), in order; arg is cut up. */
+static void parse_sizes(tp_opts *o, char *arg)
 {
-    int json = 0, do_pp = 1, reps = 3;
-    double seconds = 1.0;
-    size_t sizes[8] = {64u << 10, 1u << 20, 16u << 20};
-    int nsizes = 3;
-    int modes[8] = {-1, DS_SEC_NONE, DS_SEC_AUTH, DS_SEC_ENCRYPT};
-    int nmodes = 4;
-    for (int i = 1; i < argc; i++) {
-        if (ds_bench_flag_json(argv[i], &json))
-            continue;
-        if (!strcmp(argv[i], "--no-pingpong")) {
-            do_pp = 0;
-        } else if (!strcmp(argv[i], "--copy")) {
-            g_copy = 1;
-        } else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
-            g_chunk = parse_size(argv[++i]);
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-            if (reps < 1)
-                reps = 1;
-        } else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
-            seconds = atof(argv[++i]);
-            if (seconds <= 0)
-                seconds = 1.0;
-        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
-            nsizes = 0;
-            for (char *tok = strtok(argv[++i], ","); tok && nsizes < 8; tok = strtok(NULL, ","))
-                if ((sizes[nsizes] = parse_size(tok)))
-                    nsizes++;
-        } else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
-            nmodes = 0;
-            for (char *tok = strtok(argv[++i], ","); tok && nmodes < 8; tok = strtok(NULL, ",")) {
-                if (!strcmp(tok, "transport"))
-                    modes[nmodes++] = -1;
-                else if (ds_sec_mode_parse(tok) >= 0)
-                    modes[nmodes++] = ds_sec_mode_parse(tok);
-            }
-        } else {
-            fprintf(stderr, "usage: dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M] "
-                            "[--modes transport,none,auth,encrypt] [--no-pingpong] [--copy]\n");
-            return 2;
+    o->nsizes = 0;
+    for (char *tok = strtok(arg, ","); tok && o->nsizes < 8; tok = strtok(NULL, ","))
+        if ((o->sizes[o->nsizes] = parse_size(tok)))
+            o->nsizes++;
+}
+
+/* --modes: the names that are modes (at most 8), in order; arg is cut up. */
+static void parse_modes(tp_opts *o, char *arg)
+{
+    o->nmodes = 0;
+    for (char *tok = strtok(arg, ","); tok && o->nmodes < 8; tok = strtok(NULL, ",")) {
+        if (!strcmp(tok, "transport"))
+            o->modes[o->nmodes++] = -1;
+        else if (ds_sec_mode_parse(tok) >= 0)
+            o->modes[o->nmodes++] = ds_sec_mode_parse(tok);
+    }
+}
+
+/* getopt_long over argv into o, g_chunk and g_copy. 0, or 2 (the usage
+ * said). A --reps below 1 counts as 1, a --seconds not above 0 as 1. */
+static int read_opts(tp_opts *o, int argc, char **argv)
+{
+    static const struct option options[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"no-pingpong", no_argument, NULL, 'P'},
+        {"copy", no_argument, NULL, 'c'},
+        {"chunk", required_argument, NULL, 'C'},
+        {"reps", required_argument, NULL, 'r'},
+        {"seconds", required_argument, NULL, 's'},
+        {"sizes", required_argument, NULL, 'S'},
+        {"modes", required_argument, NULL, 'm'},
+        {NULL, 0, NULL, 0},
+    };
+    *o = (tp_opts){.do_pp = 1, .reps = 3, .seconds = 1.0,
+                   .sizes = {64u << 10, 1u << 20, 16u << 20}, .nsizes = 3,
+                   .modes = {-1, DS_SEC_NONE, DS_SEC_AUTH, DS_SEC_ENCRYPT}, .nmodes = 4};
+    g_chunk = 0;
+    g_copy = 0;
+    int bad = 0, opt;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while (!bad && (opt = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': o->json = 1; break;
+        case 'P': o->do_pp = 0; break;
+        case 'c': g_copy = 1; break;
+        case 'C': g_chunk = parse_size(optarg); break;
+        case 'r': o->reps = atoi(optarg) < 1 ? 1 : atoi(optarg); break;
+        case 's': o->seconds = atof(optarg) <= 0 ? 1.0 : atof(optarg); break;
+        case 'S': parse_sizes(o, optarg); break;
+        case 'm': parse_modes(o, optarg); break;
+        default: bad = 1; /* an unknown option or a missing value */
         }
     }
-    ds_log_setup("dsbench", DS_LOG_WARN, stderr);
-    if (ds_crypto_init())
-        return 1;
-    signal(SIGPIPE, SIG_IGN);
+    if (bad || optind < argc) {
+        fprintf(stderr, "usage: dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M] "
+                        "[--modes transport,none,auth,encrypt] [--no-pingpong] [--copy]\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* What every mode's rows share: the options, both nodes' keys, the
+ * payload and the table. Owned by ds_bench_transport, on its stack. */
+typedef struct tp_run {
+    const tp_opts *o;
     ds_cluster_key key;
     ds_identity id_tx, id_rx;
-    if (ds_cluster_key_generate(&key) || ds_identity_generate(&id_tx) ||
-        ds_identity_generate(&id_rx))
-        return 1;
+    uint8_t *data; /* the largest size's worth; lent to every send */
+    ds_row row;
+} tp_run;
+
+/* Forks the receiving node of `mode`. 0 with *child and *fd, our end of
+ * the socket pair: the child writes its address there, and serves until
+ * we close it. -errno when it could not be started. */
+static int rx_start(const tp_run *t, int mode, pid_t *child, int *fd)
+{
+    int pfd[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pfd))
+        return -errno;
+    const pid_t pid = fork();
+    if (pid < 0) {
+        const int e = errno;
+        close(pfd[0]);
+        close(pfd[1]);
+        return -e;
+    }
+    if (pid == 0) {
+        close(pfd[0]);
+        _exit(child_main(mode, &t->id_rx, &t->key, pfd[1]));
+    }
+    close(pfd[1]);
+    *child = pid;
+    *fd = pfd[0];
+    return 0;
+}
+
+/* The receiver's address, NUL-terminated, from fd. 0, or -EIO when it
+ * ended (or ran past cap) without one. */
+static int rx_read_addr(int fd, char *addr, size_t cap)
+{
+    size_t got = 0;
+    while (got < cap) {
+        ssize_t k = read(fd, addr + got, 1);
+        if (k <= 0)
+            break;
+        if (addr[got++] == 0)
+            break;
+    }
+    return got && addr[got - 1] == 0 ? 0 : -EIO;
+}
+
+/* Opens the sending side of `mode` on s and reaches the receiver at addr:
+ * through node/transport alone (mode < 0; *peer is the receiver), or a
+ * node/net connected to it (waits up to 10 s for the handshake). 0, or a
+ * negative errno; what was opened stays in s for the caller to close. */
+static int tx_open(tx_side *s, const tp_run *t, int mode, const char *addr, ds_transport_peer *peer)
+{
+    int r;
+    if (mode < 0) {
+        ds_transport_opts o;
+        ds_transport_opts_default(&o);
+        if (g_chunk)
+            o.chunk_bytes = g_chunk;
+        o.on_recv = tx_raw_recv;
+        o.cb_ctx = s;
+        r = ds_transport_open(&o, &s->tp);
+        if (!r)
+            r = ds_transport_peer_add(s->tp, addr, peer);
+        return r;
+    }
+    ds_net_cfg cfg;
+    ds_net_cfg_default(&cfg);
+    cfg.identity = &t->id_tx;
+    cfg.name = "bench-tx";
+    if (g_chunk)
+        cfg.transport.chunk_bytes = g_chunk;
+    cfg.cluster = CLUSTER;
+    cfg.cluster_key = &t->key;
+    cfg.mode = (enum ds_sec_mode)mode;
+    cfg.on_recv = tx_net_recv;
+    cfg.cb_ctx = s;
+    r = ds_net_open(&cfg, &s->net);
+    if (!r)
+        r = ds_net_connect(s->net, addr, t->id_rx.id);
+    uint64_t end = ds_now_ms() + 10000;
+    while (!r && !ds_net_connected(s->net, t->id_rx.id) && ds_now_ms() < end)
+        usleep(2000);
+    if (!r && !ds_net_connected(s->net, t->id_rx.id))
+        r = -ETIMEDOUT;
+    return r;
+}
+
+/* One row: messages of `bytes` in `mode`. Warms up (handshake,
+ * connections, allocator), then alternates the baseline and ours --reps
+ * times, keeping the best of each. 0, or -1 (said; no row). */
+static int measure_size(tp_run *t, tx_side *s, int mode, ds_transport_peer peer, size_t bytes)
+{
+    const tp_opts *o = t->o;
+    const uint64_t to = t->id_rx.id;
+    uint64_t msgs = 0, m1 = 0;
+    double mbs = burst(s, mode, peer, to, t->data, bytes, o->seconds * 0.2, &m1);
+    double pp_best = -1;
+    for (int rep = 0; rep < o->reps && mbs >= 0; rep++) {
+        if (o->do_pp) {
+            double v = pingpong(bytes, o->seconds);
+            if (v < 0)
+                v = pingpong(bytes, o->seconds); /* a slow server start */
+            if (v > pp_best)
+                pp_best = v;
+        }
+        double v = burst(s, mode, peer, to, t->data, bytes, o->seconds, &m1);
+        if (v < 0) {
+            mbs = -1;
+            break;
+        }
+        if (rep == 0 || v > mbs) {
+            mbs = v;
+            msgs = m1;
+        }
+    }
+    if (mbs < 0) {
+        fprintf(stderr, "dsbench transport: mode %s, %zu bytes failed\n", mode_name(mode), bytes);
+        return -1;
+    }
+    ds_row_str(&t->row, "mode", mode_name(mode));
+    ds_row_int(&t->row, "bytes", (int64_t)bytes);
+    ds_row_num(&t->row, "mb_per_s", mbs, 0);
+    ds_row_num(&t->row, "pingpong_mb_per_s", pp_best > 0 ? pp_best : NAN, 0);
+    ds_row_num(&t->row, "vs_pingpong", pp_best > 0 ? mbs / pp_best : NAN, 2);
+    ds_row_int(&t->row, "msgs", (int64_t)msgs);
+    ds_row_num(&t->row, "seconds", o->seconds, 1);
+    ds_row_int(&t->row, "reps", o->reps);
+    ds_row_end(&t->row);
+    return 0;
+}
+
+/* Every size's row of one mode, between a fresh receiver and sender.
+ * 0, 1 (a row or the setup failed: said), or -1 when no receiver could be
+ * started. */
+static int run_mode(tp_run *t, int mode)
+{
+    pid_t child = 0;
+    int fd = -1;
+    if (rx_start(t, mode, &child, &fd) < 0)
+        return -1;
+    tx_side s;
+    memset(&s, 0, sizeof(s));
+    pthread_mutex_init(&s.m, NULL);
+    pthread_cond_init(&s.c, NULL);
+    ds_transport_peer peer = 0;
+    char addr[DS_TRANSPORT_ADDR_MAX];
+    int status = 0;
+    int r = rx_read_addr(fd, addr, sizeof(addr));
+    if (!r)
+        r = tx_open(&s, t, mode, addr, &peer);
+    for (int k = 0; k < t->o->nsizes && !r; k++)
+        if (measure_size(t, &s, mode, peer, t->o->sizes[k]) < 0)
+            status = 1;
+    if (r) {
+        fprintf(stderr, "dsbench transport: mode %s: setup failed: %s\n", mode_name(mode),
+                strerror(-r));
+        status = 1;
+    }
+    ds_net_close(&s.net);
+    ds_transport_close(&s.tp);
+    close(fd);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    return status;
+}
+
+/* The payload: the largest of sizes[0..n) in fixed pseudo-random bytes (at
+ * least 1 byte). The caller frees it; NULL when out of memory. */
+static uint8_t *payload_new(const size_t *sizes, int n)
+{
     size_t maxsz = 0;
-    for (int i = 0; i < nsizes; i++)
+    for (int i = 0; i < n; i++)
         if (sizes[i] > maxsz)
             maxsz = sizes[i];
     uint8_t *data = malloc(maxsz ? maxsz : 1);
     if (!data)
-        return 1;
+        return NULL;
     for (size_t i = 0; i < maxsz; i++)
         data[i] = (uint8_t)(i * 2654435761u >> 13);
+    return data;
+}
 
-    ds_row row;
-    ds_row_table(&row, json);
-    int status = 0;
-    for (int mi = 0; mi < nmodes; mi++) {
-        int mode = modes[mi];
-        int pfd[2];
-        if (socketpair(AF_UNIX, SOCK_STREAM, 0, pfd))
-            return 1;
-        pid_t child = fork();
-        if (child < 0)
-            return 1;
-        if (child == 0) {
-            close(pfd[0]);
-            _exit(child_main(mode, &id_rx, &key, pfd[1]));
-        }
-        close(pfd[1]);
-        char addr[DS_TRANSPORT_ADDR_MAX];
-        size_t got = 0;
-        while (got < sizeof(addr)) {
-            ssize_t k = read(pfd[0], addr + got, 1);
-            if (k <= 0)
-                break;
-            if (addr[got++] == 0)
-                break;
-        }
-        tx_side s;
-        memset(&s, 0, sizeof(s));
-        pthread_mutex_init(&s.m, NULL);
-        pthread_cond_init(&s.c, NULL);
-        int r = got && addr[got - 1] == 0 ? 0 : -EIO;
-        ds_transport_peer peer = 0;
-        uint64_t to = id_rx.id;
-        if (!r && mode < 0) {
-            ds_transport_opts o;
-            ds_transport_opts_default(&o);
-            if (g_chunk)
-                o.chunk_bytes = g_chunk;
-            o.on_recv = tx_raw_recv;
-            o.cb_ctx = &s;
-            r = ds_transport_open(&o, &s.tp);
-            if (!r)
-                r = ds_transport_peer_add(s.tp, addr, &peer);
-        } else if (!r) {
-            ds_net_cfg cfg;
-            ds_net_cfg_default(&cfg);
-            cfg.identity = &id_tx;
-            cfg.name = "bench-tx";
-            if (g_chunk)
-                cfg.transport.chunk_bytes = g_chunk;
-            cfg.cluster = CLUSTER;
-            cfg.cluster_key = &key;
-            cfg.mode = (enum ds_sec_mode)mode;
-            cfg.on_recv = tx_net_recv;
-            cfg.cb_ctx = &s;
-            r = ds_net_open(&cfg, &s.net);
-            if (!r)
-                r = ds_net_connect(s.net, addr, id_rx.id);
-            uint64_t end = ds_now_ms() + 10000;
-            while (!r && !ds_net_connected(s.net, id_rx.id) && ds_now_ms() < end)
-                usleep(2000);
-            if (!r && !ds_net_connected(s.net, id_rx.id))
-                r = -ETIMEDOUT;
-        }
-        for (int k = 0; k < nsizes && !r; k++) {
-            uint64_t msgs = 0, m1 = 0;
-            /* Warm up (handshake, connections, allocator), then alternate
-             * the baseline and ours, keeping the best of each. */
-            double mbs = burst(&s, mode, peer, to, data, sizes[k], seconds * 0.2, &m1);
-            double pp_best = -1;
-            for (int rep = 0; rep < reps && mbs >= 0; rep++) {
-                if (do_pp) {
-                    double v = pingpong(sizes[k], seconds);
-                    if (v < 0)
-                        v = pingpong(sizes[k], seconds); /* a slow server start */
-                    if (v > pp_best)
-                        pp_best = v;
-                }
-                double v = burst(&s, mode, peer, to, data, sizes[k], seconds, &m1);
-                if (v < 0) {
-                    mbs = -1;
-                    break;
-                }
-                if (rep == 0 || v > mbs) {
-                    mbs = v;
-                    msgs = m1;
-                }
-            }
-            if (mbs < 0) {
-                fprintf(stderr, "dsbench transport: mode %s, %zu bytes failed\n", mode_name(mode),
-                        sizes[k]);
-                status = 1;
-                continue;
-            }
-            ds_row_str(&row, "mode", mode_name(mode));
-            ds_row_int(&row, "bytes", (int64_t)sizes[k]);
-            ds_row_num(&row, "mb_per_s", mbs, 0);
-            ds_row_num(&row, "pingpong_mb_per_s", pp_best > 0 ? pp_best : NAN, 0);
-            ds_row_num(&row, "vs_pingpong", pp_best > 0 ? mbs / pp_best : NAN, 2);
-            ds_row_int(&row, "msgs", (int64_t)msgs);
-            ds_row_num(&row, "seconds", seconds, 1);
-            ds_row_int(&row, "reps", reps);
-            ds_row_end(&row);
-        }
-        if (r) {
-            fprintf(stderr, "dsbench transport: mode %s: setup failed: %s\n", mode_name(mode),
-                    strerror(-r));
+int ds_bench_transport(int argc, char **argv)
+{
+    tp_opts o;
+    if (read_opts(&o, argc, argv))
+        return 2;
+    ds_log_setup("dsbench", DS_LOG_WARN, stderr);
+    if (ds_crypto_init())
+        return 1;
+    signal(SIGPIPE, SIG_IGN);
+    tp_run t;
+    memset(&t, 0, sizeof(t));
+    t.o = &o;
+    int status = 1;
+    if (ds_cluster_key_generate(&t.key) || ds_identity_generate(&t.id_tx) ||
+        ds_identity_generate(&t.id_rx))
+        goto out_wipe;
+    if (!(t.data = payload_new(o.sizes, o.nsizes)))
+        goto out_wipe;
+    ds_row_table(&t.row, o.json);
+    status = 0;
+    for (int mi = 0; mi < o.nmodes; mi++) {
+        const int r = run_mode(&t, o.modes[mi]);
+        if (r < 0) {
             status = 1;
+            break;
         }
-        ds_net_close(&s.net);
-        ds_transport_close(&s.tp);
-        close(pfd[0]);
-        kill(child, SIGKILL);
-        waitpid(child, NULL, 0);
+        status |= r;
     }
-    free(data);
-    ds_identity_wipe(&id_tx);
-    ds_identity_wipe(&id_rx);
-    ds_cluster_key_wipe(&key);
+    free(t.data);
+out_wipe:
+    ds_identity_wipe(&t.id_tx);
+    ds_identity_wipe(&t.id_rx);
+    ds_cluster_key_wipe(&t.key);
     return status;
 }

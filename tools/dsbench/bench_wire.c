@@ -25,6 +25,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -386,18 +387,26 @@ static int table_handshake(int json, int reps, int quick)
 
 int ds_bench_wire(int argc, char **argv)
 {
-    int json = 0, reps = 5, quick = 0;
-    for (int i = 1; i < argc; i++) {
-        if (ds_bench_flag_json(argv[i], &json))
-            continue;
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--quick")) {
-            quick = 1;
-        } else {
-            fprintf(stderr, "usage: dsbench wire [--reps R] [--quick] [--json]\n");
-            return 2;
+    static const struct option options[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"reps", required_argument, NULL, 'r'},
+        {"quick", no_argument, NULL, 'q'},
+        {NULL, 0, NULL, 0},
+    };
+    int json = 0, reps = 5, quick = 0, bad = 0, opt;
+    optind = 0; /* start afresh on this argv; messages are ours */
+    opterr = 0;
+    while (!bad && (opt = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
+        switch (opt) {
+        case 'j': json = 1; break;
+        case 'r': reps = atoi(optarg); break;
+        case 'q': quick = 1; break;
+        default: bad = 1; /* an unknown option or a missing value */
         }
+    }
+    if (bad || optind < argc) {
+        fprintf(stderr, "usage: dsbench wire [--reps R] [--quick] [--json]\n");
+        return 2;
     }
     if (reps < 1) {
         fprintf(stderr, "dsbench wire: --reps must be >= 1\n");

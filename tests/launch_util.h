@@ -17,9 +17,10 @@
  *   fixed sleep: live_wait polls a condition with a hard deadline and gives
  *   up at once when dslaunch exits first.
  *
- * Everything here runs on the test's own thread; the statics behind
- * tmp_path and bin are not thread-safe, nor need to be (Criterion runs one
- * test per process).
+ * Everything here runs on the test's own thread: the run directory, the
+ * dslaunch to kill on failure and tmp_path's buffers are process-wide
+ * statics, which is safe because Criterion runs each test in a process of
+ * its own, one thread calling these.
  */
 #ifndef DS_TESTS_LAUNCH_UTIL_H
 #define DS_TESTS_LAUNCH_UTIL_H

@@ -6,16 +6,18 @@
  * - every method returns sorted, unique, in-range indices whose values are
  *   v's, never a NaN / Inf, never more than its stated capacity;
  * - SAGE and MiCRO hold the target density within +-10% on average after
- *   warm-up: over 300 calls of a drifting synthetic stream, and over 300
- *   steps of a real stream, the parameter drift (and the gradients) of the
- *   784-256-256-10 MLP training on Fashion-MNIST, generated here by the
- *   real trainer (node/train/train.h);
+ *   warm-up: over 300 calls of a drifting synthetic stream, and (suite
+ *   sparsify_train, in meson's slow suite: 750 training steps, 3 s here
+ *   and 17 s in the sanitizer build) over 300 steps of a real stream, the
+ *   parameter drift (and the gradients) of the 784-256-256-10 MLP training
+ *   on Fashion-MNIST, generated here by the real trainer
+ *   (node/train/train.h);
  * - DEFT: per-unit k sums to k within the number of units; the packing's
  *   heaviest bin is within 4/3 of the optimum (found by brute force);
  * - MiCRO's chunks partition the vector at every step and rotate;
  * - error feedback conserves mass bit for bit;
  * - bad input is refused, counted, and changes nothing.
- * Run: meson test -C build sparsify --verbose
+ * Run: meson test -C build sparsify sparsify_train --verbose
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -447,7 +449,11 @@ Test(sparsify, sage_and_micro_track_a_drifting_stream, .timeout = 120)
             track_add(&tm, t, warm, &r, d);
         }
         cr_log_info("drifting stream d=%g: sage %.3f, micro %.3f of target", d, track_mean(&ts), track_mean(&tm));
-        /* At d = 0.1% SAGE runs about 10% over: the 400-sample mean carries
+        /* The stream is seeded and the rules are deterministic, so every
+         * run measures the same: SAGE 1.002 at 1%, MiCRO 0.968 at 1% and
+         * 0.969 at 0.1% (docs/sparsify.md). +-10% is the tracking the
+         * rules are built for, and leaves 3 pt of room at the closest.
+         * At d = 0.1% SAGE runs about 10% over: the 400-sample mean carries
          * a few % of noise into every threshold, the count's response to
          * the threshold is convex and steep that far in the tail, and beta
          * is too weak there to pull the average back (docs/sparsify.md).
@@ -476,8 +482,18 @@ Test(sparsify, sage_and_micro_track_a_drifting_stream, .timeout = 120)
  * MiCRO's threshold moves at most 0.5% per call (ln 5 / ln 1.005 = 323
  * calls). Measured over steps [0, 150): MiCRO sends 1.5-3.9x the target on
  * the drift stream and 0.14-0.63x on the gradient stream; over [150, 450)
- * 0.63-0.96x; from 450 on all within 10% (docs/sparsify.md). */
-Test(sparsify, sage_and_micro_track_real_mlp_training, .timeout = 600)
+ * 0.63-0.96x; from 450 on all within 10% (docs/sparsify.md).
+ *
+ * The bound, +-10% per layer: seeded data and initialisation make every
+ * run on one kernel variant the same. Measured with DS_KERNELS=avx512 and
+ * avx2 (identical): 0.952-1.090, the closest SAGE's drift on fc3 (1.090);
+ * with ref: 0.955-1.075. fc3 has 2570 values, so k = 26 and one value per
+ * call is 4% of the target: the 1 pt left there is a fraction of one
+ * value per call, which is why the last layer, not the rule, sits near
+ * the bound.
+ *
+ * 750 training steps: its own suite, in meson's slow suite. */
+Test(sparsify_train, sage_and_micro_track_real_mlp_training, .timeout = 600)
 {
     ds_train_cfg cfg;
     ds_train_cfg_defaults(&cfg);
@@ -881,6 +897,9 @@ Test(sparsify, micro_owned_selects_inside_its_chunk)
         }
     }
     cr_log_info("micro group of 4: mean density %.3f of target", track_mean(&tk));
+    /* Seeded stream, deterministic rule: every run measures 1.023
+     * (docs/sparsify.md). +-10% is the single rule's bound above: the
+     * group's feedback must track as well as one member alone. */
     cr_expect(fabs(track_mean(&tk) - 1.0) <= 0.10, "group density %.3f of target", track_mean(&tk));
     ds_sparsify_result res;
     cr_expect_eq(ds_micro_select_owned(m[0], v, n, G, G, 0, 0.01, idx, val, n, &res), -EINVAL);

@@ -1,0 +1,737 @@
+/*
+ * tests/test_elastic.c: what a real cluster of dsnode processes does
+ * together, started on loopback by dslaunch (tools/dslaunch).
+ *
+ * Suites in one binary, registered separately in meson (both slow, one
+ * test at a time):
+ *
+ *   cluster   decentralized training (issue 5): four nodes per topology
+ *             and mixing rule train, clear an accuracy bound and exchange
+ *             real traffic; crossover + MiCRO keeps the models close.
+ *   elastic   membership while the cluster trains (issue 6): newcomers get
+ *             the state and catch up, two crashes out of six cost no
+ *             accuracy, a frozen node comes back, a graceful leave is seen
+ *             as a leave, a node under the wrong key is refused.
+ *
+ * The elastic tests act while the nodes train (kill, stop, start one more)
+ * and check what the cluster then knows. They read it from the nodes'
+ * status documents (docs/status.md: train.step, node.state, the view with
+ * each member's state, the counters), which dslaunch has every node write
+ * to DIR/nI/status.json (STATUS_FILE_ON). Every wait is on such a state
+ * ("n0 reached step 150", "every node's view has 6 members", "n3 is left
+ * in n0's view") with a hard deadline, never a sleep followed by a hope;
+ * results come from the same documents, from the summary line (dslaunch's
+ * --json carries every key of it) and from --json itself. A node's
+ * evaluations over time are the one thing a document does not keep (it
+ * has the last one): those come from the nodes' `eval` lines, read as
+ * dslaunch reads them (ds_logline_split, ds_kv_parse: component `eval`,
+ * keys step= and test_acc=, the contract of docs/dslaunch.md).
+ *
+ * Wall-clock bounds that remain are requirements, not synchronisation:
+ * issue 6's "no gossip round waits longer than the timeout + 1 s"
+ * (max_round_s of the summary line) and the 5 s a node is frozen.
+ *
+ * Run: meson test -C build cluster elastic --num-processes 1 --verbose
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "launch_util.h"
+#include "tools/dslaunch/dslaunch.h"
+
+static const char *const node_names[] = {"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"};
+
+/* ================================================================================ */
+/* cluster: decentralized training across real processes (issue 5)                  */
+/* ================================================================================ */
+
+TestSuite(cluster, .init = tmp_init, .fini = tmp_fini, .timeout = 280);
+
+/* Four dsnode processes on loopback, the given gossip settings, `steps`
+ * steps. Every node must finish, clear min_acc and have exchanged data;
+ * returns dslaunch's report (caller json_decref()s). */
+static json_t *run_cluster(const char *topology, const char *mix, const char *method, int steps,
+                           double min_acc)
+{
+    const char *out = tmp_path(topology);
+    char s_steps[64], s_topo[64], s_mix[64], s_method[64];
+    snprintf(s_steps, sizeof(s_steps), "train.steps=%d", steps);
+    snprintf(s_topo, sizeof(s_topo), "gossip.topology=%s", topology);
+    snprintf(s_mix, sizeof(s_mix), "gossip.mix=%s", mix);
+    snprintf(s_method, sizeof(s_method), "sparsify.method=%s", method);
+    const char *args[] = {"local", "-n", "4", "--config", BASE_CONFIG,
+                          "--set", s_steps, "--set", "train.eval_every=0",
+                          "--set", "train.backend=cpu", "--set", s_topo, "--set", s_mix,
+                          "--set", s_method, "--set", "sparsify.density=0.01",
+                          "--set", "gossip.timeout_ms=2000",
+                          "--out", out, "--json", "--timeout", "240", "--dsnode", bin("DSNODE"),
+                          NULL};
+    struct result r = run_dslaunch(260000, args);
+    cr_assert_eq(r.code, 0, "%s/%s/%s: dslaunch exit %d\nstdout:\n%s\nstderr:\n%s", topology, mix,
+                 method, r.code, r.out, r.err);
+    json_t *j = last_json(r.out);
+    const json_t *nodes = json_object_get(j, "nodes");
+    cr_assert(json_is_object(nodes) && json_object_size(nodes) == 4, "four nodes in the JSON");
+    double lowest = 1;
+    for (int i = 0; i < 4; i++) {
+        const char *name = node_names[i];
+        check_node_ok(nodes, name, min_acc);
+        const json_t *n = jnode(j, name);
+        cr_assert_eq(jnum(n, "steps"), steps);
+        /* Membership alone is a few KB; gossip of 1% of 269k parameters
+         * each round is far more (a 300-step run sends ~10 MB a node). */
+        cr_assert_gt(jnum(n, "bytes_sent"), 1e6, "%s/%s: %s sent %.0f bytes", topology, mix, name,
+                     jnum(n, "bytes_sent"));
+        if (jnum(n, "test_acc") < lowest)
+            lowest = jnum(n, "test_acc");
+    }
+    cr_log_info("%s/%s/%s, %d steps: mean test_acc %.4f (lowest node %.4f), consensus distance "
+                "%.4f",
+                topology, mix, method, steps, jnum(j, "mean_test_acc"), lowest,
+                jnum(j, "consensus_distance"));
+    result_free(&r);
+    return j;
+}
+
+/* Every node above 0.80 after 600 steps: the goal this test was written
+ * for (crossover + MiCRO at 1% reaches 80%), not a figure fitted to a
+ * run. Measured on the shared 2-core machine (avx2 kernels), 2 runs: the
+ * lowest node 0.8659 both times (seeds fix data and initialisation; only
+ * a round lost to a timeout changes the mixing). The 6.6 pt between them
+ * is room for other kernels' rounding and rounds lost under load; a node
+ * that stopped mixing or diverged falls well below. */
+Test(cluster, crossover_micro_reaches_80_percent_and_agrees)
+{
+    json_t *j = run_cluster("crossover", "pairwise", "micro", 600, 0.80);
+    /* Gossip keeps the models close: they drift apart by a few percent of
+     * their norm at most. Measured 0.0221 in both runs (dsbench cluster:
+     * 0.030 for this variant at 3000 steps); independent runs differ by
+     * far more, ~100%, so 0.1 still tells mixing from none, with room for
+     * four times the distance seen. */
+    cr_expect_lt(jnum(j, "consensus_distance"), 0.1);
+    json_decref(j);
+}
+
+/* Every node above 0.70 after 300 steps, for every topology and mixing
+ * rule. Measured on the shared 2-core machine (avx2 kernels), 2 runs, the
+ * lowest node per variant: ring/MiCRO 0.8549 both times, exponential/SAGE
+ * 0.8557 both, random/top-k 0.8541 and 0.8557, crossover dense 0.8615 and
+ * allreduce 0.8626 both. The test is that each variant trains and
+ * gossips, not a ranking of them (they lie within 1 pt), so the bound is
+ * a trained model's and sits 15 pt under the lowest seen: an untrained
+ * node scores about 0.1, and one whose gossip corrupts the model far less
+ * than 0.70. */
+Test(cluster, every_topology_and_mixing_rule_trains)
+{
+    static const char *const runs[][3] = {
+        {"ring", "pairwise", "micro"},
+        {"exponential", "pairwise", "sage"},
+        {"random", "pairwise", "topk"},
+        {"crossover", "crossover", "none"},
+        {"allreduce", "pairwise", "none"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        json_t *j = run_cluster(runs[i][0], runs[i][1], runs[i][2], 300, 0.70);
+        json_decref(j);
+    }
+}
+
+/* ================================================================================ */
+/* elastic: joins, crashes, freezes and leaves while the cluster trains (issue 6)   */
+/* ================================================================================ */
+
+TestSuite(elastic, .init = tmp_init, .fini = tmp_fini, .timeout = 290);
+
+/* The crash and leave runs: 500 steps. */
+#define EL_STEP_COUNT 500
+#define EL_STR(x) #x
+#define EL_SET_STEPS(n) "train.steps=" EL_STR(n)
+#define EL_STEPS EL_SET_STEPS(EL_STEP_COUNT)
+
+/* log_every = 10: --add-at fires on train lines (dslaunch), so this is the
+ * granularity of a newcomer's start. */
+static const char *const el_common[] = {
+    "--set", "train.backend=cpu", "--set", "train.log_every=10", "--set", "gossip.timeout_ms=2000",
+    "--set", STATUS_FILE_ON,
+};
+
+/* args for dslaunch: local -n N --config ... common --set extra... --out out --json */
+static void el_args(const char **args, int n_nodes, const char *out, const char *const *extra)
+{
+    static char nbuf[8];
+    int k = 0;
+    snprintf(nbuf, sizeof(nbuf), "%d", n_nodes);
+    args[k++] = "local";
+    args[k++] = "-n";
+    args[k++] = nbuf;
+    args[k++] = "--config";
+    args[k++] = BASE_CONFIG;
+    for (size_t i = 0; i < sizeof(el_common) / sizeof(el_common[0]); i++)
+        args[k++] = el_common[i];
+    for (; extra && *extra; extra++)
+        args[k++] = *extra;
+    args[k++] = "--out";
+    args[k++] = out;
+    args[k++] = "--json";
+    args[k++] = "--timeout";
+    args[k++] = "240";
+    args[k++] = "--dsnode";
+    args[k++] = bin("DSNODE");
+    args[k] = NULL;
+}
+
+/* 1 when the document's view lists the member as alive. */
+static int listed_alive(const json_t *doc, const char *name)
+{
+    const char *m = status_member(doc, name);
+    return m && !strcmp(m, "alive");
+}
+
+static uint64_t now_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The node's evaluations (step, test_acc) from its `eval` lines, in order;
+ * returns how many (at most max). */
+static int evals_of(const char *out, const char *name, long long *step, double *acc, int max)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s.log", out, name);
+    char *log = read_text(path);
+    cr_assert_not_null(log, "%s: no log", path);
+    int n = 0;
+    for (char *save = NULL, *line = strtok_r(log, "\n", &save); line && n < max;
+         line = strtok_r(NULL, "\n", &save)) {
+        ds_logline ll;
+        ds_kvline kv;
+        double s, a;
+        if (ds_logline_split(line, &ll) < 0 || strcmp(ll.component, "eval"))
+            continue;
+        ds_kv_parse(ll.msg, &kv);
+        if (ds_kv_get_double(&kv, "step", &s) == 0 && ds_kv_get_double(&kv, "test_acc", &a) == 0) {
+            step[n] = (long long)s;
+            acc[n++] = a;
+        }
+    }
+    free(log);
+    return n;
+}
+
+/* test_acc at `step` among evals_of's results, or -1. */
+static double acc_at(const long long *step, const double *acc, int n, long long at)
+{
+    for (int i = 0; i < n; i++)
+        if (step[i] == at)
+            return acc[i];
+    return -1;
+}
+
+/* What the join test follows in the documents of all six nodes. A
+ * newcomer's join is a round, the same on every node; the original nodes'
+ * documents place it. One that does not list newcomer k yet says k joins
+ * after its step; one that lists k says k joined at or before the view
+ * epoch it shows (the largest effective round of any change so far,
+ * docs/membership.md), which is k's join round itself when no later
+ * change came first. Rounds are steps here (gossip.every = 1) counted
+ * from round0, the document's round minus its step. */
+struct join_watch {
+    const char *out;
+    long long before[6]; /* newcomer k: the last step a node trained at without k in its view */
+    long long join[6];   /* the smallest epoch, as a step, of a view listing k */
+    long long first[6];  /* newcomer k's step in its first document in state training */
+    int full[6];         /* node i's view was seen with all six members */
+};
+
+static int everyone_sees_six(void *arg)
+{
+    struct join_watch *w = arg;
+    int all = 1;
+    for (int i = 0; i < 6; i++) {
+        json_t *doc = status_load(w->out, node_names[i]);
+        if (!doc) {
+            all = 0;
+            continue;
+        }
+        const long long step = status_step(doc);
+        const int training = !strcmp(status_state(doc), "training");
+        if (i >= 4 && training && w->first[i] < 0)
+            w->first[i] = step;
+        for (int k = 4; k < 6 && training && i < 4; k++) {
+            if (status_member(doc, node_names[k])) {
+                const long long round0 = (long long)status_num(doc, "round") - step;
+                const long long at = (long long)status_num(doc, "epoch") - round0;
+                if (w->join[k] < 0 || at < w->join[k])
+                    w->join[k] = at;
+            } else if (step > w->before[k]) {
+                w->before[k] = step;
+            }
+        }
+        if (status_view_size(doc) == 6)
+            w->full[i] = 1;
+        all &= w->full[i];
+        json_decref(doc);
+    }
+    return all;
+}
+
+Test(elastic, nodes_added_mid_run_get_the_state_and_catch_up)
+{
+    const char *out = tmp_path("join");
+    /* Long enough that the newcomers join while the others still train. */
+    const char *extra[] = {"--set", "train.steps=1500", "--set", "train.eval_every=50",
+                           "--add-at", "150:2", NULL};
+    const char *args[40];
+    el_args(args, 4, out, extra);
+    struct live l;
+    live_start(&l, args);
+    /* The newcomers enter every view: 6 members on every node. */
+    struct join_watch w = {.out = out};
+    for (int k = 0; k < 6; k++)
+        w.before[k] = w.join[k] = w.first[k] = -1;
+    const int joined = live_wait(&l, 200000, everyone_sees_six, &w);
+    cr_assert(joined, "not every node saw a view of 6 within 200 s (n0..n5: %d %d %d %d %d %d)%s",
+              w.full[0], w.full[1], w.full[2], w.full[3], w.full[4], w.full[5],
+              l.exited ? "; dslaunch exited" : "");
+    const int code = live_end(&l, 240000);
+    cr_assert_eq(code, 0, "dslaunch exit %d\nstderr:\n%s", code, l.err);
+    json_t *j = last_json(l.out);
+    cr_assert_eq(json_object_size(json_object_get(j, "nodes")), 6, "six nodes ran");
+    for (int k = 4; k < 6; k++) {
+        const char *name = node_names[k];
+        /* It got the cluster's state: it trained from the cluster's step
+         * (>= 150, where --add-at started it), not from 0, and ended with
+         * the others. */
+        cr_assert_geq(w.first[k], 150, "%s started training at step %lld", name, w.first[k]);
+        cr_assert_eq(jnum(jnode(j, name), "steps"), 1500, "%s ended with the cluster", name);
+        /* Its join round, as a step: after every step seen without it,
+         * at or before the epoch of every view seen with it. */
+        const long long from = w.join[k];
+        cr_log_info("%s: state from step %lld; last seen outside the view at step %lld, joined "
+                    "at step %lld", name, w.first[k], w.before[k], from);
+        cr_assert(from > w.before[k] && from >= w.first[k],
+                  "%s: join at step %lld, yet outside a view at step %lld (state from %lld)",
+                  name, from, w.before[k], w.first[k]);
+        /* Issue 6: within 1 pt of the others' test accuracy within 200
+         * steps: at some evaluation in (from, from + 200]. One node against
+         * the others' mean at one evaluation moves by about 1 pt by itself
+         * (the original nodes differ that much), so the first evaluation
+         * alone would be a coin toss near the bound; the four evaluations
+         * of the window give it four draws. Measured on the shared 2-core
+         * machine, 2 runs: each newcomer within 1 pt at 3 of its 4
+         * evaluations, 0.05-1.6 pt apart. The bound is the issue's. */
+        long long st_mine[64], st_o[4][64];
+        double acc_mine[64], acc_o[4][64];
+        const int n_mine = evals_of(out, name, st_mine, acc_mine, 64);
+        int n_o[4];
+        for (int o = 0; o < 4; o++)
+            n_o[o] = evals_of(out, node_names[o], st_o[o], acc_o[o], 64);
+        int evals = 0, close = 0;
+        double best = 1;
+        for (long long st = ((from + 50) / 50) * 50; st <= from + 200 && st <= 1500; st += 50) {
+            const double mine = acc_at(st_mine, acc_mine, n_mine, st);
+            if (mine < 0)
+                continue;
+            double others = 0;
+            int no = 0;
+            for (int o = 0; o < 4; o++) {
+                const double v = acc_at(st_o[o], acc_o[o], n_o[o], st);
+                if (v >= 0) {
+                    others += v;
+                    no++;
+                }
+            }
+            if (!no)
+                continue;
+            others /= no;
+            evals++;
+            close += fabs(mine - others) <= 0.01;
+            if (fabs(mine - others) < best)
+                best = fabs(mine - others);
+            cr_log_info("%s (joined at step %lld): test_acc %.4f at step %lld, the others %.4f",
+                        name, from, mine, st, others);
+        }
+        cr_assert_gt(evals, 0, "%s never evaluated in the 200 steps after step %lld", name, from);
+        cr_expect(close > 0, "%s not within 1 pt of the others at any of %d evaluations in the 200 "
+                  "steps after step %lld (closest %.4f apart)", name, evals, from, best);
+    }
+    json_decref(j);
+    live_free(&l);
+}
+
+/* Every survivor has noticed both victims: its view no longer lists them
+ * alive (suspect or dead, or no more). Noticing is what the run leaves
+ * time for: the first suspicion comes 1-3 s after a kill, while a death
+ * is declared 5 s of suspicion later (6-8 s after the kill,
+ * docs/bench/elastic.md), about when a 500-step run ends on an unloaded
+ * machine; the log line says how far each survivor got. */
+struct crash_watch {
+    const char *out;
+    int noticed[4];
+    long long at[4];   /* the step of the document that first showed it */
+    double dead[4];    /* membership.dead then */
+};
+
+static int survivors_notice(void *arg)
+{
+    struct crash_watch *w = arg;
+    int all = 1;
+    for (int i = 0; i < 4; i++) {
+        json_t *doc = w->noticed[i] ? NULL : status_load(w->out, node_names[i]);
+        if (doc && !listed_alive(doc, "n4") && !listed_alive(doc, "n5")) {
+            w->noticed[i] = 1;
+            w->at[i] = status_step(doc);
+            w->dead[i] = status_num(doc, "membership.dead");
+        }
+        json_decref(doc);
+        all &= w->noticed[i];
+    }
+    return all;
+}
+
+/* 6 nodes, 2 SIGKILLed mid-run: the survivors notice and finish, no
+ * round waits longer than the gossip timeout + 1 s, and the final
+ * accuracy is within 1 pt of the same cluster undisturbed. */
+Test(elastic, two_crashes_out_of_six)
+{
+    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+
+    const char *calm = tmp_path("calm");
+    el_args(args, 6, calm, extra);
+    struct result r0 = run_dslaunch(280000, args);
+    cr_assert_eq(r0.code, 0, "undisturbed run: exit %d\nstderr:\n%s", r0.code, r0.err);
+    json_t *j0 = last_json(r0.out);
+    double calm_acc = 0;
+    for (int i = 0; i < 4; i++)
+        calm_acc += jnum(jnode(j0, node_names[i]), "test_acc") / 4;
+
+    const char *out = tmp_path("crash");
+    el_args(args, 6, out, extra);
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n0", 150, 200000);
+    for (int i = 4; i < 6; i++) {
+        const pid_t p = node_pid(out, node_names[i]);
+        cr_assert_gt(p, 0, "%s not found", node_names[i]);
+        cr_assert_eq(kill(p, SIGKILL), 0);
+    }
+    /* The survivors notice while they train on (a survivor that finishes
+     * first is checked on its last document). */
+    struct crash_watch cw = {.out = out};
+    cr_assert(live_wait(&l, 120000, survivors_notice, &cw),
+              "a survivor still listed n4 or n5 alive after 120 s or at its end (n0..n3: %d %d "
+              "%d %d)%s",
+              cw.noticed[0], cw.noticed[1], cw.noticed[2], cw.noticed[3],
+              l.exited ? "; dslaunch exited" : "");
+    for (int i = 0; i < 4; i++)
+        cr_log_info("%s no longer listed n4 and n5 alive by step %lld (%.0f dead in its table)",
+                    node_names[i], cw.at[i], cw.dead[i]);
+    const int code = live_end(&l, 240000);
+    cr_assert_eq(code, 1, "dslaunch reports the two killed nodes: exit %d\n%s", code, l.err);
+    json_t *j = last_json(l.out);
+    double acc = 0;
+    for (int i = 0; i < 4; i++) {
+        const json_t *n = jnode(j, node_names[i]);
+        cr_assert_eq(jnum(n, "exit_status"), 0, "%s exit", node_names[i]);
+        acc += jnum(n, "test_acc") / 4;
+        /* Issue 6: no gossip round waits longer than the timeout (2 s
+         * here) + 1 s. max_round_s is the summary line's longest wait. */
+        const double max_round = jnum(n, "max_round_s");
+        cr_expect(max_round >= 0 && max_round <= 2.0 + 1.0, "%s: a round took %.3f s",
+                  node_names[i], max_round);
+    }
+    cr_log_info("2 of 6 killed after step 150: survivors' accuracy %.4f, undisturbed %.4f", acc,
+                calm_acc);
+    /* Issue 6's bound: within 1 pt of the undisturbed run. Both runs have
+     * the same seeds and data order, so what differs is the mixing the
+     * crash disturbed. Measured on the shared 2-core machine, 4 runs: the
+     * undisturbed run 0.8638 every time, the survivors 0.8623, 0.8631,
+     * 0.8631, 0.8636 (0.02-0.15 pt lower; dsbench elastic: -0.05 pt). The
+     * bound is the issue's, 7 times the largest loss seen. */
+    cr_expect(fabs(acc - calm_acc) <= 0.01, "accuracy %.4f vs undisturbed %.4f", acc, calm_acc);
+    json_decref(j);
+    json_decref(j0);
+    live_free(&l);
+    result_free(&r0);
+}
+
+/* What the freeze test reads from n0's documents: its step in the first
+ * document published after n3 was stopped, and in the last one published
+ * before the 5 s were over. time_unix_ms is the node's publication time,
+ * so a document read late cannot make progress appear. */
+struct freeze_watch {
+    const char *out;
+    uint64_t t_stop, t_cont;
+    long long first, last;
+};
+
+#define FREEZE_MS 5000
+/* Steps n0 must take while n3 is frozen. See frozen_node_comes_back. */
+#define FREEZE_MIN_STEPS 10
+
+static int n0_went_on(void *arg)
+{
+    struct freeze_watch *w = arg;
+    json_t *doc = status_load(w->out, "n0");
+    if (doc) {
+        const uint64_t t = (uint64_t)status_num(doc, "time_unix_ms");
+        if (t >= w->t_stop && t <= w->t_cont) {
+            if (w->first < 0)
+                w->first = status_step(doc);
+            w->last = status_step(doc);
+        }
+        json_decref(doc);
+    }
+    return now_unix_ms() >= w->t_cont;
+}
+
+/* A node frozen for 5 s (SIGSTOP, then SIGCONT): the others go on, it
+ * comes back, catches up, and everyone finishes. */
+Test(elastic, frozen_node_comes_back)
+{
+    const char *out = tmp_path("stop");
+    /* Long enough that the others still train when it wakes up. */
+    const char *extra[] = {"--set", "train.steps=2000", "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+    el_args(args, 4, out, extra);
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n0", 150, 200000);
+    const pid_t p = node_pid(out, "n3");
+    cr_assert_gt(p, 0);
+    struct freeze_watch fw = {.out = out, .first = -1, .last = -1};
+    fw.t_stop = now_unix_ms();
+    fw.t_cont = fw.t_stop + FREEZE_MS;
+    cr_assert_eq(kill(p, SIGSTOP), 0);
+    /* The freeze lasts 5 s (issue 6); n0's documents meanwhile tell
+     * whether the others keep training. */
+    live_wait(&l, FREEZE_MS + 1000, n0_went_on, &fw);
+    cr_assert_eq(kill(p, SIGCONT), 0);
+    /* Steps seen between two of n0's own documents, not a rate. Measured
+     * on the shared 2-core machine: 89, 216, 157 and 135 steps in the 5 s
+     * (4 runs; rounds paired with n3 wait out the 2 s gossip timeout
+     * until n3 is skipped, the rest run at full speed). A cluster that
+     * waited out the timeout in every round would show at most 3 steps in
+     * 5 s, and one that waited for n3 none: 10 tells those apart from
+     * skipping, with a ninth of the fewest steps seen as margin for load. */
+    cr_log_info("n0 while n3 was frozen: step %lld to %lld", fw.first, fw.last);
+    cr_expect(fw.first >= 0 && fw.last - fw.first >= FREEZE_MIN_STEPS,
+              "n0 took %lld steps in the 5 s n3 was frozen (from step %lld)",
+              fw.first >= 0 ? fw.last - fw.first : -1, fw.first);
+    /* It comes back and catches up: n3 reaches the step n0 had reached
+     * when n3 was let go. */
+    wait_for_step(&l, out, "n3", fw.last, 120000);
+    const int code = live_end(&l, 240000);
+    cr_assert_eq(code, 0, "exit %d\n%s", code, l.err);
+    json_t *j = last_json(l.out);
+    for (int i = 0; i < 3; i++) {
+        /* Issue 6 asks this of crashes; a frozen peer is one until it is
+         * skipped: the gossip timeout (2 s) + 1 s. */
+        const double max_round = jnum(jnode(j, node_names[i]), "max_round_s");
+        cr_expect(max_round >= 0 && max_round <= 3.0, "%s: a round took %.3f s", node_names[i],
+                  max_round);
+    }
+    cr_expect_eq(jnum(jnode(j, "n3"), "steps"), 2000, "n3 finished");
+    /* n3 mixes with the others again: the same bound as the cluster
+     * suite's crossover + MiCRO run (measured there 0.03; a node that
+     * stopped mixing after the freeze would be far off, ~1). */
+    cr_expect_lt(jnum(j, "consensus_distance"), 0.1, "n3 mixes with the others again");
+    json_decref(j);
+    live_free(&l);
+}
+
+/* What the leave test sees of n3 in the others' documents. A leave shows
+ * as "left" in a view only until its effective round, the membership lag
+ * later: 32 rounds while the lag is still at its floor, a third of a
+ * second on a fast machine, which documents written every 0.5 s can miss.
+ * The member table keeps a left member for minutes, and the documents
+ * count its states: a survivor still training well before the end (50
+ * steps, while the survivors move in lockstep rounds and none has left
+ * yet) that counts a left member, no dead one, and does not list n3
+ * alive, has taken n3's leave. */
+struct leave_watch {
+    const char *out;
+    int left[3], dead[3];
+    char last[3][64]; /* node i's last document: its step, n3 in its view, its counts */
+};
+
+static int others_see_n3_left(void *arg)
+{
+    struct leave_watch *w = arg;
+    int all = 1;
+    for (int i = 0; i < 3; i++) {
+        json_t *doc = status_load(w->out, node_names[i]);
+        if (!doc) {
+            all = 0;
+            continue;
+        }
+        const char *m = status_member(doc, "n3");
+        const int training = !strcmp(status_state(doc), "training");
+        const double left = status_num(doc, "membership.left");
+        const double dead = status_num(doc, "membership.dead");
+        if (training && status_step(doc) < EL_STEP_COUNT - 50 && left >= 1 && dead == 0 &&
+            !listed_alive(doc, "n3"))
+            w->left[i] = 1;
+        if ((m && !strcmp(m, "dead")) || (training && dead > 0))
+            w->dead[i] = 1;
+        snprintf(w->last[i], sizeof(w->last[i]), "step %lld, n3 %s, left %.0f dead %.0f",
+                 status_step(doc), m ? m : "not listed", left, dead);
+        json_decref(doc);
+        all &= w->left[i];
+    }
+    return all;
+}
+
+/* SIGTERM: the node stops training, announces its leave for a future round,
+ * and exits; the others take it as LEFT (not dead), and finish. */
+Test(elastic, graceful_leave)
+{
+    const char *out = tmp_path("leave");
+    const char *extra[] = {"--set", EL_STEPS, "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+    el_args(args, 4, out, extra);
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n0", 150, 200000);
+    const pid_t p = node_pid(out, "n3");
+    cr_assert_gt(p, 0);
+    cr_assert_eq(kill(p, SIGTERM), 0);
+    struct leave_watch lw = {.out = out};
+    const int seen = live_wait(&l, 60000, others_see_n3_left, &lw);
+    const int code = live_end(&l, 240000);
+    cr_expect(seen, "n3's leave not taken by every other node while training (n0..n2: %d %d "
+              "%d; last documents: %s; %s; %s)", lw.left[0], lw.left[1], lw.left[2], lw.last[0],
+              lw.last[1], lw.last[2]);
+    for (int i = 0; i < 3; i++)
+        cr_expect(!lw.dead[i], "%s took n3 for dead", node_names[i]);
+    cr_assert_eq(code, 1, "dslaunch reports n3 stopped: exit %d\n%s", code, l.err);
+    json_t *j = last_json(l.out);
+    cr_expect_eq(jnum(jnode(j, "n3"), "exit_status"), 128 + SIGTERM);
+    /* n3's last document: stopped, after it told members of its leave. */
+    json_t *doc = status_load(out, "n3");
+    cr_assert_not_null(doc, "n3 wrote no status document");
+    cr_expect_str_eq(status_state(doc), "stopped");
+    cr_expect_geq(status_num(doc, "membership.leaves_sent"), 1, "n3 announced its leave");
+    json_decref(doc);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(jnum(jnode(j, node_names[i]), "exit_status"), 0, "%s", node_names[i]);
+        doc = status_load(out, node_names[i]);
+        cr_assert_not_null(doc);
+        const char *m = status_member(doc, "n3");
+        cr_expect(!m || strcmp(m, "dead"), "%s ended with n3 dead in its view", node_names[i]);
+        json_decref(doc);
+    }
+    json_decref(j);
+    live_free(&l);
+}
+
+/* n0 and n1 while an intruder knocks: n0 counts the refusal, neither
+ * ever lists the intruder, neither view grows past the two of them. */
+struct intruder_watch {
+    const char *out;
+    int refused, listed;
+    long long max_view;
+};
+
+static int n0_refused(void *arg)
+{
+    struct intruder_watch *w = arg;
+    for (int i = 0; i < 2; i++) {
+        json_t *doc = status_load(w->out, node_names[i]);
+        if (!doc)
+            continue;
+        w->listed |= status_member(doc, "intruder") != NULL;
+        if (status_view_size(doc) > w->max_view)
+            w->max_view = status_view_size(doc);
+        if (i == 0)
+            w->refused = status_num(doc, "drops.bad_mac") + status_num(doc, "drops.not_allowed") > 0;
+        json_decref(doc);
+    }
+    return w->refused;
+}
+
+/* A node whose cluster key is not the cluster's asks to join: the seed
+ * refuses its handshake (HELLO_REJECT), it exits at once with a clear
+ * error, and the cluster goes on as if nothing happened. */
+Test(elastic, wrong_key_is_refused)
+{
+    const char *out = tmp_path("intruder");
+    /* Long enough to still be training when the intruder knocks. */
+    const char *extra[] = {"--set", "train.steps=4000", "--set", "train.eval_every=0", NULL};
+    const char *args[40];
+    el_args(args, 2, out, extra);
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n1", 30, 200000);
+
+    char bad_key[600], bad_id[600], n1ini[600], s_key[700], s_id[700], s_seed[400], s_data[700],
+        s_listen[64];
+    const int port = ds_port_find(40000 + (int)(getpid() % 20000), 1);
+    cr_assert_gt(port, 0, "no free port");
+    snprintf(s_listen, sizeof(s_listen), "node.listen=127.0.0.1:%d", port);
+    snprintf(bad_key, sizeof(bad_key), "%s/bad.key", out);
+    snprintf(bad_id, sizeof(bad_id), "%s/bad.id", out);
+    snprintf(n1ini, sizeof(n1ini), "%s/n1.ini", out);
+    char *kg1[] = {(char *)bin("DSNODE"), "keygen", "--cluster", "--out", bad_key, NULL};
+    char *kg2[] = {(char *)bin("DSNODE"), "keygen", "--out", bad_id, NULL};
+    char *o = NULL, *e = NULL, errbuf[256];
+    int code;
+    cr_assert_eq(ds_proc_capture(kg1, 20000, &o, &e, &code, errbuf, sizeof(errbuf)), 0);
+    cr_assert_eq(code, 0, "%s", e);
+    free(o);
+    free(e);
+    cr_assert_eq(ds_proc_capture(kg2, 20000, &o, &e, &code, errbuf, sizeof(errbuf)), 0);
+    cr_assert_eq(code, 0, "%s", e);
+    free(o);
+    free(e);
+
+    /* n0's address: the first seed of n1's config. */
+    char *dump = config_valid(n1ini), seeds[300];
+    dump_value(dump, "\nseeds = ", seeds, sizeof(seeds));
+    free(dump);
+    snprintf(s_seed, sizeof(s_seed), "cluster.seeds=%s", seeds);
+    snprintf(s_key, sizeof(s_key), "cluster.key_file=%s", bad_key);
+    snprintf(s_id, sizeof(s_id), "cluster.identity_file=%s", bad_id);
+    snprintf(s_data, sizeof(s_data), "node.data_dir=%s/intruder", out);
+    char *run[] = {(char *)bin("DSNODE"), "run", "--config", n1ini, "--set", "node.name=intruder",
+                   "--set", s_listen, "--set", "status.listen=",
+                   "--set", "status.file=", "--set", "cluster.min_members=1",
+                   "--set", s_seed, "--set", s_key, "--set", s_id, "--set", s_data, NULL};
+    const uint64_t t0 = (uint64_t)time(NULL);
+    cr_assert_eq(ds_proc_capture(run, 60000, &o, &e, &code, errbuf, sizeof(errbuf)), 0, "%s\n%s",
+                 errbuf, e ? e : "");
+    /* What the refused user reads is the feature here: a clear error. */
+    cr_expect_eq(code, 1, "the refused node exits 1 (got %d)\n%s", code, e);
+    cr_expect(strstr(e, "is not admitted to cluster"), "a clear error:\n%s", e);
+    cr_expect_lt((uint64_t)time(NULL) - t0, 30, "refused quickly, not after retries");
+    free(o);
+    free(e);
+
+    /* n0 refused it at the handshake, counted under its reason. */
+    struct intruder_watch iw = {.out = out};
+    cr_expect(live_wait(&l, 30000, n0_refused, &iw),
+              "n0's status counts no bad_mac or not_allowed drop");
+    cr_assert_eq(live_end(&l, 200000), 0, "the cluster finishes: %s", l.err);
+    json_t *j = last_json(l.out);
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(jnum(jnode(j, node_names[i]), "exit_status"), 0, "%s", node_names[i]);
+        json_t *doc = status_load(out, node_names[i]);
+        cr_assert_not_null(doc);
+        iw.listed |= status_member(doc, "intruder") != NULL;
+        json_decref(doc);
+    }
+    cr_expect(!iw.listed, "a node listed the intruder in its view");
+    cr_expect_eq(iw.max_view, 2, "a view of %lld members while the intruder knocked", iw.max_view);
+    json_decref(j);
+    live_free(&l);
+}

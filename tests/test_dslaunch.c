@@ -71,64 +71,6 @@ static void write_model(const char *path, uint64_t hdr_n, const float *v, size_t
     cr_assert_eq(fclose(f), 0);
 }
 
-/* json_output reads dslaunch's JSON writer back through these three names,
- * which the hand-written reader this file had once defined. They now sit
- * on jansson, and keep that reader's view of a string: printable ASCII as
- * is, every byte of a non-ASCII character as '?'. That test's body belongs
- * to whoever changes dslaunch's writer; once it reads with jansson itself,
- * these go (hence `unused`: nothing warns in between). */
-typedef struct jv {
-    int n;               /* array items */
-    struct jv **items;
-    char *str;           /* a string item's text */
-} jv;
-
-__attribute__((unused)) static void jfree(jv *v)
-{
-    if (!v)
-        return;
-    for (int i = 0; i < v->n; i++)
-        jfree(v->items[i]);
-    free(v->items);
-    free(v->str);
-    free(v);
-}
-
-__attribute__((unused)) static jv *jparse_all(const char *text)
-{
-    json_t *root = json_loads(text, JSON_DECODE_ANY, NULL);
-    jv *v = calloc(1, sizeof(*v));
-    cr_assert_not_null(v);
-    if (!root || !json_is_array(root)) {
-        json_decref(root);
-        free(v);
-        return NULL;
-    }
-    v->n = (int)json_array_size(root);
-    v->items = calloc((size_t)v->n + 1, sizeof(*v->items));
-    cr_assert_not_null(v->items);
-    for (int i = 0; i < v->n; i++) {
-        v->items[i] = calloc(1, sizeof(jv));
-        cr_assert_not_null(v->items[i]);
-        const json_t *it = json_array_get(root, (size_t)i);
-        if (!json_is_string(it))
-            continue;
-        const char *s = json_string_value(it);
-        char *o = v->items[i]->str = malloc(strlen(s) + 1);
-        cr_assert_not_null(o);
-        /* One '?' per non-ASCII character: its lead byte (11xxxxxx) gives
-         * the '?', its continuation bytes (10xxxxxx) nothing. */
-        for (; *s; s++)
-            if (!((unsigned char)*s & 0x80))
-                *o++ = *s;
-            else if (((unsigned char)*s & 0xc0) == 0xc0)
-                *o++ = '?';
-        *o = '\0';
-    }
-    json_decref(root);
-    return v;
-}
-
 /* ================================================================================ */
 /* dslaunch_parts                                                                   */
 /* ================================================================================ */

@@ -978,7 +978,7 @@ Test(conf, enum_choices_in_help_and_errors)
         const char *line = strstr(text, line_start);
         cr_assert_not_null(line, "%s not in the help", k->key);
         const char *eol = strchr(line + 1, '\n');
-        char field[64];
+        char field[600];
         snprintf(field, sizeof(field), " %s ", joined);
         const char *at_ = strstr(line, field);
         cr_expect(at_ && (!eol || at_ < eol), "%s: help does not show %s", k->key, joined);

@@ -191,7 +191,7 @@ Test(cuda, short_training_run_on_device, .timeout = 300)
     ds_trainer t;
     char err[512];
     ds_train_cfg_defaults(&c);
-    snprintf(c.backend, sizeof(c.backend), "cuda");
+    c.backend = DS_OPS_CUDA;
     cr_assert_eq(ds_trainer_init(&t, &c, err, sizeof(err)), 0, "%s", err);
     cr_expect_eq(t.ops.kind, DS_BACKEND_CUDA);
     for (int s = 0; s < 300; s++) {

@@ -685,7 +685,7 @@ Test(dslaunch_run, two_nodes_train_and_report)
 static void wait_training(struct live *l, const char *out, int count)
 {
     for (int i = 0; i < count; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof(name), "n%d", i);
         wait_for_step(l, out, name, 1, i ? 60000 : 120000);
     }

@@ -497,7 +497,7 @@ Test(sparsify_train, sage_and_micro_track_real_mlp_training, .timeout = 600)
 {
     ds_train_cfg cfg;
     ds_train_cfg_defaults(&cfg);
-    snprintf(cfg.backend, sizeof(cfg.backend), "cpu");
+    cfg.backend = DS_OPS_CPU;
     cfg.init_seed = 3;
     cfg.data_seed = 4;
     ds_trainer tr;

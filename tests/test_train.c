@@ -18,7 +18,7 @@ static double run(ds_trainer *t, const char *backend, int steps)
 {
     ds_train_cfg c;
     ds_train_cfg_defaults(&c);
-    snprintf(c.backend, sizeof(c.backend), "%s", backend);
+    c.backend = (enum ds_ops_backend)ds_ops_backend_parse(backend);
     c.init_seed = 7;
     c.data_seed = 8;
     cr_assert_eq(ds_trainer_init(t, &c, err, sizeof(err)), 0, "%s", err);
@@ -65,7 +65,7 @@ Test(train, missing_dataset_is_a_clear_error)
 {
     ds_train_cfg c;
     ds_train_cfg_defaults(&c);
-    snprintf(c.backend, sizeof(c.backend), "cpu");
+    c.backend = DS_OPS_CPU;
     snprintf(c.dataset_dir, sizeof(c.dataset_dir), "/nonexistent/fmnist");
     ds_trainer t;
     cr_expect_lt(ds_trainer_init(&t, &c, err, sizeof(err)), 0);

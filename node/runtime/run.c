@@ -68,7 +68,7 @@ static void install_signals(void)
 void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
 {
     ds_train_cfg_defaults(t);
-    snprintf(t->backend, sizeof(t->backend), "%s", ds_ops_backend_name(c->train.backend));
+    t->backend = c->train.backend;
     snprintf(t->dataset_dir, sizeof(t->dataset_dir), "%s", c->train.dataset_dir);
     t->n_hidden = c->train.hidden_count;
     for (int i = 0; i < c->train.hidden_count && i < DS_TRAIN_MAX_HIDDEN; i++)

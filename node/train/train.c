@@ -12,7 +12,7 @@
 void ds_train_cfg_defaults(ds_train_cfg *c)
 {
     memset(c, 0, sizeof(*c));
-    snprintf(c->backend, sizeof(c->backend), "auto");
+    c->backend = DS_OPS_AUTO;
     snprintf(c->dataset_dir, sizeof(c->dataset_dir), "/usr/share/datasets/fashion-mnist");
     c->hidden[0] = c->hidden[1] = 256;
     c->n_hidden = 2;
@@ -39,7 +39,7 @@ int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t er
     }
     if ((ret = ds_dataset_load_fmnist(&t->train, &t->test, cfg->dataset_dir, err, err_len)) < 0)
         return ret;
-    if ((ret = ds_ops_init(&t->ops, cfg->backend, t->backend_note, sizeof(t->backend_note))) < 0) {
+    if ((ret = ds_ops_init_backend(&t->ops, cfg->backend, t->backend_note, sizeof(t->backend_note))) < 0) {
         snprintf(err, err_len, "%s", t->backend_note);
         goto fail_data;
     }

@@ -21,7 +21,7 @@
 #define DS_TRAIN_EVAL_BATCH 500
 
 typedef struct ds_train_cfg {
-    char backend[32];       /* auto | cpu | cuda */
+    enum ds_ops_backend backend; /* kernels/kernels.h: auto, cpu, cuda */
     char dataset_dir[1024];
     int hidden[DS_TRAIN_MAX_HIDDEN];
     int n_hidden;

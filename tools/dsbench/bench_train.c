@@ -34,7 +34,7 @@ static int run_dsnode(int steps, int batch, run_result *r)
     ds_trainer t;
     char err[512];
     ds_train_cfg_defaults(&c);
-    snprintf(c.backend, sizeof(c.backend), "cpu");
+    c.backend = DS_OPS_CPU;
     c.batch = batch;
     c.threads = 1;
     c.total_steps = steps;

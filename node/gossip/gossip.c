@@ -740,9 +740,14 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     }
     g->qn = kept;
 
+    /* A recv error (-ECANCELED: the node is stopping) ends the waits at
+     * once; what is still open then fails as at the deadline, but nobody
+     * is blamed for it. */
+    int stopped = 0;
     while (outstanding(g) > 0) {
         ds_gmsg m;
         int r = io->recv(io->ctx, &m, deadline);
+        stopped = r < 0;
         if (r <= 0)
             break;
         dispatch(g, io, &m);
@@ -753,12 +758,16 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     uint64_t grace = io->now_ns(io->ctx) + NOWAIT_GRACE_NS;
     if (grace > deadline)
         grace = deadline;
-    while (nowait_pending(g)) {
+    while (!stopped && nowait_pending(g)) {
         ds_gmsg m;
-        if (io->recv(io->ctx, &m, grace) <= 0)
+        int r = io->recv(io->ctx, &m, grace);
+        stopped = r < 0;
+        if (r <= 0)
             break;
         dispatch(g, io, &m);
     }
+    if (stopped)
+        g->st.interrupted++;
 
     /* Whatever is still open missed the deadline. */
     for (int s = 0; s < g->n_seg; s++) {
@@ -766,7 +775,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         if (o->state == OUT_PENDING) {
             o->state = OUT_FAILED;
             g->st.exchanges_failed++;
-            if (io->peer_failed && !g->skip[o->target])
+            if (io->peer_failed && !stopped && !g->skip[o->target])
                 io->peer_failed(io->ctx, o->target);
         }
         for (uint32_t i = 0; i < g->in_n[s]; i++) {
@@ -774,7 +783,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             if (g->in_done[k])
                 continue;
             g->st.missed++;
-            if (!g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]] && io->peer_failed)
+            if (!stopped && !g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]] && io->peer_failed)
                 io->peer_failed(io->ctx, g->in_from[k]);
         }
     }

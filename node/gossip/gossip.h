@@ -146,6 +146,8 @@ typedef struct ds_gseg {
       "Messages for a future round, kept.") \
     X(U64, dropped, "dropped", "dsnode_gossip_dropped_total", COUNTER, NULL, NULL, \
       "Gossip messages dropped (malformed, unexpected, over the queue bound).") \
+    X(U64, interrupted, "interrupted", "dsnode_gossip_interrupted_total", COUNTER, NULL, NULL, \
+      "Exchanges whose waits a stop request ended early.") \
     X(U64, values_sent, "values_sent", "dsnode_gossip_values_total", COUNTER, "direction", \
       "sent", DS_GOSSIP_HELP_VALUES) \
     X(U64, values_received, "values_received", "dsnode_gossip_values_total", COUNTER, \

@@ -31,6 +31,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,16 @@ struct ds_gossip {
     int qn, qcap;
     struct qmsg held; /* a queued message being served (arrays owned) */
     ds_gossip_stats st;
+
+    /* What another thread may read (ds_gossip_report): a copy of st and
+     * of each segment's exchange, taken under pub_lock by the thread that
+     * runs the round at the end of begin, exchange, end, all-reduce and
+     * reset. The live fields above belong to the round's thread. */
+    pthread_mutex_t pub_lock;
+    ds_gossip_stats pub_st;
+    ds_gossip_xinfo *pub_x;   /* n_seg; in_from unset */
+    uint32_t *pub_in;         /* n_seg x pub_max_in */
+    uint32_t pub_max_in;
 };
 
 /* ---- segments ----------------------------------------------------------- */
@@ -173,6 +184,9 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->skip);
     free(g->ahead);
     free(g->resp);
+    free(g->pub_x);
+    free(g->pub_in);
+    pthread_mutex_destroy(&g->pub_lock);
     free(g);
     *gp = NULL;
 }
@@ -206,6 +220,7 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     ds_gossip *g = calloc(1, sizeof(*g));
     if (!g)
         return -ENOMEM;
+    pthread_mutex_init(&g->pub_lock, NULL);
     g->cfg = *cfg;
     g->n = n_params;
     const int max_seg = cfg->segments > n_layers ? cfg->segments : n_layers;
@@ -232,7 +247,9 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     g->sp = calloc((size_t)g->n_seg, sizeof(*g->sp));
     g->out = calloc((size_t)g->n_seg, sizeof(*g->out));
     g->in_n = calloc((size_t)g->n_seg, sizeof(*g->in_n));
-    if (!g->acc || !g->snap || !g->delta || !g->resp || !g->sp || !g->out || !g->in_n)
+    g->pub_x = calloc((size_t)g->n_seg, sizeof(*g->pub_x));
+    if (!g->acc || !g->snap || !g->delta || !g->resp || !g->sp || !g->out || !g->in_n ||
+        !g->pub_x)
         goto nomem;
     memcpy(g->snap, theta, n_params * sizeof(float));
     ds_select_ops_init(&g->sel, ds_cpu_flags());
@@ -279,6 +296,58 @@ nomem:
     return -ENOMEM;
 }
 
+/* ---- the copy other threads read -------------------------------------------- */
+
+static const enum ds_gossip_outcome outcome_of[] = {DS_GOUT_NONE, DS_GOUT_PENDING, DS_GOUT_OK,
+                                                    DS_GOUT_FAILED, DS_GOUT_SKIPPED};
+
+static void xinfo_fill(const ds_gossip *g, int s, ds_gossip_xinfo *out)
+{
+    const struct gout *o = &g->out[s];
+    out->target = o->target;
+    out->outcome = outcome_of[o->state];
+    out->bytes = o->state == OUT_NONE
+                     ? 0
+                     : (uint64_t)o->count * (g->cfg.mix == DS_MIX_CROSSOVER ? 4u : 8u);
+    out->n_in = g->in_n ? g->in_n[s] : 0;
+    out->in_from = g->in_from ? g->in_from + (size_t)s * g->max_in : NULL;
+}
+
+/* The round's thread: refresh what ds_gossip_report hands out. */
+static void publish(ds_gossip *g)
+{
+    pthread_mutex_lock(&g->pub_lock);
+    g->pub_st = g->st;
+    const uint32_t m = g->max_in < g->pub_max_in ? g->max_in : g->pub_max_in;
+    for (int s = 0; s < g->n_seg; s++) {
+        xinfo_fill(g, s, &g->pub_x[s]);
+        if (g->pub_x[s].n_in > m)
+            g->pub_x[s].n_in = m;
+        if (m && g->in_from)
+            memcpy(g->pub_in + (size_t)s * g->pub_max_in, g->in_from + (size_t)s * g->max_in,
+                   m * sizeof(uint32_t));
+        g->pub_x[s].in_from = NULL;
+    }
+    pthread_mutex_unlock(&g->pub_lock);
+}
+
+void ds_gossip_report(ds_gossip *g, ds_gossip_stats *st, ds_gossip_xinfo *x, int max_x,
+                      uint32_t *in_from, uint32_t in_cap)
+{
+    pthread_mutex_lock(&g->pub_lock);
+    if (st)
+        *st = g->pub_st;
+    for (int s = 0; x && s < max_x && s < g->n_seg; s++) {
+        x[s] = g->pub_x[s];
+        x[s].in_from = in_from + (size_t)s * in_cap;
+        const uint32_t k = x[s].n_in < in_cap ? x[s].n_in : in_cap;
+        if (k)
+            memcpy(in_from + (size_t)s * in_cap, g->pub_in + (size_t)s * g->pub_max_in,
+                   k * sizeof(uint32_t));
+    }
+    pthread_mutex_unlock(&g->pub_lock);
+}
+
 void ds_gossip_reset(ds_gossip *g, const float *theta)
 {
     memcpy(g->snap, theta, g->n * sizeof(float));
@@ -288,6 +357,7 @@ void ds_gossip_reset(ds_gossip *g, const float *theta)
         if (g->sp[s])
             ds_sparsifier_reset(g->sp[s]);
     free_queue(g);
+    publish(g);
 }
 
 int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
@@ -316,6 +386,15 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
         if (!d)
             return -ENOMEM;
         g->in_done = d;
+        pthread_mutex_lock(&g->pub_lock); /* a reader may be copying pub_in */
+        uint32_t *pi = realloc(g->pub_in, (size_t)g->n_seg * max_in * sizeof(uint32_t));
+        if (pi) {
+            g->pub_in = pi;
+            g->pub_max_in = max_in;
+        }
+        pthread_mutex_unlock(&g->pub_lock);
+        if (!pi)
+            return -ENOMEM;
         g->max_in = max_in;
     }
     g->next_G = G;
@@ -425,6 +504,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
         }
         o->state = OUT_PENDING;
     }
+    publish(g);
     return 0;
 }
 
@@ -446,6 +526,7 @@ void ds_gossip_end(ds_gossip *g, float *theta)
     if (!g->cfg.error_feedback)
         memset(g->acc, 0, n * sizeof(float));
     g->st.rounds++;
+    publish(g);
 }
 
 /* ---- exchange ---------------------------------------------------------------- */
@@ -791,6 +872,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     g->st.wait_ns += took;
     if (took > g->st.max_wait_ns)
         g->st.max_wait_ns = took;
+    publish(g);
     return 0;
 }
 
@@ -921,6 +1003,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
     g->st.wait_ns += took;
     if (took > g->st.max_wait_ns)
         g->st.max_wait_ns = took;
+    publish(g);
     return ret;
 }
 
@@ -950,14 +1033,7 @@ int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out)
 {
     if (s < 0 || s >= g->n_seg)
         return -EINVAL;
-    const struct gout *o = &g->out[s];
-    static const enum ds_gossip_outcome map[] = {DS_GOUT_NONE, DS_GOUT_PENDING, DS_GOUT_OK,
-                                                 DS_GOUT_FAILED, DS_GOUT_SKIPPED};
-    out->target = o->target;
-    out->outcome = map[o->state];
-    out->bytes = o->state == OUT_NONE ? 0 : (uint64_t)o->count * (g->cfg.mix == DS_MIX_CROSSOVER ? 4u : 8u);
-    out->n_in = g->in_n ? g->in_n[s] : 0;
-    out->in_from = g->in_from ? g->in_from + (size_t)s * g->max_in : NULL;
+    xinfo_fill(g, s, out);
     return 0;
 }
 

@@ -243,6 +243,16 @@ typedef struct ds_gossip_xinfo {
 } ds_gossip_xinfo;
 int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out);
 
+/* For a thread other than the round's (the status page): a consistent
+ * copy of the counters (st, may be NULL) and of the first max_x segments'
+ * exchanges (x, may be NULL), as of the last begin, exchange, end,
+ * all-reduce or reset. x[s].in_from points into in_from (max_x x in_cap
+ * entries, owned by the caller), which holds the first min(n_in, in_cap)
+ * of them. The getters
+ * above read the live fields: the round's thread only. */
+void ds_gossip_report(ds_gossip *g, ds_gossip_stats *st, ds_gossip_xinfo *x, int max_x,
+                      uint32_t *in_from, uint32_t in_cap);
+
 /* Read access for status and tests. */
 const float *ds_gossip_acc(const ds_gossip *g);
 

@@ -631,7 +631,7 @@ void ds_engine_info_get(ds_engine *r, ds_engine_info *out)
     out->rounds = r->rounds;
     out->view_size = r->last_G;
     if (r->gossip)
-        out->gossip = *ds_gossip_get_stats(r->gossip);
+        ds_gossip_report(r->gossip, &out->gossip, NULL, 0, NULL, 0);
     if (r->net)
         ds_net_stats_get(r->net, &out->net);
 }

@@ -849,6 +849,8 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     }
     if (stopped)
         g->st.interrupted++;
+    else if (io->now_ns(io->ctx) >= deadline)
+        g->st.timeouts++;
 
     /* Whatever is still open missed the deadline. */
     for (int s = 0; s < g->n_seg; s++) {
@@ -994,6 +996,8 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
         g->st.exchanges_ok++;
     } else {
         g->st.exchanges_failed++;
+        if (io->now_ns(io->ctx) >= deadline)
+            g->st.timeouts++;
         if (io->peer_failed)
             io->peer_failed(io->ctx, left);
     }

@@ -146,6 +146,8 @@ typedef struct ds_gseg {
       "Messages for a future round, kept.") \
     X(U64, dropped, "dropped", "dsnode_gossip_dropped_total", COUNTER, NULL, NULL, \
       "Gossip messages dropped (malformed, unexpected, over the queue bound).") \
+    X(U64, timeouts, "timeouts", "dsnode_gossip_timeouts_total", COUNTER, NULL, NULL, \
+      "Exchange phases that waited out their whole deadline.") \
     X(U64, interrupted, "interrupted", "dsnode_gossip_interrupted_total", COUNTER, NULL, NULL, \
       "Exchanges whose waits a stop request ended early.") \
     X(U64, values_sent, "values_sent", "dsnode_gossip_values_total", COUNTER, "direction", \

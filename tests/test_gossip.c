@@ -414,6 +414,32 @@ Test(gossip, stop_ends_the_wait)
     ds_fakenet_destroy(net);
 }
 
+/* The same for the all-reduce baseline: the ring step fails at once and
+ * the left neighbour is not reported. */
+Test(gossip, stop_ends_the_allreduce)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_fakenet_set_instant(net, 1);
+    float *a = calloc(n_params, 4), *grad = calloc(n_params, 4);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 2000;
+    ds_gossip *ga;
+    cr_assert_eq(ds_gossip_create(&ga, &cfg, layers, NL, n_params, a), 0);
+    cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 1), 0);
+    ds_gossip_io io = *ds_fakenet_io(net, 0);
+    io.recv = recv_stopping;
+    cr_expect_lt(ds_gossip_allreduce(ga, grad, n_params, 0, &io), 0);
+    cr_expect_eq(ds_fakenet_now_ns(net), 0, "the all-reduce waited");
+    cr_expect_eq(ds_fakenet_failures(net, 1), 0, "the neighbour was blamed for our stop");
+    cr_expect_eq(ds_gossip_get_stats(ga)->interrupted, 1);
+    cr_expect_eq(ds_gossip_get_stats(ga)->timeouts, 0);
+    ds_gossip_destroy(&ga);
+    free(a);
+    free(grad);
+    ds_fakenet_destroy(net);
+}
+
 /* A REQ for a round this node has finished gets STALE, and the initiator
  * stops waiting at once. */
 Test(gossip, late_request_gets_stale)

@@ -87,6 +87,7 @@ struct ds_gossip {
     struct qmsg *q;
     int qn, qcap;
     struct qmsg held; /* a queued message being served (arrays owned) */
+    int ared_stopped; /* this all-reduce's recv answered an error */
     ds_gossip_stats st;
 
     /* What another thread may read (ds_gossip_report): a copy of st and
@@ -916,6 +917,8 @@ static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t 
     }
     for (;;) {
         int r = io->recv(io->ctx, buf, deadline);
+        if (r < 0)
+            g->ared_stopped = 1;
         if (r <= 0)
             return NULL;
         if (buf->type != DS_GMSG_ARED) {
@@ -949,6 +952,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
     if (n > g->n)
         return -EINVAL;
     memcpy(work, grad, n * sizeof(float));
+    g->ared_stopped = 0;
     int ret = 0;
     ds_gmsg in;
 
@@ -994,6 +998,10 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
         for (size_t j = 0; j < n; j++)
             grad[j] = work[j] * inv;
         g->st.exchanges_ok++;
+    } else if (g->ared_stopped) {
+        /* The node is stopping: nobody to blame. */
+        g->st.exchanges_failed++;
+        g->st.interrupted++;
     } else {
         g->st.exchanges_failed++;
         if (io->now_ns(io->ctx) >= deadline)

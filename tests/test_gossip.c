@@ -348,6 +348,7 @@ Test(gossip, deadlines_run_on_the_io_clock)
                  (unsigned long long)(ds_fakenet_now_ns(net) - t0));
     cr_expect_eq(ds_gossip_get_stats(ga)->wait_ns, 50 * ms);
     cr_expect_eq(ds_gossip_get_stats(ga)->max_wait_ns, 50 * ms);
+    cr_expect_eq(ds_gossip_get_stats(ga)->timeouts, 1, "one wait ran out");
     const uint64_t reported = ds_fakenet_failures(net, 1);
     cr_expect_gt(reported, 0, "the absent partner was reported");
 
@@ -358,8 +359,84 @@ Test(gossip, deadlines_run_on_the_io_clock)
                  (unsigned long long)(ds_fakenet_now_ns(net) - t0 - 50 * ms));
     cr_expect_eq(ds_fakenet_failures(net, 1), reported, "reported again");
     cr_expect_eq(ds_gossip_get_stats(ga)->max_wait_ns, 50 * ms);
+    cr_expect_eq(ds_gossip_get_stats(ga)->timeouts, 1, "the grace is no timeout");
+    /* The copy for other threads says the same as the live counters. */
+    ds_gossip_stats rep;
+    ds_gossip_report(ga, &rep, NULL, 0, NULL, 0);
+    cr_expect_eq(memcmp(&rep, ds_gossip_get_stats(ga), sizeof(rep)), 0);
     ds_gossip_destroy(&ga);
     free(a);
+    ds_fakenet_destroy(net);
+}
+
+/* What gossip_net's recv answers once the node is stopping. */
+static int recv_stopping(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
+{
+    (void)ctx;
+    (void)m;
+    (void)deadline_ns;
+    return -ECANCELED;
+}
+
+/* A stop request ends a round's wait at once: no time passes on the io's
+ * clock, the absent partner is not reported for it, the exchange fails
+ * (its values go back to the accumulator: the sum is kept) and the
+ * round counts as interrupted, not as a timeout. */
+Test(gossip, stop_ends_the_wait)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_fakenet_set_instant(net, 1);
+    float *a = calloc(n_params, 4);
+    for (size_t i = 0; i < n_params; i++)
+        a[i] = (float)i;
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 2000;
+    ds_gossip *ga;
+    cr_assert_eq(ds_gossip_create(&ga, &cfg, layers, NL, n_params, a), 0);
+    cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 1), 0);
+    ds_gossip_io io = *ds_fakenet_io(net, 0);
+    io.recv = recv_stopping;
+    for (size_t i = 0; i < n_params; i++)
+        a[i] += 1.0f;
+    cr_assert_eq(ds_gossip_round(ga, a, 0, &io), 0);
+    cr_expect_eq(ds_fakenet_now_ns(net), 0, "the round waited %llu ns",
+                 (unsigned long long)ds_fakenet_now_ns(net));
+    cr_expect_eq(ds_fakenet_failures(net, 1), 0, "the partner was blamed for our stop");
+    const ds_gossip_stats *st = ds_gossip_get_stats(ga);
+    cr_expect_eq(st->interrupted, 1);
+    cr_expect_eq(st->timeouts, 0);
+    cr_expect_gt(st->exchanges_failed, 0);
+    for (size_t i = 0; i < n_params; i++)
+        cr_assert_eq(a[i], (float)i + 1.0f, "param %zu changed by a failed exchange", i);
+    ds_gossip_destroy(&ga);
+    free(a);
+    ds_fakenet_destroy(net);
+}
+
+/* The same for the all-reduce baseline: the ring step fails at once and
+ * the left neighbour is not reported. */
+Test(gossip, stop_ends_the_allreduce)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_fakenet_set_instant(net, 1);
+    float *a = calloc(n_params, 4), *grad = calloc(n_params, 4);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 2000;
+    ds_gossip *ga;
+    cr_assert_eq(ds_gossip_create(&ga, &cfg, layers, NL, n_params, a), 0);
+    cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 1), 0);
+    ds_gossip_io io = *ds_fakenet_io(net, 0);
+    io.recv = recv_stopping;
+    cr_expect_lt(ds_gossip_allreduce(ga, grad, n_params, 0, &io), 0);
+    cr_expect_eq(ds_fakenet_now_ns(net), 0, "the all-reduce waited");
+    cr_expect_eq(ds_fakenet_failures(net, 1), 0, "the neighbour was blamed for our stop");
+    cr_expect_eq(ds_gossip_get_stats(ga)->interrupted, 1);
+    cr_expect_eq(ds_gossip_get_stats(ga)->timeouts, 0);
+    ds_gossip_destroy(&ga);
+    free(a);
+    free(grad);
     ds_fakenet_destroy(net);
 }
 

@@ -31,6 +31,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +87,18 @@ struct ds_gossip {
     struct qmsg *q;
     int qn, qcap;
     struct qmsg held; /* a queued message being served (arrays owned) */
+    int ared_stopped; /* this all-reduce's recv answered an error */
     ds_gossip_stats st;
+
+    /* What another thread may read (ds_gossip_report): a copy of st and
+     * of each segment's exchange, taken under pub_lock by the thread that
+     * runs the round at the end of begin, exchange, end, all-reduce and
+     * reset. The live fields above belong to the round's thread. */
+    pthread_mutex_t pub_lock;
+    ds_gossip_stats pub_st;
+    ds_gossip_xinfo *pub_x;   /* n_seg; in_from unset */
+    uint32_t *pub_in;         /* n_seg x pub_max_in */
+    uint32_t pub_max_in;
 };
 
 /* ---- segments ----------------------------------------------------------- */
@@ -173,6 +185,9 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->skip);
     free(g->ahead);
     free(g->resp);
+    free(g->pub_x);
+    free(g->pub_in);
+    pthread_mutex_destroy(&g->pub_lock);
     free(g);
     *gp = NULL;
 }
@@ -206,6 +221,7 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     ds_gossip *g = calloc(1, sizeof(*g));
     if (!g)
         return -ENOMEM;
+    pthread_mutex_init(&g->pub_lock, NULL);
     g->cfg = *cfg;
     g->n = n_params;
     const int max_seg = cfg->segments > n_layers ? cfg->segments : n_layers;
@@ -232,7 +248,9 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     g->sp = calloc((size_t)g->n_seg, sizeof(*g->sp));
     g->out = calloc((size_t)g->n_seg, sizeof(*g->out));
     g->in_n = calloc((size_t)g->n_seg, sizeof(*g->in_n));
-    if (!g->acc || !g->snap || !g->delta || !g->resp || !g->sp || !g->out || !g->in_n)
+    g->pub_x = calloc((size_t)g->n_seg, sizeof(*g->pub_x));
+    if (!g->acc || !g->snap || !g->delta || !g->resp || !g->sp || !g->out || !g->in_n ||
+        !g->pub_x)
         goto nomem;
     memcpy(g->snap, theta, n_params * sizeof(float));
     ds_select_ops_init(&g->sel, ds_cpu_flags());
@@ -279,6 +297,58 @@ nomem:
     return -ENOMEM;
 }
 
+/* ---- the copy other threads read -------------------------------------------- */
+
+static const enum ds_gossip_outcome outcome_of[] = {DS_GOUT_NONE, DS_GOUT_PENDING, DS_GOUT_OK,
+                                                    DS_GOUT_FAILED, DS_GOUT_SKIPPED};
+
+static void xinfo_fill(const ds_gossip *g, int s, ds_gossip_xinfo *out)
+{
+    const struct gout *o = &g->out[s];
+    out->target = o->target;
+    out->outcome = outcome_of[o->state];
+    out->bytes = o->state == OUT_NONE
+                     ? 0
+                     : (uint64_t)o->count * (g->cfg.mix == DS_MIX_CROSSOVER ? 4u : 8u);
+    out->n_in = g->in_n ? g->in_n[s] : 0;
+    out->in_from = g->in_from ? g->in_from + (size_t)s * g->max_in : NULL;
+}
+
+/* The round's thread: refresh what ds_gossip_report hands out. */
+static void publish(ds_gossip *g)
+{
+    pthread_mutex_lock(&g->pub_lock);
+    g->pub_st = g->st;
+    const uint32_t m = g->max_in < g->pub_max_in ? g->max_in : g->pub_max_in;
+    for (int s = 0; s < g->n_seg; s++) {
+        xinfo_fill(g, s, &g->pub_x[s]);
+        if (g->pub_x[s].n_in > m)
+            g->pub_x[s].n_in = m;
+        if (m && g->in_from)
+            memcpy(g->pub_in + (size_t)s * g->pub_max_in, g->in_from + (size_t)s * g->max_in,
+                   m * sizeof(uint32_t));
+        g->pub_x[s].in_from = NULL;
+    }
+    pthread_mutex_unlock(&g->pub_lock);
+}
+
+void ds_gossip_report(ds_gossip *g, ds_gossip_stats *st, ds_gossip_xinfo *x, int max_x,
+                      uint32_t *in_from, uint32_t in_cap)
+{
+    pthread_mutex_lock(&g->pub_lock);
+    if (st)
+        *st = g->pub_st;
+    for (int s = 0; x && s < max_x && s < g->n_seg; s++) {
+        x[s] = g->pub_x[s];
+        x[s].in_from = in_from + (size_t)s * in_cap;
+        const uint32_t k = x[s].n_in < in_cap ? x[s].n_in : in_cap;
+        if (k)
+            memcpy(in_from + (size_t)s * in_cap, g->pub_in + (size_t)s * g->pub_max_in,
+                   k * sizeof(uint32_t));
+    }
+    pthread_mutex_unlock(&g->pub_lock);
+}
+
 void ds_gossip_reset(ds_gossip *g, const float *theta)
 {
     memcpy(g->snap, theta, g->n * sizeof(float));
@@ -288,6 +358,7 @@ void ds_gossip_reset(ds_gossip *g, const float *theta)
         if (g->sp[s])
             ds_sparsifier_reset(g->sp[s]);
     free_queue(g);
+    publish(g);
 }
 
 int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
@@ -316,6 +387,15 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
         if (!d)
             return -ENOMEM;
         g->in_done = d;
+        pthread_mutex_lock(&g->pub_lock); /* a reader may be copying pub_in */
+        uint32_t *pi = realloc(g->pub_in, (size_t)g->n_seg * max_in * sizeof(uint32_t));
+        if (pi) {
+            g->pub_in = pi;
+            g->pub_max_in = max_in;
+        }
+        pthread_mutex_unlock(&g->pub_lock);
+        if (!pi)
+            return -ENOMEM;
         g->max_in = max_in;
     }
     g->next_G = G;
@@ -425,6 +505,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
         }
         o->state = OUT_PENDING;
     }
+    publish(g);
     return 0;
 }
 
@@ -446,6 +527,7 @@ void ds_gossip_end(ds_gossip *g, float *theta)
     if (!g->cfg.error_feedback)
         memset(g->acc, 0, n * sizeof(float));
     g->st.rounds++;
+    publish(g);
 }
 
 /* ---- exchange ---------------------------------------------------------------- */
@@ -740,9 +822,14 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     }
     g->qn = kept;
 
+    /* A recv error (-ECANCELED: the node is stopping) ends the waits at
+     * once; what is still open then fails as at the deadline, but nobody
+     * is blamed for it. */
+    int stopped = 0;
     while (outstanding(g) > 0) {
         ds_gmsg m;
         int r = io->recv(io->ctx, &m, deadline);
+        stopped = r < 0;
         if (r <= 0)
             break;
         dispatch(g, io, &m);
@@ -753,12 +840,18 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     uint64_t grace = io->now_ns(io->ctx) + NOWAIT_GRACE_NS;
     if (grace > deadline)
         grace = deadline;
-    while (nowait_pending(g)) {
+    while (!stopped && nowait_pending(g)) {
         ds_gmsg m;
-        if (io->recv(io->ctx, &m, grace) <= 0)
+        int r = io->recv(io->ctx, &m, grace);
+        stopped = r < 0;
+        if (r <= 0)
             break;
         dispatch(g, io, &m);
     }
+    if (stopped)
+        g->st.interrupted++;
+    else if (io->now_ns(io->ctx) >= deadline)
+        g->st.timeouts++;
 
     /* Whatever is still open missed the deadline. */
     for (int s = 0; s < g->n_seg; s++) {
@@ -766,7 +859,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         if (o->state == OUT_PENDING) {
             o->state = OUT_FAILED;
             g->st.exchanges_failed++;
-            if (io->peer_failed && !g->skip[o->target])
+            if (io->peer_failed && !stopped && !g->skip[o->target])
                 io->peer_failed(io->ctx, o->target);
         }
         for (uint32_t i = 0; i < g->in_n[s]; i++) {
@@ -774,7 +867,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             if (g->in_done[k])
                 continue;
             g->st.missed++;
-            if (!g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]] && io->peer_failed)
+            if (!stopped && !g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]] && io->peer_failed)
                 io->peer_failed(io->ctx, g->in_from[k]);
         }
     }
@@ -782,6 +875,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     g->st.wait_ns += took;
     if (took > g->st.max_wait_ns)
         g->st.max_wait_ns = took;
+    publish(g);
     return 0;
 }
 
@@ -823,6 +917,8 @@ static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t 
     }
     for (;;) {
         int r = io->recv(io->ctx, buf, deadline);
+        if (r < 0)
+            g->ared_stopped = 1;
         if (r <= 0)
             return NULL;
         if (buf->type != DS_GMSG_ARED) {
@@ -856,6 +952,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
     if (n > g->n)
         return -EINVAL;
     memcpy(work, grad, n * sizeof(float));
+    g->ared_stopped = 0;
     int ret = 0;
     ds_gmsg in;
 
@@ -901,8 +998,14 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
         for (size_t j = 0; j < n; j++)
             grad[j] = work[j] * inv;
         g->st.exchanges_ok++;
+    } else if (g->ared_stopped) {
+        /* The node is stopping: nobody to blame. */
+        g->st.exchanges_failed++;
+        g->st.interrupted++;
     } else {
         g->st.exchanges_failed++;
+        if (io->now_ns(io->ctx) >= deadline)
+            g->st.timeouts++;
         if (io->peer_failed)
             io->peer_failed(io->ctx, left);
     }
@@ -912,6 +1015,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
     g->st.wait_ns += took;
     if (took > g->st.max_wait_ns)
         g->st.max_wait_ns = took;
+    publish(g);
     return ret;
 }
 
@@ -941,14 +1045,7 @@ int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out)
 {
     if (s < 0 || s >= g->n_seg)
         return -EINVAL;
-    const struct gout *o = &g->out[s];
-    static const enum ds_gossip_outcome map[] = {DS_GOUT_NONE, DS_GOUT_PENDING, DS_GOUT_OK,
-                                                 DS_GOUT_FAILED, DS_GOUT_SKIPPED};
-    out->target = o->target;
-    out->outcome = map[o->state];
-    out->bytes = o->state == OUT_NONE ? 0 : (uint64_t)o->count * (g->cfg.mix == DS_MIX_CROSSOVER ? 4u : 8u);
-    out->n_in = g->in_n ? g->in_n[s] : 0;
-    out->in_from = g->in_from ? g->in_from + (size_t)s * g->max_in : NULL;
+    xinfo_fill(g, s, out);
     return 0;
 }
 

@@ -146,6 +146,10 @@ typedef struct ds_gseg {
       "Messages for a future round, kept.") \
     X(U64, dropped, "dropped", "dsnode_gossip_dropped_total", COUNTER, NULL, NULL, \
       "Gossip messages dropped (malformed, unexpected, over the queue bound).") \
+    X(U64, timeouts, "timeouts", "dsnode_gossip_timeouts_total", COUNTER, NULL, NULL, \
+      "Exchange phases that waited out their whole deadline.") \
+    X(U64, interrupted, "interrupted", "dsnode_gossip_interrupted_total", COUNTER, NULL, NULL, \
+      "Exchanges whose waits a stop request ended early.") \
     X(U64, values_sent, "values_sent", "dsnode_gossip_values_total", COUNTER, "direction", \
       "sent", DS_GOSSIP_HELP_VALUES) \
     X(U64, values_received, "values_received", "dsnode_gossip_values_total", COUNTER, \
@@ -240,6 +244,16 @@ typedef struct ds_gossip_xinfo {
     const uint32_t *in_from;    /* their view indices; valid until begin() */
 } ds_gossip_xinfo;
 int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out);
+
+/* For a thread other than the round's (the status page): a consistent
+ * copy of the counters (st, may be NULL) and of the first max_x segments'
+ * exchanges (x, may be NULL), as of the last begin, exchange, end,
+ * all-reduce or reset. x[s].in_from points into in_from (max_x x in_cap
+ * entries, owned by the caller), which holds the first min(n_in, in_cap)
+ * of them. The getters
+ * above read the live fields: the round's thread only. */
+void ds_gossip_report(ds_gossip *g, ds_gossip_stats *st, ds_gossip_xinfo *x, int max_x,
+                      uint32_t *in_from, uint32_t in_cap);
 
 /* Read access for status and tests. */
 const float *ds_gossip_acc(const ds_gossip *g);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,8 +40,28 @@ struct ds_gnet {
     void *failed_ctx;
     void (*heard_fn)(void *ctx, uint64_t id);
     void *heard_ctx;
+    const volatile sig_atomic_t *stop; /* non-zero: waits end (may be NULL) */
     ds_gnet_stats st;
 };
+
+/* How often a recv looks at the stop flag while it waits. A signal
+ * handler cannot wake a condition variable, so the wait is sliced. */
+#define STOP_POLL_NS 50000000u
+
+static int stop_requested(const ds_gnet *g)
+{
+    return g->stop && *g->stop;
+}
+
+/* The end of the next slice of a wait until deadline_ns. */
+static struct timespec wait_slice(uint64_t deadline_ns)
+{
+    const uint64_t now = ds_now_ns();
+    uint64_t until = now + STOP_POLL_NS;
+    if (until > deadline_ns)
+        until = deadline_ns;
+    return (struct timespec){(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
+}
 
 int ds_gnet_handles(unsigned t)
 {
@@ -77,6 +98,8 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
     const int type = to_wire_type(m->type);
     if (type < 0)
         return -EINVAL;
+    if (stop_requested(g))
+        return -ECANCELED;
     char to_addr[DS_WIRE_ADDR_MAX + 1];
     uint64_t to = 0;
     pthread_mutex_lock(&g->lock);
@@ -140,17 +163,21 @@ static uint32_t index_of(const ds_gnet *g, uint64_t id)
 static int gnet_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
 {
     ds_gnet *g = ctx;
-    const struct timespec ts = {(time_t)(deadline_ns / 1000000000u),
-                                (long)(deadline_ns % 1000000000u)};
     pthread_mutex_lock(&g->lock);
     free(g->held);
     g->held = NULL;
     for (;;) {
         while (!g->head) {
-            if (pthread_cond_timedwait(&g->cond, &g->lock, &ts) == ETIMEDOUT && !g->head) {
+            if (stop_requested(g)) {
+                pthread_mutex_unlock(&g->lock);
+                return -ECANCELED;
+            }
+            if (ds_now_ns() >= deadline_ns) {
                 pthread_mutex_unlock(&g->lock);
                 return 0;
             }
+            const struct timespec ts = wait_slice(deadline_ns);
+            pthread_cond_timedwait(&g->cond, &g->lock, &ts);
         }
         struct gq *q = g->head;
         g->head = q->next;
@@ -370,6 +397,11 @@ void ds_gnet_set_failure_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), vo
 {
     g->failed_fn = fn;
     g->failed_ctx = ctx;
+}
+
+void ds_gnet_set_stop(ds_gnet *g, const volatile sig_atomic_t *flag)
+{
+    g->stop = flag;
 }
 
 void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx)

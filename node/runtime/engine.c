@@ -470,6 +470,7 @@ int ds_engine_listen(ds_engine *r)
     }
     ds_gnet_set_failure_hook(r->gn, gossip_failed_hook, r);
     ds_gnet_set_heard_hook(r->gn, heard_hook, r);
+    ds_gnet_set_stop(r->gn, r->stop.signal);
     atomic_store(&r->gn_ready, 1);
     if ((e = ds_state_create(&r->st, r->net, r->p.n, 1u << 20)) < 0) {
         ds_error("node", "cannot start: out of memory");
@@ -630,7 +631,7 @@ void ds_engine_info_get(ds_engine *r, ds_engine_info *out)
     out->rounds = r->rounds;
     out->view_size = r->last_G;
     if (r->gossip)
-        out->gossip = *ds_gossip_get_stats(r->gossip);
+        ds_gossip_report(r->gossip, &out->gossip, NULL, 0, NULL, 0);
     if (r->net)
         ds_net_stats_get(r->net, &out->net);
 }

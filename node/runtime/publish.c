@@ -167,8 +167,10 @@ static void fill_view(ds_status_snapshot *sn, const ds_publish_src *src)
     }
 }
 
-/* This round's exchange of each segment, named by view members. */
-static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src)
+/* This round's exchange of each segment, named by view members, from
+ * gossip's copy for other threads (the comm thread may be in a round). */
+static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src,
+                           const ds_gossip_xinfo *xs, const uint32_t *in_from)
 {
     static const uint8_t outcome[] = {
         [DS_GOUT_NONE] = DS_XCHG_NONE,     [DS_GOUT_PENDING] = DS_XCHG_UNKNOWN,
@@ -181,33 +183,35 @@ static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src)
     sn->n_exchanges = nseg < DS_STATUS_MAX_SEGMENTS ? (uint32_t)nseg : DS_STATUS_MAX_SEGMENTS;
     for (uint32_t s = 0; s < sn->n_exchanges; s++) {
         ds_status_exchange *x = &sn->exchanges[s];
-        ds_gossip_xinfo xi;
+        const ds_gossip_xinfo *xi = &xs[s];
         memset(x, 0, sizeof(*x));
         x->segment = s;
         x->offset = ds_gossip_segment(src->gossip, (int)s)->off;
         x->length = ds_gossip_segment(src->gossip, (int)s)->len;
-        if (ds_gossip_xinfo_get(src->gossip, (int)s, &xi) < 0 || G < 2)
+        if (G < 2)
             continue;
-        x->outcome = (unsigned)xi.outcome < sizeof(outcome) ? outcome[xi.outcome]
-                                                            : (uint8_t)DS_XCHG_UNKNOWN;
-        x->bytes = xi.bytes;
-        if (xi.target < G && src->view[xi.target].id != src->self_id)
-            snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", src->view[xi.target].name);
-        x->n_answer_from = xi.n_in;
-        for (uint32_t k = 0; k < xi.n_in && k < DS_STATUS_MAX_ANSWERS && xi.in_from; k++)
-            if (xi.in_from[k] < G)
+        x->outcome = (unsigned)xi->outcome < sizeof(outcome) ? outcome[xi->outcome]
+                                                             : (uint8_t)DS_XCHG_UNKNOWN;
+        x->bytes = xi->bytes;
+        if (xi->target < G && src->view[xi->target].id != src->self_id)
+            snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", src->view[xi->target].name);
+        x->n_answer_from = xi->n_in;
+        const uint32_t *from = in_from + (size_t)s * DS_STATUS_MAX_ANSWERS;
+        for (uint32_t k = 0; k < xi->n_in && k < DS_STATUS_MAX_ANSWERS; k++)
+            if (from[k] < G)
                 snprintf(x->answer_from[k], sizeof(x->answer_from[k]), "%s",
-                         src->view[xi.in_from[k]].name);
+                         src->view[from[k]].name);
     }
 }
 
-/* The counters, read from the modules through their getters. */
-static void fill_metrics(ds_status_snapshot *sn, const ds_publish_src *src)
+/* The counters, read from the modules through their getters (gossip's
+ * from the report copy: gst). */
+static void fill_metrics(ds_status_snapshot *sn, const ds_publish_src *src,
+                         const ds_gossip_stats *gst)
 {
     ds_publish_stats ps;
     memset(&ps, 0, sizeof(ps));
-    if (src->gossip)
-        ps.gossip = *ds_gossip_get_stats(src->gossip);
+    ps.gossip = *gst;
     if (src->gnet)
         ds_gnet_stats_get(src->gnet, &ps.gnet);
     if (src->net) {
@@ -245,7 +249,14 @@ void ds_publish_status(ds_status *st, ds_status_snapshot *sn, uint64_t *last_ms,
     sn->lr = src->lr;
     sn->samples_per_s = src->samples_per_s;
     fill_view(sn, src);
-    fill_exchanges(sn, src);
-    fill_metrics(sn, src);
+    ds_gossip_xinfo xs[DS_STATUS_MAX_SEGMENTS]; /* 4 KiB on the stack with in_from */
+    uint32_t in_from[DS_STATUS_MAX_SEGMENTS * DS_STATUS_MAX_ANSWERS];
+    ds_gossip_stats gst;
+    memset(&gst, 0, sizeof(gst));
+    if (src->gossip)
+        ds_gossip_report(src->gossip, &gst, xs, DS_STATUS_MAX_SEGMENTS, in_from,
+                         DS_STATUS_MAX_ANSWERS);
+    fill_exchanges(sn, src, xs, in_from);
+    fill_metrics(sn, src, &gst);
     ds_status_publish(st, sn);
 }

@@ -1,0 +1,226 @@
+/*
+ * tests/test_failures_gossip.c: what a failure costs a real cluster's
+ * gossip rounds (issue 16), with dsnode processes started on loopback by
+ * dslaunch (tools/dslaunch).
+ *
+ *   failures_gossip/sigterm_in_round   a node whose round waits on a frozen
+ *       partner (SIGSTOP) gets SIGTERM: it leaves the wait at once (the
+ *       stop flag ends gossip_net's recv within 50 ms), evaluates, writes
+ *       its summary, status document and model, and exits 128 + SIGTERM
+ *       well inside dslaunch's grace, instead of waiting out the round's
+ *       gossip timeout first (defect 7).
+ *
+ *   failures_gossip/crash_bounded   SIGKILL of one node of four: until
+ *       the dead node has left every survivor's view, no survivor waits
+ *       out more than two gossip timeouts (gossip.timeouts of its status
+ *       document) and no exchange phase takes more than the timeout + 1 s.
+ *       A guard on today's cost, not issue 16's goal (one timeout for the
+ *       partners, <= 0.5 s for the others), which is not met yet: with
+ *       Crossover on 4 nodes every survivor is a partner of the dead node
+ *       in every round, and in about half the runs one survivor counts a
+ *       second timeout (docs/gossip.md, "What a crash costs").
+ *
+ * Every wait is on what the nodes' status documents say, with a hard
+ * deadline (launch_util.h). The one wall-clock bound, the exit time after
+ * SIGTERM, is the requirement itself.
+ *
+ * Run: meson test -C build failures_gossip --verbose
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "launch_util.h"
+
+TestSuite(failures_gossip, .init = tmp_init, .fini = tmp_fini, .timeout = 280);
+
+/* Long enough that a wait on the frozen partner cannot end by itself while
+ * the test looks at it. */
+#define FG_TIMEOUT_MS 20000
+#define FG_STR(x) #x
+#define FG_SET_TIMEOUT(ms) "gossip.timeout_ms=" FG_STR(ms)
+
+/* SIGTERM to exit: the 1 s signalled drain (node/runtime/leave.h), one
+ * evaluation and the model file, with room for a loaded 2-core machine;
+ * far below one gossip timeout (20 s) and dslaunch's 5 s grace. */
+#define FG_EXIT_MS 3500
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* n0 stuck in a round: the step of its document has not moved for 1.5 s
+ * of our clock (documents are written between steps, every 0.5 s, so a
+ * node blocked in a round writes none). */
+struct stuck_watch {
+    const char *out;
+    long long step;
+    uint64_t since_ms; /* our clock when n0 was first seen at `step` */
+};
+
+static int n0_stuck(void *arg)
+{
+    struct stuck_watch *w = arg;
+    json_t *doc = status_load(w->out, "n0");
+    if (!doc)
+        return 0;
+    const long long step = status_step(doc);
+    json_decref(doc);
+    if (step != w->step) {
+        w->step = step;
+        w->since_ms = mono_ms();
+        return 0;
+    }
+    return mono_ms() - w->since_ms >= 1500;
+}
+
+struct exit_watch {
+    pid_t pid;
+};
+
+static int exited(void *arg)
+{
+    return !alive(((struct exit_watch *)arg)->pid);
+}
+
+Test(failures_gossip, sigterm_in_round)
+{
+    const char *out = tmp_path("sigterm");
+    const char *args[] = {"local", "-n", "2", "--config", BASE_CONFIG,
+                          "--set", "train.backend=cpu", "--set", "train.steps=1000000",
+                          "--set", "train.eval_every=0", "--set", FG_SET_TIMEOUT(FG_TIMEOUT_MS),
+                          "--set", STATUS_FILE_ON,
+                          "--out", out, "--json", "--timeout", "240", "--dsnode", bin("DSNODE"),
+                          NULL};
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n0", 50, 120000);
+    const pid_t p0 = node_pid(out, "n0"), p1 = node_pid(out, "n1");
+    cr_assert_gt(p0, 0);
+    cr_assert_gt(p1, 0);
+    cr_assert_eq(kill(p1, SIGSTOP), 0);
+    struct stuck_watch sw = {.out = out, .step = -1};
+    const int stuck = live_wait(&l, 10000, n0_stuck, &sw);
+    cr_assert(stuck, "n0 never waited on frozen n1 (last step %lld)", sw.step);
+
+    const uint64_t t0 = mono_ms();
+    cr_assert_eq(kill(p0, SIGTERM), 0);
+    struct exit_watch ew = {.pid = p0};
+    const int gone = live_wait(&l, 30000, exited, &ew);
+    const uint64_t took = mono_ms() - t0;
+    cr_log_info("n0 exited %llu ms after SIGTERM (stuck at step %lld)", (unsigned long long)took,
+                sw.step);
+    kill(p1, SIGCONT);
+    kill(p1, SIGTERM);
+    live_end(&l, 60000);
+    cr_assert(gone, "n0 still running 30 s after SIGTERM");
+    cr_expect_leq(took, FG_EXIT_MS, "n0 took %llu ms to exit after SIGTERM",
+                  (unsigned long long)took);
+
+    json_t *j = last_json(l.out);
+    cr_assert_not_null(j, "no report from dslaunch\n%s", l.err);
+    cr_expect_eq(jnum(jnode(j, "n0"), "exit_status"), 128 + SIGTERM);
+    cr_expect_geq(jnum(jnode(j, "n0"), "steps"), sw.step, "n0's summary line");
+    json_decref(j);
+    json_t *doc = status_load(out, "n0");
+    cr_assert_not_null(doc, "n0 wrote no status document");
+    cr_expect_str_eq(status_state(doc), "stopped");
+    cr_expect_geq(status_num(doc, "gossip.interrupted"), 1, "the wait was interrupted");
+    json_decref(doc);
+    char model[4096];
+    snprintf(model, sizeof(model), "%s/n0/model.bin", out);
+    struct stat sb;
+    cr_expect(stat(model, &sb) == 0 && sb.st_size > 0, "n0 wrote no model (%s)", model);
+    live_free(&l);
+}
+
+static const char *const survivors[] = {"n0", "n1", "n2"};
+
+/* After the crash: every survivor still training with n3 out of its view
+ * (size 3, the view change at n3's removal round) and 50 steps past the
+ * first such document; its timeouts counted then. */
+struct crash_watch {
+    const char *out;
+    long long step_out[3]; /* first step seen with n3 out of the view; -1 */
+    double timeouts[3];
+    double max_round[3];
+};
+
+static int survivors_settled(void *arg)
+{
+    struct crash_watch *w = arg;
+    int all = 1;
+    for (int i = 0; i < 3; i++) {
+        json_t *doc = status_load(w->out, survivors[i]);
+        if (!doc) {
+            all = 0;
+            continue;
+        }
+        if (!strcmp(status_state(doc), "training") && status_view_size(doc) == 3) {
+            const long long step = status_step(doc);
+            if (w->step_out[i] < 0)
+                w->step_out[i] = step;
+            w->timeouts[i] = status_num(doc, "gossip.timeouts");
+            w->max_round[i] = status_num(doc, "gossip.max_round_s");
+            all &= step >= w->step_out[i] + 50;
+        } else {
+            all = 0;
+        }
+        json_decref(doc);
+    }
+    return all;
+}
+
+Test(failures_gossip, crash_bounded)
+{
+    const char *out = tmp_path("crash");
+    const char *args[] = {"local", "-n", "4", "--config", BASE_CONFIG,
+                          "--set", "train.backend=cpu", "--set", "train.steps=1000000",
+                          "--set", "train.eval_every=0", "--set", "gossip.timeout_ms=2000",
+                          "--set", STATUS_FILE_ON,
+                          "--out", out, "--json", "--timeout", "240", "--dsnode", bin("DSNODE"),
+                          NULL};
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n0", 150, 120000);
+    const pid_t p3 = node_pid(out, "n3");
+    cr_assert_gt(p3, 0);
+    /* Timeouts before the crash (a round at the start can wait for a node
+     * still starting): the crash's cost is what comes on top. */
+    double before[3];
+    for (int i = 0; i < 3; i++) {
+        json_t *doc = status_load(out, survivors[i]);
+        cr_assert_not_null(doc, "%s wrote no status document", survivors[i]);
+        before[i] = status_num(doc, "gossip.timeouts");
+        json_decref(doc);
+    }
+    cr_assert_eq(kill(p3, SIGKILL), 0);
+    struct crash_watch w = {.out = out, .step_out = {-1, -1, -1}};
+    const int settled = live_wait(&l, 120000, survivors_settled, &w);
+    for (int i = 0; i < 3; i++) {
+        const pid_t p = node_pid(out, survivors[i]);
+        if (p > 0)
+            kill(p, SIGTERM);
+    }
+    live_end(&l, 60000);
+    cr_assert(settled, "n3 not out of every survivor's view while training (steps %lld %lld %lld)",
+              w.step_out[0], w.step_out[1], w.step_out[2]);
+    for (int i = 0; i < 3; i++) {
+        const double cost = w.timeouts[i] - before[i];
+        cr_log_info("%s: timeouts %.0f before the crash, %.0f after; max_round_s=%.3f (n3 out "
+                    "of its view at step %lld)", survivors[i], before[i], w.timeouts[i],
+                    w.max_round[i], w.step_out[i]);
+        cr_expect_leq(cost, 2, "%s waited out %.0f gossip timeouts for one crash",
+                      survivors[i], cost);
+        cr_expect_leq(w.max_round[i], 2.0 + 1.0, "%s: a round took %.3f s", survivors[i],
+                      w.max_round[i]);
+    }
+    live_free(&l);
+}

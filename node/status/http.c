@@ -229,7 +229,9 @@ static const char *malformed(struct MHD_Connection *c, const char *method, const
 {
     if (!is_token(method))
         return "malformed method";
-    if (url[0] != '/')
+    /* "OPTIONS *" is the one request whose target is not a path; it asks
+     * what the server allows, which the 405 below answers (Allow). */
+    if (url[0] != '/' && !(url[0] == '*' && !url[1] && !strcmp(method, MHD_HTTP_METHOD_OPTIONS)))
         return "malformed target";
     if (strcmp(version, MHD_HTTP_VERSION_1_0) && strcmp(version, MHD_HTTP_VERSION_1_1))
         return "not HTTP/1.0 or 1.1";

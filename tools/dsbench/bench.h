@@ -63,5 +63,6 @@ int ds_bench_wire(int argc, char **argv);
 int ds_bench_elastic(int argc, char **argv);
 int ds_bench_transport(int argc, char **argv);
 int ds_bench_cluster(int argc, char **argv);
+int ds_bench_status(int argc, char **argv);
 
 #endif

@@ -25,6 +25,7 @@ static const struct {
     {"wire", ds_bench_wire, "sparse index encodings by density, seal/open MB/s per mode and cipher, handshake"},
     {"elastic", ds_bench_elastic, "membership (--fake: simulated network): detection, dissemination, slow nodes"},
     {"transport", ds_bench_transport, "loopback goodput through node/net (none, auth, encrypt) and the bare transport vs fi_pingpong"},
+    {"status", ds_bench_status, "scrapes from one address while another floods the status server with idle connections"},
     {"cluster", ds_bench_cluster, "4-node clusters per variant on loopback and rate-limited namespaces vs PyTorch DDP; bytes/node/round at 2-8 nodes"},
 };
 

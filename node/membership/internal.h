@@ -65,6 +65,10 @@ typedef struct member {
     uint64_t confirm[MAX_CONFIRM];
     uint32_t n_confirm;
     uint64_t dead_since_ms;
+    /* When a frame from this member itself last reached us (0: never):
+     * direct evidence that it is alive, which a DEAD verdict from a third
+     * member does not override (table.c, doubt_death). */
+    uint64_t heard_ms;
     /* Dissemination: one queued update per member, the member's current
      * record; a newer update replaces it and restarts its count. */
     int bcast;

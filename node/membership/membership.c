@@ -419,6 +419,9 @@ int ds_membership_recv(ds_membership *m, uint64_t now, const char *from_addr,
     }
     rc = 0;
     ds_mship_note_round(m, &msg);
+    member *snd = find(m, h->sender);
+    if (snd) /* the net layer checked the sender against its session */
+        snd->heard_ms = now;
     switch (h->type) {
     case DS_MSG_PING: ds_mship_on_ping(m, &msg, from_addr, now); break;
     case DS_MSG_ACK: ds_mship_on_ack(m, &msg, now); break;

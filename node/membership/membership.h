@@ -241,6 +241,10 @@ const char *ds_mship_drop_name(enum ds_mship_drop r);
       NULL, "Suspicions about this node refuted.") \
     X(U64, rejoins, "rejoins", "dsnode_membership_rejoins_total", COUNTER, NULL, NULL, \
       "Rejoins after being declared dead or left.") \
+    X(U64, deaths_doubted, "deaths_doubted", "dsnode_membership_deaths_doubted_total", COUNTER, \
+      NULL, NULL, \
+      "DEAD verdicts from other members about a member this node had heard from itself " \
+      "within the suspicion timeout, taken as a suspicion instead.") \
     X(U64, late_changes, "late_changes", "dsnode_membership_late_changes_total", COUNTER, \
       NULL, NULL, \
       "Changes that arrived after their effective round (the current round's view " \

@@ -590,6 +590,66 @@ Test(membership, frozen_node_rejoins)
 
 /* ---- joins, leaves, views ---------------------------------------------------------------- */
 
+/* A joiner whose seed never answers gives up after join_give_up_ms with
+ * JOIN_FAILED, and sends nothing more. */
+Test(membership, join_gives_up_after_timeout)
+{
+    ds_swimnet_opts o;
+    ds_swimnet_opts_default(&o, 2, 91);
+    o.cfg.join_give_up_ms = 20u * T_MS;
+    ds_swimnet *net = NULL;
+    cr_assert_eq(ds_swimnet_create(&o, &net), 0);
+    const uint32_t seed = 0;
+    cr_assert_eq(ds_swimnet_join(net, 1, &seed, 1), 0); /* node 0 never starts */
+    ds_swimnet_run_for(net, 40u * T_MS);
+    const uint64_t t = ds_swimnet_first_at(net, 1, DS_MEV_JOIN_FAILED, 1, 0);
+    cr_assert_neq(t, UINT64_MAX, "the joiner never gave up");
+    cr_expect_geq(t, 20u * T_MS);
+    cr_expect_leq(t, 21u * T_MS, "gave up at %llu ms", (unsigned long long)t);
+    cr_expect(!ds_swimnet_joined(net, 1));
+    ds_membership_stats st, st2;
+    ds_membership_stats_get(ds_swimnet_node(net, 1), &st);
+    cr_expect_geq(st.joins_sent, 3);
+    ds_swimnet_run_for(net, 60u * T_MS);
+    ds_membership_stats_get(ds_swimnet_node(net, 1), &st2);
+    cr_expect_eq(st2.joins_sent, st.joins_sent, "JOINs sent after giving up");
+    ds_swimnet_destroy(&net);
+}
+
+/* Members that are leaving answer a JOIN with "cluster finishing"; once
+ * every seed has said so the joiner gives up at once, long before its
+ * timeout, and no JOIN is dropped as not_joined. */
+Test(membership, join_to_finishing_cluster_gives_up)
+{
+    const uint32_t n = 3, x = 3;
+    ds_swimnet_opts o;
+    ds_swimnet_opts_default(&o, n + 1, 92);
+    o.cfg.join_give_up_ms = 120u * T_MS;
+    ds_swimnet *net = NULL;
+    cr_assert_eq(ds_swimnet_create(&o, &net), 0);
+    form(net, n);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(ds_membership_leave(ds_swimnet_node(net, i), ds_swimnet_now(net), NULL), 0);
+    const uint64_t t0 = ds_swimnet_now(net);
+    const uint32_t seeds[] = {0, 1, 2};
+    cr_assert_eq(ds_swimnet_join(net, x, seeds, 3), 0);
+    ds_swimnet_run_for(net, 10u * T_MS);
+    const uint64_t t = ds_swimnet_first_at(net, x, DS_MEV_JOIN_FAILED, (int32_t)x, t0);
+    cr_assert_neq(t, UINT64_MAX, "the joiner did not give up");
+    cr_expect_leq(t - t0, T_MS, "gave up %llu ms after asking", (unsigned long long)(t - t0));
+    cr_expect_eq(ds_swimnet_count(net, DS_MEV_JOIN_FINISHING, -2, t0), 3);
+    cr_expect(!ds_swimnet_joined(net, x));
+    uint64_t answered = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        ds_membership_stats st;
+        ds_membership_stats_get(ds_swimnet_node(net, i), &st);
+        answered += st.joins_finishing;
+        cr_expect_eq(st.drops[DS_MSHIP_DROP_NOT_JOINED], 0);
+    }
+    cr_expect_eq(answered, 3);
+    ds_swimnet_destroy(&net);
+}
+
 struct view_watch {
     uint32_t n;
     uint64_t last_epoch[32];

@@ -42,6 +42,7 @@
 #define MAX_CONFIRM 16u
 #define MAX_RELAYS 64u
 #define MAX_REFUTE_TO 8u
+#define MAX_FINISHING 16u /* seeds remembered as "cluster finishing" */
 #define ADDR_SZ (DS_WIRE_ADDR_MAX + 1)
 
 /* ---- state ------------------------------------------------------------------ */
@@ -144,7 +145,9 @@ struct ds_membership {
     char (*seeds)[ADDR_SZ];
     size_t n_seeds, seed_next;
     uint32_t attempt;
-    uint64_t join_retry_ms, join_wait_ms;
+    uint64_t join_retry_ms, join_wait_ms, join_start_ms;
+    uint64_t finishing[MAX_FINISHING]; /* seeds that answered "finishing" */
+    uint32_t n_finishing;
     uint64_t js_sender, js_round;
     uint32_t js_total, js_have;
     uint8_t *js_bits;
@@ -329,7 +332,10 @@ void ds_mship_on_nack(ds_membership *m, const ds_wire_msg *msg);
 void ds_mship_join_tick(ds_membership *m, uint64_t now);
 void ds_mship_on_join(ds_membership *m, const ds_wire_msg *msg, uint64_t now);
 void ds_mship_on_members(ds_membership *m, const ds_wire_msg *msg, uint64_t now);
-void ds_mship_on_leave(ds_membership *m, const ds_wire_msg *msg, uint64_t now);
+void ds_mship_on_leave(ds_membership *m, const ds_wire_msg *msg, const char *from_addr,
+                       uint64_t now);
+/* When the join gives up (join_give_up_ms), or UINT64_MAX. */
+uint64_t ds_mship_join_deadline(const ds_membership *m);
 
 /* ---- view.c: rounds, epochs, views --------------------------------------------------- */
 

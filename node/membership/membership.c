@@ -339,8 +339,10 @@ uint64_t ds_membership_next_deadline(ds_membership *m)
         if (x_ < t) \
             t = x_; \
     } while (0)
-    if (m->joining && !m->joined)
+    if (m->joining && !m->joined) {
         AT(m->join_retry_ms);
+        AT(ds_mship_join_deadline(m));
+    }
     if (m->joined) {
         const struct probe *p = &m->pr;
         if (p->active) {
@@ -429,7 +431,7 @@ int ds_membership_recv(ds_membership *m, uint64_t now, const char *from_addr,
     case DS_MSG_NACK: ds_mship_on_nack(m, &msg); break;
     case DS_MSG_JOIN: ds_mship_on_join(m, &msg, now); break;
     case DS_MSG_MEMBERS: ds_mship_on_members(m, &msg, now); break;
-    case DS_MSG_LEAVE: ds_mship_on_leave(m, &msg, now); break;
+    case DS_MSG_LEAVE: ds_mship_on_leave(m, &msg, from_addr, now); break;
     default: break;
     }
 out:

@@ -65,6 +65,8 @@ struct ds_engine {
     uint64_t seed_round;
     int refused;         /* a seed refused our handshake: not admitted */
     char refused_by[DS_WIRE_ADDR_MAX + 1];
+    int join_failed;     /* membership gave up joining (JOIN_FAILED) */
+    char join_failed_why[160];
     pthread_t fd;
     int fd_up;
 

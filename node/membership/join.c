@@ -415,7 +415,7 @@ static void on_finishing(ds_membership *m, uint64_t sender, const char *from_add
             return;
     if (m->n_finishing < MAX_FINISHING)
         m->finishing[m->n_finishing++] = sender;
-    ds_info(COMP, "seed %s answers: cluster finishing (%" PRIu32 " of %zu seeds)",
+    ds_debug(COMP, "seed %s answers: cluster finishing (%" PRIu32 " of %zu seeds)",
             from_addr ? from_addr : "?", m->n_finishing, m->n_seeds);
     ds_membership_event *ev = ds_mship_push_event(m, DS_MEV_JOIN_FINISHING, self_m(m), now);
     if (ev) {

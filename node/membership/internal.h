@@ -152,6 +152,12 @@ struct ds_membership {
     uint32_t js_total, js_have;
     uint8_t *js_bits;
 
+    /* Paused (SIGSTOP, a stall) past the suspicion timeout: rejoin with a
+     * new join round on the next frame from a member, once its header has
+     * told us the cluster's round (membership.c, ds_mship_rejoin). */
+    int rejoin_pending;
+    uint64_t paused_ms;
+
     uint32_t refute_inc, n_refuted_to;
     uint64_t refuted_to[MAX_REFUTE_TO];
 
@@ -303,6 +309,11 @@ member *ds_mship_new_member(ds_membership *m, const ds_wire_member *u, uint64_t 
 void ds_mship_apply_record(ds_membership *m, const ds_wire_member *u, int table, uint64_t now);
 /* 1 when the record's effective round is within what we accept. */
 int ds_mship_record_round_ok(ds_membership *m, const ds_wire_member *u, int table);
+/* Back into the cluster with incarnation over_inc + 1 and a new join round
+ * after `after` (a removal round; 0: none known), as a fresh joiner:
+ * SELF_REJOINED tells the owner to fetch the state and shadow until then. */
+void ds_mship_rejoin(ds_membership *m, uint32_t over_inc, uint64_t after, uint64_t now,
+                     const char *why);
 /* Merge piggybacked records, dropping those with rounds out of range. */
 void ds_mship_apply_records(ds_membership *m, const ds_wire_member *recs, uint32_t n, int table,
                             uint64_t now);

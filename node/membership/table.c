@@ -394,24 +394,35 @@ static void apply_self(ds_membership *m, const ds_wire_member *u, int table, uin
         }
         /* Out of the view since the removal round: back in, with a new
          * incarnation, at a join round after it. */
-        uint64_t j = eff_round(m);
-        if (j <= u->effective_round)
-            j = u->effective_round + 1;
-        s->inc = u->incarnation + 1;
-        s->state = DS_MEMBER_ALIVE;
-        s->join_round = j;
-        s->removal_round = NO_ROUND;
-        ds_mship_bcast(m, s, 0);
-        m->st.rejoins++;
-        ds_info(COMP, "declared %s at removal round %" PRIu64 " while alive: rejoining "
-                "incarnation=%" PRIu32 " join_round=%" PRIu64,
-                u->state == DS_MEMBER_DEAD ? "dead" : "left", u->effective_round, s->inc, j);
-        ds_membership_event *ev = ds_mship_push_event(m, DS_MEV_SELF_REJOINED, s, now);
-        if (ev)
-            ev->round = u->effective_round;
-        push_now(m, s);
+        ds_mship_rejoin(m, u->incarnation, u->effective_round, now,
+                        u->state == DS_MEMBER_DEAD ? "declared dead while alive"
+                                                   : "declared left while alive");
         break;
     }
+}
+
+void ds_mship_rejoin(ds_membership *m, uint32_t over_inc, uint64_t after, uint64_t now,
+                     const char *why)
+{
+    member *s = self_m(m);
+    uint64_t j = eff_round(m);
+    if (j <= after)
+        j = after + 1;
+    s->inc = (over_inc > s->inc ? over_inc : s->inc) + 1;
+    s->state = DS_MEMBER_ALIVE;
+    s->join_round = j;
+    s->removal_round = NO_ROUND;
+    m->rejoin_pending = 0;
+    ds_mship_bcast(m, s, 0);
+    m->st.rejoins++;
+    ds_info(COMP, "%s: rejoining incarnation=%" PRIu32 " join_round=%" PRIu64 " (out since %" PRIu64
+            ")", why, s->inc, j, after);
+    ds_membership_event *ev = ds_mship_push_event(m, DS_MEV_SELF_REJOINED, s, now);
+    if (ev) {
+        ev->round = after ? after : decide_round(m);
+        ev->join_round = j;
+    }
+    push_now(m, s);
 }
 
 /* Someone still spreads an older record of e than ours: spread ours again

@@ -283,8 +283,13 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
         ds_warn("membership", "suspected by peers: refuted with incarnation %u", m->incarnation);
         break;
     case DS_MEV_SELF_REJOINED:
-        ds_warn("membership", "declared dead by peers: out of the view from round %llu, back "
-                "from %llu", (unsigned long long)ev->round, (unsigned long long)ev->join_round);
+        ds_warn("membership", "out of the view from round %llu: rejoining at round %llu with "
+                "the cluster's state", (unsigned long long)ev->round,
+                (unsigned long long)ev->join_round);
+        pthread_mutex_lock(&r->lock);
+        r->rejoin_pending = 1;
+        r->rejoin_round = ev->join_round;
+        pthread_mutex_unlock(&r->lock);
         break;
     }
 }

@@ -85,7 +85,9 @@
     X(STR, cluster, allowed_keys, "", ANY, \
       "path of the allow-list of node public keys, one per line") \
     X(INT, cluster, min_members, "1", 1, 65536, \
-      "wait until this many members are alive before the first training step")
+      "wait until this many members are alive before the first training step") \
+    X(INT, cluster, join_timeout_s, "120", 1, 86400, \
+      "a joining node that no seed lets in within this many seconds exits with an error")
 
 #define DS_CONF_KEYS_train(X) \
     X(ENUM, train, backend, "auto", enum ds_ops_backend, DS_OPS_BACKENDS, \

@@ -188,6 +188,8 @@ static const key_case cases[] = {
      "cluster.allowed_keys: expected no control characters, found 'it\\'s\\x1b[1m'"},
     {"cluster.min_members", "4", "4", "0",
      "cluster.min_members: expected an integer in 1..65536, found '0'"},
+    {"cluster.join_timeout_s", "30", "30", "0",
+     "cluster.join_timeout_s: expected an integer in 1..86400, found '0'"},
     {"train.backend", "cpu", "cpu", "gpu",
      "train.backend: expected one of auto|cpu|cuda, found 'gpu'"},
     /* mlp is the only model so far: the valid value is the default's spelling. */

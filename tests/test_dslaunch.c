@@ -555,6 +555,16 @@ Test(dslaunch_cli, bad_files_and_programs)
     const char *late[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--out", out, "--set",
                           "train.steps=200", "--add-at", "201:1", "--dsnode", dsnode, NULL};
     expect_error(late, 2, "the nodes stop at train.steps = 200");
+    /* Issue 16: a node added 50 steps before the end never got in, and the
+     * run never ended. The minimum margin is 64 gossip rounds. */
+    const char *near[] = {"local", "-n", "3", "--config", BASE_CONFIG, "--out", out, "--set",
+                          "train.steps=1500", "--add-at", "1450:1", "--dsnode", dsnode, NULL};
+    expect_error(near, 2, "--add-at 1450:1: too close to the end (train.steps = 1500): STEP "
+                          "must be at most 1436, 64 steps (64 gossip rounds) before the end");
+    const char *near2[] = {"local", "-n", "3", "--config", BASE_CONFIG, "--out", out,
+                           "--set", "train.steps=1500", "--set", "gossip.every=2",
+                           "--add-at", "1400:1", "--dsnode", dsnode, NULL};
+    expect_error(near2, 2, "STEP must be at most 1372, 128 steps (64 gossip rounds)");
     struct stat st;
     cr_assert(stat(out, &st) < 0, "nothing was created for a refused config");
 

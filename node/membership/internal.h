@@ -42,6 +42,7 @@
 #define MAX_CONFIRM 16u
 #define MAX_RELAYS 64u
 #define MAX_REFUTE_TO 8u
+#define MAX_FINISHING 16u /* seeds remembered as "cluster finishing" */
 #define ADDR_SZ (DS_WIRE_ADDR_MAX + 1)
 
 /* ---- state ------------------------------------------------------------------ */
@@ -65,6 +66,10 @@ typedef struct member {
     uint64_t confirm[MAX_CONFIRM];
     uint32_t n_confirm;
     uint64_t dead_since_ms;
+    /* When a frame from this member itself last reached us (0: never):
+     * direct evidence that it is alive, which a DEAD verdict from a third
+     * member does not override (table.c, doubt_death). */
+    uint64_t heard_ms;
     /* Dissemination: one queued update per member, the member's current
      * record; a newer update replaces it and restarts its count. */
     int bcast;
@@ -140,10 +145,18 @@ struct ds_membership {
     char (*seeds)[ADDR_SZ];
     size_t n_seeds, seed_next;
     uint32_t attempt;
-    uint64_t join_retry_ms, join_wait_ms;
+    uint64_t join_retry_ms, join_wait_ms, join_start_ms;
+    uint64_t finishing[MAX_FINISHING]; /* seeds that answered "finishing" */
+    uint32_t n_finishing;
     uint64_t js_sender, js_round;
     uint32_t js_total, js_have;
     uint8_t *js_bits;
+
+    /* Paused (SIGSTOP, a stall) past the suspicion timeout: rejoin with a
+     * new join round on the next frame from a member, once its header has
+     * told us the cluster's round (membership.c, ds_mship_rejoin). */
+    int rejoin_pending;
+    uint64_t paused_ms;
 
     uint32_t refute_inc, n_refuted_to;
     uint64_t refuted_to[MAX_REFUTE_TO];
@@ -296,6 +309,11 @@ member *ds_mship_new_member(ds_membership *m, const ds_wire_member *u, uint64_t 
 void ds_mship_apply_record(ds_membership *m, const ds_wire_member *u, int table, uint64_t now);
 /* 1 when the record's effective round is within what we accept. */
 int ds_mship_record_round_ok(ds_membership *m, const ds_wire_member *u, int table);
+/* Back into the cluster with incarnation over_inc + 1 and a new join round
+ * after `after` (a removal round; 0: none known), as a fresh joiner:
+ * SELF_REJOINED tells the owner to fetch the state and shadow until then. */
+void ds_mship_rejoin(ds_membership *m, uint32_t over_inc, uint64_t after, uint64_t now,
+                     const char *why);
 /* Merge piggybacked records, dropping those with rounds out of range. */
 void ds_mship_apply_records(ds_membership *m, const ds_wire_member *recs, uint32_t n, int table,
                             uint64_t now);
@@ -325,7 +343,10 @@ void ds_mship_on_nack(ds_membership *m, const ds_wire_msg *msg);
 void ds_mship_join_tick(ds_membership *m, uint64_t now);
 void ds_mship_on_join(ds_membership *m, const ds_wire_msg *msg, uint64_t now);
 void ds_mship_on_members(ds_membership *m, const ds_wire_msg *msg, uint64_t now);
-void ds_mship_on_leave(ds_membership *m, const ds_wire_msg *msg, uint64_t now);
+void ds_mship_on_leave(ds_membership *m, const ds_wire_msg *msg, const char *from_addr,
+                       uint64_t now);
+/* When the join gives up (join_give_up_ms), or UINT64_MAX. */
+uint64_t ds_mship_join_deadline(const ds_membership *m);
 
 /* ---- view.c: rounds, epochs, views --------------------------------------------------- */
 

@@ -46,9 +46,41 @@ static void send_join(ds_membership *m)
     ds_mship_encode_queue(m, &msg, 0, seed);
 }
 
+uint64_t ds_mship_join_deadline(const ds_membership *m)
+{
+    return m->cfg.join_give_up_ms ? sat_add(m->join_start_ms, m->cfg.join_give_up_ms)
+                                   : UINT64_MAX;
+}
+
+/* Stop joining: no seed let us in, and none will. The owner ends the node. */
+static void give_up_join(ds_membership *m, uint64_t now)
+{
+    m->joining = 0;
+    const int all_finishing = m->n_finishing >= m->n_seeds;
+    if (all_finishing)
+        ds_warn(COMP, "join given up: all %zu seed(s) answered \"cluster finishing\"",
+                m->n_seeds);
+    else
+        ds_warn(COMP, "join given up: no seed let us in within %" PRIu64 " ms (%" PRIu32
+                " attempts, %" PRIu32 " of %zu seeds finishing)",
+                m->cfg.join_give_up_ms, m->attempt, m->n_finishing, m->n_seeds);
+    ds_membership_event *ev = ds_mship_push_event(m, DS_MEV_JOIN_FAILED, self_m(m), now);
+    if (ev) {
+        ev->attempt = m->attempt;
+        ev->finishing = m->n_finishing;
+        ev->n_seeds = (uint32_t)m->n_seeds;
+    }
+}
+
 void ds_mship_join_tick(ds_membership *m, uint64_t now)
 {
-    if (!m->joining || m->joined || now < m->join_retry_ms)
+    if (!m->joining || m->joined)
+        return;
+    if (now >= ds_mship_join_deadline(m)) {
+        give_up_join(m, now);
+        return;
+    }
+    if (now < m->join_retry_ms)
         return;
     m->attempt++;
     const char *seed = m->seeds[m->seed_next % m->n_seeds];
@@ -150,6 +182,8 @@ int ds_membership_join(ds_membership *m, uint64_t now_ms, const char *const *see
             snprintf(m->seeds[m->n_seeds++], ADDR_SZ, "%s", seeds[i]);
     m->seed_next = ds_rng_below(&m->rng, (uint32_t)m->n_seeds);
     m->joining = 1;
+    m->join_start_ms = now_ms;
+    m->n_finishing = 0;
     m->attempt = 1;
     m->join_wait_ms = m->cfg.join_timeout_ms;
     m->join_retry_ms = now_ms + m->join_wait_ms;
@@ -161,16 +195,37 @@ out:
 
 /* ---- admitting ------------------------------------------------------------------- */
 
+/* A JOIN reached us while we leave: the cluster is finishing (every node
+ * leaves when its training ends). Say so with a LEAVE to the joiner, so it
+ * stops retrying us instead of waiting out its backoff. */
+static void answer_finishing(ds_membership *m, const ds_wire_member *u)
+{
+    const member *s = self_m(m);
+    ds_wire_msg msg;
+    ds_mship_fill_hdr(m, &msg.h, DS_MSG_LEAVE, u->id);
+    memset(&msg.u, 0, sizeof(msg.u));
+    msg.u.leave.effective_round = s->removal_round;
+    msg.u.leave.incarnation = s->inc;
+    m->st.joins_finishing++;
+    ds_log_rl(DS_LOG_INFO, COMP, "join from %s (%s) answered: cluster finishing, we leave at "
+              "round %" PRIu64, u->name, u->addr, s->removal_round);
+    ds_mship_encode_queue(m, &msg, u->id, u->addr);
+}
+
 void ds_mship_on_join(ds_membership *m, const ds_wire_msg *msg, uint64_t now)
 {
     const ds_wire_member *u = &msg->u.join;
-    if (!m->joined || m->leaving) {
+    if (!m->joined) {
         DROP(m, DS_MSHIP_DROP_NOT_JOINED, "joiner=%s", u->name);
         return;
     }
     if (u->id != msg->h.sender) {
         DROP(m, DS_MSHIP_DROP_FORGED, "joiner=%s record_id=%016" PRIx64 " sender=%016" PRIx64,
              u->name, u->id, msg->h.sender);
+        return;
+    }
+    if (m->leaving) {
+        answer_finishing(m, u);
         return;
     }
     if (u->state != DS_MEMBER_ALIVE) {
@@ -351,8 +406,36 @@ int ds_membership_leave_done(ds_membership *m)
     return done;
 }
 
-void ds_mship_on_leave(ds_membership *m, const ds_wire_msg *msg, uint64_t now)
+/* A LEAVE while we are still joining: a seed answered our JOIN with
+ * "cluster finishing". Once every seed has said so, give up at once. */
+static void on_finishing(ds_membership *m, uint64_t sender, const char *from_addr, uint64_t now)
 {
+    for (uint32_t i = 0; i < m->n_finishing; i++)
+        if (m->finishing[i] == sender)
+            return;
+    if (m->n_finishing < MAX_FINISHING)
+        m->finishing[m->n_finishing++] = sender;
+    ds_debug(COMP, "seed %s answers: cluster finishing (%" PRIu32 " of %zu seeds)",
+            from_addr ? from_addr : "?", m->n_finishing, m->n_seeds);
+    ds_membership_event *ev = ds_mship_push_event(m, DS_MEV_JOIN_FINISHING, self_m(m), now);
+    if (ev) {
+        snprintf(ev->member.addr, sizeof(ev->member.addr), "%s", from_addr ? from_addr : "?");
+        ev->finishing = m->n_finishing;
+        ev->n_seeds = (uint32_t)m->n_seeds;
+    }
+    if (m->n_finishing >= m->n_seeds || m->n_finishing >= MAX_FINISHING)
+        give_up_join(m, now);
+    else
+        m->join_retry_ms = now; /* ask the next seed now, not after the backoff */
+}
+
+void ds_mship_on_leave(ds_membership *m, const ds_wire_msg *msg, const char *from_addr,
+                       uint64_t now)
+{
+    if (m->joining && !m->joined) {
+        on_finishing(m, msg->h.sender, from_addr, now);
+        return;
+    }
     member *snd = find(m, msg->h.sender);
     if (!snd) {
         DROP(m, DS_MSHIP_DROP_UNKNOWN_SENDER, "type=LEAVE sender=%016" PRIx64, msg->h.sender);

@@ -314,9 +314,34 @@ uint32_t ds_membership_lag(ds_membership *m)
 
 /* ---- driving it ------------------------------------------------------------------ */
 
+/* A timer that ran far past its time means this process was stopped
+ * (SIGSTOP, a stall): long enough, and the others have declared us dead
+ * and gone on without us; our parameters are stale too. So we rejoin as a
+ * fresh joiner would, instead of refuting and being put back at once (a
+ * late change on every node, and our stale model mixed into theirs). The
+ * rejoin waits for the first frame from a member: its header tells us the
+ * cluster's round, which our new join round must follow. */
+static void check_paused(ds_membership *m, uint64_t now)
+{
+    if (!m->joined || m->leaving || m->rejoin_pending)
+        return;
+    const struct probe *p = &m->pr;
+    const uint64_t due = p->active ? p->end_ms : m->next_probe_ms;
+    if (!due || now <= due)
+        return;
+    const uint64_t late = now - due;
+    if (late < ds_membership_suspicion_timeout_ms(&m->cfg, n_live(m), UINT32_MAX))
+        return;
+    m->rejoin_pending = 1;
+    m->paused_ms = late;
+    ds_warn(COMP, "this node was stopped for about %" PRIu64 " ms, past the suspicion timeout: "
+            "rejoining as a new member", late);
+}
+
 int ds_membership_tick(ds_membership *m, uint64_t now)
 {
     pthread_mutex_lock(&m->mu);
+    check_paused(m, now);
     ds_mship_join_tick(m, now);
     if (m->joined) {
         ds_mship_probe_tick(m, now);
@@ -339,8 +364,10 @@ uint64_t ds_membership_next_deadline(ds_membership *m)
         if (x_ < t) \
             t = x_; \
     } while (0)
-    if (m->joining && !m->joined)
+    if (m->joining && !m->joined) {
         AT(m->join_retry_ms);
+        AT(ds_mship_join_deadline(m));
+    }
     if (m->joined) {
         const struct probe *p = &m->pr;
         if (p->active) {
@@ -419,6 +446,11 @@ int ds_membership_recv(ds_membership *m, uint64_t now, const char *from_addr,
     }
     rc = 0;
     ds_mship_note_round(m, &msg);
+    member *snd = find(m, h->sender);
+    if (snd) /* the net layer checked the sender against its session */
+        snd->heard_ms = now;
+    if (m->rejoin_pending && snd && is_live(snd) && h->type != DS_MSG_JOIN)
+        ds_mship_rejoin(m, self_m(m)->inc, 0, now, "stopped past the suspicion timeout");
     switch (h->type) {
     case DS_MSG_PING: ds_mship_on_ping(m, &msg, from_addr, now); break;
     case DS_MSG_ACK: ds_mship_on_ack(m, &msg, now); break;
@@ -426,7 +458,7 @@ int ds_membership_recv(ds_membership *m, uint64_t now, const char *from_addr,
     case DS_MSG_NACK: ds_mship_on_nack(m, &msg); break;
     case DS_MSG_JOIN: ds_mship_on_join(m, &msg, now); break;
     case DS_MSG_MEMBERS: ds_mship_on_members(m, &msg, now); break;
-    case DS_MSG_LEAVE: ds_mship_on_leave(m, &msg, now); break;
+    case DS_MSG_LEAVE: ds_mship_on_leave(m, &msg, from_addr, now); break;
     default: break;
     }
 out:

@@ -85,6 +85,9 @@ typedef struct ds_membership_cfg {
                                 * + this are refused; 1 << 20 */
     uint32_t join_timeout_ms;  /* first JOIN retry; doubles per attempt; 3000 */
     uint32_t join_backoff_max_ms; /* retry interval cap; 30000 */
+    uint64_t join_give_up_ms;  /* no seed has let us in this long after
+                                * ds_membership_join: give up (JOIN_FAILED);
+                                * 0: retry forever; 0 */
     uint32_t dead_retain_ms;   /* DEAD/LEFT entries are kept (and the dead are
                                 * pinged now and then, so a healed partition
                                 * finds itself) this long; 300000 */
@@ -139,6 +142,14 @@ enum ds_membership_event_kind {
     /* This node was declared dead (or left) by others while alive: it is out
      * of the view from round `round` and back in from join_round. */
     DS_MEV_SELF_REJOINED = 10,
+    /* A seed answered our JOIN with "cluster finishing": it is leaving
+     * (member.addr: where the answer came from; finishing: distinct seeds
+     * that said so, of n_seeds). */
+    DS_MEV_JOIN_FINISHING = 11,
+    /* The join was given up: every seed said the cluster is finishing
+     * (finishing == n_seeds), or join_give_up_ms passed without a seed
+     * letting us in (attempt: JOINs sent). The node is in no cluster. */
+    DS_MEV_JOIN_FAILED = 12,
 };
 
 typedef struct ds_membership_event {
@@ -152,6 +163,7 @@ typedef struct ds_membership_event {
     int in_view;
     uint32_t attempt;
     uint64_t retry_at_ms;
+    uint32_t finishing, n_seeds; /* JOIN_FINISHING, JOIN_FAILED */
 } ds_membership_event;
 
 typedef struct ds_membership_io {
@@ -231,6 +243,8 @@ const char *ds_mship_drop_name(enum ds_mship_drop r);
     X(U64, joins_sent, "joins_sent", NULL, COUNTER, NULL, NULL, "JOINs sent.") \
     X(U64, members_sent, "members_sent", NULL, COUNTER, NULL, NULL, "MEMBERS answers sent.") \
     X(U64, leaves_sent, "leaves_sent", NULL, COUNTER, NULL, NULL, "LEAVEs sent.") \
+    X(U64, joins_finishing, "joins_finishing", NULL, COUNTER, NULL, NULL, \
+      "JOINs answered with \"cluster finishing\" (a LEAVE) because this node is leaving.") \
     X(U64, updates_sent, "updates_sent", NULL, COUNTER, NULL, NULL, \
       "Member records piggybacked on messages.") \
     X(U64, suspicions, "suspicions", "dsnode_membership_suspicions_total", COUNTER, NULL, \
@@ -241,6 +255,10 @@ const char *ds_mship_drop_name(enum ds_mship_drop r);
       NULL, "Suspicions about this node refuted.") \
     X(U64, rejoins, "rejoins", "dsnode_membership_rejoins_total", COUNTER, NULL, NULL, \
       "Rejoins after being declared dead or left.") \
+    X(U64, deaths_doubted, "deaths_doubted", "dsnode_membership_deaths_doubted_total", COUNTER, \
+      NULL, NULL, \
+      "DEAD verdicts from other members about a member this node had heard from itself " \
+      "within the suspicion timeout, taken as a suspicion instead.") \
     X(U64, late_changes, "late_changes", "dsnode_membership_late_changes_total", COUNTER, \
       NULL, NULL, \
       "Changes that arrived after their effective round (the current round's view " \

@@ -394,24 +394,35 @@ static void apply_self(ds_membership *m, const ds_wire_member *u, int table, uin
         }
         /* Out of the view since the removal round: back in, with a new
          * incarnation, at a join round after it. */
-        uint64_t j = eff_round(m);
-        if (j <= u->effective_round)
-            j = u->effective_round + 1;
-        s->inc = u->incarnation + 1;
-        s->state = DS_MEMBER_ALIVE;
-        s->join_round = j;
-        s->removal_round = NO_ROUND;
-        ds_mship_bcast(m, s, 0);
-        m->st.rejoins++;
-        ds_info(COMP, "declared %s at removal round %" PRIu64 " while alive: rejoining "
-                "incarnation=%" PRIu32 " join_round=%" PRIu64,
-                u->state == DS_MEMBER_DEAD ? "dead" : "left", u->effective_round, s->inc, j);
-        ds_membership_event *ev = ds_mship_push_event(m, DS_MEV_SELF_REJOINED, s, now);
-        if (ev)
-            ev->round = u->effective_round;
-        push_now(m, s);
+        ds_mship_rejoin(m, u->incarnation, u->effective_round, now,
+                        u->state == DS_MEMBER_DEAD ? "declared dead while alive"
+                                                   : "declared left while alive");
         break;
     }
+}
+
+void ds_mship_rejoin(ds_membership *m, uint32_t over_inc, uint64_t after, uint64_t now,
+                     const char *why)
+{
+    member *s = self_m(m);
+    uint64_t j = eff_round(m);
+    if (j <= after)
+        j = after + 1;
+    s->inc = (over_inc > s->inc ? over_inc : s->inc) + 1;
+    s->state = DS_MEMBER_ALIVE;
+    s->join_round = j;
+    s->removal_round = NO_ROUND;
+    m->rejoin_pending = 0;
+    ds_mship_bcast(m, s, 0);
+    m->st.rejoins++;
+    ds_info(COMP, "%s: rejoining incarnation=%" PRIu32 " join_round=%" PRIu64 " (out since %" PRIu64
+            ")", why, s->inc, j, after);
+    ds_membership_event *ev = ds_mship_push_event(m, DS_MEV_SELF_REJOINED, s, now);
+    if (ev) {
+        ev->round = after ? after : decide_round(m);
+        ev->join_round = j;
+    }
+    push_now(m, s);
 }
 
 /* Someone still spreads an older record of e than ours: spread ours again
@@ -538,6 +549,41 @@ static int apply_newer(ds_membership *m, member *e, const ds_wire_member *u, int
     return 1;
 }
 
+/* Lifeguard's rule for a verdict against direct evidence: a DEAD record
+ * about a live member that sent us a frame itself within the minimum
+ * suspicion timeout is not applied. After a partition heals, the other side
+ * spreads DEAD for every member it lost, including ones we reached the whole
+ * time; applying those would split healthy members apart. It becomes a
+ * suspicion at the record's incarnation instead, timed by us and sent to the
+ * member at once, so that it refutes with a higher incarnation (which
+ * outranks the DEAD record everywhere) or, if it really is gone, our own
+ * timer declares it dead one timeout later. 1 when the record was taken as
+ * a suspicion. */
+static int doubt_death(ds_membership *m, member *e, const ds_wire_member *u, uint64_t now)
+{
+    if (u->state != DS_MEMBER_DEAD || !is_live(e) || !e->heard_ms)
+        return 0;
+    const uint64_t fresh = ds_membership_suspicion_timeout_ms(&m->cfg, n_live(m), UINT32_MAX);
+    if (now - e->heard_ms >= fresh)
+        return 0;
+    m->st.deaths_doubted++;
+    ds_log_rl(DS_LOG_INFO, COMP,
+              "dead verdict about member=%s incarnation=%" PRIu32 " doubted: heard from it %" PRIu64
+              " ms ago; suspecting it instead",
+              e->name, u->incarnation, now - e->heard_ms);
+    const int fresh_suspicion = e->state != DS_MEMBER_SUSPECT || u->incarnation > e->inc;
+    if (u->incarnation > e->inc)
+        e->inc = u->incarnation;
+    if (fresh_suspicion) {
+        e->state = DS_MEMBER_SUSPECT;
+        ds_mship_start_suspicion(e, m->self_id, now);
+        ds_mship_bcast(m, e, m->self_id);
+        ds_mship_push_event(m, DS_MEV_MEMBER_SUSPECTED, e, now);
+        ds_mship_emit_probe(m, DS_MSG_PING, e->id, e->addr, ++m->seq, 0, e);
+    }
+    return 1;
+}
+
 /* A record at e's own incarnation and state: a new suspecter confirms a
  * suspicion; of two effective rounds the smaller wins, and a sender still
  * spreading the larger one is corrected. */
@@ -587,6 +633,8 @@ void ds_mship_apply_record(ds_membership *m, const ds_wire_member *u, int table,
         if (!e)
             return;
     } else if (u->incarnation > e->inc || (u->incarnation == e->inc && u->state > e->state)) {
+        if (doubt_death(m, e, u, now))
+            return;
         if (!apply_newer(m, e, u, table, origin, now))
             return;
     } else if (u->incarnation == e->inc && u->state == e->state) {

@@ -210,6 +210,23 @@ static void ms_self_joined(rt *r, const ds_membership_event *ev)
     pthread_mutex_unlock(&r->lock);
 }
 
+static void ms_join_failed(rt *r, const ds_membership_event *ev)
+{
+    pthread_mutex_lock(&r->lock);
+    r->join_failed = 1;
+    if (ev->finishing >= ev->n_seeds)
+        snprintf(r->join_failed_why, sizeof(r->join_failed_why),
+                 "cluster finishing: all %u seed(s) are leaving; nothing to join", ev->n_seeds);
+    else
+        snprintf(r->join_failed_why, sizeof(r->join_failed_why),
+                 "no seed let this node in within cluster.join_timeout_s=%lld (%u JOIN "
+                 "attempts; %u of %u seeds answered \"cluster finishing\")",
+                 (long long)r->c->cluster.join_timeout_s, ev->attempt, ev->finishing,
+                 ev->n_seeds);
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+}
+
 static void ms_event(void *ctx, const ds_membership_event *ev)
 {
     rt *r = ctx;
@@ -255,12 +272,24 @@ static void ms_event(void *ctx, const ds_membership_event *ev)
         ds_log(ev->attempt <= 4 ? DS_LOG_INFO : DS_LOG_WARN, "membership",
                "no reachable seed yet: trying %s next (attempt %u)", m->addr, ev->attempt);
         break;
+    case DS_MEV_JOIN_FINISHING:
+        ds_warn("membership", "seed %s answers: cluster finishing (it is leaving; %u of %u "
+                "seeds so far)", m->addr, ev->finishing, ev->n_seeds);
+        break;
+    case DS_MEV_JOIN_FAILED:
+        ms_join_failed(r, ev);
+        break;
     case DS_MEV_SELF_REFUTED:
         ds_warn("membership", "suspected by peers: refuted with incarnation %u", m->incarnation);
         break;
     case DS_MEV_SELF_REJOINED:
-        ds_warn("membership", "declared dead by peers: out of the view from round %llu, back "
-                "from %llu", (unsigned long long)ev->round, (unsigned long long)ev->join_round);
+        ds_warn("membership", "out of the view from round %llu: rejoining at round %llu with "
+                "the cluster's state", (unsigned long long)ev->round,
+                (unsigned long long)ev->join_round);
+        pthread_mutex_lock(&r->lock);
+        r->rejoin_pending = 1;
+        r->rejoin_round = ev->join_round;
+        pthread_mutex_unlock(&r->lock);
         break;
     }
 }
@@ -504,6 +533,7 @@ static int start_membership(rt *r, char *err, size_t err_len)
     /* Nodes of a cluster start together: a seed may not have founded the
      * cluster yet when the first JOIN reaches it, so retry soon. */
     mc.join_timeout_ms = 500;
+    mc.join_give_up_ms = (uint64_t)c->cluster.join_timeout_s * 1000u;
     ds_lag_init(&r->lag, mc.lag_rounds);
     const ds_membership_io io = {.ctx = r, .send = ms_send, .event = ms_event};
     ds_membership *ms;
@@ -558,6 +588,12 @@ static int wait_for_cluster(rt *r, char *err, size_t err_len)
                      "(check cluster.key_file and cluster.allowed_keys)", r->refused_by,
                      r->c->cluster.id);
             return -EACCES;
+        }
+        if (r->join_failed) {
+            pthread_mutex_unlock(&r->lock);
+            snprintf(err, err_len, "cannot join cluster '%s': %s", r->c->cluster.id,
+                     r->join_failed_why);
+            return -ETIMEDOUT;
         }
         if (r->joined) {
             ds_membership_stats st;

@@ -65,6 +65,8 @@ struct ds_engine {
     uint64_t seed_round;
     int refused;         /* a seed refused our handshake: not admitted */
     char refused_by[DS_WIRE_ADDR_MAX + 1];
+    int join_failed;     /* membership gave up joining (JOIN_FAILED) */
+    char join_failed_why[160];
     pthread_t fd;
     int fd_up;
 
@@ -87,6 +89,12 @@ struct ds_engine {
     uint64_t join_round; /* ours, from SELF_JOINED */
     ds_pace pace;        /* a joiner keeps the cluster's pace (pace.h) */
     int refresh_pending; /* shadow the cluster's state until our join round */
+    /* SELF_REJOINED (declared dead, or stopped past the suspicion timeout):
+     * our new join round, taken by the training thread before its next
+     * step (under lock). */
+    int rejoin_pending;
+    uint64_t rejoin_round;
+    uint64_t rejoins;    /* rejoins taken (state fetched, shadowed) */
     int refresh_failures;
     int leaving;         /* LEAVE announced, effective at leave_round */
     uint64_t leave_round;

@@ -378,8 +378,64 @@ static int shadow(rt *r)
     return 1;
 }
 
+/* A member to take the state from after a rejoin: one alive in the view
+ * at its own join round, other than us. 0 when there is none. */
+static int pick_state_peer(rt *r)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint32_t n = 0;
+    ds_membership_members(ms, NULL, 0, &n);
+    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
+    int found = 0;
+    if (all && ds_membership_members(ms, all, n, &n) == 0) {
+        const uint32_t start = (uint32_t)(r->rounds % (n ? n : 1));
+        for (uint32_t k = 0; k < n && !found; k++) {
+            const ds_member_info *m = &all[(start + k) % n];
+            if (m->id == r->id.id || m->state != DS_MEMBER_ALIVE ||
+                m->join_round == DS_MEMBERSHIP_NO_ROUND || m->join_round >= r->rejoin_round)
+                continue;
+            r->seed_id = m->id;
+            snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
+            found = 1;
+        }
+    }
+    free(all);
+    return found;
+}
+
+/* Declared dead, or stopped past the suspicion timeout: our model is stale
+ * and we are out of the views until our new join round. As a fresh joiner
+ * does: fetch the cluster's state (model, step, rounds), then shadow it
+ * until the join round. Our stale parameters never reach a partner: we are
+ * in no view before the join round, and by then they are replaced. */
+static void start_rejoin(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    const int pending = r->rejoin_pending;
+    const uint64_t join_round = r->rejoin_round;
+    r->rejoin_pending = 0;
+    pthread_mutex_unlock(&r->lock);
+    if (!pending || r->leaving)
+        return;
+    ds_engine_settle(r);
+    r->join_round = join_round;
+    r->refresh_pending = 1;
+    r->refresh_failures = 0;
+    r->rejoins++;
+    if (!pick_state_peer(r)) {
+        ds_warn("state", "rejoining at round %llu: no member to take the state from yet",
+                (unsigned long long)join_round);
+        return;
+    }
+    ds_info("state", "rejoining at round %llu: taking the state from %s",
+            (unsigned long long)join_round, r->seed_addr);
+    if (fetch_state(r, 3, 2 * (uint64_t)r->c->transport.op_timeout_ms) < 0)
+        ds_warn("state", "no state from %s yet: shadowing retries", r->seed_addr);
+}
+
 int ds_engine_before_step(ds_engine *r)
 {
+    start_rejoin(r);
     keep_pace(r);
     return r->refresh_pending ? shadow(r) : 0;
 }

@@ -69,6 +69,13 @@
 #define MAX_NODES 256        /* all nodes of one run, --add-at included */
 #define MAX_SETS 100         /* user --set; dsnode takes 256 arguments */
 #define MAX_ADD 32           /* --add-at options */
+/* A node added at STEP enters the gossip view the membership lag after a
+ * member admits it: at least 32 rounds (DS_LAG_MIN_ROUNDS in
+ * node/runtime/lag.h, 5 s of rounds at speed), plus its start-up and join.
+ * Twice the minimum lag, in rounds, is the least margin before train.steps
+ * that leaves it a chance to train at all; nearer the end the others are
+ * leaving and answer its JOIN with "cluster finishing". */
+#define ADD_AT_MARGIN_ROUNDS 64
 #define MAX_SEEDS 16         /* cluster.seeds holds at most 16 (conf/keys.h) */
 #define GRACE_MS 5000        /* SIGTERM -> SIGKILL */
 #define DRAIN_MS 2000        /* pipes kept open after a child is reaped */
@@ -146,6 +153,7 @@ struct launch {
     char cluster_key[PATH_MAX];
     char allowed[PATH_MAX];
     int64_t steps;       /* train.steps of the effective config; 0 unknown */
+    int64_t gossip_every; /* gossip.every of the effective config; 1 unknown */
     int status_listen;   /* status.listen is on in the base config */
     int status_file;     /* status.file is on */
     int total;           /* nodes planned in all */
@@ -722,6 +730,33 @@ static char **check_config_argv(struct launch *L, char **extra, int nextra)
     return argv;
 }
 
+/* Refuse an --add-at past, or too close to, the end of training. */
+static int check_add_margin(const struct launch *L)
+{
+    const int64_t margin = ADD_AT_MARGIN_ROUNDS * L->gossip_every;
+    for (int k = 0; k < L->nadd; k++) {
+        const struct add_at *a = &L->add[k];
+        if (L->steps <= 0)
+            continue;
+        if (a->step > L->steps) {
+            fprintf(stderr, "dslaunch: --add-at %lld:%d: the nodes stop at train.steps = %lld\n",
+                    (long long)a->step, a->count, (long long)L->steps);
+            return -EINVAL;
+        }
+        if (L->steps - a->step < margin) {
+            fprintf(stderr,
+                    "dslaunch: --add-at %lld:%d: too close to the end (train.steps = %lld): "
+                    "STEP must be at most %lld, %lld steps (%d gossip rounds) before the end, "
+                    "because a node added then enters the view at least 32 rounds after it "
+                    "is admitted, and by then the others are leaving\n",
+                    (long long)a->step, a->count, (long long)L->steps,
+                    (long long)(L->steps - margin), (long long)margin, ADD_AT_MARGIN_ROUNDS);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 static int check_base(struct launch *L)
 {
     int fd = open(L->config, O_RDONLY | O_CLOEXEC);
@@ -748,6 +783,9 @@ static int check_base(struct launch *L)
     char v[256];
     if (dump_get(dump, "train", "steps", v, sizeof(v)) == 0)
         L->steps = strtoll(v, NULL, 10);
+    L->gossip_every = 1;
+    if (dump_get(dump, "gossip", "every", v, sizeof(v)) == 0 && strtoll(v, NULL, 10) > 0)
+        L->gossip_every = strtoll(v, NULL, 10);
     L->status_listen = dump_get(dump, "status", "listen", v, sizeof(v)) == 0 && v[0];
     L->status_file = dump_get(dump, "status", "file", v, sizeof(v)) == 0 && v[0];
     if (dump_get(dump, "node", "log_level", v, sizeof(v)) == 0 &&
@@ -761,13 +799,7 @@ static int check_base(struct launch *L)
         fprintf(stderr, "dslaunch: note: node.log_level = %s: no progress until the nodes end\n", v);
     }
     free(dump);
-    for (int k = 0; k < L->nadd; k++)
-        if (L->steps > 0 && L->add[k].step > L->steps) {
-            fprintf(stderr, "dslaunch: --add-at %lld:%d: the nodes stop at train.steps = %lld\n",
-                    (long long)L->add[k].step, L->add[k].count, (long long)L->steps);
-            return -EINVAL;
-        }
-    return 0;
+    return check_add_margin(L);
 }
 
 static int mkdir_p(const char *path, mode_t mode)

@@ -61,6 +61,8 @@ int ds_bench_topology(int argc, char **argv);
 int ds_bench_sparsify(int argc, char **argv);
 int ds_bench_wire(int argc, char **argv);
 int ds_bench_elastic(int argc, char **argv);
+/* dsbench elastic --faults (bench_elastic_faults.c): issue 16's scenarios. */
+int ds_bench_elastic_faults(int argc, char **argv);
 int ds_bench_transport(int argc, char **argv);
 int ds_bench_cluster(int argc, char **argv);
 int ds_bench_status(int argc, char **argv);

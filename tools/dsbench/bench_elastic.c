@@ -1597,6 +1597,9 @@ static int real_paths(elastic_opts *e)
 
 int ds_bench_elastic(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--faults"))
+            return ds_bench_elastic_faults(argc, argv);
     elastic_opts e;
     int ret = read_opts(&e, argc, argv);
     if (ret)

@@ -1376,6 +1376,14 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
                   v);
         goto out_free;
     }
+    if (c->train.warmup_steps > c->train.steps) {
+        /* The warm-up would never end: the run would train at a fraction
+         * of train.lr throughout. */
+        rc = fail(err, err_len, NULL,
+                  "train.warmup_steps: expected at most train.steps (%" PRId64 "), found %" PRId64,
+                  c->train.steps, c->train.warmup_steps);
+        goto out_free;
+    }
 
 out_free:
     free(scratch);

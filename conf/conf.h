@@ -97,7 +97,8 @@ int ds_conf_set(ds_conf *c, const char *assignment, char *err, size_t err_len);
  *   gossip.mix = crossover needs sparsify.method = none (dense only);
  *   security.mode = none needs node.listen and every cluster.seeds entry on
  *   loopback (127.0.0.0/8, ::1 or localhost);
- *   train.nesterov = true needs train.momentum > 0.
+ *   train.nesterov = true needs train.momentum > 0;
+ *   train.warmup_steps must be at most train.steps.
  * 0 or -EINVAL with ONE line in err. */
 int ds_conf_check(const ds_conf *c, char *err, size_t err_len);
 

@@ -111,7 +111,7 @@
     X(ENUM, train, lr_schedule, "cosine", enum ds_lr_schedule, DS_LR_SCHEDULES, \
       "learning rate after the warm-up: constant, or cosine decay to 0 at train.steps") \
     X(INT, train, warmup_steps, "0", 0, INT64_MAX, \
-      "steps of linear learning-rate warm-up; 0 = none") \
+      "steps of linear learning-rate warm-up, at most train.steps; 0 = none") \
     X(INT, train, steps, "3000", 1, INT64_MAX, \
       "training steps") \
     X(INT, train, eval_every, "500", 0, INT64_MAX, \
@@ -138,8 +138,8 @@
       "mixing rule; crossover is dense only (sparsify.method = none)") \
     X(FLOAT, gossip, weight, "0.3333333333", 0, 0.5, "(]", \
       "pairwise mixing weight w") \
-    X(INT, gossip, segments, "0", 0, INT64_MAX, \
-      "segments of the model per round; 0 = one per layer") \
+    X(INT, gossip, segments, "0", 0, 65536, \
+      "segments of the model per round; 0 = one per layer; at most the model's parameter count") \
     X(INT, gossip, every, "1", 1, INT64_MAX, \
       "gossip every N training steps") \
     X(INT, gossip, timeout_ms, "2000", 1, 600000, \

@@ -229,7 +229,8 @@ static const key_case cases[] = {
      "gossip.mix: expected one of pairwise|crossover, found 'average'"},
     {"gossip.weight", "0.5", "0.5", "0.6",
      "gossip.weight: expected a number in (0, 0.5], found '0.6'"},
-    {"gossip.segments", "8", "8", "x", "gossip.segments: expected an integer >= 0, found 'x'"},
+    {"gossip.segments", "8", "8", "1000000000",
+     "gossip.segments: expected an integer in 0..65536, found '1000000000'"},
     {"gossip.every", "4", "4", "0", "gossip.every: expected an integer >= 1, found '0'"},
     {"gossip.timeout_ms", "600000", "600000", "600001",
      "gossip.timeout_ms: expected an integer in 1..600000, found '600001'"},
@@ -1079,6 +1080,41 @@ Test(conf, cross_key_nesterov_needs_momentum)
     expect_check(&c, NULL);
     c = with((const char *const[]){"train.nesterov=false", "train.momentum=0", NULL});
     expect_check(&c, NULL);
+}
+
+/* ---- issue 16: bounds ----------------------------------------------------------- */
+
+Test(conf, warmup_at_most_steps)
+{
+    ds_conf c = with((const char *const[]){"train.steps=100", "train.warmup_steps=101", NULL});
+    expect_check(&c, "train.warmup_steps: expected at most train.steps (100), found 101");
+    c = with((const char *const[]){"train.warmup_steps=9223372036854775807", NULL});
+    expect_check(&c, "train.warmup_steps: expected at most train.steps (3000), found "
+                     "9223372036854775807");
+    c = with((const char *const[]){"train.steps=100", "train.warmup_steps=100", NULL});
+    expect_check(&c, NULL);
+}
+
+Test(conf, segments_static_bound)
+{
+    /* 1e9 and 2^63-1 are refused where they are written, naming the key. */
+    static const char *const bad[] = {"1000000000", "9223372036854775807", "65537"};
+    char text[256], want[256], err[DS_CONF_ERR_MAX] = "";
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(text, sizeof(text), "[gossip]\n\nsegments = %s\n", bad[i]);
+        const char *path = write_file("segments.ini", text);
+        ds_conf c = defaults();
+        cr_expect_eq(ds_conf_load(&c, path, err, sizeof(err)), -EINVAL, "%s", bad[i]);
+        snprintf(want, sizeof(want),
+                 "gossip.segments: expected an integer in 0..65536, found '%s'", bad[i]);
+        cr_expect_str_eq(err, at(path, 3, want));
+    }
+    ds_conf c = with((const char *const[]){"gossip.segments=65536", NULL});
+    expect_check(&c, NULL);
+    c = defaults();
+    c.gossip.segments = INT64_MAX; /* set by code: the check catches it too */
+    expect_check(&c, "gossip.segments: expected an integer in 0..65536, found "
+                     "'9223372036854775807'");
 }
 
 Test(conf, check_validates_fields_set_by_code)

@@ -411,6 +411,13 @@ int ds_engine_register(ds_engine *r, const ds_engine_params *p)
     if (r->registered || !p || !p->params || !p->grad || !p->layers || !p->adopt ||
         !p->pull != !p->push)
         return -EINVAL;
+    /* gossip.segments is bounded statically by conf/; the model's size is
+     * known only now, and is checked before gossip reserves a segment. */
+    if ((uint64_t)r->c->gossip.segments > p->n) {
+        ds_error("node", "cannot start: gossip.segments: expected at most the model's %zu "
+                 "parameters, found %lld", p->n, (long long)r->c->gossip.segments);
+        return -EINVAL;
+    }
     r->p = *p;
     r->registered = 1;
     if (r->p.pull)

@@ -66,6 +66,7 @@
 
 #include <ini.h>
 
+#include "base/file.h"
 #include "base/hostport.h"
 #include "conf/conf.h"
 
@@ -1110,26 +1111,16 @@ static int load_handler(void *user, const char *section, const char *name, const
 static int read_file(const char *path, char **text, size_t *len, char *err, size_t err_len)
 {
     const where w = {.file = path};
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char why[128];
+    /* Without blocking: a FIFO or a device is refused, not waited on. */
+    int fd = ds_file_open_regular(path, NULL, why, sizeof(why));
     if (fd < 0) {
-        int e = errno;
-        fail(err, err_len, &w, "cannot open: %s", strerror(e));
-        return -e;
+        fail(err, err_len, &w, "cannot open: %s", why);
+        return fd;
     }
-    struct stat sb;
     int rc = 0;
     char *buf = NULL;
     size_t n = 0, cap = 0;
-    if (fstat(fd, &sb) < 0) {
-        rc = -errno;
-        fail(err, err_len, &w, "cannot open: %s", strerror(-rc));
-        goto out_close;
-    }
-    if (S_ISDIR(sb.st_mode)) {
-        rc = -EISDIR;
-        fail(err, err_len, &w, "cannot open: %s", strerror(EISDIR));
-        goto out_close;
-    }
     for (;;) {
         if (n == cap) {
             if (cap > DS_CONF_FILE_MAX) {

@@ -691,6 +691,21 @@ Test(conf, directory_is_not_a_file)
     cr_expect_str_eq(err, want);
 }
 
+Test(conf, fifo_is_refused_without_blocking)
+{
+    /* Before issue 16 the open waited for a writer; alarm() makes that a
+     * crash rather than a hang. */
+    char err[DS_CONF_ERR_MAX] = "", want[256], path[128];
+    snprintf(path, sizeof(path), "%s/config.fifo", tmpdir);
+    cr_assert_eq(mkfifo(path, 0600), 0, "mkfifo: %s", strerror(errno));
+    ds_conf c = defaults();
+    alarm(10);
+    cr_expect_eq(ds_conf_load(&c, path, err, sizeof(err)), -EINVAL);
+    alarm(0);
+    snprintf(want, sizeof(want), "%s: cannot open: not a regular file (a FIFO)", path);
+    cr_expect_str_eq(err, want);
+}
+
 Test(conf, unreadable_file)
 {
     /* root reads a mode-000 file anyway (CI runs as root): the directory

@@ -57,6 +57,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -92,6 +93,8 @@ enum kcheck {
     CHK_NAME_OR_EMPTY,     /* "" or a NAME */
     CHK_HOSTPORT,          /* ds_hostport_parse() accepts it, port >= 1 */
     CHK_HOSTPORT_OR_EMPTY, /* "" or a HOSTPORT */
+    CHK_PATH,              /* a non-empty path, resolved when loaded */
+    CHK_PATH_OR_EMPTY,     /* "" (off) or a PATH */
 };
 
 /* One choice of an enum key: its value and its name. */
@@ -411,6 +414,8 @@ static void describe_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_NAME_OR_EMPTY] = "empty or a name of 1..63 characters from A-Z a-z 0-9 _ . -",
         [CHK_HOSTPORT] = "host:port (IPv4 address, [IPv6] address or hostname; port 1..65535)",
         [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port (IPv4 address, [IPv6] address or hostname; port 1..65535)",
+        [CHK_PATH] = "a non-empty path",
+        [CHK_PATH_OR_EMPTY] = "empty or a path",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -490,6 +495,8 @@ static void constraint_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_NAME_OR_EMPTY] = "empty or [A-Za-z0-9_.-]{1,63}",
         [CHK_HOSTPORT] = "host:port",
         [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port",
+        [CHK_PATH] = "path",
+        [CHK_PATH_OR_EMPTY] = "empty or path",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -532,7 +539,7 @@ static bool empty_ok(const kdesc *k)
     switch (k->type) {
     case T_STR:
         return k->check == CHK_ANY || k->check == CHK_NAME_OR_EMPTY ||
-               k->check == CHK_HOSTPORT_OR_EMPTY;
+               k->check == CHK_HOSTPORT_OR_EMPTY || k->check == CHK_PATH_OR_EMPTY;
     case T_ILIST:
     case T_SLIST:
         return k->cmin == 0;
@@ -569,8 +576,10 @@ static bool check_str(enum kcheck chk, const char *s, size_t n)
     char buf[DS_CONF_STR_MAX];
     switch (chk) {
     case CHK_ANY:
+    case CHK_PATH_OR_EMPTY:
         return true;
     case CHK_NONEMPTY:
+    case CHK_PATH:
         return n > 0;
     case CHK_NAME_OR_EMPTY:
         if (n == 0)
@@ -937,6 +946,130 @@ int ds_conf_set(ds_conf *c, const char *assignment, char *err, size_t err_len)
     return parse_value(&keys[k], value, c, err, err_len, &w);
 }
 
+/* ---- relative paths ------------------------------------------------------ */
+
+static bool is_path_key(const kdesc *k)
+{
+    return k->type == T_STR && (k->check == CHK_PATH || k->check == CHK_PATH_OR_EMPTY);
+}
+
+static bool is_relative(const char *v)
+{
+    return v[0] && v[0] != '/';
+}
+
+/* Store base/value in path key k of c when its value is relative; leading
+ * "./" are dropped and "." is base itself. An empty or absolute value is
+ * left alone. base is absolute. The result goes through the key's parser,
+ * so one too long for the key, or one that would not load back (a control
+ * character in base), is an error reported at w, told against what. */
+static int resolve_one(const kdesc *k, ds_conf *c, const char *base, const char *against,
+                       char *err, size_t err_len, const where *w)
+{
+    const char *v = (const char *)c + k->off;
+    if (!is_relative(v))
+        return 0;
+    while (v[0] == '.' && v[1] == '/') {
+        v += 2;
+        while (v[0] == '/')
+            v++;
+    }
+    const size_t n = strlen(base) + DS_CONF_STR_MAX + 2;
+    char *out = malloc(n);
+    if (!out)
+        return fail(err, err_len, w, "%s.%s: %s", k->section, k->name, strerror(ENOMEM));
+    const bool root = !strcmp(base, "/");
+    if (!v[0] || !strcmp(v, "."))
+        snprintf(out, n, "%s", base);
+    else
+        snprintf(out, n, "%s%s%s", base, root ? "" : "/", v);
+    int rc = parse_value(k, out, c, err, err_len, w);
+    free(out);
+    if (rc && err && err_len) {
+        size_t used = strlen(err);
+        snprintf(err + used, err_len - used, " (a relative path, resolved against %s)", against);
+    }
+    return rc;
+}
+
+/* The absolute directory holding the file at path (symbolic links in that
+ * directory's path resolved, the file's own name kept). 0 or -errno. */
+static int file_dir(const char *path, char *dir /* PATH_MAX */)
+{
+    char parent[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(parent, sizeof(parent), ".");
+    else if (slash == path)
+        snprintf(parent, sizeof(parent), "/");
+    else if ((size_t)(slash - path) >= sizeof(parent))
+        return -ENAMETOOLONG;
+    else
+        snprintf(parent, sizeof(parent), "%.*s", (int)(slash - path), path);
+    return realpath(parent, dir) ? 0 : -errno;
+}
+
+/* The relative paths a file wrote (set[k]: line of key k, 0 = not in the
+ * file) against the file's directory, in *c. */
+static int resolve_file_paths(ds_conf *c, const char *path, const int *set, char *err,
+                              size_t err_len)
+{
+    char *dir = NULL;
+    int rc = 0;
+    for (size_t i = 0; i < NKEYS && rc == 0; i++) {
+        const kdesc *k = &keys[i];
+        if (!set[i] || !is_path_key(k) || !is_relative((const char *)c + k->off))
+            continue;
+        const where w = {.file = path, .line = set[i]};
+        if (!dir) {
+            if (!(dir = malloc(PATH_MAX)))
+                return fail(err, err_len, &w, "%s.%s: %s", k->section, k->name, strerror(ENOMEM));
+            if ((rc = file_dir(path, dir)) < 0) {
+                fail(err, err_len, &w, "%s.%s: cannot resolve a relative path: the config "
+                     "file's directory: %s", k->section, k->name, strerror(-rc));
+                break;
+            }
+        }
+        rc = resolve_one(k, c, dir, "the config file's directory", err, err_len, &w);
+    }
+    free(dir);
+    return rc;
+}
+
+int ds_conf_resolve_paths(ds_conf *c, char *err, size_t err_len)
+{
+    if (!c)
+        return fail(err, err_len, NULL, "ds_conf_resolve_paths: no config");
+    char *cwd = malloc(PATH_MAX);
+    ds_conf *copy = malloc(sizeof(*copy));
+    int rc = 0;
+    if (!cwd || !copy) {
+        rc = fail(err, err_len, NULL, "cannot resolve relative paths: %s", strerror(ENOMEM));
+        goto out;
+    }
+    memcpy(copy, c, sizeof(*copy));
+    bool have_cwd = false;
+    for (size_t i = 0; i < NKEYS && rc == 0; i++) {
+        const kdesc *k = &keys[i];
+        if (!is_path_key(k) || !is_relative((const char *)c + k->off))
+            continue;
+        if (!have_cwd && !getcwd(cwd, PATH_MAX)) {
+            int e = errno;
+            rc = fail(err, err_len, NULL, "%s.%s: cannot resolve a relative path: the working "
+                      "directory: %s", k->section, k->name, strerror(e));
+            break;
+        }
+        have_cwd = true;
+        rc = resolve_one(k, copy, cwd, "the working directory", err, err_len, NULL);
+    }
+    if (rc == 0)
+        memcpy(c, copy, sizeof(*c));
+out:
+    free(copy);
+    free(cwd);
+    return rc;
+}
+
 /* ---- loading a file ----------------------------------------------------- */
 
 typedef struct load_state {
@@ -1265,9 +1398,8 @@ int ds_conf_load(ds_conf *c, const char *path, char *err, size_t err_len)
         rc = st->rc;
     } else if (ret != 0) {
         rc = fail(err, err_len, &(where){.file = path}, "cannot load: inih error %d", ret);
-    } else {
+    } else if ((rc = resolve_file_paths(copy, path, st->first_line, err, err_len)) == 0) {
         memcpy(c, copy, sizeof(*c));
-        rc = 0;
     }
 
 out_free:

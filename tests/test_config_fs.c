@@ -5,7 +5,7 @@
  * - A FIFO named by a config key (cluster.identity_file, cluster.key_file,
  *   cluster.allowed_keys, a dataset file) or given as the config file is
  *   refused at once, naming the key: `dsnode run` used to block in open(2)
- *   waiting for a writer. Every process here runs under a hard timeout
+ *   waiting for a writer (and dslaunch, given a FIFO as its base config). Every process here runs under a hard timeout
  *   (ds_proc_capture kills it), so a hang fails the test instead of
  *   stalling the suite.
  * - gossip.segments: 1e9 and 2^63-1 are refused by check-config and run at
@@ -127,6 +127,10 @@ Test(config_fs, fifo_as_the_config_file)
     expect_refused(&r, 2, (const char *const[]){"cannot open: not a regular file (a FIFO)", NULL});
     r = dsnode(NULL, REFUSE_MS, (const char *const[]){"run", "--config", fifo, NULL});
     expect_refused(&r, 2, (const char *const[]){"cannot open: not a regular file (a FIFO)", NULL});
+    /* dslaunch opens the base config itself first. */
+    r = run_dslaunch(REFUSE_MS, (const char *const[]){"local", "-n", "2", "--config", fifo,
+                                                      "--out", tmp_path("run"), NULL});
+    expect_refused(&r, 2, (const char *const[]){"not a regular file (a FIFO)", NULL});
 }
 
 /* ---- bounds ------------------------------------------------------------------ */

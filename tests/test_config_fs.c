@@ -37,8 +37,9 @@
 
 TestSuite(config_fs, .init = tmp_init, .fini = tmp_fini, .timeout = 300);
 
-/* dsnode with args (NULL-terminated), in directory cwd (NULL: ours), under
- * a hard timeout that fails the test. */
+/* dsnode with args (NULL-terminated), in directory cwd (NULL: the run
+ * directory, so nothing a run writes to "." lands in the source tree),
+ * under a hard timeout that fails the test. */
 static struct result dsnode(const char *cwd, int timeout_ms, const char *const *args)
 {
     char *argv[64], here[PATH_MAX], err[256];
@@ -48,8 +49,9 @@ static struct result dsnode(const char *cwd, int timeout_ms, const char *const *
         argv[n++] = (char *)*args;
     argv[n] = NULL;
     cr_assert_not_null(getcwd(here, sizeof(here)));
-    if (cwd)
-        cr_assert_eq(chdir(cwd), 0, "chdir %s: %s", cwd, strerror(errno));
+    if (!cwd)
+        cwd = tmp_path("");
+    cr_assert_eq(chdir(cwd), 0, "chdir %s: %s", cwd, strerror(errno));
     struct result r = {0};
     int ret = ds_proc_capture(argv, timeout_ms, &r.out, &r.err, &r.code, err, sizeof(err));
     cr_assert_eq(chdir(here), 0);
@@ -174,11 +176,15 @@ Test(config_fs, segments_bounds)
 
 Test(config_fs, warmup_above_steps)
 {
-    const char *const args[][8] = {
+    /* data_dir in the run directory: a dsnode without the rule trains and
+     * writes its model there, not into the working directory. */
+    char data[600];
+    snprintf(data, sizeof(data), "node.data_dir=%s", tmp_path("data"));
+    const char *const args[][10] = {
         {"check-config", SINGLE, "--set", "train.steps=50", "--set", "train.warmup_steps=51",
          NULL},
         {"run", "--config", SINGLE, "--set", "train.steps=50", "--set", "train.warmup_steps=51",
-         NULL},
+         "--set", data, NULL},
     };
     for (int i = 0; i < 2; i++) {
         struct result r = dsnode(NULL, REFUSE_MS, args[i]);

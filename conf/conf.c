@@ -45,6 +45,14 @@
  * Text quoted from the input is escaped (control characters as \xNN) and cut
  * to QUOTE_MAX characters, so one error is always one readable line.
  *
+ * Paths. keys.h marks the path keys (PATH, PATH_OR_EMPTY). Once a file
+ * has loaded, the relative values it wrote for them are joined to the
+ * file's directory (realpath of it); ds_conf_resolve_paths joins what is
+ * left relative (defaults, --set) to the working directory. The joined
+ * text goes through parse_value like any value, so it must fit the key.
+ * The config file itself is opened with base/file.h: never blocking, a
+ * regular file only.
+ *
  * Empty values. "key =" is an error ("empty value") unless an empty value
  * means something for that key: the str keys documented as "empty = off"
  * (check ANY, NAME_OR_EMPTY, HOSTPORT_OR_EMPTY) and lists that may have no

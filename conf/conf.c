@@ -45,6 +45,14 @@
  * Text quoted from the input is escaped (control characters as \xNN) and cut
  * to QUOTE_MAX characters, so one error is always one readable line.
  *
+ * Paths. keys.h marks the path keys (PATH, PATH_OR_EMPTY). Once a file
+ * has loaded, the relative values it wrote for them are joined to the
+ * file's directory (realpath of it); ds_conf_resolve_paths joins what is
+ * left relative (defaults, --set) to the working directory. The joined
+ * text goes through parse_value like any value, so it must fit the key.
+ * The config file itself is opened with base/file.h: never blocking, a
+ * regular file only.
+ *
  * Empty values. "key =" is an error ("empty value") unless an empty value
  * means something for that key: the str keys documented as "empty = off"
  * (check ANY, NAME_OR_EMPTY, HOSTPORT_OR_EMPTY) and lists that may have no
@@ -57,6 +65,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -66,6 +75,7 @@
 
 #include <ini.h>
 
+#include "base/file.h"
 #include "base/hostport.h"
 #include "conf/conf.h"
 
@@ -91,6 +101,8 @@ enum kcheck {
     CHK_NAME_OR_EMPTY,     /* "" or a NAME */
     CHK_HOSTPORT,          /* ds_hostport_parse() accepts it, port >= 1 */
     CHK_HOSTPORT_OR_EMPTY, /* "" or a HOSTPORT */
+    CHK_PATH,              /* a non-empty path, resolved when loaded */
+    CHK_PATH_OR_EMPTY,     /* "" (off) or a PATH */
 };
 
 /* One choice of an enum key: its value and its name. */
@@ -410,6 +422,8 @@ static void describe_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_NAME_OR_EMPTY] = "empty or a name of 1..63 characters from A-Z a-z 0-9 _ . -",
         [CHK_HOSTPORT] = "host:port (IPv4 address, [IPv6] address or hostname; port 1..65535)",
         [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port (IPv4 address, [IPv6] address or hostname; port 1..65535)",
+        [CHK_PATH] = "a non-empty path",
+        [CHK_PATH_OR_EMPTY] = "empty or a path",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -489,6 +503,8 @@ static void constraint_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_NAME_OR_EMPTY] = "empty or [A-Za-z0-9_.-]{1,63}",
         [CHK_HOSTPORT] = "host:port",
         [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port",
+        [CHK_PATH] = "path",
+        [CHK_PATH_OR_EMPTY] = "empty or path",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -531,7 +547,7 @@ static bool empty_ok(const kdesc *k)
     switch (k->type) {
     case T_STR:
         return k->check == CHK_ANY || k->check == CHK_NAME_OR_EMPTY ||
-               k->check == CHK_HOSTPORT_OR_EMPTY;
+               k->check == CHK_HOSTPORT_OR_EMPTY || k->check == CHK_PATH_OR_EMPTY;
     case T_ILIST:
     case T_SLIST:
         return k->cmin == 0;
@@ -568,8 +584,10 @@ static bool check_str(enum kcheck chk, const char *s, size_t n)
     char buf[DS_CONF_STR_MAX];
     switch (chk) {
     case CHK_ANY:
+    case CHK_PATH_OR_EMPTY:
         return true;
     case CHK_NONEMPTY:
+    case CHK_PATH:
         return n > 0;
     case CHK_NAME_OR_EMPTY:
         if (n == 0)
@@ -936,6 +954,130 @@ int ds_conf_set(ds_conf *c, const char *assignment, char *err, size_t err_len)
     return parse_value(&keys[k], value, c, err, err_len, &w);
 }
 
+/* ---- relative paths ------------------------------------------------------ */
+
+static bool is_path_key(const kdesc *k)
+{
+    return k->type == T_STR && (k->check == CHK_PATH || k->check == CHK_PATH_OR_EMPTY);
+}
+
+static bool is_relative(const char *v)
+{
+    return v[0] && v[0] != '/';
+}
+
+/* Store base/value in path key k of c when its value is relative; leading
+ * "./" are dropped and "." is base itself. An empty or absolute value is
+ * left alone. base is absolute. The result goes through the key's parser,
+ * so one too long for the key, or one that would not load back (a control
+ * character in base), is an error reported at w, told against what. */
+static int resolve_one(const kdesc *k, ds_conf *c, const char *base, const char *against,
+                       char *err, size_t err_len, const where *w)
+{
+    const char *v = (const char *)c + k->off;
+    if (!is_relative(v))
+        return 0;
+    while (v[0] == '.' && v[1] == '/') {
+        v += 2;
+        while (v[0] == '/')
+            v++;
+    }
+    const size_t n = strlen(base) + DS_CONF_STR_MAX + 2;
+    char *out = malloc(n);
+    if (!out)
+        return fail(err, err_len, w, "%s.%s: %s", k->section, k->name, strerror(ENOMEM));
+    const bool root = !strcmp(base, "/");
+    if (!v[0] || !strcmp(v, "."))
+        snprintf(out, n, "%s", base);
+    else
+        snprintf(out, n, "%s%s%s", base, root ? "" : "/", v);
+    int rc = parse_value(k, out, c, err, err_len, w);
+    free(out);
+    if (rc && err && err_len) {
+        size_t used = strlen(err);
+        snprintf(err + used, err_len - used, " (a relative path, resolved against %s)", against);
+    }
+    return rc;
+}
+
+/* The absolute directory holding the file at path (symbolic links in that
+ * directory's path resolved, the file's own name kept). 0 or -errno. */
+static int file_dir(const char *path, char *dir /* PATH_MAX */)
+{
+    char parent[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(parent, sizeof(parent), ".");
+    else if (slash == path)
+        snprintf(parent, sizeof(parent), "/");
+    else if ((size_t)(slash - path) >= sizeof(parent))
+        return -ENAMETOOLONG;
+    else
+        snprintf(parent, sizeof(parent), "%.*s", (int)(slash - path), path);
+    return realpath(parent, dir) ? 0 : -errno;
+}
+
+/* The relative paths a file wrote (set[k]: line of key k, 0 = not in the
+ * file) against the file's directory, in *c. */
+static int resolve_file_paths(ds_conf *c, const char *path, const int *set, char *err,
+                              size_t err_len)
+{
+    char *dir = NULL;
+    int rc = 0;
+    for (size_t i = 0; i < NKEYS && rc == 0; i++) {
+        const kdesc *k = &keys[i];
+        if (!set[i] || !is_path_key(k) || !is_relative((const char *)c + k->off))
+            continue;
+        const where w = {.file = path, .line = set[i]};
+        if (!dir) {
+            if (!(dir = malloc(PATH_MAX)))
+                return fail(err, err_len, &w, "%s.%s: %s", k->section, k->name, strerror(ENOMEM));
+            if ((rc = file_dir(path, dir)) < 0) {
+                fail(err, err_len, &w, "%s.%s: cannot resolve a relative path: the config "
+                     "file's directory: %s", k->section, k->name, strerror(-rc));
+                break;
+            }
+        }
+        rc = resolve_one(k, c, dir, "the config file's directory", err, err_len, &w);
+    }
+    free(dir);
+    return rc;
+}
+
+int ds_conf_resolve_paths(ds_conf *c, char *err, size_t err_len)
+{
+    if (!c)
+        return fail(err, err_len, NULL, "ds_conf_resolve_paths: no config");
+    char *cwd = malloc(PATH_MAX);
+    ds_conf *copy = malloc(sizeof(*copy));
+    int rc = 0;
+    if (!cwd || !copy) {
+        rc = fail(err, err_len, NULL, "cannot resolve relative paths: %s", strerror(ENOMEM));
+        goto out;
+    }
+    memcpy(copy, c, sizeof(*copy));
+    bool have_cwd = false;
+    for (size_t i = 0; i < NKEYS && rc == 0; i++) {
+        const kdesc *k = &keys[i];
+        if (!is_path_key(k) || !is_relative((const char *)c + k->off))
+            continue;
+        if (!have_cwd && !getcwd(cwd, PATH_MAX)) {
+            int e = errno;
+            rc = fail(err, err_len, NULL, "%s.%s: cannot resolve a relative path: the working "
+                      "directory: %s", k->section, k->name, strerror(e));
+            break;
+        }
+        have_cwd = true;
+        rc = resolve_one(k, copy, cwd, "the working directory", err, err_len, NULL);
+    }
+    if (rc == 0)
+        memcpy(c, copy, sizeof(*c));
+out:
+    free(copy);
+    free(cwd);
+    return rc;
+}
+
 /* ---- loading a file ----------------------------------------------------- */
 
 typedef struct load_state {
@@ -1110,26 +1252,16 @@ static int load_handler(void *user, const char *section, const char *name, const
 static int read_file(const char *path, char **text, size_t *len, char *err, size_t err_len)
 {
     const where w = {.file = path};
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char why[128];
+    /* Without blocking: a FIFO or a device is refused, not waited on. */
+    int fd = ds_file_open_regular(path, NULL, why, sizeof(why));
     if (fd < 0) {
-        int e = errno;
-        fail(err, err_len, &w, "cannot open: %s", strerror(e));
-        return -e;
+        fail(err, err_len, &w, "cannot open: %s", why);
+        return fd;
     }
-    struct stat sb;
     int rc = 0;
     char *buf = NULL;
     size_t n = 0, cap = 0;
-    if (fstat(fd, &sb) < 0) {
-        rc = -errno;
-        fail(err, err_len, &w, "cannot open: %s", strerror(-rc));
-        goto out_close;
-    }
-    if (S_ISDIR(sb.st_mode)) {
-        rc = -EISDIR;
-        fail(err, err_len, &w, "cannot open: %s", strerror(EISDIR));
-        goto out_close;
-    }
     for (;;) {
         if (n == cap) {
             if (cap > DS_CONF_FILE_MAX) {
@@ -1274,9 +1406,8 @@ int ds_conf_load(ds_conf *c, const char *path, char *err, size_t err_len)
         rc = st->rc;
     } else if (ret != 0) {
         rc = fail(err, err_len, &(where){.file = path}, "cannot load: inih error %d", ret);
-    } else {
+    } else if ((rc = resolve_file_paths(copy, path, st->first_line, err, err_len)) == 0) {
         memcpy(c, copy, sizeof(*c));
-        rc = 0;
     }
 
 out_free:
@@ -1374,6 +1505,14 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
         rc = fail(err, err_len, NULL,
                   "train.nesterov = true requires train.momentum > 0, found train.momentum = %s",
                   v);
+        goto out_free;
+    }
+    if (c->train.warmup_steps > c->train.steps) {
+        /* The warm-up would never end: the run would train at a fraction
+         * of train.lr throughout. */
+        rc = fail(err, err_len, NULL,
+                  "train.warmup_steps: expected at most train.steps (%" PRId64 "), found %" PRId64,
+                  c->train.steps, c->train.warmup_steps);
         goto out_free;
     }
 

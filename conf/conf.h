@@ -23,6 +23,7 @@
  *   ds_conf_defaults(&c);
  *   ds_conf_load(&c, path, err, sizeof err);      stops at the first error
  *   ds_conf_set(&c, "train.lr=0.1", err, sizeof err);   once per --set
+ *   ds_conf_resolve_paths(&c, err, sizeof err);   relative paths left: cwd
  *   ds_conf_check(&c, err, sizeof err);           cross-key rules
  * Every error is ONE line in err, "FILE:LINE: section.key: expected <what>,
  * found '<text>'" and friends (docs/config.md lists them), and a failed call
@@ -33,8 +34,12 @@
  * ds_sparsify_method, c->security.mode an enum ds_sec_mode), so consumers
  * use the value as it is and never parse the name again.
  *
- * Relative paths in the config are kept as written; node/ resolves them
- * against its working directory (docs/config.md).
+ * Relative paths (the keys keys.h marks PATH) are made absolute while the
+ * configuration is built: ds_conf_load resolves those the file writes
+ * against the file's directory, and ds_conf_resolve_paths the rest (the
+ * defaults, --set values) against the working directory. So a config that
+ * check-config printed names the same files from wherever it is run
+ * (docs/config.md).
  */
 #ifndef DS_CONF_CONF_H
 #define DS_CONF_CONF_H
@@ -82,6 +87,11 @@ void ds_conf_defaults(ds_conf *c);
  * Stops at the first error; on any error *c is unchanged (the file is loaded
  * into a copy). path and err are borrowed for the call.
  *
+ * A relative value the file gives a path key becomes absolute against the
+ * directory holding the file (realpath of that directory; "./" prefixes
+ * dropped, "." is the directory itself); a result longer than the key holds
+ * is an error at the key's line. Empty and absolute values are kept.
+ *
  * Not thread-safe against other users of inih in the process: it sets inih's
  * runtime options for the duration of the parse and restores them. */
 int ds_conf_load(ds_conf *c, const char *path, char *err, size_t err_len);
@@ -91,13 +101,21 @@ int ds_conf_load(ds_conf *c, const char *path, char *err, size_t err_len);
  * "--set <assignment>: "; on error *c is unchanged. */
 int ds_conf_set(ds_conf *c, const char *assignment, char *err, size_t err_len);
 
+/* Make every relative value of a path key absolute against the working
+ * directory: those that did not come from a file (defaults such as
+ * node.data_dir = ".", --set values), the way a shell user reads them.
+ * ds_conf_load has resolved the file's own. 0 or a negative errno with ONE
+ * line in err, naming the key; on error *c is unchanged. */
+int ds_conf_resolve_paths(ds_conf *c, char *err, size_t err_len);
+
 /* Validate *c: every key against its own constraint (a struct filled by code
  * rather than by the loader gets the same checks) and then the rules that
  * tie keys together:
  *   gossip.mix = crossover needs sparsify.method = none (dense only);
  *   security.mode = none needs node.listen and every cluster.seeds entry on
  *   loopback (127.0.0.0/8, ::1 or localhost);
- *   train.nesterov = true needs train.momentum > 0.
+ *   train.nesterov = true needs train.momentum > 0;
+ *   train.warmup_steps must be at most train.steps.
  * 0 or -EINVAL with ONE line in err. */
 int ds_conf_check(const ds_conf *c, char *err, size_t err_len);
 

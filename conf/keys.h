@@ -16,8 +16,12 @@
  *
  * Entry forms (X receives the type token first, then section and key):
  *   X(STR,   section, key, "default", CHECK, "help")
- *            CHECK is ANY, NONEMPTY, NAME, NAME_OR_EMPTY, HOSTPORT or
- *            HOSTPORT_OR_EMPTY (see conf.c, check_str)
+ *            CHECK is ANY, NONEMPTY, NAME, NAME_OR_EMPTY, HOSTPORT,
+ *            HOSTPORT_OR_EMPTY, PATH or PATH_OR_EMPTY (see conf.c,
+ *            check_str). A PATH key's relative value is resolved when it is
+ *            loaded: against the config file's directory when the file
+ *            writes it, else against the working directory
+ *            (ds_conf_resolve_paths)
  *   X(INT,   section, key, "default", min, max, "help")
  *   X(FLOAT, section, key, "default", min, max, "bounds", "help")
  *            bounds is "[]", "(]", "[)" or "()": which ends are inclusive;
@@ -66,7 +70,7 @@
       "address this node listens on for its peers") \
     X(STR, node, group, "", NAME_OR_EMPTY, \
       "nodes with the same group all-reduce gradients every step; empty = a group of its own") \
-    X(STR, node, data_dir, ".", NONEMPTY, \
+    X(STR, node, data_dir, ".", PATH, \
       "directory for this node's outputs and state") \
     X(ENUM, node, log_level, "info", enum ds_log_level, DS_LOG_LEVELS, \
       "log threshold")
@@ -78,11 +82,11 @@
       "peers to contact when joining; empty = this node starts the cluster") \
     X(INT, cluster, seed, "1", 0, INT64_MAX, \
       "cluster seed for data shuffles and the topology; the same on every node") \
-    X(STR, cluster, key_file, "", ANY, \
+    X(STR, cluster, key_file, "", PATH_OR_EMPTY, \
       "path of the 32-byte cluster pre-shared key (dsnode keygen --cluster)") \
-    X(STR, cluster, identity_file, "", ANY, \
+    X(STR, cluster, identity_file, "", PATH_OR_EMPTY, \
       "path of this node's Ed25519 secret key (dsnode keygen)") \
-    X(STR, cluster, allowed_keys, "", ANY, \
+    X(STR, cluster, allowed_keys, "", PATH_OR_EMPTY, \
       "path of the allow-list of node public keys, one per line") \
     X(INT, cluster, min_members, "1", 1, 65536, \
       "wait until this many members are alive before the first training step") \
@@ -96,7 +100,7 @@
       "model architecture") \
     X(ILIST, train, hidden, "256,256", 1, 65536, 1, 8, \
       "hidden layer sizes of the MLP") \
-    X(STR, train, dataset_dir, "/usr/share/datasets/fashion-mnist", NONEMPTY, \
+    X(STR, train, dataset_dir, "/usr/share/datasets/fashion-mnist", PATH, \
       "directory holding the Fashion-MNIST IDX files (gzip)") \
     X(INT, train, batch_size, "64", 1, 65536, \
       "minibatch size of each node") \
@@ -111,7 +115,7 @@
     X(ENUM, train, lr_schedule, "cosine", enum ds_lr_schedule, DS_LR_SCHEDULES, \
       "learning rate after the warm-up: constant, or cosine decay to 0 at train.steps") \
     X(INT, train, warmup_steps, "0", 0, INT64_MAX, \
-      "steps of linear learning-rate warm-up; 0 = none") \
+      "steps of linear learning-rate warm-up, at most train.steps; 0 = none") \
     X(INT, train, steps, "3000", 1, INT64_MAX, \
       "training steps") \
     X(INT, train, eval_every, "500", 0, INT64_MAX, \
@@ -138,8 +142,8 @@
       "mixing rule; crossover is dense only (sparsify.method = none)") \
     X(FLOAT, gossip, weight, "0.3333333333", 0, 0.5, "(]", \
       "pairwise mixing weight w") \
-    X(INT, gossip, segments, "0", 0, INT64_MAX, \
-      "segments of the model per round; 0 = one per layer") \
+    X(INT, gossip, segments, "0", 0, 65536, \
+      "segments of the model per round; 0 = one per layer; at most the model's parameter count") \
     X(INT, gossip, every, "1", 1, INT64_MAX, \
       "gossip every N training steps") \
     X(INT, gossip, timeout_ms, "2000", 1, 600000, \
@@ -162,7 +166,7 @@
 #define DS_CONF_KEYS_status(X) \
     X(STR, status, listen, "", HOSTPORT_OR_EMPTY, \
       "HTTP address serving /metrics and /status; empty = off") \
-    X(STR, status, file, "", ANY, \
+    X(STR, status, file, "", PATH_OR_EMPTY, \
       "file the status JSON is written to; empty = off")
 
 #endif

@@ -37,7 +37,9 @@ static void usage(FILE *f)
             "       dsnode --version\n");
 }
 
-/* Defaults, the file, then every --set in order, then the cross-key checks.
+/* Defaults, the file, then every --set in order, relative paths made
+ * absolute (the file's against its directory, the rest against the
+ * working directory), then the cross-key checks.
  * On error prints the one-line message and returns -1. */
 static int load_config(ds_conf *c, const char *path, int nset, char **sets)
 {
@@ -48,6 +50,8 @@ static int load_config(ds_conf *c, const char *path, int nset, char **sets)
     for (int i = 0; i < nset; i++)
         if (ds_conf_set(c, sets[i], err, sizeof(err)) < 0)
             goto fail;
+    if (ds_conf_resolve_paths(c, err, sizeof(err)) < 0)
+        goto fail;
     if (ds_conf_check(c, err, sizeof(err)) < 0)
         goto fail;
     return 0;

@@ -1,12 +1,18 @@
 /*
  * tests/test_base.c: base/ (host:port, little-endian helpers, SplitMix64's
- * bare-state step, the clock).
+ * bare-state step, the clock, opening a named file as a regular file).
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/clock.h"
+#include "base/file.h"
 #include "base/hostport.h"
 #include "base/le.h"
 #include "base/splitmix.h"
@@ -159,4 +165,47 @@ Test(base, clock_is_monotonic)
     uint64_t a = ds_now_ns(), b = ds_now_ns();
     cr_expect_geq(b, a);
     cr_expect_leq(ds_now_ms(), ds_now_ns() / 1000000u);
+}
+
+/* ---- opening a named file (issue 16) ------------------------------------- */
+
+/* A FIFO, a directory, a device and a missing path are refused at once;
+ * alarm() turns an open that blocks (a FIFO without a writer, before the
+ * fix) into a crash of this test instead of a hang. */
+Test(base, open_regular_refuses_without_blocking)
+{
+    char dir[] = "/tmp/ds_test_base.XXXXXX", fifo[64], reg[64], why[128];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    snprintf(reg, sizeof(reg), "%s/reg", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
+    FILE *f = fopen(reg, "w");
+    cr_assert_not_null(f);
+    fputs("text", f);
+    fclose(f);
+    alarm(10);
+
+    cr_expect_eq(ds_file_open_regular(fifo, NULL, why, sizeof(why)), -EINVAL);
+    cr_expect_str_eq(why, "not a regular file (a FIFO)");
+    cr_expect_eq(ds_file_open_regular(dir, NULL, why, sizeof(why)), -EISDIR);
+    cr_expect_str_eq(why, "Is a directory");
+    cr_expect_eq(ds_file_open_regular("/dev/null", NULL, why, sizeof(why)), -EINVAL);
+    cr_expect_str_eq(why, "not a regular file (a character device)");
+    cr_expect_eq(ds_file_open_regular("/nonexistent/x", NULL, why, sizeof(why)), -ENOENT);
+    cr_expect_str_eq(why, "No such file or directory");
+
+    struct stat st;
+    int fd = ds_file_open_regular(reg, &st, why, sizeof(why));
+    cr_assert_geq(fd, 0, "%s", why);
+    cr_expect_eq(st.st_size, 4);
+    cr_expect_eq(fcntl(fd, F_GETFL) & O_NONBLOCK, 0, "O_NONBLOCK left set");
+    cr_expect_neq(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0, "no FD_CLOEXEC");
+    char buf[8] = "";
+    cr_expect_eq(read(fd, buf, sizeof(buf)), 4);
+    cr_expect_str_eq(buf, "text");
+    close(fd);
+    alarm(0);
+    unlink(fifo);
+    unlink(reg);
+    rmdir(dir);
 }

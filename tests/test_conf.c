@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <float.h>
 #include <ftw.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,7 +230,8 @@ static const key_case cases[] = {
      "gossip.mix: expected one of pairwise|crossover, found 'average'"},
     {"gossip.weight", "0.5", "0.5", "0.6",
      "gossip.weight: expected a number in (0, 0.5], found '0.6'"},
-    {"gossip.segments", "8", "8", "x", "gossip.segments: expected an integer >= 0, found 'x'"},
+    {"gossip.segments", "8", "8", "1000000000",
+     "gossip.segments: expected an integer in 0..65536, found '1000000000'"},
     {"gossip.every", "4", "4", "0", "gossip.every: expected an integer >= 1, found '0'"},
     {"gossip.timeout_ms", "600000", "600000", "600001",
      "gossip.timeout_ms: expected an integer in 1..600000, found '600001'"},
@@ -275,6 +277,31 @@ Test(conf, every_key_valid_value_by_set)
     }
 }
 
+/* The keys whose relative values a file's directory resolves. */
+static bool is_path_key(const char *key)
+{
+    static const char *const paths[] = {"node.data_dir", "cluster.key_file",
+                                        "cluster.identity_file", "cluster.allowed_keys",
+                                        "train.dataset_dir", "status.file"};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
+        if (!strcmp(key, paths[i]))
+            return true;
+    return false;
+}
+
+/* value as a file in tmpdir that sets key to it loads it (static). */
+static const char *in_file_dir(const char *key, const char *value)
+{
+    static char out[2][PATH_MAX + DS_CONF_STR_MAX + 2];
+    static int slot;
+    char *o = out[slot++ % 2], dir[PATH_MAX];
+    if (!is_path_key(key) || !value[0] || value[0] == '/')
+        return value;
+    cr_assert_not_null(realpath(tmpdir, dir));
+    snprintf(o, sizeof(out[0]), "%s/%s", dir, value);
+    return o;
+}
+
 Test(conf, every_key_valid_value_by_file)
 {
     for (size_t i = 0; i < NCASES; i++) {
@@ -286,7 +313,7 @@ Test(conf, every_key_valid_value_by_file)
         const char *path = write_file("good.ini", text);
         ds_conf c = defaults();
         cr_expect_eq(ds_conf_load(&c, path, err, sizeof(err)), 0, "%s: %s", k->key, err);
-        cr_expect_str_eq(dumped(&c, k->key), k->good_dump, "%s", k->key);
+        cr_expect_str_eq(dumped(&c, k->key), in_file_dir(k->key, k->good_dump), "%s", k->key);
     }
 }
 
@@ -690,6 +717,21 @@ Test(conf, directory_is_not_a_file)
     cr_expect_str_eq(err, want);
 }
 
+Test(conf, fifo_is_refused_without_blocking)
+{
+    /* Before issue 16 the open waited for a writer; alarm() makes that a
+     * crash rather than a hang. */
+    char err[DS_CONF_ERR_MAX] = "", want[256], path[128];
+    snprintf(path, sizeof(path), "%s/config.fifo", tmpdir);
+    cr_assert_eq(mkfifo(path, 0600), 0, "mkfifo: %s", strerror(errno));
+    ds_conf c = defaults();
+    alarm(10);
+    cr_expect_eq(ds_conf_load(&c, path, err, sizeof(err)), -EINVAL);
+    alarm(0);
+    snprintf(want, sizeof(want), "%s: cannot open: not a regular file (a FIFO)", path);
+    cr_expect_str_eq(err, want);
+}
+
 Test(conf, unreadable_file)
 {
     /* root reads a mode-000 file anyway (CI runs as root): the directory
@@ -859,19 +901,24 @@ Test(conf, set_long_assignment_is_cut_in_the_prefix)
 
 /* ---- dump -> load ------------------------------------------------------------ */
 
-static void round_trip(const ds_conf *c)
+/* The dump of a configuration whose paths are resolved (as dsnode's are
+ * before check-config prints them) loads back equal, from another
+ * directory (tmpdir) than the one the paths were resolved against. */
+static void round_trip(const ds_conf *in)
 {
     char *text = NULL;
     size_t len = 0;
+    ds_conf c = *in;
+    char err[DS_CONF_ERR_MAX] = "";
+    cr_assert_eq(ds_conf_resolve_paths(&c, err, sizeof(err)), 0, "%s", err);
     FILE *f = open_memstream(&text, &len);
     cr_assert_not_null(f);
-    cr_assert_eq(ds_conf_dump(c, f), 0);
+    cr_assert_eq(ds_conf_dump(&c, f), 0);
     fclose(f);
     const char *path = write_file("dump.ini", text);
     ds_conf back = defaults();
-    char err[DS_CONF_ERR_MAX] = "";
     cr_assert_eq(ds_conf_load(&back, path, err, sizeof(err)), 0, "%s\n%s", err, text);
-    cr_expect_eq(memcmp(&back, c, sizeof(back)), 0, "dump did not load back equal:\n%s", text);
+    cr_expect_eq(memcmp(&back, &c, sizeof(back)), 0, "dump did not load back equal:\n%s", text);
     free(text);
 }
 
@@ -1081,6 +1128,41 @@ Test(conf, cross_key_nesterov_needs_momentum)
     expect_check(&c, NULL);
 }
 
+/* ---- issue 16: bounds ----------------------------------------------------------- */
+
+Test(conf, warmup_at_most_steps)
+{
+    ds_conf c = with((const char *const[]){"train.steps=100", "train.warmup_steps=101", NULL});
+    expect_check(&c, "train.warmup_steps: expected at most train.steps (100), found 101");
+    c = with((const char *const[]){"train.warmup_steps=9223372036854775807", NULL});
+    expect_check(&c, "train.warmup_steps: expected at most train.steps (3000), found "
+                     "9223372036854775807");
+    c = with((const char *const[]){"train.steps=100", "train.warmup_steps=100", NULL});
+    expect_check(&c, NULL);
+}
+
+Test(conf, segments_static_bound)
+{
+    /* 1e9 and 2^63-1 are refused where they are written, naming the key. */
+    static const char *const bad[] = {"1000000000", "9223372036854775807", "65537"};
+    char text[256], want[256], err[DS_CONF_ERR_MAX] = "";
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(text, sizeof(text), "[gossip]\n\nsegments = %s\n", bad[i]);
+        const char *path = write_file("segments.ini", text);
+        ds_conf c = defaults();
+        cr_expect_eq(ds_conf_load(&c, path, err, sizeof(err)), -EINVAL, "%s", bad[i]);
+        snprintf(want, sizeof(want),
+                 "gossip.segments: expected an integer in 0..65536, found '%s'", bad[i]);
+        cr_expect_str_eq(err, at(path, 3, want));
+    }
+    ds_conf c = with((const char *const[]){"gossip.segments=65536", NULL});
+    expect_check(&c, NULL);
+    c = defaults();
+    c.gossip.segments = INT64_MAX; /* set by code: the check catches it too */
+    expect_check(&c, "gossip.segments: expected an integer in 0..65536, found "
+                     "'9223372036854775807'");
+}
+
 Test(conf, check_validates_fields_set_by_code)
 {
     ds_conf c = defaults();
@@ -1097,7 +1179,7 @@ Test(conf, check_validates_fields_set_by_code)
     expect_check(&c, "security.mode: expected one of encrypt|auth|none, found '-1'");
     c = defaults();
     strcpy(c.node.data_dir, "/tmp/x ");
-    expect_check(&c, "node.data_dir: expected non-empty text, found '/tmp/x ' (not in canonical form)");
+    expect_check(&c, "node.data_dir: expected a non-empty path, found '/tmp/x ' (not in canonical form)");
     c = defaults();
     memset(c.node.name, 'a', sizeof(c.node.name));
     expect_check(&c, "node.name: corrupt value (unterminated text or bad count)");
@@ -1113,6 +1195,120 @@ Test(conf, check_validates_fields_set_by_code)
     expect_check(&c, "cluster.seeds: expected " HP_WHAT ", found 'nope' (item 1)");
 }
 
+
+/* ---- issue 16: relative paths ---------------------------------------------------- */
+
+static const char *const rel_ini = "[node]\n"
+                                   "data_dir = out\n"
+                                   "[cluster]\n"
+                                   "key_file = ./keys/c.key\n"
+                                   "identity_file = /etc/dsnode/id.key\n"
+                                   "allowed_keys = .\n"
+                                   "[train]\n"
+                                   "dataset_dir = ../data\n"
+                                   "[status]\n"
+                                   "file =\n";
+
+static void expect_resolved(const ds_conf *c, const char *dir)
+{
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof(want), "%s/out", dir);
+    cr_expect_str_eq(c->node.data_dir, want);
+    snprintf(want, sizeof(want), "%s/keys/c.key", dir);
+    cr_expect_str_eq(c->cluster.key_file, want, "a leading ./ is dropped");
+    cr_expect_str_eq(c->cluster.identity_file, "/etc/dsnode/id.key", "absolute: kept");
+    cr_expect_str_eq(c->cluster.allowed_keys, dir, ". is the directory itself");
+    snprintf(want, sizeof(want), "%s/../data", dir);
+    cr_expect_str_eq(c->train.dataset_dir, want, ".. is kept for the kernel to follow");
+    cr_expect_str_eq(c->status.file, "", "empty: off, kept");
+    /* Keys that are not paths are never touched. */
+    cr_expect_str_eq(c->node.name, "node0");
+}
+
+Test(conf, relative_paths_resolve_against_the_config_files_directory)
+{
+    char sub[PATH_MAX], dir[PATH_MAX], err[DS_CONF_ERR_MAX] = "", cwd[PATH_MAX];
+    snprintf(sub, sizeof(sub), "%s/sub", tmpdir);
+    cr_assert_eq(mkdir(sub, 0755), 0);
+    const char *path = write_file("sub/rel.ini", rel_ini);
+    cr_assert_not_null(realpath(sub, dir));
+    cr_assert_not_null(getcwd(cwd, sizeof(cwd)));
+
+    ds_conf c = defaults();
+    cr_assert_eq(ds_conf_load(&c, path, err, sizeof(err)), 0, "%s", err);
+    expect_resolved(&c, dir);
+
+    /* The same file named relatively from elsewhere: the same paths. */
+    cr_assert_eq(chdir(tmpdir), 0);
+    ds_conf d = defaults();
+    cr_assert_eq(ds_conf_load(&d, "sub/rel.ini", err, sizeof(err)), 0, "%s", err);
+    expect_resolved(&d, dir);
+    cr_assert_eq(chdir(sub), 0);
+    d = defaults();
+    cr_assert_eq(ds_conf_load(&d, "rel.ini", err, sizeof(err)), 0, "%s", err);
+    expect_resolved(&d, dir);
+    cr_assert_eq(chdir(cwd), 0);
+    cr_expect_eq(memcmp(&c, &d, sizeof(c)), 0);
+
+    /* Resolved values are absolute: nothing is left for the working
+     * directory, and the check passes. */
+    cr_expect_eq(ds_conf_resolve_paths(&d, err, sizeof(err)), 0, "%s", err);
+    snprintf(err, sizeof(err), "%s", d.node.data_dir);
+    cr_expect_str_neq(err, ".");
+}
+
+Test(conf, defaults_and_set_resolve_against_the_working_directory)
+{
+    char cwd[PATH_MAX], want[PATH_MAX + 64], err[DS_CONF_ERR_MAX] = "";
+    cr_assert_eq(chdir(tmpdir), 0);
+    cr_assert_not_null(getcwd(cwd, sizeof(cwd)));
+    ds_conf c = with((const char *const[]){"status.file=./st.json", "cluster.key_file=k/c.key",
+                                           "train.dataset_dir=/data/fmnist", NULL});
+    /* ds_conf_set keeps what it is given; the resolution is one step. */
+    cr_expect_str_eq(c.status.file, "./st.json");
+    cr_expect_eq(ds_conf_resolve_paths(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.node.data_dir, cwd, "the default '.' is the working directory");
+    snprintf(want, sizeof(want), "%s/st.json", cwd);
+    cr_expect_str_eq(c.status.file, want);
+    snprintf(want, sizeof(want), "%s/k/c.key", cwd);
+    cr_expect_str_eq(c.cluster.key_file, want);
+    cr_expect_str_eq(c.train.dataset_dir, "/data/fmnist");
+    cr_expect_str_eq(c.cluster.identity_file, "");
+    ds_conf again = c;
+    cr_expect_eq(ds_conf_resolve_paths(&again, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(memcmp(&c, &again, sizeof(c)), 0, "resolving twice changes nothing");
+    cr_expect_eq(ds_conf_check(&c, err, sizeof(err)), 0, "%s", err);
+}
+
+Test(conf, relative_path_too_long_once_resolved)
+{
+    /* 250 characters fit the key as written, not behind the directory. */
+    char name[251], text[400], want[PATH_MAX + 512], dir[PATH_MAX], err[DS_CONF_ERR_MAX] = "";
+    memset(name, 'd', 250);
+    name[250] = '\0';
+    snprintf(text, sizeof(text), "[node]\nname = x\ndata_dir = %s\n", name);
+    const char *path = write_file("long.ini", text);
+    cr_assert_not_null(realpath(tmpdir, dir));
+    ds_conf c = defaults(), before = c;
+    cr_expect_eq(ds_conf_load(&c, path, err, sizeof(err)), -EINVAL);
+    snprintf(want, sizeof(want), "%s:3: node.data_dir: expected at most 255 characters, found '%s/",
+             path, dir);
+    cr_expect(!strncmp(err, want, strlen(want)), "%s", err);
+    cr_expect(strstr(err, "(a relative path, resolved against the config file's directory)"),
+              "%s", err);
+    cr_expect_eq(memcmp(&c, &before, sizeof(c)), 0, "a failed load changed the config");
+
+    /* The same through --set, against the working directory. */
+    cr_assert_eq(chdir(tmpdir), 0);
+    snprintf(text, sizeof(text), "node.data_dir=%s", name);
+    c = with((const char *const[]){text, NULL});
+    before = c;
+    cr_expect_eq(ds_conf_resolve_paths(&c, err, sizeof(err)), -EINVAL);
+    cr_expect(!strncmp(err, "node.data_dir: expected at most 255 characters", 46), "%s", err);
+    cr_expect(strstr(err, "(a relative path, resolved against the working directory)"), "%s",
+              err);
+    cr_expect_eq(memcmp(&c, &before, sizeof(c)), 0);
+}
 
 /* ---- help and examples --------------------------------------------------------- */
 

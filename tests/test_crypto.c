@@ -1147,7 +1147,20 @@ Test(crypto, identity_files, .init = setup, .fini = rmtmp)
     cr_expect_eq(ds_identity_load(&got, kp, err, sizeof(err)), -ENOENT);
     cr_expect(strstr(err, "nope") != NULL, "%s", err);
     cr_expect_eq(ds_cluster_key_load(&k, kp, err, sizeof(err)), -ENOENT);
-    cr_expect_eq(ds_identity_load(&got, tmpdir, err, sizeof(err)), -EINVAL);
+    cr_expect_eq(ds_identity_load(&got, tmpdir, err, sizeof(err)), -EISDIR);
+
+    /* a FIFO, refused without blocking (issue 16): alarm() makes an open
+     * that waits for a writer a crash instead of a hang */
+    snprintf(kp, sizeof(kp), "%s/fifo", tmpdir);
+    cr_assert_eq(mkfifo(kp, 0600), 0, "mkfifo: %s", strerror(errno));
+    alarm(10);
+    cr_expect_eq(ds_identity_load(&got, kp, err, sizeof(err)), -EINVAL);
+    cr_expect(strstr(err, "fifo: not a regular file (a FIFO)") != NULL, "%s", err);
+    cr_expect_eq(ds_cluster_key_load(&k, kp, err, sizeof(err)), -EINVAL);
+    al = NULL;
+    cr_expect_eq(ds_allowlist_load(&al, kp, err, sizeof(err)), -EINVAL);
+    cr_expect(strstr(err, "fifo: not a regular file (a FIFO)") != NULL, "%s", err);
+    alarm(0);
 }
 
 Test(crypto, allowlist_parsing)

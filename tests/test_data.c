@@ -1,6 +1,6 @@
 /*
  * tests/test_data.c: the IDX loader on the real Fashion-MNIST files and on
- * each class of malformed file (missing, directory, wrong magic, truncated,
+ * each class of malformed file (missing, directory, FIFO, wrong magic, truncated,
  * corrupt gzip, trailing bytes, mismatched counts, bad label, oversized
  * declaration); the minibatch sampler.
  * Run: meson test -C build data --verbose
@@ -140,6 +140,20 @@ Test(data, directory_instead_of_file)
     int r = ds_dataset_load(&d, dir, p("lab.gz"), err, sizeof(err));
     cr_expect_eq(r, -EISDIR);
     cr_expect(strstr(err, "is a directory"), "%s", err);
+}
+
+Test(data, fifo_instead_of_file)
+{
+    /* Refused without blocking (issue 16); alarm() turns a blocking open
+     * into a crash of the test rather than a hang. */
+    good_pair(3);
+    cr_assert_eq(mkfifo(p("fifo.gz"), 0600), 0, "mkfifo: %s", strerror(errno));
+    ds_dataset d;
+    alarm(10);
+    int r = ds_dataset_load(&d, p("fifo.gz"), p("lab.gz"), err, sizeof(err));
+    alarm(0);
+    cr_expect_eq(r, -EINVAL);
+    cr_expect(strstr(err, "fifo.gz: cannot open: not a regular file (a FIFO)"), "%s", err);
 }
 
 Test(data, wrong_magic)

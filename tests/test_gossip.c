@@ -14,6 +14,7 @@
  * Run: meson test -C build gossip --verbose
  */
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -233,6 +234,29 @@ Test(gossip, segments_per_layer_and_cut)
     /* n/4 = 637: the third cut (1911) moves to the layer boundary 2000. */
     cr_expect_eq(seg[2].off + seg[2].len, 2000);
     cr_expect_eq(ds_gossip_segments(layers, NL, n_params, -1, seg), -EINVAL);
+}
+
+Test(gossip, create_refuses_more_segments_than_parameters)
+{
+    /* Issue 16: refused before anything is reserved for them. */
+    make_layers();
+    float *a = calloc(n_params, 4);
+    cr_assert_not_null(a);
+    ds_gossip_cfg cfg = base_cfg();
+    ds_gossip *g = NULL;
+    static const int bad[] = {-1, INT32_MAX};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cfg.segments = bad[i];
+        cr_expect_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, a), -EINVAL, "%d", bad[i]);
+        cr_expect_null(g);
+    }
+    cfg.segments = (int)n_params + 1;
+    cr_expect_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, a), -EINVAL);
+    cfg.segments = (int)n_params; /* one parameter each: the most there can be */
+    cr_assert_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, a), 0);
+    cr_expect_eq(ds_gossip_n_segments(g), (int)n_params);
+    ds_gossip_destroy(&g);
+    free(a);
 }
 
 Test(gossip, pairwise_conserves_sum_every_method)

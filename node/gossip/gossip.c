@@ -218,6 +218,8 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
         return -EINVAL;
     if (cfg->mix == DS_MIX_CROSSOVER && cfg->method != DS_SPARSIFY_NONE)
         return -EINVAL;
+    if (cfg->segments < 0 || (size_t)cfg->segments > n_params)
+        return -EINVAL; /* more segments than parameters: refused, not reserved */
     ds_gossip *g = calloc(1, sizeof(*g));
     if (!g)
         return -ENOMEM;

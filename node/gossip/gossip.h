@@ -102,7 +102,7 @@ typedef struct ds_gossip_cfg {
     enum ds_topo_kind topology;
     enum ds_mix mix;
     float weight;               /* pairwise w, (0, 0.5] */
-    int segments;               /* 0 = one per layer */
+    int segments;               /* 0 = one per layer; at most n_params (else -EINVAL) */
     enum ds_sparsify_method method;
     double density;
     int error_feedback;         /* 0: acc restarts from zero every round */

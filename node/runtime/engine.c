@@ -332,13 +332,22 @@ static void stop_threads(rt *r)
 
 /* ---- open ----------------------------------------------------------------- */
 
+/* Put the config key in front of the error of the file it names. */
+static int key_error(const char *key, int e, char *err, size_t err_len)
+{
+    char what[1024];
+    snprintf(what, sizeof(what), "%s", err);
+    snprintf(err, err_len, "%s: %.*s", key, (int)(sizeof(what) - 64), what);
+    return e;
+}
+
 static int load_keys(rt *r, char *err, size_t err_len)
 {
     const ds_conf *c = r->c;
     int e;
     if (c->cluster.identity_file[0]) {
         if ((e = ds_identity_load(&r->id, c->cluster.identity_file, err, err_len)) < 0)
-            return e;
+            return key_error("cluster.identity_file", e, err, err_len);
     } else {
         if ((e = ds_identity_generate(&r->id)) < 0) {
             snprintf(err, err_len, "cannot generate an identity");
@@ -348,12 +357,12 @@ static int load_keys(rt *r, char *err, size_t err_len)
     }
     if (c->cluster.key_file[0]) {
         if ((e = ds_cluster_key_load(&r->ck, c->cluster.key_file, err, err_len)) < 0)
-            return e;
+            return key_error("cluster.key_file", e, err, err_len);
         r->have_ck = 1;
     }
     if (c->cluster.allowed_keys[0] &&
         (e = ds_allowlist_load(&r->allow, c->cluster.allowed_keys, err, err_len)) < 0)
-        return e;
+        return key_error("cluster.allowed_keys", e, err, err_len);
     if (!r->have_ck && !r->allow) {
         /* No admission policy: this node admits nobody (an empty
          * allow-list), which is right for a node alone and said loudly
@@ -411,6 +420,13 @@ int ds_engine_register(ds_engine *r, const ds_engine_params *p)
     if (r->registered || !p || !p->params || !p->grad || !p->layers || !p->adopt ||
         !p->pull != !p->push)
         return -EINVAL;
+    /* gossip.segments is bounded statically by conf/; the model's size is
+     * known only now, and is checked before gossip reserves a segment. */
+    if ((uint64_t)r->c->gossip.segments > p->n) {
+        ds_error("node", "cannot start: gossip.segments: expected at most the model's %zu "
+                 "parameters, found %lld", p->n, (long long)r->c->gossip.segments);
+        return -EINVAL;
+    }
     r->p = *p;
     r->registered = 1;
     if (r->p.pull)

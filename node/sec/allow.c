@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/file.h"
 #include "node/sec/internal.h"
 
 #define ALLOW_FILE_MAX (64u << 20)
@@ -144,9 +145,15 @@ int ds_allowlist_load(ds_allowlist **out, const char *path, char *err, size_t er
         ds_sec_seterr(err, errlen, "%s: %s", path, strerror(e));
         return -e;
     }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size >= ALLOW_FILE_MAX) {
-        ds_sec_seterr(err, errlen, "%s: not a regular file under %u MiB", path,
-                      ALLOW_FILE_MAX >> 20);
+    /* stat, not open: sizing the buffer must not block on a FIFO either
+     * (ds_sec_read_file opens without blocking and checks again). */
+    if (!S_ISREG(st.st_mode)) {
+        ds_sec_seterr(err, errlen, "%s: not a regular file (%s)", path, ds_file_kind(st.st_mode));
+        return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+    }
+    if ((uint64_t)st.st_size >= ALLOW_FILE_MAX) {
+        ds_sec_seterr(err, errlen, "%s: %lld bytes; an allow-list holds less than %u MiB", path,
+                      (long long)st.st_size, ALLOW_FILE_MAX >> 20);
         return -EINVAL;
     }
     size_t cap = (size_t)st.st_size + 4096, len = 0;

@@ -12,6 +12,8 @@
 
 #include "node/sec/internal.h"
 
+#include "base/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -36,24 +38,15 @@ void ds_sec_seterr(char *err, size_t errlen, const char *fmt, ...)
 int ds_sec_read_file(const char *path, char *buf, size_t cap, size_t *len, int secret, char *err,
                             size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        ds_sec_seterr(err, errlen, "%s: %s", path, strerror(e));
-        return -e;
-    }
     struct stat st;
+    char why[128];
+    /* A FIFO or a device is refused without blocking in open(2). */
+    int fd = ds_file_open_regular(path, &st, why, sizeof(why));
+    if (fd < 0) {
+        ds_sec_seterr(err, errlen, "%s: %s", path, why);
+        return fd;
+    }
     int rc = 0;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        ds_sec_seterr(err, errlen, "%s: %s", path, strerror(-rc));
-        goto out_close;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = -EINVAL;
-        ds_sec_seterr(err, errlen, "%s: not a regular file", path);
-        goto out_close;
-    }
     if (secret && (st.st_mode & 077)) {
         rc = -EPERM;
         ds_sec_seterr(err, errlen,

@@ -5,9 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include "base/file.h"
 #include "node/train/data.h"
 
 #define FMNIST_MEAN 0.2860f
@@ -53,21 +54,23 @@ static int gz_read_exact(gzFile f, const char *path, void *buf, size_t len, cons
 static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data, char *err,
                     size_t err_len)
 {
-    struct stat st;
-    if (stat(path, &st) < 0) {
-        int e = errno;
-        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(e));
-        return -e;
-    }
-    if (S_ISDIR(st.st_mode)) {
+    /* Opened without blocking, so a FIFO or a device is refused rather
+     * than waited on; gzdopen then owns the descriptor. */
+    char why[128];
+    int fd = ds_file_open_regular(path, NULL, why, sizeof(why));
+    if (fd == -EISDIR) {
         snprintf(err, err_len, "%s: is a directory, expected an IDX file", path);
-        return -EISDIR;
+        return fd;
     }
-    gzFile f = gzopen(path, "rb");
+    if (fd < 0) {
+        snprintf(err, err_len, "%s: cannot open: %s", path, why);
+        return fd;
+    }
+    gzFile f = gzdopen(fd, "rb");
     if (!f) {
-        int e = errno ? errno : EIO;
-        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(e));
-        return -e;
+        close(fd);
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(ENOMEM));
+        return -ENOMEM;
     }
     int ret;
     uint8_t hdr[4];

@@ -37,8 +37,13 @@ int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t er
                  cfg->n_hidden);
         return -EINVAL;
     }
-    if ((ret = ds_dataset_load_fmnist(&t->train, &t->test, cfg->dataset_dir, err, err_len)) < 0)
+    if ((ret = ds_dataset_load_fmnist(&t->train, &t->test, cfg->dataset_dir, err, err_len)) < 0) {
+        /* Name the config key the directory came from. */
+        char what[1024];
+        snprintf(what, sizeof(what), "%s", err);
+        snprintf(err, err_len, "train.dataset_dir: %.*s", (int)(sizeof(what) - 32), what);
         return ret;
+    }
     if ((ret = ds_ops_init_backend(&t->ops, cfg->backend, t->backend_note, sizeof(t->backend_note))) < 0) {
         snprintf(err, err_len, "%s", t->backend_note);
         goto fail_data;

@@ -646,7 +646,9 @@ static void pool_failed(tp_fab *t, struct tp_rxbuf *rb, int err)
     if (err != FI_ECANCELED) {
         fab_drop(t, err == FI_ETRUNC ? DS_TP_DROP_TOO_BIG : DS_TP_DROP_RX_ERROR);
         ds_log_rl(DS_LOG_WARN, COMP, "receive error: %s%s", fi_strerror(err),
-                  err == FI_ETRUNC ? " (peers must share transport.chunk_kb)" : "");
+                  err == FI_ETRUNC ? " (a chunk larger than this node's receive buffers: every "
+                                     "node must use the same chunk size, ds_tp_opts.chunk_bytes, "
+                                     "which no config key changes)" : "");
     }
 }
 

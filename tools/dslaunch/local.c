@@ -64,6 +64,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "tools/dslaunch/dslaunch.h"
 
 #define MAX_NODES 256        /* all nodes of one run, --add-at included */
@@ -759,10 +760,12 @@ static int check_add_margin(const struct launch *L)
 
 static int check_base(struct launch *L)
 {
-    int fd = open(L->config, O_RDONLY | O_CLOEXEC);
+    /* Without blocking: a FIFO given as the config is refused, not waited on. */
+    char why[128];
+    int fd = ds_file_open_regular(L->config, NULL, why, sizeof(why));
     if (fd < 0) {
-        fprintf(stderr, "dslaunch: cannot read the config %s: %s\n", L->config, strerror(errno));
-        return -errno;
+        fprintf(stderr, "dslaunch: cannot read the config %s: %s\n", L->config, why);
+        return fd;
     }
     close(fd);
     for (int i = 0; i < L->nsets; i++)

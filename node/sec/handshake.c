@@ -127,6 +127,12 @@ int ds_hs_done(const ds_hs *hs)
     return hs->state == DS_HS_DONE;
 }
 
+void ds_hs_set_allowlist(ds_hs *hs, const ds_allowlist *al)
+{
+    if (hs && hs->cfg.allow && al)
+        hs->cfg.allow = al;
+}
+
 const ds_peer_info *ds_hs_peer(const ds_hs *hs)
 {
     return hs->state == DS_HS_DONE ? &hs->peer : NULL;

@@ -385,6 +385,7 @@ int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop
     r->c = c;
     r->stop.signal = stop && stop->signal ? stop->signal : &never;
     r->stop.count = stop && stop->count ? stop->count : &never;
+    r->stop.reload = stop ? stop->reload : NULL;
     pthread_mutex_init(&r->lock, NULL);
     pthread_mutex_init(&r->skip_lock, NULL);
     pthread_condattr_t ca;

@@ -17,6 +17,12 @@
  *          session, the joiner's frames are dropped and counted, and it
  *          leaves both views.
  *
+ *   fabric_idle/raw_connections_counted   a dsnode process's fabric port
+ *       takes raw TCP connections that send nothing: its status document
+ *       counts them in transport.idle_connections once they pass the
+ *       10 s deadline, and not any more once they are closed; a
+ *       connection that sent junk is not counted.
+ *
  * Every wait is on what the status documents say, with a hard deadline
  * (launch_util.h); the joiner is killed and reaped on every path (and
  * tmp_fini kills whatever still names the run directory).
@@ -24,13 +30,16 @@
  * Run: meson test -C build sec_reload --verbose
  */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -57,6 +66,7 @@ static void fini(void)
 }
 
 TestSuite(sec_reload, .init = tmp_init, .fini = fini, .timeout = 400);
+TestSuite(fabric_idle, .init = tmp_init, .fini = fini, .timeout = 300);
 
 static const char *const members[] = {"n0", "n1"};
 
@@ -300,6 +310,79 @@ Test(sec_reload, sighup_admits_then_revokes)
     joiner_stop();
     free(orig);
     members_signal(out, SIGTERM);
+    live_end(&l, 60000);
+    live_free(&l);
+}
+
+/* ---- idle connections on the fabric port ---------------------------------- */
+
+struct idle_watch {
+    const char *out;
+    double want;
+    double seen;
+};
+
+static int idle_is(void *arg)
+{
+    struct idle_watch *w = arg;
+    json_t *doc = status_load(w->out, "n0");
+    if (!doc)
+        return 0;
+    w->seen = status_num(doc, "transport.idle_connections");
+    json_decref(doc);
+    return w->seen == w->want;
+}
+
+/* A raw TCP connection to 127.0.0.1:port that writes `junk` bytes. */
+static int raw_connect(int port, size_t junk)
+{
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s",
+                 strerror(errno));
+    if (junk)
+        cr_assert_eq(write(fd, "\x7f\x7f\x7f\x7f", junk), (ssize_t)junk);
+    return fd;
+}
+
+Test(fabric_idle, raw_connections_counted)
+{
+    const char *out = tmp_path("idle");
+    const char *args[] = {"local", "-n", "1", "--config", BASE_CONFIG,
+                          "--set", "train.backend=cpu", "--set", "train.steps=1000000",
+                          "--set", "train.eval_every=0", "--set", "cluster.min_members=1",
+                          "--set", STATUS_FILE_ON,
+                          "--out", out, "--json", "--timeout", "240", "--dsnode", bin("DSNODE"),
+                          NULL};
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n0", 10, 120000);
+    json_t *doc = status_load(out, "n0");
+    cr_assert_not_null(doc);
+    const char *addr = json_string_value(json_object_get(json_object_get(doc, "node"), "addr"));
+    cr_assert_not_null(addr, "no node.addr in n0's status");
+    const int port = atoi(strrchr(addr, ':') + 1);
+    json_decref(doc);
+    cr_assert_gt(port, 0);
+
+    enum { N = 8 };
+    int fds[N + 1];
+    for (int i = 0; i < N; i++)
+        fds[i] = raw_connect(port, 0);
+    fds[N] = raw_connect(port, 3);
+    struct idle_watch w = {.out = out, .want = N};
+    const int counted = live_wait(&l, 60000, idle_is, &w);
+    for (int i = 0; i <= N; i++)
+        close(fds[i]);
+    cr_expect(counted, "n0 counts %.0f idle connections, not %d", w.seen, N);
+    w.want = 0;
+    cr_expect(live_wait(&l, 30000, idle_is, &w), "still %.0f idle connections after close",
+              w.seen);
+    const pid_t p0 = node_pid(out, "n0");
+    if (p0 > 0)
+        kill(p0, SIGTERM);
     live_end(&l, 60000);
     live_free(&l);
 }

@@ -22,6 +22,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,6 +218,73 @@ static const size_t pair_sizes[] = {
     (1u << 20) - 1, 1u << 20, (1u << 20) + 1, 3 * (1u << 20) + 5, 16u << 20,
 };
 #define NPAIR (sizeof(pair_sizes) / sizeof(pair_sizes[0]))
+
+/* A raw TCP connection to port; fd or fails the test. `first` bytes of
+ * junk are written (0: it stays silent). */
+static int raw_connect(unsigned port, size_t first)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s", strerror(errno));
+    if (first)
+        cr_assert_eq(write(fd, "\x7f\x7f\x7f\x7f", first), (ssize_t)first);
+    return fd;
+}
+
+static uint64_t idle_now(struct ep *e)
+{
+    ds_transport_stats st;
+    ds_transport_stats_get(e->t, &st);
+    return st.idle_conns;
+}
+
+/* Wait (polling, at most ms) until a's idle_connections is want. */
+static uint64_t idle_wait(struct ep *e, uint64_t want, int ms)
+{
+    const uint64_t end = ds_now_ms() + (uint64_t)ms;
+    uint64_t n;
+    while ((n = idle_now(e)) != want && ds_now_ms() < end)
+        usleep(20000);
+    return n;
+}
+
+/* Raw TCP connections to the fabric port that send nothing are held by
+ * libfabric (it waits for its connection request forever); they are
+ * counted once older than idle_conn_ms, and not any more once closed. A
+ * peer's real connection and a connection that sent junk are not. */
+Test(transport, idle_connections_counted)
+{
+    struct ep a, b;
+    ds_transport_opts o;
+    ds_transport_opts_default(&o);
+    o.rx_small_bufs = 16;
+    o.rx_large_bufs = 4;
+    o.idle_conn_ms = 300;
+    cr_assert_eq(ep_open_opts(&a, &o), 0);
+    ep_open(&b);
+    ds_transport_peer pa;
+    cr_assert_eq(ds_transport_peer_add(b.t, a.addr, &pa), 0);
+    cr_assert_eq(send_pattern(b.t, pa, 100, SEED, 1, ds_now_ms() + 10000, NULL), 0);
+    expect_msg(&a.in, 0, 100, SEED, 1, 10000);
+    const unsigned port = (unsigned)atoi(strrchr(a.addr, ':') + 1);
+    enum { N = 5 };
+    int fds[N + 1];
+    for (int i = 0; i < N; i++)
+        fds[i] = raw_connect(port, 0);
+    fds[N] = raw_connect(port, 3); /* junk: libfabric drops it itself */
+    cr_assert_eq(idle_wait(&a, N, 10000), N, "the silent connections, and only them");
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    close(fds[N]);
+    cr_assert_eq(idle_wait(&a, 0, 10000), 0, "closed connections are not counted");
+    /* The real connection still works. */
+    cr_assert_eq(send_pattern(b.t, pa, 100, SEED, 2, ds_now_ms() + 10000, NULL), 0);
+    expect_msg(&a.in, 0, 100, SEED, 2, 10000);
+    ep_close(&a);
+    ep_close(&b);
+}
 
 Test(transport, pair_all_sizes_both_ways)
 {

@@ -19,9 +19,10 @@
  *
  *   fabric_idle/raw_connections_counted   a dsnode process's fabric port
  *       takes raw TCP connections that send nothing: its status document
- *       counts them in transport.idle_connections once they pass the
- *       10 s deadline, and not any more once they are closed; a
- *       connection that sent junk is not counted.
+ *       counts them in transport.idle_connections while they are open;
+ *       those their client does not close are closed by the node past the
+ *       10 s deadline (the client reads EOF; idle_connections_closed);
+ *       a connection that sent junk is never counted.
  *
  * Every wait is on what the status documents say, with a hard deadline
  * (launch_util.h); the joiner is killed and reaped on every path (and
@@ -41,6 +42,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -318,6 +320,7 @@ Test(sec_reload, sighup_admits_then_revokes)
 
 struct idle_watch {
     const char *out;
+    const char *key;
     double want;
     double seen;
 };
@@ -328,7 +331,7 @@ static int idle_is(void *arg)
     json_t *doc = status_load(w->out, "n0");
     if (!doc)
         return 0;
-    w->seen = status_num(doc, "transport.idle_connections");
+    w->seen = status_num(doc, w->key);
     json_decref(doc);
     return w->seen == w->want;
 }
@@ -347,6 +350,23 @@ static int raw_connect(int port, size_t junk)
     return fd;
 }
 
+/* n0's fabric port, from its status document. */
+static int n0_port(const char *out)
+{
+    json_t *doc = status_load(out, "n0");
+    cr_assert_not_null(doc);
+    const char *addr = json_string_value(json_object_get(json_object_get(doc, "node"), "addr"));
+    cr_assert(addr && strrchr(addr, ':'), "no node.addr in n0's status");
+    const int port = atoi(strrchr(addr, ':') + 1);
+    json_decref(doc);
+    cr_assert_gt(port, 0);
+    return port;
+}
+
+/* N silent connections and K more that their client closes early are
+ * counted while open; the N are closed by the node past its 10 s deadline
+ * (the clients read EOF, idle_connections_closed counts them); a
+ * connection that sent junk is never counted. */
 Test(fabric_idle, raw_connections_counted)
 {
     const char *out = tmp_path("idle");
@@ -359,27 +379,32 @@ Test(fabric_idle, raw_connections_counted)
     struct live l;
     live_start(&l, args);
     wait_for_step(&l, out, "n0", 10, 120000);
-    json_t *doc = status_load(out, "n0");
-    cr_assert_not_null(doc);
-    const char *addr = json_string_value(json_object_get(json_object_get(doc, "node"), "addr"));
-    cr_assert_not_null(addr, "no node.addr in n0's status");
-    const int port = atoi(strrchr(addr, ':') + 1);
-    json_decref(doc);
-    cr_assert_gt(port, 0);
-
-    enum { N = 8 };
-    int fds[N + 1];
-    for (int i = 0; i < N; i++)
+    const int port = n0_port(out);
+    enum { N = 8, K = 3 };
+    int fds[N + K + 1];
+    for (int i = 0; i < N + K; i++)
         fds[i] = raw_connect(port, 0);
-    fds[N] = raw_connect(port, 3);
-    struct idle_watch w = {.out = out, .want = N};
-    const int counted = live_wait(&l, 60000, idle_is, &w);
-    for (int i = 0; i <= N; i++)
+    fds[N + K] = raw_connect(port, 3);
+    struct idle_watch w = {.out = out, .key = "transport.idle_connections", .want = N + K};
+    const int counted = live_wait(&l, 8000, idle_is, &w);
+    for (int i = N; i <= N + K; i++)
         close(fds[i]);
-    cr_expect(counted, "n0 counts %.0f idle connections, not %d", w.seen, N);
+    cr_expect(counted, "n0 counts %.0f silent connections, not %d", w.seen, N + K);
+    w.want = N;
+    cr_expect(live_wait(&l, 8000, idle_is, &w), "%.0f silent connections after %d closed",
+              w.seen, K);
+    w.key = "transport.idle_connections_closed";
+    cr_expect(live_wait(&l, 30000, idle_is, &w), "n0 closed %.0f, not %d", w.seen, N);
+    for (int i = 0; i < N; i++) {
+        const struct timeval tv = {.tv_sec = 5};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        char c;
+        cr_expect_eq(read(fds[i], &c, 1), 0, "connection %d: EOF expected", i);
+        close(fds[i]);
+    }
+    w.key = "transport.idle_connections";
     w.want = 0;
-    cr_expect(live_wait(&l, 30000, idle_is, &w), "still %.0f idle connections after close",
-              w.seen);
+    cr_expect(live_wait(&l, 10000, idle_is, &w), "still %.0f silent connections", w.seen);
     const pid_t p0 = node_pid(out, "n0");
     if (p0 > 0)
         kill(p0, SIGTERM);

@@ -6,21 +6,26 @@
  * listening port and then waits, with no deadline, for the connection
  * request of its own protocol; until that arrives ofi_rxm (and so we) never
  * hear of the connection: no event, no handle, no call that lists or
- * closes it. So such connections are counted from outside: once a second
- * the progress thread looks at this process's own sockets
- * (/proc/self/fd), keeps the TCP ones whose local port is the fabric port
- * and that are connected (accepted, not the listener), and asks the kernel
- * (TCP_INFO) how many bytes each has received and how long ago it last
- * received any. One that is established, has received nothing at all, and
- * is older than idle_conn_ms is idle. A connection that sent libfabric's
- * connection request and then nothing is not seen here (it has received
- * bytes); nor are connections of other processes.
+ * closes it. So they are found from outside: once a second the progress
+ * thread looks at this process's own sockets (/proc/self/fd), keeps the
+ * TCP ones whose local port is the fabric port and that are connected
+ * (accepted: dialled connections have another local port), and asks the
+ * kernel (TCP_INFO) how many bytes each has received and how long ago.
+ * One that is established and has received nothing at all is silent; a
+ * peer's real connection sends libfabric's request at once, so a silent
+ * connection older than idle_conn_ms is a stranger's, and it is shut down
+ * (shutdown(2), not close: the descriptor stays libfabric's). libfabric
+ * then reads EOF, which is exactly what it sees when a client hangs up,
+ * and closes the socket and frees its state itself on its next pass.
  *
- * It only reads: the sockets are libfabric's, and closing or shutting one
- * down behind its back is not ours to do (docs/transport.md says why).
- * The fd numbers are read while other threads may open and close files:
- * an fd that changed meanwhile fails one of the checks or is counted once
- * wrongly, for one second.
+ * Why this is safe: only libfabric creates and closes these sockets, and
+ * with FI_THREAD_DOMAIN and manual progress it runs only inside our calls
+ * on this very thread, so a descriptor found here cannot be closed and
+ * reused by libfabric before the shutdown. Other threads of the process
+ * never hold a connected TCP socket whose local port is the fabric port.
+ *
+ * Not seen: connections that completed libfabric's request and then went
+ * silent (they received bytes), and other providers than tcp.
  */
 #include "config.h"
 
@@ -44,8 +49,8 @@
  * which no user-space header exports next to linux/tcp.h). */
 #define IDLE_TCP_ESTABLISHED 1
 
-/* A warning at most this often while idle connections stay. */
-#define IDLE_WARN_EVERY_MS 60000u
+/* One warning line at most this often, with what was closed since. */
+#define IDLE_WARN_EVERY_MS 10000u
 
 /* The local port of a connected TCP socket, 0 for anything else; the peer's
  * address as text in peer. */
@@ -72,28 +77,34 @@ static unsigned conn_port(int fd, char *peer, size_t cap)
     return 0;
 }
 
-/* 1 when fd is an established TCP connection that has received no byte for
- * at least min_ms since it was set up. */
-static int never_sent(int fd, uint32_t min_ms)
+/* How long ago an established TCP connection that has received no byte
+ * at all was set up (ms), or -1 for any other socket. */
+static long silent_for_ms(int fd)
 {
     struct tcp_info ti;
     socklen_t len = sizeof(ti);
     memset(&ti, 0, sizeof(ti));
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
         len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof(ti.tcpi_bytes_received))
-        return 0;
-    return ti.tcpi_state == IDLE_TCP_ESTABLISHED && ti.tcpi_bytes_received == 0 &&
-           ti.tcpi_last_data_recv >= min_ms;
+        return -1;
+    if (ti.tcpi_state != IDLE_TCP_ESTABLISHED || ti.tcpi_bytes_received != 0)
+        return -1;
+    return (long)ti.tcpi_last_data_recv; /* since the handshake, as none came */
 }
 
-/* Count the idle connections on `port`; the first one's peer in first. */
-static unsigned count_idle(unsigned port, uint32_t min_ms, char *first, size_t cap)
+struct idle_pass {
+    unsigned silent;  /* silent, younger than the deadline: left alone */
+    unsigned closed;  /* silent past the deadline: shut down */
+    char first[INET6_ADDRSTRLEN + 16]; /* the first one closed */
+};
+
+/* One look at this process's sockets on `port`. */
+static void idle_pass_run(unsigned port, uint32_t deadline_ms, struct idle_pass *ps)
 {
     DIR *d = opendir("/proc/self/fd");
     if (!d)
-        return 0;
+        return;
     const int dfd = dirfd(d);
-    unsigned n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         char *end;
@@ -103,13 +114,21 @@ static unsigned count_idle(unsigned port, uint32_t min_ms, char *first, size_t c
             !S_ISSOCK(st.st_mode))
             continue;
         char peer[INET6_ADDRSTRLEN + 16];
-        if (conn_port((int)fd, peer, sizeof(peer)) != port || !never_sent((int)fd, min_ms))
+        long age;
+        if (conn_port((int)fd, peer, sizeof(peer)) != port || (age = silent_for_ms((int)fd)) < 0)
             continue;
-        if (n++ == 0)
-            snprintf(first, cap, "%s", peer);
+        if (age < (long)deadline_ms) {
+            ps->silent++;
+            continue;
+        }
+        /* libfabric sees EOF on its next pass and closes it, as when a
+         * client hangs up (see the file's comment). */
+        if (shutdown((int)fd, SHUT_RDWR) != 0)
+            continue;
+        if (ps->closed++ == 0)
+            snprintf(ps->first, sizeof(ps->first), "%s", peer);
     }
     closedir(d);
-    return n;
 }
 
 void fab_idle_scan(tp_fab *t, uint64_t now)
@@ -117,16 +136,19 @@ void fab_idle_scan(tp_fab *t, uint64_t now)
     const unsigned port = t->listen_port ? (unsigned)strtoul(t->listen_port, NULL, 10) : 0;
     if (!port || !t->idle_scan)
         return;
-    char first[INET6_ADDRSTRLEN + 16] = "";
-    const unsigned n = count_idle(port, t->o.idle_conn_ms, first, sizeof(first));
-    atomic_store_explicit(&t->st.idle_conns, n, memory_order_relaxed);
-    if (n && (n > t->idle_warned_n || now - t->idle_warned_ms >= IDLE_WARN_EVERY_MS)) {
-        ds_warn(COMP, "%u connection%s to the fabric port %u sent nothing for %u s or more "
-                "(first from %s); libfabric holds them open and offers no way to close them",
-                n, n == 1 ? "" : "s", port, t->o.idle_conn_ms / 1000, first);
+    struct idle_pass ps = {0};
+    idle_pass_run(port, t->o.idle_conn_ms, &ps);
+    atomic_store_explicit(&t->st.idle_conns, ps.silent, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->st.idle_closed, ps.closed, memory_order_relaxed);
+    t->idle_unwarned += ps.closed;
+    if (ps.closed && !t->idle_first[0])
+        snprintf(t->idle_first, sizeof(t->idle_first), "%s", ps.first);
+    if (t->idle_unwarned && now - t->idle_warned_ms >= IDLE_WARN_EVERY_MS) {
+        ds_warn(COMP, "closed %u connection%s to the fabric port %u that sent nothing for %u s "
+                "(the first from %s)", t->idle_unwarned, t->idle_unwarned == 1 ? "" : "s", port,
+                t->o.idle_conn_ms / 1000, t->idle_first);
         t->idle_warned_ms = now;
-        t->idle_warned_n = n;
+        t->idle_unwarned = 0;
+        t->idle_first[0] = 0;
     }
-    if (!n)
-        t->idle_warned_n = 0;
 }

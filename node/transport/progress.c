@@ -435,6 +435,7 @@ static void fab_stats_get(ds_transport *pub, ds_transport_stats *st)
     LD(quarantined_bytes);
     LD(dup_completions);
     LD(idle_conns);
+    LD(idle_closed);
     for (int i = 0; i < DS_TP_DROP_COUNT; i++)
         st->drops[i] = atomic_load_explicit(&t->st.drops[i], memory_order_relaxed);
 #undef LD

@@ -293,6 +293,12 @@ Test(sec_reload, sighup_admits_then_revokes)
     members_signal(out, SIGHUP);
     w.errors = 1;
     must_wait(&l, 20000, &w, "members did not count the bad reload");
+    char want[700], path[600];
+    snprintf(want, sizeof(want), "allow-list not reloaded, the previous one stays: %s:1:", allowed);
+    snprintf(path, sizeof(path), "%s/n0.log", out);
+    char *log0 = read_text(path);
+    cr_expect(log0 && strstr(log0, want), "n0's log names file and line: '%s'", want);
+    free(log0);
 
     /* 4. Removed, SIGHUP: sessions revoked, frames dropped, out of views. */
     write_bytes(allowed, orig, strlen(orig));

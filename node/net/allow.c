@@ -74,8 +74,10 @@ int ds_net_allow_reload(ds_net *n, char *err, size_t errlen)
     if (!n)
         return -EINVAL;
     if (!n->allow_file || !n->cfg.allow) {
-        snprintf(err, errlen, "no allow-list file configured: nothing to reload");
-        ds_warn(COMP, "%s", err);
+        snprintf(e, sizeof(e), "no allow-list file configured: nothing to reload");
+        ds_warn(COMP, "%s", e);
+        if (err && errlen)
+            snprintf(err, errlen, "%s", e);
         return -ENOENT;
     }
     ds_allowlist *al = NULL;
@@ -85,7 +87,8 @@ int ds_net_allow_reload(ds_net *n, char *err, size_t errlen)
         if (!e[0])
             snprintf(e, sizeof(e), "%s: %s", n->allow_file, strerror(-r));
         ds_error(COMP, "allow-list not reloaded, the previous one stays: %s", e);
-        snprintf(err, errlen, "%s", e);
+        if (err && errlen)
+            snprintf(err, errlen, "%s", e);
         return r;
     }
     const size_t keys = ds_allowlist_count(al);

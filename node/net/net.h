@@ -213,7 +213,8 @@ int ds_net_connect(ds_net *n, const char *addr, uint64_t expect) DS_WUR;
  * reported, and their later frames are dropped as unknown_sender), running
  * handshakes with such keys are dropped. Keys added are admitted at their
  * next HELLO. A file that does not load changes nothing: the old list
- * stays, the error (naming file and line) is logged and returned in err.
+ * stays, the error (naming file and line) is logged and copied to err
+ * (may be NULL).
  * Any thread; counted in allow_reloads / allow_reload_errors /
  * sessions_revoked. 0, or -ENOENT without cfg.allow_file and cfg.allow, or
  * the loader's errno. */

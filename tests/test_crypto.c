@@ -483,6 +483,75 @@ static void flip_all(ds_hs *reader, ds_drop_counters *d, const uint8_t *f, size_
     }
 }
 
+/* Run one HELLO from `ini` (named `name`) into a responder with allow-list
+ * `al`, with the log captured; returns the log's text (caller frees). */
+static char *refused_hello_log(const ds_identity *ini, const char *name, const ds_allowlist *al)
+{
+    FILE *log = tmpfile();
+    cr_assert(log);
+    ds_log_setup("test", DS_LOG_WARN, log);
+    ds_hs_config ci = cfgof(ini, name, NULL, al, DS_SEC_ENCRYPT, 0, &drops_a);
+    ds_hs_config cr = cfgof(&id_b, "beta", NULL, al, DS_SEC_ENCRYPT, 0, &drops_b);
+    ds_hs hi, hr;
+    cr_assert_eq(ds_hs_init_initiator(&hi, &ci, 0), 0);
+    cr_assert_eq(ds_hs_init_responder(&hr, &cr), 0);
+    hs_run run;
+    cr_expect_eq(run_hs(&hi, &hr, &run), DS_DROP_NOT_ALLOWED);
+    cr_expect_eq(run.step, 0, "refused at the HELLO");
+    cr_expect_eq(ds_drop_get(&drops_b, DS_DROP_NOT_ALLOWED), 1, "counted as not_allowed");
+    ds_hs_wipe(&hi);
+    ds_hs_wipe(&hr);
+    ds_log_setup("test", DS_LOG_ERROR, NULL);
+    long n = ftell(log);
+    cr_assert(n > 0, "a log line was written");
+    char *text = calloc(1, (size_t)n + 1);
+    cr_assert(text);
+    rewind(log);
+    cr_assert_eq(fread(text, 1, (size_t)n, log), (size_t)n);
+    fclose(log);
+    return text;
+}
+
+/* The key a responder refuses is logged as an allow-list line: what
+ * follows "add this line: " parses as an allow-list that admits exactly
+ * the refused node under its name. */
+Test(crypto, refused_key_logged_as_allowlist_line)
+{
+    const ds_identity *only_c[1] = {&id_c};
+    ds_allowlist *al = mkallow(1, only_c, NULL);
+    char *log = refused_hello_log(&id_a, "alpha", al);
+    const char *mark = "to admit it, add this line: ";
+    const char *at = strstr(log, mark);
+    cr_assert(at, "log names the key as an allow-list line: %s", log);
+    cr_expect(strstr(log, "not_allowed"), "log names the reason: %s", log);
+    at += strlen(mark);
+    const size_t len = strcspn(at, "\n");
+    char hex[65], want[128];
+    ds_pk_to_hex(id_a.pk, hex);
+    snprintf(want, sizeof(want), "%s alpha", hex);
+    cr_expect_eq(len, strlen(want));
+    cr_expect(strncmp(at, want, len) == 0, "line '%.*s', want '%s'", (int)len, at, want);
+    ds_allowlist *copied = NULL;
+    char err[256];
+    cr_assert_eq(ds_allowlist_parse(&copied, at, len, "log", err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(ds_allowlist_count(copied), 1);
+    cr_expect_eq(ds_allowlist_check(copied, id_a.pk, "alpha"), 0, "the line admits the node");
+    ds_allowlist_free(&copied);
+    free(log);
+    ds_allowlist_free(&al);
+
+    /* Listed under another name: said so, and nothing to add. */
+    memset(&drops_b, 0, sizeof(drops_b));
+    const ds_identity *a_c[2] = {&id_a, &id_c};
+    const char *names[2] = {"other", NULL};
+    al = mkallow(2, a_c, names);
+    log = refused_hello_log(&id_a, "alpha", al);
+    cr_expect(strstr(log, "listed under another name"), "%s", log);
+    cr_expect(!strstr(log, "add this line"), "%s", log);
+    free(log);
+    ds_allowlist_free(&al);
+}
+
 Test(crypto, handshake_flip_every_byte_of_every_frame, .timeout = 120)
 {
     const ds_identity *ab[2] = {&id_a, &id_b};

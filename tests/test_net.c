@@ -414,6 +414,113 @@ Test(net, forget_then_handshake_again)
     node_close(&b);
 }
 
+/* Write `lines` to path (replacing it). */
+static void write_text(const char *path, const char *lines)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "%s", path);
+    cr_assert_eq(fputs(lines, f) >= 0, 1);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* "<hex> name\n": the node's allow-list line. */
+static void pub_line(const node *nd, const char *name, char *out, size_t cap)
+{
+    char hex[65];
+    ds_pk_to_hex(nd->id.pk, hex);
+    snprintf(out, cap, "# %s\n%s %s\n", name, hex, name);
+}
+
+static uint64_t reloads(node *nd, int errors)
+{
+    ds_net_stats st;
+    ds_net_stats_get(nd->n, &st);
+    return errors ? st.allow_reload_errors : st.allow_reloads;
+}
+
+/* Reloading the allow-list: a key added is admitted at its next HELLO; a
+ * bad file keeps the old list and names file and line; a key removed has
+ * its session closed (PEER_REVOKED, counted) and its later frames dropped
+ * as unknown_sender. a reloads by call, b by its reload counter (what a
+ * SIGHUP handler increments; the net's worker notices). */
+Test(net, allowlist_reload_admits_added_and_closes_removed)
+{
+    char dir[] = "/tmp/ds_allow_XXXXXX", fa[64], fb[64], err[512], line[256];
+    cr_assert(mkdtemp(dir));
+    snprintf(fa, sizeof(fa), "%s/a_allowed", dir);
+    snprintf(fb, sizeof(fb), "%s/b_allowed", dir);
+    write_text(fa, "# nobody yet\n");
+    write_text(fb, "# nobody yet\n");
+    ds_allowlist *al_a = NULL, *al_b = NULL;
+    cr_assert_eq(ds_allowlist_load(&al_a, fa, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(ds_allowlist_load(&al_b, fb, err, sizeof(err)), 0, "%s", err);
+    volatile sig_atomic_t hup_b = 0;
+    node a, b;
+    node_opts o = {.mode = DS_SEC_ENCRYPT, .allow = al_a, .allow_file = fa, .name = "alpha"};
+    cr_assert_eq(node_open(&a, &o), 0);
+    o = (node_opts){.mode = DS_SEC_ENCRYPT, .allow = al_b, .allow_file = fb,
+                    .allow_reload = &hup_b, .name = "beta"};
+    cr_assert_eq(node_open(&b, &o), 0);
+    uint64_t dl = ds_now_ms() + 20000;
+
+    /* Not admitted yet. */
+    cr_assert_eq(send_stale(&a, 0, b.addr, 1, ds_now_ms() + 1500, NULL), 0);
+    expect_drop(&b, DS_DROP_NOT_ALLOWED, 1, "a not on b's list");
+    cr_assert_null(node_pop(&b, 100));
+
+    /* Added: both reload, a by call, b by its counter. */
+    pub_line(&b, "beta", line, sizeof(line));
+    write_text(fa, line);
+    pub_line(&a, "alpha", line, sizeof(line));
+    write_text(fb, line);
+    cr_assert_eq(ds_net_allow_reload(a.n, err, sizeof(err)), 0, "%s", err);
+    hup_b++;
+    uint64_t end = ds_now_ms() + 5000;
+    while (reloads(&b, 0) < 1 && ds_now_ms() < end)
+        usleep(2000);
+    cr_assert_eq(reloads(&b, 0), 1, "b's worker reloaded on the counter");
+    cr_assert_eq(send_stale(&a, b.id.id, b.addr, 2, dl, NULL), 0);
+    expect_stale(&b, a.id.id, 2, 8000);
+    cr_assert_eq(send_stale(&b, a.id.id, NULL, 3, dl, NULL), 0);
+    expect_stale(&a, b.id.id, 3, 5000);
+
+    /* A bad file: error with file and line, the old list stays. */
+    snprintf(line, sizeof(line), "# ok\nnot-a-key\n");
+    write_text(fb, line);
+    cr_assert_eq(ds_net_allow_reload(b.n, err, sizeof(err)), -EINVAL);
+    char want[96];
+    snprintf(want, sizeof(want), "%s:2:", fb);
+    cr_assert(strstr(err, want), "error names file and line: %s", err);
+    cr_assert_eq(reloads(&b, 1), 1);
+    cr_assert_eq(send_stale(&a, b.id.id, NULL, 4, dl, NULL), 0);
+    expect_stale(&b, a.id.id, 4, 5000);
+
+    /* Removed: b closes a's session; a's frames are dropped and counted. */
+    write_text(fb, "# alpha removed\n");
+    cr_assert_eq(ds_net_allow_reload(b.n, err, sizeof(err)), 0, "%s", err);
+    ds_net_stats st;
+    ds_net_stats_get(b.n, &st);
+    cr_assert_eq(st.sessions_revoked, 1);
+    cr_assert_eq(st.sessions, 0);
+    cr_assert_eq(st.allow_reloads, 2);
+    cr_assert_eq(node_wait_event(&b, DS_NET_EV_PEER_REVOKED, 1), 1);
+    cr_assert_eq(ds_net_connected(b.n, a.id.id), 0);
+    cr_assert_eq(send_stale(&a, b.id.id, NULL, 5, dl, NULL), 0);
+    expect_drop(&b, DS_DROP_UNKNOWN_SENDER, 1, "frame from a removed key");
+    /* And a new handshake from it is refused. */
+    cr_assert_eq(ds_net_forget(a.n, b.id.id), 0);
+    cr_assert_eq(send_stale(&a, b.id.id, b.addr, 6, ds_now_ms() + 1500, NULL), 0);
+    expect_drop(&b, DS_DROP_NOT_ALLOWED, 2, "removed key handshakes again");
+    cr_assert_null(node_pop(&b, 200));
+    node_close(&a);
+    node_close(&b);
+    ds_allowlist_free(&al_a);
+    ds_allowlist_free(&al_b);
+    unlink(fa);
+    unlink(fb);
+    rmdir(dir);
+}
+
 static void raw_on_recv(void *ctx, ds_transport_msg *m)
 {
     (void)ctx;

@@ -22,6 +22,9 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,6 +219,134 @@ static const size_t pair_sizes[] = {
     (1u << 20) - 1, 1u << 20, (1u << 20) + 1, 3 * (1u << 20) + 5, 16u << 20,
 };
 #define NPAIR (sizeof(pair_sizes) / sizeof(pair_sizes[0]))
+
+/* A raw TCP connection to port; fd or fails the test. `first` bytes of
+ * junk are written (0: it stays silent). */
+static int raw_connect(unsigned port, size_t first)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s", strerror(errno));
+    if (first)
+        cr_assert_eq(write(fd, "\x7f\x7f\x7f\x7f", first), (ssize_t)first);
+    return fd;
+}
+
+static uint64_t idle_stat(struct ep *e, int closed)
+{
+    ds_transport_stats st;
+    ds_transport_stats_get(e->t, &st);
+    return closed ? st.idle_closed : st.idle_conns;
+}
+
+/* Wait (polling, at most ms) until idle_connections (closed: 0) or
+ * idle_connections_closed (1) is want. */
+static uint64_t idle_wait(struct ep *e, int closed, uint64_t want, int ms)
+{
+    const uint64_t end = ds_now_ms() + (uint64_t)ms;
+    uint64_t n;
+    while ((n = idle_stat(e, closed)) != want && ds_now_ms() < end)
+        usleep(20000);
+    return n;
+}
+
+/* Connected sockets of this process whose local port is `port`: the
+ * connections an endpoint listening there accepted and still holds. */
+static unsigned held_on_port(unsigned port)
+{
+    unsigned n = 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        struct sockaddr_in a, p;
+        socklen_t al = sizeof(a), pl = sizeof(p);
+        if (getsockname(fd, (struct sockaddr *)&a, &al) == 0 && a.sin_family == AF_INET &&
+            ntohs(a.sin_port) == port && getpeername(fd, (struct sockaddr *)&p, &pl) == 0)
+            n++;
+    }
+    return n;
+}
+
+static unsigned held_wait(unsigned port, unsigned want, int ms)
+{
+    const uint64_t end = ds_now_ms() + (uint64_t)ms;
+    unsigned n;
+    while ((n = held_on_port(port)) != want && ds_now_ms() < end)
+        usleep(20000);
+    return n;
+}
+
+/* Endpoint a with the given idle deadline, and b, which sends a one
+ * message (a real connection to a's port that must never count). */
+static void idle_pair(struct ep *a, struct ep *b, ds_transport_peer *pa, uint32_t idle_ms)
+{
+    ds_transport_opts o;
+    ds_transport_opts_default(&o);
+    o.rx_small_bufs = 16;
+    o.rx_large_bufs = 4;
+    o.idle_conn_ms = idle_ms;
+    cr_assert_eq(ep_open_opts(a, &o), 0);
+    ep_open(b);
+    cr_assert_eq(ds_transport_peer_add(b->t, a->addr, pa), 0);
+    cr_assert_eq(send_pattern(b->t, *pa, 100, SEED, 1, ds_now_ms() + 10000, NULL), 0);
+    expect_msg(&a->in, 0, 100, SEED, 1, 10000);
+}
+
+/* Raw TCP connections to the fabric port that send nothing are held by
+ * libfabric (it waits for its connection request forever): counted while
+ * they are open, not any more once their client closes them; a peer's
+ * real connection and one that sent junk (libfabric drops it) are not. */
+Test(transport, silent_connections_counted)
+{
+    struct ep a, b;
+    ds_transport_peer pa;
+    idle_pair(&a, &b, &pa, 600000);
+    const unsigned port = (unsigned)atoi(strrchr(a.addr, ':') + 1);
+    enum { N = 5 };
+    int fds[N + 1];
+    for (int i = 0; i < N; i++)
+        fds[i] = raw_connect(port, 0);
+    fds[N] = raw_connect(port, 3);
+    cr_assert_eq(idle_wait(&a, 0, N, 10000), N, "the silent connections, and only them");
+    for (int i = 0; i <= N; i++)
+        close(fds[i]);
+    cr_assert_eq(idle_wait(&a, 0, 0, 10000), 0, "closed connections are not counted");
+    cr_assert_eq(held_wait(port, 1, 10000), 1, "libfabric closed its side: b's is left");
+    cr_assert_eq(idle_stat(&a, 1), 0, "none closed by us: the deadline is far");
+    ep_close(&a);
+    ep_close(&b);
+}
+
+/* Past idle_conn_ms a silent connection is closed: its client reads EOF,
+ * it is counted in idle_connections_closed, and the endpoint goes on
+ * (a peer's real connection untouched). */
+Test(transport, silent_connections_closed_past_deadline)
+{
+    struct ep a, b;
+    ds_transport_peer pa;
+    idle_pair(&a, &b, &pa, 500);
+    const unsigned port = (unsigned)atoi(strrchr(a.addr, ':') + 1);
+    enum { N = 5 };
+    int fds[N];
+    for (int i = 0; i < N; i++)
+        fds[i] = raw_connect(port, 0);
+    cr_assert_eq(idle_wait(&a, 1, N, 10000), N, "closed: the silent ones, and only them");
+    for (int i = 0; i < N; i++) {
+        const struct timeval tv = {.tv_sec = 5};
+        cr_assert_eq(setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        char c;
+        cr_assert_eq(read(fds[i], &c, 1), 0, "connection %d: EOF, not %s", i, strerror(errno));
+        close(fds[i]);
+    }
+    cr_assert_eq(idle_wait(&a, 0, 0, 10000), 0);
+    /* libfabric closed them itself: only b's connection is left. */
+    cr_assert_eq(held_wait(port, 1, 10000), 1, "sockets a still holds on its port");
+    cr_assert_eq(send_pattern(b.t, pa, 100, SEED, 2, ds_now_ms() + 10000, NULL), 0);
+    expect_msg(&a.in, 0, 100, SEED, 2, 10000);
+    cr_assert_eq(idle_stat(&a, 1), N, "the real connection was never closed");
+    ep_close(&a);
+    ep_close(&b);
+}
 
 Test(transport, pair_all_sizes_both_ways)
 {

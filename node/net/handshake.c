@@ -56,6 +56,8 @@ static void hs_complete(ds_net *n, struct net_peer *p, struct report **rep, stru
     atomic_store(&s->refs, 1);
     uint64_t id = info->id;
     char name[DS_WIRE_NAME_MAX + 1], pub[DS_WIRE_ADDR_MAX + 1];
+    uint8_t pk[DS_PK_BYTES];
+    memcpy(pk, info->pk, DS_PK_BYTES);
     snprintf(name, sizeof(name), "%s", info->name);
     snprintf(pub, sizeof(pub), "%s", info->address);
     net_hs_drop(n, p);
@@ -97,6 +99,7 @@ static void hs_complete(ds_net *n, struct net_peer *p, struct report **rep, stru
     p->rekey = 0;
     snprintf(p->name, sizeof(p->name), "%s", name);
     snprintf(p->pub, sizeof(p->pub), "%s", pub);
+    memcpy(p->pk, pk, DS_PK_BYTES);
     ADD(n, hs_ok, 1);
     ds_info(COMP, "session %s with %s id=%016" PRIx64 " addr=%s mode=%s aead=%s", rekey ? "rekeyed" : "up",
             p->name, p->id, p->addr, ds_sec_mode_name(s->s.mode), ds_aead_name(s->s.aead));

@@ -17,6 +17,8 @@
  *                waited for it
  *   worker.c     the worker thread: what the transport's progress thread
  *                queues for it, data frames opened and delivered, timers
+ *   allow.c      the allow-list reload: the new list swapped in under the
+ *                lock, sessions and handshakes of removed keys closed
  *
  * Locks: n->lock guards the peer table and everything in a net_peer and
  * the handshake bound; n->rxlock the receive queue. No callback runs under
@@ -57,6 +59,7 @@ struct net_peer {
     char addr[DS_TRANSPORT_ADDR_MAX]; /* the transport's text for tp */
     char name[DS_WIRE_NAME_MAX + 1];
     char pub[DS_WIRE_ADDR_MAX + 1];   /* address it published in its HELLO */
+    uint8_t pk[DS_PK_BYTES];          /* its identity key, once authenticated */
     ds_transport_peer tp;
     struct net_sess *sess;
     ds_hs *hs;
@@ -129,6 +132,13 @@ struct ds_net {
 
     _Atomic uint64_t frames_sent, bytes_sent, frames_recv, bytes_recv;
     _Atomic uint64_t hs_ok, hs_failed, send_failures;
+
+    /* The allow-list (allow.c). hs_cfg.allow is cfg.allow until a reload,
+     * then allow_own, which the net owns; both change under lock. */
+    char *allow_file;
+    ds_allowlist *allow_own;
+    sig_atomic_t allow_seen; /* the last *cfg.allow_reload acted on (worker) */
+    _Atomic uint64_t allow_reloads, allow_reload_errors, sessions_revoked;
 };
 
 #define ADD(n, f, v) atomic_fetch_add_explicit(&(n)->f, (uint64_t)(v), memory_order_relaxed)
@@ -166,6 +176,11 @@ void net_wake_worker(ds_net *n);
 
 void net_on_hs_frame(ds_net *n, ds_transport_peer tp, const uint8_t *frame, size_t len,
                      const ds_wire_hdr *h, struct report **rep);
+
+/* ---- allow.c -------------------------------------------------------------- */
+
+/* Worker timers: reload when *cfg.allow_reload changed since last time. */
+void net_allow_poll(ds_net *n);
 
 /* ---- worker.c ------------------------------------------------------------ */
 

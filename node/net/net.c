@@ -58,6 +58,13 @@ int ds_net_open(const ds_net_cfg *cfg, ds_net **out)
     n->limits = cfg->limits;
     if (!n->limits.max_payload)
         ds_wire_limits_default(&n->limits);
+    if (cfg->allow_file && !(n->allow_file = strdup(cfg->allow_file))) {
+        free(n);
+        return -ENOMEM;
+    }
+    n->cfg.allow_file = n->allow_file;
+    if (cfg->allow_reload)
+        n->allow_seen = *cfg->allow_reload;
     snprintf(n->name, sizeof(n->name), "%s", cfg->name);
     n->cluster_id = ds_wire_cluster_id(cfg->cluster);
     n->self_id = cfg->identity->id;
@@ -114,6 +121,7 @@ fail:
     pthread_mutex_destroy(&n->lock);
     pthread_mutex_destroy(&n->rxlock);
     pthread_cond_destroy(&n->rxcond);
+    free(n->allow_file);
     free(n);
     return r;
 }
@@ -154,6 +162,8 @@ void ds_net_close(ds_net **np)
     pthread_mutex_destroy(&n->lock);
     pthread_mutex_destroy(&n->rxlock);
     pthread_cond_destroy(&n->rxcond);
+    ds_allowlist_free(&n->allow_own);
+    free(n->allow_file);
     free(n);
 }
 
@@ -202,6 +212,9 @@ void ds_net_stats_get(ds_net *n, ds_net_stats *st)
     st->handshakes_ok = atomic_load(&n->hs_ok);
     st->handshakes_failed = atomic_load(&n->hs_failed);
     st->send_failures = atomic_load(&n->send_failures);
+    st->allow_reloads = atomic_load(&n->allow_reloads);
+    st->allow_reload_errors = atomic_load(&n->allow_reload_errors);
+    st->sessions_revoked = atomic_load(&n->sessions_revoked);
     pthread_mutex_lock(&n->lock);
     for (struct net_peer *p = n->peers; p; p = p->next) {
         st->sessions += p->sess != NULL;

@@ -42,6 +42,7 @@
 #ifndef DS_NODE_NET_H
 #define DS_NODE_NET_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,6 +84,9 @@ enum ds_net_event_kind {
     DS_NET_EV_PEER_RESPONSIVE = 4,
     /* The transport endpoint was reset (stuck bound). */
     DS_NET_EV_RESET = 5,
+    /* An allow-list reload removed the peer's key: its session is closed
+     * and it is not admitted again (ds_net_allow_reload). */
+    DS_NET_EV_PEER_REVOKED = 6,
 };
 
 typedef struct ds_net_event {
@@ -102,6 +106,12 @@ typedef struct ds_net_cfg {
     const char *cluster;               /* cluster name: ds_wire_cluster_id (copied) */
     const ds_cluster_key *cluster_key; /* borrowed; NULL: none */
     const ds_allowlist *allow;         /* borrowed; NULL: none */
+    /* The file `allow` was read from (copied; NULL: none), re-read by
+     * ds_net_allow_reload, which the worker calls whenever the value at
+     * allow_reload changes (a counter a SIGHUP handler increments;
+     * borrowed; NULL: only explicit calls). */
+    const char *allow_file;
+    const volatile sig_atomic_t *allow_reload;
     enum ds_sec_mode mode;
     unsigned aeads;                    /* acceptable AEADs; 0 = all this CPU runs */
     /* Transport options (provider, listen, advertise, sizes). The
@@ -197,6 +207,19 @@ int ds_net_send_msg_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg
  * an errno as ds_net_send_frame. */
 int ds_net_connect(ds_net *n, const char *addr, uint64_t expect) DS_WUR;
 
+/* Re-read cfg.allow_file and admit by it from now on: handshakes check the
+ * new list, sessions whose key (or pinned name) it no longer admits are
+ * closed (their waiting frames fail -ECANCELED, DS_NET_EV_PEER_REVOKED is
+ * reported, and their later frames are dropped as unknown_sender), running
+ * handshakes with such keys are dropped. Keys added are admitted at their
+ * next HELLO. A file that does not load changes nothing: the old list
+ * stays, the error (naming file and line) is logged and copied to err
+ * (may be NULL).
+ * Any thread; counted in allow_reloads / allow_reload_errors /
+ * sessions_revoked. 0, or -ENOENT without cfg.allow_file and cfg.allow, or
+ * the loader's errno. */
+int ds_net_allow_reload(ds_net *n, char *err, size_t errlen) DS_WUR;
+
 /* 1 when a session with `peer` is up. */
 int ds_net_connected(ds_net *n, uint64_t peer);
 
@@ -222,6 +245,7 @@ ds_drop_counters *ds_net_drops(ds_net *n);
  * the member, its /status key, its /metrics family and its docs/status.md
  * row). The transport's own counters follow as .transport. */
 #define DS_NET_HELP_HS "Handshakes by result."
+#define DS_NET_HELP_RELOAD "Allow-list reloads by result (an error keeps the old list)."
 #define DS_NET_STATS(X) \
     X(U64, frames_sent, "frames_sent", "dsnode_frames_sent_total", COUNTER, NULL, NULL, \
       "Sealed frames handed to the transport.") \
@@ -240,7 +264,13 @@ ds_drop_counters *ds_net_drops(ds_net *n);
     X(U64, pending_frames, "pending_frames", "dsnode_pending_frames", GAUGE, NULL, NULL, \
       "Frames waiting for a session now.") \
     X(U64, send_failures, "send_failures", "dsnode_send_failures_total", COUNTER, NULL, NULL, \
-      "Frame sends that failed (done callbacks with an error).")
+      "Frame sends that failed (done callbacks with an error).") \
+    X(U64, allow_reloads, "allow_reloads", "dsnode_allow_reloads_total", COUNTER, "result", \
+      "ok", DS_NET_HELP_RELOAD) \
+    X(U64, allow_reload_errors, "allow_reload_errors", "dsnode_allow_reloads_total", COUNTER, \
+      "result", "error", DS_NET_HELP_RELOAD) \
+    X(U64, sessions_revoked, "sessions_revoked", "dsnode_sessions_revoked_total", COUNTER, NULL, \
+      NULL, "Sessions closed because their key left the allow-list.")
 
 typedef struct ds_net_stats {
     DS_NET_STATS(DS_METRIC_FIELD)

@@ -11,7 +11,8 @@
  * sender, receiver, replay window and tag, and is then delivered in place
  * (on_recv). Between frames, and at least every NET_TICK_MS, the timers
  * run: handshakes past their timeout fail, waiting frames past their
- * deadline fail, due rekeys start.
+ * deadline fail, due rekeys start, and a requested allow-list reload runs
+ * (allow.c).
  */
 #include "config.h"
 
@@ -200,8 +201,10 @@ void *net_worker_main(void *arg)
             ds_transport_buf_put(n->tp, it->base); /* (the worker runs while tp lives) */
             free(it);
         }
-        if (!it || ds_now_ms() >= next_timer)
+        if (!it || ds_now_ms() >= next_timer) {
             next_timer = timers(n, &rep);
+            net_allow_poll(n); /* a SIGHUP: reload the allow-list here */
+        }
         net_reports_run(n, rep);
     }
     return NULL;

@@ -165,6 +165,11 @@ static void on_net_event(void *ctx, const ds_net_event *ev)
             pthread_mutex_unlock(&r->lock);
         }
         break;
+    case DS_NET_EV_PEER_REVOKED:
+        /* Its key left the allow-list: not waited for, and membership
+         * probes it now (the probe is refused, so it is declared dead). */
+        ds_warn("net", "%s %s removed from the allow-list: session closed", ev->name, ev->addr);
+        /* fall through */
     case DS_NET_EV_PEER_UNRESPONSIVE:
         if (ms && ev->peer)
             ds_membership_hint(ms, ev->peer, ds_now_ms());
@@ -389,6 +394,7 @@ int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop
     r->c = c;
     r->stop.signal = stop && stop->signal ? stop->signal : &never;
     r->stop.count = stop && stop->count ? stop->count : &never;
+    r->stop.reload = stop ? stop->reload : NULL;
     pthread_mutex_init(&r->lock, NULL);
     pthread_mutex_init(&r->skip_lock, NULL);
     pthread_condattr_t ca;
@@ -460,6 +466,10 @@ static int open_net(rt *r)
     nc.cluster = c->cluster.id;
     nc.cluster_key = r->have_ck ? &r->ck : NULL;
     nc.allow = r->allow;
+    /* SIGHUP: the net's worker re-reads the allow-list (without one, the
+     * empty list of load_keys stays: there is no file to re-read). */
+    nc.allow_file = c->cluster.allowed_keys[0] ? c->cluster.allowed_keys : NULL;
+    nc.allow_reload = r->stop.reload;
     nc.mode = r->mode;
     nc.transport.provider = c->transport.provider;
     nc.transport.listen = c->node.listen;

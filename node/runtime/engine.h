@@ -72,6 +72,9 @@ typedef struct ds_engine ds_engine;
 typedef struct ds_engine_stop {
     const volatile sig_atomic_t *signal;
     const volatile sig_atomic_t *count;
+    /* May be NULL. A counter of reload requests (SIGHUP): each change
+     * makes the net re-read cluster.allowed_keys (ds_net_allow_reload). */
+    const volatile sig_atomic_t *reload;
 } ds_engine_stop;
 
 enum ds_engine_buf {

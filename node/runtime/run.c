@@ -17,7 +17,8 @@
  * Signals: the first SIGINT/SIGTERM stops training (the node evaluates,
  * leaves without lingering and prints its summary); a second one ends any
  * lingering at once. The handler only sets two flags, which the engine
- * reads through ds_engine_stop.
+ * reads through ds_engine_stop. SIGHUP re-reads the allow-list: its
+ * handler only counts, and the net's worker reloads.
  *
  * The summary is the one line a launcher needs, on stdout:
  *   summary node=NAME status=done|stopped|failed steps=N loss=L test_acc=A
@@ -54,8 +55,29 @@ static void on_signal(int sig)
     stop_count++;
 }
 
+static volatile sig_atomic_t reload_count;
+
+/* SIGHUP: re-read the allow-list. The handler only counts; the net's
+ * worker notices the change and reloads (ds_net_allow_reload). */
+static void on_reload_signal(int sig)
+{
+    (void)sig;
+    reload_count++;
+}
+
+static void install_reload_signal(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_reload_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
 static void install_signals(void)
 {
+    install_reload_signal();
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -336,7 +358,8 @@ int ds_node_run(const ds_conf *c, unsigned flags)
 {
     run u = {.c = c, .t_start = ds_now_ns(), .test_acc = -1,
              .rep = {.phase = DS_STATUS_JOINING, .test_acc = -1}};
-    const ds_engine_stop stop = {.signal = &stop_signal, .count = &stop_count};
+    const ds_engine_stop stop = {.signal = &stop_signal, .count = &stop_count,
+                                 .reload = &reload_count};
     char err[1024];
     int code = 1, e;
 

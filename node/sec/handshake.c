@@ -127,6 +127,12 @@ int ds_hs_done(const ds_hs *hs)
     return hs->state == DS_HS_DONE;
 }
 
+void ds_hs_set_allowlist(ds_hs *hs, const ds_allowlist *al)
+{
+    if (hs && hs->cfg.allow && al)
+        hs->cfg.allow = al;
+}
+
 const ds_peer_info *ds_hs_peer(const ds_hs *hs)
 {
     return hs->state == DS_HS_DONE ? &hs->peer : NULL;
@@ -389,6 +395,43 @@ static enum ds_drop_reason read_fin(ds_hs *hs, const uint8_t *frame, const ds_wi
     return DS_DROP_NONE;
 }
 
+/* The allow-list line that would admit the key a HELLO or HELLO_ACK
+ * presented: "<64 hex> <name>", the name left out when the allow-list
+ * could not carry it ('#' starts a comment there). */
+static void allow_line(const ds_wire_hello *b, char *out, size_t cap)
+{
+    char hex[2 * DS_PK_BYTES + 1];
+    ds_pk_to_hex(b->pk, hex);
+    const int named = ds_sec_name_ok(b->name, 1, DS_WIRE_NAME_MAX + 1) && !strchr(b->name, '#');
+    snprintf(out, cap, "%s%s%s", hex, named ? " " : "", named ? b->name : "");
+}
+
+/* A peer refused by the allow-list: count it, and log (rate-limited) one
+ * line an operator can act on: the key exactly as an allow-list line, or
+ * that the key is listed under another name. 0 when the refusal is of
+ * another kind (our own key reflected back) and the caller logs it. */
+static int note_not_allowed(const ds_hs *hs, const ds_wire_msg *m)
+{
+    const ds_wire_hello *b = &m->u.hello;
+    if ((m->h.type != DS_MSG_HELLO && m->h.type != DS_MSG_HELLO_ACK) || !hs->cfg.allow ||
+        sodium_memcmp(b->pk, hs->cfg.identity->pk, DS_PK_BYTES) == 0)
+        return 0;
+    char line[2 * DS_PK_BYTES + DS_WIRE_NAME_MAX + 2];
+    allow_line(b, line, sizeof(line));
+    if (ds_allowlist_check(hs->cfg.allow, b->pk, b->name) == -EPERM) {
+        ds_drop_note(hs->cfg.drops, DS_DROP_NOT_ALLOWED, COMP,
+                     "type=%s sender=%016" PRIx64 " addr=%s: key listed under another name "
+                     "than the one presented; it presented: %s",
+                     ds_msg_type_name(m->h.type), m->h.sender, b->addr, line);
+        return 1;
+    }
+    ds_drop_note(hs->cfg.drops, DS_DROP_NOT_ALLOWED, COMP,
+                 "type=%s sender=%016" PRIx64 " addr=%s: key not on the allow-list "
+                 "(presented, signature not yet checked); to admit it, add this line: %s",
+                 ds_msg_type_name(m->h.type), m->h.sender, b->addr, line);
+    return 1;
+}
+
 enum ds_drop_reason ds_hs_read(ds_hs *hs, const uint8_t *frame, size_t len)
 {
     ds_wire_limits lim;
@@ -419,6 +462,8 @@ enum ds_drop_reason ds_hs_read(ds_hs *hs, const uint8_t *frame, size_t len)
         }
     }
     if (r == DS_DROP_NONE)
+        return r;
+    if (r == DS_DROP_NOT_ALLOWED && note_not_allowed(hs, &m))
         return r;
     ds_drop_note(hs->cfg.drops, r, COMP, "handshake=%s state=%d type=%s sender=%016" PRIx64,
                  hs->initiator ? "initiator" : "responder", (int)hs->state,

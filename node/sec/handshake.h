@@ -126,6 +126,10 @@ enum ds_drop_reason ds_hs_read(ds_hs *hs, const uint8_t *frame, size_t len) DS_W
 int ds_hs_done(const ds_hs *hs);
 /* The authenticated peer; valid once ds_hs_done. */
 const ds_peer_info *ds_hs_peer(const ds_hs *hs);
+/* Replace the borrowed allow-list of a running handshake (a reload): the
+ * frames it reads from now on are checked against al. Both the old and the
+ * new list must be non-NULL (the admission bits a HELLO carries stay). */
+void ds_hs_set_allowlist(ds_hs *hs, const ds_allowlist *al);
 /* Once done: set up *s (as ds_session_init) and wipe the keys from hs.
  * -EAGAIN if not done; -EALREADY if taken before. */
 int ds_hs_session(ds_hs *hs, ds_session *s, const ds_wire_limits *lim) DS_WUR;

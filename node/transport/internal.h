@@ -15,6 +15,8 @@
  *   deadline.c  send deadlines, held-message timeouts, quarantine aging
  *   progress.c  the progress thread, requests from other threads, resets,
  *               the backend's open and close
+ *   idle.c      connections to our port that never sent a byte: counted,
+ *               and shut down past a deadline
  *
  * chunk.h pins the wire format; transport.c is the public API in front of
  * this backend and of the in-process one (backend.h).
@@ -236,7 +238,7 @@ struct tp_stats_atomic {
     _Atomic uint64_t msgs_sent, bytes_sent, msgs_recv, bytes_recv;
     _Atomic uint64_t send_timeouts, send_errors, eagain;
     _Atomic uint64_t stuck_ops, stuck_bytes, queued_bytes, resets;
-    _Atomic uint64_t quarantined_bytes, dup_completions;
+    _Atomic uint64_t quarantined_bytes, dup_completions, idle_conns, idle_closed;
     _Atomic uint64_t drops[DS_TP_DROP_COUNT];
 };
 
@@ -291,6 +293,11 @@ typedef struct tp_fab {
     uint64_t rx_tick;           /* chunks received: the streams' LRU clock */
     uint64_t last_stream;       /* one-entry cache of stream -> slot, index */
     uint32_t last_slot, last_sidx;
+
+    int idle_scan;              /* a TCP provider: look for idle connections */
+    uint64_t idle_warned_ms;    /* the last warning about closed ones */
+    unsigned idle_unwarned;     /* closed since, and the first one's peer */
+    char idle_first[64];
 
     struct tp_stats_atomic st;
 } tp_fab;
@@ -440,6 +447,9 @@ int fab_peer_addr(ds_transport *pub, ds_transport_peer p, char *buf, size_t n);
 
 int fab_scan_due(tp_fab *t, uint64_t now);
 void fab_quarantine_age(tp_fab *t, uint64_t now);
+/* idle.c: count connections to our port that never sent a byte, shut
+ * down those past idle_conn_ms (once a second, progress thread). */
+void fab_idle_scan(tp_fab *t, uint64_t now);
 void fab_quarantine_free(tp_fab *t);
 
 /* ---- progress.c: the thread, requests, resets ------------------------- */

@@ -338,6 +338,7 @@ static void *progress_main(void *arg)
         if (now >= t->next_quarantine_ms) {
             fab_quarantine_age(t, now);
             fab_grants_reclaim(t, now);
+            fab_idle_scan(t, now);
             t->next_quarantine_ms = now + 1000;
         }
         if (stuck_over_bound(t)) {
@@ -433,6 +434,8 @@ static void fab_stats_get(ds_transport *pub, ds_transport_stats *st)
     LD(resets);
     LD(quarantined_bytes);
     LD(dup_completions);
+    LD(idle_conns);
+    LD(idle_closed);
     for (int i = 0; i < DS_TP_DROP_COUNT; i++)
         st->drops[i] = atomic_load_explicit(&t->st.drops[i], memory_order_relaxed);
 #undef LD
@@ -515,6 +518,7 @@ int tp_fabric_open(const ds_transport_opts *o, ds_transport **out)
      * setting wins. */
     if (!strncmp(t->provider, "shm", 3))
         setenv("FI_SHM_DISABLE_CMA", "1", 0);
+    t->idle_scan = strstr(t->provider, "tcp") != NULL;
     r = alloc_tables(t, o);
     if (r)
         goto fail;

@@ -149,6 +149,7 @@ void ds_transport_opts_default(ds_transport_opts *o)
     o->miss_limit = 1;
     o->stuck_max_ops = 1024;
     o->stuck_max_bytes = 256u << 20;
+    o->idle_conn_ms = 10000;
 }
 
 static int opts_check(const ds_transport_opts *o)
@@ -173,6 +174,8 @@ static int opts_check(const ds_transport_opts *o)
         BAD("max_peers=%u outside [1, 65535]", o->max_peers);
     if (o->rx_timeout_ms == 0)
         BAD("rx_timeout_ms must be > 0");
+    if (o->idle_conn_ms == 0)
+        BAD("idle_conn_ms must be > 0");
     if (o->miss_limit == 0 || o->stuck_max_ops == 0 || o->stuck_max_bytes == 0)
         BAD("miss_limit, stuck_max_ops and stuck_max_bytes must be > 0");
     char host[DS_TRANSPORT_ADDR_MAX], port[8];

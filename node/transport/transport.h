@@ -140,6 +140,9 @@ typedef struct ds_transport_opts {
     unsigned miss_limit;       /* missed deadlines before UNRESPONSIVE; 1 */
     unsigned stuck_max_ops;    /* abandoned sends before a reset; 1024 */
     size_t stuck_max_bytes;    /* abandoned bytes before a reset; 256 MiB */
+    uint32_t idle_conn_ms;     /* a TCP connection to our port that has sent
+                                * nothing this long is shut down (tcp
+                                * providers; idle_connections_closed); 10000 */
     ds_transport_recv_fn on_recv;   /* required */
     ds_transport_event_fn on_event; /* may be NULL */
     void *cb_ctx;                   /* passed to on_recv and on_event */
@@ -240,7 +243,12 @@ const char *ds_transport_drop_name(enum ds_transport_drop reason);
     X(U64, dup_completions, "dup_completions", "dsnode_transport_dup_completions_total", \
       COUNTER, NULL, NULL, "Repeated completions for one operation.") \
     X(U64, pinned_bufs, "pinned_bufs", "dsnode_transport_pinned_buffers", GAUGE, NULL, NULL, \
-      "Receive buffers set aside while a stalled peer's transfer holds them.")
+      "Receive buffers set aside while a stalled peer's transfer holds them.") \
+    X(U64, idle_conns, "idle_connections", "dsnode_transport_idle_connections", GAUGE, NULL, \
+      NULL, "TCP connections to the fabric port that have sent nothing yet, now.") \
+    X(U64, idle_closed, "idle_connections_closed", \
+      "dsnode_transport_idle_connections_closed_total", COUNTER, NULL, NULL, \
+      "TCP connections to the fabric port closed for sending nothing within the deadline.")
 
 typedef struct ds_transport_stats {
     DS_TRANSPORT_STATS(DS_METRIC_FIELD)

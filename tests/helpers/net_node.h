@@ -150,6 +150,8 @@ typedef struct node_opts {
     enum ds_sec_mode mode;
     const ds_cluster_key *key;
     const ds_allowlist *allow;
+    const char *allow_file;                    /* re-read by ds_net_allow_reload */
+    const volatile sig_atomic_t *allow_reload; /* reload when it changes */
     const char *name;
     const char *listen;
     const char *provider;          /* NULL: the default ("tcp") */
@@ -169,6 +171,8 @@ static inline int node_open(node *nd, const node_opts *o)
     cfg.cluster = CLUSTER;
     cfg.cluster_key = o->key;
     cfg.allow = o->allow;
+    cfg.allow_file = o->allow_file;
+    cfg.allow_reload = o->allow_reload;
     cfg.mode = o->mode;
     cfg.transport.rx_small_bufs = 16;
     cfg.transport.rx_large_bufs = 8;

@@ -96,6 +96,8 @@ struct ds_gossip {
                           * (SKIP_ALL: nor sent to; SKIP_NOWAIT: sent to) */
     uint8_t *ahead;      /* G entries: peers seen past this round already */
     uint8_t *slow;       /* G entries: partners too slow to wait for (latency.h) */
+    uint64_t *peer_round; /* G entries: the latest round each partner was in */
+    uint32_t *chk_in;    /* max_in entries: a past round's initiators */
     float *resp;         /* max_len: values of a reply */
     uint32_t G, me;
     uint64_t epoch, round;
@@ -214,6 +216,8 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->skip);
     free(g->ahead);
     free(g->slow);
+    free(g->peer_round);
+    free(g->chk_in);
     free(g->resp);
     free(g->pub_x);
     free(g->pub_in);
@@ -443,6 +447,15 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
             return -ENOMEM;
         g->slow = sl;
         memset(sl, 0, G);
+        uint64_t *pr = realloc(g->peer_round, (size_t)G * sizeof(uint64_t));
+        if (!pr)
+            return -ENOMEM;
+        g->peer_round = pr;
+        memset(pr, 0, (size_t)G * sizeof(uint64_t));
+        uint32_t *ci = realloc(g->chk_in, (size_t)max_in * sizeof(uint32_t));
+        if (!ci)
+            return -ENOMEM;
+        g->chk_in = ci;
         uint32_t *f = realloc(g->in_from, (size_t)g->n_seg * max_in * sizeof(uint32_t));
         if (!f)
             return -ENOMEM;
@@ -493,7 +506,7 @@ static int outstanding(const ds_gossip *g)
     int n = 0;
     for (int s = 0; s < g->n_seg; s++) {
         const uint32_t t = g->out[s].target;
-        n += g->out[s].state == OUT_PENDING && !g->skip[t] && !g->slow[t];
+        n += g->out[s].state == OUT_PENDING && !g->skip[t] && !g->slow[t] && !g->ahead[t];
         for (uint32_t i = 0; i < g->in_n[s]; i++) {
             const size_t k = (size_t)s * g->max_in + i;
             const uint32_t p = g->in_from[k];
@@ -507,8 +520,8 @@ static int outstanding(const ds_gossip *g)
 static int nowait_pending(const ds_gossip *g)
 {
     for (int s = 0; s < g->n_seg; s++)
-        if (g->out[s].state == OUT_PENDING &&
-            (g->skip[g->out[s].target] == SKIP_NOWAIT || g->slow[g->out[s].target]))
+        if (g->out[s].state == OUT_PENDING && g->out[s].count &&
+            g->skip[g->out[s].target] == SKIP_NOWAIT && !g->slow[g->out[s].target])
             return 1;
     return 0;
 }
@@ -529,6 +542,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
             return -ENOMEM;
         g->lat_G = g->G;
         g->lat_epoch = g->epoch;
+        memset(g->peer_round, 0, (size_t)g->G * sizeof(uint64_t));
     }
 
     /* acc += theta - snap: the optimizer's drift since the last mix. */
@@ -698,6 +712,65 @@ static void drop(ds_gossip *g, const ds_gmsg *m, const char *why)
               m->from, (unsigned long long)m->round, m->segment, why);
 }
 
+static int req_ok(const ds_gmsg *m, size_t len)
+{
+    return m->count <= len && (!m->count || (m->idx && m->val)) &&
+           indices_ok(m->idx, m->count, len);
+}
+
+/* Answer a REQ from snap and apply our half: d += w (theirs - mine) on S.
+ * Our half is applied only once the reply is on its way, so a refused
+ * send leaves both sides untouched. The reply gets a deadline of its
+ * own: a REQ that came in time but is served just after our round's
+ * deadline (a starved thread) still deserves its answer, and the
+ * requester waits on its own clock; with our deadline the send failed at
+ * once and the requester waited out its timeout. */
+static void answer_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    const ds_gseg *sg = &g->seg[m->segment];
+    const float *mine = g->snap + sg->off;
+    float *d = g->delta + sg->off, *acc = g->acc + sg->off;
+    const float w = g->cfg.weight;
+    for (uint32_t j = 0; j < m->count; j++)
+        g->resp[j] = mine[m->idx[j]];
+    ds_gmsg r = {.type = DS_GMSG_RESP, .to = m->from, .round = m->round,
+                 .segment = m->segment, .count = m->count, .val = g->resp};
+    if (send_msg(g, io, &r, reply_deadline(g, io)) < 0) {
+        g->st.missed++;
+        return;
+    }
+    for (uint32_t j = 0; j < m->count; j++) {
+        const uint32_t i = m->idx[j];
+        d[i] += w * (m->val[j] - mine[i]);
+        acc[i] = 0.0f;
+    }
+    g->st.answered++;
+    g->st.values_received += m->count;
+    g->st.bytes_received += payload_bytes(m);
+}
+
+/* A REQ of this view for a round over here: answered now from snap when
+ * its sender was our in-neighbour in that round (its initiator keeps the
+ * exchange open, docs/gossip.md "Stragglers"), so a partner rounds
+ * behind still mixes. 1 when answered, 0 when it is not ours to answer. */
+static int answer_past_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    if (g->cfg.mix != DS_MIX_PAIRWISE || m->segment >= (uint32_t)g->n_seg ||
+        m->from >= g->G || !req_ok(m, g->seg[m->segment].len))
+        return 0;
+    const ds_topo_key key = {g->cfg.seed, g->epoch, m->round, m->segment};
+    uint32_t target, n_in = 0;
+    if (ds_topo_peers(g->cfg.topology, &key, g->G, g->me, &target, g->chk_in, &n_in, g->max_in,
+                      g->scratch) < 0)
+        return 0;
+    for (uint32_t i = 0; i < n_in && i < g->max_in; i++)
+        if (g->chk_in[i] == m->from) {
+            answer_req(g, io, m);
+            return 1;
+        }
+    return 0;
+}
+
 /* Serve one message of the current round. Returns 1 when it completed an
  * expected exchange (in or out), else 0. */
 static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
@@ -718,37 +791,12 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
             drop(g, m, "REQ not expected from this peer");
             return 0;
         }
-        if (m->count > sg->len || (m->count && (!m->idx || !m->val)) ||
-            !indices_ok(m->idx, m->count, sg->len)) {
+        if (!req_ok(m, sg->len)) {
             drop(g, m, "REQ indices malformed");
             return 0;
         }
-        const float *mine = g->snap + sg->off;
-        float *d = g->delta + sg->off, *acc = g->acc + sg->off;
-        for (uint32_t j = 0; j < m->count; j++)
-            g->resp[j] = mine[m->idx[j]];
-        ds_gmsg r = {.type = DS_GMSG_RESP, .to = m->from, .round = m->round, .segment = s,
-                     .count = m->count, .val = g->resp};
         *done = 1;
-        ds_glat_peer(&g->lat, m->from, io->now_ns(io->ctx) - g->t0);
-        /* Apply our half only once the reply is on its way, so a refused
-         * send leaves both sides untouched. The reply gets a deadline of
-         * its own: a REQ that came in time but is served just after our
-         * round's deadline (a starved thread) still deserves its answer,
-         * and the requester waits on its own clock; with our deadline the
-         * send failed at once and the requester waited out its timeout. */
-        if (send_msg(g, io, &r, reply_deadline(g, io)) < 0) {
-            g->st.missed++;
-            return 1;
-        }
-        for (uint32_t j = 0; j < m->count; j++) {
-            const uint32_t i = m->idx[j];
-            d[i] += w * (m->val[j] - mine[i]);
-            acc[i] = 0.0f;
-        }
-        g->st.answered++;
-        g->st.values_received += m->count;
-        g->st.bytes_received += payload_bytes(m);
+        answer_req(g, io, m);
         return 1;
     }
     case DS_GMSG_RESP:
@@ -786,7 +834,6 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
         for (size_t i = 0; i < sg->len; i++)
             d[i] += 0.5f * (m->val[i] - mine[i]);
         *done = 1;
-        ds_glat_peer(&g->lat, m->from, io->now_ns(io->ctx) - g->t0);
         g->st.answered++;
         g->st.values_received += m->count;
         g->st.bytes_received += payload_bytes(m);
@@ -902,6 +949,8 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
      * at compute speed instead of one timeout per round. */
     if (m->from < g->G && (m->round_now > g->round || m->epoch > g->epoch))
         g->ahead[m->from] = 1;
+    if (m->from < g->G && m->epoch == g->epoch && m->round_now > g->peer_round[m->from])
+        g->peer_round[m->from] = m->round_now;
     const int answer = m->type == DS_GMSG_RESP || m->type == DS_GMSG_STALE;
     if (answer && (m->epoch != g->epoch || m->round < g->round) && late_answer(g, io, m))
         return 0;
@@ -924,10 +973,12 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
         return 0;
     }
     if (m->round < g->round) {
-        if (m->type == DS_GMSG_REQ)
-            refuse(g, io, m);
-        else
-            g->st.late++;
+        if (m->type == DS_GMSG_REQ) {
+            if (!answer_past_req(g, io, m))
+                refuse(g, io, m);
+        } else if (m->count) {
+            g->st.late++; /* an empty reply loses nothing */
+        }
         return 0;
     }
     return handle_current(g, io, m);
@@ -940,6 +991,8 @@ static void mark_slow(ds_gossip *g)
     for (uint32_t p = 0; p < g->G; p++) {
         g->slow[p] = p != g->me && g->skip[p] != SKIP_ALL && ds_glat_slow(&g->lat, p);
         n += g->slow[p];
+        if (g->peer_round[p] > g->round)
+            g->ahead[p] = 1; /* seen past this round already */
     }
     g->st.slow_peers = n;
 }
@@ -1048,6 +1101,16 @@ static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
             break;
         dispatch(g, io, &m);
     }
+    /* What has arrived already, without waiting: late replies to apply,
+     * past REQs to answer, even in a round that waited for nobody. */
+    while (!stopped) {
+        ds_gmsg m;
+        int r = io->recv(io->ctx, &m, io->now_ns(io->ctx));
+        stopped = r < 0;
+        if (r <= 0)
+            break;
+        dispatch(g, io, &m);
+    }
     return stopped;
 }
 
@@ -1060,7 +1123,8 @@ static void close_round(ds_gossip *g, const ds_gossip_io *io, int stopped)
     for (int s = 0; s < g->n_seg; s++) {
         struct gout *o = &g->out[s];
         if (o->state == OUT_PENDING) {
-            const int waited = !stopped && !g->skip[o->target] && !g->slow[o->target];
+            const uint32_t t = o->target;
+            const int waited = !stopped && !g->skip[t] && !g->slow[t] && !g->ahead[t];
             if (g->late && o->count && !stopped)
                 late_keep(g, s, o);
             o->state = OUT_FAILED;
@@ -1079,7 +1143,6 @@ static void close_round(ds_gossip *g, const ds_gossip_io *io, int stopped)
             const uint32_t p = g->in_from[k];
             if (stopped || g->skip[p] || g->ahead[p] || g->slow[p])
                 continue;
-            ds_glat_peer(&g->lat, p, now - g->t0);
             if (io->peer_failed)
                 io->peer_failed(io->ctx, p);
         }

@@ -20,6 +20,17 @@
  *       in every round, and in about half the runs one survivor counts a
  *       second timeout (docs/gossip.md, "What a crash costs").
  *
+ *   failures_gossip/straggler_10mbit   4 nodes, each in a network namespace
+ *       of its own (dslaunch --netns; root only, skipped otherwise); once
+ *       they train, n3's link gets a 10 Mbit/s token bucket both ways. The
+ *       others' step rate, read from their status documents over a window
+ *       before and one after, keeps at least STRAGGLER_MIN of what it was
+ *       (issue 16's goal is 0.8x; dsbench elastic --gossip-faults measures
+ *       the figure), and n3 still mixes. Before the adaptive deadline and
+ *       the slow-partner rule (node/gossip/latency.h) they ran at 0.36x to
+ *       0.58x (by the machine's load):
+ *       every round waited for n3 (defect 5).
+ *
  * Every wait is on what the nodes' status documents say, with a hard
  * deadline (launch_util.h). The one wall-clock bound, the exit time after
  * SIGTERM, is the requirement itself.
@@ -27,16 +38,29 @@
  * Run: meson test -C build failures_gossip --verbose
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "launch_util.h"
+#include "tools/dslaunch/dslaunch.h"
 
-TestSuite(failures_gossip, .init = tmp_init, .fini = tmp_fini, .timeout = 280);
+/* tmp_fini kills a dslaunch a failed test left (SIGKILL: it cannot clean
+ * up), so its namespaces, veths and their qdiscs are removed here as
+ * stale leftovers. */
+static void fg_fini(void)
+{
+    tmp_fini();
+    if (geteuid() == 0)
+        ds_netns_reap_stale(NULL);
+}
+
+TestSuite(failures_gossip, .init = tmp_init, .fini = fg_fini, .timeout = 280);
 
 /* Long enough that a wait on the frozen partner cannot end by itself while
  * the test looks at it. */
@@ -222,5 +246,164 @@ Test(failures_gossip, crash_bounded)
         cr_expect_leq(w.max_round[i], 2.0 + 1.0, "%s: a round took %.3f s", survivors[i],
                       w.max_round[i]);
     }
+    live_free(&l);
+}
+
+/* ---- a straggler ------------------------------------------------------------ */
+
+/* The others' step rate with n3 at 10 Mbit/s, as a share of theirs
+ * before: generous for a loaded 2-core machine (goal 0.8, measured in
+ * dsbench); 0.36 to 0.58 before the fix, by load. */
+#define STRAGGLER_MIN 0.7
+#define WINDOW_MS 6000
+
+static const char *const others[] = {"n0", "n1", "n2"};
+
+/* Sum of the three others' train.step now; -1 if a document is missing. */
+static long long others_steps(const char *out)
+{
+    long long sum = 0;
+    for (int i = 0; i < 3; i++) {
+        json_t *doc = status_load(out, others[i]);
+        if (!doc)
+            return -1;
+        sum += status_step(doc);
+        json_decref(doc);
+    }
+    return sum;
+}
+
+struct until_ms {
+    uint64_t at;
+};
+
+static int reached(void *arg)
+{
+    return mono_ms() >= ((struct until_ms *)arg)->at;
+}
+
+/* The others' steps per second over `ms` of our clock, reading their
+ * documents at both ends (the measurement window, not a synchronisation:
+ * dslaunch's output is read meanwhile, and its exit ends the wait). */
+static double others_rate(struct live *l, const char *out, int ms)
+{
+    const long long s0 = others_steps(out);
+    const uint64_t t0 = mono_ms();
+    struct until_ms u = {.at = t0 + (uint64_t)ms};
+    cr_assert_eq(live_wait(l, ms + 1000, reached, &u), 1, "dslaunch ended during the window\n%s",
+                 l->err);
+    const long long s1 = others_steps(out);
+    cr_assert(s0 >= 0 && s1 >= s0, "status documents missing");
+    return (double)(s1 - s0) * 1000.0 / (double)(mono_ms() - t0);
+}
+
+/* `tc qdisc add dev DEV root tbf rate 10mbit ...`, in namespace ns (NULL:
+ * the root namespace). 0, or fails the test with tc's message. */
+static void tbf_10mbit(const ds_netns *n, const char *ns, const char *dev)
+{
+    char *argv[16];
+    int k = 0;
+    if (ns) {
+        argv[k++] = (char *)n->ip;
+        argv[k++] = "netns";
+        argv[k++] = "exec";
+        argv[k++] = (char *)ns;
+    }
+    argv[k++] = (char *)n->tc;
+    const char *rest[] = {"qdisc", "add", "dev", dev, "root", "tbf", "rate", "10mbit",
+                          "burst", "64kb", "latency", "50ms"};
+    for (size_t i = 0; i < sizeof(rest) / sizeof(rest[0]); i++)
+        argv[k++] = (char *)rest[i];
+    argv[k] = NULL;
+    char *o = NULL, *e = NULL, err[256];
+    int code = -1;
+    const int r = ds_proc_capture(argv, 20000, &o, &e, &code, err, sizeof(err));
+    cr_assert(r == 0 && code == 0, "tc on %s %s: %s", ns ? ns : "(root)", dev,
+              r == 0 ? (e ? e : "") : err);
+    free(o);
+    free(e);
+}
+
+struct ns_ready {
+    const ds_netns *n;
+    char veth[32];
+};
+
+static int veth_up(void *arg)
+{
+    const struct ns_ready *w = arg;
+    char path[96];
+    snprintf(path, sizeof(path), "/sys/class/net/%s", w->veth);
+    return access(path, F_OK) == 0;
+}
+
+Test(failures_gossip, straggler_10mbit, .timeout = 300)
+{
+    char why[512];
+    if (geteuid() != 0)
+        cr_skip_test("--netns needs root");
+    if (ds_netns_check(why, sizeof(why)) < 0)
+        cr_skip_test("%s", why);
+    const char *out = tmp_path("straggler");
+    const char *args[] = {"local", "-n", "4", "--netns", "--config", BASE_CONFIG,
+                          "--set", "train.backend=cpu", "--set", "train.steps=1000000",
+                          "--set", "train.eval_every=0", "--set", STATUS_FILE_ON,
+                          "--out", out, "--json", "--timeout", "240", "--dsnode", bin("DSNODE"),
+                          NULL};
+    struct live l;
+    live_start(&l, args);
+    ds_netns n;
+    cr_assert_eq(ds_netns_init(&n, l.pid, 4, 0, why, sizeof(why)), 0, "%s", why);
+    wait_for_step(&l, out, "n0", 200, 120000);
+    wait_for_step(&l, out, "n3", 200, 60000);
+    const double before = others_rate(&l, out, WINDOW_MS);
+
+    /* n3's link, both ends: what it receives (the bridge's side) and what
+     * it sends (eth0 in its namespace). */
+    struct ns_ready w = {.n = &n};
+    snprintf(w.veth, sizeof(w.veth), "dsl%sv3", n.tag);
+    cr_assert_eq(live_wait(&l, 5000, veth_up, &w), 1, "no veth %s", w.veth);
+    char ns3[64];
+    ds_netns_name(&n, 3, ns3, sizeof(ns3));
+    tbf_10mbit(&n, NULL, w.veth);
+    tbf_10mbit(&n, ns3, "eth0");
+    json_t *d3 = status_load(out, "n3");
+    cr_assert_not_null(d3);
+    const double mixed0 = status_num(d3, "gossip.answered");
+    json_decref(d3);
+
+    /* Let the latencies show it (a few rounds), then measure. */
+    (void)others_rate(&l, out, 2000);
+    const double after = others_rate(&l, out, WINDOW_MS);
+    cr_log_info("others' steps/s: %.1f before, %.1f with n3 at 10 Mbit/s (%.2fx)", before, after,
+                after / before);
+    json_t *doc = status_load(out, "n0");
+    cr_assert_not_null(doc);
+    const double slow = status_num(doc, "gossip.slow_peers");
+    const double late = status_num(doc, "gossip.late_applied");
+    json_decref(doc);
+    d3 = status_load(out, "n3");
+    cr_assert_not_null(d3);
+    const double mixed1 = status_num(d3, "gossip.answered");
+    const char *state3 = status_state(d3);
+    const int training3 = !strcmp(state3, "training");
+    json_decref(d3);
+
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        const pid_t p = node_pid(out, name);
+        if (p > 0)
+            kill(p, SIGTERM);
+    }
+    const int code = live_end(&l, 60000);
+    cr_log_info("n0: slow_peers=%.0f late_applied=%.0f; n3 answered %.0f requests meanwhile",
+                slow, late, mixed1 - mixed0);
+    cr_expect_neq(code, -1, "dslaunch did not end");
+    cr_expect(training3, "n3 stopped training");
+    cr_expect_gt(mixed1 - mixed0, 0, "n3 no longer mixes");
+    cr_expect_geq(after, STRAGGLER_MIN * before,
+                  "the others slowed to %.2fx (%.1f -> %.1f steps/s) behind a 10 Mbit/s node",
+                  after / before, before, after);
     live_free(&l);
 }

@@ -11,14 +11,15 @@
  *       gossip timeout first (defect 7).
  *
  *   failures_gossip/crash_bounded   SIGKILL of one node of four: until
- *       the dead node has left every survivor's view, no survivor waits
- *       out more than two gossip timeouts (gossip.timeouts of its status
- *       document) and no exchange phase takes more than the timeout + 1 s.
- *       A guard on today's cost, not issue 16's goal (one timeout for the
- *       partners, <= 0.5 s for the others), which is not met yet: with
- *       Crossover on 4 nodes every survivor is a partner of the dead node
- *       in every round, and in about half the runs one survivor counts a
- *       second timeout (docs/gossip.md, "What a crash costs").
+ *       the dead node has left every survivor's view, no survivor's
+ *       train.step stands still for more than CRASH_STALL_MS (its status
+ *       document is rewritten every 200 ms, so that is the stall plus at
+ *       most a quarter second), well under one gossip timeout (2 s), and
+ *       no exchange phase takes more than the timeout + 1 s. With Crossover
+ *       on 4 nodes every survivor is a partner of the dead node: issue 16's
+ *       goal for partners is one timeout at most. Before the adaptive
+ *       deadline (node/gossip/latency.h) each survivor stood still for one
+ *       whole timeout, 2.06-2.10 s (docs/gossip.md, "What a crash costs").
  *
  *   failures_gossip/straggler_10mbit   4 nodes, each in a network namespace
  *       of its own (dslaunch --netns; root only, skipped otherwise); once
@@ -167,6 +168,9 @@ Test(failures_gossip, sigterm_in_round)
 
 static const char *const survivors[] = {"n0", "n1", "n2"};
 
+/* The longest a survivor may stand still after the crash (see the top). */
+#define CRASH_STALL_MS 1500
+
 /* After the crash: every survivor still training with n3 out of its view
  * (size 3, the view change at n3's removal round) and 50 steps past the
  * first such document; its timeouts counted then. */
@@ -175,7 +179,22 @@ struct crash_watch {
     long long step_out[3]; /* first step seen with n3 out of the view; -1 */
     double timeouts[3];
     double max_round[3];
+    long long last_step[3];   /* train.step last seen */
+    uint64_t since_ms[3];     /* our clock when it was first seen */
+    uint64_t stall_ms[3];     /* the longest it stood still */
 };
+
+/* How long survivor i's step has stood still, kept as its worst. */
+static void track_stall(struct crash_watch *w, int i, long long step)
+{
+    const uint64_t now = mono_ms();
+    if (step != w->last_step[i]) {
+        w->last_step[i] = step;
+        w->since_ms[i] = now;
+    }
+    if (now - w->since_ms[i] > w->stall_ms[i])
+        w->stall_ms[i] = now - w->since_ms[i];
+}
 
 static int survivors_settled(void *arg)
 {
@@ -187,6 +206,8 @@ static int survivors_settled(void *arg)
             all = 0;
             continue;
         }
+        if (!strcmp(status_state(doc), "training"))
+            track_stall(w, i, status_step(doc));
         if (!strcmp(status_state(doc), "training") && status_view_size(doc) == 3) {
             const long long step = status_step(doc);
             if (w->step_out[i] < 0)
@@ -225,8 +246,12 @@ Test(failures_gossip, crash_bounded)
         before[i] = status_num(doc, "gossip.timeouts");
         json_decref(doc);
     }
-    cr_assert_eq(kill(p3, SIGKILL), 0);
     struct crash_watch w = {.out = out, .step_out = {-1, -1, -1}};
+    for (int i = 0; i < 3; i++) {
+        w.last_step[i] = -1;
+        w.since_ms[i] = mono_ms();
+    }
+    cr_assert_eq(kill(p3, SIGKILL), 0);
     const int settled = live_wait(&l, 120000, survivors_settled, &w);
     for (int i = 0; i < 3; i++) {
         const pid_t p = node_pid(out, survivors[i]);
@@ -238,11 +263,12 @@ Test(failures_gossip, crash_bounded)
               w.step_out[0], w.step_out[1], w.step_out[2]);
     for (int i = 0; i < 3; i++) {
         const double cost = w.timeouts[i] - before[i];
-        cr_log_info("%s: timeouts %.0f before the crash, %.0f after; max_round_s=%.3f (n3 out "
-                    "of its view at step %lld)", survivors[i], before[i], w.timeouts[i],
-                    w.max_round[i], w.step_out[i]);
-        cr_expect_leq(cost, 2, "%s waited out %.0f gossip timeouts for one crash",
-                      survivors[i], cost);
+        cr_log_info("%s: stood still %llu ms at most; timeouts %.0f before the crash, %.0f "
+                    "after (adaptive deadlines); max_round_s=%.3f (n3 out of its view at step "
+                    "%lld)", survivors[i], (unsigned long long)w.stall_ms[i], before[i],
+                    w.timeouts[i], w.max_round[i], w.step_out[i]);
+        cr_expect_leq(w.stall_ms[i], CRASH_STALL_MS, "%s stood still %llu ms after one crash "
+                      "(%.0f timeouts)", survivors[i], (unsigned long long)w.stall_ms[i], cost);
         cr_expect_leq(w.max_round[i], 2.0 + 1.0, "%s: a round took %.3f s", survivors[i],
                       w.max_round[i]);
     }

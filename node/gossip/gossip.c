@@ -3,12 +3,14 @@
  *
  * Round pacing (design §5). A node in round r sends its REQs, then serves
  * messages until it has a reply to each of its REQs and every REQ the
- * schedule says it will receive, or until gossip.timeout_ms has passed.
+ * schedule says it will receive, or until the round's deadline (latency.h:
+ * a few times the median round, never over gossip.timeout_ms). Partners
+ * that are slow (latency.h) or already past round r are not waited for.
  * Messages for a later round are kept (bounded) and served when this node
- * gets there; a REQ for a round that is over here gets a STALE reply, so the
+ * gets there; a REQ for a round that is over here is answered from snap
+ * when its sender was our in-neighbour then, else it gets STALE, so the
  * initiator stops waiting at once instead of at its deadline. A peer that
- * misses the deadline is skipped for this round (its exchanges do not
- * happen) and reported through io->peer_failed.
+ * misses the deadline is reported through io->peer_failed.
  *
  * Time comes only from the io (io->now_ns): deadlines, the grace for
  * peers not waited for and the wait counters are all on the io's clock.
@@ -16,11 +18,11 @@
  * a test can tell "nobody waited for the dead peer" from the clock itself.
  *
  * Departures from the papers, and why:
- * - A reply that arrives after its round is over is dropped (counted as
- *   late). The responder has applied its half, so such an exchange breaks
- *   exact conservation of the sum by w * (x_b - x_a) on S. Rounds end at a
- *   deadline only when a peer is slow or gone, and the design accepts a
- *   skipped exchange there; docs/gossip.md discusses it.
+ * - An exchange still open when its round ends is kept open (struct late):
+ *   its reply, whenever it comes, is applied in the round we are in then,
+ *   from the same two floats the responder used, so the sum stays exact.
+ *   Only a slot given up (late_lost) can leave a reply without its
+ *   exchange (counted as late). docs/gossip.md, "Stragglers".
  * - Error feedback at gossip level: the values sent are parameters, not
  *   drift; acc only decides WHICH coordinates to mix (the largest local
  *   drift) and forgets them once mixed. A failed exchange gives the drift

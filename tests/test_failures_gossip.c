@@ -3,12 +3,17 @@
  * gossip rounds (issue 16), with dsnode processes started on loopback by
  * dslaunch (tools/dslaunch).
  *
- *   failures_gossip/sigterm_in_round   a node whose round waits on a frozen
- *       partner (SIGSTOP) gets SIGTERM: it leaves the wait at once (the
- *       stop flag ends gossip_net's recv within 50 ms), evaluates, writes
- *       its summary, status document and model, and exits 128 + SIGTERM
- *       well inside dslaunch's grace, instead of waiting out the round's
- *       gossip timeout first (defect 7).
+ *   failures_gossip/sigterm_in_round   a node whose only partner is frozen
+ *       (SIGSTOP), once its rounds have run into their deadline on it,
+ *       gets SIGTERM: it evaluates, writes its summary, status document
+ *       and model, and exits 128 + SIGTERM well inside dslaunch's grace,
+ *       instead of waiting out a gossip timeout first (defect 7). Since
+ *       the adaptive deadline (node/gossip/latency.h) a round waits a
+ *       fraction of a second on the frozen partner, not the whole
+ *       gossip.timeout_ms, so the signal rarely finds n0 inside a wait:
+ *       that a stop ends a wait at once is gossip/stop_ends_the_wait
+ *       (tests/test_gossip.c), measured on real processes when waits were
+ *       20 s (docs/benchmarks.md, "Issue 16: gossip").
  *
  *   failures_gossip/crash_bounded   SIGKILL of one node of four: until
  *       the dead node has left every survivor's view, no survivor's
@@ -81,29 +86,24 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* n0 stuck in a round: the step of its document has not moved for 1.5 s
- * of our clock (documents are written between steps, every 0.5 s, so a
- * node blocked in a round writes none). */
-struct stuck_watch {
+/* n0 has run into its deadline on the frozen partner: its gossip.timeouts
+ * counter passed what it read at the freeze. */
+struct noticed_watch {
     const char *out;
+    double timeouts0;
     long long step;
-    uint64_t since_ms; /* our clock when n0 was first seen at `step` */
 };
 
-static int n0_stuck(void *arg)
+static int n0_noticed(void *arg)
 {
-    struct stuck_watch *w = arg;
+    struct noticed_watch *w = arg;
     json_t *doc = status_load(w->out, "n0");
     if (!doc)
         return 0;
-    const long long step = status_step(doc);
+    w->step = status_step(doc);
+    const int yes = status_num(doc, "gossip.timeouts") > w->timeouts0;
     json_decref(doc);
-    if (step != w->step) {
-        w->step = step;
-        w->since_ms = mono_ms();
-        return 0;
-    }
-    return mono_ms() - w->since_ms >= 1500;
+    return yes;
 }
 
 struct exit_watch {
@@ -130,17 +130,21 @@ Test(failures_gossip, sigterm_in_round)
     const pid_t p0 = node_pid(out, "n0"), p1 = node_pid(out, "n1");
     cr_assert_gt(p0, 0);
     cr_assert_gt(p1, 0);
+    json_t *d0 = status_load(out, "n0");
+    cr_assert_not_null(d0);
+    struct noticed_watch sw = {.out = out, .timeouts0 = status_num(d0, "gossip.timeouts"),
+                               .step = -1};
+    json_decref(d0);
     cr_assert_eq(kill(p1, SIGSTOP), 0);
-    struct stuck_watch sw = {.out = out, .step = -1};
-    const int stuck = live_wait(&l, 10000, n0_stuck, &sw);
-    cr_assert(stuck, "n0 never waited on frozen n1 (last step %lld)", sw.step);
+    const int noticed = live_wait(&l, 30000, n0_noticed, &sw);
+    cr_assert(noticed, "n0 never ran into a deadline on frozen n1 (last step %lld)", sw.step);
 
     const uint64_t t0 = mono_ms();
     cr_assert_eq(kill(p0, SIGTERM), 0);
     struct exit_watch ew = {.pid = p0};
     const int gone = live_wait(&l, 30000, exited, &ew);
     const uint64_t took = mono_ms() - t0;
-    cr_log_info("n0 exited %llu ms after SIGTERM (stuck at step %lld)", (unsigned long long)took,
+    cr_log_info("n0 exited %llu ms after SIGTERM (at step %lld)", (unsigned long long)took,
                 sw.step);
     kill(p1, SIGCONT);
     kill(p1, SIGTERM);
@@ -157,7 +161,8 @@ Test(failures_gossip, sigterm_in_round)
     json_t *doc = status_load(out, "n0");
     cr_assert_not_null(doc, "n0 wrote no status document");
     cr_expect_str_eq(status_state(doc), "stopped");
-    cr_expect_geq(status_num(doc, "gossip.interrupted"), 1, "the wait was interrupted");
+    cr_log_info("n0: gossip.interrupted=%.0f (non-zero when the signal found it inside a wait)",
+                status_num(doc, "gossip.interrupted"));
     json_decref(doc);
     char model[4096];
     snprintf(model, sizeof(model), "%s/n0/model.bin", out);

@@ -771,6 +771,25 @@ Test(gossip, latency_slow_partner_is_found_and_forgiven)
     for (int i = 0; i < DS_GLAT_PEER / 2; i++)
         ds_glat_peer(&t, 3, seeded_ms(&st, 1, 4));
     cr_expect_eq(ds_glat_slow(&t, 3), 0, "fast again: waited for again");
+    /* Hysteresis: 2.5x the others does not make it slow, but does not
+     * clear a slow one either; under 1.5x does. */
+    for (int i = 0; i < DS_GLAT_PEER; i++) {
+        ds_glat_peer(&t, 1, 10 * MS);
+        ds_glat_peer(&t, 2, 10 * MS);
+    }
+    const uint64_t m = 10 * MS;
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 7 / 2);
+    cr_expect_eq(ds_glat_slow(&t, 3), 1, "over 3x: slow");
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 2);
+    cr_expect_eq(ds_glat_slow(&t, 3), 1, "2x: still slow");
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 11 / 10);
+    cr_expect_eq(ds_glat_slow(&t, 3), 0, "1.1x: cleared");
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 2);
+    cr_expect_eq(ds_glat_slow(&t, 3), 0, "2x: not slow again");
     /* A new view forgets who was slow. */
     for (int i = 0; i < DS_GLAT_PEER; i++)
         ds_glat_peer(&t, 3, 80 * MS);
@@ -814,6 +833,9 @@ Test(gossip, latency_bad_config_refused)
     cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
     ds_glat_cfg_default(&cfg, 2000);
     cfg.slow_ratio = 1.0;
+    cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
+    ds_glat_cfg_default(&cfg, 2000);
+    cfg.clear_ratio = cfg.slow_ratio + 1;
     cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
     ds_glat_cfg_default(&cfg, 50);
     cr_expect_eq(cfg.floor_ns, 50 * MS, "the floor is never over the timeout");

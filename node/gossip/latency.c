@@ -16,6 +16,7 @@ void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms)
     cfg->floor_ns = ceil < 100000000u ? ceil : 100000000u; /* 100 ms */
     cfg->factor = 4.0;
     cfg->slow_ratio = 3.0;
+    cfg->clear_ratio = 1.5;
     cfg->floor_slow_ns = 5000000u; /* 5 ms */
     cfg->min_samples = 4;
 }
@@ -23,7 +24,7 @@ void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms)
 int ds_glat_init(ds_glat *t, const ds_glat_cfg *cfg)
 {
     if (!t || !cfg || cfg->floor_ns > cfg->ceil_ns || cfg->factor < 1.0 ||
-        cfg->slow_ratio <= 1.0)
+        cfg->clear_ratio <= 1.0 || cfg->clear_ratio > cfg->slow_ratio)
         return -EINVAL;
     memset(t, 0, sizeof(*t));
     t->cfg = *cfg;
@@ -103,7 +104,8 @@ uint64_t ds_glat_peer_median(const ds_glat *t, uint32_t peer)
     return median(t->peer[peer].s, t->peer[peer].n);
 }
 
-int ds_glat_slow(const ds_glat *t, uint32_t peer)
+/* The verdict without hysteresis' memory: ratio is the threshold. */
+static int slower_than(const ds_glat *t, uint32_t peer, double ratio)
 {
     if (peer >= t->G || t->peer[peer].n < t->cfg.min_samples)
         return 0;
@@ -118,5 +120,14 @@ int ds_glat_slow(const ds_glat *t, uint32_t peer)
             others[k++] = ds_glat_peer_median(t, i);
     if (k == 0)
         return 0;
-    return (double)mine > t->cfg.slow_ratio * (double)median(others, k);
+    return (double)mine > ratio * (double)median(others, k);
+}
+
+int ds_glat_slow(ds_glat *t, uint32_t peer)
+{
+    if (peer >= t->G)
+        return 0;
+    struct ds_glat_peer *p = &t->peer[peer];
+    p->slow = slower_than(t, peer, p->slow ? t->cfg.clear_ratio : t->cfg.slow_ratio);
+    return p->slow;
 }

@@ -19,7 +19,10 @@
  *   whose median is over slow_ratio x the median of the partners'
  *   medians, and over floor_slow_ns, is slow: the round does not wait for
  *   it, and an exchange it has not finished is kept open into later
- *   rounds (gossip.c). A 10 Mbit/s link made every round wait for the one
+ *   rounds (gossip.c). It stays slow until its median is under
+ *   clear_ratio x the others' (hysteresis): waited for less, its link
+ *   drains and its latency drops, and a single threshold made the verdict
+ *   flap, the rounds waiting for it every other window. A 10 Mbit/s link made every round wait for the one
  *   slow node (issue 16: 4.2x slower for everyone) without ever missing
  *   the 2 s deadline. Since the slow partner's replies are still measured
  *   when they come late, a partner that is fast again is waited for again.
@@ -37,6 +40,7 @@ typedef struct ds_glat_cfg {
     uint64_t ceil_ns;       /* nor above (gossip.timeout_ms) */
     double factor;          /* deadline = factor x median round wait */
     double slow_ratio;      /* slow: median over slow_ratio x the partners' median */
+    double clear_ratio;     /* slow until under clear_ratio x (1 < clear <= slow) */
     uint64_t floor_slow_ns; /* and over this (microsecond noise is no straggler) */
     uint32_t min_samples;   /* samples before either rule applies */
 } ds_glat_cfg;
@@ -44,6 +48,7 @@ typedef struct ds_glat_cfg {
 struct ds_glat_peer {
     uint64_t s[DS_GLAT_PEER];
     uint32_t n, pos;
+    int slow; /* the last verdict */
 };
 
 /* Zero it, then ds_glat_init. Owned by the caller; not thread-safe. */
@@ -58,7 +63,8 @@ typedef struct ds_glat {
 /* The engine's defaults for a timeout of timeout_ms (gossip.c). */
 void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms);
 
-/* 0, or -EINVAL (floor > ceil, factor < 1, slow_ratio <= 1). */
+/* 0, or -EINVAL (floor > ceil, factor < 1, not 1 < clear_ratio <=
+ * slow_ratio). */
 int ds_glat_init(ds_glat *t, const ds_glat_cfg *cfg);
 void ds_glat_free(ds_glat *t);
 
@@ -75,8 +81,9 @@ void ds_glat_peer(ds_glat *t, uint32_t peer, uint64_t ns);
 /* The next round's deadline, from its start. */
 uint64_t ds_glat_deadline_ns(const ds_glat *t);
 
-/* 1 when partner `peer` is slow (rule above), else 0. */
-int ds_glat_slow(const ds_glat *t, uint32_t peer);
+/* 1 when partner `peer` is slow (rule above), else 0; the verdict is
+ * kept for the hysteresis. */
+int ds_glat_slow(ds_glat *t, uint32_t peer);
 
 /* The median of partner `peer`'s samples; 0 without any. */
 uint64_t ds_glat_peer_median(const ds_glat *t, uint32_t peer);

@@ -422,6 +422,7 @@ void ds_gossip_reset(ds_gossip *g, const float *theta)
             ds_sparsifier_reset(g->sp[s]);
     for (int i = 0; g->late && i < g->n_seg * LATE_SLOTS; i++)
         g->late[i].used = 0;
+    g->lat_G = 0; /* partners' latencies and rounds start over at begin */
     free_queue(g);
     publish(g);
 }

@@ -9,7 +9,11 @@
  *     does not change;
  *   - the engine's deadlines run on its io's clock (the fake's, which
  *     moves only when a wait runs out);
- *   - a REQ for a round that is over gets STALE;
+ *   - a REQ for a round that is over is answered when its sender was our
+ *     in-neighbour then (else STALE), and its initiator applies the reply
+ *     late: a partner rounds behind still mixes and the sum holds;
+ *   - the adaptive deadline and the slow-partner rule (latency.h) on
+ *     seeded latencies;
  *   - the all-reduce baseline gives every node the mean gradient.
  * Run: meson test -C build gossip --verbose
  */
@@ -24,6 +28,7 @@
 
 #include "node/gossip/fake.h"
 #include "node/gossip/gossip.h"
+#include "node/gossip/latency.h"
 #include "base/log.h"
 #include "testutil.h"
 
@@ -366,6 +371,7 @@ Test(gossip, deadlines_run_on_the_io_clock)
     cfg.timeout_ms = 50;
     ds_gossip *ga;
     cr_assert_eq(ds_gossip_create(&ga, &cfg, layers, NL, n_params, a), 0);
+    ds_t_fill(a, n_params, 3, -1, 1); /* drift: REQs that are not empty */
     cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 1), 0);
     cr_assert_eq(ds_gossip_round(ga, a, 0, ds_fakenet_io(net, 0)), 0);
     cr_expect_eq(ds_fakenet_now_ns(net), t0 + 50 * ms, "the round ended at %llu ns",
@@ -376,7 +382,9 @@ Test(gossip, deadlines_run_on_the_io_clock)
     const uint64_t reported = ds_fakenet_failures(net, 1);
     cr_expect_gt(reported, 0, "the absent partner was reported");
 
-    cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 1), 0);
+    /* A new view: round 0's exchange, still open in view 1, does not
+     * make this one go out empty (which would cost no grace at all). */
+    cr_assert_eq(ds_gossip_set_view(ga, 2, 0, 2), 0);
     cr_assert_eq(ds_gossip_set_nowait(ga, 1), 0);
     cr_assert_eq(ds_gossip_round(ga, a, 1, ds_fakenet_io(net, 0)), 0);
     cr_expect_eq(ds_fakenet_now_ns(net), t0 + 60 * ms, "a peer not waited for cost %llu ns",
@@ -464,9 +472,11 @@ Test(gossip, stop_ends_the_allreduce)
     ds_fakenet_destroy(net);
 }
 
-/* A REQ for a round this node has finished gets STALE, and the initiator
- * stops waiting at once. */
-Test(gossip, late_request_gets_stale)
+/* A REQ for a round this node has finished is answered from its
+ * snapshot when the schedule says the sender was its in-neighbour then;
+ * the initiator, whose round ended at its deadline, kept the exchange
+ * open and applies the reply in its next round. */
+Test(gossip, late_request_is_answered_and_applied_later)
 {
     make_layers();
     ds_fakenet *net = ds_fakenet_create(2);
@@ -478,25 +488,170 @@ Test(gossip, late_request_gets_stale)
     cr_assert_eq(ds_gossip_create(&gb, &cfg, layers, NL, n_params, b), 0);
     ds_gossip_set_view(ga, 2, 0, 1);
     ds_gossip_set_view(gb, 2, 1, 1);
+    /* Drift since the engines' snapshots: something to send. */
+    ds_t_fill(a, n_params, 5, -1, 1);
+    ds_t_fill(b, n_params, 6, -1, 1);
     /* b runs rounds 0 and 1 alone (a is absent: both time out). */
     ds_gossip_round(gb, b, 0, ds_fakenet_io(net, 1));
     ds_gossip_round(gb, b, 1, ds_fakenet_io(net, 1));
-    /* a now runs round 0: b is at round 2 and must answer STALE. */
+    /* a now runs round 0: b is at round 2 and answers a's round-0 REQs. */
     ds_gossip_begin(gb, b, 2);
     ds_gossip_begin(ga, a, 0);
     ds_gossip_exchange(ga, ds_fakenet_io(net, 0)); /* sends its REQs, times out on b's */
-    ds_gossip_exchange(gb, ds_fakenet_io(net, 1)); /* b sees round-0 REQs: STALE */
+    ds_gossip_exchange(gb, ds_fakenet_io(net, 1)); /* b sees round-0 REQs: answers */
     ds_gossip_end(gb, b);
     ds_gossip_end(ga, a);
-    cr_expect_gt(ds_gossip_get_stats(gb)->stale_sent, 0);
-    /* a's next round reads the STALE replies as late: they were for round 0. */
+    cr_expect_gt(ds_gossip_get_stats(gb)->answered, 0);
+    cr_expect_eq(ds_gossip_get_stats(gb)->stale_sent, 0);
+    /* a's next round applies those replies: they were for round 0. */
     ds_gossip_round(ga, a, 1, ds_fakenet_io(net, 0));
-    cr_expect_gt(ds_gossip_get_stats(ga)->late + ds_gossip_get_stats(ga)->stale_received, 0);
+    cr_expect_gt(ds_gossip_get_stats(ga)->late_applied, 0);
     ds_gossip_destroy(&ga);
     ds_gossip_destroy(&gb);
     cr_expect_null(ga);
     free(a);
     free(b);
+    ds_fakenet_destroy(net);
+}
+
+/* A REQ from a node that was not our in-neighbour in that (past) round
+ * is not ours to answer: it gets STALE, and the initiator closes its
+ * exchange without applying anything. */
+Test(gossip, past_request_from_a_stranger_gets_stale)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(3);
+    ds_fakenet_set_instant(net, 1);
+    float *x = calloc(n_params, 4);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 50;
+    ds_gossip *g;
+    cr_assert_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, x), 0);
+    cr_assert_eq(ds_gossip_set_view(g, 3, 0, 1), 0);
+    cr_assert_eq(ds_gossip_begin(g, x, 5), 0);
+    /* Find a (round, segment) in the past where node 1 was not our
+     * in-neighbour, and send its REQ from node 1. */
+    uint32_t scratch[3], in[3], target, n_in = 0;
+    uint64_t r = 0;
+    for (; r < 5; r++) {
+        const ds_topo_key key = {cfg.seed, 1, r, 0};
+        cr_assert_eq(ds_topo_peers(cfg.topology, &key, 3, 0, &target, in, &n_in, 3, scratch), 0);
+        if (n_in == 0 || in[0] != 1)
+            break;
+    }
+    cr_assert_lt(r, 5, "node 1 was our in-neighbour in every round");
+    const uint32_t idx[1] = {0};
+    const float val[1] = {1.0f};
+    ds_gmsg m = {.type = DS_GMSG_REQ, .from = 1, .to = 0, .epoch = 1, .round = r,
+                 .round_now = r, .segment = 0, .seg_len = (uint32_t)layers[0].len, .count = 1,
+                 .idx = idx, .val = val};
+    const ds_gossip_io *io1 = ds_fakenet_io(net, 1);
+    cr_assert_eq(io1->send(io1->ctx, &m, UINT64_MAX), 0);
+    ds_gossip_exchange(g, ds_fakenet_io(net, 0));
+    ds_gossip_end(g, x);
+    cr_expect_eq(ds_gossip_get_stats(g)->stale_sent, 1);
+    cr_expect_eq(ds_gossip_get_stats(g)->answered, 0);
+    ds_gossip_destroy(&g);
+    free(x);
+    ds_fakenet_destroy(net);
+}
+
+/* Local drift before a round (what the optimizer would add), kept in the
+ * expected sum s0. */
+static void drift(float *x, double *s0, uint64_t *seed)
+{
+    for (size_t j = 0; j < n_params; j++) {
+        const float d = 0.01f * (float)((int64_t)(ds_t_next(seed) >> 40) - (1 << 23)) / (1 << 23);
+        x[j] += d;
+        s0[j] += d;
+    }
+}
+
+struct step_arg {
+    ds_gossip *g;
+    float *x;
+    uint64_t round;
+    const ds_gossip_io *io;
+};
+
+static void *step_thread(void *p)
+{
+    struct step_arg *s = p;
+    ds_gossip_round(s->g, s->x, s->round, s->io);
+    return NULL;
+}
+
+/* One node runs 3 rounds behind the other: its REQs for rounds over at
+ * the other are answered from the snapshot there, the other's that it
+ * answers late apply in a later round, and once both are in step again
+ * (every open exchange answered) the sum of the two models is what it
+ * was, to float rounding. */
+Test(gossip, lagging_partner_mixes_and_the_sum_holds)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_fakenet_set_instant(net, 1);
+    float *x[2];
+    double *s0 = malloc(n_params * sizeof(double));
+    for (int i = 0; i < 2; i++) {
+        x[i] = malloc(n_params * sizeof(float));
+        ds_t_fill(x[i], n_params, 91 + (uint64_t)i, -1, 1);
+    }
+    for (size_t j = 0; j < n_params; j++)
+        s0[j] = (double)x[0][j] + x[1][j];
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 50;
+    ds_gossip *g[2];
+    for (uint32_t i = 0; i < 2; i++) {
+        cfg.node_seed = 10 + i;
+        cr_assert_eq(ds_gossip_create(&g[i], &cfg, layers, NL, n_params, x[i]), 0);
+        cr_assert_eq(ds_gossip_set_view(g[i], 2, i, 1), 0);
+    }
+    const int lag = 3, R = 12;
+    uint64_t seed = 99;
+    for (int r = 0; r < R; r++) {
+        drift(x[0], s0, &seed);
+        ds_gossip_round(g[0], x[0], (uint64_t)r, ds_fakenet_io(net, 0));
+        if (r >= lag) {
+            drift(x[1], s0, &seed);
+            ds_gossip_round(g[1], x[1], (uint64_t)(r - lag), ds_fakenet_io(net, 1));
+        }
+    }
+    for (int r = R - lag; r < R; r++)
+        ds_gossip_round(g[1], x[1], (uint64_t)r, ds_fakenet_io(net, 1));
+    /* In step: two rounds with both waiting for each other. */
+    ds_fakenet_set_instant(net, 0);
+    for (uint64_t r = R; r < R + 2; r++) {
+        pthread_t th[2];
+        struct step_arg sa[2];
+        for (uint32_t i = 0; i < 2; i++) {
+            sa[i] = (struct step_arg){g[i], x[i], r, ds_fakenet_io(net, i)};
+            pthread_create(&th[i], NULL, step_thread, &sa[i]);
+        }
+        for (int i = 0; i < 2; i++)
+            pthread_join(th[i], NULL);
+    }
+    const ds_gossip_stats *a = ds_gossip_get_stats(g[0]), *b = ds_gossip_get_stats(g[1]);
+    cr_expect_gt(a->late_applied + b->late_applied, 0, "no reply came late");
+    cr_expect_eq(a->late_lost + b->late_lost, 0);
+    cr_expect_eq(a->late + b->late, 0, "a reply found no open exchange");
+    /* Each round rounds each value a few times (drift, mixing); a lost
+     * half of one exchange would move the sum by w |x_b - x_a|, some
+     * 10^5 rounding units here. */
+    const double units = 8.0 * (R + lag + 2);
+    double worst = 0;
+    for (size_t j = 0; j < n_params; j++) {
+        const double e = fabs((double)x[0][j] + x[1][j] - s0[j]) /
+                         ((fabs(x[0][j]) + fabs(x[1][j])) * FLT_EPSILON * units + 1e-30);
+        if (e > worst)
+            worst = e;
+    }
+    cr_expect_lt(worst, 1.0, "the sum moved by %.2f x %.0f rounding units", worst, units);
+    for (int i = 0; i < 2; i++) {
+        ds_gossip_destroy(&g[i]);
+        free(x[i]);
+    }
+    free(s0);
     ds_fakenet_destroy(net);
 }
 
@@ -575,4 +730,139 @@ Test(gossip, bad_arguments)
     cr_expect_eq(ds_gossip_set_view(g, 0, 0, 1), -EINVAL);
     ds_gossip_destroy(&g);
     free(t);
+}
+
+/* ---- latency.h: the adaptive deadline and slow partners ---------------- */
+
+#define MS 1000000ull
+
+static ds_glat glat_default(uint32_t G)
+{
+    ds_glat t;
+    ds_glat_cfg cfg;
+    ds_glat_cfg_default(&cfg, 2000);
+    cr_assert_eq(ds_glat_init(&t, &cfg), 0);
+    cr_assert_eq(ds_glat_set_view(&t, G), 0);
+    return t;
+}
+
+/* A seeded latency in [lo, hi) ms. */
+static uint64_t seeded_ms(uint64_t *st, uint64_t lo, uint64_t hi)
+{
+    return lo * MS + ds_t_next(st) % ((hi - lo) * MS);
+}
+
+Test(gossip, latency_deadline_follows_the_median_within_bounds)
+{
+    ds_glat t = glat_default(4);
+    cr_expect_eq(ds_glat_deadline_ns(&t), 2000 * MS, "no samples: the timeout");
+    for (int i = 0; i < 3; i++)
+        ds_glat_round(&t, 10 * MS);
+    cr_expect_eq(ds_glat_deadline_ns(&t), 2000 * MS, "too few samples: the timeout");
+    ds_glat_round(&t, 10 * MS);
+    cr_expect_eq(ds_glat_deadline_ns(&t), 100 * MS, "4 x 10 ms is under the floor");
+    for (int i = 0; i < DS_GLAT_ROUNDS; i++)
+        ds_glat_round(&t, 50 * MS);
+    cr_expect_eq(ds_glat_deadline_ns(&t), 200 * MS, "4 x the median");
+    /* A few rounds cut at the timeout (a crash) do not move the median. */
+    for (int i = 0; i < 5; i++)
+        ds_glat_round(&t, 2000 * MS);
+    cr_expect_eq(ds_glat_deadline_ns(&t), 200 * MS);
+    for (int i = 0; i < DS_GLAT_ROUNDS; i++)
+        ds_glat_round(&t, 900 * MS);
+    cr_expect_eq(ds_glat_deadline_ns(&t), 2000 * MS, "never over the timeout");
+    ds_glat_free(&t);
+}
+
+Test(gossip, latency_slow_partner_is_found_and_forgiven)
+{
+    ds_glat t = glat_default(4); /* me = 0, partners 1..3 */
+    uint64_t st = 2026;
+    for (int i = 0; i < DS_GLAT_PEER; i++) {
+        ds_glat_peer(&t, 1, seeded_ms(&st, 1, 4));
+        ds_glat_peer(&t, 2, seeded_ms(&st, 1, 4));
+        ds_glat_peer(&t, 3, seeded_ms(&st, 20, 60));
+        if (i < 3)
+            cr_expect_eq(ds_glat_slow(&t, 3), 0, "slow after %d samples", i + 1);
+    }
+    cr_expect_eq(ds_glat_slow(&t, 3), 1, "3: median %llu ns", 
+                 (unsigned long long)ds_glat_peer_median(&t, 3));
+    cr_expect_eq(ds_glat_slow(&t, 1), 0);
+    cr_expect_eq(ds_glat_slow(&t, 2), 0);
+    /* One fast reply does not clear it; a fast majority does. */
+    ds_glat_peer(&t, 3, 2 * MS);
+    cr_expect_eq(ds_glat_slow(&t, 3), 1);
+    for (int i = 0; i < DS_GLAT_PEER / 2; i++)
+        ds_glat_peer(&t, 3, seeded_ms(&st, 1, 4));
+    cr_expect_eq(ds_glat_slow(&t, 3), 0, "fast again: waited for again");
+    /* Hysteresis: 2.5x the others does not make it slow, but does not
+     * clear a slow one either; under 1.5x does. */
+    for (int i = 0; i < DS_GLAT_PEER; i++) {
+        ds_glat_peer(&t, 1, 10 * MS);
+        ds_glat_peer(&t, 2, 10 * MS);
+    }
+    const uint64_t m = 10 * MS;
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 7 / 2);
+    cr_expect_eq(ds_glat_slow(&t, 3), 1, "over 3x: slow");
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 2);
+    cr_expect_eq(ds_glat_slow(&t, 3), 1, "2x: still slow");
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 11 / 10);
+    cr_expect_eq(ds_glat_slow(&t, 3), 0, "1.1x: cleared");
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, m * 2);
+    cr_expect_eq(ds_glat_slow(&t, 3), 0, "2x: not slow again");
+    /* A new view forgets who was slow. */
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 3, 80 * MS);
+    cr_expect_eq(ds_glat_slow(&t, 3), 1);
+    cr_assert_eq(ds_glat_set_view(&t, 4), 0);
+    cr_expect_eq(ds_glat_slow(&t, 3), 0);
+    ds_glat_free(&t);
+}
+
+Test(gossip, latency_noise_and_lone_partners_are_not_slow)
+{
+    ds_glat t = glat_default(4);
+    uint64_t st = 7;
+    /* 10x the others, but all under a few milliseconds: no straggler. */
+    for (int i = 0; i < DS_GLAT_PEER; i++) {
+        ds_glat_peer(&t, 1, 300000 + ds_t_next(&st) % 100000);
+        ds_glat_peer(&t, 2, 300000 + ds_t_next(&st) % 100000);
+        ds_glat_peer(&t, 3, 4 * MS);
+    }
+    cr_expect_eq(ds_glat_slow(&t, 3), 0);
+    ds_glat_free(&t);
+    /* A single partner has nobody to be slower than. */
+    t = glat_default(2);
+    for (int i = 0; i < DS_GLAT_PEER; i++)
+        ds_glat_peer(&t, 1, 500 * MS);
+    cr_expect_eq(ds_glat_slow(&t, 1), 0);
+    ds_glat_peer(&t, 7, MS); /* out of the view: ignored */
+    cr_expect_eq(ds_glat_slow(&t, 7), 0);
+    ds_glat_free(&t);
+}
+
+Test(gossip, latency_bad_config_refused)
+{
+    ds_glat t;
+    ds_glat_cfg cfg;
+    ds_glat_cfg_default(&cfg, 2000);
+    cfg.floor_ns = cfg.ceil_ns + 1;
+    cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
+    ds_glat_cfg_default(&cfg, 2000);
+    cfg.factor = 0.5;
+    cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
+    ds_glat_cfg_default(&cfg, 2000);
+    cfg.slow_ratio = 1.0;
+    cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
+    ds_glat_cfg_default(&cfg, 2000);
+    cfg.clear_ratio = cfg.slow_ratio + 1;
+    cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
+    ds_glat_cfg_default(&cfg, 50);
+    cr_expect_eq(cfg.floor_ns, 50 * MS, "the floor is never over the timeout");
+    cr_expect_eq(ds_glat_init(&t, &cfg), 0);
+    ds_glat_free(&t);
 }

@@ -3,12 +3,14 @@
  *
  * Round pacing (design §5). A node in round r sends its REQs, then serves
  * messages until it has a reply to each of its REQs and every REQ the
- * schedule says it will receive, or until gossip.timeout_ms has passed.
+ * schedule says it will receive, or until the round's deadline (latency.h:
+ * a few times the median round, never over gossip.timeout_ms). Partners
+ * that are slow (latency.h) or already past round r are not waited for.
  * Messages for a later round are kept (bounded) and served when this node
- * gets there; a REQ for a round that is over here gets a STALE reply, so the
+ * gets there; a REQ for a round that is over here is answered from snap
+ * when its sender was our in-neighbour then, else it gets STALE, so the
  * initiator stops waiting at once instead of at its deadline. A peer that
- * misses the deadline is skipped for this round (its exchanges do not
- * happen) and reported through io->peer_failed.
+ * misses the deadline is reported through io->peer_failed.
  *
  * Time comes only from the io (io->now_ns): deadlines, the grace for
  * peers not waited for and the wait counters are all on the io's clock.
@@ -16,11 +18,11 @@
  * a test can tell "nobody waited for the dead peer" from the clock itself.
  *
  * Departures from the papers, and why:
- * - A reply that arrives after its round is over is dropped (counted as
- *   late). The responder has applied its half, so such an exchange breaks
- *   exact conservation of the sum by w * (x_b - x_a) on S. Rounds end at a
- *   deadline only when a peer is slow or gone, and the design accepts a
- *   skipped exchange there; docs/gossip.md discusses it.
+ * - An exchange still open when its round ends is kept open (struct late):
+ *   its reply, whenever it comes, is applied in the round we are in then,
+ *   from the same two floats the responder used, so the sum stays exact.
+ *   Only a slot given up (late_lost) can leave a reply without its
+ *   exchange (counted as late). docs/gossip.md, "Stragglers".
  * - Error feedback at gossip level: the values sent are parameters, not
  *   drift; acc only decides WHICH coordinates to mix (the largest local
  *   drift) and forgets them once mixed. A failed exchange gives the drift
@@ -38,11 +40,14 @@
 
 #include "kernels/cpu.h"
 #include "node/gossip/gossip.h"
+#include "node/gossip/latency.h"
 #include "base/log.h"
 
 enum { OUT_NONE = 0, OUT_PENDING, OUT_OK, OUT_FAILED, OUT_SKIPPED };
 enum { SKIP_NONE = 0, SKIP_NOWAIT, SKIP_ALL }; /* g->skip[] */
 #define NOWAIT_GRACE_NS 10000000u /* 10 ms: a reply from a peer back on time */
+#define LATE_SLOTS 4      /* exchanges kept open past their round, per segment */
+#define LATE_TIMEOUTS 4   /* given up after this many gossip timeouts */
 
 struct gout {
     uint32_t target; /* == me: nothing initiated */
@@ -51,6 +56,20 @@ struct gout {
     uint32_t *idx;   /* S (segment-relative) */
     float *val;      /* snap[S]: what we sent */
     float *stash;    /* acc[S] before it was zeroed */
+    uint64_t sent_ns; /* when the REQ went out (io clock) */
+};
+
+/* A pairwise exchange still open after its round ended (docs/gossip.md,
+ * "Stragglers"): what we sent, so that its reply, whenever it comes,
+ * adds our half w (theirs - ours) from the same two floats the responder
+ * used for its half. The sum stays exact however late the reply. */
+struct late {
+    int used;
+    uint64_t epoch, round, sent_ns;
+    uint32_t target;
+    size_t count;
+    uint32_t *idx; /* out[s].cap entries */
+    float *val;
 };
 
 /* A message kept for a later round (owned copies of its arrays). */
@@ -78,6 +97,9 @@ struct ds_gossip {
     uint8_t *skip;       /* G entries: peers not waited for this round
                           * (SKIP_ALL: nor sent to; SKIP_NOWAIT: sent to) */
     uint8_t *ahead;      /* G entries: peers seen past this round already */
+    uint8_t *slow;       /* G entries: partners too slow to wait for (latency.h) */
+    uint64_t *peer_round; /* G entries: the latest round each partner was in */
+    uint32_t *chk_in;    /* max_in entries: a past round's initiators */
     float *resp;         /* max_len: values of a reply */
     uint32_t G, me;
     uint64_t epoch, round;
@@ -88,6 +110,11 @@ struct ds_gossip {
     int qn, qcap;
     struct qmsg held; /* a queued message being served (arrays owned) */
     int ared_stopped; /* this all-reduce's recv answered an error */
+    struct late *late;  /* n_seg x LATE_SLOTS (pairwise only) */
+    ds_glat lat;        /* the adaptive deadline and slow partners */
+    uint64_t lat_epoch; /* view the partners' latencies are of */
+    uint32_t lat_G;
+    uint64_t t0;        /* this exchange's start (io clock) */
     ds_gossip_stats st;
 
     /* What another thread may read (ds_gossip_report): a copy of st and
@@ -168,6 +195,12 @@ void ds_gossip_destroy(ds_gossip **gp)
         free(g->out[s].val);
         free(g->out[s].stash);
     }
+    for (int i = 0; g->late && i < g->n_seg * LATE_SLOTS; i++) {
+        free(g->late[i].idx);
+        free(g->late[i].val);
+    }
+    free(g->late);
+    ds_glat_free(&g->lat);
     free_queue(g);
     free(g->q);
     free(g->held.idx);
@@ -184,6 +217,9 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->scratch);
     free(g->skip);
     free(g->ahead);
+    free(g->slow);
+    free(g->peer_round);
+    free(g->chk_in);
     free(g->resp);
     free(g->pub_x);
     free(g->pub_in);
@@ -205,6 +241,24 @@ static size_t segment_units(const ds_layer *layers, int n_layers, const ds_gseg 
     }
     unit_off[u] = (uint32_t)sg->len;
     return u;
+}
+
+/* The open-exchange slots, each as large as its segment's REQ. */
+static int late_alloc(ds_gossip *g)
+{
+    g->late = calloc((size_t)g->n_seg * LATE_SLOTS, sizeof(*g->late));
+    if (!g->late)
+        return -ENOMEM;
+    for (int s = 0; s < g->n_seg; s++)
+        for (int k = 0; k < LATE_SLOTS; k++) {
+            struct late *l = &g->late[s * LATE_SLOTS + k];
+            const size_t cap = g->out[s].cap ? g->out[s].cap : 1;
+            l->idx = malloc(cap * sizeof(uint32_t));
+            l->val = malloc(cap * sizeof(float));
+            if (!l->idx || !l->val)
+                return -ENOMEM;
+        }
+    return 0;
 }
 
 int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *layers,
@@ -256,6 +310,13 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
         goto nomem;
     memcpy(g->snap, theta, n_params * sizeof(float));
     ds_select_ops_init(&g->sel, ds_cpu_flags());
+    ds_glat_cfg lc;
+    ds_glat_cfg_default(&lc, cfg->timeout_ms);
+    if (ds_glat_init(&g->lat, &lc) < 0) {
+        ds_gossip_destroy(&g);
+        return -EINVAL;
+    }
+    g->lat_G = 0;
 
     uint32_t *units = malloc(((size_t)n_layers + 2) * sizeof(uint32_t));
     if (!units)
@@ -291,6 +352,8 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
         }
     }
     free(units);
+    if (cfg->mix == DS_MIX_PAIRWISE && late_alloc(g) < 0)
+        goto nomem;
     *out = g;
     return 0;
 
@@ -359,6 +422,9 @@ void ds_gossip_reset(ds_gossip *g, const float *theta)
     for (int s = 0; g->sp && s < g->n_seg; s++)
         if (g->sp[s])
             ds_sparsifier_reset(g->sp[s]);
+    for (int i = 0; g->late && i < g->n_seg * LATE_SLOTS; i++)
+        g->late[i].used = 0;
+    g->lat_G = 0; /* partners' latencies and rounds start over at begin */
     free_queue(g);
     publish(g);
 }
@@ -381,6 +447,20 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
         if (!ah)
             return -ENOMEM;
         g->ahead = ah;
+        uint8_t *sl = realloc(g->slow, G);
+        if (!sl)
+            return -ENOMEM;
+        g->slow = sl;
+        memset(sl, 0, G);
+        uint64_t *pr = realloc(g->peer_round, (size_t)G * sizeof(uint64_t));
+        if (!pr)
+            return -ENOMEM;
+        g->peer_round = pr;
+        memset(pr, 0, (size_t)G * sizeof(uint64_t));
+        uint32_t *ci = realloc(g->chk_in, (size_t)max_in * sizeof(uint32_t));
+        if (!ci)
+            return -ENOMEM;
+        g->chk_in = ci;
         uint32_t *f = realloc(g->in_from, (size_t)g->n_seg * max_in * sizeof(uint32_t));
         if (!f)
             return -ENOMEM;
@@ -430,10 +510,12 @@ static int outstanding(const ds_gossip *g)
 {
     int n = 0;
     for (int s = 0; s < g->n_seg; s++) {
-        n += g->out[s].state == OUT_PENDING && !g->skip[g->out[s].target];
+        const uint32_t t = g->out[s].target;
+        n += g->out[s].state == OUT_PENDING && !g->skip[t] && !g->slow[t] && !g->ahead[t];
         for (uint32_t i = 0; i < g->in_n[s]; i++) {
             const size_t k = (size_t)s * g->max_in + i;
-            n += !g->in_done[k] && !g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]];
+            const uint32_t p = g->in_from[k];
+            n += !g->in_done[k] && !g->skip[p] && !g->ahead[p] && !g->slow[p];
         }
     }
     return n;
@@ -443,7 +525,8 @@ static int outstanding(const ds_gossip *g)
 static int nowait_pending(const ds_gossip *g)
 {
     for (int s = 0; s < g->n_seg; s++)
-        if (g->out[s].state == OUT_PENDING && g->skip[g->out[s].target] == SKIP_NOWAIT)
+        if (g->out[s].state == OUT_PENDING && g->out[s].count &&
+            g->skip[g->out[s].target] == SKIP_NOWAIT && !g->slow[g->out[s].target])
             return 1;
     return 0;
 }
@@ -458,6 +541,14 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
     g->me = g->next_me;
     g->epoch = g->next_epoch;
     g->round = round;
+    if (g->lat_G != g->G || g->lat_epoch != g->epoch) {
+        /* Other nodes behind the view indices now: their latencies go. */
+        if (ds_glat_set_view(&g->lat, g->G) < 0)
+            return -ENOMEM;
+        g->lat_G = g->G;
+        g->lat_epoch = g->epoch;
+        memset(g->peer_round, 0, (size_t)g->G * sizeof(uint64_t));
+    }
 
     /* acc += theta - snap: the optimizer's drift since the last mix. */
     const size_t n = g->n;
@@ -559,8 +650,9 @@ static uint64_t reply_deadline(const ds_gossip *g, const ds_gossip_io *io)
     return io->now_ns(io->ctx) + (uint64_t)g->cfg.timeout_ms * 1000000u;
 }
 
-/* Keep m for a later round; its arrays are copied. */
-static void enqueue(ds_gossip *g, const ds_gmsg *m)
+/* Keep m for a later round; its arrays are copied. 0, or -1 when it was
+ * dropped (queue full, no memory). */
+static int enqueue(ds_gossip *g, const ds_gmsg *m)
 {
     if (g->qcap == 0) {
         g->qcap = 8 * g->n_seg * (int)(g->max_in + 1) + 64;
@@ -570,7 +662,7 @@ static void enqueue(ds_gossip *g, const ds_gmsg *m)
         g->st.dropped++;
         ds_log_rl(DS_LOG_WARN, "gossip", "future-round queue full: dropped type=%u from=%u round=%llu",
                   m->type, m->from, (unsigned long long)m->round);
-        return;
+        return -1;
     }
     struct qmsg *q = &g->q[g->qn];
     q->m = *m;
@@ -592,10 +684,11 @@ static void enqueue(ds_gossip *g, const ds_gmsg *m)
     q->m.val = q->val;
     g->qn++;
     g->st.queued++;
-    return;
+    return 0;
 fail:
     free(q->idx);
     g->st.dropped++;
+    return -1;
 }
 
 /* Indices strictly increasing and inside a segment of len entries. */
@@ -624,6 +717,65 @@ static void drop(ds_gossip *g, const ds_gmsg *m, const char *why)
               m->from, (unsigned long long)m->round, m->segment, why);
 }
 
+static int req_ok(const ds_gmsg *m, size_t len)
+{
+    return m->count <= len && (!m->count || (m->idx && m->val)) &&
+           indices_ok(m->idx, m->count, len);
+}
+
+/* Answer a REQ from snap and apply our half: d += w (theirs - mine) on S.
+ * Our half is applied only once the reply is on its way, so a refused
+ * send leaves both sides untouched. The reply gets a deadline of its
+ * own: a REQ that came in time but is served just after our round's
+ * deadline (a starved thread) still deserves its answer, and the
+ * requester waits on its own clock; with our deadline the send failed at
+ * once and the requester waited out its timeout. */
+static void answer_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    const ds_gseg *sg = &g->seg[m->segment];
+    const float *mine = g->snap + sg->off;
+    float *d = g->delta + sg->off, *acc = g->acc + sg->off;
+    const float w = g->cfg.weight;
+    for (uint32_t j = 0; j < m->count; j++)
+        g->resp[j] = mine[m->idx[j]];
+    ds_gmsg r = {.type = DS_GMSG_RESP, .to = m->from, .round = m->round,
+                 .segment = m->segment, .count = m->count, .val = g->resp};
+    if (send_msg(g, io, &r, reply_deadline(g, io)) < 0) {
+        g->st.missed++;
+        return;
+    }
+    for (uint32_t j = 0; j < m->count; j++) {
+        const uint32_t i = m->idx[j];
+        d[i] += w * (m->val[j] - mine[i]);
+        acc[i] = 0.0f;
+    }
+    g->st.answered++;
+    g->st.values_received += m->count;
+    g->st.bytes_received += payload_bytes(m);
+}
+
+/* A REQ of this view for a round over here: answered now from snap when
+ * its sender was our in-neighbour in that round (its initiator keeps the
+ * exchange open, docs/gossip.md "Stragglers"), so a partner rounds
+ * behind still mixes. 1 when answered, 0 when it is not ours to answer. */
+static int answer_past_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    if (g->cfg.mix != DS_MIX_PAIRWISE || m->segment >= (uint32_t)g->n_seg ||
+        m->from >= g->G || !req_ok(m, g->seg[m->segment].len))
+        return 0;
+    const ds_topo_key key = {g->cfg.seed, g->epoch, m->round, m->segment};
+    uint32_t target, n_in = 0;
+    if (ds_topo_peers(g->cfg.topology, &key, g->G, g->me, &target, g->chk_in, &n_in, g->max_in,
+                      g->scratch) < 0)
+        return 0;
+    for (uint32_t i = 0; i < n_in && i < g->max_in; i++)
+        if (g->chk_in[i] == m->from) {
+            answer_req(g, io, m);
+            return 1;
+        }
+    return 0;
+}
+
 /* Serve one message of the current round. Returns 1 when it completed an
  * expected exchange (in or out), else 0. */
 static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
@@ -644,36 +796,12 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
             drop(g, m, "REQ not expected from this peer");
             return 0;
         }
-        if (m->count > sg->len || (m->count && (!m->idx || !m->val)) ||
-            !indices_ok(m->idx, m->count, sg->len)) {
+        if (!req_ok(m, sg->len)) {
             drop(g, m, "REQ indices malformed");
             return 0;
         }
-        const float *mine = g->snap + sg->off;
-        float *d = g->delta + sg->off, *acc = g->acc + sg->off;
-        for (uint32_t j = 0; j < m->count; j++)
-            g->resp[j] = mine[m->idx[j]];
-        ds_gmsg r = {.type = DS_GMSG_RESP, .to = m->from, .round = m->round, .segment = s,
-                     .count = m->count, .val = g->resp};
         *done = 1;
-        /* Apply our half only once the reply is on its way, so a refused
-         * send leaves both sides untouched. The reply gets a deadline of
-         * its own: a REQ that came in time but is served just after our
-         * round's deadline (a starved thread) still deserves its answer,
-         * and the requester waits on its own clock; with our deadline the
-         * send failed at once and the requester waited out its timeout. */
-        if (send_msg(g, io, &r, reply_deadline(g, io)) < 0) {
-            g->st.missed++;
-            return 1;
-        }
-        for (uint32_t j = 0; j < m->count; j++) {
-            const uint32_t i = m->idx[j];
-            d[i] += w * (m->val[j] - mine[i]);
-            acc[i] = 0.0f;
-        }
-        g->st.answered++;
-        g->st.values_received += m->count;
-        g->st.bytes_received += payload_bytes(m);
+        answer_req(g, io, m);
         return 1;
     }
     case DS_GMSG_RESP:
@@ -684,6 +812,7 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
         }
         for (size_t j = 0; j < o->count; j++)
             g->delta[sg->off + o->idx[j]] += w * (m->val[j] - o->val[j]);
+        ds_glat_peer(&g->lat, o->target, io->now_ns(io->ctx) - o->sent_ns);
         o->state = OUT_OK;
         g->st.exchanges_ok++;
         g->st.values_received += m->count;
@@ -721,6 +850,97 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
     }
 }
 
+/* ---- exchanges kept open past their round ----------------------------------- */
+
+static struct late *late_find(ds_gossip *g, uint32_t s, uint64_t epoch, uint64_t round,
+                              uint32_t target)
+{
+    for (int k = 0; g->late && k < LATE_SLOTS; k++) {
+        struct late *l = &g->late[s * LATE_SLOTS + k];
+        if (l->used && l->epoch == epoch && l->target == target &&
+            (round == UINT64_MAX || l->round == round))
+            return l;
+    }
+    return NULL;
+}
+
+/* Our exchange of segment s is still open at the end of the round: keep
+ * what we sent, evicting the oldest slot when all are taken. */
+static void late_keep(ds_gossip *g, int s, const struct gout *o)
+{
+    struct late *slot = NULL;
+    for (int k = 0; k < LATE_SLOTS; k++) {
+        struct late *l = &g->late[s * LATE_SLOTS + k];
+        if (!l->used) {
+            slot = l;
+            break;
+        }
+        if (!slot || l->sent_ns < slot->sent_ns)
+            slot = l;
+    }
+    if (slot->used)
+        g->st.late_lost++;
+    slot->used = 1;
+    slot->epoch = g->epoch;
+    slot->round = g->round;
+    slot->sent_ns = o->sent_ns;
+    slot->target = o->target;
+    slot->count = o->count;
+    memcpy(slot->idx, o->idx, o->count * sizeof(uint32_t));
+    memcpy(slot->val, o->val, o->count * sizeof(float));
+}
+
+/* Slots nobody answered within LATE_TIMEOUTS timeouts are given up. */
+static void late_expire(ds_gossip *g, uint64_t now)
+{
+    const uint64_t max = (uint64_t)LATE_TIMEOUTS * (uint64_t)g->cfg.timeout_ms * 1000000u;
+    for (int i = 0; g->late && i < g->n_seg * LATE_SLOTS; i++)
+        if (g->late[i].used && now - g->late[i].sent_ns > max) {
+            g->late[i].used = 0;
+            g->st.late_lost++;
+        }
+}
+
+/* A RESP or STALE for a round that is over here. 1 when it answered an
+ * exchange kept open (a RESP's values applied now), else 0. */
+static int late_answer(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    if (m->segment >= (uint32_t)g->n_seg)
+        return 0;
+    struct late *l = late_find(g, m->segment, m->epoch, m->round, m->from);
+    if (!l)
+        return 0;
+    l->used = 0;
+    if (m->type == DS_GMSG_STALE) {
+        g->st.stale_received++;
+        return 1;
+    }
+    if (m->count != l->count || (m->count && !m->val)) {
+        drop(g, m, "late RESP does not match our REQ");
+        g->st.late_lost++;
+        return 1;
+    }
+    float *d = g->delta + g->seg[m->segment].off;
+    const float w = g->cfg.weight;
+    for (size_t j = 0; j < l->count; j++)
+        d[l->idx[j]] += w * (m->val[j] - l->val[j]);
+    g->st.late_applied++;
+    g->st.values_received += m->count;
+    g->st.bytes_received += payload_bytes(m);
+    if (m->epoch == g->epoch)
+        ds_glat_peer(&g->lat, m->from, io->now_ns(io->ctx) - l->sent_ns);
+    return 1;
+}
+
+/* A REQ we cannot keep: STALE, so its initiator closes the exchange. */
+static void refuse(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
+{
+    ds_gmsg st = {.type = DS_GMSG_STALE, .to = m->from, .round = m->round,
+                  .segment = m->segment};
+    if (send_msg(g, io, &st, reply_deadline(g, io)) == 0)
+        g->st.stale_sent++;
+}
+
 /* Route one received gossip message: now, later, or STALE. */
 static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
 {
@@ -734,39 +954,60 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
      * at compute speed instead of one timeout per round. */
     if (m->from < g->G && (m->round_now > g->round || m->epoch > g->epoch))
         g->ahead[m->from] = 1;
+    if (m->from < g->G && m->epoch == g->epoch && m->round_now > g->peer_round[m->from])
+        g->peer_round[m->from] = m->round_now;
+    const int answer = m->type == DS_GMSG_RESP || m->type == DS_GMSG_STALE;
+    if (answer && (m->epoch != g->epoch || m->round < g->round) && late_answer(g, io, m))
+        return 0;
     if (m->epoch != g->epoch) {
-        if (m->epoch > g->epoch && m->type != DS_GMSG_STALE)
-            enqueue(g, m);
-        else
+        if (m->epoch > g->epoch && m->type != DS_GMSG_STALE) {
+            if (enqueue(g, m) < 0 && m->type == DS_GMSG_REQ)
+                refuse(g, io, m);
+        } else {
             drop(g, m, "other view epoch");
+        }
         return 0;
     }
     if (m->round > g->round) {
-        if (m->type == DS_GMSG_REQ || m->type == DS_GMSG_CROSS)
-            enqueue(g, m);
-        else
+        if (m->type == DS_GMSG_REQ || m->type == DS_GMSG_CROSS) {
+            if (enqueue(g, m) < 0 && m->type == DS_GMSG_REQ)
+                refuse(g, io, m);
+        } else {
             drop(g, m, "reply for a future round");
+        }
         return 0;
     }
     if (m->round < g->round) {
         if (m->type == DS_GMSG_REQ) {
-            ds_gmsg st = {.type = DS_GMSG_STALE, .to = m->from, .round = m->round,
-                          .segment = m->segment};
-            if (send_msg(g, io, &st, reply_deadline(g, io)) == 0)
-                g->st.stale_sent++;
-        } else {
-            g->st.late++;
+            if (!answer_past_req(g, io, m))
+                refuse(g, io, m);
+        } else if (m->count) {
+            g->st.late++; /* an empty reply loses nothing */
         }
         return 0;
     }
     return handle_current(g, io, m);
 }
 
-int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
+/* Partners too slow to wait for this round (latency.h). */
+static void mark_slow(ds_gossip *g)
 {
-    const uint64_t t0 = io->now_ns(io->ctx);
-    const uint64_t deadline = t0 + (uint64_t)g->cfg.timeout_ms * 1000000u;
+    uint32_t n = 0;
+    for (uint32_t p = 0; p < g->G; p++) {
+        g->slow[p] = p != g->me && g->skip[p] != SKIP_ALL && ds_glat_slow(&g->lat, p);
+        n += g->slow[p];
+        if (g->peer_round[p] > g->round)
+            g->ahead[p] = 1; /* seen past this round already */
+    }
+    g->st.slow_peers = n;
+}
 
+/* Send this round's REQs (or CROSS). An exchange with a partner that
+ * still has an earlier one of ours open in that segment goes out empty:
+ * its drift goes back to acc and leaves with a later exchange, so a slow
+ * link carries at most one open exchange per segment from us. */
+static void send_requests(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
+{
     for (int s = 0; s < g->n_seg; s++) {
         struct gout *o = &g->out[s];
         if (o->state != OUT_PENDING)
@@ -779,6 +1020,11 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             g->st.skipped++;
             continue;
         }
+        if (g->late && o->count && late_find(g, (uint32_t)s, g->epoch, UINT64_MAX, o->target)) {
+            g->sel.scatter_add(g->acc + g->seg[s].off, o->idx, o->stash, o->count, 1.0f);
+            o->count = 0;
+            g->st.deferred++;
+        }
         ds_gmsg m = {
             .type = g->cfg.mix == DS_MIX_CROSSOVER ? DS_GMSG_CROSS : DS_GMSG_REQ,
             .to = o->target,
@@ -789,6 +1035,7 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             .idx = g->cfg.mix == DS_MIX_CROSSOVER ? NULL : o->idx,
             .val = o->val,
         };
+        o->sent_ns = io->now_ns(io->ctx);
         if (send_msg(g, io, &m, deadline) < 0) {
             o->state = OUT_FAILED;
             g->st.exchanges_failed++;
@@ -802,8 +1049,11 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             g->st.exchanges_ok++;
         }
     }
+}
 
-    /* Serve what arrived early for this round, oldest first. */
+/* Serve what arrived early for this round, oldest first. */
+static void serve_queued(ds_gossip *g, const ds_gossip_io *io)
+{
     int kept = 0;
     const int qn = g->qn;
     for (int i = 0; i < qn; i++) {
@@ -823,7 +1073,12 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
         }
     }
     g->qn = kept;
+}
 
+/* Wait until nothing awaited is open or the deadline, then give peers
+ * not waited for a short grace. 1 when a stop request ended the wait. */
+static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
+{
     /* A recv error (-ECANCELED: the node is stopping) ends the waits at
      * once; what is still open then fails as at the deadline, but nobody
      * is blamed for it. */
@@ -836,9 +1091,10 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             break;
         dispatch(g, io, &m);
     }
+    if (!stopped)
+        ds_glat_round(&g->lat, io->now_ns(io->ctx) - g->t0);
     /* Replies from peers we did not wait for: a short grace, so that one
-     * back on time completes its exchange (both halves applied) instead
-     * of leaving it one-sided. */
+     * back on time completes its exchange in this round. */
     uint64_t grace = io->now_ns(io->ctx) + NOWAIT_GRACE_NS;
     if (grace > deadline)
         grace = deadline;
@@ -850,29 +1106,71 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
             break;
         dispatch(g, io, &m);
     }
-    if (stopped)
-        g->st.interrupted++;
-    else if (io->now_ns(io->ctx) >= deadline)
-        g->st.timeouts++;
+    /* What has arrived already, without waiting: late replies to apply,
+     * past REQs to answer, even in a round that waited for nobody. */
+    while (!stopped) {
+        ds_gmsg m;
+        int r = io->recv(io->ctx, &m, io->now_ns(io->ctx));
+        stopped = r < 0;
+        if (r <= 0)
+            break;
+        dispatch(g, io, &m);
+    }
+    return stopped;
+}
 
-    /* Whatever is still open missed the deadline. */
+/* Whatever is still open missed the deadline: a pairwise exchange is
+ * kept open for its late reply; partners we waited for in vain are
+ * reported and their wait counts as a latency. */
+static void close_round(ds_gossip *g, const ds_gossip_io *io, int stopped)
+{
+    const uint64_t now = io->now_ns(io->ctx);
     for (int s = 0; s < g->n_seg; s++) {
         struct gout *o = &g->out[s];
         if (o->state == OUT_PENDING) {
+            const uint32_t t = o->target;
+            const int waited = !stopped && !g->skip[t] && !g->slow[t] && !g->ahead[t];
+            if (g->late && o->count && !stopped)
+                late_keep(g, s, o);
             o->state = OUT_FAILED;
             g->st.exchanges_failed++;
-            if (io->peer_failed && !stopped && !g->skip[o->target])
-                io->peer_failed(io->ctx, o->target);
+            if (waited) {
+                ds_glat_peer(&g->lat, o->target, now - o->sent_ns);
+                if (io->peer_failed)
+                    io->peer_failed(io->ctx, o->target);
+            }
         }
         for (uint32_t i = 0; i < g->in_n[s]; i++) {
             const size_t k = (size_t)s * g->max_in + i;
             if (g->in_done[k])
                 continue;
             g->st.missed++;
-            if (!stopped && !g->skip[g->in_from[k]] && !g->ahead[g->in_from[k]] && io->peer_failed)
-                io->peer_failed(io->ctx, g->in_from[k]);
+            const uint32_t p = g->in_from[k];
+            if (stopped || g->skip[p] || g->ahead[p] || g->slow[p])
+                continue;
+            if (io->peer_failed)
+                io->peer_failed(io->ctx, p);
         }
     }
+}
+
+int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
+{
+    const uint64_t t0 = io->now_ns(io->ctx);
+    const uint64_t wait = ds_glat_deadline_ns(&g->lat);
+    const uint64_t deadline = t0 + wait;
+    g->t0 = t0;
+    g->st.deadline_ns = wait;
+    late_expire(g, t0);
+    mark_slow(g);
+    send_requests(g, io, t0 + (uint64_t)g->cfg.timeout_ms * 1000000u);
+    serve_queued(g, io);
+    const int stopped = wait_round(g, io, deadline);
+    if (stopped)
+        g->st.interrupted++;
+    else if (io->now_ns(io->ctx) >= deadline)
+        g->st.timeouts++;
+    close_round(g, io, stopped);
     const uint64_t took = io->now_ns(io->ctx) - t0;
     g->st.wait_ns += took;
     if (took > g->st.max_wait_ns)

@@ -148,6 +148,16 @@ typedef struct ds_gseg {
       "Gossip messages dropped (malformed, unexpected, over the queue bound).") \
     X(U64, timeouts, "timeouts", "dsnode_gossip_timeouts_total", COUNTER, NULL, NULL, \
       "Exchange phases that waited out their whole deadline.") \
+    X(U64, late_applied, "late_applied", "dsnode_gossip_late_applied_total", COUNTER, NULL, \
+      NULL, "Replies applied in a later round than their request's (kept open).") \
+    X(U64, late_lost, "late_lost", "dsnode_gossip_late_lost_total", COUNTER, NULL, NULL, \
+      "Exchanges kept open that were given up without an answer.") \
+    X(U64, deferred, "deferred", "dsnode_gossip_deferred_total", COUNTER, NULL, NULL, \
+      "Requests sent empty: an earlier one to that partner was still open.") \
+    X(U32, slow_peers, "slow_peers", "dsnode_gossip_slow_peers", GAUGE, NULL, NULL, \
+      "Partners this round does not wait for because they are slow.") \
+    X(NS, deadline_ns, "deadline_s", "dsnode_gossip_deadline_seconds", GAUGE, NULL, NULL, \
+      "This round's adaptive wait deadline.") \
     X(U64, interrupted, "interrupted", "dsnode_gossip_interrupted_total", COUNTER, NULL, NULL, \
       "Exchanges whose waits a stop request ended early.") \
     X(U64, values_sent, "values_sent", "dsnode_gossip_values_total", COUNTER, "direction", \

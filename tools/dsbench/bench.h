@@ -63,6 +63,9 @@ int ds_bench_wire(int argc, char **argv);
 int ds_bench_elastic(int argc, char **argv);
 /* dsbench elastic --faults (bench_elastic_faults.c): issue 16's scenarios. */
 int ds_bench_elastic_faults(int argc, char **argv);
+/* dsbench elastic --gossip-faults (bench_elastic_gossip.c): a straggler and
+ * a crash against the gossip rounds (issue 16). */
+int ds_bench_elastic_gossip(int argc, char **argv);
 int ds_bench_transport(int argc, char **argv);
 int ds_bench_cluster(int argc, char **argv);
 int ds_bench_status(int argc, char **argv);

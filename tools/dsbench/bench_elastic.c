@@ -1600,6 +1600,9 @@ int ds_bench_elastic(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--faults"))
             return ds_bench_elastic_faults(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--gossip-faults"))
+            return ds_bench_elastic_gossip(argc, argv);
     elastic_opts e;
     int ret = read_opts(&e, argc, argv);
     if (ret)

@@ -1,0 +1,91 @@
+/*
+ * node/gossip/latency.h: how long a gossip round waits, and which partner
+ * it does not wait for, from the exchange times it measured. A pure
+ * module: the caller passes every time in nanoseconds; no clock, no lock,
+ * no global. The gossip engine (gossip.c) feeds it and asks it once per
+ * round.
+ *
+ * The rules (docs/gossip.md, "Stragglers"), and why:
+ * - The adaptive deadline. A round waits at most factor x the median of
+ *   the last DS_GLAT_ROUNDS rounds' waits (the time until the last
+ *   awaited exchange of the round finished; a round cut at its deadline
+ *   counts its full wait), clamped to [floor, gossip.timeout_ms]. With
+ *   too few samples it is the timeout. A dead partner then costs a few
+ *   median rounds instead of gossip.timeout_ms, and under load the median
+ *   grows with the rounds, so a busy machine does not cut healthy rounds.
+ * - The slow partner. Each partner's recent latencies (request sent to
+ *   reply received, or round start to its request received; a reply that
+ *   comes rounds late counts its whole wait) keep a median. A partner
+ *   whose median is over slow_ratio x the median of the partners'
+ *   medians, and over floor_slow_ns, is slow: the round does not wait for
+ *   it, and an exchange it has not finished is kept open into later
+ *   rounds (gossip.c). It stays slow until its median is under
+ *   clear_ratio x the others' (hysteresis): waited for less, its link
+ *   drains and its latency drops, and a single threshold made the verdict
+ *   flap, the rounds waiting for it every other window. A 10 Mbit/s link made every round wait for the one
+ *   slow node (issue 16: 4.2x slower for everyone) without ever missing
+ *   the 2 s deadline. Since the slow partner's replies are still measured
+ *   when they come late, a partner that is fast again is waited for again.
+ */
+#ifndef DS_NODE_GOSSIP_LATENCY_H
+#define DS_NODE_GOSSIP_LATENCY_H
+
+#include <stdint.h>
+
+#define DS_GLAT_ROUNDS 32 /* round waits kept */
+#define DS_GLAT_PEER 8    /* latencies kept per partner */
+
+typedef struct ds_glat_cfg {
+    uint64_t floor_ns;      /* the deadline is never below this */
+    uint64_t ceil_ns;       /* nor above (gossip.timeout_ms) */
+    double factor;          /* deadline = factor x median round wait */
+    double slow_ratio;      /* slow: median over slow_ratio x the partners' median */
+    double clear_ratio;     /* slow until under clear_ratio x (1 < clear <= slow) */
+    uint64_t floor_slow_ns; /* and over this (microsecond noise is no straggler) */
+    uint32_t min_samples;   /* samples before either rule applies */
+} ds_glat_cfg;
+
+struct ds_glat_peer {
+    uint64_t s[DS_GLAT_PEER];
+    uint32_t n, pos;
+    int slow; /* the last verdict */
+};
+
+/* Zero it, then ds_glat_init. Owned by the caller; not thread-safe. */
+typedef struct ds_glat {
+    ds_glat_cfg cfg;
+    uint64_t round[DS_GLAT_ROUNDS];
+    uint32_t n, pos;
+    struct ds_glat_peer *peer; /* G entries, by view index */
+    uint32_t G;
+} ds_glat;
+
+/* The engine's defaults for a timeout of timeout_ms (gossip.c). */
+void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms);
+
+/* 0, or -EINVAL (floor > ceil, factor < 1, not 1 < clear_ratio <=
+ * slow_ratio). */
+int ds_glat_init(ds_glat *t, const ds_glat_cfg *cfg);
+void ds_glat_free(ds_glat *t);
+
+/* A new view of G members: the partners' samples are forgotten (view
+ * indices name other nodes now), the round waits kept. 0 or -ENOMEM. */
+int ds_glat_set_view(ds_glat *t, uint32_t G);
+
+/* A round waited wait_ns for its awaited exchanges. */
+void ds_glat_round(ds_glat *t, uint64_t wait_ns);
+
+/* Partner `peer` (view index) took ns for one exchange. */
+void ds_glat_peer(ds_glat *t, uint32_t peer, uint64_t ns);
+
+/* The next round's deadline, from its start. */
+uint64_t ds_glat_deadline_ns(const ds_glat *t);
+
+/* 1 when partner `peer` is slow (rule above), else 0; the verdict is
+ * kept for the hysteresis. */
+int ds_glat_slow(ds_glat *t, uint32_t peer);
+
+/* The median of partner `peer`'s samples; 0 without any. */
+uint64_t ds_glat_peer_median(const ds_glat *t, uint32_t peer);
+
+#endif

@@ -262,7 +262,8 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out);
 /* Stop the progress thread, which fails every pending send with -ECANCELED
  * (done callbacks, then release callbacks, still on the progress thread),
  * closes the endpoint and frees what libfabric held; then free everything.
- * Accepts NULL; clears *t. Must not be called from a callback. */
+ * Accepts NULL; clears *t once the thread has stopped (the callbacks may
+ * still use *t until then). Must not be called from a callback. */
 void ds_transport_close(ds_transport **t);
 
 /* This endpoint's advertised address as "host:port" (the real port when

@@ -21,7 +21,7 @@ trap 'rm -rf "$out"' EXIT
 export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
 rc=0
 "$dslaunch" local -n 3 --config "$config" --out "$out/run" --timeout 420 \
-  --set train.backend=cpu --set train.steps=150 --set train.eval_every=0 \
+  --set train.backend=cpu --set train.steps=100 --set train.eval_every=0 \
   --set train.log_every=50 --set gossip.overlap=true \
   --set status.file=status.json --add-at 30:1 || rc=$?
 if grep -l "ThreadSanitizer" "$out"/run/*.log; then

@@ -252,7 +252,8 @@ typedef struct ds_transport_stats {
 void ds_transport_opts_default(ds_transport_opts *o);
 
 /* Open an endpoint and start its progress thread. *out receives the
- * transport (caller owns; ds_transport_close frees it). The option strings
+ * transport (caller owns; ds_transport_close frees it), before the thread
+ * starts, so callbacks may use it; it is NULL on failure. The option strings
  * are copied. Returns 0, -EINVAL (bad option, logged with the reason),
  * -EADDRINUSE, -ENODATA (provider/address not offered by libfabric),
  * -ENOMEM, or another negative errno. */

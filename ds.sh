@@ -4,7 +4,7 @@
 #   ./ds.sh run     install what is missing, build, train a 4-node cluster on
 #                   this host (the main job: dslaunch local -n 4)
 #   ./ds.sh test    install what is missing, build, run the whole test suite
-#                   (release build + sanitizer build); .ci/run runs exactly this
+#                   (release build + ASan/UBSan and TSan builds); .ci/run runs exactly this
 #   ./ds.sh deps | build | bench
 #
 # Runs as root on Debian 12 (apt-get); as another user it uses sudo when a
@@ -61,6 +61,14 @@ cmd_test() {
   build build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
+  # ThreadSanitizer build: the suites whose code runs threads, then alone
+  # (its four nodes would crowd the deadlines of the others) a real cluster
+  # of TSan-built nodes. halt_on_error: the first report fails the test.
+  build build-tsan -Dbuildtype=debug -Db_sanitize=thread -Dcuda=disabled
+  local tsan=halt_on_error=1:second_deadlock_stack=1
+  TSAN_OPTIONS=$tsan meson test -C build-tsan --print-errorlogs --num-processes 2 \
+    transport net inproc status gossip membership runtime
+  TSAN_OPTIONS=$tsan meson test -C build-tsan --print-errorlogs tsan_cluster
   # libFuzzer (clang) on the wire decoder, sessions and handshake: about a
   # minute from the committed seed corpus (docs/protocol.md for longer runs).
   tests/fuzz/run.sh 60

@@ -29,6 +29,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -991,7 +992,7 @@ Test(status, per_address_limit)
  * 2,000 connections. */
 typedef struct flood_arg {
     int port, n, *fds;
-    volatile int stop;
+    atomic_int stop;
 } flood_arg;
 
 static void *flooder(void *p)
@@ -999,7 +1000,7 @@ static void *flooder(void *p)
     flood_arg *f = p;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (int i = 0; i < f->n && !f->stop; i++) {
+    for (int i = 0; i < f->n && !atomic_load(&f->stop); i++) {
         f->fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (f->fds[i] >= 0)
             (void)connect(f->fds[i], (struct sockaddr *)&a, sizeof(a));
@@ -1031,7 +1032,7 @@ Test(status, idle_flood_does_not_starve_other_addresses)
         cr_expect_eq(r.code, 200, "scrape %d from 127.0.0.2 answered %d", i, r.code);
         resp_free(&r);
     }
-    f.stop = 1;
+    atomic_store(&f.stop, 1);
     pthread_join(t, NULL);
     cr_expect_eq(ok, SCRAPES);
     for (int i = 0; i < FLOOD; i++)

@@ -863,6 +863,8 @@ int tp_inproc_open(const ds_transport_opts *o, ds_transport **out)
     e->npeers = o->max_peers;
     e->peers = calloc(e->npeers, sizeof(*e->peers));
     int r = e->peers ? 0 : -ENOMEM;
+    /* Before the thread starts: its callbacks may use *out at once. */
+    *out = &e->pub;
     pthread_mutex_lock(&g.lock);
     if (!r)
         r = claim_address(e, o);
@@ -875,11 +877,11 @@ int tp_inproc_open(const ds_transport_opts *o, ds_transport **out)
     }
     pthread_mutex_unlock(&g.lock);
     if (r) {
+        *out = NULL;
         ip_free(e);
         tp_head_free(&e->pub);
         return r > 0 ? -r : r;
     }
     ds_info(COMP, "inproc endpoint %s", e->pub.addr_text);
-    *out = &e->pub;
     return 0;
 }

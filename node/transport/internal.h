@@ -170,10 +170,12 @@ struct tp_rxs {
 enum peer_state { PEER_FREE = 0, PEER_LIVE, PEER_REMOVING, PEER_DRAINING };
 
 struct tp_peer {
-    /* under t->lock */
-    uint8_t state;
+    /* written under t->lock; state and gen are atomic because the progress
+     * thread reads them without it (any state other than PEER_LIVE makes
+     * it leave the peer alone) */
+    _Atomic uint8_t state;
     uint8_t need_av;
-    uint16_t gen;
+    _Atomic uint16_t gen;
     char addr[DS_TRANSPORT_ADDR_MAX]; /* canonical "host:port": the key */
     uint8_t raw[TP_NAME_MAX];
     size_t rawlen;

@@ -17,6 +17,7 @@
  * is freed once libfabric holds nothing of it (DRAINING until then).
  *
  * Identity fields (state, gen, addr, raw) are written under t->lock; the
+ * progress thread reads state and gen, which are atomic, without it. The
  * rest is the progress thread's.
  */
 #include "config.h"

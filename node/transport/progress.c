@@ -534,15 +534,17 @@ int tp_fabric_open(const ds_transport_opts *o, ds_transport **out)
         r = -EINVAL;
     if (r)
         goto fail;
+    /* Before the thread starts: its callbacks may use *out at once. */
+    *out = &t->pub;
     r = pthread_create(&t->thread, NULL, progress_main, t);
     if (r) {
+        *out = NULL;
         r = -r;
         goto fail;
     }
     t->thread_started = 1;
     ds_info(COMP, "listening on %s provider=%s chunk=%zu wait=%s", t->pub.addr_text, t->provider,
             o->chunk_bytes, t->cq_fd >= 0 ? "fd" : "poll");
-    *out = &t->pub;
     return 0;
 fail:
     fabric_free(t);

@@ -207,8 +207,10 @@ void ds_transport_close(ds_transport **tp)
     if (!tp || !*tp)
         return;
     ds_transport *t = *tp;
-    *tp = NULL;
+    /* *tp stays valid until the progress thread has stopped: the done
+     * callbacks that run during close may still call through it. */
     t->ops->close(t);
+    *tp = NULL;
     tp_head_free(t);
 }
 

@@ -260,7 +260,8 @@ typedef struct ds_transport_stats {
 void ds_transport_opts_default(ds_transport_opts *o);
 
 /* Open an endpoint and start its progress thread. *out receives the
- * transport (caller owns; ds_transport_close frees it). The option strings
+ * transport (caller owns; ds_transport_close frees it), before the thread
+ * starts, so callbacks may use it; it is NULL on failure. The option strings
  * are copied. Returns 0, -EINVAL (bad option, logged with the reason),
  * -EADDRINUSE, -ENODATA (provider/address not offered by libfabric),
  * -ENOMEM, or another negative errno. */
@@ -270,7 +271,8 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out);
 /* Stop the progress thread, which fails every pending send with -ECANCELED
  * (done callbacks, then release callbacks, still on the progress thread),
  * closes the endpoint and frees what libfabric held; then free everything.
- * Accepts NULL; clears *t. Must not be called from a callback. */
+ * Accepts NULL; clears *t once the thread has stopped (the callbacks may
+ * still use *t until then). Must not be called from a callback. */
 void ds_transport_close(ds_transport **t);
 
 /* This endpoint's advertised address as "host:port" (the real port when

@@ -37,10 +37,11 @@ NOT_KEYS = {'json', 'bin', 'ini', 'c', 'h', 'cu', 'md', 'log', 'key', 'pub', 'tx
 # (gossip, transport, train) holding counters and results: `gossip.timeouts`
 # is a counter of the status page, not a key. Their field names are read
 # from node/: the metric rows of the stats X-macro lists
-# (X(TYPE, field, "json_name", "dsnode_...", ...)), the metric groups
+# (X(TYPE, field, "json_name", "dsnode_...", ...), a row may continue on
+# the next line after a backslash), the metric groups
 # (.json = "name") and the fields node/status/json.c puts.
 STATUS_FIELD_RES = (
-    re.compile(r'\bX\(\s*\w+\s*,\s*\w+\s*,\s*"(\w+)"\s*,\s*"dsnode_'),
+    re.compile(r'\bX\(\s*\w+\s*,\s*\w+\s*,\s*"(\w+)"[\s\\]*,[\s\\]*"dsnode_'),
     re.compile(r'\.json\s*=\s*"(\w+)"'),
     re.compile(r'\bput\w*\(\s*\w+\s*,\s*\w+\s*,\s*"(\w+)"'),
 )

@@ -2,7 +2,10 @@
  * node/main.c: the dsnode program.
  *
  *   dsnode run --config FILE [--set section.key=value]...
- *   dsnode check-config FILE [--set section.key=value]...
+ *   dsnode check-config [--offline] FILE [--set section.key=value]...
+ *       (without --offline it also checks the key files, the dataset,
+ *       node.data_dir, status.file's directory and the listen ports:
+ *       node/runtime/preflight.h)
  *   dsnode keygen [--cluster] --out FILE
  *   dsnode help-config | --help | --version
  *
@@ -22,6 +25,7 @@
 #include "conf/conf.h"
 #include "kernels/cpu.h"
 #include "kernels/kernels.h"
+#include "node/runtime/preflight.h"
 #include "node/runtime/run.h"
 #include "node/sec/keygen.h"
 
@@ -31,7 +35,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: dsnode run --config FILE [--set section.key=value]...\n"
-            "       dsnode check-config FILE [--set section.key=value]...\n"
+            "       dsnode check-config [--offline] FILE [--set section.key=value]...\n"
             "       dsnode keygen [--cluster] --out FILE\n"
             "       dsnode help-config    every config key, its type, default and meaning\n"
             "       dsnode --version\n");
@@ -65,11 +69,12 @@ fail:
  * argument that is not an option. argv[0] is the subcommand. Prints what
  * it does not understand and returns -1. */
 static int parse_common(int argc, char **argv, int positional_ok, const char **path, char **sets,
-                        int *nset)
+                        int *nset, int *offline)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
         {"set", required_argument, NULL, 's'},
+        {"offline", no_argument, NULL, 'o'},
         {NULL, 0, NULL, 0},
     };
     *nset = 0;
@@ -87,6 +92,13 @@ static int parse_common(int argc, char **argv, int positional_ok, const char **p
         case 's':
             sets[(*nset)++] = optarg;
             break;
+        case 'o':
+            if (offline) {
+                *offline = 1;
+                break;
+            }
+            fprintf(stderr, "dsnode %s: unexpected argument '--offline'\n", argv[0]);
+            return -1;
         case 1:
             if (positional_ok && optarg[0] != '-' && !*path) {
                 *path = optarg;
@@ -113,7 +125,7 @@ static int cmd_run(int argc, char **argv)
     char *sets[MAX_SETS];
     int nset;
     ds_conf c;
-    if (argc > MAX_SETS || parse_common(argc, argv, 0, &path, sets, &nset) < 0) {
+    if (argc > MAX_SETS || parse_common(argc, argv, 0, &path, sets, &nset, NULL) < 0) {
         usage(stderr);
         return 2;
     }
@@ -145,9 +157,10 @@ static int cmd_check_config(int argc, char **argv)
 {
     const char *path;
     char *sets[MAX_SETS];
-    int nset;
+    int nset, offline = 0;
     ds_conf c;
-    if (argc > MAX_SETS || parse_common(argc, argv, 1, &path, sets, &nset) < 0) {
+    char err[1024];
+    if (argc > MAX_SETS || parse_common(argc, argv, 1, &path, sets, &nset, &offline) < 0) {
         usage(stderr);
         return 2;
     }
@@ -157,6 +170,10 @@ static int cmd_check_config(int argc, char **argv)
     }
     if (load_config(&c, path, nset, sets) < 0)
         return 2;
+    if (!offline && ds_preflight_all(&c, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsnode: %s: %s\n", path, err);
+        return 2;
+    }
     if (ds_conf_dump(&c, stdout) < 0)
         return 1;
     fprintf(stderr, "dsnode: %s: valid\n", path);

@@ -26,11 +26,15 @@
  *           rounds=R
  * Everything else goes to the log (stderr). At exit the final parameters
  * go to <node.data_dir>/model.bin (see ds_run_save_model) so a launcher can
- * measure how far the nodes' models are apart.
+ * measure how far the nodes' models are apart. The results are never lost
+ * silently: node.data_dir is checked at start, with model.bin's size
+ * reserved once (preflight.h), and a final save that fails makes the run
+ * failed (status=failed, exit 1), whatever training did.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +47,7 @@
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "node/runtime/engine.h"
+#include "node/runtime/preflight.h"
 #include "node/runtime/run.h"
 #include "node/status/status.h"
 
@@ -108,6 +113,54 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     t->data_seed = ds_rng_hash_str((uint64_t)c->cluster.seed, c->node.name);
 }
 
+/* Write all of buf to fd. 0 or a negative errno. */
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        const ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* dir's entry for a renamed file reaches the disk too. */
+static int fsync_dir(const char *dir)
+{
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    const int e = fsync(fd) < 0 ? -errno : 0;
+    close(fd);
+    return e;
+}
+
+/* The header and the parameters into tmp, flushed to the disk. */
+static int write_model(const char *tmp, const float *host, size_t n)
+{
+    uint8_t hdr[16] = "DSMODEL1";
+    for (int i = 0; i < 8; i++)
+        hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+        return -errno;
+    /* The file is little-endian float32, as this host (x86-64; wire.h pins
+     * the byte order for the whole node). */
+    int e = write_all(fd, hdr, sizeof(hdr));
+    if (!e)
+        e = write_all(fd, host, n * sizeof(float));
+    if (!e && fsync(fd) < 0)
+        e = -errno;
+    if (close(fd) < 0 && !e)
+        e = -errno;
+    return e;
+}
+
 int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
 {
     char path[4096], tmp[4200];
@@ -123,30 +176,22 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
-    int ret = t->ops.download(host, t->theta, n * sizeof(float));
-    FILE *f = ret == 0 ? fopen(tmp, "wb") : NULL;
-    if (!f) {
-        ret = ret ? ret : -errno;
-        snprintf(err, err_len, "%s: cannot write: %s", tmp, strerror(-ret));
-        free(host);
-        return ret;
-    }
-    uint8_t hdr[16] = "DSMODEL1";
-    for (int i = 0; i < 8; i++)
-        hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
-    /* The file is little-endian float32, as this host (x86-64; wire.h pins
-     * the byte order for the whole node). */
-    int ok = fwrite(hdr, 1, 16, f) == 16 && fwrite(host, sizeof(float), n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    free(host);
-    if (!ok || rename(tmp, path) < 0) {
-        snprintf(err, err_len, "%s: write failed: %s", path, strerror(errno));
+    int e = t->ops.download(host, t->theta, n * sizeof(float));
+    if (e < 0) {
+        snprintf(err, err_len, "parameters not read from the device: %s", strerror(-e));
+    } else if ((e = write_model(tmp, host, n)) < 0) {
+        snprintf(err, err_len, "%s: cannot write: %s", tmp, strerror(-e));
         unlink(tmp);
-        return -EIO;
+    } else if (rename(tmp, path) < 0) {
+        e = -errno;
+        snprintf(err, err_len, "%s: cannot rename to %s: %s", tmp, path, strerror(-e));
+        unlink(tmp);
+    } else if ((e = fsync_dir(dir)) < 0) {
+        snprintf(err, err_len, "%s: cannot flush the directory: %s", dir, strerror(-e));
     }
-    return 0;
+    free(host);
+    return e;
 }
-
 
 /* ---- the client ------------------------------------------------------------ */
 
@@ -329,6 +374,11 @@ static int finish(run *u, int ret)
     const ds_gossip_stats *gs = &in.gossip;
     const double wall = (double)(ds_now_ns() - u->t_start) * 1e-9;
     const double sps = u->train_ns ? (double)t->samples / ((double)u->train_ns * 1e-9) : 0;
+    /* The model first: a run whose result could not be kept failed. */
+    if (ds_run_save_model(c->node.data_dir, t, err, sizeof(err)) < 0) {
+        ds_error("train", "final model not saved: %s", err);
+        ret = ret < 0 ? ret : -EIO;
+    }
     const char *status = ret < 0 ? "failed" : stop_signal ? "stopped" : "done";
     u->rep.phase = ret < 0 ? DS_STATUS_FAILED : stop_signal ? DS_STATUS_STOPPED : DS_STATUS_DONE;
     u->rep.test_acc = u->test_acc;
@@ -341,8 +391,6 @@ static int finish(run *u, int ret)
             (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
             (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9,
             (double)gs->max_wait_ns * 1e-9);
-    if (ds_run_save_model(c->node.data_dir, t, err, sizeof(err)) < 0)
-        ds_warn("train", "final model not saved: %s", err);
     printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
            "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu "
            "max_round_s=%.3f\n",
@@ -352,6 +400,18 @@ static int finish(run *u, int ret)
     fflush(stdout);
     const int sig = (int)stop_signal;
     return ret < 0 ? 1 : sig ? 128 + sig : 0;
+}
+
+/* node.data_dir can take model.bin (header + float32 parameters). */
+static int check_outputs(run *u)
+{
+    char err[1024];
+    const uint64_t bytes = 16 + (uint64_t)u->t.n_params * sizeof(float);
+    if (ds_preflight_outputs(u->c, bytes, err, sizeof(err)) < 0) {
+        ds_error("node", "cannot start: %s", err);
+        return -1;
+    }
+    return 0;
 }
 
 int ds_node_run(const ds_conf *c, unsigned flags)
@@ -371,7 +431,7 @@ int ds_node_run(const ds_conf *c, unsigned flags)
         ds_error("node", "cannot start: %s", err);
         goto close_engine;
     }
-    if (register_trainer(&u) < 0 || ds_engine_listen(u.e) < 0)
+    if (check_outputs(&u) < 0 || register_trainer(&u) < 0 || ds_engine_listen(u.e) < 0)
         goto fini_trainer;
     publish(&u, 1);
     if ((e = ds_engine_join(u.e, err, sizeof(err))) < 0) {

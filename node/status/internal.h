@@ -44,6 +44,7 @@ struct ds_status {
     size_t json_len, metrics_len;
     uint64_t json_gen, metrics_gen;
     uint64_t file_gen, file_last_ms;
+    uint64_t file_failing; /* consecutive failed writes of status.file */
     ds_status_http *http;        /* NULL: no HTTP */
     struct pollfd *pfd;          /* the wake pipe, then the HTTP server's */
 };
@@ -114,7 +115,8 @@ const char *ds_status_http_addr(const ds_status *st);
 int ds_status_file_check(const ds_status *st);
 /* Write the newest snapshot to PATH (through PATH.tmp); counts and logs a
  * failure (rate-limited). */
-void ds_status_file_write(ds_status *st);
+/* 0, or the negative errno of a failed write (counted and logged). */
+int ds_status_file_write(ds_status *st);
 /* 1 when something was published since the file was last written. */
 int ds_status_file_dirty(ds_status *st);
 

@@ -311,7 +311,8 @@ void ds_status_destroy(ds_status **pst)
     }
     /* The thread is gone: its fields are ours. The last state (done,
      * stopped) must reach the file even inside the rate limit. */
-    if (st->file && ds_status_file_dirty(st))
-        ds_status_file_write(st);
+    if (st->file && ds_status_file_dirty(st) && ds_status_file_write(st) < 0)
+        ds_error(DS_STATUS_COMP, "%s: the final status was not written; it shows an earlier state",
+                 st->file);
     status_free(st);
 }

@@ -708,16 +708,20 @@ static int dump_get(const char *text, const char *section, const char *key, char
     return -ENOENT;
 }
 
-/* argv for `dsnode check-config base.ini --set <user>... --set <extra>...`.
- * Strings in extra are borrowed. */
+/* argv for `dsnode check-config --offline base.ini --set <user>... --set
+ * <extra>...`. --offline: the config is only being read and completed here
+ * (each node's ports and directories are set by later --set's, its keys
+ * written after); every node checks its own file system and ports when it
+ * starts. Strings in extra are borrowed. */
 static char **check_config_argv(struct launch *L, char **extra, int nextra)
 {
-    char **argv = calloc((size_t)(4 + 2 * (L->nsets + nextra)), sizeof(char *));
+    char **argv = calloc((size_t)(5 + 2 * (L->nsets + nextra)), sizeof(char *));
     if (!argv)
         return NULL;
     int k = 0;
     argv[k++] = L->dsnode;
     argv[k++] = "check-config";
+    argv[k++] = "--offline";
     argv[k++] = (char *)L->config;
     for (int i = 0; i < L->nsets; i++) {
         argv[k++] = "--set";

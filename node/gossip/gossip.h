@@ -18,7 +18,9 @@
  *                     stash acc[S], acc[S] = 0, REQ values = snap[S]
  *   exchange(io):     send every REQ; answer every REQ received from
  *                     snap; delta += w (theirs - mine) per finished
- *                     exchange; wait at most gossip.timeout_ms
+ *                     exchange; wait at most the adaptive deadline
+ *                     (latency.h), never over gossip.timeout_ms; answer
+ *                     REQs of past rounds, apply late replies
  *   end(theta):       theta += delta, snap += delta, delta = 0;
  *                     failed exchanges give their stash back to acc
  *

@@ -147,7 +147,7 @@
     X(INT, gossip, every, "1", 1, INT64_MAX, \
       "gossip every N training steps") \
     X(INT, gossip, timeout_ms, "2000", 1, 600000, \
-      "how long to wait for a peer in a round before skipping it") \
+      "longest wait for a peer in a round (the adaptive deadline is shorter)") \
     X(BOOL, gossip, overlap, "false", \
       "overlap a round's exchanges with the next step's computation")
 

@@ -187,6 +187,8 @@ int ds_membership_join(ds_membership *m, uint64_t now_ms, const char *const *see
     m->attempt = 1;
     m->join_wait_ms = m->cfg.join_timeout_ms;
     m->join_retry_ms = now_ms + m->join_wait_ms;
+    ds_info(COMP, "joining through %zu seed(s), giving up after %" PRIu64 " ms", m->n_seeds,
+            m->cfg.join_give_up_ms);
     send_join(m);
 out:
     ds_mship_unlock_and_flush(m);

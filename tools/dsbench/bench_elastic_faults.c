@@ -12,12 +12,17 @@
  *              again with n3 SIGSTOPped for --freeze-s seconds from n0's
  *              step 200. Row per run: consensus distance at the end (and
  *              its ratio to the baseline's), the longest gossip round any
- *              other node waited (max_round_s) and their gossip wait in all
- *              (wait_s), and for the frozen run how long after SIGCONT n3
- *              counted a rejoin and was alive in n0's view again.
+ *              other node waited (max_round_s, capped at the timeout), the
+ *              longest time any of n0..n2 published no new step while n3
+ *              was frozen and in the 20 s after SIGCONT (the undisturbed
+ *              run is watched over the same windows: the noise floor),
+ *              and for the frozen run how long after SIGCONT n3 counted a
+ *              rejoin and was alive in n0's view again.
  *   late       3 nodes, train.steps = 1500, one node added at step 1436
  *              (the least margin dslaunch accepts) with
  *              cluster.join_timeout_s = --join-timeout-s: its exit status,
+ *              how long it tried to join (its log: "joining" to "join given
+ *              up"),
  *              how long it ran against the timeout, why it gave up, and
  *              whether the run ended by itself.
  *   partition  4 nodes, one network namespace each (dslaunch --netns;
@@ -25,7 +30,7 @@
  *              by nftables rules in each namespace that drop frames to and
  *              from the other side; then healed. Row: seconds from the heal
  *              until all four status documents show one view (four members,
- *              all alive, the same epoch), n0's view size just before the
+ *              all alive), n0's view size just before the
  *              heal (2: the sides had dropped each other), and whether a
  *              node was ever seen in a 1-node view after the heal.
  *
@@ -253,9 +258,39 @@ static double report_num(const json_t *rep, const char *name, const char *key)
 /* ---- freeze ---------------------------------------------------------------- */
 
 struct freeze_res {
-    double cd, max_round, wait_s, rejoin_s, back_s;
+    double cd, max_round, stall_frozen, stall_after, rejoin_s, back_s;
     int ok;
 };
+
+/* The longest time any of n0..n2 went without a new train.step, polled
+ * from the status documents: last[] and since[] carry the state. */
+struct stall_watch {
+    double last[3], since[3], worst;
+};
+
+static void stall_reset(struct stall_watch *w)
+{
+    for (int i = 0; i < 3; i++)
+        w->last[i] = NAN, w->since[i] = ds_bench_now();
+    w->worst = 0;
+}
+
+static void stall_poll(const frun *r, struct stall_watch *w)
+{
+    const double now = ds_bench_now();
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        json_t *d = status_of(r, name);
+        const double s = d ? jpath(d, "train", "step") : NAN;
+        json_decref(d);
+        if (isfinite(s) && s != w->last[i]) {
+            w->last[i] = s;
+            w->since[i] = now;
+        }
+        w->worst = fmax(w->worst, now - w->since[i]);
+    }
+}
 
 /* n3 counts a rejoin and n0's view lists it alive among 4. */
 static int n3_back(const frun *r, int *rejoined)
@@ -275,39 +310,54 @@ static void freeze_outcome(const frun *r, struct freeze_res *res)
 {
     json_t *rep = run_report(r);
     res->cd = rep ? json_number_value(json_object_get(rep, "consensus_distance")) : NAN;
-    res->max_round = res->wait_s = 0;
+    res->max_round = 0;
     for (int i = 0; i < 3; i++) {
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
         res->max_round = fmax(res->max_round, report_num(rep, name, "max_round_s"));
-        res->wait_s = fmax(res->wait_s, report_num(rep, name, "wait_s"));
     }
     res->ok = rep && r->code == 0;
     json_decref(rep);
 }
 
-/* SIGSTOP n3 for freeze_s, SIGCONT, and time its way back. */
-static void freeze_n3(frun *r, const faults_opts *o, struct freeze_res *res)
+/* Watch the others for secs (or until the run ends). */
+static void watch_for(frun *r, struct stall_watch *w, double secs)
 {
-    const pid_t p = node_pid(r, "n3");
-    if (p <= 0 || kill(p, SIGSTOP) < 0)
-        return;
-    const double t_stop = ds_bench_now();
-    while (ds_bench_now() - t_stop < o->freeze_s && run_wait(r, 0) < 0)
-        msleep(100); /* the freeze itself: what is being measured */
-    kill(p, SIGCONT);
-    const double t_cont = ds_bench_now();
-    int rejoined = 0;
-    while (ds_bench_now() - t_cont < 120 && run_wait(r, 0) < 0) {
-        const int back = n3_back(r, &rejoined);
-        if (rejoined && !isfinite(res->rejoin_s))
-            res->rejoin_s = ds_bench_now() - t_cont;
-        if (back) {
-            res->back_s = ds_bench_now() - t_cont;
-            break;
-        }
+    const double t0 = ds_bench_now();
+    while (ds_bench_now() - t0 < secs && run_wait(r, 0) < 0) {
+        stall_poll(r, w);
         msleep(50);
     }
+}
+
+/* SIGSTOP n3 for freeze_s (frozen; else leave it alone as long), SIGCONT,
+ * time its way back, and the others' longest stall in both phases (after
+ * SIGCONT: until AFTER_S later). */
+#define AFTER_S 20
+static void freeze_n3(frun *r, const faults_opts *o, int frozen, struct freeze_res *res)
+{
+    const pid_t p = node_pid(r, "n3");
+    if (p <= 0 || (frozen && kill(p, SIGSTOP) < 0))
+        return;
+    struct stall_watch w;
+    stall_reset(&w);
+    watch_for(r, &w, o->freeze_s); /* the freeze itself: what is being measured */
+    res->stall_frozen = w.worst;
+    if (frozen)
+        kill(p, SIGCONT);
+    const double t_cont = ds_bench_now();
+    stall_reset(&w);
+    int rejoined = 0;
+    while (ds_bench_now() - t_cont < AFTER_S && run_wait(r, 0) < 0) {
+        stall_poll(r, &w);
+        const int back = frozen && isnan(res->back_s) && n3_back(r, &rejoined);
+        if (rejoined && isnan(res->rejoin_s))
+            res->rejoin_s = ds_bench_now() - t_cont;
+        if (back)
+            res->back_s = ds_bench_now() - t_cont;
+        msleep(50);
+    }
+    res->stall_after = w.worst;
 }
 
 static int freeze_run(const faults_opts *o, int frozen, struct freeze_res *res)
@@ -316,11 +366,12 @@ static int freeze_run(const faults_opts *o, int frozen, struct freeze_res *res)
     snprintf(steps, sizeof(steps), "train.steps=%d", o->steps);
     const char *extra[] = {"--set", steps, NULL};
     frun r;
-    *res = (struct freeze_res){.rejoin_s = NAN, .back_s = NAN};
+    *res = (struct freeze_res){.rejoin_s = NAN, .back_s = NAN, .stall_frozen = NAN,
+                               .stall_after = NAN};
     int e = run_start(&r, o, 4, extra);
     if (e == 0) {
-        if (frozen && wait_step(&r, "n0", 200, 300))
-            freeze_n3(&r, o, res);
+        if (wait_step(&r, "n0", 200, 300))
+            freeze_n3(&r, o, frozen, res);
         run_wait(&r, 900);
         freeze_outcome(&r, res);
     }
@@ -339,7 +390,8 @@ static void freeze_row(ds_row *row, const faults_opts *o, const char *run,
     ds_row_num(row, "consensus_distance", x->cd, 4);
     ds_row_num(row, "vs_undisturbed", x->cd / cd_base, 2);
     ds_row_num(row, "others_max_round_s", x->max_round, 2);
-    ds_row_num(row, "others_wait_s", x->wait_s, 1);
+    ds_row_num(row, "others_stall_frozen_s", x->stall_frozen, 1);
+    ds_row_num(row, "others_stall_after_s", x->stall_after, 1);
     ds_row_num(row, "rejoin_after_cont_s", x->rejoin_s, 1);
     ds_row_num(row, "back_in_view_s", x->back_s, 1);
     ds_row_end(row);
@@ -359,20 +411,37 @@ static int scenario_freeze(const faults_opts *o)
 
 /* ---- late joiner ------------------------------------------------------------ */
 
-/* Why n3 gave up, from its log. */
-static const char *late_reason(const json_t *rep)
+/* Seconds since midnight of a log line's timestamp (NAN if none). */
+static double log_time(const char *line)
+{
+    int h, m;
+    double sec;
+    return sscanf(line, "%*d-%*d-%*dT%d:%d:%lfZ", &h, &m, &sec) == 3 ? h * 3600.0 + m * 60 + sec
+                                                                       : NAN;
+}
+
+/* Why n3 gave up, and how long it tried (from "joining" to "join given
+ * up" in its log; *tried_s NAN when either line is missing). */
+static const char *late_reason(const json_t *rep, double *tried_s)
 {
     const char *path = json_string_value(
         json_object_get(json_object_get(json_object_get(rep, "nodes"), "n3"), "log"));
     FILE *f = path ? fopen(path, "r") : NULL;
     const char *why = "?";
     char line[2048];
-    while (f && fgets(line, sizeof(line), f))
+    double t_join = NAN, t_gave = NAN;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (strstr(line, "joining through") && isnan(t_join))
+            t_join = log_time(line);
+        if (strstr(line, "join given up"))
+            t_gave = log_time(line);
         if (strstr(line, "cannot join cluster"))
             why = strstr(line, "all ") && strstr(line, "are leaving") ? "all seeds finishing"
                                                                        : "join_timeout_s";
+    }
     if (f)
         fclose(f);
+    *tried_s = t_gave - t_join;
     return why;
 }
 
@@ -393,8 +462,11 @@ static int scenario_late(const faults_opts *o)
     ds_row_str(&row, "scenario", "late joiner");
     ds_row_int(&row, "join_timeout_s", o->join_timeout_s);
     ds_row_num(&row, "joiner_exit", report_num(rep, "n3", "exit_status"), 0);
+    double tried_s = NAN;
+    const char *why = rep ? late_reason(rep, &tried_s) : "?";
+    ds_row_num(&row, "joiner_tried_s", tried_s, 1);
     ds_row_num(&row, "joiner_ran_s", report_num(rep, "n3", "wall_s"), 1);
-    ds_row_str(&row, "reason", rep ? late_reason(rep) : "?");
+    ds_row_str(&row, "reason", why);
     ds_row_str(&row, "run_ended_by_itself",
                rep && json_is_null(json_object_get(rep, "stopped_by")) ? "yes" : "no");
     ds_row_num(&row, "run_wall_s", wall, 1);
@@ -472,17 +544,15 @@ static int cut(const frun *r, int i, const char *other_a, const char *other_b, i
                : 0;
 }
 
-/* All four documents: 4 members, all alive, one epoch. *solo: a 1-node view seen. */
+/* All four documents: 4 members, all alive. *solo: a 1-node view seen. */
 static int one_view(const frun *r, int *solo)
 {
-    double epoch = NAN;
     int ok = 1;
     for (int i = 0; i < 4; i++) {
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
         json_t *d = status_of(r, name);
-        const double size = d ? jpath(d, "view", "size") : NAN, ep = d ? jpath(d, "view", "epoch")
-                                                                        : NAN;
+        const double size = d ? jpath(d, "view", "size") : NAN;
         if (size == 1)
             *solo = 1;
         int alive = 0;
@@ -492,8 +562,7 @@ static int one_view(const frun *r, int *solo)
             const char *st = member_state(d, m);
             alive += st && !strcmp(st, "alive");
         }
-        ok = ok && size == 4 && alive == 4 && (isnan(epoch) || ep == epoch);
-        epoch = ep;
+        ok = ok && size == 4 && alive == 4;
         json_decref(d);
     }
     return ok;

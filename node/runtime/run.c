@@ -31,6 +31,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +46,9 @@
 #include "node/runtime/run.h"
 #include "node/status/status.h"
 
-static volatile sig_atomic_t stop_signal, stop_count;
+/* Atomic, not volatile sig_atomic_t: the handler runs on whichever thread
+ * the signal hits, and the engine's threads read the flags too. */
+static atomic_int stop_signal, stop_count;
 
 /* First SIGINT/SIGTERM: stop training, leave gracefully. Second: go now. */
 static void on_signal(int sig)

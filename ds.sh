@@ -61,14 +61,14 @@ cmd_test() {
   build build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
-  # ThreadSanitizer build: the suites whose code runs threads, then alone
-  # (its four nodes would crowd the deadlines of the others) a real cluster
-  # of TSan-built nodes. halt_on_error: the first report fails the test.
+  # ThreadSanitizer build: the suites whose code runs threads, then a real
+  # cluster of TSan-built nodes; one test at a time, since TSan's slowdown
+  # on a 2-core machine would otherwise crowd the tests' deadlines.
+  # halt_on_error: the first report fails the test.
   build build-tsan -Dbuildtype=debug -Db_sanitize=thread -Dcuda=disabled
-  local tsan=halt_on_error=1:second_deadlock_stack=1
-  TSAN_OPTIONS=$tsan meson test -C build-tsan --print-errorlogs --num-processes 2 \
-    transport net inproc status gossip membership runtime
-  TSAN_OPTIONS=$tsan meson test -C build-tsan --print-errorlogs tsan_cluster
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    meson test -C build-tsan --print-errorlogs --num-processes 1 \
+    transport net inproc status gossip membership runtime tsan_cluster
   # libFuzzer (clang) on the wire decoder, sessions and handshake: about a
   # minute from the committed seed corpus (docs/protocol.md for longer runs).
   tests/fuzz/run.sh 60

@@ -454,7 +454,7 @@ Test(net, allowlist_reload_admits_added_and_closes_removed)
     ds_allowlist *al_a = NULL, *al_b = NULL;
     cr_assert_eq(ds_allowlist_load(&al_a, fa, err, sizeof(err)), 0, "%s", err);
     cr_assert_eq(ds_allowlist_load(&al_b, fb, err, sizeof(err)), 0, "%s", err);
-    volatile sig_atomic_t hup_b = 0;
+    atomic_int hup_b = 0;
     node a, b;
     node_opts o = {.mode = DS_SEC_ENCRYPT, .allow = al_a, .allow_file = fa, .name = "alpha"};
     cr_assert_eq(node_open(&a, &o), 0);

@@ -3,7 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,7 +40,7 @@ struct ds_gnet {
     void *failed_ctx;
     void (*heard_fn)(void *ctx, uint64_t id);
     void *heard_ctx;
-    const volatile sig_atomic_t *stop; /* non-zero: waits end (may be NULL) */
+    const atomic_int *stop; /* non-zero: waits end (may be NULL) */
     ds_gnet_stats st;
 };
 
@@ -399,7 +399,7 @@ void ds_gnet_set_failure_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), vo
     g->failed_ctx = ctx;
 }
 
-void ds_gnet_set_stop(ds_gnet *g, const volatile sig_atomic_t *flag)
+void ds_gnet_set_stop(ds_gnet *g, const atomic_int *flag)
 {
     g->stop = flag;
 }

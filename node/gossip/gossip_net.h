@@ -17,7 +17,7 @@
 #ifndef DS_NODE_GOSSIP_NET_H
 #define DS_NODE_GOSSIP_NET_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,7 +82,7 @@ void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void
 /* A stop flag (a signal handler sets it; may be NULL): once non-zero,
  * recv gives -ECANCELED within 50 ms instead of waiting out its deadline,
  * and send gives -ECANCELED at once. Call before the first round. */
-void ds_gnet_set_stop(ds_gnet *g, const volatile sig_atomic_t *flag);
+void ds_gnet_set_stop(ds_gnet *g, const atomic_int *flag);
 
 void ds_gnet_stats_get(ds_gnet *g, ds_gnet_stats *st);
 

@@ -109,7 +109,7 @@ void net_allow_poll(ds_net *n)
 {
     if (!n->cfg.allow_reload)
         return;
-    const sig_atomic_t now = *n->cfg.allow_reload;
+    const int now = atomic_load(n->cfg.allow_reload);
     if (now == n->allow_seen)
         return;
     n->allow_seen = now;

@@ -137,7 +137,7 @@ struct ds_net {
      * then allow_own, which the net owns; both change under lock. */
     char *allow_file;
     ds_allowlist *allow_own;
-    sig_atomic_t allow_seen; /* the last *cfg.allow_reload acted on (worker) */
+    int allow_seen; /* the last *cfg.allow_reload acted on (worker) */
     _Atomic uint64_t allow_reloads, allow_reload_errors, sessions_revoked;
 };
 

@@ -43,6 +43,7 @@
 #define DS_NODE_NET_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -111,7 +112,7 @@ typedef struct ds_net_cfg {
      * allow_reload changes (a counter a SIGHUP handler increments;
      * borrowed; NULL: only explicit calls). */
     const char *allow_file;
-    const volatile sig_atomic_t *allow_reload;
+    const atomic_int *allow_reload;
     enum ds_sec_mode mode;
     unsigned aeads;                    /* acceptable AEADs; 0 = all this CPU runs */
     /* Transport options (provider, listen, advertise, sizes). The

@@ -34,7 +34,7 @@
 #include "node/runtime/publish.h"
 
 /* Neither stop request made: for a client that passes none. */
-static const volatile sig_atomic_t never;
+static const atomic_int never;
 
 static void timed_wait(rt *r, uint64_t until_ms)
 {

@@ -54,7 +54,7 @@
 #ifndef DS_NODE_RUNTIME_ENGINE_H
 #define DS_NODE_RUNTIME_ENGINE_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,11 +70,11 @@ typedef struct ds_engine ds_engine;
  * wants to stop: waits end early, no lingering, a short drain. count:
  * how many stop requests came; from 2 on, lingering ends at once. */
 typedef struct ds_engine_stop {
-    const volatile sig_atomic_t *signal;
-    const volatile sig_atomic_t *count;
+    const atomic_int *signal;
+    const atomic_int *count;
     /* May be NULL. A counter of reload requests (SIGHUP): each change
      * makes the net re-read cluster.allowed_keys (ds_net_allow_reload). */
-    const volatile sig_atomic_t *reload;
+    const atomic_int *reload;
 } ds_engine_stop;
 
 enum ds_engine_buf {

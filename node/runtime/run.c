@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +52,9 @@
 #include "node/runtime/run.h"
 #include "node/status/status.h"
 
-static volatile sig_atomic_t stop_signal, stop_count;
+/* Atomic, not volatile sig_atomic_t: the handler runs on whichever thread
+ * the signal hits, and the engine's threads read the flags too. */
+static atomic_int stop_signal, stop_count;
 
 /* First SIGINT/SIGTERM: stop training, leave gracefully. Second: go now. */
 static void on_signal(int sig)
@@ -60,7 +63,7 @@ static void on_signal(int sig)
     stop_count++;
 }
 
-static volatile sig_atomic_t reload_count;
+static atomic_int reload_count;
 
 /* SIGHUP: re-read the allow-list. The handler only counts; the net's
  * worker notices the change and reloads (ds_net_allow_reload). */

@@ -151,7 +151,7 @@ typedef struct node_opts {
     const ds_cluster_key *key;
     const ds_allowlist *allow;
     const char *allow_file;                    /* re-read by ds_net_allow_reload */
-    const volatile sig_atomic_t *allow_reload; /* reload when it changes */
+    const atomic_int *allow_reload; /* reload when it changes */
     const char *name;
     const char *listen;
     const char *provider;          /* NULL: the default ("tcp") */

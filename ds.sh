@@ -62,11 +62,11 @@ cmd_test() {
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
   # ThreadSanitizer build: the suites whose code runs threads, then a real
-  # cluster of TSan-built nodes; one test at a time, since TSan's slowdown
-  # on a 2-core machine would otherwise crowd the tests' deadlines.
-  # halt_on_error: the first report fails the test.
+  # cluster of TSan-built nodes; one test at a time (and one Criterion job),
+  # since TSan's slowdown on a 2-core machine would otherwise crowd the
+  # tests' deadlines. halt_on_error: the first report fails the test.
   build build-tsan -Dbuildtype=debug -Db_sanitize=thread -Dcuda=disabled
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  CRITERION_JOBS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     meson test -C build-tsan --print-errorlogs --num-processes 1 \
     transport net inproc status gossip membership runtime tsan_cluster
   # libFuzzer (clang) on the wire decoder, sessions and handshake: about a

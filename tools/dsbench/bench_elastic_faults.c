@@ -402,7 +402,7 @@ static void freeze_row(ds_row *row, const faults_opts *o, const char *run,
     ds_row_int(row, "steps", freeze_steps(o));
     ds_row_str(row, "ok", x->ok ? "yes" : "no");
     ds_row_str(row, "n0_training_at_cont", x->training_at_cont ? "yes" : "no");
-    ds_row_num(row, "consensus_distance", x->cd, 4);
+    ds_row_num(row, "consensus_distance", x->cd, 6);
     ds_row_num(row, "vs_undisturbed", x->cd / cd_base, 2);
     ds_row_num(row, "others_max_round_s", x->max_round, 2);
     ds_row_num(row, "others_stall_frozen_s", x->stall_frozen, 1);

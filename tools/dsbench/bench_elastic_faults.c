@@ -8,7 +8,9 @@
  *       [--freeze-s 60] [--steps 8000] [--join-timeout-s 10]
  *       [--partition-s 15] [--config FILE] [--dslaunch PATH] [--json]
  *
- *   freeze     4 nodes train --steps steps undisturbed (the baseline), then
+ *   freeze     4 nodes train --steps + 200 x --freeze-s steps (so that the
+ *              others still train when n3 is let go) undisturbed (the
+ *              baseline), then
  *              again with n3 SIGSTOPped for --freeze-s seconds from n0's
  *              step 200. Row per run: consensus distance at the end (and
  *              its ratio to the baseline's), the longest gossip round any
@@ -259,7 +261,7 @@ static double report_num(const json_t *rep, const char *name, const char *key)
 
 struct freeze_res {
     double cd, max_round, stall_frozen, stall_after, rejoin_s, back_s;
-    int ok;
+    int ok, training_at_cont;
 };
 
 /* The longest time any of n0..n2 went without a new train.step, polled
@@ -343,6 +345,11 @@ static void freeze_n3(frun *r, const faults_opts *o, int frozen, struct freeze_r
     stall_reset(&w);
     watch_for(r, &w, o->freeze_s); /* the freeze itself: what is being measured */
     res->stall_frozen = w.worst;
+    json_t *d0 = status_of(r, "n0");
+    const char *phase =
+        d0 ? json_string_value(json_object_get(json_object_get(d0, "node"), "state")) : NULL;
+    res->training_at_cont = phase && !strcmp(phase, "training");
+    json_decref(d0);
     if (frozen)
         kill(p, SIGCONT);
     const double t_cont = ds_bench_now();
@@ -350,20 +357,27 @@ static void freeze_n3(frun *r, const faults_opts *o, int frozen, struct freeze_r
     int rejoined = 0;
     while (ds_bench_now() - t_cont < AFTER_S && run_wait(r, 0) < 0) {
         stall_poll(r, &w);
-        const int back = frozen && isnan(res->back_s) && n3_back(r, &rejoined);
+        const int back = frozen && n3_back(r, &rejoined);
         if (rejoined && isnan(res->rejoin_s))
             res->rejoin_s = ds_bench_now() - t_cont;
-        if (back)
+        if (back && isnan(res->back_s))
             res->back_s = ds_bench_now() - t_cont;
         msleep(50);
     }
     res->stall_after = w.worst;
 }
 
+/* Steps of a freeze run: --steps plus 200 per second frozen, so that the
+ * others are still training when n3 is let go (~175 steps/s here). */
+static int freeze_steps(const faults_opts *o)
+{
+    return o->steps + 200 * o->freeze_s;
+}
+
 static int freeze_run(const faults_opts *o, int frozen, struct freeze_res *res)
 {
     char steps[48];
-    snprintf(steps, sizeof(steps), "train.steps=%d", o->steps);
+    snprintf(steps, sizeof(steps), "train.steps=%d", freeze_steps(o));
     const char *extra[] = {"--set", steps, NULL};
     frun r;
     *res = (struct freeze_res){.rejoin_s = NAN, .back_s = NAN, .stall_frozen = NAN,
@@ -385,9 +399,10 @@ static void freeze_row(ds_row *row, const faults_opts *o, const char *run,
     ds_row_str(row, "scenario", "freeze");
     ds_row_str(row, "run", run);
     ds_row_int(row, "freeze_s", run[0] == 'u' ? 0 : o->freeze_s);
-    ds_row_int(row, "steps", o->steps);
+    ds_row_int(row, "steps", freeze_steps(o));
     ds_row_str(row, "ok", x->ok ? "yes" : "no");
-    ds_row_num(row, "consensus_distance", x->cd, 4);
+    ds_row_str(row, "n0_training_at_cont", x->training_at_cont ? "yes" : "no");
+    ds_row_num(row, "consensus_distance", x->cd, 6);
     ds_row_num(row, "vs_undisturbed", x->cd / cd_base, 2);
     ds_row_num(row, "others_max_round_s", x->max_round, 2);
     ds_row_num(row, "others_stall_frozen_s", x->stall_frozen, 1);

@@ -330,7 +330,9 @@ void no_process_left(const char *dir, const json_t *nodes)
 
 char *config_valid(const char *path)
 {
-    char *argv[] = {(char *)bin("DSNODE"), "check-config", (char *)path, NULL};
+    /* --offline: the config's own validity. Its port may be in use by a node
+     * that is running, or its address may live in a namespace not yet made. */
+    char *argv[] = {(char *)bin("DSNODE"), "check-config", "--offline", (char *)path, NULL};
     char *out, *etext, err[256];
     int code;
     cr_assert_eq(ds_proc_capture(argv, 30000, &out, &etext, &code, err, sizeof(err)), 0, "%s", err);

@@ -136,6 +136,8 @@ struct ds_membership {
 
     struct probe pr;
     uint64_t next_probe_ms, last_early_ms, n_periods, last_pushback_ms;
+    uint64_t next_dead_ping_ms; /* own timer: not stretched by local health */
+    uint32_t dead_cursor;       /* tab slot of the dead member pinged last */
     uint32_t lhm;
     uint64_t *order;
     uint32_t order_n, order_pos;

@@ -377,6 +377,8 @@ uint64_t ds_membership_next_deadline(ds_membership *m)
         } else {
             AT(m->next_probe_ms);
         }
+        if (m->cfg.dead_ping_periods)
+            AT(m->next_dead_ping_ms);
         for (uint32_t i = 0; i < MAX_RELAYS; i++) {
             const struct relay *r = &m->relays[i];
             if (!r->used)

@@ -91,8 +91,9 @@ typedef struct ds_membership_cfg {
     uint32_t dead_retain_ms;   /* DEAD/LEFT entries are kept (and the dead are
                                 * pinged now and then, so a healed partition
                                 * finds itself) this long; 300000 */
-    uint32_t dead_ping_periods; /* ping one dead member every this many
-                                 * probe periods; 4 (0: never) */
+    uint32_t dead_ping_periods; /* ping one dead member (round-robin) every
+                                 * this many periods of period_ms, not
+                                 * stretched by local health; 4 (0: never) */
     uint32_t sync_periods;     /* push the whole table (MEMBERS) to one random
                                 * member every this many periods; 16 (0: never) */
     int refute_push;           /* 1: a lifted suspicion or death is pushed at

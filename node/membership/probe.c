@@ -32,13 +32,14 @@
  *   Without lifeguard the timeout is the fixed minimum, LHM stays 0, no
  *   NACKs are sent and updates go out in plain queue order: classic SWIM.
  *
- * Two additions of ours ride on the probe period: dead members are pinged
- * now and then (one every dead_ping_periods periods) for dead_retain_ms,
- * carrying their own DEAD record, so after a partition heals each side
- * learns it was declared dead, rejoins, and the two sides find each other
- * without a seed; and every sync_periods periods the whole table goes to
- * one member (anti-entropy), bounding how long an update lost to the
- * piggyback lottery stays missing.
+ * Two additions of ours: dead members are pinged (one every
+ * dead_ping_periods plain periods, round-robin, on a timer of its own that
+ * local health does not stretch) for dead_retain_ms, carrying their own
+ * DEAD record, so after a partition heals each side learns it was declared
+ * dead, rejoins, and the two sides find each other without a seed. And
+ * every sync_periods periods the whole table goes to one member
+ * (anti-entropy), bounding how long an update lost to the piggyback
+ * lottery stays missing.
  */
 #include "config.h"
 
@@ -163,18 +164,25 @@ static void suspect_by_me(ds_membership *m, member *t, uint64_t now)
     }
 }
 
+static int pingable_dead(const ds_membership *m, const member *e, uint64_t now)
+{
+    return e->used && e->state == DS_MEMBER_DEAD && now - e->dead_since_ms < m->cfg.dead_retain_ms;
+}
+
+/* The next dead member after the last one pinged, in table order: every
+ * dead member is pinged once per dead_ping_periods * (number dead) periods,
+ * a bound that random choice does not give. */
 static void ping_dead(ds_membership *m, uint64_t now)
 {
-    uint32_t n = 0;
-    for (uint32_t i = 1; i < m->cap; i++) {
-        const member *e = &m->tab[i];
-        if (e->used && e->state == DS_MEMBER_DEAD && now - e->dead_since_ms < m->cfg.dead_retain_ms)
-            m->tmp[n++] = i;
-    }
-    if (!n)
+    for (uint32_t k = 1; k < m->cap; k++) {
+        const uint32_t i = 1 + (m->dead_cursor + k - 1) % (m->cap - 1);
+        member *e = &m->tab[i];
+        if (!pingable_dead(m, e, now))
+            continue;
+        m->dead_cursor = i;
+        ds_mship_emit_probe(m, DS_MSG_PING, e->id, e->addr, ++m->seq, 0, e);
         return;
-    member *e = &m->tab[m->tmp[ds_rng_below(&m->rng, n)]];
-    ds_mship_emit_probe(m, DS_MSG_PING, e->id, e->addr, ++m->seq, 0, e);
+    }
 }
 
 /* Anti-entropy: our whole table to one random live member. Piggybacking
@@ -199,8 +207,6 @@ static void start_probe(ds_membership *m, uint64_t now)
 {
     const uint64_t mult = (uint64_t)m->lhm + 1;
     m->n_periods++;
-    if (m->cfg.dead_ping_periods && m->n_periods % m->cfg.dead_ping_periods == 0)
-        ping_dead(m, now);
     /* The first syncs come early (periods 2, 4, 8, ...): a joiner's table
      * is the seed's snapshot, which misses whoever joined at the same time,
      * and the member it pushes to answers with its own table when that is
@@ -274,6 +280,16 @@ void ds_mship_probe_tick(ds_membership *m, uint64_t now)
     }
     if (!p->active && m->joined && now >= m->next_probe_ms)
         start_probe(m, now);
+    /* Pinging the dead accuses nobody, so local health does not slow it:
+     * a node that probed badly during a partition still finds the other
+     * side soon after the heal. */
+    const uint64_t dead_every = (uint64_t)m->cfg.dead_ping_periods * m->cfg.period_ms;
+    if (dead_every && !m->next_dead_ping_ms) /* a random phase: nodes do not ping in lockstep */
+        m->next_dead_ping_ms = now + 1 + ds_rng_below(&m->rng, dead_every);
+    if (dead_every && now >= m->next_dead_ping_ms) {
+        ping_dead(m, now);
+        m->next_dead_ping_ms = now + dead_every;
+    }
 }
 
 /* ---- suspicion ------------------------------------------------------------------- */

@@ -169,7 +169,7 @@ int ds_allowlist_load(ds_allowlist **out, const char *path, char *err, size_t er
 
 int ds_allowlist_check(const ds_allowlist *al, const uint8_t pk[DS_PK_BYTES], const char *name)
 {
-    if (!al)
+    if (!al || !al->n) /* (an empty list has no array: bsearch must not see NULL) */
         return -EACCES;
     allow_entry key;
     memcpy(key.pk, pk, DS_PK_BYTES);

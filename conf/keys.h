@@ -167,6 +167,8 @@
     X(STR, status, listen, "", HOSTPORT_OR_EMPTY, \
       "HTTP address serving /metrics and /status; empty = off") \
     X(STR, status, file, "", PATH_OR_EMPTY, \
-      "file the status JSON is written to; empty = off")
+      "file the status JSON is written to; empty = off") \
+    X(INT, status, file_interval_ms, "500", 20, 60000, \
+      "status.file is rewritten at most this often, in ms")
 
 #endif

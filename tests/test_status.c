@@ -668,7 +668,7 @@ Test(status, first_document_has_every_key)
     cr_assert_not_null(s);
     ds_status_snapshot_init(s);
     ds_status *st = NULL;
-    cr_assert_eq(ds_publish_open(&st, "127.0.0.1:0", NULL, s), 0);
+    cr_assert_eq(ds_publish_open(&st, "127.0.0.1:0", NULL, 500, s), 0);
     cr_assert_not_null(st);
     resp r = get(port_of(st), "/status");
     cr_assert_eq(r.code, 200);

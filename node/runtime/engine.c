@@ -498,7 +498,8 @@ static int open_status(rt *r)
         return -ENOMEM;
     }
     ds_status_snapshot_init(r->snap);
-    int e = ds_publish_open(&r->status, c->status.listen, c->status.file, r->snap);
+    int e = ds_publish_open(&r->status, c->status.listen, c->status.file,
+                            (int)c->status.file_interval_ms, r->snap);
     if (e < 0) {
         ds_error("status", "cannot serve status on '%s' / write '%s': %s", c->status.listen,
                  c->status.file, strerror(-e));

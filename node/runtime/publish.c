@@ -120,7 +120,7 @@ int ds_publish_metrics(ds_status_snapshot *sn, const ds_publish_stats *ps)
     return 0;
 }
 
-int ds_publish_open(ds_status **out, const char *listen, const char *file,
+int ds_publish_open(ds_status **out, const char *listen, const char *file, int file_interval_ms,
                     ds_status_snapshot *sn)
 {
     ds_publish_stats zero;
@@ -132,6 +132,7 @@ int ds_publish_open(ds_status **out, const char *listen, const char *file,
     ds_status_opts_default(&o);
     o.listen = listen;
     o.file = file;
+    o.file_interval_ms = file_interval_ms;
     o.initial = sn;
     return ds_status_create_opts(out, &o);
 }

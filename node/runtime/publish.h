@@ -47,7 +47,7 @@ int ds_publish_metrics(ds_status_snapshot *sn, const ds_publish_stats *ps)
  * metric groups with zero counters and is the document shown until the
  * first publish, so even that one carries every key. Same contract as
  * ds_status_create. */
-int ds_publish_open(ds_status **out, const char *listen, const char *file,
+int ds_publish_open(ds_status **out, const char *listen, const char *file, int file_interval_ms,
                     ds_status_snapshot *sn) __attribute__((warn_unused_result));
 
 /* What the runtime knows at a publish; the modules are borrowed for the

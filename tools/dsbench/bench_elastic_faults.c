@@ -107,9 +107,11 @@ static int run_start(frun *r, const faults_opts *o, int nodes, const char *const
     const char *argv[64] = {o->dslaunch, "local", "-n", n, "--config", o->config,
                             "--set", "train.backend=cpu", "--set", "train.eval_every=0",
                             "--set", "train.log_every=20", "--set", "gossip.timeout_ms=2000",
-                            "--set", "status.file=status.json", "--out", r->out, "--json",
+                            "--set", "status.file=status.json",
+                            /* stalls are read from these files: 50 ms, not 500 */
+                            "--set", "status.file_interval_ms=50", "--out", r->out, "--json",
                             "--timeout", "900"};
-    int k = 21;
+    int k = 23;
     for (; extra && *extra && k < 62; extra++)
         argv[k++] = *extra;
     argv[k] = NULL;

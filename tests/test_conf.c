@@ -247,6 +247,8 @@ static const key_case cases[] = {
      "status.listen: expected empty or " HP_WHAT ", found 'localhost'"},
     {"status.file", "/run/dsnode/status.json", "/run/dsnode/status.json", "st\x01",
      "status.file: expected no control characters, found 'st\\x01'"},
+    {"status.file_interval_ms", "50", "50", "19",
+     "status.file_interval_ms: expected an integer in 20..60000, found '19'"},
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
 

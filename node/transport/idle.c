@@ -9,8 +9,10 @@
  * closes it. So they are found from outside: once a second the progress
  * thread looks at this process's own sockets (/proc/self/fd), keeps the
  * TCP ones whose local port is the fabric port and that are connected
- * (accepted: dialled connections have another local port), and asks the
- * kernel (TCP_INFO) how many bytes each has received and how long ago.
+ * (accepted: dialled connections have another local port; the kernel's
+ * /proc/self/net/tcp names them by inode, so no other descriptor is
+ * touched), and asks the kernel (TCP_INFO) how many bytes each has
+ * received and how long ago.
  * One that is established and has received nothing at all is silent; a
  * peer's real connection sends libfabric's request at once, so a silent
  * connection older than idle_conn_ms is a stranger's, and it is shut down
@@ -39,7 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
+#include <unistd.h>
 #include <linux/tcp.h>
 
 #include "base/log.h"
@@ -98,20 +100,94 @@ struct idle_pass {
     char first[INET6_ADDRSTRLEN + 16]; /* the first one closed */
 };
 
-/* One look at this process's sockets on `port`. */
+/* The inodes of the established TCP connections whose local port is
+ * `port`, from the kernel's table for this network namespace (/proc/self/
+ * net/tcp and tcp6: "sl local rem st ... inode", addresses as hex
+ * IP:PORT, state 01 = established). Sorted; *n of them, or -1. */
+static long *fabric_inodes(unsigned port, size_t *n)
+{
+    static const char *const tables[] = {"/proc/self/net/tcp", "/proc/self/net/tcp6"};
+    long *v = NULL;
+    size_t cap = 0;
+    *n = 0;
+    for (size_t k = 0; k < sizeof(tables) / sizeof(tables[0]); k++) {
+        FILE *f = fopen(tables[k], "re");
+        if (!f)
+            continue;
+        char line[512];
+        if (!fgets(line, sizeof(line), f)) { /* the header */
+            fclose(f);
+            continue;
+        }
+        while (fgets(line, sizeof(line), f)) {
+            char local[64], rem[64];
+            unsigned st, lport;
+            unsigned long inode;
+            /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
+            if (sscanf(line, " %*s %63s %63s %x %*s %*s %*s %*s %*s %lu", local, rem, &st,
+                       &inode) != 4)
+                continue;
+            const char *colon = strrchr(local, ':');
+            if (!colon || sscanf(colon + 1, "%x", &lport) != 1 || lport != port ||
+                st != IDLE_TCP_ESTABLISHED || !inode)
+                continue;
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 16;
+                long *nv = realloc(v, cap * sizeof(*v));
+                if (!nv) {
+                    fclose(f);
+                    free(v);
+                    return NULL;
+                }
+                v = nv;
+            }
+            v[(*n)++] = (long)inode;
+        }
+        fclose(f);
+    }
+    return v;
+}
+
+static int has_inode(const long *v, size_t n, long inode)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == inode)
+            return 1;
+    return 0;
+}
+
+/* One look at this process's sockets on `port`. The kernel's table names
+ * the connections on our port first, and only descriptors whose link in
+ * /proc/self/fd is one of those sockets are touched: the other
+ * descriptors belong to other threads (another endpoint in the same
+ * process, the status server, files), which may close them at any time,
+ * so this thread makes no call on them at all. */
 static void idle_pass_run(unsigned port, uint32_t deadline_ms, struct idle_pass *ps)
 {
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
+    size_t n_ino = 0;
+    long *ino = fabric_inodes(port, &n_ino);
+    if (!n_ino) {
+        free(ino);
         return;
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) {
+        free(ino);
+        return;
+    }
     const int dfd = dirfd(d);
     struct dirent *e;
     while ((e = readdir(d))) {
-        char *end;
+        char *end, link[64];
         const long fd = strtol(e->d_name, &end, 10);
-        struct stat st;
-        if (*end || end == e->d_name || fd == dfd || fstat((int)fd, &st) != 0 ||
-            !S_ISSOCK(st.st_mode))
+        if (*end || end == e->d_name || fd == dfd)
+            continue;
+        const ssize_t ll = readlinkat(dfd, e->d_name, link, sizeof(link) - 1);
+        long inode;
+        if (ll <= 0)
+            continue;
+        link[ll] = '\0';
+        if (sscanf(link, "socket:[%ld]", &inode) != 1 || !has_inode(ino, n_ino, inode))
             continue;
         char peer[INET6_ADDRSTRLEN + 16];
         long age;
@@ -129,6 +205,7 @@ static void idle_pass_run(unsigned port, uint32_t deadline_ms, struct idle_pass 
             snprintf(ps->first, sizeof(ps->first), "%s", peer);
     }
     closedir(d);
+    free(ino);
 }
 
 void fab_idle_scan(tp_fab *t, uint64_t now)

@@ -20,7 +20,8 @@ if [ ! -f "$bdir/build.ninja" ]; then
 fi
 # The meson run_target has built them already (and ninja must not nest).
 if [ -z "${DS_FUZZ_NO_BUILD:-}" ]; then
-  ninja -C "$bdir" $(printf 'tests/fuzz/fuzz_%s ' "${harnesses[@]}") >/dev/null
+  ninja -C "$bdir" $(printf 'tests/fuzz/fuzz_%s ' "${harnesses[@]}") >"$bdir.build.log" 2>&1 ||
+    { tail -40 "$bdir.build.log"; exit 2; }
 fi
 
 per=$(( budget / ${#harnesses[@]} ))

@@ -205,7 +205,11 @@ static void run_end(frun *r)
         if (p > 0)
             kill(p, SIGKILL);
     }
-    if (r->base[0])
+    /* DSBENCH_KEEP=1: leave the run (configs, logs, status files) to read. */
+    const char *keep = getenv("DSBENCH_KEEP");
+    if (r->base[0] && keep && *keep && strcmp(keep, "0"))
+        fprintf(stderr, "dsbench elastic --faults: run kept in %s\n", r->base);
+    else if (r->base[0])
         nftw(r->base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
@@ -561,7 +565,9 @@ static int cut(const frun *r, int i, const char *other_a, const char *other_b, i
                : 0;
 }
 
-/* All four documents: 4 members, all alive. *solo: a 1-node view seen. */
+/* All four documents: 4 members, all alive. *solo: a node seen alone in a
+ * view of one (itself: view.me set). A node out of the view while it
+ * rejoins (view.me null; it shadows the cluster's state) is not alone. */
 static int one_view(const frun *r, int *solo)
 {
     int ok = 1;
@@ -570,7 +576,7 @@ static int one_view(const frun *r, int *solo)
         snprintf(name, sizeof(name), "n%d", i);
         json_t *d = status_of(r, name);
         const double size = d ? jpath(d, "view", "size") : NAN;
-        if (size == 1)
+        if (size == 1 && json_is_integer(json_object_get(json_object_get(d, "view"), "me")))
             *solo = 1;
         int alive = 0;
         for (int k = 0; d && k < 4; k++) {

@@ -7,6 +7,8 @@
  *   dsbench elastic --faults [--scenario freeze|late|partition|all]
  *       [--freeze-s 60] [--steps 8000] [--join-timeout-s 10]
  *       [--partition-s 15] [--config FILE] [--dslaunch PATH] [--json]
+ *   (DSBENCH_KEEP=1 in the environment keeps each run's directory, its
+ *   configs, logs and status files, and prints where it is.)
  *
  *   freeze     4 nodes train --steps + 200 x --freeze-s steps (so that the
  *              others still train when n3 is let go) undisturbed (the

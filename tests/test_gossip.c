@@ -774,6 +774,24 @@ Test(gossip, latency_deadline_follows_the_median_within_bounds)
     ds_glat_free(&t);
 }
 
+/* Two of three partners slow: this node is the one ahead (a partition's
+ * halves meet rounds apart), so nobody is flagged and it waits for them.
+ * Flagging the majority let one node run alone to the end of its run. */
+Test(gossip, latency_slow_majority_is_waited_for)
+{
+    ds_glat t = glat_default(4); /* me = 0, partners 1..3 */
+    uint64_t st = 2027;
+    for (int i = 0; i < DS_GLAT_PEER; i++) {
+        ds_glat_peer(&t, 1, seeded_ms(&st, 1, 4));
+        ds_glat_peer(&t, 2, seeded_ms(&st, 20, 60));
+        ds_glat_peer(&t, 3, seeded_ms(&st, 20, 60));
+    }
+    for (uint32_t p = 1; p <= 3; p++)
+        cr_expect_eq(ds_glat_slow(&t, p), 0, "partner %u flagged: median %llu ns", p,
+                     (unsigned long long)ds_glat_peer_median(&t, p));
+    ds_glat_free(&t);
+}
+
 Test(gossip, latency_slow_partner_is_found_and_forgiven)
 {
     ds_glat t = glat_default(4); /* me = 0, partners 1..3 */

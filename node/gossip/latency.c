@@ -112,15 +112,19 @@ static int slower_than(const ds_glat *t, uint32_t peer, double ratio)
     const uint64_t mine = ds_glat_peer_median(t, peer);
     if (mine <= t->cfg.floor_slow_ns)
         return 0;
-    /* The median of the other partners' medians. */
-    uint64_t others[DS_GLAT_ROUNDS];
+    /* The median of all partners' medians, this one's included: a
+     * straggler is a minority. When most partners look slow, this node is
+     * the one ahead of the others in rounds (after a partition heals, the
+     * half behind answers late from rounds it has not reached), and not
+     * waiting for them would only take it further ahead, alone. */
+    uint64_t all[DS_GLAT_ROUNDS];
     uint32_t k = 0;
     for (uint32_t i = 0; i < t->G && k < DS_GLAT_ROUNDS; i++)
-        if (i != peer && t->peer[i].n >= t->cfg.min_samples)
-            others[k++] = ds_glat_peer_median(t, i);
-    if (k == 0)
+        if (t->peer[i].n >= t->cfg.min_samples)
+            all[k++] = ds_glat_peer_median(t, i);
+    if (k < 2)
         return 0;
-    return (double)mine > ratio * (double)median(others, k);
+    return (double)mine > ratio * (double)median(all, k);
 }
 
 int ds_glat_slow(ds_glat *t, uint32_t peer)

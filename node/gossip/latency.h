@@ -16,8 +16,10 @@
  * - The slow partner. Each partner's recent latencies (request sent to
  *   reply received, or round start to its request received; a reply that
  *   comes rounds late counts its whole wait) keep a median. A partner
- *   whose median is over slow_ratio x the median of the partners'
- *   medians, and over floor_slow_ns, is slow: the round does not wait for
+ *   whose median is over slow_ratio x the median of all partners'
+ *   medians (its own included, so only a minority can be slow: when most
+ *   partners look slow, this node is the one ahead in rounds and must
+ *   wait), and over floor_slow_ns, is slow: the round does not wait for
  *   it, and an exchange it has not finished is kept open into later
  *   rounds (gossip.c). It stays slow until its median is under
  *   clear_ratio x the others' (hysteresis): waited for less, its link

@@ -47,8 +47,6 @@
 #include "config.h"
 
 #include <errno.h>
-#include <dirent.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -62,6 +60,7 @@
 #include <unistd.h>
 
 #include "tools/dsbench/bench.h"
+#include "tools/dsbench/lrun.h"
 
 typedef struct faults_opts {
     int json;
@@ -70,159 +69,25 @@ typedef struct faults_opts {
     char config[PATH_MAX], dslaunch[PATH_MAX];
 } faults_opts;
 
-/* One dslaunch run: its directory, its pid, its stdout. */
-typedef struct frun {
-    char base[PATH_MAX], out[PATH_MAX + 8], log[PATH_MAX + 16];
-    pid_t pid;
-    int code;
-} frun;
-
-static void msleep(int ms)
-{
-    const struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* ---- dslaunch runs --------------------------------------------------------- */
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p) < 0 ? -1 : 0;
-}
-
 /* Start dslaunch local with the common settings and `extra` (NULL-ended). */
-static int run_start(frun *r, const faults_opts *o, int nodes, const char *const *extra)
+static int run_start(ds_lrun *r, const faults_opts *o, int nodes, const char *const *extra)
 {
-    memset(r, 0, sizeof(*r));
-    snprintf(r->base, sizeof(r->base), "/tmp/dsbench-faults-XXXXXX");
-    if (!mkdtemp(r->base)) {
-        fprintf(stderr, "dsbench elastic --faults: mkdtemp: %s\n", strerror(errno));
-        return -errno;
-    }
-    snprintf(r->out, sizeof(r->out), "%s/run", r->base);
-    snprintf(r->log, sizeof(r->log), "%s/dslaunch.out", r->base);
-    char n[8];
-    snprintf(n, sizeof(n), "%d", nodes);
-    const char *argv[64] = {o->dslaunch, "local", "-n", n, "--config", o->config,
+    const char *args[64] = {"--config", o->config,
                             "--set", "train.backend=cpu", "--set", "train.eval_every=0",
                             "--set", "train.log_every=20", "--set", "gossip.timeout_ms=2000",
                             "--set", "status.file=status.json",
                             /* stalls are read from these files: 50 ms, not 500 */
-                            "--set", "status.file_interval_ms=50", "--out", r->out, "--json",
-                            "--timeout", "900"};
-    int k = 23;
-    for (; extra && *extra && k < 62; extra++)
-        argv[k++] = *extra;
-    argv[k] = NULL;
-    r->pid = fork();
-    if (r->pid < 0)
-        return -errno;
-    if (r->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (!freopen(r->log, "w", stdout) || !freopen("/dev/null", "w", stderr))
-            _exit(127);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return 0;
-}
-
-/* Wait up to timeout_s for dslaunch to end: its exit status, or -1. */
-static int run_wait(frun *r, double timeout_s)
-{
-    const double t_end = ds_bench_now() + timeout_s;
-    while (r->pid > 0) {
-        int st;
-        pid_t w = waitpid(r->pid, &st, WNOHANG);
-        if (w == r->pid) {
-            r->pid = 0;
-            r->code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            return r->code;
-        }
-        if (ds_bench_now() > t_end)
-            return -1;
-        msleep(50);
-    }
-    return r->code;
-}
-
-/* dslaunch's --json report: the last line of its stdout (NULL if none). */
-static json_t *run_report(const frun *r)
-{
-    FILE *f = fopen(r->log, "r");
-    if (!f)
-        return NULL;
-    char line[1 << 16], last[1 << 16] = "";
-    while (fgets(line, sizeof(line), f))
-        if (line[0] == '{')
-            memcpy(last, line, sizeof(last));
-    fclose(f);
-    return last[0] ? json_loads(last, 0, NULL) : NULL;
-}
-
-/* The pid of node `name` (its command line names DIR/name.ini), or -1. */
-static pid_t node_pid(const frun *r, const char *name)
-{
-    char needle[PATH_MAX + 32];
-    snprintf(needle, sizeof(needle), "%s/%s.ini", r->out, name);
-    DIR *d = opendir("/proc");
-    pid_t found = -1;
-    for (struct dirent *e; d && found < 0 && (e = readdir(d));) {
-        char path[300], cmd[4096];
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
-        fclose(f);
-        for (size_t i = 0; i < n; i++)
-            if (!cmd[i])
-                cmd[i] = ' ';
-        cmd[n] = 0;
-        if (strstr(cmd, needle) && strstr(cmd, "dsnode"))
-            found = (pid_t)atoi(e->d_name);
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
-/* Kill what is left and remove the directory. */
-static void run_end(frun *r)
-{
-    if (r->pid > 0) {
-        kill(r->pid, SIGKILL);
-        waitpid(r->pid, NULL, 0);
-        r->pid = 0;
-    }
-    for (int i = 0; i < 8; i++) {
-        char name[8];
-        snprintf(name, sizeof(name), "n%d", i);
-        pid_t p = node_pid(r, name);
-        if (p > 0)
-            kill(p, SIGKILL);
-    }
-    /* DSBENCH_KEEP=1: leave the run (configs, logs, status files) to read. */
-    const char *keep = getenv("DSBENCH_KEEP");
-    if (r->base[0] && keep && *keep && strcmp(keep, "0"))
-        fprintf(stderr, "dsbench elastic --faults: run kept in %s\n", r->base);
-    else if (r->base[0])
-        nftw(r->base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+                            "--set", "status.file_interval_ms=50", "--timeout", "900"};
+    int k = 16;
+    for (; extra && *extra && k < 50; extra++)
+        args[k++] = *extra;
+    args[k] = NULL;
+    return ds_lrun_start(r, "faults", o->dslaunch, nodes, args);
 }
 
 /* ---- status documents --------------------------------------------------------- */
-
-static json_t *status_of(const frun *r, const char *name)
-{
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof(path), "%s/%s/status.json", r->out, name);
-    return json_load_file(path, 0, NULL);
-}
 
 static double jpath(const json_t *doc, const char *a, const char *b)
 {
@@ -244,25 +109,18 @@ static const char *member_state(const json_t *doc, const char *name)
 
 /* Wait until node `name` has published train.step >= step (or the run
  * ended, or timeout_s). 1 when reached. */
-static int wait_step(frun *r, const char *name, long long step, double timeout_s)
+static int wait_step(ds_lrun *r, const char *name, long long step, double timeout_s)
 {
     const double t_end = ds_bench_now() + timeout_s;
-    while (ds_bench_now() < t_end && run_wait(r, 0) < 0) {
-        json_t *d = status_of(r, name);
+    while (ds_bench_now() < t_end && ds_lrun_wait(r, 0) < 0) {
+        json_t *d = ds_lrun_status(r, name);
         const double s = d ? jpath(d, "train", "step") : NAN;
         json_decref(d);
         if (s >= (double)step)
             return 1;
-        msleep(50);
+        ds_lrun_sleep_ms(50);
     }
     return 0;
-}
-
-/* A number of node `name` in the report (NAN when missing). */
-static double report_num(const json_t *rep, const char *name, const char *key)
-{
-    const json_t *v = json_object_get(json_object_get(json_object_get(rep, "nodes"), name), key);
-    return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
 /* ---- freeze ---------------------------------------------------------------- */
@@ -285,13 +143,13 @@ static void stall_reset(struct stall_watch *w)
     w->worst = 0;
 }
 
-static void stall_poll(const frun *r, struct stall_watch *w)
+static void stall_poll(const ds_lrun *r, struct stall_watch *w)
 {
     const double now = ds_bench_now();
     for (int i = 0; i < 3; i++) {
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
-        json_t *d = status_of(r, name);
+        json_t *d = ds_lrun_status(r, name);
         const double s = d ? jpath(d, "train", "step") : NAN;
         json_decref(d);
         if (isfinite(s) && s != w->last[i]) {
@@ -303,9 +161,9 @@ static void stall_poll(const frun *r, struct stall_watch *w)
 }
 
 /* n3 counts a rejoin and n0's view lists it alive among 4. */
-static int n3_back(const frun *r, int *rejoined)
+static int n3_back(const ds_lrun *r, int *rejoined)
 {
-    json_t *d3 = status_of(r, "n3"), *d0 = status_of(r, "n0");
+    json_t *d3 = ds_lrun_status(r, "n3"), *d0 = ds_lrun_status(r, "n0");
     const double rj = d3 ? jpath(d3, "membership", "rejoins") : NAN;
     if (rj >= 1)
         *rejoined = 1;
@@ -316,27 +174,27 @@ static int n3_back(const frun *r, int *rejoined)
     return back;
 }
 
-static void freeze_outcome(const frun *r, struct freeze_res *res)
+static void freeze_outcome(const ds_lrun *r, struct freeze_res *res)
 {
-    json_t *rep = run_report(r);
+    json_t *rep = ds_lrun_report(r);
     res->cd = rep ? json_number_value(json_object_get(rep, "consensus_distance")) : NAN;
     res->max_round = 0;
     for (int i = 0; i < 3; i++) {
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
-        res->max_round = fmax(res->max_round, report_num(rep, name, "max_round_s"));
+        res->max_round = fmax(res->max_round, ds_lrun_report_num(rep, name, "max_round_s"));
     }
     res->ok = rep && r->code == 0;
     json_decref(rep);
 }
 
 /* Watch the others for secs (or until the run ends). */
-static void watch_for(frun *r, struct stall_watch *w, double secs)
+static void watch_for(ds_lrun *r, struct stall_watch *w, double secs)
 {
     const double t0 = ds_bench_now();
-    while (ds_bench_now() - t0 < secs && run_wait(r, 0) < 0) {
+    while (ds_bench_now() - t0 < secs && ds_lrun_wait(r, 0) < 0) {
         stall_poll(r, w);
-        msleep(50);
+        ds_lrun_sleep_ms(50);
     }
 }
 
@@ -344,16 +202,16 @@ static void watch_for(frun *r, struct stall_watch *w, double secs)
  * time its way back, and the others' longest stall in both phases (after
  * SIGCONT: until AFTER_S later). */
 #define AFTER_S 20
-static void freeze_n3(frun *r, const faults_opts *o, int frozen, struct freeze_res *res)
+static void freeze_n3(ds_lrun *r, const faults_opts *o, int frozen, struct freeze_res *res)
 {
-    const pid_t p = node_pid(r, "n3");
+    const pid_t p = ds_lrun_node_pid(r, "n3");
     if (p <= 0 || (frozen && kill(p, SIGSTOP) < 0))
         return;
     struct stall_watch w;
     stall_reset(&w);
     watch_for(r, &w, o->freeze_s); /* the freeze itself: what is being measured */
     res->stall_frozen = w.worst;
-    json_t *d0 = status_of(r, "n0");
+    json_t *d0 = ds_lrun_status(r, "n0");
     const char *phase =
         d0 ? json_string_value(json_object_get(json_object_get(d0, "node"), "state")) : NULL;
     res->training_at_cont = phase && !strcmp(phase, "training");
@@ -363,14 +221,14 @@ static void freeze_n3(frun *r, const faults_opts *o, int frozen, struct freeze_r
     const double t_cont = ds_bench_now();
     stall_reset(&w);
     int rejoined = 0;
-    while (ds_bench_now() - t_cont < AFTER_S && run_wait(r, 0) < 0) {
+    while (ds_bench_now() - t_cont < AFTER_S && ds_lrun_wait(r, 0) < 0) {
         stall_poll(r, &w);
         const int back = frozen && n3_back(r, &rejoined);
         if (rejoined && isnan(res->rejoin_s))
             res->rejoin_s = ds_bench_now() - t_cont;
         if (back && isnan(res->back_s))
             res->back_s = ds_bench_now() - t_cont;
-        msleep(50);
+        ds_lrun_sleep_ms(50);
     }
     res->stall_after = w.worst;
 }
@@ -387,17 +245,17 @@ static int freeze_run(const faults_opts *o, int frozen, struct freeze_res *res)
     char steps[48];
     snprintf(steps, sizeof(steps), "train.steps=%d", freeze_steps(o));
     const char *extra[] = {"--set", steps, NULL};
-    frun r;
+    ds_lrun r;
     *res = (struct freeze_res){.rejoin_s = NAN, .back_s = NAN, .stall_frozen = NAN,
                                .stall_after = NAN};
     int e = run_start(&r, o, 4, extra);
     if (e == 0) {
         if (wait_step(&r, "n0", 200, 300))
             freeze_n3(&r, o, frozen, res);
-        run_wait(&r, 900);
+        ds_lrun_wait(&r, 900);
         freeze_outcome(&r, res);
     }
-    run_end(&r);
+    ds_lrun_end(&r, 0);
     return e;
 }
 
@@ -473,37 +331,37 @@ static int scenario_late(const faults_opts *o)
     char jt[48];
     snprintf(jt, sizeof(jt), "cluster.join_timeout_s=%d", o->join_timeout_s);
     const char *extra[] = {"--set", "train.steps=1500", "--set", jt, "--add-at", "1436:1", NULL};
-    frun r;
+    ds_lrun r;
     if (run_start(&r, o, 3, extra) < 0)
         return 1;
     const double t0 = ds_bench_now();
-    run_wait(&r, 900);
+    ds_lrun_wait(&r, 900);
     const double wall = ds_bench_now() - t0;
-    json_t *rep = run_report(&r);
+    json_t *rep = ds_lrun_report(&r);
     ds_row row;
     ds_row_table(&row, o->json);
     ds_row_str(&row, "scenario", "late joiner");
     ds_row_int(&row, "join_timeout_s", o->join_timeout_s);
-    ds_row_num(&row, "joiner_exit", report_num(rep, "n3", "exit_status"), 0);
+    ds_row_num(&row, "joiner_exit", ds_lrun_report_num(rep, "n3", "exit_status"), 0);
     double tried_s = NAN;
     const char *why = rep ? late_reason(rep, &tried_s) : "?";
     ds_row_num(&row, "joiner_tried_s", tried_s, 1);
-    ds_row_num(&row, "joiner_ran_s", report_num(rep, "n3", "wall_s"), 1);
+    ds_row_num(&row, "joiner_ran_s", ds_lrun_report_num(rep, "n3", "wall_s"), 1);
     ds_row_str(&row, "reason", why);
     ds_row_str(&row, "run_ended_by_itself",
                rep && json_is_null(json_object_get(rep, "stopped_by")) ? "yes" : "no");
     ds_row_num(&row, "run_wall_s", wall, 1);
     ds_row_end(&row);
-    const int ok = rep && report_num(rep, "n3", "exit_status") == 1;
+    const int ok = rep && ds_lrun_report_num(rep, "n3", "exit_status") == 1;
     json_decref(rep);
-    run_end(&r);
+    ds_lrun_end(&r, 0);
     return ok ? 0 : 1;
 }
 
 /* ---- partition ---------------------------------------------------------------- */
 
 /* The host part of node `name`'s listen address (from DIR/name.ini). */
-static int node_host(const frun *r, const char *name, char *out, size_t len)
+static int node_host(const ds_lrun *r, const char *name, char *out, size_t len)
 {
     char path[PATH_MAX + 32], line[512];
     snprintf(path, sizeof(path), "%s/%s.ini", r->out, name);
@@ -544,7 +402,7 @@ static int nft_in(const char *ns, const char *const *args)
 }
 
 /* Cut node i (namespace) off from the hosts of the other side, or heal. */
-static int cut(const frun *r, int i, const char *other_a, const char *other_b, int on)
+static int cut(const ds_lrun *r, int i, const char *other_a, const char *other_b, int on)
 {
     char ns[64], set[160];
     snprintf(ns, sizeof(ns), "dsl-%d-n%d", (int)r->pid, i);
@@ -570,13 +428,13 @@ static int cut(const frun *r, int i, const char *other_a, const char *other_b, i
 /* All four documents: 4 members, all alive. *solo: a node seen alone in a
  * view of one (itself: view.me set). A node out of the view while it
  * rejoins (view.me null; it shadows the cluster's state) is not alone. */
-static int one_view(const frun *r, int *solo)
+static int one_view(const ds_lrun *r, int *solo)
 {
     int ok = 1;
     for (int i = 0; i < 4; i++) {
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
-        json_t *d = status_of(r, name);
+        json_t *d = ds_lrun_status(r, name);
         const double size = d ? jpath(d, "view", "size") : NAN;
         if (size == 1 && json_is_integer(json_object_get(json_object_get(d, "view"), "me")))
             *solo = 1;
@@ -593,7 +451,7 @@ static int one_view(const frun *r, int *solo)
     return ok;
 }
 
-static int partition_cut(frun *r, int on)
+static int partition_cut(ds_lrun *r, int on)
 {
     char h[4][256];
     for (int i = 0; i < 4; i++) {
@@ -613,7 +471,7 @@ static int scenario_partition(const faults_opts *o)
     char steps[48];
     snprintf(steps, sizeof(steps), "train.steps=%d", o->steps);
     const char *extra[] = {"--set", steps, "--netns", NULL};
-    frun r;
+    ds_lrun r;
     if (run_start(&r, o, 4, extra) < 0)
         return 1;
     double heal_to_one = NAN, view_cut = NAN;
@@ -621,23 +479,23 @@ static int scenario_partition(const faults_opts *o)
     if (wait_step(&r, "n0", 200, 300) && partition_cut(&r, 1) == 0) {
         cut_ok = 1;
         const double t_cut = ds_bench_now();
-        while (ds_bench_now() - t_cut < o->partition_s && run_wait(&r, 0) < 0)
-            msleep(100); /* the partition itself: what is being measured */
-        json_t *d0 = status_of(&r, "n0");
+        while (ds_bench_now() - t_cut < o->partition_s && ds_lrun_wait(&r, 0) < 0)
+            ds_lrun_sleep_ms(100); /* the partition itself: what is being measured */
+        json_t *d0 = ds_lrun_status(&r, "n0");
         view_cut = d0 ? jpath(d0, "view", "size") : NAN;
         json_decref(d0);
         partition_cut(&r, 0);
         const double t_heal = ds_bench_now();
-        while (ds_bench_now() - t_heal < 120 && run_wait(&r, 0) < 0) {
+        while (ds_bench_now() - t_heal < 120 && ds_lrun_wait(&r, 0) < 0) {
             if (one_view(&r, &solo)) {
                 heal_to_one = ds_bench_now() - t_heal;
                 break;
             }
-            msleep(50);
+            ds_lrun_sleep_ms(50);
         }
     }
-    run_wait(&r, 900);
-    json_t *rep = run_report(&r);
+    ds_lrun_wait(&r, 900);
+    json_t *rep = ds_lrun_report(&r);
     ds_row row;
     ds_row_table(&row, o->json);
     ds_row_str(&row, "scenario", "partition 2|2");
@@ -651,7 +509,7 @@ static int scenario_partition(const faults_opts *o)
     ds_row_num(&row, "exit", r.code, 0);
     ds_row_end(&row);
     json_decref(rep);
-    run_end(&r);
+    ds_lrun_end(&r, 0);
     return cut_ok && isfinite(heal_to_one) ? 0 : 1;
 }
 

@@ -41,9 +41,7 @@
  */
 #include "config.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -52,30 +50,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "tools/dsbench/bench.h"
+#include "tools/dsbench/lrun.h"
 
 typedef struct gf_opts {
     int json, steps;
     char scenario[16];
     char config[PATH_MAX], dslaunch[PATH_MAX], dsnode[PATH_MAX];
 } gf_opts;
-
-typedef struct grun {
-    char base[PATH_MAX], out[PATH_MAX + 8], log[PATH_MAX + 16];
-    pid_t pid;
-    int code;
-} grun;
-
-static void gf_sleep(int ms)
-{
-    const struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static double wall_now(void)
 {
@@ -86,161 +72,42 @@ static double wall_now(void)
 
 /* ---- dslaunch runs --------------------------------------------------------- */
 
-static int gf_rm(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p) < 0 ? -1 : 0;
-}
-
 /* Start dslaunch local with n nodes, the common settings and `extra`. */
-static int gf_start(grun *r, const gf_opts *o, int nodes, const char *const *extra)
+static int gf_start(ds_lrun *r, const gf_opts *o, int nodes, const char *const *extra)
 {
-    memset(r, 0, sizeof(*r));
-    snprintf(r->base, sizeof(r->base), "/tmp/dsbench-gossip-XXXXXX");
-    if (!mkdtemp(r->base)) {
-        fprintf(stderr, "dsbench elastic --gossip-faults: mkdtemp: %s\n", strerror(errno));
-        return -errno;
-    }
-    snprintf(r->out, sizeof(r->out), "%s/run", r->base);
-    snprintf(r->log, sizeof(r->log), "%s/dslaunch.out", r->base);
-    char n[8];
-    snprintf(n, sizeof(n), "%d", nodes);
-    const char *argv[64] = {o->dslaunch, "local", "-n", n, "--config", o->config,
+    const char *args[64] = {"--config", o->config,
                             "--set", "train.backend=cpu", "--set", "train.eval_every=0",
                             "--set", "gossip.timeout_ms=2000",
-                            "--set", "status.file=status.json", "--out", r->out, "--json",
-                            "--timeout", "600"};
-    int k = 19;
+                            "--set", "status.file=status.json", "--timeout", "600"};
+    int k = 12;
     if (o->dsnode[0]) {
-        argv[k++] = "--dsnode";
-        argv[k++] = o->dsnode;
+        args[k++] = "--dsnode";
+        args[k++] = o->dsnode;
     }
-    for (; extra && *extra && k < 62; extra++)
-        argv[k++] = *extra;
-    argv[k] = NULL;
-    r->pid = fork();
-    if (r->pid < 0)
-        return -errno;
-    if (r->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (!freopen(r->log, "w", stdout) || !freopen("/dev/null", "w", stderr))
-            _exit(127);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return 0;
+    for (; extra && *extra && k < 50; extra++)
+        args[k++] = *extra;
+    args[k] = NULL;
+    return ds_lrun_start(r, "gossip", o->dslaunch, nodes, args);
 }
 
-/* Up to timeout_s for dslaunch to end: its exit status, or -1. */
-static int gf_wait(grun *r, double timeout_s)
+static double gf_status_num(const ds_lrun *r, const char *name, const char *a, const char *b)
 {
-    const double t_end = ds_bench_now() + timeout_s;
-    while (r->pid > 0) {
-        int st;
-        if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
-            r->pid = 0;
-            r->code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            return r->code;
-        }
-        if (ds_bench_now() > t_end)
-            return -1;
-        gf_sleep(50);
-    }
-    return r->code;
-}
-
-static json_t *gf_report(const grun *r)
-{
-    FILE *f = fopen(r->log, "r");
-    if (!f)
-        return NULL;
-    static char line[1 << 16], last[1 << 16];
-    last[0] = 0;
-    while (fgets(line, sizeof(line), f))
-        if (line[0] == '{')
-            memcpy(last, line, sizeof(last));
-    fclose(f);
-    return last[0] ? json_loads(last, 0, NULL) : NULL;
-}
-
-/* The pid of node `name` of the run (its command line names DIR/name.ini). */
-static pid_t gf_node_pid(const grun *r, const char *name)
-{
-    char needle[PATH_MAX + 32];
-    snprintf(needle, sizeof(needle), "%s/%s.ini", r->out, name);
-    DIR *d = opendir("/proc");
-    pid_t found = -1;
-    for (struct dirent *e; d && found < 0 && (e = readdir(d));) {
-        char path[300], cmd[4096];
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
-        fclose(f);
-        for (size_t i = 0; i < n; i++)
-            if (!cmd[i])
-                cmd[i] = ' ';
-        cmd[n] = 0;
-        if (strstr(cmd, needle) && strstr(cmd, "dsnode"))
-            found = (pid_t)atoi(e->d_name);
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
-static void gf_end(grun *r)
-{
-    if (r->pid > 0) {
-        kill(r->pid, SIGTERM); /* dslaunch removes its namespaces */
-        if (gf_wait(r, 20) < 0) {
-            kill(r->pid, SIGKILL);
-            waitpid(r->pid, NULL, 0);
-            r->pid = 0;
-        }
-    }
-    for (int i = 0; i < 8; i++) {
-        char name[8];
-        snprintf(name, sizeof(name), "n%d", i);
-        const pid_t p = gf_node_pid(r, name);
-        if (p > 0)
-            kill(p, SIGKILL);
-    }
-    if (r->base[0])
-        nftw(r->base, gf_rm, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static double gf_status_num(const grun *r, const char *name, const char *a, const char *b)
-{
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof(path), "%s/%s/status.json", r->out, name);
-    json_t *d = json_load_file(path, 0, NULL);
+    json_t *d = ds_lrun_status(r, name);
     const json_t *v = json_object_get(json_object_get(d, a), b);
     const double x = json_is_number(v) ? json_number_value(v) : NAN;
     json_decref(d);
     return x;
 }
 
-static int gf_wait_step(grun *r, const char *name, double step, double timeout_s)
+static int gf_wait_step(ds_lrun *r, const char *name, double step, double timeout_s)
 {
     const double t_end = ds_bench_now() + timeout_s;
-    while (ds_bench_now() < t_end && gf_wait(r, 0) < 0) {
+    while (ds_bench_now() < t_end && ds_lrun_wait(r, 0) < 0) {
         if (gf_status_num(r, name, "train", "step") >= step)
             return 1;
-        gf_sleep(50);
+        ds_lrun_sleep_ms(50);
     }
     return 0;
-}
-
-static double gf_node_num(const json_t *rep, const char *name, const char *key)
-{
-    const json_t *v = json_object_get(json_object_get(json_object_get(rep, "nodes"), name), key);
-    return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
 /* ---- a straggler ----------------------------------------------------------- */
@@ -280,7 +147,7 @@ enum { GF_NONE, GF_TBF, GF_LOSS };
 
 /* n3's link at 10 Mbit/s both ways, or 5% of its packets lost both ways,
  * once dslaunch has made its namespace. 0 or -1. */
-static int disturb_n3(const grun *r, int how)
+static int disturb_n3(const ds_lrun *r, int how)
 {
     char ns[64], veth[32], tag[16], path[96];
     snprintf(ns, sizeof(ns), "dsl-%d-n3", (int)r->pid);
@@ -288,7 +155,7 @@ static int disturb_n3(const grun *r, int how)
     snprintf(veth, sizeof(veth), "dsl%sv3", tag);
     snprintf(path, sizeof(path), "/sys/class/net/%s", veth);
     for (int i = 0; i < 600 && access(path, F_OK) < 0; i++)
-        gf_sleep(50);
+        ds_lrun_sleep_ms(50);
     if (how == GF_TBF) {
         const char *root[] = {"/usr/sbin/tc", "qdisc", "add", "dev", veth, "root", "tbf",
                               "rate", "10mbit", "burst", "64kb", "latency", "50ms", NULL};
@@ -297,7 +164,7 @@ static int disturb_n3(const grun *r, int how)
                             "64kb", "latency", "50ms", NULL};
         int r1 = -1;
         for (int i = 0; i < 100 && (r1 = gf_exec(in)) < 0; i++)
-            gf_sleep(50); /* eth0 comes with the namespace's setup */
+            ds_lrun_sleep_ms(50); /* eth0 comes with the namespace's setup */
         return gf_exec(root) || r1 ? -1 : 0;
     }
     const char *t[] = {"/usr/sbin/ip", "netns", "exec", ns, "/usr/sbin/nft", "add", "table",
@@ -316,7 +183,7 @@ static int disturb_n3(const grun *r, int how)
                         "mod", "100", "<", "5", "drop", NULL};
     int e = -1;
     for (int i = 0; i < 100 && (e = gf_exec(t)) < 0; i++)
-        gf_sleep(50);
+        ds_lrun_sleep_ms(50);
     return e || gf_exec(ci) || gf_exec(co) || gf_exec(ri) || gf_exec(ro) ? -1 : 0;
 }
 
@@ -331,24 +198,24 @@ static void straggler_run(const gf_opts *o, int how, struct strag_res *res)
     char steps[48];
     snprintf(steps, sizeof(steps), "train.steps=%d", o->steps);
     const char *extra[] = {"--netns", "--set", steps, NULL};
-    grun r;
+    ds_lrun r;
     if (gf_start(&r, o, 4, extra) < 0)
         return;
     int ok = how == GF_NONE || disturb_n3(&r, how) == 0;
     if (!ok)
         fprintf(stderr, "dsbench elastic --gossip-faults: could not disturb n3 (root, tc, nft?)\n");
-    ok = ok && gf_wait(&r, 600) == 0;
-    json_t *rep = ok ? gf_report(&r) : NULL;
+    ok = ok && ds_lrun_wait(&r, 600) == 0;
+    json_t *rep = ok ? ds_lrun_report(&r) : NULL;
     if (rep) {
         double s = 0, acc = 0;
         for (int i = 0; i < 4; i++) {
             char name[4] = {'n', (char)('0' + i), 0};
             if (i < 3)
-                s += gf_node_num(rep, name, "samples_per_s") / 3;
-            acc += gf_node_num(rep, name, "test_acc") / 4;
+                s += ds_lrun_report_num(rep, name, "samples_per_s") / 3;
+            acc += ds_lrun_report_num(rep, name, "test_acc") / 4;
         }
         res->others_sps = s;
-        res->n3_sps = gf_node_num(rep, "n3", "samples_per_s");
+        res->n3_sps = ds_lrun_report_num(rep, "n3", "samples_per_s");
         res->acc = acc;
         const json_t *cd = json_object_get(rep, "consensus_distance");
         res->cd = json_is_number(cd) ? json_number_value(cd) : NAN;
@@ -357,7 +224,7 @@ static void straggler_run(const gf_opts *o, int how, struct strag_res *res)
         res->ok = isfinite(s) && isfinite(acc);
         json_decref(rep);
     }
-    gf_end(&r);
+    ds_lrun_end(&r, 1);
 }
 
 static int scenario_straggler(const gf_opts *o)
@@ -406,7 +273,7 @@ static double line_time(const char *l)
 
 /* The longest gap between two `train step=` lines of node `name` with
  * the later one in (t0, t1]. */
-static double max_gap(const grun *r, const char *name, double t0, double t1)
+static double max_gap(const ds_lrun *r, const char *name, double t0, double t1)
 {
     char path[PATH_MAX + 32], line[4096];
     snprintf(path, sizeof(path), "%s/%s.log", r->out, name);
@@ -444,7 +311,7 @@ static void crash_run(const gf_opts *o, int kill_it, struct crash_res *res)
     memset(res, 0, sizeof(*res));
     const char *extra[] = {"--set", "train.steps=1000000", "--set", "gossip.segments=1",
                            "--set", "train.log_every=5", NULL};
-    grun r;
+    ds_lrun r;
     if (gf_start(&r, o, 6, extra) < 0)
         return;
     double before[5] = {0};
@@ -455,12 +322,12 @@ static void crash_run(const gf_opts *o, int kill_it, struct crash_res *res)
     }
     const double t_kill = wall_now();
     if (ok && kill_it) {
-        const pid_t p = gf_node_pid(&r, "n5");
+        const pid_t p = ds_lrun_node_pid(&r, "n5");
         ok = p > 0 && kill(p, SIGKILL) == 0;
     }
     const double t_end = ds_bench_now() + CRASH_WINDOW_S;
-    while (ok && ds_bench_now() < t_end && gf_wait(&r, 0) < 0)
-        gf_sleep(100);
+    while (ok && ds_bench_now() < t_end && ds_lrun_wait(&r, 0) < 0)
+        ds_lrun_sleep_ms(100);
     double gaps[5], to = 0;
     for (int i = 0; ok && i < 5; i++) {
         char name[4] = {'n', (char)('0' + i), 0};
@@ -474,7 +341,7 @@ static void crash_run(const gf_opts *o, int kill_it, struct crash_res *res)
         res->timeouts = to;
         res->ok = isfinite(res->worst) && isfinite(res->median);
     }
-    gf_end(&r);
+    ds_lrun_end(&r, 1);
 }
 
 static int scenario_crash(const gf_opts *o)

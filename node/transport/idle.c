@@ -137,6 +137,7 @@ static long *fabric_inodes(unsigned port, size_t *n)
                 if (!nv) {
                     fclose(f);
                     free(v);
+                    *n = 0;
                     return NULL;
                 }
                 v = nv;

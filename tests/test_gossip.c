@@ -13,7 +13,7 @@
  *     in-neighbour then (else STALE), and its initiator applies the reply
  *     late: a partner rounds behind still mixes and the sum holds;
  *   - the adaptive deadline and the slow-partner rule (latency.h) on
- *     seeded latencies;
+ *     seeded latencies; pacing to the view's median round;
  *   - the all-reduce baseline gives every node the mean gradient.
  * Run: meson test -C build gossip --verbose
  */
@@ -861,6 +861,71 @@ Test(gossip, latency_noise_and_lone_partners_are_not_slow)
     ds_glat_peer(&t, 7, MS); /* out of the view: ignored */
     cr_expect_eq(ds_glat_slow(&t, 7), 0);
     ds_glat_free(&t);
+}
+
+/* Pacing: ahead means more than `slack` rounds past the lower median of
+ * the view's rounds; against a plain count on seeded views. */
+Test(gossip, pacing_follows_the_view_median)
+{
+    uint64_t one[1] = {0};
+    cr_expect_eq(ds_glat_ahead(100, one, 1, 8), 0, "alone is never ahead");
+    uint64_t heal[4] = {100, 101, 40, 42}; /* a partition's halves meet */
+    cr_expect_eq(ds_glat_ahead(100, heal, 4, 8), 1);
+    uint64_t strag[4] = {100, 0, 99, 101}; /* one straggler */
+    cr_expect_eq(ds_glat_ahead(100, strag, 4, 8), 0);
+    uint64_t edge[2] = {20, 12};
+    cr_expect_eq(ds_glat_ahead(20, edge, 2, 8), 0, "exactly slack ahead is in step");
+    uint64_t edge2[2] = {21, 12};
+    cr_expect_eq(ds_glat_ahead(21, edge2, 2, 8), 1);
+    uint64_t st = 77;
+    for (int t = 0; t < 2000; t++) {
+        uint64_t v[MAXG + 1], c[MAXG + 1];
+        const uint32_t n = 1 + (uint32_t)(ds_t_next(&st) % (MAXG + 1));
+        const uint64_t mine = 1000 + ds_t_next(&st) % 64;
+        v[0] = mine;
+        for (uint32_t i = 1; i < n; i++)
+            v[i] = 990 + ds_t_next(&st) % 84;
+        memcpy(c, v, sizeof(v));
+        uint32_t below = 0; /* rounds more than 8 behind mine */
+        for (uint32_t i = 0; i < n; i++)
+            below += c[i] + 8 < mine;
+        const int want = n >= 2 && below >= (n - 1) / 2 + 1;
+        cr_assert_eq(ds_glat_ahead(mine, v, n, 8), want, "case %d: n=%u below=%u", t, n, below);
+    }
+}
+
+/* The engine holds a round while it is far ahead of its only partner,
+ * and not while it is near. */
+Test(gossip, node_far_ahead_of_its_view_holds)
+{
+    make_layers();
+    for (int far = 0; far < 2; far++) {
+        ds_fakenet *net = ds_fakenet_create(2);
+        ds_fakenet_set_instant(net, 1);
+        float *x[2];
+        ds_gossip *g[2];
+        ds_gossip_cfg cfg = base_cfg();
+        cfg.timeout_ms = 50;
+        for (uint32_t i = 0; i < 2; i++) {
+            x[i] = malloc(n_params * sizeof(float));
+            ds_t_fill(x[i], n_params, 5 + (uint64_t)i, -1, 1);
+            cfg.node_seed = 20 + i;
+            cr_assert_eq(ds_gossip_create(&g[i], &cfg, layers, NL, n_params, x[i]), 0);
+            cr_assert_eq(ds_gossip_set_view(g[i], 2, i, 1), 0);
+        }
+        for (uint64_t r = 0; r < 3; r++)
+            ds_gossip_round(g[1], x[1], r, ds_fakenet_io(net, 1));
+        ds_gossip_round(g[0], x[0], far ? 30 : 9, ds_fakenet_io(net, 0));
+        const ds_gossip_stats *a = ds_gossip_get_stats(g[0]);
+        cr_expect_eq(a->paced, (uint64_t)far, "%s: paced %llu", far ? "far" : "near",
+                     (unsigned long long)a->paced);
+        cr_expect_eq(ds_gossip_get_stats(g[1])->paced, 0, "the node behind held");
+        for (int i = 0; i < 2; i++) {
+            ds_gossip_destroy(&g[i]);
+            free(x[i]);
+        }
+        ds_fakenet_destroy(net);
+    }
 }
 
 Test(gossip, latency_bad_config_refused)

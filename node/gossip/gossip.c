@@ -48,6 +48,7 @@ enum { SKIP_NONE = 0, SKIP_NOWAIT, SKIP_ALL }; /* g->skip[] */
 #define NOWAIT_GRACE_NS 10000000u /* 10 ms: a reply from a peer back on time */
 #define LATE_SLOTS 4      /* exchanges kept open past their round, per segment */
 #define LATE_TIMEOUTS 4   /* given up after this many gossip timeouts */
+#define PACE_ROUNDS 8     /* how far ahead of its view's median a node may run */
 
 struct gout {
     uint32_t target; /* == me: nothing initiated */
@@ -99,6 +100,8 @@ struct ds_gossip {
     uint8_t *ahead;      /* G entries: peers seen past this round already */
     uint8_t *slow;       /* G entries: partners too slow to wait for (latency.h) */
     uint64_t *peer_round; /* G entries: the latest round each partner was in */
+    uint64_t *peer_seen;  /* G entries: when that was heard (io clock; 0: never) */
+    uint64_t *pace_buf;   /* G entries: the view's rounds, for their median */
     uint32_t *chk_in;    /* max_in entries: a past round's initiators */
     float *resp;         /* max_len: values of a reply */
     uint32_t G, me;
@@ -219,6 +222,8 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->ahead);
     free(g->slow);
     free(g->peer_round);
+    free(g->peer_seen);
+    free(g->pace_buf);
     free(g->chk_in);
     free(g->resp);
     free(g->pub_x);
@@ -457,6 +462,15 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
             return -ENOMEM;
         g->peer_round = pr;
         memset(pr, 0, (size_t)G * sizeof(uint64_t));
+        uint64_t *ps = realloc(g->peer_seen, (size_t)G * sizeof(uint64_t));
+        if (!ps)
+            return -ENOMEM;
+        g->peer_seen = ps;
+        memset(ps, 0, (size_t)G * sizeof(uint64_t));
+        uint64_t *pb = realloc(g->pace_buf, (size_t)G * sizeof(uint64_t));
+        if (!pb)
+            return -ENOMEM;
+        g->pace_buf = pb;
         uint32_t *ci = realloc(g->chk_in, (size_t)max_in * sizeof(uint32_t));
         if (!ci)
             return -ENOMEM;
@@ -548,6 +562,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
         g->lat_G = g->G;
         g->lat_epoch = g->epoch;
         memset(g->peer_round, 0, (size_t)g->G * sizeof(uint64_t));
+        memset(g->peer_seen, 0, (size_t)g->G * sizeof(uint64_t));
     }
 
     /* acc += theta - snap: the optimizer's drift since the last mix. */
@@ -954,8 +969,11 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
      * at compute speed instead of one timeout per round. */
     if (m->from < g->G && (m->round_now > g->round || m->epoch > g->epoch))
         g->ahead[m->from] = 1;
-    if (m->from < g->G && m->epoch == g->epoch && m->round_now > g->peer_round[m->from])
-        g->peer_round[m->from] = m->round_now;
+    if (m->from < g->G && m->epoch == g->epoch) {
+        if (m->round_now > g->peer_round[m->from])
+            g->peer_round[m->from] = m->round_now;
+        g->peer_seen[m->from] = io->now_ns(io->ctx) + 1;
+    }
     const int answer = m->type == DS_GMSG_RESP || m->type == DS_GMSG_STALE;
     if (answer && (m->epoch != g->epoch || m->round < g->round) && late_answer(g, io, m))
         return 0;
@@ -1075,6 +1093,21 @@ static void serve_queued(ds_gossip *g, const ds_gossip_io *io)
     g->qn = kept;
 }
 
+/* Pacing (latency.h, ds_glat_ahead): over this node's round and those of
+ * the partners heard from within a timeout and not skipped. */
+static int ahead_of_view(ds_gossip *g, uint64_t now)
+{
+    const uint64_t fresh = (uint64_t)g->cfg.timeout_ms * 1000000u;
+    uint64_t *v = g->pace_buf;
+    uint32_t k = 0;
+    v[k++] = g->round;
+    for (uint32_t p = 0; p < g->G; p++)
+        if (p != g->me && g->skip[p] != SKIP_ALL && g->peer_seen[p] &&
+            now + 1 - g->peer_seen[p] <= fresh)
+            v[k++] = g->peer_round[p];
+    return ds_glat_ahead(g->round, v, k, PACE_ROUNDS);
+}
+
 /* Wait until nothing awaited is open or the deadline, then give peers
  * not waited for a short grace. 1 when a stop request ended the wait. */
 static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
@@ -1093,6 +1126,25 @@ static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
     }
     if (!stopped)
         ds_glat_round(&g->lat, io->now_ns(io->ctx) - g->t0);
+    /* Pacing: a node too far ahead of its view serves what comes until
+     * the view is near again, or until the deadline. Partners behind do
+     * not wait for it (they see its round); they catch up at their own
+     * pace while it holds. Without this, a node ahead finds every partner
+     * late, keeps every exchange open, and runs on alone (issue 16: the
+     * partition runaway). */
+    if (!stopped && ahead_of_view(g, io->now_ns(io->ctx))) {
+        const uint64_t p0 = io->now_ns(io->ctx);
+        g->st.paced++;
+        while (ahead_of_view(g, io->now_ns(io->ctx))) {
+            ds_gmsg m;
+            int r = io->recv(io->ctx, &m, deadline);
+            stopped = r < 0;
+            if (r <= 0)
+                break;
+            dispatch(g, io, &m);
+        }
+        g->st.pace_ns += io->now_ns(io->ctx) - p0;
+    }
     /* Replies from peers we did not wait for: a short grace, so that one
      * back on time completes its exchange in this round. */
     uint64_t grace = io->now_ns(io->ctx) + NOWAIT_GRACE_NS;

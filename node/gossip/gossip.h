@@ -156,6 +156,10 @@ typedef struct ds_gseg {
       "Exchanges kept open that were given up without an answer.") \
     X(U64, deferred, "deferred", "dsnode_gossip_deferred_total", COUNTER, NULL, NULL, \
       "Requests sent empty: an earlier one to that partner was still open.") \
+    X(U64, paced, "paced", "dsnode_gossip_paced_total", COUNTER, NULL, NULL, \
+      "Rounds held back: this node was over 8 rounds ahead of its view's median.") \
+    X(NS, pace_ns, "pace_s", "dsnode_gossip_pace_seconds_total", COUNTER, NULL, NULL, \
+      "Time held back so (inside wait_s).") \
     X(U32, slow_peers, "slow_peers", "dsnode_gossip_slow_peers", GAUGE, NULL, NULL, \
       "Partners this round does not wait for because they are slow.") \
     X(NS, deadline_ns, "deadline_s", "dsnode_gossip_deadline_seconds", GAUGE, NULL, NULL, \

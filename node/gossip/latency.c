@@ -135,3 +135,12 @@ int ds_glat_slow(ds_glat *t, uint32_t peer)
     p->slow = slower_than(t, peer, p->slow ? t->cfg.clear_ratio : t->cfg.slow_ratio);
     return p->slow;
 }
+
+int ds_glat_ahead(uint64_t mine, uint64_t *rounds, uint32_t n, uint64_t slack)
+{
+    if (n < 2)
+        return 0;
+    qsort(rounds, n, sizeof(*rounds), cmp_u64);
+    const uint64_t med = rounds[(n - 1) / 2];
+    return mine > med && mine - med > slack;
+}

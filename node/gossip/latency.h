@@ -90,4 +90,12 @@ int ds_glat_slow(ds_glat *t, uint32_t peer);
 /* The median of partner `peer`'s samples; 0 without any. */
 uint64_t ds_glat_peer_median(const ds_glat *t, uint32_t peer);
 
+/* Pacing (docs/gossip.md, "Pacing"): whether a node in round `mine` runs
+ * more than `slack` rounds ahead of its view, i.e. of the lower median of
+ * rounds[0..n) (this node's own round and the rounds of the partners it
+ * has heard from lately; the array is sorted in place). A median, so that
+ * one straggler or a frozen member holds nobody back, while a node ahead
+ * of most of its view waits for it. With n < 2 it is never ahead. */
+int ds_glat_ahead(uint64_t mine, uint64_t *rounds, uint32_t n, uint64_t slack);
+
 #endif

@@ -30,6 +30,10 @@
  *       10 s); the bound keeps this a test of the defect, not of timing.
  *       Before issue 16 a DEAD verdict from the other half overrode a
  *       node's own evidence and left two members alone for 17.5 s.
+ *       Then, 8 s after one view, the nodes' rounds (status documents
+ *       rewritten every 50 ms) must lie within 200 of each other: the
+ *       halves meet hundreds of rounds apart, and before pacing one node
+ *       ran away from the others in about half the runs (docs/gossip.md).
  *       Skipped when not root or without nft; the
  *       namespaces (and the rules in them) go with dslaunch, or are
  *       reaped by the suite's fini (a root run's fini removes any
@@ -192,6 +196,7 @@ Test(members_faults, frozen_past_death_rejoins)
 
 #define CUT_S 15
 #define HEAL_BOUND_S 20
+#define PACE_CHECK_S 8 /* after one view: the rounds must be near */
 
 /* `ip netns exec NS nft ARGS...`; 0 on success. */
 static int nft_in(const char *ns, const char *const *args)
@@ -248,6 +253,7 @@ struct heal_watch {
     const char *out;
     int solo;         /* a node was seen alone in its view after the heal */
     long long sizes[4];
+    long long rounds[4]; /* each node's round, from its last document */
 };
 
 /* All four documents: a view of four members, all alive. */
@@ -314,6 +320,21 @@ static int never(void *arg)
     return 0;
 }
 
+/* Reads every node's round; never done (a sample over a fixed time). */
+static int read_rounds(void *arg)
+{
+    struct heal_watch *w = arg;
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        json_t *d = status_load(w->out, name);
+        if (d)
+            w->rounds[i] = (long long)status_num(d, "round");
+        json_decref(d);
+    }
+    return 0;
+}
+
 Test(members_faults, partition_heals_to_one_view)
 {
     char why[512];
@@ -328,6 +349,7 @@ Test(members_faults, partition_heals_to_one_view)
                           "--set", "train.steps=100000", "--set", "train.backend=cpu",
                           "--set", "train.eval_every=0", "--set", "train.log_every=10",
                           "--set", "gossip.timeout_ms=2000", "--set", STATUS_FILE_ON,
+                          "--set", "status.file_interval_ms=50",
                           "--out", out, "--json", "--timeout", "200", "--dsnode", bin("DSNODE"),
                           NULL};
     struct live l;
@@ -357,6 +379,24 @@ Test(members_faults, partition_heals_to_one_view)
     cr_expect(one, "no single view %d s after the heal (view sizes %lld %lld %lld %lld)",
               HEAL_BOUND_S, w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
     cr_expect(!w.solo, "a node sat alone in its view after the heal");
+    /* Then the rounds: the halves met hundreds of rounds apart, and a node
+     * ahead of most of its view must hold for it (docs/gossip.md,
+     * pacing). Without that, in about half the runs one node ran on
+     * alone at compute speed, its round drifting about 150 a second
+     * further from the others'. */
+    if (one) {
+        live_wait(&l, PACE_CHECK_S * 1000, read_rounds, &w);
+        long long lo = w.rounds[0], hi = w.rounds[0];
+        for (int i = 1; i < 4; i++) {
+            lo = w.rounds[i] < lo ? w.rounds[i] : lo;
+            hi = w.rounds[i] > hi ? w.rounds[i] : hi;
+        }
+        cr_log_info("rounds %d s after one view: %lld %lld %lld %lld", PACE_CHECK_S,
+                    w.rounds[0], w.rounds[1], w.rounds[2], w.rounds[3]);
+        cr_expect_leq(hi - lo, 200, "rounds %lld %lld %lld %lld %d s after one view: a node "
+                      "ran away from the others", w.rounds[0], w.rounds[1], w.rounds[2],
+                      w.rounds[3], PACE_CHECK_S);
+    }
     kill(l.pid, SIGTERM); /* the run is long on purpose: end it now */
     const int code = live_end(&l, 60000);
     cr_expect_neq(code, -1, "dslaunch did not end 60 s after SIGTERM");

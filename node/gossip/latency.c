@@ -104,15 +104,26 @@ uint64_t ds_glat_peer_median(const ds_glat *t, uint32_t peer)
     return median(t->peer[peer].s, t->peer[peer].n);
 }
 
+uint64_t ds_glat_peer_mean(const ds_glat *t, uint32_t peer)
+{
+    if (peer >= t->G || t->peer[peer].n == 0)
+        return 0;
+    const struct ds_glat_peer *p = &t->peer[peer];
+    uint64_t s = 0;
+    for (uint32_t i = 0; i < p->n; i++)
+        s += p->s[i];
+    return s / p->n;
+}
+
 /* The verdict without hysteresis' memory: ratio is the threshold. */
 static int slower_than(const ds_glat *t, uint32_t peer, double ratio)
 {
     if (peer >= t->G || t->peer[peer].n < t->cfg.min_samples)
         return 0;
-    const uint64_t mine = ds_glat_peer_median(t, peer);
+    const uint64_t mine = ds_glat_peer_mean(t, peer);
     if (mine <= t->cfg.floor_slow_ns)
         return 0;
-    /* The median of all partners' medians, this one's included: a
+    /* The median of all partners' means, this one's included: a
      * straggler is a minority. When most partners look slow, this node is
      * the one ahead of the others in rounds (after a partition heals, the
      * half behind answers late from rounds it has not reached), and not
@@ -121,7 +132,7 @@ static int slower_than(const ds_glat *t, uint32_t peer, double ratio)
     uint32_t k = 0;
     for (uint32_t i = 0; i < t->G && k < DS_GLAT_ROUNDS; i++)
         if (t->peer[i].n >= t->cfg.min_samples)
-            all[k++] = ds_glat_peer_median(t, i);
+            all[k++] = ds_glat_peer_mean(t, i);
     if (k < 2)
         return 0;
     return (double)mine > ratio * (double)median(all, k);

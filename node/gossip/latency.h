@@ -15,13 +15,16 @@
  *   grows with the rounds, so a busy machine does not cut healthy rounds.
  * - The slow partner. Each partner's recent latencies (request sent to
  *   reply received, or round start to its request received; a reply that
- *   comes rounds late counts its whole wait) keep a median. A partner
- *   whose median is over slow_ratio x the median of all partners'
- *   medians (its own included, so only a minority can be slow: when most
+ *   comes rounds late counts its whole wait) keep a mean: a lossy link
+ *   whose replies are mostly fast but one in a few held by a TCP
+ *   retransmission costs every round that waits for it, and its median
+ *   hides that. A partner whose mean is over slow_ratio x the median of
+ *   all partners' means (its own included, so only a minority can be
+ *   slow: when most
  *   partners look slow, this node is the one ahead in rounds and must
  *   wait), and over floor_slow_ns, is slow: the round does not wait for
  *   it, and an exchange it has not finished is kept open into later
- *   rounds (gossip.c). It stays slow until its median is under
+ *   rounds (gossip.c). It stays slow until its mean is under
  *   clear_ratio x the others' (hysteresis): waited for less, its link
  *   drains and its latency drops, and a single threshold made the verdict
  *   flap, the rounds waiting for it every other window. A 10 Mbit/s link made every round wait for the one
@@ -41,7 +44,7 @@ typedef struct ds_glat_cfg {
     uint64_t floor_ns;      /* the deadline is never below this */
     uint64_t ceil_ns;       /* nor above (gossip.timeout_ms) */
     double factor;          /* deadline = factor x median round wait */
-    double slow_ratio;      /* slow: median over slow_ratio x the partners' median */
+    double slow_ratio;      /* slow: mean over slow_ratio x the partners' median mean */
     double clear_ratio;     /* slow until under clear_ratio x (1 < clear <= slow) */
     uint64_t floor_slow_ns; /* and over this (microsecond noise is no straggler) */
     uint32_t min_samples;   /* samples before either rule applies */
@@ -89,6 +92,8 @@ int ds_glat_slow(ds_glat *t, uint32_t peer);
 
 /* The median of partner `peer`'s samples; 0 without any. */
 uint64_t ds_glat_peer_median(const ds_glat *t, uint32_t peer);
+/* The mean of its samples (what the slow rule compares), 0 when none. */
+uint64_t ds_glat_peer_mean(const ds_glat *t, uint32_t peer);
 
 /* Pacing (docs/gossip.md, "Pacing"): whether a node in round `mine` runs
  * more than `slack` rounds ahead of its view, i.e. of the lower median of

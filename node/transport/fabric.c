@@ -308,8 +308,9 @@ int fab_learn_name(tp_fab *t)
 
     if (!t->advertise) {
         if (!bound_ok) {
-            ds_error(COMP, "listen address %s:%s cannot be advertised (wildcard?); "
-                     "set an advertise address", t->listen_host, t->listen_port);
+            ds_error(COMP, "listen address %s:%s cannot be advertised (a wildcard address?); "
+                     "set node.advertise = host:port, the address peers dial",
+                     t->listen_host, t->listen_port);
             return -EINVAL;
         }
         memcpy(t->name, bound, blen);
@@ -326,7 +327,7 @@ int fab_learn_name(tp_fab *t)
     if (r == -ENOMEM)
         return r;
     if (r) {
-        ds_error(COMP, "advertise address %s does not resolve for provider %s", t->advertise,
+        ds_error(COMP, "advertise address %s (node.advertise) does not resolve for provider %s", t->advertise,
                  t->provider);
         return -EINVAL;
     }

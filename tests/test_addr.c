@@ -458,8 +458,21 @@ Test(addr, wildcard_default_route)
                        "n1's log:\n%s", log_tail("n1.log"));
     free(log);
 
-    /* [::]: the IPv6 default route's interface, a global address. */
+    /* check-config says what a wildcard node will advertise. */
     struct cmd c;
+    cmd_dsnode(&c, b, "check-config");
+    cmd_set(&c, "node.data_dir=%s", tmp_path("n2"));
+    cmd_set(&c, "node.listen=0.0.0.0:7200");
+    char *text;
+    int cc = run_capture(&c, 60000, &text);
+    cr_expect_eq(cc, 0, "check-config: exit %d\n%s", cc, text);
+    cr_expect_not_null(strstr(text, "node.listen = 0.0.0.0:7200 is a wildcard address: peers will "
+                                    "be told 10.77.1.2:7200 (vb, the interface of the IPv4 default "
+                                    "route)"),
+                       "check-config:\n%s", text);
+    free(text);
+
+    /* [::]: the IPv6 default route's interface, a global address. */
     cmd_dsnode(&c, b, "run");
     cmd_node(&c, "v6", 20, 1);
     cmd_set(&c, "node.listen=[::]:7100");

@@ -1481,11 +1481,26 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
                   choice_name("sparsify", "method", (int)c->sparsify.method));
         goto out_free;
     }
+    if (c->node.advertise[0]) {
+        ds_hostport hp;
+        if (ds_hostport_parse(c->node.advertise, &hp) == 0 && ds_host_is_wildcard(hp.host)) {
+            char q[QUOTE_BUF];
+            quote(q, sizeof(q), c->node.advertise, strlen(c->node.advertise));
+            rc = fail(err, err_len, NULL,
+                      "node.advertise: expected an address peers can dial, found the wildcard "
+                      "address '%s'",
+                      q);
+            goto out_free;
+        }
+    }
     if (c->security.mode == DS_SEC_NONE) {
         ds_hostport hp;
         const char *bad = NULL, *bad_key = NULL;
         if (ds_hostport_parse(c->node.listen, &hp) || !ds_host_is_loopback(hp.host))
             bad = c->node.listen, bad_key = "node.listen";
+        if (!bad && c->node.advertise[0] &&
+            (ds_hostport_parse(c->node.advertise, &hp) || !ds_host_is_loopback(hp.host)))
+            bad = c->node.advertise, bad_key = "node.advertise";
         for (int i = 0; !bad && i < c->cluster.seeds_count; i++)
             if (ds_hostport_parse(c->cluster.seeds[i], &hp) || !ds_host_is_loopback(hp.host))
                 bad = c->cluster.seeds[i], bad_key = "cluster.seeds";

@@ -68,6 +68,8 @@
       "this node's name, unique in the cluster (logs, status, handshake, data shuffle)") \
     X(STR, node, listen, "127.0.0.1:7000", HOSTPORT, \
       "address this node listens on for its peers") \
+    X(STR, node, advertise, "", HOSTPORT_OR_EMPTY, \
+      "address peers are told to dial; empty = node.listen, or for a wildcard node.listen the address of the default route's interface") \
     X(STR, node, group, "", NAME_OR_EMPTY, \
       "nodes with the same group all-reduce gradients every step; empty = a group of its own") \
     X(STR, node, data_dir, ".", PATH, \

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/hostport.h"
 #include "base/log.h"
 #include "conf/conf.h"
 #include "kernels/cpu.h"
@@ -176,6 +177,12 @@ static int cmd_check_config(int argc, char **argv)
     }
     if (ds_conf_dump(&c, stdout) < 0)
         return 1;
+    char adv[DS_HOSTPORT_MAX + 1], how[96];
+    if (!offline && !c.node.advertise[0] &&
+        ds_preflight_advertise(&c, adv, sizeof(adv), how, sizeof(how), err, sizeof(err)) == 0 &&
+        how[0])
+        fprintf(stderr, "dsnode: %s: node.listen = %s is a wildcard address: peers will be "
+                "told %s (%s)\n", path, c.node.listen, adv, how);
     fprintf(stderr, "dsnode: %s: valid\n", path);
     return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * tests/test_base.c: base/ (host:port, little-endian helpers, SplitMix64's
+ * tests/test_base.c: base/ (host:port, the default route's interface, little-endian helpers, SplitMix64's
  * bare-state step, the clock, opening a named file as a regular file).
  */
 #include <criterion/criterion.h>
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "base/file.h"
 #include "base/hostport.h"
 #include "base/le.h"
+#include "base/route.h"
 #include "base/splitmix.h"
 
 /* ---- host:port ------------------------------------------------------------ */
@@ -107,6 +109,87 @@ Test(base, hostport_format_round_trips)
     char small[8];
     cr_expect_eq(ds_hostport_format("127.0.0.1", 7000, small, sizeof(small)), -ENAMETOOLONG);
     cr_expect_eq(ds_hostport_format("bad host", 1, small, sizeof(small)), -EINVAL);
+}
+
+/* ---- the default route (route.h) ------------------------------------------- */
+
+Test(base, route_default4)
+{
+    char ifn[DS_IFNAME_MAX];
+    /* As the kernel writes it: a header, tabs, trailing blanks. */
+    const char *one = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT   \n"
+                      "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0   \n"
+                      "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0   \n";
+    cr_expect_eq(ds_route_default4(one, ifn), 0);
+    cr_expect_str_eq(ifn, "eth0");
+    /* The lowest metric wins; a down route, a reject route, a route to
+     * 0.0.0.0 with a mask and a malformed line do not count. */
+    const char *many = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+                       "wlan0\t00000000\t0101A8C0\t0003\t0\t0\t600\t00000000\t0\t0\t0\n"
+                       "eth1\t00000000\t0101A8C0\t0002\t0\t0\t1\t00000000\t0\t0\t0\n"
+                       "blk\t00000000\t00000000\t0201\t0\t0\t2\t00000000\t0\t0\t0\n"
+                       "eth2\t00000000\t0101A8C0\t0003\t0\t0\t3\t000000FF\t0\t0\t0\n"
+                       "junk line\n"
+                       "eth0\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+                       "eth3\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n";
+    cr_expect_eq(ds_route_default4(many, ifn), 0);
+    cr_expect_str_eq(ifn, "eth0");
+    const char *none = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+                       "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+    cr_expect_eq(ds_route_default4(none, ifn), -ENOENT);
+    cr_expect_str_eq(ifn, "");
+    cr_expect_eq(ds_route_default4("", ifn), -ENOENT);
+    /* The header alone: its words are not a route. */
+    cr_expect_eq(ds_route_default4("Iface\tDestination\n", ifn), -ENOENT);
+}
+
+Test(base, route_default6)
+{
+    char ifn[DS_IFNAME_MAX];
+    const char *z = "00000000000000000000000000000000";
+    char text[2048];
+    /* The loopback's "unreachable" default (RTF_REJECT) comes first, a
+     * prefix route, then the real default with a gateway. */
+    snprintf(text, sizeof(text),
+             "%s 00 %s 00 %s ffffffff 00000001 00000000 00200200       lo\n"
+             "fd000000000000000000000000000000 40 %s 00 %s 00000100 00000001 00000000 00000001     eth0\n"
+             "%s 00 %s 00 fd000000000000000000000000000001 00000400 00000003 00000000 00000003     eth0\n",
+             z, z, z, z, z, z, z);
+    cr_expect_eq(ds_route_default6(text, ifn), 0);
+    cr_expect_str_eq(ifn, "eth0");
+    /* Metrics are hex: 0x100 (256) beats 0x400 (1024). */
+    snprintf(text, sizeof(text),
+             "%s 00 %s 00 fe800000000000000000000000000001 00000400 00000001 00000000 00000003     eth0\n"
+             "%s 00 %s 00 fe800000000000000000000000000001 00000100 00000001 00000000 00000003    wlan0\n",
+             z, z, z, z);
+    cr_expect_eq(ds_route_default6(text, ifn), 0);
+    cr_expect_str_eq(ifn, "wlan0");
+    snprintf(text, sizeof(text), "%s 00 %s 00 %s ffffffff 00000001 00000000 00200200       lo\n", z,
+             z, z);
+    cr_expect_eq(ds_route_default6(text, ifn), -ENOENT);
+    cr_expect_eq(ds_route_default6("", ifn), -ENOENT);
+}
+
+Test(base, route_default_addr_here)
+{
+    /* The real tables of this host (whether it has a default route is the
+     * host's business; tests/test_addr.c makes one in a namespace). */
+    char ifn[DS_IFNAME_MAX], addr[64];
+    int e = ds_route_default_addr(AF_INET, ifn, addr, sizeof(addr));
+    cr_expect(e == 0 || e == -ENOENT || e == -EADDRNOTAVAIL, "AF_INET: %d", e);
+    if (e == 0) {
+        cr_expect_eq(ds_host_kind_of(addr), DS_HOST_IPV4, "'%s'", addr);
+        cr_expect_not(ds_host_is_wildcard(addr));
+        cr_expect_neq(ifn[0], '\0');
+    }
+    e = ds_route_default_addr(AF_INET6, ifn, addr, sizeof(addr));
+    cr_expect(e == 0 || e == -ENOENT || e == -EADDRNOTAVAIL, "AF_INET6: %d", e);
+    if (e == 0) {
+        cr_expect_eq(ds_host_kind_of(addr), DS_HOST_IPV6, "'%s'", addr);
+        cr_expect_not(ds_host_is_wildcard(addr));
+        cr_expect_neq(strncmp(addr, "fe80:", 5), 0, "link-local '%s'", addr);
+    }
+    cr_expect_eq(ds_route_default_addr(AF_UNIX, ifn, addr, sizeof(addr)), -EAFNOSUPPORT);
 }
 
 Test(base, host_classes)

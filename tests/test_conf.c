@@ -170,6 +170,8 @@ static const key_case cases[] = {
      "node.name: expected " NAME_WHAT ", found 'bad name'"},
     {"node.listen", "localhost:7100", "localhost:7100", "127.0.0.1:70000",
      "node.listen: expected " HP_WHAT ", found '127.0.0.1:70000'"},
+    {"node.advertise", "[2001:db8::7]:7100", "[2001:db8::7]:7100", "2001:db8::7:7100",
+     "node.advertise: expected empty or " HP_WHAT ", found '2001:db8::7:7100'"},
     {"node.group", "rack1", "rack1", "a/b",
      "node.group: expected empty or " NAME_WHAT ", found 'a/b'"},
     {"node.data_dir", "/var/lib/dsnode", "/var/lib/dsnode", "", "node.data_dir: empty value"},
@@ -1115,8 +1117,28 @@ Test(conf, cross_key_plaintext_only_on_loopback)
     c = with((const char *const[]){"security.mode=none", "node.listen=LocalHost:7000",
                                    "cluster.seeds=127.255.0.9:1,localhost:2", NULL});
     expect_check(&c, NULL);
+    c = with((const char *const[]){"security.mode=none", "node.advertise=[2001:db8::1]:7000",
+                                   NULL});
+    expect_check(&c, "security.mode = none requires loopback addresses only (127.0.0.0/8, ::1 or "
+                     "localhost), found node.advertise = [2001:db8::1]:7000");
+    c = with((const char *const[]){"security.mode=none", "node.listen=[::1]:7000",
+                                   "node.advertise=[::1]:7001", NULL});
+    expect_check(&c, NULL);
     /* Any address is fine once messages are protected. */
     c = with((const char *const[]){"security.mode=auth", "node.listen=10.1.2.3:7000", NULL});
+    expect_check(&c, NULL);
+}
+
+Test(conf, cross_key_advertise_not_wildcard)
+{
+    ds_conf c = with((const char *const[]){"node.advertise=0.0.0.0:7000", NULL});
+    expect_check(&c, "node.advertise: expected an address peers can dial, found the wildcard "
+                     "address '0.0.0.0:7000'");
+    c = with((const char *const[]){"node.advertise=[::]:7000", NULL});
+    expect_check(&c, "node.advertise: expected an address peers can dial, found the wildcard "
+                     "address '[::]:7000'");
+    c = with((const char *const[]){"node.listen=0.0.0.0:7000", "node.advertise=10.0.0.5:7000",
+                                   NULL});
     expect_check(&c, NULL);
 }
 

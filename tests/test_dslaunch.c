@@ -403,6 +403,26 @@ Test(dslaunch_parts, ports)
     cr_assert_eq(ds_port_range_free(base, 3), 1);
     cr_assert_eq(ds_port_range_free(65535, 2), 0, "ports past 65535 do not exist");
     close(s);
+
+    /* The same on ::1, through the one host:port parser's kinds. */
+    int s6 = socket(AF_INET6, SOCK_STREAM, 0);
+    cr_assert_geq(s6, 0);
+    struct sockaddr_in6 a6;
+    memset(&a6, 0, sizeof(a6));
+    a6.sin6_family = AF_INET6;
+    a6.sin6_addr = in6addr_loopback;
+    cr_assert_eq(bind(s6, (struct sockaddr *)&a6, sizeof(a6)), 0);
+    al = sizeof(a6);
+    cr_assert_eq(getsockname(s6, (struct sockaddr *)&a6, &al), 0);
+    const int busy6 = ntohs(a6.sin6_port);
+    cr_assert_eq(ds_port_range_free_at("::1", busy6, 1), 0);
+    base = ds_port_find_at("::1", busy6, 3);
+    cr_assert_geq(base, 1024);
+    cr_assert(busy6 < base || busy6 >= base + 3);
+    cr_assert_eq(ds_port_range_free_at("::1", base, 3), 1);
+    cr_assert_eq(ds_port_range_free_at("[::1]", base, 1), 0, "brackets are not an address");
+    cr_assert_eq(ds_port_range_free_at("localhost", base, 1), 0, "names are not probed");
+    close(s6);
 }
 
 Test(dslaunch_parts, netns_rates_names_and_addresses)
@@ -530,6 +550,18 @@ Test(dslaunch_cli, bad_arguments)
     expect_error(tmo, 2, "--timeout expects seconds > 0");
     const char *port[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--port-base", "80", NULL};
     expect_error(port, 2, "--port-base expects a port in 1024..65535");
+    static const char *const bad_hosts[] = {"10.0.0.1", "[::1]", "localhost", "::", "", "127.0.0.1:7000"};
+    for (size_t i = 0; i < sizeof(bad_hosts) / sizeof(bad_hosts[0]); i++) {
+        const char *host[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--host", bad_hosts[i],
+                              NULL};
+        char want[160];
+        snprintf(want, sizeof(want), "--host expects a loopback address (127.0.0.0/8 or ::1, IPv6 "
+                 "without brackets), found '%s'", bad_hosts[i]);
+        expect_error(host, 2, want);
+    }
+    const char *hostns[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--host", "::1",
+                            "--netns", NULL};
+    expect_error(hostns, 2, "--host cannot be combined with --netns");
     struct stat st;
     cr_assert(stat(out, &st) < 0, "nothing was created for a refused command line");
 }

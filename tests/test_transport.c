@@ -183,7 +183,8 @@ Test(transport, bad_options_are_refused)
     ds_transport_opts_default(&o);
     o.provider = "no-such-provider";
     cr_assert_eq(ep_open_opts(&e, &o), -ENODATA);
-    /* A wildcard listen address cannot be published without --advertise. */
+    /* A wildcard listen address cannot be published without an advertise
+     * address (dsnode: node.advertise). */
     ds_transport_opts_default(&o);
     o.listen = "0.0.0.0:0";
     cr_assert_eq(ep_open_opts(&e, &o), -EINVAL);
@@ -198,6 +199,62 @@ Test(transport, bad_options_are_refused)
     ds_transport_opts_default(&o);
     cr_assert_eq(ds_transport_open(&o, &t), -EINVAL);
     cr_assert_null(t);
+}
+
+/* 1 when /proc/self/net/tcp (or tcp6 for v6) lists a listener on the
+ * wildcard address at port. */
+static int wildcard_listener(int v6, unsigned port)
+{
+    FILE *f = fopen(v6 ? "/proc/self/net/tcp6" : "/proc/self/net/tcp", "r");
+    cr_assert_not_null(f);
+    char line[512], want[64];
+    snprintf(want, sizeof(want), "%s:%04X", v6 ? "00000000000000000000000000000000" : "00000000",
+             port);
+    int found = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char local[64];
+        unsigned st;
+        if (sscanf(line, " %*s %63s %*s %x", local, &st) == 2 && st == 0x0A &&
+            !strcmp(local, want))
+            found = 1;
+    }
+    fclose(f);
+    return found;
+}
+
+/* A free TCP port of family fam (the kernel's pick, released again). */
+static unsigned free_port(int fam)
+{
+    struct sockaddr_storage ss = {.ss_family = (sa_family_t)fam};
+    socklen_t len = fam == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    const int fd = socket(fam, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&ss, len), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&ss, &len), 0);
+    close(fd);
+    return fam == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                           : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+/* A wildcard listen address is bound as the wildcard (every interface),
+ * not as the first interface libfabric lists (loopback). */
+Test(transport, wildcard_listen_binds_every_interface)
+{
+    for (int v6 = 0; v6 <= 1; v6++) {
+        const unsigned port = free_port(v6 ? AF_INET6 : AF_INET);
+        char listen[32], adv[32];
+        snprintf(listen, sizeof(listen), v6 ? "[::]:%u" : "0.0.0.0:%u", port);
+        snprintf(adv, sizeof(adv), v6 ? "[::1]:%u" : "127.0.0.1:%u", port);
+        struct ep e;
+        ds_transport_opts o;
+        ds_transport_opts_default(&o);
+        o.listen = listen;
+        o.advertise = adv;
+        cr_assert_eq(ep_open_opts(&e, &o), 0, "%s", listen);
+        cr_expect_str_eq(e.addr, adv);
+        cr_expect(wildcard_listener(v6, port), "no listener on %s", listen);
+        ep_close(&e);
+    }
 }
 
 Test(transport, address_in_use)

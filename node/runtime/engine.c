@@ -30,7 +30,9 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/rng.h"
+#include "base/hostport.h"
 #include "node/runtime/engine_impl.h"
+#include "node/runtime/preflight.h"
 #include "node/runtime/publish.h"
 
 /* Neither stop request made: for a client that passes none. */
@@ -473,6 +475,12 @@ static int open_net(rt *r)
     nc.mode = r->mode;
     nc.transport.provider = c->transport.provider;
     nc.transport.listen = c->node.listen;
+    /* The transport advertises its bound address unless told otherwise:
+     * node.advertise, or the default route's address for a wildcard. */
+    ds_hostport hp;
+    if (c->node.advertise[0] ||
+        (ds_hostport_parse(c->node.listen, &hp) == 0 && ds_host_is_wildcard(hp.host)))
+        nc.transport.advertise = r->advertise;
     nc.transport.max_inflight_bytes = (size_t)c->transport.max_inflight_mb << 20;
     /* A frame carries at most one segment of indices and values. */
     ds_wire_limits_default(&nc.limits);
@@ -518,6 +526,15 @@ int ds_engine_listen(ds_engine *r)
     int e;
     if (!r->registered)
         return -EINVAL;
+    char how[96], err[512];
+    if ((e = ds_preflight_advertise(c, r->advertise, sizeof(r->advertise), how, sizeof(how), err,
+                                    sizeof(err))) < 0) {
+        ds_error("node", "cannot start: %s", err);
+        return e;
+    }
+    if (how[0])
+        ds_info("node", "node.listen = %s is a wildcard address: advertising %s (%s)",
+                c->node.listen, r->advertise, how);
     if ((e = open_net(r)) < 0)
         return e;
     if ((e = ds_gnet_create(&r->gn, r->net, (uint32_t)max_segment(r), (size_t)256 << 20)) < 0) {
@@ -553,7 +570,7 @@ static int start_membership(rt *r, char *err, size_t err_len)
     ds_membership_cfg_default(&mc);
     mc.cluster_id = ds_wire_cluster_id(c->cluster.id);
     mc.name = c->node.name;
-    mc.addr = c->node.listen;
+    mc.addr = r->advertise;
     mc.group = c->node.group;
     memcpy(mc.pk, r->id.pk, sizeof(mc.pk));
     mc.seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x6d656d62ull, c->node.name);
@@ -581,7 +598,8 @@ static int start_membership(rt *r, char *err, size_t err_len)
     for (int i = 0; i < c->cluster.seeds_count; i++)
         seeds[i] = c->cluster.seeds[i];
     const uint64_t now = ds_now_ms();
-    if (c->cluster.seeds_count == 0 || !strcmp(seeds[0], c->node.listen)) {
+    if (c->cluster.seeds_count == 0 || !strcmp(seeds[0], c->node.listen) ||
+        !strcmp(seeds[0], r->advertise)) {
         ds_info("membership", "founding the cluster '%s'", c->cluster.id);
         e = ds_membership_bootstrap(ms, now);
         pthread_mutex_lock(&r->lock);

@@ -62,6 +62,7 @@ struct ds_engine {
     int joined;
     uint64_t seed_id;    /* the member that answered our JOIN, its round */
     char seed_addr[DS_WIRE_ADDR_MAX + 1];
+    char advertise[DS_WIRE_ADDR_MAX + 1]; /* ds_preflight_advertise: what peers dial */
     uint64_t seed_round;
     int refused;         /* a seed refused our handshake: not admitted */
     char refused_by[DS_WIRE_ADDR_MAX + 1];

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -22,9 +23,11 @@
 
 #include "base/file.h"
 #include "base/hostport.h"
+#include "base/route.h"
 #include "node/runtime/preflight.h"
 #include "node/sec/allow.h"
 #include "node/sec/keys.h"
+#include "node/wire/header.h"
 
 #define PROBE_NAME ".dsnode-probe"
 
@@ -180,6 +183,55 @@ static int check_port(const char *key, const char *value, char *err, size_t err_
     return e;
 }
 
+int ds_preflight_advertise(const ds_conf *c, char *out, size_t n, char *how, size_t how_n,
+                           char *err, size_t err_len)
+{
+    if (how_n)
+        how[0] = '\0';
+    const char *chosen = c->node.advertise[0] ? c->node.advertise : c->node.listen;
+    ds_hostport hp;
+    if (ds_hostport_parse(chosen, &hp) < 0) {
+        snprintf(err, err_len, "%s: expected host:port, found '%s'",
+                 c->node.advertise[0] ? "node.advertise" : "node.listen", chosen);
+        return -EINVAL;
+    }
+    if (c->node.advertise[0] || !ds_host_is_wildcard(hp.host)) {
+        /* Membership records and hellos carry it in a 127-byte field. */
+        if (strlen(chosen) > DS_WIRE_ADDR_MAX || (size_t)snprintf(out, n, "%s", chosen) >= n) {
+            snprintf(err, err_len, "%s: expected at most %d characters (the address field of "
+                     "membership records), found '%s' (%zu characters)",
+                     c->node.advertise[0] ? "node.advertise" : "node.listen", DS_WIRE_ADDR_MAX,
+                     chosen, strlen(chosen));
+            return -ENAMETOOLONG;
+        }
+        return 0;
+    }
+    const int fam = hp.kind == DS_HOST_IPV6 ? AF_INET6 : AF_INET;
+    const char *v = fam == AF_INET6 ? "IPv6" : "IPv4";
+    char ifn[DS_IFNAME_MAX], addr[INET6_ADDRSTRLEN], why[160];
+    const int e = ds_route_default_addr(fam, ifn, addr, sizeof(addr));
+    if (e == 0) {
+        if (ds_hostport_format(addr, hp.port, out, n) < 0) {
+            snprintf(err, err_len, "node.listen = %s: the default route's address %s does not "
+                     "fit", c->node.listen, addr);
+            return -ENAMETOOLONG;
+        }
+        snprintf(how, how_n, "%s, the interface of the %s default route", ifn, v);
+        return 0;
+    }
+    if (e == -ENOENT)
+        snprintf(why, sizeof(why), "no %s default route was found (%s)", v,
+                 fam == AF_INET6 ? "/proc/net/ipv6_route" : "/proc/net/route");
+    else if (e == -EADDRNOTAVAIL)
+        snprintf(why, sizeof(why), "%s, the interface of the %s default route, has no %s%s "
+                 "address", ifn, v, fam == AF_INET6 ? "non-link-local " : "", v);
+    else
+        snprintf(why, sizeof(why), "the %s default route cannot be read: %s", v, strerror(-e));
+    snprintf(err, err_len, "node.listen = %s is a wildcard address and %s; set node.advertise = "
+             "host:port, the address peers dial", c->node.listen, why);
+    return e;
+}
+
 int ds_preflight_all(const ds_conf *c, char *err, size_t err_len)
 {
     int e;
@@ -193,6 +245,9 @@ int ds_preflight_all(const ds_conf *c, char *err, size_t err_len)
             return e;
     }
     if ((e = check_port("node.listen", c->node.listen, err, err_len)) < 0)
+        return e;
+    char adv[DS_HOSTPORT_MAX + 1], how[64];
+    if ((e = ds_preflight_advertise(c, adv, sizeof(adv), how, sizeof(how), err, err_len)) < 0)
         return e;
     return check_port("status.listen", c->status.listen, err, err_len);
 }

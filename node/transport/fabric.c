@@ -36,6 +36,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
+#include "base/hostport.h"
 #include "base/log.h"
 #include "node/transport/internal.h"
 
@@ -189,6 +190,50 @@ static int open_cq_av(tp_fab *t, const char **step)
     return r;
 }
 
+/* A wildcard listen host (0.0.0.0, ::) means every interface. libfabric
+ * 1.17's fi_getinfo with FI_SOURCE turns it into one info per interface
+ * address, loopback first, so the endpoint would bind 127.0.0.1 (or ::1)
+ * and peers on other hosts could not connect. Put the wildcard back as
+ * the source address of the info we use. 0, or -ENOMEM. */
+static int keep_wildcard_source(tp_fab *t, const char *port_text)
+{
+    struct fi_info *i = t->info;
+    if (!ds_host_is_wildcard(t->listen_host) || !i->src_addr)
+        return 0;
+    const uint16_t port = (uint16_t)atoi(port_text);
+    void *a = NULL;
+    size_t len = 0;
+    if (i->addr_format == FI_SOCKADDR_IN || (i->addr_format == FI_SOCKADDR &&
+                                             i->src_addrlen == sizeof(struct sockaddr_in))) {
+        struct sockaddr_in *v4 = calloc(1, sizeof(*v4));
+        if (v4) {
+            v4->sin_family = AF_INET;
+            v4->sin_addr.s_addr = htonl(INADDR_ANY);
+            v4->sin_port = htons(port);
+        }
+        a = v4;
+        len = sizeof(*v4);
+    } else if (i->addr_format == FI_SOCKADDR_IN6 ||
+               (i->addr_format == FI_SOCKADDR && i->src_addrlen == sizeof(struct sockaddr_in6))) {
+        struct sockaddr_in6 *v6 = calloc(1, sizeof(*v6));
+        if (v6) {
+            v6->sin6_family = AF_INET6;
+            v6->sin6_addr = in6addr_any;
+            v6->sin6_port = htons(port);
+        }
+        a = v6;
+        len = sizeof(*v6);
+    } else {
+        return 0; /* not a socket address: the provider's own business */
+    }
+    if (!a)
+        return -ENOMEM;
+    free(i->src_addr);
+    i->src_addr = a;
+    i->src_addrlen = len;
+    return 0;
+}
+
 /* Open fabric, domain, CQ, AV and endpoint, bound to listen_host:port. */
 int fab_stack_open(tp_fab *t, const char *port)
 {
@@ -204,6 +249,11 @@ int fab_stack_open(tp_fab *t, const char *port)
                  port, fi_strerror(-r));
         t->info = NULL;
         return map_getinfo_err(r);
+    }
+    if (keep_wildcard_source(t, port) < 0) {
+        fi_freeinfo(t->info);
+        t->info = NULL;
+        return -ENOMEM;
     }
     t->addr_format = t->info->addr_format;
     t->iov_limit = t->info->tx_attr ? t->info->tx_attr->iov_limit : 1;
@@ -308,8 +358,9 @@ int fab_learn_name(tp_fab *t)
 
     if (!t->advertise) {
         if (!bound_ok) {
-            ds_error(COMP, "listen address %s:%s cannot be advertised (wildcard?); "
-                     "set an advertise address", t->listen_host, t->listen_port);
+            ds_error(COMP, "listen address %s:%s cannot be advertised (a wildcard address?); "
+                     "set node.advertise = host:port, the address peers dial",
+                     t->listen_host, t->listen_port);
             return -EINVAL;
         }
         memcpy(t->name, bound, blen);
@@ -326,7 +377,7 @@ int fab_learn_name(tp_fab *t)
     if (r == -ENOMEM)
         return r;
     if (r) {
-        ds_error(COMP, "advertise address %s does not resolve for provider %s", t->advertise,
+        ds_error(COMP, "advertise address %s (node.advertise) does not resolve for provider %s", t->advertise,
                  t->provider);
         return -EINVAL;
     }

@@ -824,8 +824,8 @@ static int claim_address(ip_ep *e, const ds_transport_opts *o)
     if (canon(o->listen, 1, text, sizeof(text), &hp))
         return -EINVAL;
     if (!o->advertise && ds_host_is_wildcard(hp.host)) {
-        ds_error(COMP, "listen address %s cannot be advertised (wildcard); set an advertise "
-                 "address", o->listen);
+        ds_error(COMP, "listen address %s cannot be advertised (a wildcard address); set "
+                 "node.advertise = host:port, the address peers dial", o->listen);
         return -EINVAL;
     }
     uint32_t port = hp.port;

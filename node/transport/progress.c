@@ -543,8 +543,13 @@ int tp_fabric_open(const ds_transport_opts *o, ds_transport **out)
         goto fail;
     }
     t->thread_started = 1;
-    ds_info(COMP, "listening on %s provider=%s chunk=%zu wait=%s", t->pub.addr_text, t->provider,
-            o->chunk_bytes, t->cq_fd >= 0 ? "fd" : "poll");
+    if (t->advertise)
+        ds_info(COMP, "listening on %s, advertised as %s, provider=%s chunk=%zu wait=%s",
+                o->listen, t->pub.addr_text, t->provider, o->chunk_bytes,
+                t->cq_fd >= 0 ? "fd" : "poll");
+    else
+        ds_info(COMP, "listening on %s provider=%s chunk=%zu wait=%s", t->pub.addr_text,
+                t->provider, o->chunk_bytes, t->cq_fd >= 0 ? "fd" : "poll");
     return 0;
 fail:
     fabric_free(t);

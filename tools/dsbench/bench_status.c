@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/hostport.h"
 #include "base/log.h"
 #include "node/status/status.h"
 #include "tools/dsbench/bench.h"
@@ -92,14 +93,14 @@ static int start_server(int per_ip, ds_status **out, int *port)
     s->state = DS_STATUS_TRAINING;
     ds_status_publish(*out, s);
     free(s);
-    char addr[64];
+    char addr[DS_HOSTPORT_MAX + 1];
+    ds_hostport hp;
     rc = ds_status_addr(*out, addr, sizeof(addr));
-    const char *c = rc == 0 ? strrchr(addr, ':') : NULL;
-    if (!c) {
+    if (rc != 0 || ds_hostport_parse(addr, &hp) < 0 || hp.port == 0) {
         ds_status_destroy(out);
         return -EIO;
     }
-    *port = atoi(c + 1);
+    *port = hp.port;
     return 0;
 }
 

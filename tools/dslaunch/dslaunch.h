@@ -151,10 +151,17 @@ int ds_proc_exit_code(int wstatus);
 /* 1 when TCP ports [base, base+count) can all be bound on 127.0.0.1 now. */
 int ds_port_range_free(int base, int count);
 
+/* The same on host, an IPv4 or IPv6 address without brackets
+ * (base/hostport.h); 0 for anything else. */
+int ds_port_range_free_at(const char *host, int base, int count);
+
 /* A base P with [P, P+count) free on 127.0.0.1: `preferred` if free, else the
  * next free block above it (wrapping within 1024..65535). -EADDRINUSE when
  * none was found. */
 int ds_port_find(int preferred, int count);
+
+/* The same on host (ds_port_range_free_at). */
+int ds_port_find_at(const char *host, int preferred, int count);
 
 /* ---- network namespaces (netns.c) ----------------------------------------------- */
 

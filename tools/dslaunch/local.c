@@ -65,6 +65,7 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "base/hostport.h"
 #include "tools/dslaunch/dslaunch.h"
 
 #define MAX_NODES 256        /* all nodes of one run, --add-at included */
@@ -146,6 +147,8 @@ struct launch {
     int nadd;
     const char *dsnode_opt;
     int netns;             /* --netns */
+    char host[48];         /* --host: the loopback address without brackets */
+    int host_given;
     uint64_t netns_rate;   /* --netns-rate in bit/s; 0 = none */
     const char *netns_rate_text;
     /* derived */
@@ -197,8 +200,10 @@ static void local_usage(FILE *f)
             "                       override a key of the base configuration (repeatable)\n"
             "  --out DIR            run directory (default runs/<UTC time>-<pid>); must be new or\n"
             "                       empty\n"
-            "  --port-base P        node nI listens on 127.0.0.1:P+I (default: a free block from\n"
+            "  --port-base P        node nI listens on HOST:P+I (default: a free block from\n"
             "                       20000 + 16 * (pid %% 2500))\n"
+            "  --host HOST          the loopback address the nodes listen on: 127.0.0.1 (default),\n"
+            "                       another 127.x.y.z, or ::1\n"
             "  --json               end stdout with one JSON object: every node's result and the\n"
             "                       consensus distance\n"
             "  --timeout SECONDS    stop every node after this long (then exit non-zero)\n"
@@ -377,6 +382,7 @@ enum {
     OPT_NETNS,
     OPT_NETNS_RATE,
     OPT_DSNODE,
+    OPT_HOST,
 };
 
 static const struct option local_options[] = {
@@ -392,6 +398,7 @@ static const struct option local_options[] = {
     {"netns", no_argument, NULL, OPT_NETNS},
     {"netns-rate", required_argument, NULL, OPT_NETNS_RATE},
     {"dsnode", required_argument, NULL, OPT_DSNODE},
+    {"host", required_argument, NULL, OPT_HOST},
     {NULL, 0, NULL, 0},
 };
 
@@ -505,6 +512,21 @@ static int take_option(struct launch *L, int c, const char *val, const char *arg
         L->netns_rate_text = val;
         L->netns = 1;
         return 0;
+    case OPT_HOST: {
+        /* An address by the one parser (base/hostport.h), loopback: every
+         * node runs on this host, and security.mode = none stays possible. */
+        const int kind = val ? ds_host_kind_of(val) : -EINVAL;
+        if ((kind != DS_HOST_IPV4 && kind != DS_HOST_IPV6) || !ds_host_is_loopback(val) ||
+            strlen(val) >= sizeof(L->host)) {
+            fprintf(stderr, "dslaunch local: --host expects a loopback address (127.0.0.0/8 or "
+                            "::1, IPv6 without brackets), found '%s'\n",
+                    val ? val : "");
+            return -EINVAL;
+        }
+        snprintf(L->host, sizeof(L->host), "%s", val);
+        L->host_given = 1;
+        return 0;
+    }
     case OPT_DSNODE:
         if (!val || !*val) {
             fprintf(stderr, "dslaunch local: --dsnode needs a path\n");
@@ -523,6 +545,7 @@ static int parse_args(struct launch *L, int argc, char **argv)
 {
     L->n = 0;
     L->port_base = -1;
+    snprintf(L->host, sizeof(L->host), "127.0.0.1");
     /* "+": stop at the first element that is not an option (it is refused
      * below), so options are read strictly in order, as given; ":": a
      * missing value comes back as ':' and gets its option's own message.
@@ -555,6 +578,11 @@ static int parse_args(struct launch *L, int argc, char **argv)
     }
     if (!L->n) {
         fprintf(stderr, "dslaunch local: -n N is required (see dslaunch local --help)\n");
+        return -EINVAL;
+    }
+    if (L->host_given && L->netns) {
+        fprintf(stderr, "dslaunch local: --host cannot be combined with --netns (each node "
+                        "then listens on its namespace's address)\n");
         return -EINVAL;
     }
     if (!L->config) {
@@ -897,9 +925,9 @@ static int choose_ports(struct launch *L)
          * probing this one would say nothing about them. */
         base = L->port_base > 0 ? L->port_base : 7000;
     } else if (L->port_base > 0) {
-        if (!ds_port_range_free(L->port_base, need)) {
-            fprintf(stderr, "dslaunch: --port-base %d: a port in %d..%d is in use on 127.0.0.1\n",
-                    L->port_base, L->port_base, L->port_base + need - 1);
+        if (!ds_port_range_free_at(L->host, L->port_base, need)) {
+            fprintf(stderr, "dslaunch: --port-base %d: a port in %d..%d is in use on %s\n",
+                    L->port_base, L->port_base, L->port_base + need - 1, L->host);
             return -EADDRINUSE;
         }
         base = L->port_base;
@@ -907,9 +935,9 @@ static int choose_ports(struct launch *L)
         /* 16 ports apart per pid, so launches started one after another
          * (consecutive pids) do not probe the same block and then race for
          * it; 2500 slots span 20000..59999. */
-        base = ds_port_find(20000 + 16 * (int)(getpid() % 2500), need);
+        base = ds_port_find_at(L->host, 20000 + 16 * (int)(getpid() % 2500), need);
         if (base < 0) {
-            fprintf(stderr, "dslaunch: no block of %d free ports found on 127.0.0.1\n", need);
+            fprintf(stderr, "dslaunch: no block of %d free ports found on %s\n", need, L->host);
             return base;
         }
     }
@@ -966,13 +994,22 @@ static int make_keys(struct launch *L)
     return ret;
 }
 
-/* Node i's host address: its namespace's with --netns, else loopback. */
+/* Node i's host address: its namespace's with --netns, else --host. */
 static void node_host(const struct launch *L, int i, char *buf, size_t len)
 {
     if (L->netns)
         ds_netns_addr(i, buf, len);
     else
-        snprintf(buf, len, "127.0.0.1");
+        snprintf(buf, len, "%s", L->host);
+}
+
+/* Node i's host:port for `port` (IPv6 in brackets, base/hostport.h). */
+static void node_hostport(const struct launch *L, int i, int port, char *buf, size_t len)
+{
+    char host[48];
+    node_host(L, i, host, sizeof(host));
+    if (ds_hostport_format(host, (uint16_t)port, buf, len) < 0)
+        snprintf(buf, len, "?");
 }
 
 /* Up to MAX_SEEDS addresses of the nodes in cand[0..nc), spread evenly
@@ -992,20 +1029,19 @@ static void seeds_text(struct launch *L, int self, int founder, const int *cand,
                 order[no++] = j;
     }
     size_t w = 0;
-    char host[48];
+    char hp[64];
     out[0] = '\0';
     int max = MAX_SEEDS;
     if (founder >= 0) {
-        node_host(L, founder, host, sizeof(host));
-        w += (size_t)snprintf(out, len, "%s:%d", host, L->nodes[founder].port);
+        node_hostport(L, founder, L->nodes[founder].port, hp, sizeof(hp));
+        w += (size_t)snprintf(out, len, "%s", hp);
         max--;
     }
     int pick = no < max ? no : max;
     for (int t = 0; t < pick; t++) {
         int j = order[(int)((long long)t * no / pick)];
-        node_host(L, j, host, sizeof(host));
-        w += (size_t)snprintf(out + w, w < len ? len - w : 0, "%s%s:%d", w ? "," : "", host,
-                              L->nodes[j].port);
+        node_hostport(L, j, L->nodes[j].port, hp, sizeof(hp));
+        w += (size_t)snprintf(out + w, w < len ? len - w : 0, "%s%s", w ? "," : "", hp);
     }
 }
 
@@ -1013,14 +1049,14 @@ static void seeds_text(struct launch *L, int self, int founder, const int *cand,
 static int write_node_config(struct launch *L, struct node *nd, const char *seeds,
                              int min_members)
 {
-    char s_name[64], s_listen[64], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
-        s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[64], s_sfile[PATH_MAX + 32],
+    char s_name[64], s_listen[96], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
+        s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[96], s_sfile[PATH_MAX + 32],
         s_min[64];
-    char *extra[10], host[48];
+    char *extra[10], hp[64];
     int ne = 0;
-    node_host(L, (int)(nd - L->nodes), host, sizeof(host));
+    node_hostport(L, (int)(nd - L->nodes), nd->port, hp, sizeof(hp));
     snprintf(s_name, sizeof(s_name), "node.name=%s", nd->name);
-    snprintf(s_listen, sizeof(s_listen), "node.listen=%s:%d", host, nd->port);
+    snprintf(s_listen, sizeof(s_listen), "node.listen=%s", hp);
     snprintf(s_data, sizeof(s_data), "node.data_dir=%s", nd->data);
     snprintf(s_seeds, sizeof(s_seeds), "cluster.seeds=%s", seeds);
     snprintf(s_key, sizeof(s_key), "cluster.key_file=%s", L->cluster_key);
@@ -1037,7 +1073,12 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     snprintf(s_min, sizeof(s_min), "cluster.min_members=%d", min_members);
     extra[ne++] = s_min;
     if (L->status_listen) {
-        snprintf(s_slisten, sizeof(s_slisten), "status.listen=127.0.0.1:%d", nd->status_port);
+        /* With --netns too: loopback inside the node's namespace. */
+        char shp[64];
+        if (ds_hostport_format(L->netns ? "127.0.0.1" : L->host, (uint16_t)nd->status_port, shp,
+                               sizeof(shp)) < 0)
+            snprintf(shp, sizeof(shp), "?");
+        snprintf(s_slisten, sizeof(s_slisten), "status.listen=%s", shp);
         extra[ne++] = s_slisten;
     }
     if (L->status_file) {
@@ -1517,9 +1558,8 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
         if (!skip)
             bad = ds_json_set(o, key, ds_json_text_or_number(nd->summary.val[k])) < 0;
     }
-    char host[48], listen[64];
-    node_host(L, i, host, sizeof(host));
-    snprintf(listen, sizeof(listen), "%s:%d", host, nd->port);
+    char listen[64];
+    node_hostport(L, i, nd->port, listen, sizeof(listen));
     bad = bad || ds_json_set(o, "pid", json_integer(nd->pid)) < 0;
     bad = bad || ds_json_set(o, "added_at_step", nd->added_at >= 0 ? json_integer(nd->added_at)
                                                                   : json_null()) < 0;

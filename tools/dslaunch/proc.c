@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/hostport.h"
 #include "tools/dslaunch/dslaunch.h"
 
 #define CAPTURE_MAX (4u << 20)
@@ -247,22 +248,36 @@ int ds_proc_capture(char *const argv[], int timeout_ms, char **out, char **errte
     return ret;
 }
 
-int ds_port_range_free(int base, int count)
+int ds_port_range_free_at(const char *host, int base, int count)
 {
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    memset(&ss, 0, sizeof(ss));
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    const int kind = ds_host_kind_of(host);
+    if (kind == DS_HOST_IPV4 && inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        sl = sizeof(*a4);
+    } else if (kind == DS_HOST_IPV6 && inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        sl = sizeof(*a6);
+    } else {
+        return 0;
+    }
     for (int p = base; p < base + count; p++) {
         if (p < 1 || p > 65535)
             return 0;
-        int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int s = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (s < 0)
             return 0;
-        struct sockaddr_in a;
-        memset(&a, 0, sizeof(a));
-        a.sin_family = AF_INET;
-        a.sin_port = htons((uint16_t)p);
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (ss.ss_family == AF_INET)
+            a4->sin_port = htons((uint16_t)p);
+        else
+            a6->sin6_port = htons((uint16_t)p);
         /* No SO_REUSEADDR: a port still in TIME_WAIT from an earlier run
          * counts as busy, which only makes the choice more conservative. */
-        int ok = bind(s, (struct sockaddr *)&a, sizeof(a)) == 0;
+        int ok = bind(s, (struct sockaddr *)&ss, sl) == 0;
         close(s);
         if (!ok)
             return 0;
@@ -270,7 +285,12 @@ int ds_port_range_free(int base, int count)
     return 1;
 }
 
-int ds_port_find(int preferred, int count)
+int ds_port_range_free(int base, int count)
+{
+    return ds_port_range_free_at("127.0.0.1", base, count);
+}
+
+int ds_port_find_at(const char *host, int preferred, int count)
 {
     const int lo = 1024, hi = 65535;
     if (count < 1 || count > hi - lo + 1)
@@ -281,9 +301,14 @@ int ds_port_find(int preferred, int count)
     for (int tries = 0; tries < 200; tries++) {
         if (p < lo || p + count - 1 > hi)
             p = lo;
-        if (ds_port_range_free(p, count))
+        if (ds_port_range_free_at(host, p, count))
             return p;
         p += count;
     }
     return -EADDRINUSE;
+}
+
+int ds_port_find(int preferred, int count)
+{
+    return ds_port_find_at("127.0.0.1", preferred, count);
 }

@@ -32,8 +32,11 @@
  *       node's own evidence and left two members alone for 17.5 s.
  *       Then, 8 s after one view, the nodes' rounds (status documents
  *       rewritten every 50 ms) must lie within 200 of each other: the
- *       halves meet hundreds of rounds apart, and before pacing one node
- *       ran away from the others in about half the runs (docs/gossip.md).
+ *       halves meet rounds apart, and before pacing one node could run
+ *       away from the others (docs/gossip.md). A guard, not a proof: in
+ *       this test's configuration the build before pacing passed 7 runs
+ *       of 7; `dsbench elastic --faults --scenario partition` (8,000
+ *       steps) is where the runaway showed, in about 4 runs of 10.
  *       Skipped when not root or without nft; the
  *       namespaces (and the rules in them) go with dslaunch, or are
  *       reaped by the suite's fini (a root run's fini removes any
@@ -379,11 +382,9 @@ Test(members_faults, partition_heals_to_one_view)
     cr_expect(one, "no single view %d s after the heal (view sizes %lld %lld %lld %lld)",
               HEAL_BOUND_S, w.sizes[0], w.sizes[1], w.sizes[2], w.sizes[3]);
     cr_expect(!w.solo, "a node sat alone in its view after the heal");
-    /* Then the rounds: the halves met hundreds of rounds apart, and a node
-     * ahead of most of its view must hold for it (docs/gossip.md,
-     * pacing). Without that, in about half the runs one node ran on
-     * alone at compute speed, its round drifting about 150 a second
-     * further from the others'. */
+    /* Then the rounds: a node ahead of most of its view must hold for it
+     * (docs/gossip.md, pacing). A node that runs away at compute speed
+     * drifts hundreds of rounds a second from the others. */
     if (one) {
         live_wait(&l, PACE_CHECK_S * 1000, read_rounds, &w);
         long long lo = w.rounds[0], hi = w.rounds[0];

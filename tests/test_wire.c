@@ -81,7 +81,7 @@ Test(wire, header_bytes_at_pinned_offsets)
     uint8_t b[DS_WIRE_HDR_SIZE];
     ds_wire_hdr_encode(&h, b);
     static const uint8_t want[DS_WIRE_HDR_SIZE] = {
-        'd', 's', 'n', 'w', 1, 16, 0x06, 0x01,
+        'd', 's', 'n', 'w', 2, 16, 0x06, 0x01,
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,
         0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11,
         0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21,
@@ -344,8 +344,10 @@ Test(wire, roundtrip_every_type)
 
     hdr_fill(&m, DS_MSG_GOSSIP_RESP);
     m.h.count = 37;
+    m.u.values.held_us = 123456789u;
     m.u.values.val = v;
     roundtrip(&m, frame, sizeof(frame), &o);
+    cr_expect_eq(o.u.values.held_us, 123456789u);
     cr_expect_eq(memcmp(o.u.values.val, v, sizeof(v)), 0);
 
     hdr_fill(&m, DS_MSG_GOSSIP_STALE);
@@ -697,9 +699,11 @@ Test(wire, drop_header_classes)
     f[0] ^= 1;
     EXPECT_DROP(f, len, DS_DROP_BAD_MAGIC);
     f[0] ^= 1;
-    f[DS_WH_VERSION] = 2;
+    f[DS_WH_VERSION] = 1; /* before GOSSIP_RESP carried held_us */
     EXPECT_DROP(f, len, DS_DROP_BAD_VERSION);
-    f[DS_WH_VERSION] = 1;
+    f[DS_WH_VERSION] = 3;
+    EXPECT_DROP(f, len, DS_DROP_BAD_VERSION);
+    f[DS_WH_VERSION] = DS_WIRE_VERSION;
     f[DS_WH_TYPE] = 99;
     EXPECT_DROP(f, len, DS_DROP_UNKNOWN_TYPE);
     f[DS_WH_TYPE] = DS_MSG_GOSSIP_REQ;
@@ -974,7 +978,10 @@ Test(wire, drop_other_payload_classes)
     m.h.count = 5;
     m.u.values.val = v;
     cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0);
-    set32(f, P + 4, 0x7f800000u);
+    set32(f, P + 4, 1); /* the reserved word after held_us */
+    EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+    set32(f, P + 4, 0);
+    set32(f, P + 8 + 4, 0x7f800000u);
     EXPECT_DROP(f, len, DS_DROP_NON_FINITE);
     set32(f, DS_WH_COUNT, 4);
     EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);

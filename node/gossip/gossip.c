@@ -76,6 +76,7 @@ struct late {
 /* A message kept for a later round (owned copies of its arrays). */
 struct qmsg {
     ds_gmsg m;
+    uint64_t waited_at; /* g->waited_ns when it was queued */
     uint32_t *idx;
     float *val;
 };
@@ -118,6 +119,8 @@ struct ds_gossip {
     uint64_t lat_epoch; /* view the partners' latencies are of */
     uint32_t lat_G;
     uint64_t t0;        /* this exchange's start (io clock) */
+    uint64_t waited_ns; /* all time spent in recv waits, this node's own */
+    uint64_t held_ns;   /* the REQ being served waited this long on them */
     ds_gossip_stats st;
 
     /* What another thread may read (ds_gossip_report): a copy of st and
@@ -681,6 +684,7 @@ static int enqueue(ds_gossip *g, const ds_gmsg *m)
     }
     struct qmsg *q = &g->q[g->qn];
     q->m = *m;
+    q->waited_at = g->waited_ns;
     q->idx = NULL;
     q->val = NULL;
     if (m->idx && m->count) {
@@ -738,6 +742,16 @@ static int req_ok(const ds_gmsg *m, size_t len)
            indices_ok(m->idx, m->count, len);
 }
 
+/* An exchange's round trip less the time its REQ waited at the responder
+ * while the responder itself waited on other partners: what the slow rule
+ * measures (latency.h). Without the subtraction a cluster in lockstep
+ * behind one lossy link showed every partner as slow as that link. */
+static uint64_t link_time(uint64_t rtt_ns, const ds_gmsg *resp)
+{
+    const uint64_t held = (uint64_t)resp->held_us * 1000u;
+    return rtt_ns > held ? rtt_ns - held : 0;
+}
+
 /* Answer a REQ from snap and apply our half: d += w (theirs - mine) on S.
  * Our half is applied only once the reply is on its way, so a refused
  * send leaves both sides untouched. The reply gets a deadline of its
@@ -753,8 +767,10 @@ static void answer_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     const float w = g->cfg.weight;
     for (uint32_t j = 0; j < m->count; j++)
         g->resp[j] = mine[m->idx[j]];
+    const uint64_t held_us = g->held_ns / 1000u;
     ds_gmsg r = {.type = DS_GMSG_RESP, .to = m->from, .round = m->round,
-                 .segment = m->segment, .count = m->count, .val = g->resp};
+                 .segment = m->segment, .count = m->count, .val = g->resp,
+                 .held_us = held_us > UINT32_MAX ? UINT32_MAX : (uint32_t)held_us};
     if (send_msg(g, io, &r, reply_deadline(g, io)) < 0) {
         g->st.missed++;
         return;
@@ -827,7 +843,7 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
         }
         for (size_t j = 0; j < o->count; j++)
             g->delta[sg->off + o->idx[j]] += w * (m->val[j] - o->val[j]);
-        ds_glat_peer(&g->lat, o->target, io->now_ns(io->ctx) - o->sent_ns);
+        ds_glat_peer(&g->lat, o->target, link_time(io->now_ns(io->ctx) - o->sent_ns, m));
         o->state = OUT_OK;
         g->st.exchanges_ok++;
         g->st.values_received += m->count;
@@ -943,7 +959,7 @@ static int late_answer(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     g->st.values_received += m->count;
     g->st.bytes_received += payload_bytes(m);
     if (m->epoch == g->epoch)
-        ds_glat_peer(&g->lat, m->from, io->now_ns(io->ctx) - l->sent_ns);
+        ds_glat_peer(&g->lat, m->from, link_time(io->now_ns(io->ctx) - l->sent_ns, m));
     return 1;
 }
 
@@ -1077,7 +1093,9 @@ static void serve_queued(ds_gossip *g, const ds_gossip_io *io)
     for (int i = 0; i < qn; i++) {
         struct qmsg *q = &g->q[i];
         if (q->m.epoch == g->epoch && q->m.round == g->round) {
+            g->held_ns = g->waited_ns - q->waited_at;
             handle_current(g, io, &q->m);
+            g->held_ns = 0;
             free(q->idx);
             free(q->val);
         } else if (q->m.epoch < g->epoch || (q->m.epoch == g->epoch && q->m.round < g->round)) {
@@ -1108,6 +1126,16 @@ static int ahead_of_view(ds_gossip *g, uint64_t now)
     return ds_glat_ahead(g->round, v, k, PACE_ROUNDS);
 }
 
+/* io->recv, counting the time it waited in g->waited_ns: a REQ queued
+ * meanwhile was held by our waits on others, not by us (link_time). */
+static int timed_recv(ds_gossip *g, const ds_gossip_io *io, ds_gmsg *m, uint64_t deadline)
+{
+    const uint64_t t = io->now_ns(io->ctx);
+    const int r = io->recv(io->ctx, m, deadline);
+    g->waited_ns += io->now_ns(io->ctx) - t;
+    return r;
+}
+
 /* Wait until nothing awaited is open or the deadline, then give peers
  * not waited for a short grace. 1 when a stop request ended the wait. */
 static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
@@ -1118,7 +1146,7 @@ static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
     int stopped = 0;
     while (outstanding(g) > 0) {
         ds_gmsg m;
-        int r = io->recv(io->ctx, &m, deadline);
+        int r = timed_recv(g, io, &m, deadline);
         stopped = r < 0;
         if (r <= 0)
             break;
@@ -1137,7 +1165,7 @@ static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
         g->st.paced++;
         while (ahead_of_view(g, io->now_ns(io->ctx))) {
             ds_gmsg m;
-            int r = io->recv(io->ctx, &m, deadline);
+            int r = timed_recv(g, io, &m, deadline);
             stopped = r < 0;
             if (r <= 0)
                 break;
@@ -1152,7 +1180,7 @@ static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
         grace = deadline;
     while (!stopped && nowait_pending(g)) {
         ds_gmsg m;
-        int r = io->recv(io->ctx, &m, grace);
+        int r = timed_recv(g, io, &m, grace);
         stopped = r < 0;
         if (r <= 0)
             break;
@@ -1162,7 +1190,7 @@ static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
      * past REQs to answer, even in a round that waited for nobody. */
     while (!stopped) {
         ds_gmsg m;
-        int r = io->recv(io->ctx, &m, io->now_ns(io->ctx));
+        int r = timed_recv(g, io, &m, io->now_ns(io->ctx));
         stopped = r < 0;
         if (r <= 0)
             break;

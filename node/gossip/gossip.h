@@ -69,6 +69,9 @@ typedef struct ds_gmsg {
     uint32_t segment;
     uint32_t seg_len;   /* REQ, CROSS: the segment's length (for encoding) */
     uint32_t count;     /* entries in idx (REQ) and val */
+    uint32_t held_us;   /* RESP: how long its REQ waited, queued at the
+                         * responder, while the responder itself waited on
+                         * other partners (docs/gossip.md, slow partners) */
     const uint32_t *idx;
     const float *val;
 } ds_gmsg;

@@ -126,6 +126,7 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
         w.u.sparse.val = m->val;
         break;
     case DS_GMSG_RESP:
+        w.u.values.held_us = m->held_us;
         w.u.values.val = m->val;
         break;
     case DS_GMSG_STALE:
@@ -334,6 +335,7 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
     q->m.epoch = w.h.epoch;
     q->m.round = w.h.round;
     q->m.round_now = type == DS_GMSG_STALE ? w.u.stale.round_now : w.h.round;
+    q->m.held_us = type == DS_GMSG_RESP ? w.u.values.held_us : 0;
     q->m.segment = type == DS_GMSG_ARED ? w.u.ar.step : w.h.segment;
     q->m.count = count;
     uint8_t *p = (uint8_t *)(q + 1);

@@ -14,8 +14,12 @@
  *   median rounds instead of gossip.timeout_ms, and under load the median
  *   grows with the rounds, so a busy machine does not cut healthy rounds.
  * - The slow partner. Each partner's recent latencies (request sent to
- *   reply received, or round start to its request received; a reply that
- *   comes rounds late counts its whole wait) keep a mean: a lossy link
+ *   reply received, less the time the request sat queued at the partner
+ *   while the partner waited on others, which the reply reports; a reply
+ *   that comes rounds late counts its whole wait, a wait cut at the
+ *   deadline what it waited) keep a mean. Without the subtraction, a
+ *   cluster in lockstep behind one lossy link saw every partner about as
+ *   slow as that link, each having waited for it. A mean: a lossy link
  *   whose replies are mostly fast but one in a few held by a TCP
  *   retransmission costs every round that waits for it, and its median
  *   hides that. A partner whose mean is over slow_ratio x the median of

@@ -172,7 +172,10 @@ static enum ds_drop_reason payload_read(const uint8_t *f, const ds_wire_limits *
     case DS_MSG_GOSSIP_RESP:
         if (n > b->val_cap)
             return DS_DROP_COUNT_LIMIT;
-        if (!ds_wire_values_read(p, n, b->val))
+        m->u.values.held_us = ds_le32(p);
+        if (ds_le32(p + 4) != 0)
+            return DS_DROP_BAD_FIELD;
+        if (!ds_wire_values_read(p + 8, n, b->val))
             return DS_DROP_NON_FINITE;
         m->u.values.val = b->val;
         return DS_DROP_NONE;

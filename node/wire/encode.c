@@ -165,7 +165,9 @@ static int payload_write(uint8_t *p, ds_wire_msg *m, size_t plen, enum ds_idx_en
     case DS_MSG_GROUP_BCAST:
         return sparse_write(p, m, plen, enc);
     case DS_MSG_GOSSIP_RESP:
-        return h->count ? ds_wire_values_write(p, m->u.values.val, h->count) : 0;
+        ds_put32(p, m->u.values.held_us);
+        ds_put32(p + 4, 0);
+        return h->count ? ds_wire_values_write(p + 8, m->u.values.val, h->count) : 0;
     case DS_MSG_GOSSIP_STALE:
         ds_put64(p, m->u.stale.round_now);
         return 0;

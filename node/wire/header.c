@@ -38,7 +38,7 @@ int ds_wire_rule_of(unsigned type, ds_wire_rule *r)
     case DS_MSG_GOSSIP_PUSH:
     case DS_MSG_GROUP_REDUCE:
     case DS_MSG_GROUP_BCAST: return RULE(SPARSE, ELEMS, 0, 0, DS_WIRE_SPARSE_PREFIX, 4);
-    case DS_MSG_GOSSIP_RESP: return RULE(COUNT, ELEMS, 0, 0, 0, 4);
+    case DS_MSG_GOSSIP_RESP: return RULE(COUNT, ELEMS, 0, 0, 8, 4);
     case DS_MSG_GOSSIP_STALE: return RULE(FIXED, ZERO, 0, 0, 8, 0);
     case DS_MSG_PING:
     case DS_MSG_ACK: return RULE(COUNT, RECORDS, 0, 0, 8, DS_WIRE_MEMBER_SIZE);

@@ -55,7 +55,7 @@
 #include <stdint.h>
 
 #define DS_WIRE_MAGIC 0x776e7364u /* "dsnw" as bytes on the wire */
-#define DS_WIRE_VERSION 1u
+#define DS_WIRE_VERSION 2u /* 2: GOSSIP_RESP carries held_us */
 #define DS_WIRE_HDR_SIZE 64u
 #define DS_WIRE_TAG_SIZE 16u
 

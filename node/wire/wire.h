@@ -243,8 +243,11 @@ typedef struct ds_wire_sparse {
     const float *val;
 } ds_wire_sparse;
 
-/* GOSSIP_RESP: count values, in the order of the REQ's indices. */
+/* GOSSIP_RESP: how long the REQ waited, queued at its responder, while
+ * the responder waited on other partners (microseconds), then count
+ * values, in the order of the REQ's indices. */
 typedef struct ds_wire_values {
+    uint32_t held_us;
     const float *val;
 } ds_wire_values;
 

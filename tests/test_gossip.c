@@ -12,6 +12,8 @@
  *   - a REQ for a round that is over is answered when its sender was our
  *     in-neighbour then (else STALE), and its initiator applies the reply
  *     late: a partner rounds behind still mixes and the sum holds;
+ *   - the time a partner held our REQ on its own waits for others is not
+ *     counted as its link's (held_us);
  *   - the adaptive deadline and the slow-partner rule (latency.h) on
  *     seeded latencies; pacing to the view's median round;
  *   - the all-reduce baseline gives every node the mean gradient.
@@ -880,6 +882,87 @@ Test(gossip, latency_noise_and_lone_partners_are_not_slow)
     ds_glat_peer(&t, 7, MS); /* out of the view: ignored */
     cr_expect_eq(ds_glat_slow(&t, 7), 0);
     ds_glat_free(&t);
+}
+
+/* Node 0's targets in a round: how many segments initiate to `to`. */
+static int segments_to(uint32_t G, uint64_t round, uint32_t to)
+{
+    const ds_gossip_cfg cfg = base_cfg();
+    int k = 0;
+    for (uint32_t s = 0; s < NL; s++) {
+        const ds_topo_key key = {cfg.seed, 1, round, s};
+        uint32_t target, in[MAXG], n_in = 0, scratch[MAXG];
+        cr_assert_eq(ds_topo_peers(cfg.topology, &key, G, 0, &target, in, &n_in, MAXG, scratch), 0);
+        k += target == to;
+    }
+    return k;
+}
+
+/* A REQ that waited at its responder while the responder waited on
+ * others: that wait is not the link's (held_us in the RESP). Three nodes
+ * on the fake clock (instant: every wait runs out at once; every deadline
+ * 50 ms), node 2 silent. Node 0 sends round 1's REQs at t=0 and waits to
+ * 50 ms. Node 1, in round 0, queues those meant for it and waits on node
+ * 2 to 100 ms: it held them 50 ms on a wait that was not node 0's. It
+ * answers them when its round 1 begins and waits on node 2 again, to
+ * 150 ms. Node 0 reads the replies in round 2, at 150 ms: each is a
+ * 150 - 50 = 100 ms sample (150 ms without the subtraction). The other
+ * samples node 0 has of node 1 are waits cut at 50 ms (rounds 1, 2). */
+Test(gossip, time_held_on_others_is_not_the_link)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(3);
+    ds_fakenet_set_instant(net, 1);
+    float *x[2];
+    ds_gossip *g[2];
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 50;
+    for (uint32_t i = 0; i < 2; i++) {
+        x[i] = malloc(n_params * sizeof(float));
+        ds_t_fill(x[i], n_params, 7 + (uint64_t)i, -1, 1);
+        cfg.node_seed = 30 + i;
+        cr_assert_eq(ds_gossip_create(&g[i], &cfg, layers, NL, n_params, x[i]), 0);
+        cr_assert_eq(ds_gossip_set_view(g[i], 3, i, 1), 0);
+    }
+    const int k1 = segments_to(3, 1, 1), k2 = segments_to(3, 2, 1);
+    cr_assert_gt(k1, 0, "seed 42 pairs node 0 with node 1 in no segment of round 1");
+    /* Local drift before each round, so that every REQ carries values. */
+    double *s0 = calloc(n_params, sizeof(double));
+    uint64_t seed = 5;
+    drift(x[0], s0, &seed);
+    ds_gossip_round(g[0], x[0], 1, ds_fakenet_io(net, 0));
+    drift(x[1], s0, &seed);
+    ds_gossip_round(g[1], x[1], 0, ds_fakenet_io(net, 1));
+    drift(x[1], s0, &seed);
+    ds_gossip_round(g[1], x[1], 1, ds_fakenet_io(net, 1));
+    cr_assert_eq(ds_fakenet_now_ns(net), 150 * MS, "the fake clock at %llu ns",
+                 (unsigned long long)ds_fakenet_now_ns(net));
+    drift(x[0], s0, &seed);
+    ds_gossip_round(g[0], x[0], 2, ds_fakenet_io(net, 0));
+    free(s0);
+    cr_expect_eq(ds_gossip_get_stats(g[0])->late_applied, (uint64_t)k1);
+    /* The samples in order; the ring keeps the last DS_GLAT_PEER. */
+    uint64_t v[3 * NL];
+    int n = 0;
+    for (int i = 0; i < k1; i++)
+        v[n++] = 50 * MS;
+    for (int i = 0; i < k1; i++)
+        v[n++] = 100 * MS;
+    for (int i = 0; i < k2; i++)
+        v[n++] = 50 * MS;
+    const int first = n > DS_GLAT_PEER ? n - DS_GLAT_PEER : 0;
+    uint64_t sum = 0;
+    for (int i = first; i < n; i++)
+        sum += v[i];
+    const uint64_t want = sum / (uint64_t)(n - first);
+    cr_expect_eq(ds_gossip_partner_link_ns(g[0], 1), want, "node 1's mean: %llu ns, want %llu",
+                 (unsigned long long)ds_gossip_partner_link_ns(g[0], 1),
+                 (unsigned long long)want);
+    for (int i = 0; i < 2; i++) {
+        ds_gossip_destroy(&g[i]);
+        free(x[i]);
+    }
+    ds_fakenet_destroy(net);
 }
 
 /* Pacing: ahead means more than `slack` rounds past the lower median of

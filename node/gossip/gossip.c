@@ -1401,6 +1401,11 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
 
 /* ---- accessors ------------------------------------------------------------ */
 
+uint64_t ds_gossip_partner_link_ns(const ds_gossip *g, uint32_t peer)
+{
+    return ds_glat_peer_mean(&g->lat, peer);
+}
+
 const ds_gossip_stats *ds_gossip_get_stats(const ds_gossip *g)
 {
     return &g->st;

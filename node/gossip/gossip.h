@@ -243,6 +243,12 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
                         const ds_gossip_io *io);
 
 const ds_gossip_stats *ds_gossip_get_stats(const ds_gossip *g);
+
+/* The mean of partner `peer`'s recent exchange samples, what the slow
+ * rule compares (latency.h): round trips less the time the partner held
+ * the REQ while it waited on others. 0 without samples. The round's
+ * thread only (tests). */
+uint64_t ds_gossip_partner_link_ns(const ds_gossip *g, uint32_t peer);
 int ds_gossip_n_segments(const ds_gossip *g);
 const ds_gseg *ds_gossip_segment(const ds_gossip *g, int s);
 /* This round's target of segment s (== me: none), after begin(). */

@@ -2179,7 +2179,12 @@ static int collect_host(struct launch *L, int h)
         ret = run_io(L, xargv, -1, -1, "tar (unpacking the node directories)");
     }
     unlink(tarp);
-    if (ret == 0 && ds_ssh_remove_cmd(hd, cmd, sizeof(cmd)) >= 0 &&
+    if (ret < 0) {
+        fprintf(stderr, "dslaunch: %s's node directories did not come back; %s stays there "
+                        "(keys in it: remove it by hand)\n", L->hosts[h], hd);
+        return ret;
+    }
+    if (ds_ssh_remove_cmd(hd, cmd, sizeof(cmd)) >= 0 &&
         ds_ssh_argv(&L->ssh, L->hosts[h], cmd, sargv, (int)(sizeof(sargv) / sizeof(sargv[0]))) >= 0) {
         snprintf(what, sizeof(what), "ssh %s (removing %s)", L->hosts[h], hd);
         ret = run_io(L, sargv, -1, -1, what);

@@ -1526,8 +1526,17 @@ static void handle_line(struct launch *L, struct node *nd, int is_err, char *lin
     char copy[LINE_MAX_];
     snprintf(copy, sizeof(copy), "%s", line);
     ds_logline ll;
-    if (ds_logline_split(copy, &ll) < 0)
+    if (ds_logline_split(copy, &ll) < 0) {
+        /* dslaunch hosts: what ssh itself says ("Connection refused",
+         * "Permission denied", "Timeout, server not responding") is the
+         * only word on a lost session; show it. */
+        if (L->hosts_mode && nd->forwarded < FORWARD_MAX && line[0]) {
+            say(L, "%s: %s", nd->name, line);
+            if (++nd->forwarded == FORWARD_MAX)
+                say(L, "%s: further warnings only in %s", nd->name, nd->logp);
+        }
         return;
+    }
     ds_kvline kv;
     double v;
     if (!strcmp(ll.component, "train") && ds_kv_parse(ll.msg, &kv) > 0 &&

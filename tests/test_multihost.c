@@ -137,16 +137,24 @@ static void mh_fini(void)
 
 TestSuite(multihost, .init = mh_init, .fini = mh_fini, .timeout = 400);
 
+/* A skipped test does not reach .fini (Criterion), so its temp dir is
+ * removed here first. */
+#define SKIP(...)                                                                                  \
+    do {                                                                                           \
+        tmp_fini();                                                                                \
+        cr_skip_test(__VA_ARGS__);                                                                 \
+    } while (0)
+
 static void need_hosts(void)
 {
     if (geteuid() != 0)
-        cr_skip_test("needs root (network namespaces, sshd)");
+        SKIP("needs root (network namespaces, sshd)");
     if (access(ip_prog(), X_OK) < 0)
-        cr_skip_test("no ip program (iproute2)");
+        SKIP("no ip program (iproute2)");
     if (access(SSHD, X_OK) < 0)
-        cr_skip_test("no %s (Debian: apt-get install openssh-server)", SSHD);
+        SKIP("no %s (Debian: apt-get install openssh-server)", SSHD);
     if (sh(NULL, "command -v ssh && command -v ssh-keygen") != 0)
-        cr_skip_test("no ssh client (Debian: apt-get install openssh-client)");
+        SKIP("no ssh client (Debian: apt-get install openssh-client)");
 }
 
 static const char *host_addr(int k)

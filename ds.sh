@@ -16,7 +16,8 @@ PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
       libfabric-dev libfabric-bin libsodium-dev libinih-dev libcriterion-dev
       libopenblas-dev zlib1g-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev
       dataset-fashion-mnist
-      python3-torch python3-numpy iproute2 nftables libclang-rt-14-dev)
+      python3-torch python3-numpy iproute2 nftables libclang-rt-14-dev
+      openssh-client openssh-server)
 
 # nvcc lives outside PATH on Debian's CUDA install.
 if [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -493,6 +493,113 @@ Test(dslaunch_parts, netns_rates_names_and_addresses)
 /* dslaunch_cli                                                                     */
 /* ================================================================================ */
 
+/* dslaunch hosts: the host list, the quoting and the command lines (ssh.c). */
+Test(dslaunch_parts, ssh_hosts_quoting_and_commands)
+{
+    static char hosts[8][DS_SSH_HOST_MAX];
+    char err[256];
+    cr_assert_eq(ds_hosts_parse("a,root@10.0.0.2,b.example", hosts, 8, err, sizeof(err)), 3, "%s",
+                 err);
+    cr_assert_str_eq(hosts[1], "root@10.0.0.2");
+    cr_assert_str_eq(ds_host_addr(hosts[1]), "10.0.0.2");
+    cr_assert_str_eq(ds_host_addr(hosts[0]), "a");
+    const char *bad[] = {"", ",", "a,a", "-oProxyCommand=x", "a b", "x@", "it's"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_lt(ds_hosts_parse(bad[i], hosts, 8, err, sizeof(err)), 0, "'%s' accepted",
+                     bad[i]);
+    cr_assert_lt(ds_hosts_parse("a,b,c", hosts, 2, err, sizeof(err)), 0);
+    const char *file = tmp_path("hosts");
+    const char text[] = "# the cluster\nh1\n\n  h2  # second\nroot@h3\n";
+    write_bytes(file, text, sizeof(text) - 1);
+    cr_assert_eq(ds_hosts_parse(file, hosts, 8, err, sizeof(err)), 3, "%s", err);
+    cr_assert_str_eq(hosts[1], "h2");
+    cr_assert_lt(ds_hosts_parse(tmp_path("none"), hosts, 8, err, sizeof(err)), 0);
+
+    /* Quoting survives a real shell, quotes and all. */
+    char q[256], cmd[300];
+    const char *odd = "a b'c\"d$(x)`y`";
+    cr_assert_gt(ds_sh_quote(odd, q, sizeof(q)), 0);
+    snprintf(cmd, sizeof(cmd), "printf %%s %s", q);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL}, *o, *e;
+    int code;
+    cr_assert_eq(ds_proc_capture(argv, 10000, &o, &e, &code, err, sizeof(err)), 0, "%s", err);
+    cr_assert_str_eq(o, odd);
+    free(o);
+    free(e);
+    cr_assert_eq(ds_sh_quote("abc", q, 4), -ENAMETOOLONG);
+
+    /* BatchMode comes first (ssh keeps an option's first value), the
+     * user's options next, then the keepalive defaults, "--", host, command. */
+    ds_ssh s = {.program = "/usr/bin/ssh", .config = "/x/cfg", .opts = {"Port=2222"}, .nopts = 1};
+    char *av[32];
+    int n = ds_ssh_argv(&s, "root@h1", "true", av, 32);
+    const char *want[] = {"/usr/bin/ssh", "-F", "/x/cfg", "-o", "BatchMode=yes", "-o", "Port=2222",
+                          "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o",
+                          "ConnectTimeout=10", "--", "root@h1", "true"};
+    cr_assert_eq(n, (int)(sizeof(want) / sizeof(want[0])));
+    for (int i = 0; i < n; i++)
+        cr_assert_str_eq(av[i], want[i], "argv[%d]", i);
+    cr_assert_null(av[n]);
+    cr_assert_lt(ds_ssh_argv(&s, "h", "true", av, 8), 0);
+
+    /* Every remote command is valid sh (sh -n parses without running). */
+    char buf[4096];
+    const char *names[] = {"n0", "n1"};
+    cr_assert_gt(ds_ssh_ship_cmd("/tmp/d x", buf, sizeof(buf)), 0);
+    cr_assert_not_null(strstr(buf, "mkdir -- '/tmp/d x'"));
+    for (int which = 0; which < 4; which++) {
+        if (which == 1)
+            cr_assert_gt(ds_ssh_run_cmd("/opt/ds node", "/tmp/d/n0.ini", buf, sizeof(buf)), 0);
+        else if (which == 2)
+            cr_assert_gt(ds_ssh_collect_cmd("/tmp/d", names, 2, buf, sizeof(buf)), 0);
+        else if (which == 3)
+            cr_assert_gt(ds_ssh_remove_cmd("/tmp/d", buf, sizeof(buf)), 0);
+        char *sv[] = {"/bin/sh", "-n", "-c", buf, NULL};
+        cr_assert_eq(ds_proc_capture(sv, 10000, &o, &e, &code, err, sizeof(err)), 0);
+        cr_assert_eq(code, 0, "%s: %s", buf, e);
+        free(o);
+        free(e);
+    }
+    cr_assert_lt(ds_ssh_run_cmd("/x", "/y", buf, 20), 0);
+}
+
+/* The run script itself, with sh standing in for ssh: the node's exit
+ * status comes back; EOF on stdin stops the node (SIGTERM: 143). */
+Test(dslaunch_parts, ssh_run_script_tied_to_stdin)
+{
+    char buf[4096], err[256];
+    /* A "dsnode" that ignores its arguments: exits 3, or sleeps. */
+    const char *quick = tmp_path("quick.sh"), *slow = tmp_path("slow.sh");
+    write_bytes(quick, "#!/bin/sh\nexit 3\n", 18);
+    write_bytes(slow, "#!/bin/sh\nexec sleep 30\n", 25);
+    cr_assert_eq(chmod(quick, 0755), 0);
+    cr_assert_eq(chmod(slow, 0755), 0);
+
+    cr_assert_gt(ds_ssh_run_cmd(quick, "/nonexistent.ini", buf, sizeof(buf)), 0);
+    char *argv[] = {"/bin/sh", "-c", buf, NULL};
+    int in_w, fo, fe;
+    pid_t pid = ds_proc_spawn_io(argv, -1, &in_w, -1, &fo, &fe, err, sizeof(err));
+    cr_assert_gt(pid, 0, "%s", err);
+    int ws;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    cr_assert_eq(ds_proc_exit_code(ws), 3, "the node's exit status is the session's");
+    close(in_w);
+    close(fo);
+    close(fe);
+
+    cr_assert_gt(ds_ssh_run_cmd(slow, "/nonexistent.ini", buf, sizeof(buf)), 0);
+    pid = ds_proc_spawn_io(argv, -1, &in_w, -1, &fo, &fe, err, sizeof(err));
+    cr_assert_gt(pid, 0, "%s", err);
+    usleep(200000);
+    cr_assert_eq(waitpid(pid, &ws, WNOHANG), 0, "the script ended with its stdin open");
+    close(in_w); /* the stop: EOF */
+    for (int t = 0; t < 50 && waitpid(pid, &ws, WNOHANG) == 0; t++)
+        usleep(100000);
+    cr_assert_eq(ds_proc_exit_code(ws), 128 + SIGTERM);
+    close(fo);
+    close(fe);
+}
+
 TestSuite(dslaunch_cli, .init = tmp_init, .fini = tmp_fini, .timeout = 60);
 
 static void expect_error(const char *const *args, int code, const char *text)
@@ -520,6 +627,38 @@ Test(dslaunch_cli, help_and_usage)
     expect_error(none, 2, "usage: dslaunch local");
     const char *unk[] = {"cluster", NULL};
     expect_error(unk, 2, "unknown command 'cluster'");
+}
+
+Test(dslaunch_cli, hosts_arguments)
+{
+    const char *out = tmp_path("run");
+    const char *hh[] = {"hosts", "--help", NULL};
+    struct result r = run_dslaunch(10000, hh);
+    cr_assert_eq(r.code, 0);
+    cr_assert_not_null(strstr(r.out, "--per-host K"));
+    result_free(&r);
+    const char *no_hosts[] = {"hosts", "--per-host", "2", "--config", BASE_CONFIG, NULL};
+    expect_error(no_hosts, 2, "--hosts is required");
+    const char *no_k[] = {"hosts", "--hosts", "a,b", "--config", BASE_CONFIG, NULL};
+    expect_error(no_k, 2, "--per-host K is required");
+    const char *dup[] = {"hosts", "--hosts", "a,a", "--per-host", "1", "--config", BASE_CONFIG,
+                         NULL};
+    expect_error(dup, 2, "host a is listed twice");
+    const char *dash[] = {"hosts", "--hosts", "-oProxyCommand=x", "--per-host", "1", "--config",
+                          BASE_CONFIG, NULL};
+    expect_error(dash, 2, "is not a host");
+    const char *n[] = {"hosts", "--hosts", "a", "--per-host", "1", "-n", "2", "--config",
+                       BASE_CONFIG, NULL};
+    expect_error(n, 2, "unknown argument '-n'");
+    const char *rd[] = {"hosts", "--hosts", "a", "--per-host", "1", "--config", BASE_CONFIG,
+                        "--remote-dir", "rel", NULL};
+    expect_error(rd, 2, "--remote-dir expects an absolute path");
+    /* Nothing listens on port 1: ssh fails before anything is shipped, and
+     * dslaunch says so and exits 1. */
+    const char *refused[] = {"hosts", "--hosts", "127.0.0.1", "--per-host", "1", "--config",
+                             BASE_CONFIG, "--ssh-config", "/dev/null", "--ssh-option", "Port=1",
+                             "--out", out, "--dsnode", bin("DSNODE"), NULL};
+    expect_error(refused, 1, "ssh 127.0.0.1 (making /tmp/dslaunch-");
 }
 
 Test(dslaunch_cli, bad_arguments)

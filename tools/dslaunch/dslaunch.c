@@ -24,6 +24,9 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dslaunch local -n N --config FILE [options]   start a cluster on this host\n"
                "       dslaunch local --help                           its options\n"
+               "       dslaunch hosts --hosts H1,H2,... --per-host K --config FILE [options]\n"
+               "                                                       start nodes on hosts over ssh\n"
+               "       dslaunch hosts --help                           its options\n"
                "       dslaunch --version\n");
 }
 
@@ -82,6 +85,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "local"))
         return ds_launch_local_main(argc - optind, argv + optind, self);
+    if (!strcmp(cmd, "hosts"))
+        return ds_launch_hosts_main(argc - optind, argv + optind, self);
     fprintf(stderr, "dslaunch: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

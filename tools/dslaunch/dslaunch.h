@@ -137,6 +137,14 @@ int ds_consensus_compute(const char *const *paths, int n, int *status, ds_consen
  * returns the pid, or a negative errno with "cannot run PATH: why" in err. */
 pid_t ds_proc_spawn(char *const argv[], int *out_fd, int *err_fd, char *err, size_t errlen);
 
+/* ds_proc_spawn with a choice of stdin and stdout: stdin is in_fd when it is
+ * >= 0 (dup'ed; the caller keeps its own), else with in_w a new pipe whose
+ * write end (O_CLOEXEC) is returned in *in_w (caller owns), else /dev/null.
+ * stdout is out_file when it is >= 0 (then *out_fd is -1 or out_fd NULL),
+ * else a pipe as in ds_proc_spawn. */
+pid_t ds_proc_spawn_io(char *const argv[], int in_fd, int *in_w, int out_file, int *out_fd,
+                       int *err_fd, char *err, size_t errlen);
+
 /* Run argv to completion, at most timeout_ms (then SIGKILL), collecting its
  * stdout and stderr (each cut at 4 MiB; NUL-terminated; caller frees both).
  * *exit_code: the status as a shell shows it (128 + signal if killed).
@@ -144,6 +152,11 @@ pid_t ds_proc_spawn(char *const argv[], int *out_fd, int *err_fd, char *err, siz
  * errno with err filled (then *out and *errtext are NULL). */
 int ds_proc_capture(char *const argv[], int timeout_ms, char **out, char **errtext, int *exit_code,
                     char *err, size_t errlen);
+
+/* ds_proc_capture with stdin from in_fd and stdout to out_file when they
+ * are >= 0 (then *out is ""). */
+int ds_proc_capture_io(char *const argv[], int in_fd, int out_file, int timeout_ms, char **out,
+                       char **errtext, int *exit_code, char *err, size_t errlen);
 
 /* 128 + signal for a signalled child, else its exit status. */
 int ds_proc_exit_code(int wstatus);
@@ -223,9 +236,57 @@ int ds_netns_stale_owner(const char *name, long *pid);
  * NULL), or -ENOENT without the ip program. */
 int ds_netns_reap_stale(FILE *note);
 
+/* ---- ssh (ssh.c) ------------------------------------------------------------------ */
+
+/* `dslaunch hosts` runs Debian's OpenSSH client; these build its command
+ * lines and the remote shell commands (docs/dslaunch.md). */
+#define DS_SSH_HOST_MAX 256
+#define DS_SSH_PATH_MAX 1024
+#define DS_SSH_OPTS_MAX 32
+
+typedef struct ds_ssh {
+    const char *program;                   /* "ssh" when NULL (execvp'd by path below) */
+    const char *config;                    /* -F FILE, or NULL */
+    const char *opts[DS_SSH_OPTS_MAX];     /* each passed as -o OPT */
+    int nopts;
+} ds_ssh;
+
+/* --hosts: a comma-separated list, or a file (an argument with a '/', or an
+ * existing file) with one host a line, '#' comments. Entries are
+ * [user@]host without blanks or quotes, not starting with '-', each once.
+ * Returns the count (>= 1), or a negative errno with err. */
+int ds_hosts_parse(const char *arg, char (*hosts)[DS_SSH_HOST_MAX], int max, char *err,
+                   size_t len);
+
+/* The host part of "[user@]host" (borrowed from entry). */
+const char *ds_host_addr(const char *entry);
+
+/* s in single quotes for a POSIX shell (a ' becomes '\''). The length, or
+ * -ENAMETOOLONG. */
+int ds_sh_quote(const char *s, char *buf, size_t len);
+
+/* argv = ssh [-F config] -o BatchMode=yes [-o user opt]... -o
+ * ServerAliveInterval=5 -o ServerAliveCountMax=3 -o ConnectTimeout=10 --
+ * host cmd (strings borrowed). argv has max entries. Returns argc or
+ * -E2BIG. */
+int ds_ssh_argv(const ds_ssh *s, const char *host, const char *cmd, char **argv, int max);
+
+/* The remote commands (buf, len): make dir (new, 0700) and unpack the tar
+ * archive on stdin into it, every file 0600; run `dsnode run --config conf`
+ * tied to the session's stdin (EOF: SIGTERM, 5 s later SIGKILL); a tar
+ * archive of names (plain node names) under dir on stdout; remove dir. The
+ * length, or -ENAMETOOLONG. */
+int ds_ssh_ship_cmd(const char *dir, char *buf, size_t len);
+int ds_ssh_run_cmd(const char *dsnode, const char *conf, char *buf, size_t len);
+int ds_ssh_collect_cmd(const char *dir, const char *const *names, int n, char *buf, size_t len);
+int ds_ssh_remove_cmd(const char *dir, char *buf, size_t len);
+
 /* ---- commands ------------------------------------------------------------------- */
 
 /* `dslaunch local ...`; argv[0] is "local". Returns the process exit status. */
 int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir);
+
+/* `dslaunch hosts ...`; argv[0] is "hosts". Returns the process exit status. */
+int ds_launch_hosts_main(int argc, char **argv, const char *self_exe_dir);
 
 #endif

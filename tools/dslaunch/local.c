@@ -80,6 +80,12 @@
 #define ADD_AT_MARGIN_ROUNDS 64
 #define MAX_SEEDS 16         /* cluster.seeds holds at most 16 (conf/keys.h) */
 #define GRACE_MS 5000        /* SIGTERM -> SIGKILL */
+/* dslaunch hosts: the remote watcher gives the node 5 s after the session's
+ * stdin closes; the local ssh gets that plus time to bring the summary back. */
+#define GRACE_SSH_MS 10000
+#define MAX_HOSTS 64
+#define SSH_CMD_MS 120000    /* ship and collect, each host */
+#define DEFAULT_PORT_SSH 7000
 #define DRAIN_MS 2000        /* pipes kept open after a child is reaped */
 #define CMD_TIMEOUT_MS 60000 /* keygen, check-config */
 #define STATUS_EVERY_MS 5000 /* the status line when stderr is not a terminal */
@@ -92,6 +98,8 @@ static const char *const owned_keys[] = {
     "cluster.key_file", "cluster.identity_file", "cluster.allowed_keys", "status.listen",
     "status.file",      "cluster.min_members",
 };
+/* And with dslaunch hosts --groups-by-host (the default). */
+static const char *const owned_group_key = "node.group";
 
 struct linebuf {
     char buf[LINE_MAX_];
@@ -102,6 +110,9 @@ enum node_state { NODE_PENDING, NODE_RUNNING, NODE_DONE };
 
 struct node {
     char name[16];
+    int host;             /* dslaunch hosts: index into hosts; else 0 */
+    int in_w;             /* dslaunch hosts: write end of ssh's stdin; -1 when closed */
+    int host_lost;        /* dslaunch hosts: ssh itself failed (255) before a summary */
     int port, status_port;
     int64_t added_at;     /* the --add-at STEP that started it; -1 for the first N */
     char conf[PATH_MAX];  /* DIR/nI.ini */
@@ -151,6 +162,22 @@ struct launch {
     int host_given;
     uint64_t netns_rate;   /* --netns-rate in bit/s; 0 = none */
     const char *netns_rate_text;
+    /* dslaunch hosts */
+    int hosts_mode;
+    const char *cmd;       /* "local" or "hosts", for messages */
+    const char *hosts_arg;
+    char (*hosts)[DS_SSH_HOST_MAX];
+    int nhosts;
+    int per_host;
+    ds_ssh ssh;
+    const char *remote_dsnode_opt;
+    const char *remote_base; /* --remote-dir */
+    int groups_by_host;
+    char ssh_prog[PATH_MAX];
+    char tar_prog[PATH_MAX];
+    char remote_dsnode[PATH_MAX];
+    char run_id[64];
+    int grace_ms;
     /* derived */
     char dsnode[PATH_MAX];
     char dir[256]; /* node.data_dir = DIR/nI holds 255 characters at most */
@@ -222,6 +249,40 @@ static void local_usage(FILE *f)
             MAX_NODES);
 }
 
+static void hosts_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dslaunch hosts --hosts H1,H2,...|FILE --per-host K --config FILE [options]\n"
+            "\n"
+            "Start K dsnode processes on each host over ssh (OpenSSH client, BatchMode): keys\n"
+            "and configs made here, shipped to a new directory on each host, the nodes run\n"
+            "there tied to their ssh sessions, progress shown, results collected back.\n"
+            "\n"
+            "  --hosts LIST|FILE    [user@]host entries, comma-separated or one a line in FILE;\n"
+            "                       the host must be an address or name the other hosts reach\n"
+            "  --per-host K         nodes on each host (1..%d in all)\n"
+            "  --config FILE        base configuration\n"
+            "  --set SECTION.KEY=VALUE\n"
+            "                       override a key of the base configuration (repeatable)\n"
+            "  --out DIR            local run directory (default runs/<UTC time>-<pid>)\n"
+            "  --port-base P        the K nodes of a host listen on HOST:P..P+K-1 (default %d)\n"
+            "  --json               end stdout with one JSON object\n"
+            "  --timeout SECONDS    stop every node after this long (then exit non-zero)\n"
+            "  --dsnode PATH        the dsnode program here (keys, configs)\n"
+            "  --remote-dsnode PATH the dsnode program on the hosts (default: the same path as\n"
+            "                       here)\n"
+            "  --remote-dir DIR     where each host's run directory is made (default /tmp)\n"
+            "  --ssh-config FILE    ssh -F FILE\n"
+            "  --ssh-option OPT     ssh -o OPT, e.g. Port=2222, IdentityFile=~/.ssh/k (repeatable)\n"
+            "  --groups-by-host     node.group = the host (the default)\n"
+            "  --no-groups-by-host  leave node.group as the base config says\n"
+            "\n"
+            "Exit status as dslaunch local's: 0 when every node exited 0; 1 when a node,\n"
+            "an ssh session or dslaunch failed; 2 for a usage or configuration error;\n"
+            "128+signal when stopped by a signal. See docs/dslaunch.md.\n",
+            MAX_NODES, DEFAULT_PORT_SSH);
+}
+
 /* ---- messages and progress ------------------------------------------------- */
 
 static void term_size(struct launch *L)
@@ -266,7 +327,8 @@ static const char *node_state_text(const struct node *nd, char *buf, size_t len)
     if (st)
         snprintf(buf, len, "%s(%d)", st, nd->exit_code);
     else
-        snprintf(buf, len, "%s(%d)", nd->exit_code > 128 ? "killed" : "failed", nd->exit_code);
+        snprintf(buf, len, "%s(%d)", nd->host_lost ? "lost" : nd->exit_code > 128 ? "killed" : "failed",
+                 nd->exit_code);
     return buf;
 }
 
@@ -383,6 +445,14 @@ enum {
     OPT_NETNS_RATE,
     OPT_DSNODE,
     OPT_HOST,
+    OPT_HOSTS,
+    OPT_PER_HOST,
+    OPT_SSH_OPTION,
+    OPT_SSH_CONFIG,
+    OPT_REMOTE_DSNODE,
+    OPT_REMOTE_DIR,
+    OPT_GROUPS_BY_HOST,
+    OPT_NO_GROUPS_BY_HOST,
 };
 
 static const struct option local_options[] = {
@@ -399,6 +469,26 @@ static const struct option local_options[] = {
     {"netns-rate", required_argument, NULL, OPT_NETNS_RATE},
     {"dsnode", required_argument, NULL, OPT_DSNODE},
     {"host", required_argument, NULL, OPT_HOST},
+    {NULL, 0, NULL, 0},
+};
+
+static const struct option hosts_options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"set", required_argument, NULL, OPT_SET},
+    {"out", required_argument, NULL, OPT_OUT},
+    {"port-base", required_argument, NULL, OPT_PORT_BASE},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"dsnode", required_argument, NULL, OPT_DSNODE},
+    {"hosts", required_argument, NULL, OPT_HOSTS},
+    {"per-host", required_argument, NULL, OPT_PER_HOST},
+    {"ssh-option", required_argument, NULL, OPT_SSH_OPTION},
+    {"ssh-config", required_argument, NULL, OPT_SSH_CONFIG},
+    {"remote-dsnode", required_argument, NULL, OPT_REMOTE_DSNODE},
+    {"remote-dir", required_argument, NULL, OPT_REMOTE_DIR},
+    {"groups-by-host", no_argument, NULL, OPT_GROUPS_BY_HOST},
+    {"no-groups-by-host", no_argument, NULL, OPT_NO_GROUPS_BY_HOST},
     {NULL, 0, NULL, 0},
 };
 
@@ -439,8 +529,64 @@ static int take_option(struct launch *L, int c, const char *val, const char *arg
     long long v;
     switch (c) {
     case 'h':
-        local_usage(stdout);
+        if (L->hosts_mode)
+            hosts_usage(stdout);
+        else
+            local_usage(stdout);
         return 1;
+    case OPT_HOSTS:
+        L->hosts_arg = val;
+        return 0;
+    case OPT_PER_HOST:
+        if (parse_int(val, 1, MAX_NODES, &v) < 0) {
+            fprintf(stderr, "dslaunch hosts: --per-host expects a node count in 1..%d, found "
+                            "'%s'\n", MAX_NODES, val ? val : "");
+            return -EINVAL;
+        }
+        L->per_host = (int)v;
+        return 0;
+    case OPT_SSH_OPTION:
+        if (!val || !*val || *val == '-') {
+            fprintf(stderr, "dslaunch hosts: --ssh-option expects an ssh_config option such as "
+                            "Port=2222, found '%s'\n", val ? val : "");
+            return -EINVAL;
+        }
+        if (L->ssh.nopts >= DS_SSH_OPTS_MAX) {
+            fprintf(stderr, "dslaunch hosts: at most %d --ssh-option\n", DS_SSH_OPTS_MAX);
+            return -EINVAL;
+        }
+        L->ssh.opts[L->ssh.nopts++] = val;
+        return 0;
+    case OPT_SSH_CONFIG:
+        if (!val || !*val || access(val, R_OK) < 0) {
+            fprintf(stderr, "dslaunch hosts: --ssh-config %s: %s\n", val ? val : "",
+                    val && *val ? strerror(errno) : "needs a file");
+            return -EINVAL;
+        }
+        L->ssh.config = val;
+        return 0;
+    case OPT_REMOTE_DSNODE:
+        if (!val || val[0] != '/') {
+            fprintf(stderr, "dslaunch hosts: --remote-dsnode expects an absolute path, found "
+                            "'%s'\n", val ? val : "");
+            return -EINVAL;
+        }
+        L->remote_dsnode_opt = val;
+        return 0;
+    case OPT_REMOTE_DIR:
+        if (!val || val[0] != '/' || strlen(val) > 160) {
+            fprintf(stderr, "dslaunch hosts: --remote-dir expects an absolute path of at most "
+                            "160 characters, found '%s'\n", val ? val : "");
+            return -EINVAL;
+        }
+        L->remote_base = val;
+        return 0;
+    case OPT_GROUPS_BY_HOST:
+        L->groups_by_host = 1;
+        return 0;
+    case OPT_NO_GROUPS_BY_HOST:
+        L->groups_by_host = 0;
+        return 0;
     case OPT_JSON:
         L->json = 1;
         return 0;
@@ -535,8 +681,8 @@ static int take_option(struct launch *L, int c, const char *val, const char *arg
         L->dsnode_opt = val;
         return 0;
     default:
-        fprintf(stderr, "dslaunch local: unknown argument '%s' (see dslaunch local --help)\n",
-                arg);
+        fprintf(stderr, "dslaunch %s: unknown argument '%s' (see dslaunch %s --help)\n", L->cmd,
+                arg, L->cmd);
         return -EINVAL;
     }
 }
@@ -554,7 +700,8 @@ static int parse_args(struct launch *L, int argc, char **argv)
     opterr = 0;
     for (;;) {
         const int at = optind > 0 ? optind : 1; /* the element being read */
-        int c = getopt_long(argc, argv, "+:hn:", local_options, NULL);
+        int c = getopt_long(argc, argv, L->hosts_mode ? "+:h" : "+:hn:",
+                            L->hosts_mode ? hosts_options : local_options, NULL);
         if (c == -1)
             break;
         const char *val = optarg;
@@ -572,9 +719,36 @@ static int parse_args(struct launch *L, int argc, char **argv)
             return r;
     }
     if (optind < argc) {
-        fprintf(stderr, "dslaunch local: unknown argument '%s' (see dslaunch local --help)\n",
-                argv[optind]);
+        fprintf(stderr, "dslaunch %s: unknown argument '%s' (see dslaunch %s --help)\n", L->cmd,
+                argv[optind], L->cmd);
         return -EINVAL;
+    }
+    if (L->hosts_mode) {
+        char why[512];
+        if (!L->hosts_arg) {
+            fprintf(stderr, "dslaunch hosts: --hosts is required (see dslaunch hosts --help)\n");
+            return -EINVAL;
+        }
+        if (!L->per_host) {
+            fprintf(stderr, "dslaunch hosts: --per-host K is required (see dslaunch hosts "
+                            "--help)\n");
+            return -EINVAL;
+        }
+        L->hosts = calloc(MAX_HOSTS, sizeof(*L->hosts));
+        if (!L->hosts)
+            return -ENOMEM;
+        int nh = ds_hosts_parse(L->hosts_arg, L->hosts, MAX_HOSTS, why, sizeof(why));
+        if (nh < 0) {
+            fprintf(stderr, "dslaunch hosts: --hosts: %s\n", why);
+            return -EINVAL;
+        }
+        L->nhosts = nh;
+        if ((long long)nh * L->per_host > MAX_NODES) {
+            fprintf(stderr, "dslaunch hosts: %d hosts x %d nodes: at most %d nodes in all\n", nh,
+                    L->per_host, MAX_NODES);
+            return -EINVAL;
+        }
+        L->n = nh * L->per_host;
     }
     if (!L->n) {
         fprintf(stderr, "dslaunch local: -n N is required (see dslaunch local --help)\n");
@@ -586,7 +760,8 @@ static int parse_args(struct launch *L, int argc, char **argv)
         return -EINVAL;
     }
     if (!L->config) {
-        fprintf(stderr, "dslaunch local: --config FILE is required (see dslaunch local --help)\n");
+        fprintf(stderr, "dslaunch %s: --config FILE is required (see dslaunch %s --help)\n",
+                L->cmd, L->cmd);
         return -EINVAL;
     }
     L->total = L->n;
@@ -800,13 +975,20 @@ static int check_base(struct launch *L)
         return fd;
     }
     close(fd);
-    for (int i = 0; i < L->nsets; i++)
+    for (int i = 0; i < L->nsets; i++) {
+        const size_t gl = strlen(owned_group_key);
+        if (L->hosts_mode && L->groups_by_host && !strncmp(L->sets[i], owned_group_key, gl) &&
+            L->sets[i][gl] == '=')
+            fprintf(stderr, "dslaunch: note: --set %s is replaced per node (--groups-by-host "
+                            "sets node.group to the host; --no-groups-by-host keeps yours)\n",
+                    L->sets[i]);
         for (size_t k = 0; k < sizeof(owned_keys) / sizeof(owned_keys[0]); k++) {
             size_t n = strlen(owned_keys[k]);
             if (!strncmp(L->sets[i], owned_keys[k], n) && L->sets[i][n] == '=')
                 fprintf(stderr, "dslaunch: note: --set %s is replaced per node (dslaunch sets %s)\n",
                         L->sets[i], owned_keys[k]);
         }
+    }
     char **argv = check_config_argv(L, NULL, 0);
     char *dump = NULL;
     if (!argv)
@@ -879,6 +1061,15 @@ static int make_run_dir(struct launch *L)
         snprintf(want, sizeof(want), "runs/%04d%02d%02dT%02d%02d%02dZ-%d", tm.tm_year + 1900,
                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid());
     }
+    {
+        /* dslaunch hosts names each host's directory after the run. */
+        time_t t = time(NULL);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        snprintf(L->run_id, sizeof(L->run_id), "%04d%02d%02dT%02d%02d%02dZ-%d",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 (int)getpid());
+    }
     int ret = mkdir_p(want, 0755);
     if (ret < 0) {
         fprintf(stderr, "dslaunch: cannot create the run directory %s: %s\n", want, strerror(-ret));
@@ -920,7 +1111,23 @@ static int choose_ports(struct launch *L)
                 L->port_base, need);
         return -EINVAL;
     }
-    if (L->netns) {
+    if (L->hosts_mode) {
+        /* The K nodes of each host: P..P+K-1, status pages P+K..P+2K-1.
+         * Ports on other hosts cannot be probed from here: a busy one makes
+         * that node fail with the transport's error. */
+        base = L->port_base > 0 ? L->port_base : DEFAULT_PORT_SSH;
+        if (base + per * L->per_host - 1 > 65535) {
+            fprintf(stderr, "dslaunch: --port-base %d: %d ports do not fit below 65536\n", base,
+                    per * L->per_host);
+            return -EINVAL;
+        }
+        for (int i = 0; i < L->total; i++) {
+            const int j = i % L->per_host;
+            L->nodes[i].port = base + j;
+            L->nodes[i].status_port = L->status_listen ? base + L->per_host + j : 0;
+        }
+        return 0;
+    } else if (L->netns) {
         /* Each node is alone in its namespace: no port there is taken, and
          * probing this one would say nothing about them. */
         base = L->port_base > 0 ? L->port_base : 7000;
@@ -994,10 +1201,34 @@ static int make_keys(struct launch *L)
     return ret;
 }
 
+/* dslaunch hosts: host h's run directory on that host. */
+static void host_dir(const struct launch *L, int h, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/dslaunch-%s-h%d", L->remote_base ? L->remote_base : "/tmp", L->run_id,
+             h);
+}
+
+/* node.group for host entry "[user@]host": the host, each character
+ * outside [A-Za-z0-9_.-] made '-', at most 63 (conf's name rule). */
+static void group_of(const char *entry, char *buf, size_t len)
+{
+    const char *h = ds_host_addr(entry);
+    size_t k = 0;
+    for (; h[k] && k < 63 && k + 1 < len; k++) {
+        const char c = h[k];
+        const int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                       (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+        buf[k] = ok ? c : '-';
+    }
+    buf[k] = '\0';
+}
+
 /* Node i's host address: its namespace's with --netns, else --host. */
 static void node_host(const struct launch *L, int i, char *buf, size_t len)
 {
-    if (L->netns)
+    if (L->hosts_mode)
+        snprintf(buf, len, "%s", ds_host_addr(L->hosts[L->nodes[i].host]));
+    else if (L->netns)
         ds_netns_addr(i, buf, len);
     else
         snprintf(buf, len, "%s", L->host);
@@ -1049,19 +1280,34 @@ static void seeds_text(struct launch *L, int self, int founder, const int *cand,
 static int write_node_config(struct launch *L, struct node *nd, const char *seeds,
                              int min_members)
 {
-    char s_name[64], s_listen[96], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
+    char s_group[96], rpath[4][PATH_MAX + 8];
+    char s_name[64], s_listen[300], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
         s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[96], s_sfile[PATH_MAX + 32],
         s_min[64];
-    char *extra[10], hp[64];
+    char *extra[11], hp[DS_HOSTPORT_MAX + 1];
     int ne = 0;
+    /* The paths the node sees: here, or in its host's directory. */
+    const char *data = nd->data, *ckey = L->cluster_key, *idkey = nd->key, *allow = L->allowed;
+    if (L->hosts_mode) {
+        char hd[256];
+        host_dir(L, nd->host, hd, sizeof(hd));
+        snprintf(rpath[0], sizeof(rpath[0]), "%s/%s", hd, nd->name);
+        snprintf(rpath[1], sizeof(rpath[1]), "%s/cluster.key", hd);
+        snprintf(rpath[2], sizeof(rpath[2]), "%s/%s.key", hd, nd->name);
+        snprintf(rpath[3], sizeof(rpath[3]), "%s/allowed_keys", hd);
+        data = rpath[0];
+        ckey = rpath[1];
+        idkey = rpath[2];
+        allow = rpath[3];
+    }
     node_hostport(L, (int)(nd - L->nodes), nd->port, hp, sizeof(hp));
     snprintf(s_name, sizeof(s_name), "node.name=%s", nd->name);
     snprintf(s_listen, sizeof(s_listen), "node.listen=%s", hp);
-    snprintf(s_data, sizeof(s_data), "node.data_dir=%s", nd->data);
+    snprintf(s_data, sizeof(s_data), "node.data_dir=%s", data);
     snprintf(s_seeds, sizeof(s_seeds), "cluster.seeds=%s", seeds);
-    snprintf(s_key, sizeof(s_key), "cluster.key_file=%s", L->cluster_key);
-    snprintf(s_id, sizeof(s_id), "cluster.identity_file=%s", nd->key);
-    snprintf(s_allow, sizeof(s_allow), "cluster.allowed_keys=%s", L->allowed);
+    snprintf(s_key, sizeof(s_key), "cluster.key_file=%s", ckey);
+    snprintf(s_id, sizeof(s_id), "cluster.identity_file=%s", idkey);
+    snprintf(s_allow, sizeof(s_allow), "cluster.allowed_keys=%s", allow);
     extra[ne++] = s_name;
     extra[ne++] = s_listen;
     extra[ne++] = s_data;
@@ -1072,17 +1318,24 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     /* The initial nodes start training together, once all are members. */
     snprintf(s_min, sizeof(s_min), "cluster.min_members=%d", min_members);
     extra[ne++] = s_min;
+    if (L->hosts_mode && L->groups_by_host) {
+        group_of(L->hosts[nd->host], s_group + 11, sizeof(s_group) - 11);
+        memcpy(s_group, "node.group=", 11);
+        extra[ne++] = s_group;
+    }
     if (L->status_listen) {
-        /* With --netns too: loopback inside the node's namespace. */
+        /* With --netns too: loopback inside the node's namespace; with
+         * hosts, loopback on the node's host. */
         char shp[64];
-        if (ds_hostport_format(L->netns ? "127.0.0.1" : L->host, (uint16_t)nd->status_port, shp,
+        if (ds_hostport_format(L->netns || L->hosts_mode ? "127.0.0.1" : L->host,
+                               (uint16_t)nd->status_port, shp,
                                sizeof(shp)) < 0)
             snprintf(shp, sizeof(shp), "?");
         snprintf(s_slisten, sizeof(s_slisten), "status.listen=%s", shp);
         extra[ne++] = s_slisten;
     }
     if (L->status_file) {
-        snprintf(s_sfile, sizeof(s_sfile), "status.file=%s/status.json", nd->data);
+        snprintf(s_sfile, sizeof(s_sfile), "status.file=%s/status.json", data);
         extra[ne++] = s_sfile;
     }
     char **argv = check_config_argv(L, extra, ne);
@@ -1102,7 +1355,7 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     FILE *f = fopen(nd->conf, "w");
     int ok = f != NULL;
     if (ok) {
-        fprintf(f, "; %s: written by dslaunch local from %s", nd->name, L->config);
+        fprintf(f, "; %s: written by dslaunch %s from %s", nd->name, L->cmd, L->config);
         for (int i = 0; i < L->nsets; i++)
             fprintf(f, " --set %s", L->sets[i]);
         fprintf(f, "\n; (dsnode check-config output with this node's keys)\n");
@@ -1128,6 +1381,8 @@ static void node_init(struct launch *L, int i)
     snprintf(nd->logp, sizeof(nd->logp), "%s/%s.log", L->dir, nd->name);
     snprintf(nd->model, sizeof(nd->model), "%s/%s/model.bin", L->dir, nd->name);
     nd->fd[0] = nd->fd[1] = -1;
+    nd->in_w = -1;
+    nd->host = L->hosts_mode ? i / L->per_host : 0;
     nd->added_at = -1;
     nd->state = NODE_PENDING;
 }
@@ -1148,6 +1403,35 @@ static int start_node(struct launch *L, struct node *nd)
     char nsname[64];
     char *argv[9];
     int k = 0;
+    if (L->hosts_mode) {
+        /* ssh HOST 'the run script': the node on its host, tied to this
+         * session's stdin (ssh.c); its stdout and stderr come back here. */
+        char *sargv[16 + 2 * DS_SSH_OPTS_MAX], hd[PATH_MAX], rconf[PATH_MAX + 32];
+        char cmd[3 * PATH_MAX + 512];
+        host_dir(L, nd->host, hd, sizeof(hd));
+        snprintf(rconf, sizeof(rconf), "%s/%s.ini", hd, nd->name);
+        if (ds_ssh_run_cmd(L->remote_dsnode, rconf, cmd, sizeof(cmd)) < 0 ||
+            ds_ssh_argv(&L->ssh, L->hosts[nd->host], cmd, sargv,
+                        (int)(sizeof(sargv) / sizeof(sargv[0]))) < 0) {
+            say(L, "%s: the ssh command line is too long", nd->name);
+            fclose(nd->log);
+            nd->log = NULL;
+            return -E2BIG;
+        }
+        pid_t pid = ds_proc_spawn_io(sargv, -1, &nd->in_w, -1, &nd->fd[0], &nd->fd[1], err,
+                                     sizeof(err));
+        if (pid < 0) {
+            say(L, "%s: %s", nd->name, err);
+            fclose(nd->log);
+            nd->log = NULL;
+            return (int)pid;
+        }
+        nd->pid = pid;
+        nd->state = NODE_RUNNING;
+        nd->t_start = now_ms();
+        L->dirty = 1;
+        return 0;
+    }
     if (L->netns) {
         ds_netns_exec_prefix(&L->ns, (int)(nd - L->nodes), nsname, sizeof(nsname), argv);
         k = 4;
@@ -1177,21 +1461,33 @@ static void begin_stop(struct launch *L, const char *why)
         return;
     L->stopping = 1;
     L->stop_reason = why;
-    L->kill_at = now_ms() + GRACE_MS;
+    L->kill_at = now_ms() + L->grace_ms;
     int sent = 0;
     for (int i = 0; i < L->started; i++) {
         struct node *nd = &L->nodes[i];
         if (nd->state == NODE_RUNNING && !nd->reaped) {
-            kill(nd->pid, SIGTERM);
+            if (L->hosts_mode) {
+                /* EOF on the session's stdin: the remote watcher sends the
+                 * node SIGTERM, and its summary still comes back. */
+                if (nd->in_w >= 0) {
+                    close(nd->in_w);
+                    nd->in_w = -1;
+                }
+            } else {
+                kill(nd->pid, SIGTERM);
+            }
             sent++;
         }
     }
     for (int k = 0; k < L->nadd; k++)
         if (!L->add[k].fired)
             L->add[k].abandoned = 1;
-    if (sent)
+    if (sent && L->hosts_mode)
+        say(L, "stopping (%s): closing %d ssh session%s' input (the nodes get SIGTERM), "
+            "killing ssh after %d s", why, sent, sent == 1 ? "" : "s", L->grace_ms / 1000);
+    else if (sent)
         say(L, "stopping (%s): SIGTERM to %d node%s, SIGKILL after %d s", why, sent,
-            sent == 1 ? "" : "s", GRACE_MS / 1000);
+            sent == 1 ? "" : "s", L->grace_ms / 1000);
 }
 
 static void kill_hard(struct launch *L)
@@ -1206,7 +1502,9 @@ static void kill_hard(struct launch *L)
     }
     L->killed_hard = 1;
     if (sent)
-        say(L, "SIGKILL to %d node%s still running", sent, sent == 1 ? "" : "s");
+        say(L, "SIGKILL to %d %s still running", sent,
+            L->hosts_mode ? (sent == 1 ? "ssh session" : "ssh sessions")
+                          : (sent == 1 ? "node" : "nodes"));
 }
 
 static void handle_line(struct launch *L, struct node *nd, int is_err, char *line)
@@ -1228,8 +1526,17 @@ static void handle_line(struct launch *L, struct node *nd, int is_err, char *lin
     char copy[LINE_MAX_];
     snprintf(copy, sizeof(copy), "%s", line);
     ds_logline ll;
-    if (ds_logline_split(copy, &ll) < 0)
+    if (ds_logline_split(copy, &ll) < 0) {
+        /* dslaunch hosts: what ssh itself says ("Connection refused",
+         * "Permission denied", "Timeout, server not responding") is the
+         * only word on a lost session; show it. */
+        if (L->hosts_mode && nd->forwarded < FORWARD_MAX && line[0]) {
+            say(L, "%s: %s", nd->name, line);
+            if (++nd->forwarded == FORWARD_MAX)
+                say(L, "%s: further warnings only in %s", nd->name, nd->logp);
+        }
         return;
+    }
     ds_kvline kv;
     double v;
     if (!strcmp(ll.component, "train") && ds_kv_parse(ll.msg, &kv) > 0 &&
@@ -1297,6 +1604,10 @@ static int read_pipe(struct launch *L, struct node *nd, int which)
 
 static void node_finish(struct launch *L, struct node *nd)
 {
+    if (nd->in_w >= 0) {
+        close(nd->in_w);
+        nd->in_w = -1;
+    }
     for (int w = 0; w < 2; w++)
         if (nd->fd[w] >= 0) {
             close(nd->fd[w]);
@@ -1334,6 +1645,9 @@ static void reap(struct launch *L)
                 nd->reaped = 1;
                 nd->exit_code = ds_proc_exit_code(ws);
                 nd->t_reaped = t;
+                /* ssh's own failures exit 255: connection refused or lost,
+                 * authentication; dsnode exits 0, 1, 2 or 128 + signal. */
+                nd->host_lost = L->hosts_mode && nd->exit_code == 255;
             } else if (r < 0 && errno == ECHILD) { /* cannot happen; do not spin */
                 nd->reaped = 1;
                 nd->exit_code = 255;
@@ -1519,7 +1833,7 @@ static void loop(struct launch *L)
 static const char *node_status(const struct node *nd)
 {
     const char *st = nd->have_summary ? ds_kv_get(&nd->summary, "status") : NULL;
-    return st ? st : nd->exit_code > 128 ? "killed" : "failed";
+    return st ? st : nd->host_lost ? "lost" : nd->exit_code > 128 ? "killed" : "failed";
 }
 
 static const char *summary_or_dash(const struct node *nd, const char *key)
@@ -1565,6 +1879,8 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
                                                                   : json_null()) < 0;
     bad = bad || ds_json_set(o, "model", model_ok ? ds_json_text(nd->model) : json_null()) < 0;
     bad = bad || ds_json_set(o, "listen", ds_json_text(listen)) < 0;
+    if (L->hosts_mode)
+        bad = bad || ds_json_set(o, "host", ds_json_text(L->hosts[nd->host])) < 0;
     bad = bad || ds_json_set(o, "log", ds_json_text(nd->logp)) < 0;
     if (bad) {
         json_decref(o);
@@ -1582,7 +1898,9 @@ static json_t *report_json(const struct launch *L, const ds_consensus *cons, con
     for (int i = 0; !bad && i < L->started; i++)
         bad = ds_json_set(nodes, L->nodes[i].name, node_json(L, i, mst && mst[i] == 0)) < 0;
     char net[64];
-    if (!L->netns)
+    if (L->hosts_mode)
+        snprintf(net, sizeof(net), "ssh");
+    else if (!L->netns)
         snprintf(net, sizeof(net), "loopback");
     else if (!L->netns_rate)
         snprintf(net, sizeof(net), "netns");
@@ -1745,16 +2063,182 @@ static int netns_up(struct launch *L)
     return 0;
 }
 
-int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
+/* ---- dslaunch hosts: shipping and collecting over ssh ------------------------------------ */
+
+/* name's path in PATH into buf; 0 or -ENOENT. */
+static int find_prog(const char *name, char *buf, size_t len)
+{
+    const char *path = getenv("PATH");
+    char *copy = strdup(path && *path ? path : "/usr/bin:/bin"), *save = NULL;
+    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(buf, len, "%s/%s", *d ? d : ".", name);
+        if (access(buf, X_OK) == 0) {
+            free(copy);
+            return 0;
+        }
+    }
+    free(copy);
+    return -ENOENT;
+}
+
+/* Runs argv (stdin in_fd, stdout out_file when >= 0) to completion within
+ * SSH_CMD_MS; 0, or -1 with what it said on stderr under `what`. */
+static int run_io(struct launch *L, char **argv, int in_fd, int out_file, const char *what)
+{
+    char *o = NULL, *e = NULL, err[512];
+    int code = 0;
+    int ret = ds_proc_capture_io(argv, in_fd, out_file, SSH_CMD_MS, &o, &e, &code, err,
+                                 sizeof(err));
+    int bad = ret < 0 || code != 0;
+    if (bad) {
+        erase_block(L);
+        if (ret < 0 && ret != -ETIMEDOUT)
+            fprintf(stderr, "dslaunch: %s: %s\n", what, err);
+        else if (ret == -ETIMEDOUT)
+            fprintf(stderr, "dslaunch: %s failed (%s):\n%s%s", what, err,
+                    e && *e ? e : "(no message)\n",
+                    e && *e && e[strlen(e) - 1] != '\n' ? "\n" : "");
+        else
+            fprintf(stderr, "dslaunch: %s failed (exit status %d):\n%s%s", what, code,
+                    e && *e ? e : "(no message)\n",
+                    e && *e && e[strlen(e) - 1] != '\n' ? "\n" : "");
+    }
+    free(o);
+    free(e);
+    return bad ? -1 : 0;
+}
+
+/* Host h's files (the cluster key, the allow-list, and for each of its
+ * nodes the ini, the identity and the empty data directory) as a tar
+ * archive into a new directory on the host. 0 or -1 (said). */
+static int ship_host(struct launch *L, int h)
+{
+    char tarp[PATH_MAX], hd[256], cmd[PATH_MAX * 3 + 256], what[DS_SSH_HOST_MAX + 320];
+    char names[MAX_NODES][3][24];
+    char *targv[16 + 3 * MAX_NODES];
+    int k = 0;
+    snprintf(tarp, sizeof(tarp), "%s/h%d.tar", L->dir, h);
+    targv[k++] = L->tar_prog;
+    targv[k++] = "-c";
+    targv[k++] = "-f";
+    targv[k++] = tarp;
+    targv[k++] = "-C";
+    targv[k++] = L->dir;
+    targv[k++] = "cluster.key";
+    targv[k++] = "allowed_keys";
+    int nn = 0;
+    for (int i = 0; i < L->total; i++)
+        if (L->nodes[i].host == h) {
+            snprintf(names[nn][0], sizeof(names[nn][0]), "%s.ini", L->nodes[i].name);
+            snprintf(names[nn][1], sizeof(names[nn][1]), "%s.key", L->nodes[i].name);
+            snprintf(names[nn][2], sizeof(names[nn][2]), "%s", L->nodes[i].name);
+            for (int j = 0; j < 3; j++)
+                targv[k++] = names[nn][j];
+            nn++;
+        }
+    targv[k] = NULL;
+    if (run_io(L, targv, -1, -1, "tar (the files for the hosts)") < 0)
+        return -1;
+    int fd = open(tarp, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "dslaunch: %s: %s\n", tarp, strerror(errno));
+        return -1;
+    }
+    char *sargv[16 + 2 * DS_SSH_OPTS_MAX];
+    host_dir(L, h, hd, sizeof(hd));
+    int ret = -1;
+    if (ds_ssh_ship_cmd(hd, cmd, sizeof(cmd)) >= 0 &&
+        ds_ssh_argv(&L->ssh, L->hosts[h], cmd, sargv, (int)(sizeof(sargv) / sizeof(sargv[0]))) >= 0) {
+        snprintf(what, sizeof(what), "ssh %s (making %s there)", L->hosts[h], hd);
+        ret = run_io(L, sargv, fd, -1, what);
+    }
+    close(fd);
+    unlink(tarp);
+    return ret;
+}
+
+/* Host h's node directories (model.bin, status.json) back into the run
+ * directory, then the host's directory removed. 0 or -1 (said). */
+static int collect_host(struct launch *L, int h)
+{
+    char tarp[PATH_MAX], hd[256], cmd[PATH_MAX * 3 + 64 * MAX_NODES];
+    char what[DS_SSH_HOST_MAX + 320];
+    const char *names[MAX_NODES];
+    char *sargv[16 + 2 * DS_SSH_OPTS_MAX];
+    int nn = 0;
+    for (int i = 0; i < L->started; i++)
+        if (L->nodes[i].host == h)
+            names[nn++] = L->nodes[i].name;
+    host_dir(L, h, hd, sizeof(hd));
+    snprintf(tarp, sizeof(tarp), "%s/h%d-back.tar", L->dir, h);
+    int ret = -1;
+    int fd = open(tarp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "dslaunch: %s: %s\n", tarp, strerror(errno));
+        return -1;
+    }
+    if (nn && ds_ssh_collect_cmd(hd, names, nn, cmd, sizeof(cmd)) >= 0 &&
+        ds_ssh_argv(&L->ssh, L->hosts[h], cmd, sargv, (int)(sizeof(sargv) / sizeof(sargv[0]))) >= 0) {
+        snprintf(what, sizeof(what), "ssh %s (collecting the node directories)", L->hosts[h]);
+        ret = run_io(L, sargv, -1, fd, what);
+    }
+    close(fd);
+    if (ret == 0) {
+        char *xargv[] = {L->tar_prog, "-x", "-f", tarp, "-C", L->dir, NULL};
+        ret = run_io(L, xargv, -1, -1, "tar (unpacking the node directories)");
+    }
+    unlink(tarp);
+    if (ret < 0) {
+        fprintf(stderr, "dslaunch: %s's node directories did not come back; %s stays there "
+                        "(keys in it: remove it by hand)\n", L->hosts[h], hd);
+        return ret;
+    }
+    if (ds_ssh_remove_cmd(hd, cmd, sizeof(cmd)) >= 0 &&
+        ds_ssh_argv(&L->ssh, L->hosts[h], cmd, sargv, (int)(sizeof(sargv) / sizeof(sargv[0]))) >= 0) {
+        snprintf(what, sizeof(what), "ssh %s (removing %s)", L->hosts[h], hd);
+        ret = run_io(L, sargv, -1, -1, what);
+    }
+    return ret;
+}
+
+/* The programs dslaunch hosts runs here (ssh, tar) and the dsnode path on
+ * the hosts. 0, or -ENOENT (said). */
+static int hosts_setup(struct launch *L)
+{
+    if (find_prog("ssh", L->ssh_prog, sizeof(L->ssh_prog)) < 0) {
+        fprintf(stderr, "dslaunch hosts: the OpenSSH client (ssh) is not in PATH (Debian: "
+                        "apt-get install openssh-client)\n");
+        return -ENOENT;
+    }
+    if (find_prog("tar", L->tar_prog, sizeof(L->tar_prog)) < 0) {
+        fprintf(stderr, "dslaunch hosts: tar is not in PATH\n");
+        return -ENOENT;
+    }
+    L->ssh.program = L->ssh_prog;
+    if (L->remote_dsnode_opt) {
+        snprintf(L->remote_dsnode, sizeof(L->remote_dsnode), "%s", L->remote_dsnode_opt);
+    } else if (!realpath(L->dsnode, L->remote_dsnode)) {
+        fprintf(stderr, "dslaunch hosts: %s: %s\n", L->dsnode, strerror(errno));
+        return -ENOENT;
+    }
+    return 0;
+}
+
+static int launch_main(int argc, char **argv, const char *self_exe_dir, int hosts_mode)
 {
     struct launch *L = calloc(1, sizeof(*L));
     int ret, status = 2;
+    int shipped[MAX_HOSTS] = {0};
     if (!L) {
         fprintf(stderr, "dslaunch: out of memory\n");
         return 1;
     }
     L->sigfd = -1;
     L->t0 = now_ms();
+    L->hosts_mode = hosts_mode;
+    L->cmd = hosts_mode ? "hosts" : "local";
+    L->groups_by_host = 1;
+    L->grace_ms = hosts_mode ? GRACE_SSH_MS : GRACE_MS;
     ret = parse_args(L, argc, argv);
     if (ret != 0) {
         status = ret > 0 ? 0 : 2;
@@ -1778,7 +2262,8 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
             goto close_sigfd;
         }
     }
-    if (find_dsnode(L, self_exe_dir) < 0 || check_base(L) < 0)
+    if (find_dsnode(L, self_exe_dir) < 0 || (L->hosts_mode && hosts_setup(L) < 0) ||
+        check_base(L) < 0)
         goto close_sigfd;
     L->nodes = calloc((size_t)L->total, sizeof(struct node));
     if (!L->nodes) {
@@ -1820,8 +2305,24 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
             status = ret;
         goto teardown;
     }
-    fprintf(stderr, "dslaunch: %d node%s, run directory %s, ports from %d, dsnode %s\n", L->n,
-            L->n == 1 ? "" : "s", L->dir, L->nodes[0].port, L->dsnode);
+    for (int h = 0; L->hosts_mode && h < L->nhosts; h++) {
+        if (ship_host(L, h) < 0)
+            goto teardown;
+        shipped[h] = 1;
+        if ((sig = take_signals(L))) {
+            fprintf(stderr, "dslaunch: interrupted before the nodes started\n");
+            status = 128 + sig;
+            goto teardown;
+        }
+    }
+    if (L->hosts_mode)
+        fprintf(stderr, "dslaunch: %d node%s on %d host%s (%d each, ports from %d), run "
+                "directory %s, dsnode %s there\n", L->n, L->n == 1 ? "" : "s", L->nhosts,
+                L->nhosts == 1 ? "" : "s", L->per_host, L->nodes[0].port, L->dir,
+                L->remote_dsnode);
+    else
+        fprintf(stderr, "dslaunch: %d node%s, run directory %s, ports from %d, dsnode %s\n",
+                L->n, L->n == 1 ? "" : "s", L->dir, L->nodes[0].port, L->dsnode);
     L->t0 = L->last_status = now_ms();
     for (int i = 0; i < L->n; i++) {
         if (start_node(L, &L->nodes[i]) < 0) {
@@ -1832,12 +2333,32 @@ int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
         L->started++;
     }
     loop(L);
+    /* Every ssh session is over: bring the node directories home. */
+    for (int h = 0; L->hosts_mode && h < L->nhosts; h++)
+        if (shipped[h]) {
+            if (collect_host(L, h) < 0)
+                L->failed_self = 1;
+            shipped[h] = 0;
+        }
     /* Every started node is reaped: nothing lives in the namespaces now. */
     if (L->netns && ds_netns_teardown(&L->ns, stderr) < 0)
         L->failed_self = 1;
     status = report(L, final_status(L));
 
 teardown:
+    /* dslaunch hosts, before any node ran: remove the host directories
+     * made so far (keys in them). */
+    for (int h = 0; L->hosts_mode && h < L->nhosts; h++)
+        if (shipped[h]) {
+            char hd[256], cmd[PATH_MAX + 64], what[DS_SSH_HOST_MAX + 320];
+            char *sargv[16 + 2 * DS_SSH_OPTS_MAX];
+            host_dir(L, h, hd, sizeof(hd));
+            snprintf(what, sizeof(what), "ssh %s (removing %s)", L->hosts[h], hd);
+            if (ds_ssh_remove_cmd(hd, cmd, sizeof(cmd)) >= 0 &&
+                ds_ssh_argv(&L->ssh, L->hosts[h], cmd, sargv,
+                            (int)(sizeof(sargv) / sizeof(sargv[0]))) >= 0)
+                run_io(L, sargv, -1, -1, what);
+        }
     /* A no-op after the teardown above; here for the ways out before the
      * nodes started. */
     if (L->netns && ds_netns_teardown(&L->ns, stderr) < 0 && status == 0)
@@ -1855,6 +2376,17 @@ free_nodes:
 close_sigfd:
     close(L->sigfd);
 free_launch:
+    free(L->hosts);
     free(L);
     return status;
+}
+
+int ds_launch_local_main(int argc, char **argv, const char *self_exe_dir)
+{
+    return launch_main(argc, argv, self_exe_dir, 0);
+}
+
+int ds_launch_hosts_main(int argc, char **argv, const char *self_exe_dir)
+{
+    return launch_main(argc, argv, self_exe_dir, 1);
 }

@@ -51,7 +51,8 @@ int ds_proc_exit_code(int wstatus)
 }
 
 /* In the child, between fork and exec: only async-signal-safe calls. */
-static void child_setup(pid_t parent, int out_w, int err_w, int status_w, char *const argv[])
+static void child_setup(pid_t parent, int in_r, int out_w, int err_w, int status_w,
+                        char *const argv[])
 {
     int e;
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent) {
@@ -64,8 +65,8 @@ static void child_setup(pid_t parent, int out_w, int err_w, int status_w, char *
     sigprocmask(SIG_SETMASK, &none, NULL);
     for (int s = 1; s < NSIG; s++)
         signal(s, SIG_DFL); /* errors for SIGKILL/SIGSTOP and RT gaps: harmless */
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) {
+    int in = in_r >= 0 ? in_r : open("/dev/null", O_RDONLY);
+    if (in < 0 || dup2(in, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) {
         e = errno;
         goto fail;
     }
@@ -81,10 +82,17 @@ fail:
 
 pid_t ds_proc_spawn(char *const argv[], int *out_fd, int *err_fd, char *err, size_t errlen)
 {
-    int po[2] = {-1, -1}, pe[2] = {-1, -1}, ps[2] = {-1, -1};
+    return ds_proc_spawn_io(argv, -1, NULL, -1, out_fd, err_fd, err, errlen);
+}
+
+pid_t ds_proc_spawn_io(char *const argv[], int in_fd, int *in_w, int out_file, int *out_fd,
+                       int *err_fd, char *err, size_t errlen)
+{
+    int po[2] = {-1, -1}, pe[2] = {-1, -1}, ps[2] = {-1, -1}, pi[2] = {-1, -1};
     pid_t pid;
     int ret;
-    if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0 || pipe2(ps, O_CLOEXEC) < 0) {
+    if ((in_w && pipe2(pi, O_CLOEXEC) < 0) || (out_file < 0 && pipe2(po, O_CLOEXEC) < 0) ||
+        pipe2(pe, O_CLOEXEC) < 0 || pipe2(ps, O_CLOEXEC) < 0) {
         ret = -errno;
         snprintf(err, errlen, "cannot run %s: pipe: %s", argv[0], strerror(-ret));
         goto close_pipes;
@@ -97,12 +105,16 @@ pid_t ds_proc_spawn(char *const argv[], int *out_fd, int *err_fd, char *err, siz
         goto close_pipes;
     }
     if (pid == 0)
-        child_setup(parent, po[1], pe[1], ps[1], argv);
+        child_setup(parent, in_w ? pi[0] : in_fd, out_file >= 0 ? out_file : po[1], pe[1], ps[1],
+                    argv);
 
-    close(po[1]);
+    if (po[1] >= 0)
+        close(po[1]);
+    if (pi[0] >= 0)
+        close(pi[0]);
     close(pe[1]);
     close(ps[1]);
-    po[1] = pe[1] = ps[1] = -1;
+    po[1] = pe[1] = ps[1] = pi[0] = -1;
     int child_errno = 0;
     ssize_t r;
     do
@@ -118,14 +130,20 @@ pid_t ds_proc_spawn(char *const argv[], int *out_fd, int *err_fd, char *err, siz
         snprintf(err, errlen, "cannot run %s: %s", argv[0], strerror(-ret));
         goto close_pipes;
     }
-    fcntl(po[0], F_SETFL, O_NONBLOCK);
+    if (po[0] >= 0)
+        fcntl(po[0], F_SETFL, O_NONBLOCK);
     fcntl(pe[0], F_SETFL, O_NONBLOCK);
-    *out_fd = po[0];
+    if (out_fd)
+        *out_fd = po[0];
     *err_fd = pe[0];
+    if (in_w)
+        *in_w = pi[1];
     return pid;
 
 close_pipes:
     for (int i = 0; i < 2; i++) {
+        if (pi[i] >= 0)
+            close(pi[i]);
         if (po[i] >= 0)
             close(po[i]);
         if (pe[i] >= 0)
@@ -176,14 +194,20 @@ static int drain(int fd, char **buf, size_t *len, size_t *cap)
 int ds_proc_capture(char *const argv[], int timeout_ms, char **out, char **errtext, int *exit_code,
                     char *err, size_t errlen)
 {
-    int fo, fe;
+    return ds_proc_capture_io(argv, -1, -1, timeout_ms, out, errtext, exit_code, err, errlen);
+}
+
+int ds_proc_capture_io(char *const argv[], int in_fd, int out_file, int timeout_ms, char **out,
+                       char **errtext, int *exit_code, char *err, size_t errlen)
+{
+    int fo = -1, fe;
     char *b[2] = {NULL, NULL};
     size_t len[2] = {0, 0}, cap[2] = {0, 0};
     *out = *errtext = NULL;
-    pid_t pid = ds_proc_spawn(argv, &fo, &fe, err, errlen);
+    pid_t pid = ds_proc_spawn_io(argv, in_fd, NULL, out_file, &fo, &fe, err, errlen);
     if (pid < 0)
         return (int)pid;
-    int open_[2] = {1, 1};
+    int open_[2] = {fo >= 0, 1};
     int fds[2] = {fo, fe};
     int ret = 0;
     const int64_t deadline = now_ms() + timeout_ms;
@@ -225,7 +249,8 @@ int ds_proc_capture(char *const argv[], int timeout_ms, char **out, char **errte
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
         ;
-    close(fo);
+    if (fo >= 0)
+        close(fo);
     close(fe);
     *exit_code = ds_proc_exit_code(ws);
     if (ret < 0 && ret != -ETIMEDOUT) {

@@ -17,7 +17,11 @@ PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
       libopenblas-dev zlib1g-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev
       dataset-fashion-mnist
       python3-torch python3-numpy iproute2 nftables libclang-rt-14-dev
-      openssh-client openssh-server)
+      openssh-client)
+# Only for the test suite: the multihost tests start their own sshd in
+# network namespaces. Debian's package also enables and starts the system
+# sshd service where systemd runs, so `run` does not install it.
+TEST_PKGS=(openssh-server)
 
 # nvcc lives outside PATH on Debian's CUDA install.
 if [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -26,7 +30,7 @@ fi
 
 deps() {
   local missing=()
-  for p in "${PKGS[@]}"; do
+  for p in "${PKGS[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -55,7 +59,7 @@ cmd_run() {
 }
 
 cmd_test() {
-  deps
+  deps "${TEST_PKGS[@]}"
   build build
   meson test -C build --print-errorlogs --num-processes 2
   # Sanitizer build: AddressSanitizer + UBSan over the unit suites.

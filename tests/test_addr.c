@@ -17,9 +17,10 @@
  *       `run` and `check-config` on 0.0.0.0 and [::] fail with the error
  *       that asks for node.advertise; with node.advertise set they start.
  *   addr/ipv6_loopback_cluster         `dslaunch local --host ::1`: three
- *       nodes on [::1] train 400 steps; while they run, each status page
- *       is read over IPv6 (addr, view addresses in brackets) and dsviz
- *       draws the cluster from the three [::1]:port pages.
+ *       nodes on [::1] train; while they run, each status page is read
+ *       over IPv6 (addr, view addresses in brackets) and dsviz draws the
+ *       cluster from the three [::1]:port pages; then SIGINT stops the
+ *       run and its report names the [::1] addresses.
  *
  * Every process runs under a hard deadline and dies with the test
  * (PR_SET_PDEATHSIG; the suite's .fini kills whatever names the run
@@ -629,8 +630,11 @@ static int pages_ready(void *arg)
 Test(addr, ipv6_loopback_cluster)
 {
     const char *out = tmp_path("run");
+    /* A run far longer than the test: it is stopped (SIGINT) once the
+     * pages and dsviz are checked. With 400 steps the nodes could finish
+     * before all three pages had been read (seen in CI). */
     const char *args[] = {"local", "-n", "3", "--host", "::1", "--config", BASE_CONFIG,
-                          "--set", "train.steps=400", "--set", "train.eval_every=0",
+                          "--set", "train.steps=100000", "--set", "train.eval_every=0",
                           "--set", "train.backend=cpu", "--set", "train.warmup_steps=0",
                           "--set", STATUS_FILE_ON, "--out", out, "--json",
                           "--timeout", "180", "--dsnode", bin("DSNODE"), NULL};
@@ -689,15 +693,17 @@ Test(addr, ipv6_loopback_cluster)
     free(vout);
     free(verr);
 
-    const int code = live_end(&l, 180000);
-    cr_assert_eq(code, 0, "dslaunch exit %d\nstdout:\n%s\nstderr:\n%s", code, l.out, l.err);
+    cr_assert_eq(kill(l.pid, SIGINT), 0);
+    const int code = live_end(&l, 60000);
+    cr_assert_eq(code, 128 + SIGINT, "dslaunch exit %d\nstdout:\n%s\nstderr:\n%s", code, l.out,
+                 l.err);
     json_t *report = last_json(l.out);
     for (int i = 0; i < 3; i++) {
         char name[8];
         snprintf(name, sizeof(name), "n%d", i);
         const json_t *nd = jnode(report, name);
-        cr_expect_str_eq(jstr(nd, "status"), "done", "%s", name);
-        cr_expect_eq(jnum(nd, "steps"), 400, "%s", name);
+        cr_expect_str_eq(jstr(nd, "status"), "stopped", "%s", name);
+        cr_expect_gt(jnum(nd, "steps"), 0, "%s", name);
         cr_expect_str_eq(jstr(nd, "listen"), addr6_of(name), "%s", name);
     }
     json_decref(report);

@@ -120,6 +120,118 @@ Test(model, softmax_xent_gradient_numeric)
     }
 }
 
+/* L = sum(r * op(x)) for fixed random r, so dL/dy = r: central differences
+ * of L w.r.t. every input and parameter against the op's backward. */
+static double conv_loss(const ds_ops *o, const ds_conv_shape *s, const float *x, const float *w,
+                        const float *b, const float *r, float *y, float *col)
+{
+    o->conv2d_fwd(y, x, w, b, s, col);
+    double l = 0;
+    for (size_t i = 0; i < (size_t)s->batch * s->c_out * s->h * s->w; i++)
+        l += (double)r[i] * y[i];
+    return l;
+}
+
+static int fd_compare(const char *what, const ds_ops *o, float *v, size_t n, const float *g,
+                      double (*loss)(void *), void *ctx)
+{
+    const float eps = 1e-2f;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float keep = v[i];
+        v[i] = keep + eps;
+        const double lp = loss(ctx);
+        v[i] = keep - eps;
+        const double lm = loss(ctx);
+        v[i] = keep;
+        const double num = (lp - lm) / (2.0 * eps);
+        if (fabs(num - g[i]) > 2e-3 + 1e-2 * fabs(num)) {
+            if (bad < 10)
+                cr_log_error("%s %s [%zu]: analytic %.6g numeric %.6g", o->name, what, i, g[i], num);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+typedef struct conv_ctx {
+    const ds_ops *o;
+    const ds_conv_shape *s;
+    float *x, *w, *b, *r, *y, *col;
+} conv_ctx;
+
+static double conv_ctx_loss(void *p)
+{
+    conv_ctx *c = p;
+    return conv_loss(c->o, c->s, c->x, c->w, c->b, c->r, c->y, c->col);
+}
+
+static void conv_gradcheck(const ds_ops *o)
+{
+    const ds_conv_shape shapes[] = {
+        {.batch = 2, .c_in = 3, .h = 5, .w = 7, .c_out = 4, .k = 3},
+        {.batch = 3, .c_in = 2, .h = 4, .w = 3, .c_out = 3, .k = 5},
+        {.batch = 1, .c_in = 1, .h = 3, .w = 3, .c_out = 2, .k = 1},
+    };
+    for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
+        const ds_conv_shape *s = &shapes[t];
+        const size_t nx = (size_t)s->batch * s->c_in * s->h * s->w;
+        const size_t ny = (size_t)s->batch * s->c_out * s->h * s->w;
+        const size_t nw = (size_t)s->c_out * s->c_in * s->k * s->k;
+        conv_ctx c = {.o = o, .s = s, .x = malloc(nx * 4), .w = malloc(nw * 4),
+                      .b = malloc((size_t)s->c_out * 4), .r = malloc(ny * 4),
+                      .y = malloc(ny * 4), .col = malloc(ds_conv_col_floats(s) * 4)};
+        float *dx = malloc(nx * 4), *dw = malloc(nw * 4), *db = malloc((size_t)s->c_out * 4);
+        ds_t_fill(c.x, nx, 40 + t, -1, 1);
+        ds_t_fill(c.w, nw, 50 + t, -1, 1);
+        ds_t_fill(c.b, (size_t)s->c_out, 60 + t, -1, 1);
+        ds_t_fill(c.r, ny, 70 + t, -1, 1);
+        o->conv2d_bwd(dx, dw, db, c.r, c.x, c.w, s, c.col);
+        int bad = fd_compare("conv2d dx", o, c.x, nx, dx, conv_ctx_loss, &c);
+        bad += fd_compare("conv2d dw", o, c.w, nw, dw, conv_ctx_loss, &c);
+        bad += fd_compare("conv2d db", o, c.b, (size_t)s->c_out, db, conv_ctx_loss, &c);
+        cr_expect_eq(bad, 0, "conv2d shape %zu: %d gradients differ (%s)", t, bad, o->name);
+        free(c.x), free(c.w), free(c.b), free(c.r), free(c.y), free(c.col);
+        free(dx), free(dw), free(db);
+    }
+}
+
+typedef struct pool_ctx {
+    const ds_ops *o;
+    int planes, h, w;
+    float *x, *r, *y;
+} pool_ctx;
+
+static double pool_ctx_loss(void *p)
+{
+    pool_ctx *c = p;
+    c->o->maxpool_fwd(c->y, c->x, c->planes, c->h, c->w);
+    double l = 0;
+    for (size_t i = 0; i < (size_t)c->planes * (c->h / 2) * (c->w / 2); i++)
+        l += (double)c->r[i] * c->y[i];
+    return l;
+}
+
+static void pool_gradcheck(const ds_ops *o)
+{
+    /* Odd sizes (a dropped row and column). Random inputs are spread
+     * enough that no window has two values within eps of each other
+     * (checked below), where the max-pool gradient is not defined. */
+    pool_ctx c = {.o = o, .planes = 3, .h = 5, .w = 7};
+    const size_t nx = (size_t)c.planes * c.h * c.w, ny = (size_t)c.planes * 2 * 3;
+    c.x = malloc(nx * 4), c.r = malloc(ny * 4), c.y = malloc(ny * 4);
+    float *dx = malloc(nx * 4);
+    for (size_t i = 0; i < nx; i++) /* distinct values 0.05 apart, shuffled */
+        c.x[i] = 0.05f * (float)((i * 37) % nx) - 1.0f;
+    ds_t_fill(c.r, ny, 81, -1, 1);
+    o->maxpool_bwd(dx, c.r, c.x, c.planes, c.h, c.w);
+    cr_expect_eq(fd_compare("maxpool dx", o, c.x, nx, dx, pool_ctx_loss, &c), 0, "%s", o->name);
+    free(c.x), free(c.r), free(c.y), free(dx);
+}
+
+Test(model, gradcheck_conv2d) { each_table(conv_gradcheck); }
+Test(model, gradcheck_maxpool) { each_table(pool_gradcheck); }
+
 Test(model, layout_is_contiguous_layer_table)
 {
     ds_ops o;

@@ -32,6 +32,13 @@
 #define DS_LAYERSPEC_CNN \
     "conv3x3:32, relu, maxpool2, conv3x3:64, relu, maxpool2, flatten, linear:128, relu, linear:10"
 
+/* The input every model is built for: the Fashion-MNIST image (the only
+ * data set, node/train/data.h), 1 x 28 x 28, 10 classes. */
+#define DS_FMNIST_C 1
+#define DS_FMNIST_H 28
+#define DS_FMNIST_W 28
+#define DS_FMNIST_CLASSES 10
+
 enum ds_lkind {
     DS_L_CONV = 0,
     DS_L_MAXPOOL = 1,

@@ -170,6 +170,7 @@ int ds_layerspec_check(const ds_layerspec *sp, int c, int h, int w, int classes,
     int owns = 0;            /* the previous layer wrote its own output */
     int prev_relu = 0;
     uint64_t params = 0;
+    int n_param = 0;
     if (sp->n < 1)
         return refuse(e, 0, 0, 0, "at least one layer");
     for (int i = 0; i < sp->n; i++) {
@@ -211,6 +212,9 @@ int ds_layerspec_check(const ds_layerspec *sp, int c, int h, int w, int classes,
             h = w = 1;
             break;
         }
+        if ((l->kind == DS_L_CONV || l->kind == DS_L_LINEAR) && ++n_param > DS_LAYERSPEC_MAX_PARAM)
+            return refuse(e, l->at, l->len, i + 1, "at most %d conv and linear layers",
+                          DS_LAYERSPEC_MAX_PARAM);
         if (params > INT32_MAX)
             return refuse(e, l->at, l->len, i + 1, "at most %d parameters in all", INT32_MAX);
         if (l->kind != DS_L_FLATTEN)

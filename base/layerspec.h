@@ -18,7 +18,8 @@
  * Shapes (ds_layerspec_check) run from the input image, c x h x w: conv and
  * maxpool2 need an image (before any flatten; maxpool2 one of at least
  * 2x2), linear needs a vector (after flatten), and the list ends with
- * linear:<classes>. relu comes after a conv, maxpool2 or linear (a flatten
+ * linear:<classes>, with at most DS_LAYERSPEC_MAX_PARAM conv and linear
+ * items in all. relu comes after a conv, maxpool2 or linear (a flatten
  * between is fine): never on the input, never twice in a row.
  */
 #ifndef DS_BASE_LAYERSPEC_H
@@ -27,6 +28,7 @@
 #include <stddef.h>
 
 #define DS_LAYERSPEC_MAX 32
+#define DS_LAYERSPEC_MAX_PARAM 16 /* conv and linear items (each one gossip segment) */
 
 /* The spec of train.model = cnn (issue 11). */
 #define DS_LAYERSPEC_CNN \

@@ -89,6 +89,11 @@ Test(base, layerspec_refuses_naming_the_token)
     refused("flatten, linear:10, relu", "relu", 3, "the last layer to be linear:10");
     refused("flatten, linear:65536, linear:65536, linear:10", "linear:65536", 3,
             "at most 2147483647 parameters");
+    char params[400] = "";
+    for (int i = 0; i < DS_LAYERSPEC_MAX_PARAM; i++)
+        strcat(params, "conv1x1:1, ");
+    strcat(params, "flatten, linear:10");
+    refused(params, "linear:10", DS_LAYERSPEC_MAX_PARAM + 2, "at most 16 conv and linear layers");
     char many[400] = "";
     for (int i = 0; i < DS_LAYERSPEC_MAX; i++)
         strcat(many, "conv1x1:1, ");

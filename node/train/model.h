@@ -26,7 +26,7 @@
 #include "base/layerspec.h"
 #include "kernels/kernels.h"
 
-#define DS_MODEL_MAX_LAYERS 16           /* layers with parameters */
+#define DS_MODEL_MAX_LAYERS DS_LAYERSPEC_MAX_PARAM /* layers with parameters */
 #define DS_MODEL_MAX_OPS DS_LAYERSPEC_MAX
 
 typedef struct ds_layer {

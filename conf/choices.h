@@ -10,7 +10,7 @@
  *   key                list             enum                 used by
  *   gossip.mix         DS_MIXES         enum ds_mix          node/gossip
  *   security.mode      DS_SEC_MODES     enum ds_sec_mode     node/sec
- *   train.model        DS_MODELS        enum ds_model_kind   node/runtime (the MLP only)
+ *   train.model        DS_MODELS        enum ds_model_kind   node/runtime -> node/train
  *   train.lr_schedule  DS_LR_SCHEDULES  enum ds_lr_schedule  node/runtime -> node/train
  *
  * Every list has the same form, X(enumerator, value, name), in the order
@@ -38,9 +38,13 @@
     X(DS_SEC_AUTH, 1, "auth") \
     X(DS_SEC_NONE, 0, "none")
 
-/* train.model: the model architecture. */
+/* train.model: the model architecture (docs/config.md): the MLP of
+ * train.hidden, the CNN of base/layerspec.h's DS_LAYERSPEC_CNN, or the
+ * layer list in train.layers. */
 #define DS_MODELS(X) \
-    X(DS_MODEL_MLP, 0, "mlp")
+    X(DS_MODEL_MLP, 0, "mlp") \
+    X(DS_MODEL_CNN, 1, "cnn") \
+    X(DS_MODEL_CUSTOM, 2, "custom")
 
 /* train.lr_schedule: the learning rate after the warm-up. */
 #define DS_LR_SCHEDULES(X) \

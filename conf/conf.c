@@ -77,6 +77,7 @@
 
 #include "base/file.h"
 #include "base/hostport.h"
+#include "base/layerspec.h"
 #include "conf/conf.h"
 
 #ifndef DS_INIH_RUNTIME_OPTIONS
@@ -103,6 +104,8 @@ enum kcheck {
     CHK_HOSTPORT_OR_EMPTY, /* "" or a HOSTPORT */
     CHK_PATH,              /* a non-empty path, resolved when loaded */
     CHK_PATH_OR_EMPTY,     /* "" (off) or a PATH */
+    CHK_LAYERS_OR_EMPTY,   /* "" or a layer list (base/layerspec.h) that
+                            * fits the Fashion-MNIST image */
 };
 
 /* One choice of an enum key: its value and its name. */
@@ -424,6 +427,7 @@ static void describe_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port (IPv4 address, [IPv6] address or hostname; port 1..65535)",
         [CHK_PATH] = "a non-empty path",
         [CHK_PATH_OR_EMPTY] = "empty or a path",
+        [CHK_LAYERS_OR_EMPTY] = "empty or a layer list",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -505,6 +509,7 @@ static void constraint_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_HOSTPORT_OR_EMPTY] = "empty or host:port",
         [CHK_PATH] = "path",
         [CHK_PATH_OR_EMPTY] = "empty or path",
+        [CHK_LAYERS_OR_EMPTY] = "empty or layer list",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -547,7 +552,8 @@ static bool empty_ok(const kdesc *k)
     switch (k->type) {
     case T_STR:
         return k->check == CHK_ANY || k->check == CHK_NAME_OR_EMPTY ||
-               k->check == CHK_HOSTPORT_OR_EMPTY || k->check == CHK_PATH_OR_EMPTY;
+               k->check == CHK_HOSTPORT_OR_EMPTY || k->check == CHK_PATH_OR_EMPTY ||
+               k->check == CHK_LAYERS_OR_EMPTY;
     case T_ILIST:
     case T_SLIST:
         return k->cmin == 0;
@@ -585,6 +591,7 @@ static bool check_str(enum kcheck chk, const char *s, size_t n)
     switch (chk) {
     case CHK_ANY:
     case CHK_PATH_OR_EMPTY:
+    case CHK_LAYERS_OR_EMPTY: /* the list itself: parse_layers() */
         return true;
     case CHK_NONEMPTY:
     case CHK_PATH:
@@ -608,6 +615,28 @@ static bool check_str(enum kcheck chk, const char *s, size_t n)
         return ds_hostport_parse(buf, &hp) == 0 && hp.port >= 1;
     }
     return false;
+}
+
+/* A train.layers list: the grammar and the shapes from the Fashion-MNIST
+ * image, refused with the item that is wrong ("found 'rleu' (layer 2)"). */
+static int parse_layers(const kdesc *k, const char *s, size_t n, char *err, size_t err_len,
+                        const where *w)
+{
+    char buf[DS_CONF_STR_MAX], tail[32];
+    ds_layerspec sp;
+    ds_layerspec_err e;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    int r = ds_layerspec_parse(buf, &sp, &e);
+    if (r == 0)
+        r = ds_layerspec_check(&sp, DS_FMNIST_C, DS_FMNIST_H, DS_FMNIST_W, DS_FMNIST_CLASSES, &e);
+    if (r == 0)
+        return 0;
+    if (e.index > 0)
+        snprintf(tail, sizeof(tail), " (layer %d)", e.index);
+    else
+        tail[0] = '\0';
+    return expected(err, err_len, w, k, e.expected, buf + e.at, e.len, tail);
 }
 
 /* Rules every str value and str list item obeys, then its check. Returns 0
@@ -634,6 +663,11 @@ static int parse_str_item(const kdesc *k, const char *s, size_t n, char *out, ch
         char what[160];
         describe_str_check(k->check, what, sizeof(what));
         return expected(err, err_len, w, k, what, s, n, tail);
+    }
+    if (k->check == CHK_LAYERS_OR_EMPTY && n > 0) {
+        int r = parse_layers(k, s, n, err, err_len, w);
+        if (r)
+            return r;
     }
     memset(out, 0, DS_CONF_STR_MAX);
     memcpy(out, s, n);
@@ -1520,6 +1554,30 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
         rc = fail(err, err_len, NULL,
                   "train.nesterov = true requires train.momentum > 0, found train.momentum = %s",
                   v);
+        goto out_free;
+    }
+    if (c->train.model == DS_MODEL_CUSTOM && !c->train.layers[0]) {
+        rc = fail(err, err_len, NULL,
+                  "train.model = custom requires train.layers (a layer list), found it empty");
+        goto out_free;
+    }
+    if (c->train.model != DS_MODEL_CUSTOM && c->train.layers[0]) {
+        char q[QUOTE_BUF];
+        quote(q, sizeof(q), c->train.layers, strlen(c->train.layers));
+        rc = fail(err, err_len, NULL,
+                  "train.layers applies to train.model = custom only, found train.model = %s "
+                  "and train.layers = '%s'",
+                  choice_name("train", "model", (int)c->train.model), q);
+        goto out_free;
+    }
+    if (c->train.model != DS_MODEL_MLP &&
+        !(c->train.hidden_count == 2 && c->train.hidden[0] == 256 && c->train.hidden[1] == 256)) {
+        /* The default is all we can tell from "not written"; anything else
+         * was asked for and would do nothing. */
+        rc = fail(err, err_len, NULL,
+                  "train.hidden applies to train.model = mlp only (leave it at 256, 256), found "
+                  "train.model = %s",
+                  choice_name("train", "model", (int)c->train.model));
         goto out_free;
     }
     if (c->train.warmup_steps > c->train.steps) {

@@ -99,9 +99,11 @@
     X(ENUM, train, backend, "auto", enum ds_ops_backend, DS_OPS_BACKENDS, \
       "compute backend; auto = CUDA when a device answers, else the CPU") \
     X(ENUM, train, model, "mlp", enum ds_model_kind, DS_MODELS, \
-      "model architecture") \
+      "model architecture: mlp (train.hidden), cnn (conv-pool x2, 128, 10) or custom (train.layers)") \
     X(ILIST, train, hidden, "256,256", 1, 65536, 1, 8, \
-      "hidden layer sizes of the MLP") \
+      "hidden layer sizes of the MLP (train.model = mlp only)") \
+    X(STR, train, layers, "", LAYERS_OR_EMPTY, \
+      "layer list of train.model = custom, e.g. conv3x3:32, relu, maxpool2, flatten, linear:10") \
     X(STR, train, dataset_dir, "/usr/share/datasets/fashion-mnist", PATH, \
       "directory holding the Fashion-MNIST IDX files (gzip)") \
     X(INT, train, batch_size, "64", 1, 65536, \

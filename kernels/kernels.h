@@ -84,6 +84,41 @@ typedef struct ds_sgd_params {
 #define DS_DECL_SUM(name) \
     double (name)(size_t n, const float *x)
 
+/* The shape of one 2-D convolution: k x k kernel (k odd), stride 1, "same"
+ * zero padding of k/2, so the output is c_out x h x w. Images are NCHW:
+ * x is batch x c_in x h x w, y is batch x c_out x h x w, the weight is
+ * c_out x c_in x k x k (like torch.nn.Conv2d), the bias c_out. */
+typedef struct ds_conv_shape {
+    int batch, c_in, h, w, c_out, k;
+} ds_conv_shape;
+
+/* Floats of the scratch `col` a conv op may use: one image's im2col matrix,
+ * (c_in*k*k) x (h*w). The plain C reference does not touch it. */
+static inline size_t ds_conv_col_floats(const ds_conv_shape *s)
+{
+    return (size_t)s->c_in * s->k * s->k * (size_t)s->h * s->w;
+}
+
+/* y = conv(x, w) + bias (overwritten). */
+#define DS_DECL_CONV2D_FWD(name) \
+    void (name)(float *y, const float *x, const float *w, const float *bias, \
+                const ds_conv_shape *s, float *col)
+/* Backward of the above given dy (batch x c_out x h x w): dw and db are
+ * overwritten with the gradient summed over the batch; dx (batch x c_in x
+ * h x w) is overwritten, or not formed when NULL. */
+#define DS_DECL_CONV2D_BWD(name) \
+    void (name)(float *dx, float *dw, float *db, const float *dy, const float *x, \
+                const float *w, const ds_conv_shape *s, float *col)
+/* 2x2 max-pool, stride 2, over `planes` planes of h x w (batch * channels):
+ * y is planes x (h/2) x (w/2), rounded down (an odd last row or column is
+ * dropped, as torch.nn.MaxPool2d(2) does). */
+#define DS_DECL_MAXPOOL_FWD(name) \
+    void (name)(float *y, const float *x, int planes, int h, int w)
+/* dx (planes x h x w, overwritten) = dy at the first maximum of each window
+ * of x (row-major order within the window), 0 elsewhere. */
+#define DS_DECL_MAXPOOL_BWD(name) \
+    void (name)(float *dx, const float *dy, const float *x, int planes, int h, int w)
+
 typedef DS_DECL_GEMM(*ds_gemm_fn);
 typedef DS_DECL_BIAS_ADD(*ds_bias_add_fn);
 typedef DS_DECL_BIAS_GRAD(*ds_bias_grad_fn);
@@ -96,6 +131,10 @@ typedef DS_DECL_SCALE(*ds_scale_fn);
 typedef DS_DECL_DOT(*ds_dot_fn);
 typedef DS_DECL_NRM2(*ds_nrm2_fn);
 typedef DS_DECL_SUM(*ds_sum_fn);
+typedef DS_DECL_CONV2D_FWD(*ds_conv2d_fwd_fn);
+typedef DS_DECL_CONV2D_BWD(*ds_conv2d_bwd_fn);
+typedef DS_DECL_MAXPOOL_FWD(*ds_maxpool_fwd_fn);
+typedef DS_DECL_MAXPOOL_BWD(*ds_maxpool_bwd_fn);
 
 typedef struct ds_ops {
     enum ds_backend_kind kind;
@@ -123,6 +162,13 @@ typedef struct ds_ops {
     ds_dot_fn dot;
     ds_nrm2_fn nrm2;
     ds_sum_fn sum;
+
+    /* Image ops of the CNN (node/train/model.c). NULL in a table that has
+     * none yet (the CUDA one): a model that needs them is refused there. */
+    ds_conv2d_fwd_fn conv2d_fwd;
+    ds_conv2d_bwd_fn conv2d_bwd;
+    ds_maxpool_fwd_fn maxpool_fwd;
+    ds_maxpool_bwd_fn maxpool_bwd;
 } ds_ops;
 
 /* Fill *ops with the CPU table: the C reference, overridden by the SIMD

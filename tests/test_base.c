@@ -1,5 +1,5 @@
 /*
- * tests/test_base.c: base/ (host:port, the default route's interface, little-endian helpers, SplitMix64's
+ * tests/test_base.c: base/ (host:port, the train.layers grammar, the default route's interface, little-endian helpers, SplitMix64's
  * bare-state step, the clock, opening a named file as a regular file).
  */
 #include <criterion/criterion.h>
@@ -15,9 +15,91 @@
 #include "base/clock.h"
 #include "base/file.h"
 #include "base/hostport.h"
+#include "base/layerspec.h"
 #include "base/le.h"
 #include "base/route.h"
 #include "base/splitmix.h"
+
+/* ---- layer lists (train.layers) --------------------------------------------- */
+
+Test(base, layerspec_cnn_parses_and_checks)
+{
+    ds_layerspec sp;
+    ds_layerspec_err e;
+    cr_assert_eq(ds_layerspec_parse(DS_LAYERSPEC_CNN, &sp, &e), 0, "%s", e.expected);
+    cr_expect_eq(sp.n, 10);
+    cr_expect_eq(sp.l[0].kind, DS_L_CONV);
+    cr_expect_eq(sp.l[0].k, 3);
+    cr_expect_eq(sp.l[0].n, 32);
+    cr_expect_eq(sp.l[2].kind, DS_L_MAXPOOL);
+    cr_expect_eq(sp.l[6].kind, DS_L_FLATTEN);
+    cr_expect_eq(sp.l[9].kind, DS_L_LINEAR);
+    cr_expect_eq(sp.l[9].n, 10);
+    cr_expect_eq(ds_layerspec_check(&sp, 1, 28, 28, 10, &e), 0, "%s", e.expected);
+    /* Blanks around items and colons; the formatted items are canonical. */
+    cr_assert_eq(ds_layerspec_parse(" conv5x5 : 7 ,relu,\tflatten , linear: 3 ", &sp, &e), 0);
+    char t[32];
+    ds_lspec_format(&sp.l[0], t, sizeof(t));
+    cr_expect_str_eq(t, "conv5x5:7");
+    ds_lspec_format(&sp.l[3], t, sizeof(t));
+    cr_expect_str_eq(t, "linear:3");
+    cr_expect_eq(ds_layerspec_check(&sp, 1, 4, 5, 3, &e), 0, "%s", e.expected);
+}
+
+/* The parse or the check of `s` fails at the text `tok` (layer index). */
+static void refused(const char *s, const char *tok, int index, const char *want)
+{
+    ds_layerspec sp;
+    ds_layerspec_err e;
+    int r = ds_layerspec_parse(s, &sp, &e);
+    if (r == 0)
+        r = ds_layerspec_check(&sp, 1, 28, 28, 10, &e);
+    cr_assert_eq(r, -EINVAL, "'%s' accepted", s);
+    cr_expect_eq(e.len, strlen(tok), "'%s': token length %zu", s, e.len);
+    cr_expect_eq(strncmp(s + e.at, tok, e.len), 0, "'%s': token at %zu", s, e.at);
+    cr_expect_eq(e.index, index, "'%s': index %d", s, e.index);
+    cr_expect(strstr(e.expected, want), "'%s': expected '%s', got '%s'", s, want, e.expected);
+}
+
+Test(base, layerspec_refuses_naming_the_token)
+{
+    refused("conv3x3:32, rleu, flatten, linear:10", "rleu", 2, "a layer: conv<K>x<K>:<C>");
+    refused("conv3x3:32,, linear:10", "", 2, "a layer");
+    refused("", "", 1, "a layer");
+    refused("conv3x5:8, flatten, linear:10", "conv3x5:8", 1, "square kernel of odd size");
+    refused("conv4x4:8, flatten, linear:10", "conv4x4:8", 1, "odd size");
+    refused("conv11x11:8, flatten, linear:10", "conv11x11:8", 1, "K in 1, 3, 5, 7, 9");
+    refused("conv3x3:0, flatten, linear:10", "conv3x3:0", 1, "in 1..4096");
+    refused("conv3x3, flatten, linear:10", "conv3x3", 1, "conv<K>x<K>:<C>");
+    refused("conv3x3:8x, flatten, linear:10", "conv3x3:8x", 1, "conv<K>x<K>:<C>");
+    refused("flatten, linear:65537, linear:10", "linear:65537", 2, "in 1..65536");
+    refused("flatten, linear10", "linear10", 2, "linear:<N>");
+    refused("flatten, linear:-3", "linear:-3", 2, "linear:<N>");
+    refused("Relu", "Relu", 1, "a layer");
+    /* shapes */
+    refused("linear:10", "linear:10", 1, "flatten before linear");
+    refused("flatten, conv3x3:4, linear:10", "conv3x3:4", 2, "conv before flatten");
+    refused("flatten, maxpool2, linear:10", "maxpool2", 2, "maxpool2 before flatten");
+    refused("maxpool2, maxpool2, maxpool2, maxpool2, maxpool2, flatten, linear:10", "maxpool2", 5,
+            "at least 2x2 (its input here is 1x1x1)");
+    refused("relu, flatten, linear:10", "relu", 1, "relu after a conv");
+    refused("conv1x1:2, relu, relu, flatten, linear:10", "relu", 3, "relu after a conv");
+    refused("flatten, flatten, linear:10", "flatten", 2, "one flatten");
+    refused("flatten, linear:12", "linear:12", 2, "linear:10 (one output per class)");
+    refused("flatten, linear:10, relu", "relu", 3, "the last layer to be linear:10");
+    refused("flatten, linear:65536, linear:65536, linear:10", "linear:65536", 3,
+            "at most 2147483647 parameters");
+    char params[400] = "";
+    for (int i = 0; i < DS_LAYERSPEC_MAX_PARAM; i++)
+        strcat(params, "conv1x1:1, ");
+    strcat(params, "flatten, linear:10");
+    refused(params, "linear:10", DS_LAYERSPEC_MAX_PARAM + 2, "at most 16 conv and linear layers");
+    char many[400] = "";
+    for (int i = 0; i < DS_LAYERSPEC_MAX; i++)
+        strcat(many, "conv1x1:1, ");
+    strcat(many, "flatten");
+    refused(many, "flatten", DS_LAYERSPEC_MAX + 1, "at most 32 layers");
+}
 
 /* ---- host:port ------------------------------------------------------------ */
 

@@ -195,10 +195,14 @@ static const key_case cases[] = {
      "cluster.join_timeout_s: expected an integer in 1..86400, found '0'"},
     {"train.backend", "cpu", "cpu", "gpu",
      "train.backend: expected one of auto|cpu|cuda, found 'gpu'"},
-    /* mlp is the only model so far: the valid value is the default's spelling. */
-    {"train.model", "MLP", "mlp", "cnn", "train.model: expected one of mlp, found 'cnn'"},
+    {"train.model", "CNN", "cnn", "resnet",
+     "train.model: expected one of mlp|cnn|custom, found 'resnet'"},
     {"train.hidden", "512, 128,10", "512, 128, 10", "64,0",
      "train.hidden: expected 1..8 comma-separated integers in 1..65536, found '0' (item 2)"},
+    {"train.layers", "conv5x5:8 , relu,maxpool2, flatten, linear:10",
+     "conv5x5:8 , relu,maxpool2, flatten, linear:10", "conv3x3:32, rleu, flatten, linear:10",
+     "train.layers: expected a layer: conv<K>x<K>:<C>, maxpool2, relu, flatten or linear:<N>, "
+     "found 'rleu' (layer 2)"},
     {"train.dataset_dir", "/data/fmnist", "/data/fmnist", "", "train.dataset_dir: empty value"},
     {"train.batch_size", "128", "128", "65537",
      "train.batch_size: expected an integer in 1..65536, found '65537'"},
@@ -274,10 +278,8 @@ Test(conf, every_key_valid_value_by_set)
         snprintf(a, sizeof(a), "%s=%s", k->key, k->good);
         cr_expect_eq(ds_conf_set(&c, a, err, sizeof(err)), 0, "%s: %s", a, err);
         cr_expect_str_eq(dumped(&c, k->key), k->good_dump, "%s", a);
-        if (strcmp(k->key, "train.model")) {
-            ds_conf d = defaults();
-            cr_expect_str_neq(dumped(&d, k->key), k->good_dump, "%s: pick a non-default", k->key);
-        }
+        ds_conf d = defaults();
+        cr_expect_str_neq(dumped(&d, k->key), k->good_dump, "%s: pick a non-default", k->key);
     }
 }
 
@@ -1150,6 +1152,52 @@ Test(conf, cross_key_nesterov_needs_momentum)
     expect_check(&c, NULL);
     c = with((const char *const[]){"train.nesterov=false", "train.momentum=0", NULL});
     expect_check(&c, NULL);
+}
+
+Test(conf, cross_key_model_and_layers)
+{
+    ds_conf c = with((const char *const[]){"train.model=custom", NULL});
+    expect_check(&c, "train.model = custom requires train.layers (a layer list), found it empty");
+    c = with((const char *const[]){"train.model=custom", "train.layers=flatten, linear:10", NULL});
+    expect_check(&c, NULL);
+    c = with((const char *const[]){"train.model=cnn", "train.layers=flatten, linear:10", NULL});
+    expect_check(&c, "train.layers applies to train.model = custom only, found train.model = cnn "
+                     "and train.layers = 'flatten, linear:10'");
+    c = with((const char *const[]){"train.layers=flatten, linear:10", NULL});
+    expect_check(&c, "train.layers applies to train.model = custom only, found train.model = mlp "
+                     "and train.layers = 'flatten, linear:10'");
+    c = with((const char *const[]){"train.model=cnn", NULL});
+    expect_check(&c, NULL);
+    c = with((const char *const[]){"train.model=cnn", "train.hidden=128", NULL});
+    expect_check(&c, "train.hidden applies to train.model = mlp only (leave it at 256, 256), found "
+                     "train.model = cnn");
+    c = with((const char *const[]){"train.model=custom", "train.hidden=256,256",
+                                   "train.layers=flatten, linear:10", NULL});
+    expect_check(&c, NULL);
+}
+
+Test(conf, layers_errors_name_the_item_and_line)
+{
+    /* Shapes are checked when the value is read: the line is known. */
+    expect_load_error("[train]\nmodel = custom\nlayers = flatten, conv3x3:8, linear:10\n", -EINVAL, 3,
+                      "train.layers: expected conv before flatten (conv needs an image), found "
+                      "'conv3x3:8' (layer 2)");
+    expect_load_error("[train]\nlayers = conv3x3:8, relu, flatten, linear:7\n", -EINVAL, 2,
+                      "train.layers: expected the last layer to be linear:10 (one output per "
+                      "class), found 'linear:7' (layer 4)");
+    expect_load_error("[train]\nlayers = conv2x2:8, flatten, linear:10\n", -EINVAL, 2,
+                      "train.layers: expected a square kernel of odd size, conv<K>x<K> with K in "
+                      "1, 3, 5, 7, 9, found 'conv2x2:8' (layer 1)");
+    expect_load_error("[train]\nlayers = maxpool2, maxpool2, maxpool2, maxpool2, maxpool2, flatten, "
+                      "linear:10\n",
+                      -EINVAL, 2,
+                      "train.layers: expected maxpool2 on an image of at least 2x2 (its input here "
+                      "is 1x1x1), found 'maxpool2' (layer 5)");
+    ds_conf c = defaults();
+    char err[DS_CONF_ERR_MAX];
+    cr_expect_eq(ds_conf_set(&c, "train.layers=linear:10", err, sizeof(err)), -EINVAL);
+    cr_expect_str_eq(err, "--set train.layers=linear:10: train.layers: expected flatten before "
+                          "linear (linear needs a vector), found 'linear:10' (layer 1)");
 }
 
 /* ---- issue 16: bounds ----------------------------------------------------------- */

@@ -32,6 +32,7 @@
 #include "node/gossip/gossip.h"
 #include "node/runtime/run.h"
 #include "node/sec/crypto.h"
+#include "node/train/model.h"
 #include "sparsify/sparsify.h"
 #include "topology/topology.h"
 
@@ -53,6 +54,7 @@ static ds_conf with_choice(const enum_key *k, size_t i, const char *also_set)
 typedef struct consumer {
     const char *key;
     const char *also_set; /* NULL, or an assignment a cross-key rule needs */
+    const char *(*also)(const char *name); /* NULL, or one per choice */
     void (*take)(const ds_conf *c, const char *name, int value);
     bool train_cfg;       /* consumed through ds_run_train_cfg */
 } consumer;
@@ -97,12 +99,36 @@ static void take_backend(const ds_conf *c, const char *name, int value)
     cr_expect_eq(ds_ops_backend_parse(name), value);
 }
 
-/* node/runtime builds the MLP and nothing else: a second model would need
- * its own case here and its own trainer settings (checked below). */
+/* node/runtime -> node/train: the model kind and its list reach the
+ * trainer's settings, and node/train builds that model (on the CPU table,
+ * from the settings as ds_trainer_init reads them). */
 static void take_model(const ds_conf *c, const char *name, int value)
 {
-    cr_expect_eq(c->train.model, DS_MODEL_MLP, "train.model %s: node/runtime builds only the MLP",
-                 name);
+    ds_train_cfg t;
+    ds_ops ops;
+    ds_model m;
+    char err[256] = "";
+    ds_run_train_cfg(c, &t);
+    const enum ds_train_model want = value == DS_MODEL_CNN      ? DS_TRAIN_CNN
+                                     : value == DS_MODEL_CUSTOM ? DS_TRAIN_CUSTOM
+                                                                : DS_TRAIN_MLP;
+    cr_expect_eq(t.model, want, "%s", name);
+    ds_ops_init_cpu(&ops);
+    int r;
+    if (t.model == DS_TRAIN_MLP)
+        r = ds_model_init_mlp(&m, &ops, 784, t.hidden, t.n_hidden, 10, 4);
+    else
+        r = ds_model_init_layers(&m, &ops, t.model == DS_TRAIN_CNN ? DS_LAYERSPEC_CNN : t.layers,
+                                 1, 28, 28, 10, 4, err, sizeof(err));
+    cr_expect_eq(r, 0, "train.model %s: %s", name, err);
+    if (r == 0)
+        ds_model_fini(&m);
+}
+
+/* custom needs a layer list (ds_conf_check); the others refuse one. */
+static const char *model_also(const char *name)
+{
+    return strcmp(name, "custom") ? NULL : "train.layers=conv3x3:4, relu, flatten, linear:10";
 }
 
 /* node/runtime -> node/train: the schedule becomes the trainer's cosine
@@ -185,15 +211,15 @@ static void take_sec_mode(const ds_conf *c, const char *name, int value)
 }
 
 static const consumer consumers[] = {
-    {"node.log_level", NULL, take_log_level, false},
-    {"train.backend", NULL, take_backend, true},
-    {"train.model", NULL, take_model, true},
-    {"train.lr_schedule", NULL, take_lr_schedule, true},
-    {"sparsify.method", NULL, take_method, false},
-    {"gossip.topology", NULL, take_topology, false},
+    {"node.log_level", NULL, NULL, take_log_level, false},
+    {"train.backend", NULL, NULL, take_backend, true},
+    {"train.model", NULL, model_also, take_model, true},
+    {"train.lr_schedule", NULL, NULL, take_lr_schedule, true},
+    {"sparsify.method", NULL, NULL, take_method, false},
+    {"gossip.topology", NULL, NULL, take_topology, false},
     /* crossover mixing is dense only (ds_conf_check). */
-    {"gossip.mix", "sparsify.method=none", take_mix, false},
-    {"security.mode", NULL, take_sec_mode, false},
+    {"gossip.mix", "sparsify.method=none", NULL, take_mix, false},
+    {"security.mode", NULL, NULL, take_sec_mode, false},
 };
 #define NCONSUMERS (sizeof(consumers) / sizeof(consumers[0]))
 
@@ -221,7 +247,8 @@ Test(choices, every_choice_is_taken_by_its_consumer)
         ds_train_cfg seen[32];
         cr_assert_leq(k->n, 32);
         for (size_t i = 0; i < k->n; i++) {
-            ds_conf c = with_choice(k, i, u->also_set);
+            const char *also = u->also ? u->also(k->names[i]) : u->also_set;
+            ds_conf c = with_choice(k, i, also);
             char err[DS_CONF_ERR_MAX] = "";
             cr_expect_eq(ds_conf_check(&c, err, sizeof(err)), 0, "%s=%s: %s", k->key, k->names[i],
                          err);

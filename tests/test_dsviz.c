@@ -215,6 +215,10 @@ static ds_status_snapshot *round_snapshot(int i, uint64_t round)
         snprintf(s->view[k].group, sizeof(s->view[k].group), "%s", k < 2 ? "a" : "b");
         s->view[k].state = k == 3 && i == 0 ? DS_STATUS_MEMBER_SUSPECT : DS_STATUS_MEMBER_ALIVE;
     }
+    s->n_layers = 2;
+    s->layers[0] = (ds_status_layer){.name = "conv1", .k = 3, .in = 9, .out = 4, .length = 40};
+    s->layers[1] = (ds_status_layer){.name = "fc<1>", .in = 3136, .out = 10, .offset = 40,
+                                     .length = 31370};
     s->n_segments = s->n_exchanges = 2;
     for (int seg = 0; seg < 2; seg++) {
         ds_status_exchange *x = &s->exchanges[seg];
@@ -526,6 +530,15 @@ Test(dsviz, program_on_a_run_directory_without_graphviz)
     cr_expect_eq(count(html, "<path d=\"M"), 8 + 12); /* 8 edges, 12 arrow heads */
     cr_expect_not_null(strstr(html, "<h1>dsviz: 4 members, 3 reporting</h1>"));
     cr_expect_not_null(strstr(html, "(no status)"));
+    /* The layer table, names escaped. */
+    cr_expect_not_null(strstr(html, "<h2>Model</h2>"));
+    cr_expect_not_null(strstr(html, "<tr><td class=\"l\">conv1</td><td class=\"l\">conv</td>"
+                                    "<td class=\"l\">3x3, 1 &rarr; 4</td><td>0</td><td>40</td>"
+                                    "</tr>"),
+                       "%s", html);
+    cr_expect_not_null(strstr(html, "fc&lt;1&gt;</td><td class=\"l\">linear</td>"
+                                    "<td class=\"l\">3136 &rarr; 10</td><td>40</td><td>31370</td>"));
+    cr_expect_not_null(strstr(html, "<td>31410</td></tr>"));
     free(html);
     free(dot);
     free(err);

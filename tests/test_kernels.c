@@ -236,6 +236,118 @@ Test(kernels, gemm_blas_matches_reference)
             }
 }
 
+/* conv2d: im2col + OpenBLAS against the direct loops, odd shapes, every
+ * odd kernel size up to 5, with and without the input gradient. The canary
+ * past each output catches a write beyond it. */
+Test(kernels, conv2d_blas_matches_reference)
+{
+    const ds_conv_shape shapes[] = {
+        {.batch = 1, .c_in = 1, .h = 1, .w = 1, .c_out = 1, .k = 1},
+        {.batch = 3, .c_in = 2, .h = 5, .w = 7, .c_out = 3, .k = 3},
+        {.batch = 2, .c_in = 3, .h = 9, .w = 4, .c_out = 5, .k = 5},
+        {.batch = 5, .c_in = 1, .h = 7, .w = 7, .c_out = 7, .k = 3},
+        {.batch = 2, .c_in = 4, .h = 3, .w = 11, .c_out = 1, .k = 1},
+        {.batch = 1, .c_in = 3, .h = 2, .w = 2, .c_out = 2, .k = 5}, /* kernel > image */
+        {.batch = 3, .c_in = 32, .h = 13, .w = 13, .c_out = 17, .k = 3},
+    };
+    for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
+        const ds_conv_shape *s = &shapes[t];
+        const size_t nx = (size_t)s->batch * s->c_in * s->h * s->w;
+        const size_t ny = (size_t)s->batch * s->c_out * s->h * s->w;
+        const size_t nw = (size_t)s->c_out * s->c_in * s->k * s->k;
+        const uint64_t seed = 700 + t;
+        float *x = fbuf(nx), *w = fbuf(nw), *b = fbuf((size_t)s->c_out), *dy = fbuf(ny);
+        float *col = fbuf(ds_conv_col_floats(s));
+        float *y0 = fbuf(ny), *y1 = fbuf(ny), *dx0 = fbuf(nx), *dx1 = fbuf(nx);
+        float *dw0 = fbuf(nw), *dw1 = fbuf(nw), *db0 = fbuf((size_t)s->c_out),
+              *db1 = fbuf((size_t)s->c_out);
+        ds_t_fill(x, nx, seed, -1, 1);
+        ds_t_fill(w, nw, seed + 1, -1, 1);
+        ds_t_fill(b, (size_t)s->c_out, seed + 2, -1, 1);
+        ds_t_fill(dy, ny, seed + 3, -1, 1);
+        /* Garbage in the outputs: every op must overwrite, not accumulate. */
+        ds_t_fill(y1, ny, seed + 4, -9, 9);
+        ds_t_fill(dx1, nx, seed + 5, -9, 9);
+        ds_t_fill(dw1, nw, seed + 6, -9, 9);
+        ds_t_fill(db1, (size_t)s->c_out, seed + 7, -9, 9);
+        ds_conv2d_fwd_c(y0, x, w, b, s, NULL);
+        ds_conv2d_fwd_blas(y1, x, w, b, s, col);
+        ds_conv2d_bwd_c(dx0, dw0, db0, dy, x, w, s, NULL);
+        ds_conv2d_bwd_blas(dx1, dw1, db1, dy, x, w, s, col);
+        cr_expect(ds_t_close("conv2d y", seed, y1, y0, ny + 1, 1e-4, 1e-4), "shape %zu", t);
+        cr_expect(ds_t_close("conv2d dx", seed, dx1, dx0, nx + 1, 1e-4, 1e-4), "shape %zu", t);
+        cr_expect(ds_t_close("conv2d dw", seed, dw1, dw0, nw + 1, 1e-4, 1e-4), "shape %zu", t);
+        cr_expect(ds_t_close("conv2d db", seed, db1, db0, (size_t)s->c_out + 1, 1e-4, 1e-4),
+                  "shape %zu", t);
+        /* dx == NULL: the weight gradients are the same, nothing else written. */
+        ds_t_fill(dw1, nw, seed + 8, -9, 9);
+        ds_conv2d_bwd_blas(NULL, dw1, db1, dy, x, w, s, col);
+        cr_expect(ds_t_close("conv2d dw (no dx)", seed, dw1, dw0, nw + 1, 1e-4, 1e-4));
+        ds_conv2d_bwd_c(NULL, dw0, db0, dy, x, w, s, NULL);
+        cr_expect(ds_t_close("conv2d dw ref (no dx)", seed, dw0, dw1, nw + 1, 1e-4, 1e-4));
+        float *bufs[] = {x, w, b, dy, col, y0, y1, dx0, dx1, dw0, dw1, db0, db1};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            free(bufs[i]);
+    }
+}
+
+Test(kernels, conv2d_known_values)
+{
+    /* A 3x3 box filter over a 3x3 image of ones with zero padding counts
+     * each pixel's in-image neighbours: 4 at corners, 6 on edges, 9 in the
+     * middle; plus the bias. */
+    const ds_conv_shape s = {.batch = 1, .c_in = 1, .h = 3, .w = 3, .c_out = 1, .k = 3};
+    float x[9], w[9], b[1] = {0.5f}, y[9], col[81];
+    for (int i = 0; i < 9; i++)
+        x[i] = w[i] = 1.0f;
+    const float want[9] = {4.5f, 6.5f, 4.5f, 6.5f, 9.5f, 6.5f, 4.5f, 6.5f, 4.5f};
+    ds_conv2d_fwd_c(y, x, w, b, &s, NULL);
+    cr_expect(ds_t_close("conv2d ref box", 0, y, want, 9, 0, 0));
+    ds_conv2d_fwd_blas(y, x, w, b, &s, col);
+    cr_expect(ds_t_close("conv2d blas box", 0, y, want, 9, 1e-6, 0));
+}
+
+Test(kernels, maxpool_values_and_gradient_routing)
+{
+    /* Two planes of 3x5: the odd last row and column are dropped (output
+     * 1x2); a tie goes to the first maximum in row-major window order. */
+    const float x[30] = {1, 5, 2, 2, 9,
+                         3, 4, 2, 0, 9,
+                         9, 9, 9, 9, 9,
+                         -1, -2, 7, 7, 0,
+                         -3, -4, 7, 8, 0,
+                         0, 0, 0, 0, 0};
+    float y[4], dx[31];
+    const float dy[4] = {10, 20, 30, 40};
+    dx[30] = 12345.0f;
+    ds_maxpool_fwd_c(y, x, 2, 3, 5);
+    const float want_y[4] = {5, 2, -1, 8};
+    cr_expect(ds_t_close("maxpool y", 0, y, want_y, 4, 0, 0));
+    ds_maxpool_bwd_c(dx, dy, x, 2, 3, 5);
+    float want_dx[31] = {0};
+    want_dx[1] = 10;      /* the 5 */
+    want_dx[2] = 20;      /* first of the tied 2s */
+    want_dx[15] = 30;     /* -1 */
+    want_dx[15 + 8] = 40; /* the 8 */
+    want_dx[30] = 12345.0f;
+    cr_expect(ds_t_close("maxpool dx", 0, dx, want_dx, 31, 0, 0));
+}
+
+Test(kernels, image_ops_in_tables)
+{
+    ds_ops o;
+    ds_ops_fill_cpu(&o, 0);
+    cr_expect_eq(o.conv2d_fwd, ds_conv2d_fwd_c);
+    cr_expect_eq(o.conv2d_bwd, ds_conv2d_bwd_c);
+    cr_expect_eq(o.maxpool_fwd, ds_maxpool_fwd_c);
+    cr_expect_eq(o.maxpool_bwd, ds_maxpool_bwd_c);
+    if (ds_cpu_detect()) {
+        ds_ops_fill_cpu(&o, ds_cpu_detect());
+        cr_expect_eq(o.conv2d_fwd, ds_conv2d_fwd_blas);
+        cr_expect_eq(o.conv2d_bwd, ds_conv2d_bwd_blas);
+    }
+}
+
 Test(kernels, softmax_xent_values)
 {
     /* Two rows with known answers: uniform logits give log(cols), and a

@@ -71,6 +71,11 @@ static ds_status_snapshot *sample_snapshot(void)
     snprintf(s->group, sizeof(s->group), "rackA");
     s->id = 0x0123456789abcdefull;
     s->state = DS_STATUS_TRAINING;
+    s->n_layers = 2;
+    s->layers[0] = (ds_status_layer){.name = "conv1", .k = 3, .in = 9, .out = 32, .offset = 0,
+                                     .length = 320};
+    s->layers[1] = (ds_status_layer){.name = "fc1", .k = 0, .in = 6272, .out = 10,
+                                     .offset = 320, .length = 62730};
     s->step = 120;
     s->steps = 1000;
     s->round = 12;
@@ -372,6 +377,19 @@ Test(status, json_has_every_field)
     cr_expect_str_eq(jstr(json_array_get(mem, 2), "state", ""), "suspect");
     cr_expect_str_eq(jstr(json_array_get(mem, 1), "group", ""), "rackA");
     cr_expect_str_eq(jstr(json_array_get(mem, 1), "id", ""), "0000000000001001");
+
+    const json_t *model = json_object_get(r, "model");
+    cr_expect_eq(jnum(model, "params", -1), 320 + 62730);
+    const json_t *ls = json_object_get(model, "layers");
+    cr_assert_eq(json_array_size(ls), 2);
+    cr_expect_str_eq(jstr(json_array_get(ls, 0), "name", ""), "conv1");
+    cr_expect_str_eq(jstr(json_array_get(ls, 0), "kind", ""), "conv");
+    cr_expect_eq(jnum(json_array_get(ls, 0), "k", -1), 3);
+    cr_expect_eq(jnum(json_array_get(ls, 0), "in", -1), 9);
+    cr_expect_eq(jnum(json_array_get(ls, 0), "out", -1), 32);
+    cr_expect_str_eq(jstr(json_array_get(ls, 1), "kind", ""), "linear");
+    cr_expect_eq(jnum(json_array_get(ls, 1), "offset", -1), 320);
+    cr_expect_eq(jnum(json_array_get(ls, 1), "length", -1), 62730);
 
     const json_t *xs = json_object_get(r, "exchanges");
     cr_expect_eq(jnum(xs, "round", -1), 12);
@@ -675,10 +693,11 @@ Test(status, first_document_has_every_key)
     json_t *d = parse_or_fail(r.body, r.body_len);
     cr_expect_str_eq(str_at(d, "node", "state"), "joining");
     const char *keys[] = {"net", "drops", "drops_total", "gossip", "gossip_net", "transport",
-                          "membership"};
+                          "membership", "model"};
     for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
         cr_expect_not_null(json_object_get(d, keys[k]), "no %s", keys[k]);
     cr_expect_eq(num_at(d, "gossip", "rounds"), 0);
+    cr_expect_eq(json_array_size(json_object_get(json_object_get(d, "model"), "layers")), 0);
     cr_expect(json_is_object(json_object_get(json_object_get(d, "transport"), "drops")));
     cr_expect(json_is_object(json_object_get(json_object_get(d, "membership"), "wire_drops")));
     json_decref(d);

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""PyTorch baseline for `dsbench train`: the same MLP, data, batch and
-optimizer as one dsnode CPU node, on one thread. Prints one JSON object:
+"""PyTorch baseline for `dsbench train`: the same MLP (or, with --model cnn,
+the CNN of dsnode's train.model = cnn), data, batch and optimizer as one
+dsnode CPU node, on one thread. Prints one JSON object:
 {"samples_per_s": ..., "test_acc": ..., "steps": ..., "train_s": ...}.
 
 Comparison script only (Debian's python3-torch); dsnode itself has no Python.
@@ -29,11 +30,47 @@ def load_idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
+def init(layer, fan_in, fan_out, relu):
+    # Same initialisation rule as dsnode: He-uniform before ReLU,
+    # Xavier-uniform otherwise (a conv's fans count its k x k window), zero
+    # biases.
+    bound = math.sqrt(6.0 / fan_in) if relu else math.sqrt(6.0 / (fan_in + fan_out))
+    torch.nn.init.uniform_(layer.weight, -bound, bound)
+    torch.nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mlp(hidden):
+    sizes = [784] + [int(h) for h in hidden.split(",")] + [10]
+    layers = []
+    for i in range(len(sizes) - 1):
+        last = i == len(sizes) - 2
+        layers.append(init(torch.nn.Linear(sizes[i], sizes[i + 1]), sizes[i], sizes[i + 1],
+                           not last))
+        if not last:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def cnn():
+    # conv3x3:32, relu, maxpool2, conv3x3:64, relu, maxpool2, flatten,
+    # linear:128, relu, linear:10
+    return torch.nn.Sequential(
+        init(torch.nn.Conv2d(1, 32, 3, padding=1), 9, 32 * 9, True), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        init(torch.nn.Conv2d(32, 64, 3, padding=1), 32 * 9, 64 * 9, True), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        init(torch.nn.Linear(64 * 7 * 7, 128), 64 * 7 * 7, 128, True), torch.nn.ReLU(),
+        init(torch.nn.Linear(128, 10), 128, 10, False))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     ap.add_argument("--hidden", default="256,256")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--momentum", type=float, default=0.9)
@@ -55,22 +92,14 @@ def main():
     ytr = torch.from_numpy(ytr.astype(np.int64))
     yte = torch.from_numpy(yte.astype(np.int64))
 
-    sizes = [784] + [int(h) for h in a.hidden.split(",")] + [10]
-    layers = []
-    for i in range(len(sizes) - 1):
-        lin = torch.nn.Linear(sizes[i], sizes[i + 1])
-        last = i == len(sizes) - 2
-        # Same initialisation rule as dsnode: He-uniform before ReLU,
-        # Xavier-uniform for the output layer, zero biases.
-        bound = math.sqrt(6.0 / sizes[i]) if not last else math.sqrt(6.0 / (sizes[i] + sizes[i + 1]))
-        torch.nn.init.uniform_(lin.weight, -bound, bound)
-        torch.nn.init.zeros_(lin.bias)
-        layers.append(lin)
-        if not last:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    if a.model == "cnn":
+        model = cnn()
+        xtr, xte = xtr.reshape(-1, 1, 28, 28), xte.reshape(-1, 1, 28, 28)
+    else:
+        model = mlp(a.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
                           weight_decay=a.weight_decay)
+
     lossf = torch.nn.CrossEntropyLoss()
     # dsnode's train.lr_schedule: cosine decay from lr to 0 at the last step.
     sched = None
@@ -96,8 +125,10 @@ def main():
             sched.step()
     train_s = time.perf_counter() - t0
 
-    with torch.no_grad():
-        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    with torch.no_grad():  # in batches of 500, as dsnode evaluates
+        good = sum((model(xte[i:i + 500]).argmax(1) == yte[i:i + 500]).sum().item()
+                   for i in range(0, xte.shape[0], 500))
+        acc = good / xte.shape[0]
     print(json.dumps({"samples_per_s": a.steps * a.batch / train_s, "test_acc": acc,
                       "steps": a.steps, "train_s": train_s, "torch": torch.__version__}))
 

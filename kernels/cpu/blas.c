@@ -33,6 +33,104 @@ DS_DECL_GEMM(ds_gemm_blas)
                 beta, c, ldc);
 }
 
+/* One image's im2col: col[(ci*k + ky)*k + kx][oy*w + ox] = x[ci][oy+ky-p][ox+kx-p],
+ * 0 outside the image (p = k/2). */
+static void im2col(float *col, const float *x, int c_in, int h, int w, int k)
+{
+    const int p = k / 2;
+    for (int ci = 0; ci < c_in; ci++)
+        for (int ky = 0; ky < k; ky++)
+            for (int kx = 0; kx < k; kx++) {
+                float *row = col + ((size_t)(ci * k + ky) * k + kx) * h * w;
+                const float *xp = x + (size_t)ci * h * w;
+                const int lo = p - kx > 0 ? p - kx : 0;             /* first ox inside */
+                const int hi = w + p - kx < w ? w + p - kx : w;     /* past the last */
+                for (int oy = 0; oy < h; oy++) {
+                    float *r = row + (size_t)oy * w;
+                    const int iy = oy + ky - p;
+                    if (iy < 0 || iy >= h || lo >= hi) {
+                        memset(r, 0, (size_t)w * sizeof(float));
+                        continue;
+                    }
+                    for (int ox = 0; ox < lo; ox++)
+                        r[ox] = 0.0f;
+                    memcpy(r + lo, xp + (size_t)iy * w + lo + kx - p,
+                           (size_t)(hi - lo) * sizeof(float));
+                    for (int ox = hi; ox < w; ox++)
+                        r[ox] = 0.0f;
+                }
+            }
+}
+
+/* The adjoint of im2col: dx (one image, overwritten) = sum of col's entries
+ * over every place they were copied from. */
+static void col2im(float *dx, const float *col, int c_in, int h, int w, int k)
+{
+    const int p = k / 2;
+    memset(dx, 0, (size_t)c_in * h * w * sizeof(float));
+    for (int ci = 0; ci < c_in; ci++)
+        for (int ky = 0; ky < k; ky++)
+            for (int kx = 0; kx < k; kx++) {
+                const float *row = col + ((size_t)(ci * k + ky) * k + kx) * h * w;
+                float *xp = dx + (size_t)ci * h * w;
+                const int lo = p - kx > 0 ? p - kx : 0;
+                const int hi = w + p - kx < w ? w + p - kx : w;
+                for (int oy = 0; oy < h; oy++) {
+                    const int iy = oy + ky - p;
+                    if (iy < 0 || iy >= h)
+                        continue;
+                    const float *r = row + (size_t)oy * w;
+                    float *xr = xp + (size_t)iy * w + kx - p;
+                    for (int ox = lo; ox < hi; ox++)
+                        xr[ox] += r[ox];
+                }
+            }
+}
+
+/* Per image: y_n (c_out x hw) = W (c_out x ckk) . col_n (ckk x hw), + bias. */
+DS_DECL_CONV2D_FWD(ds_conv2d_fwd_blas)
+{
+    const int hw = s->h * s->w, ckk = s->c_in * s->k * s->k;
+    for (int n = 0; n < s->batch; n++) {
+        float *yn = y + (size_t)n * s->c_out * hw;
+        im2col(col, x + (size_t)n * s->c_in * hw, s->c_in, s->h, s->w, s->k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->c_out, hw, ckk, 1.0f, w, ckk,
+                    col, hw, 0.0f, yn, hw);
+        for (int co = 0; co < s->c_out; co++) {
+            float *r = yn + (size_t)co * hw;
+            for (int i = 0; i < hw; i++)
+                r[i] += bias[co];
+        }
+    }
+}
+
+/* Per image: dW += dy_n . col_n^T; db += row sums of dy_n;
+ * dx_n = col2im(W^T . dy_n). */
+DS_DECL_CONV2D_BWD(ds_conv2d_bwd_blas)
+{
+    const int hw = s->h * s->w, ckk = s->c_in * s->k * s->k;
+    for (int co = 0; co < s->c_out; co++) {
+        double sb = 0;
+        for (int n = 0; n < s->batch; n++) {
+            const float *r = dy + ((size_t)n * s->c_out + co) * hw;
+            for (int i = 0; i < hw; i++)
+                sb += r[i];
+        }
+        db[co] = (float)sb;
+    }
+    for (int n = 0; n < s->batch; n++) {
+        const float *dyn = dy + (size_t)n * s->c_out * hw;
+        im2col(col, x + (size_t)n * s->c_in * hw, s->c_in, s->h, s->w, s->k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->c_out, ckk, hw, 1.0f, dyn, hw,
+                    col, hw, n ? 1.0f : 0.0f, dw, ckk);
+        if (!dx)
+            continue;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, hw, s->c_out, 1.0f, w, ckk,
+                    dyn, hw, 0.0f, col, hw);
+        col2im(dx + (size_t)n * s->c_in * hw, col, s->c_in, s->h, s->w, s->k);
+    }
+}
+
 void ds_blas_set_threads(int n)
 {
     openblas_set_num_threads(n > 0 ? n : 1);

@@ -24,6 +24,15 @@ DS_DECL_SCALE(ds_scale_c);
 DS_DECL_DOT(ds_dot_c);
 DS_DECL_NRM2(ds_nrm2_c);
 DS_DECL_SUM(ds_sum_c);
+/* Convolution: _c is direct loops, _blas is im2col + OpenBLAS SGEMM. */
+DS_DECL_CONV2D_FWD(ds_conv2d_fwd_c);
+DS_DECL_CONV2D_FWD(ds_conv2d_fwd_blas);
+DS_DECL_CONV2D_BWD(ds_conv2d_bwd_c);
+DS_DECL_CONV2D_BWD(ds_conv2d_bwd_blas);
+/* Max-pool has the plain C version only (memory-bound, a small share of a
+ * CNN step); it is the reference and the production op. */
+DS_DECL_MAXPOOL_FWD(ds_maxpool_fwd_c);
+DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c);
 
 #define DS_DECL_SIMD_VARIANTS(sfx) \
     DS_DECL_BIAS_ADD(ds_bias_add_##sfx); \

@@ -149,6 +149,131 @@ DS_DECL_SUM(ds_sum_c)
     return s;
 }
 
+/* ---- image ops ----------------------------------------------------------- */
+
+DS_DECL_CONV2D_FWD(ds_conv2d_fwd_c)
+{
+    (void)col;
+    const int ci_n = s->c_in, co_n = s->c_out, h = s->h, wd = s->w, k = s->k, p = k / 2;
+    const size_t plane = (size_t)h * wd;
+    for (int n = 0; n < s->batch; n++)
+        for (int co = 0; co < co_n; co++)
+            for (int oy = 0; oy < h; oy++)
+                for (int ox = 0; ox < wd; ox++) {
+                    double acc = bias[co];
+                    for (int ci = 0; ci < ci_n; ci++) {
+                        const float *xp = x + ((size_t)n * ci_n + ci) * plane;
+                        const float *wp = w + ((size_t)co * ci_n + ci) * k * k;
+                        for (int ky = 0; ky < k; ky++) {
+                            const int iy = oy + ky - p;
+                            if (iy < 0 || iy >= h)
+                                continue;
+                            for (int kx = 0; kx < k; kx++) {
+                                const int ix = ox + kx - p;
+                                if (ix >= 0 && ix < wd)
+                                    acc += (double)wp[ky * k + kx] * xp[(size_t)iy * wd + ix];
+                            }
+                        }
+                    }
+                    y[((size_t)n * co_n + co) * plane + (size_t)oy * wd + ox] = (float)acc;
+                }
+}
+
+DS_DECL_CONV2D_BWD(ds_conv2d_bwd_c)
+{
+    (void)col;
+    const int ci_n = s->c_in, co_n = s->c_out, h = s->h, wd = s->w, k = s->k, p = k / 2;
+    const size_t plane = (size_t)h * wd;
+    for (int co = 0; co < co_n; co++) {
+        double sb = 0;
+        for (int n = 0; n < s->batch; n++)
+            for (size_t i = 0; i < plane; i++)
+                sb += dy[((size_t)n * co_n + co) * plane + i];
+        db[co] = (float)sb;
+        for (int ci = 0; ci < ci_n; ci++)
+            for (int ky = 0; ky < k; ky++)
+                for (int kx = 0; kx < k; kx++) {
+                    double acc = 0;
+                    for (int n = 0; n < s->batch; n++) {
+                        const float *dyp = dy + ((size_t)n * co_n + co) * plane;
+                        const float *xp = x + ((size_t)n * ci_n + ci) * plane;
+                        for (int oy = 0; oy < h; oy++) {
+                            const int iy = oy + ky - p;
+                            if (iy < 0 || iy >= h)
+                                continue;
+                            for (int ox = 0; ox < wd; ox++) {
+                                const int ix = ox + kx - p;
+                                if (ix >= 0 && ix < wd)
+                                    acc += (double)dyp[(size_t)oy * wd + ox] *
+                                           xp[(size_t)iy * wd + ix];
+                            }
+                        }
+                    }
+                    dw[(((size_t)co * ci_n + ci) * k + ky) * k + kx] = (float)acc;
+                }
+    }
+    if (!dx)
+        return;
+    for (int n = 0; n < s->batch; n++)
+        for (int ci = 0; ci < ci_n; ci++)
+            for (int iy = 0; iy < h; iy++)
+                for (int ix = 0; ix < wd; ix++) {
+                    double acc = 0;
+                    for (int co = 0; co < co_n; co++) {
+                        const float *dyp = dy + ((size_t)n * co_n + co) * plane;
+                        const float *wp = w + ((size_t)co * ci_n + ci) * k * k;
+                        for (int ky = 0; ky < k; ky++) {
+                            const int oy = iy - ky + p;
+                            if (oy < 0 || oy >= h)
+                                continue;
+                            for (int kx = 0; kx < k; kx++) {
+                                const int ox = ix - kx + p;
+                                if (ox >= 0 && ox < wd)
+                                    acc += (double)wp[ky * k + kx] * dyp[(size_t)oy * wd + ox];
+                            }
+                        }
+                    }
+                    dx[((size_t)n * ci_n + ci) * plane + (size_t)iy * wd + ix] = (float)acc;
+                }
+}
+
+/* Index (within x's plane) of the first maximum of the window at (oy, ox). */
+static size_t pool_arg(const float *xp, int w, int oy, int ox)
+{
+    size_t best = (size_t)(2 * oy) * w + 2 * ox;
+    const size_t cand[3] = {best + 1, best + w, best + w + 1};
+    for (int i = 0; i < 3; i++)
+        if (xp[cand[i]] > xp[best])
+            best = cand[i];
+    return best;
+}
+
+DS_DECL_MAXPOOL_FWD(ds_maxpool_fwd_c)
+{
+    const int oh = h / 2, ow = w / 2;
+    for (int p = 0; p < planes; p++) {
+        const float *xp = x + (size_t)p * h * w;
+        float *yp = y + (size_t)p * oh * ow;
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++)
+                yp[oy * ow + ox] = xp[pool_arg(xp, w, oy, ox)];
+    }
+}
+
+DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c)
+{
+    const int oh = h / 2, ow = w / 2;
+    memset(dx, 0, (size_t)planes * h * w * sizeof(float));
+    for (int p = 0; p < planes; p++) {
+        const float *xp = x + (size_t)p * h * w;
+        const float *dyp = dy + (size_t)p * oh * ow;
+        float *dxp = dx + (size_t)p * h * w;
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++)
+                dxp[pool_arg(xp, w, oy, ox)] = dyp[oy * ow + ox];
+    }
+}
+
 /* ---- host memory ops ----------------------------------------------------- */
 
 static void *host_alloc(size_t bytes)
@@ -202,6 +327,10 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
     ops->dot = ds_dot_c;
     ops->nrm2 = ds_nrm2_c;
     ops->sum = ds_sum_c;
+    ops->conv2d_fwd = ds_conv2d_fwd_c;
+    ops->conv2d_bwd = ds_conv2d_bwd_c;
+    ops->maxpool_fwd = ds_maxpool_fwd_c;
+    ops->maxpool_bwd = ds_maxpool_bwd_c;
 
 #define SET_SIMD(sfx) \
     do { \
@@ -225,9 +354,12 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
 #endif
 #undef SET_SIMD
     /* OpenBLAS is the production GEMM whenever SIMD is allowed at all; the
-     * "ref" mask keeps the plain loop so every result can be reproduced
+     * "ref" mask keeps the plain loops (GEMM, direct convolution) so every result can be reproduced
      * without any optimized code. */
-    if (flags)
+    if (flags) {
         ops->gemm = ds_gemm_blas;
+        ops->conv2d_fwd = ds_conv2d_fwd_blas;
+        ops->conv2d_bwd = ds_conv2d_bwd_blas;
+    }
     snprintf(ops->name, sizeof(ops->name), "cpu-%s", ds_cpu_flags_name(flags));
 }

@@ -702,6 +702,8 @@ void ds_engine_publish(ds_engine *r, int force)
         .gnet = r->gn,
         .net = r->net,
         .membership = atomic_load(&r->ms),
+        .layers = r->registered ? r->p.layers : NULL,
+        .n_layers = r->registered ? r->p.n_layers : 0,
     };
     ds_publish_status(r->status, r->snap, &r->last_publish_ms, force, &src);
 }

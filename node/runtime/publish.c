@@ -250,6 +250,18 @@ void ds_publish_status(ds_status *st, ds_status_snapshot *sn, uint64_t *last_ms,
     sn->lr = src->lr;
     sn->samples_per_s = src->samples_per_s;
     fill_view(sn, src);
+    sn->n_layers = 0;
+    for (int i = 0; src->layers && i < src->n_layers && i < DS_STATUS_MAX_LAYERS; i++) {
+        const ds_layer *l = &src->layers[i];
+        ds_status_layer *o = &sn->layers[sn->n_layers++];
+        memset(o, 0, sizeof(*o));
+        snprintf(o->name, sizeof(o->name), "%s", l->name);
+        o->k = (uint32_t)l->k;
+        o->in = (uint32_t)l->in;
+        o->out = (uint32_t)l->out;
+        o->offset = l->off;
+        o->length = l->len;
+    }
     ds_gossip_xinfo xs[DS_STATUS_MAX_SEGMENTS]; /* 4 KiB on the stack with in_from */
     uint32_t in_from[DS_STATUS_MAX_SEGMENTS * DS_STATUS_MAX_ANSWERS];
     ds_gossip_stats gst;

@@ -65,6 +65,8 @@ typedef struct ds_publish_src {
     ds_gnet *gnet;
     ds_net *net;
     ds_membership *membership;
+    const ds_layer *layers;          /* the model's layer table, NULL before */
+    int n_layers;
 } ds_publish_src;
 
 /* Fill *sn from *src and publish it on st: at most every 200 ms (tracked

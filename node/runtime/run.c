@@ -100,6 +100,10 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     ds_train_cfg_defaults(t);
     t->backend = c->train.backend;
     snprintf(t->dataset_dir, sizeof(t->dataset_dir), "%s", c->train.dataset_dir);
+    t->model = c->train.model == DS_MODEL_CNN      ? DS_TRAIN_CNN
+               : c->train.model == DS_MODEL_CUSTOM ? DS_TRAIN_CUSTOM
+                                                   : DS_TRAIN_MLP;
+    snprintf(t->layers, sizeof(t->layers), "%s", c->train.layers);
     t->n_hidden = c->train.hidden_count;
     for (int i = 0; i < c->train.hidden_count && i < DS_TRAIN_MAX_HIDDEN; i++)
         t->hidden[i] = (int)c->train.hidden[i];
@@ -267,8 +271,11 @@ static int register_trainer(run *u)
         p.pull = pull;
         p.push = push;
     }
-    ds_info("train", "model=mlp params=%zu layers=%d train_examples=%zu test_examples=%zu batch=%d",
-            t->n_params, t->model.n_layers, t->train.n, t->test.n, u->tc.batch);
+    char table[512];
+    ds_model_describe(&t->model, table, sizeof(table));
+    ds_info("train", "model=%s params=%zu layers=%d train_examples=%zu test_examples=%zu batch=%d",
+            t->model_name, t->n_params, t->model.n_layers, t->train.n, t->test.n, u->tc.batch);
+    ds_info("train", "layer table: %s", table);
     return ds_engine_register(u->e, &p);
 }
 

@@ -181,6 +181,30 @@ static json_t *view_obj(jb *b, const ds_status_snapshot *s)
     return o;
 }
 
+static json_t *model_obj(jb *b, const ds_status_snapshot *s)
+{
+    const uint32_t n = s->n_layers < DS_STATUS_MAX_LAYERS ? s->n_layers : DS_STATUS_MAX_LAYERS;
+    json_t *o = json_object();
+    uint64_t params = 0;
+    json_t *list = json_array();
+    for (uint32_t i = 0; i < n; i++) {
+        const ds_status_layer *l = &s->layers[i];
+        json_t *e = json_object();
+        put(b, e, "name", jstr(F(l->name)));
+        put(b, e, "kind", json_string(l->k ? "conv" : "linear"));
+        put(b, e, "k", ju(l->k));
+        put(b, e, "in", ju(l->in));
+        put(b, e, "out", ju(l->out));
+        put(b, e, "offset", ju(l->offset));
+        put(b, e, "length", ju(l->length));
+        params += l->length;
+        push(b, list, e);
+    }
+    put(b, o, "params", ju(params));
+    put(b, o, "layers", list);
+    return o;
+}
+
 static json_t *exchanges_obj(jb *b, const ds_status_snapshot *s)
 {
     const uint32_t n_x =
@@ -264,6 +288,7 @@ int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, cha
     put(&b, root, "round", ju(s->round));
     put(&b, root, "epoch", ju(s->epoch));
     put(&b, root, "view", view_obj(&b, s));
+    put(&b, root, "model", model_obj(&b, s));
     put(&b, root, "exchanges", exchanges_obj(&b, s));
     groups(&b, root, s);
     char *text = b.bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(REAL_DIGITS));

@@ -45,6 +45,8 @@
 #define DS_STATUS_MAX_ANSWERS 8   /* answer_from names per segment */
 #define DS_STATUS_MAX_GROUPS 16   /* metric groups */
 #define DS_STATUS_MAX_VALUES 512  /* metric values in all groups */
+#define DS_STATUS_MAX_LAYERS 16   /* the model's layer table (all of it:
+                                   * node/train's DS_MODEL_MAX_LAYERS) */
 
 /* Text fields, terminator included (the wire's limits + 1; the runtime
  * checks they agree). */
@@ -104,6 +106,14 @@ typedef struct ds_status_exchange {
                                           * this node initiated; 0 = unknown */
 } ds_status_exchange;
 
+/* One layer with parameters of the model (node/train's layer table). */
+typedef struct ds_status_layer {
+    char name[16];           /* "conv1", "fc1", ... */
+    uint32_t k;              /* conv: kernel size; 0 for a dense layer */
+    uint32_t in, out;        /* weight shape out x in (a conv's in is c_in*k*k) */
+    uint64_t offset, length; /* floats into theta: weights, then biases */
+} ds_status_layer;
+
 /*
  * Everything /status and /metrics show. About 100 KB: allocate it (calloc)
  * rather than putting it on a thread's stack, and keep one for the node's
@@ -129,6 +139,10 @@ typedef struct ds_status_snapshot {
     uint32_t view_size, n_view;
     uint32_t view_me;                /* index of this node; UINT32_MAX: not in it */
     ds_status_member view[DS_STATUS_MAX_VIEW];
+
+    /* the model's layer table (set once the trainer is registered) */
+    uint32_t n_layers;
+    ds_status_layer layers[DS_STATUS_MAX_LAYERS];
 
     /* this round's exchanges: n_segments in the model, n_exchanges listed */
     uint32_t n_segments, n_exchanges;

@@ -13,6 +13,7 @@ void ds_train_cfg_defaults(ds_train_cfg *c)
 {
     memset(c, 0, sizeof(*c));
     c->backend = DS_OPS_AUTO;
+    c->model = DS_TRAIN_MLP;
     snprintf(c->dataset_dir, sizeof(c->dataset_dir), "/usr/share/datasets/fashion-mnist");
     c->hidden[0] = c->hidden[1] = 256;
     c->n_hidden = 2;
@@ -25,6 +26,49 @@ void ds_train_cfg_defaults(ds_train_cfg *c)
     c->threads = 1;
     c->init_seed = 1;
     c->data_seed = 1;
+}
+
+/* The model of cfg->model on t->ops (see ds_trainer_init for -ENOTSUP). */
+static int build_model(ds_trainer *t, int input, int max_batch, char *err, size_t err_len)
+{
+    const ds_train_cfg *cfg = &t->cfg;
+    char why[256] = "";
+    int ret;
+    if (cfg->model == DS_TRAIN_MLP) {
+        t->model_name = "mlp";
+        ret = ds_model_init_mlp(&t->model, &t->ops, input, cfg->hidden, cfg->n_hidden,
+                                DS_DATA_CLASSES, max_batch);
+        if (ret < 0)
+            snprintf(err, err_len, "cannot build the model: %s", strerror(-ret));
+        return ret;
+    }
+    if (cfg->model != DS_TRAIN_CNN && cfg->model != DS_TRAIN_CUSTOM) {
+        snprintf(err, err_len, "train.model: unknown model %d", (int)cfg->model);
+        return -EINVAL;
+    }
+    const int cnn = cfg->model == DS_TRAIN_CNN;
+    const char *spec = cnn ? DS_LAYERSPEC_CNN : cfg->layers;
+    t->model_name = cnn ? "cnn" : "custom";
+    ret = ds_model_init_layers(&t->model, &t->ops, spec, 1, t->train.rows, t->train.cols,
+                               DS_DATA_CLASSES, max_batch, why, sizeof(why));
+    if (ret == -ENOTSUP && cfg->backend == DS_OPS_AUTO) {
+        /* auto chose a device whose table lacks an op of this model. */
+        ds_ops_fini(&t->ops);
+        ds_ops_init_cpu(&t->ops);
+        ds_blas_set_threads(cfg->threads);
+        snprintf(t->backend_note, sizeof(t->backend_note),
+                 "backend=%s (auto: train.model = %s: %s)", t->ops.name, t->model_name, why);
+        ret = ds_model_init_layers(&t->model, &t->ops, spec, 1, t->train.rows, t->train.cols,
+                                   DS_DATA_CLASSES, max_batch, why, sizeof(why));
+    }
+    if (ret == -ENOTSUP)
+        snprintf(err, err_len, "train.model = %s: not yet on %s: %s (use train.backend = cpu)",
+                 t->model_name, ds_ops_backend_name(cfg->backend), why);
+    else if (ret == -EINVAL && !cnn)
+        snprintf(err, err_len, "train.layers: %s", why);
+    else if (ret < 0)
+        snprintf(err, err_len, "cannot build the model: %s", why);
+    return ret;
 }
 
 int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t err_len)
@@ -53,11 +97,8 @@ int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t er
 
     const int input = t->train.rows * t->train.cols;
     const int max_batch = cfg->batch > DS_TRAIN_EVAL_BATCH ? cfg->batch : DS_TRAIN_EVAL_BATCH;
-    if ((ret = ds_model_init_mlp(&t->model, &t->ops, input, cfg->hidden, cfg->n_hidden,
-                                 DS_DATA_CLASSES, max_batch)) < 0) {
-        snprintf(err, err_len, "cannot build the model: %s", strerror(-ret));
+    if ((ret = build_model(t, input, max_batch, err, err_len)) < 0)
         goto fail_ops;
-    }
     t->n_params = t->model.n_params;
     const size_t pbytes = t->n_params * sizeof(float);
     t->theta = t->ops.alloc(pbytes);

@@ -20,11 +20,20 @@
 #define DS_TRAIN_MAX_HIDDEN 8
 #define DS_TRAIN_EVAL_BATCH 500
 
+/* The model kinds (train.model's choices, mapped by node/runtime). */
+enum ds_train_model {
+    DS_TRAIN_MLP = 0,    /* hidden[0..n_hidden) */
+    DS_TRAIN_CNN = 1,    /* DS_LAYERSPEC_CNN (base/layerspec.h) */
+    DS_TRAIN_CUSTOM = 2, /* layers */
+};
+
 typedef struct ds_train_cfg {
     enum ds_ops_backend backend; /* kernels/kernels.h: auto, cpu, cuda */
     char dataset_dir[1024];
-    int hidden[DS_TRAIN_MAX_HIDDEN];
+    enum ds_train_model model;
+    int hidden[DS_TRAIN_MAX_HIDDEN]; /* mlp */
     int n_hidden;
+    char layers[256];            /* custom: the layer list (base/layerspec.h) */
     int batch;
     double lr, momentum, weight_decay;
     int nesterov;
@@ -52,13 +61,17 @@ typedef struct ds_trainer {
     int64_t step;                    /* optimizer steps taken */
     uint64_t samples;                /* training samples consumed */
     char backend_note[256];          /* why this backend, for the log */
+    const char *model_name;          /* "mlp", "cnn" or "custom" */
 } ds_trainer;
 
 /* Defaults matching conf's: MLP 256,256, batch 64, lr 0.05, momentum 0.9. */
 void ds_train_cfg_defaults(ds_train_cfg *c);
 
 /* Load data, pick the backend, build the model, initialise theta.
- * 0 or a negative errno with one line in err. */
+ * 0 or a negative errno with one line in err. A model that needs kernels
+ * the backend lacks (cnn or custom with conv/maxpool2 on CUDA) is refused
+ * with -ENOTSUP when the backend was asked for, and runs on the CPU (said
+ * in backend_note) when it was auto. */
 int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t err_len);
 void ds_trainer_fini(ds_trainer *t);
 

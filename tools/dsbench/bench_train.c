@@ -1,13 +1,14 @@
 /*
  * tools/dsbench/bench_train.c: `dsbench train`: samples/s and final test
- * accuracy of one dsnode CPU node (MLP 784-256-256-10, batch 64, one BLAS
- * thread), beside PyTorch training the same MLP with the same data, batch,
- * initialisation rule and optimizer on one thread (tools/torch_mlp.py),
- * measured in the same run. Rounds alternate dsnode and PyTorch so both see
- * the same machine load; the best round of each is reported, and the ratio
- * of the two.
+ * accuracy of one dsnode CPU node (the MLP 784-256-256-10, or with --model
+ * cnn the CNN of train.model = cnn; batch 64, one BLAS thread), beside
+ * PyTorch training the same net with the same data, batch, initialisation
+ * rule and optimizer on one thread (tools/torch_mlp.py), measured in the
+ * same run. Rounds alternate dsnode and PyTorch so both see the same
+ * machine load; the best round of each is reported, and the ratio of the
+ * two.
  *
- *   dsbench train [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]
+ *   dsbench train [--model mlp|cnn] [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]
  */
 #include "config.h"
 
@@ -28,12 +29,13 @@ typedef struct run_result {
     double samples_per_s, test_acc, train_s;
 } run_result;
 
-static int run_dsnode(int steps, int batch, run_result *r)
+static int run_dsnode(int cnn, int steps, int batch, run_result *r)
 {
     ds_train_cfg c;
     ds_trainer t;
     char err[512];
     ds_train_cfg_defaults(&c);
+    c.model = cnn ? DS_TRAIN_CNN : DS_TRAIN_MLP;
     c.backend = DS_OPS_CPU;
     c.batch = batch;
     c.threads = 1;
@@ -61,11 +63,12 @@ static int run_dsnode(int steps, int batch, run_result *r)
     return 0;
 }
 
-static int run_torch(int steps, int batch, run_result *r)
+static int run_torch(int cnn, int steps, int batch, run_result *r)
 {
     char cmd[1024], line[1024];
-    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/torch_mlp.py --steps %d --batch %d --threads 1",
-             ds_bench_tools_dir(), steps, batch);
+    snprintf(cmd, sizeof(cmd),
+             "/usr/bin/python3 %s/torch_mlp.py --model %s --steps %d --batch %d --threads 1",
+             ds_bench_tools_dir(), cnn ? "cnn" : "mlp", steps, batch);
     FILE *p = popen(cmd, "r");
     if (!p)
         return -1;
@@ -99,9 +102,10 @@ int ds_bench_train(int argc, char **argv)
         {"rounds", required_argument, NULL, 'r'},
         {"batch", required_argument, NULL, 'b'},
         {"no-torch", no_argument, NULL, 'T'},
+        {"model", required_argument, NULL, 'm'},
         {NULL, 0, NULL, 0},
     };
-    int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1, bad = 0, opt;
+    int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1, cnn = 0, bad = 0, opt;
     optind = 0; /* start afresh on this argv; messages are ours */
     opterr = 0;
     while (!bad && (opt = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
@@ -111,11 +115,18 @@ int ds_bench_train(int argc, char **argv)
         case 'r': rounds = atoi(optarg); break;
         case 'b': batch = atoi(optarg); break;
         case 'T': torch = 0; break;
+        case 'm':
+            if (!strcmp(optarg, "cnn"))
+                cnn = 1;
+            else if (strcmp(optarg, "mlp"))
+                bad = 1;
+            break;
         default: bad = 1; /* an unknown option or a missing value */
         }
     }
     if (bad || optind < argc) {
-        fprintf(stderr, "usage: dsbench train [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]\n");
+        fprintf(stderr, "usage: dsbench train [--model mlp|cnn] [--steps N] [--rounds R] [--batch B] "
+                        "[--no-torch] [--json]\n");
         return 2;
     }
     if (steps < 1 || rounds < 1 || batch < 1) {
@@ -127,12 +138,12 @@ int ds_bench_train(int argc, char **argv)
     run_result best_ds = {0}, best_pt = {0};
     for (int r = 0; r < rounds; r++) {
         run_result a, b = {0};
-        if (run_dsnode(steps, batch, &a) < 0)
+        if (run_dsnode(cnn, steps, batch, &a) < 0)
             return 1;
         if (a.samples_per_s > best_ds.samples_per_s)
             best_ds = a;
         if (torch) {
-            if (run_torch(steps, batch, &b) < 0)
+            if (run_torch(cnn, steps, batch, &b) < 0)
                 return 1;
             if (b.samples_per_s > best_pt.samples_per_s)
                 best_pt = b;
@@ -142,6 +153,7 @@ int ds_bench_train(int argc, char **argv)
     ds_row row;
     ds_row_table(&row, json);
     ds_row_str(&row, "impl", "dsnode");
+    ds_row_str(&row, "model", cnn ? "cnn" : "mlp");
     ds_row_int(&row, "steps", steps);
     ds_row_int(&row, "batch", batch);
     ds_row_num(&row, "samples_per_s", best_ds.samples_per_s, 0);
@@ -150,6 +162,7 @@ int ds_bench_train(int argc, char **argv)
     ds_row_end(&row);
     if (torch) {
         ds_row_str(&row, "impl", "pytorch");
+        ds_row_str(&row, "model", cnn ? "cnn" : "mlp");
         ds_row_int(&row, "steps", steps);
         ds_row_int(&row, "batch", batch);
         ds_row_num(&row, "samples_per_s", best_pt.samples_per_s, 0);

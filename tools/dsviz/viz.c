@@ -1018,6 +1018,52 @@ static void html_num(FILE *f, double x, int prec)
         fputs("-", f);
 }
 
+/* The model's layer table ("model.layers", docs/status.md) of the newest
+ * document that has one: every node trains the same model. Nothing when no
+ * document has one (an older dsnode). */
+static void model_table(const ds_viz *v, FILE *f)
+{
+    const json_t *layers = NULL;
+    const char *from = NULL;
+    double newest = -1;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *l = jget(jget(v->docs[d].doc, "model"), "layers");
+        if (json_is_array(l) && json_array_size(l) > 0 && v->docs[d].time_unix_ms > newest) {
+            layers = l;
+            from = v->docs[d].name;
+            newest = v->docs[d].time_unix_ms;
+        }
+    }
+    if (!layers)
+        return;
+    fputs("<h2>Model</h2>\n<p>Layer table of ", f);
+    xml_text(f, from);
+    fputs(" (one gossip segment per layer when gossip.segments = 0).</p>\n"
+          "<table><tr><th>layer</th><th>kind</th><th>shape</th><th>offset</th>"
+          "<th>parameters</th></tr>\n",
+          f);
+    double total = 0;
+    for (size_t i = 0; i < json_array_size(layers); i++) {
+        const json_t *l = json_array_get(layers, i);
+        const double k = jnum(l, "k", 0), in = jnum(l, "in", 0), out = jnum(l, "out", 0);
+        const double len = jnum(l, "length", 0);
+        total += len;
+        fputs("<tr><td class=\"l\">", f);
+        xml_text(f, jstr(l, "name", "?"));
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, jstr(l, "kind", "?"));
+        if (k > 0)
+            fprintf(f, "</td><td class=\"l\">%.0fx%.0f, %.0f &rarr; %.0f", k, k, in / (k * k),
+                    out);
+        else
+            fprintf(f, "</td><td class=\"l\">%.0f &rarr; %.0f", in, out);
+        fprintf(f, "</td><td>%.0f</td><td>%.0f</td></tr>\n", jnum(l, "offset", 0), len);
+    }
+    fprintf(f, "<tr><td class=\"l\">all</td><td></td><td></td><td></td><td>%.0f</td></tr>\n"
+               "</table>\n",
+            total);
+}
+
 int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
 {
     fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
@@ -1081,7 +1127,9 @@ int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
             fputs("<td colspan=\"12\"></td></tr>\n", f);
         }
     }
-    fputs("</table>\n<h2>Exchanges this round</h2>\n<table><tr><th>segment</th><th>from</th>"
+    fputs("</table>\n", f);
+    model_table(v, f);
+    fputs("<h2>Exchanges this round</h2>\n<table><tr><th>segment</th><th>from</th>"
           "<th>to</th><th>round</th><th>outcome</th><th>bytes</th></tr>\n",
           f);
     for (size_t k = 0; k < v->n_e; k++) {

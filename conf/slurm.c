@@ -266,8 +266,26 @@ int ds_slurm_derive(const ds_conf *c, ds_slurm_getenv_fn env, ds_slurm_hosts_fn 
                      c->node.advertise);
             return -EINVAL;
         }
-        snprintf(out->set[4], sizeof(out->set[4]), "node.advertise=%s", adv);
-        out->n = 5;
+        snprintf(out->set[out->n++], sizeof(out->set[0]), "node.advertise=%s", adv);
+    }
+    if (c->status.listen[0]) {
+        ds_hostport shp;
+        char st[DS_HOSTPORT_MAX + 1];
+        if (ds_hostport_parse(c->status.listen, &shp) != 0) {
+            snprintf(err, err_len, "--slurm: status.listen: expected host:port, found '%s'",
+                     c->status.listen);
+            return -EINVAL;
+        }
+        if (shp.port + localid > 65535) {
+            snprintf(err, err_len, "--slurm: status.listen's port + SLURM_LOCALID: expected a "
+                     "port <= 65535, found %u + %lld", (unsigned)shp.port, localid);
+            return -EINVAL;
+        }
+        if (ds_hostport_format(shp.host, (uint16_t)(shp.port + localid), st, sizeof(st)) < 0) {
+            snprintf(err, err_len, "--slurm: status.listen: cannot format '%s'", shp.host);
+            return -EINVAL;
+        }
+        snprintf(out->set[out->n++], sizeof(out->set[0]), "status.listen=%s", st);
     }
     return 0;
 }

@@ -8,6 +8,7 @@
  *   node.group     SLURMD_NODENAME (the tasks of one Slurm node all-reduce)
  *   node.listen    node.listen's host, port slurm.port_base + SLURM_LOCALID
  *   node.advertise (only when set) its host, the same port
+ *   status.listen  (only when set) its host, its port + SLURM_LOCALID
  *   cluster.seeds  the first slurm.seeds hosts of SLURM_STEP_NODELIST (else
  *                  SLURM_JOB_NODELIST), each at slurm.port_base (its local
  *                  task 0), the host resolved to an address; the task that
@@ -30,7 +31,7 @@
 #include "conf/conf.h"
 
 #define DS_SLURM_HOSTS_MAX 16 /* the most hosts a derivation looks at */
-#define DS_SLURM_SETS_MAX 5   /* node.name, .group, .listen, cluster.seeds, node.advertise */
+#define DS_SLURM_SETS_MAX 6 /* name, group, listen, seeds, advertise, status.listen */
 
 typedef char ds_slurm_host[DS_HOST_MAX + 1];
 

@@ -132,7 +132,7 @@ static int derive(const char *const *env, ds_conf *c, ds_slurm_sets *d, char *er
 }
 
 static void expect_sets(const char *const *env, const char *const *conf_sets,
-                        const char *want[5])
+                        const char *const *want)
 {
     ds_conf c;
     ds_conf_defaults(&c);
@@ -141,7 +141,7 @@ static void expect_sets(const char *const *env, const char *const *conf_sets,
         cr_assert_eq(ds_conf_set(&c, conf_sets[i], err, sizeof(err)), 0, "%s", err);
     ds_slurm_sets d;
     cr_assert_eq(derive(env, &c, &d, err, sizeof(err)), 0, "%s", err);
-    const int n = want[4] ? 5 : 4;
+    const int n = !want[4] ? 4 : !want[5] ? 5 : 6;
     cr_assert_eq(d.n, n);
     for (int i = 0; i < n; i++)
         cr_expect_str_eq(d.set[i], want[i]);
@@ -163,9 +163,14 @@ Test(slurm, derive_task_on_a_later_host)
     const char *want3[] = {"node.name=77-5", "node.group=node03", "node.listen=0.0.0.0:9001",
                            "cluster.seeds=10.0.0.1:9000,10.0.0.2:9000,10.0.0.3:9000", NULL};
     /* A set node.advertise keeps its host and follows the port. */
-    const char *seta[] = {"node.listen=0.0.0.0:1", "node.advertise=gw.example:1", NULL};
-    const char *wanta[] = {"node.name=77-5", "node.group=node03", "node.listen=0.0.0.0:7001",
-                           "cluster.seeds=10.0.0.1:7000", "node.advertise=gw.example:7001"};
+    const char *seta[] = {"node.listen=0.0.0.0:1", "node.advertise=gw.example:1",
+                          "status.listen=127.0.0.1:9100", NULL};
+    const char *wanta[] = {"node.name=77-5",
+                           "node.group=node03",
+                           "node.listen=0.0.0.0:7001",
+                           "cluster.seeds=10.0.0.1:7000",
+                           "node.advertise=gw.example:7001",
+                           "status.listen=127.0.0.1:9101"};
     expect_sets(env, seta, wanta);
     expect_sets(env, sets, want3);
 }
@@ -322,6 +327,8 @@ Test(slurm, cli_derives_and_set_wins)
     cr_expect(strstr(out, "\nname = 31-3\n"), "no name = 31-3 in:\n%s", out);
     cr_expect(strstr(out, "\ngroup = localhost\n"), "no group = localhost in:\n%s", out);
     cr_expect(strstr(out, "\nlisten = 127.0.0.1:7003\n"), "no listen :7003 in:\n%s", out);
+    /* cluster.ini's status.listen is 127.0.0.1:9100. */
+    cr_expect(strstr(out, "\nlisten = 127.0.0.1:9103\n"), "no status listen :9103 in:\n%s", out);
     cr_expect(strstr(out, "\nseeds = 127.0.0.1:7000\n") || strstr(out, "\nseeds = [::1]:7000\n"),
               "no seeds = localhost's address:7000 in:\n%s", out);
     free(out);

@@ -65,25 +65,32 @@ Test(slurm, hostlist_same_as_scontrol)
 {
     if (system("command -v scontrol >/dev/null 2>&1") != 0)
         cr_skip_test("no scontrol (Debian: apt-get install slurm-client)");
-    /* scontrol reads a slurm.conf even for this: a minimal one. */
+    /* scontrol reads a slurm.conf even for this: a minimal one, removed
+     * before any assertion can end the test. */
     char conf[] = "/tmp/ds-slurm-conf-XXXXXX";
     const int fd = mkstemp(conf);
     cr_assert_geq(fd, 0);
     const char text[] = "ClusterName=t\nSlurmctldHost=localhost\n";
-    cr_assert_eq(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+    const ssize_t wrote = write(fd, text, sizeof(text) - 1);
     close(fd);
     const char *lists[] = {"node[01-03,07]", "a[1-2],b,c[9-10]", "rack[1-2]-n[0-1]", "vm"};
-    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
+    enum { NL = sizeof(lists) / sizeof(lists[0]) };
+    char *outs[NL] = {NULL}, *errs[NL] = {NULL}, err[NL][256];
+    int codes[NL], rcs[NL];
+    for (int i = 0; i < NL; i++) {
         char cmd[256];
         snprintf(cmd, sizeof(cmd), "SLURM_CONF=%s scontrol show hostnames '%s'", conf, lists[i]);
         char *argv[] = {"/bin/sh", "-c", cmd, NULL};
-        char *out = NULL, *errt = NULL, err[256];
-        int code = -1;
-        cr_assert_eq(ds_proc_capture(argv, 20000, &out, &errt, &code, err, sizeof(err)), 0, "%s",
-                     err);
-        if (code != 0)
-            unlink(conf);
-        cr_assert_eq(code, 0, "scontrol show hostnames %s: %s", lists[i], errt);
+        codes[i] = -1;
+        rcs[i] = ds_proc_capture(argv, 20000, &outs[i], &errs[i], &codes[i], err[i],
+                                 sizeof(err[i]));
+    }
+    unlink(conf);
+    cr_assert_eq(wrote, (ssize_t)sizeof(text) - 1);
+    for (int i = 0; i < NL; i++) {
+        cr_assert_eq(rcs[i], 0, "%s", err[i]);
+        cr_assert_eq(codes[i], 0, "scontrol show hostnames %s: %s", lists[i], errs[i]);
+        char *out = outs[i];
         for (char *p = out; *p; p++)
             if (*p == '\n')
                 *p = ' ';
@@ -92,9 +99,8 @@ Test(slurm, hostlist_same_as_scontrol)
             out[--n] = '\0';
         expect_hosts(lists[i], 16, out);
         free(out);
-        free(errt);
+        free(errs[i]);
     }
-    unlink(conf);
 }
 
 /* ---- the derivation ----------------------------------------------------- */

@@ -20,6 +20,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -138,42 +139,50 @@ static int parse_common(int argc, char **argv, int positional_ok, const char **p
 }
 
 /* --slurm's host-list expansion: `scontrol show hostnames LIST` (Slurm's
- * own rules), or conf/slurm.c's parser when scontrol is missing or fails. */
+ * own rules), or conf/slurm.c's parser when scontrol is missing, fails or
+ * prints more than 64 KiB (it then dies of SIGPIPE when we stop reading).
+ * Called before any thread of ours starts. */
 static int slurm_hosts(const char *list, ds_slurm_host *hosts, int max, char *err,
                        size_t err_len)
 {
-    int fd[2];
-    if (pipe(fd) == 0) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-            dup2(fd[1], 1);
-            close(fd[0]);
-            close(fd[1]);
-            freopen("/dev/null", "w", stderr);
-            execlp("scontrol", "scontrol", "show", "hostnames", list, (char *)NULL);
-            _exit(127);
-        }
+    int fd[2] = {-1, -1}; /* pipe() leaves them when it fails */
+    pid_t pid = -1;
+    if (pipe(fd) == 0 && (pid = fork()) == 0) {
+        const int null = open("/dev/null", O_WRONLY);
+        dup2(fd[1], 1);
+        if (null >= 0)
+            dup2(null, 2);
+        execlp("scontrol", "scontrol", "show", "hostnames", list, (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0) {
         close(fd[1]);
         char buf[1 << 16];
         size_t got = 0;
-        ssize_t k;
-        while (pid > 0 && got < sizeof(buf) - 1 &&
-               ((k = read(fd[0], buf + got, sizeof(buf) - 1 - got)) > 0 || (k < 0 && errno == EINTR)))
-            got += k > 0 ? (size_t)k : 0;
+        for (;;) {
+            const ssize_t k = read(fd[0], buf + got, sizeof(buf) - 1 - got);
+            if (k > 0)
+                got += (size_t)k;
+            if ((k < 0 && errno != EINTR) || k == 0 || got == sizeof(buf) - 1)
+                break;
+        }
         close(fd[0]);
         buf[got] = '\0';
         int st = -1;
-        while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
             ;
-        if (pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 && got > 0) {
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && got < sizeof(buf) - 1) {
             int n = 0;
             for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l && n < max;
                  l = strtok_r(NULL, "\n", &save))
-                if (*l && strlen(l) <= DS_HOST_MAX)
+                if (strlen(l) <= DS_HOST_MAX)
                     snprintf(hosts[n++], sizeof(hosts[0]), "%s", l);
             if (n > 0)
                 return n;
         }
+    } else if (pid < 0 && fd[0] >= 0) {
+        close(fd[0]);
+        close(fd[1]);
     }
     return ds_slurm_hostlist(list, hosts, max, err, err_len);
 }

@@ -19,9 +19,10 @@ PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
       python3-torch python3-numpy iproute2 nftables libclang-rt-14-dev
       openssh-client)
 # Only for the test suite: the multihost tests start their own sshd in
-# network namespaces. Debian's package also enables and starts the system
-# sshd service where systemd runs, so `run` does not install it.
-TEST_PKGS=(openssh-server)
+# network namespaces, the slurm tests their own munged, slurmctld and slurmd.
+# Debian's packages also enable and start the system services where systemd
+# runs, so `run` does not install them.
+TEST_PKGS=(openssh-server slurmctld slurmd munge slurm-client)
 
 # nvcc lives outside PATH on Debian's CUDA install.
 if [ -x /usr/local/cuda/bin/nvcc ]; then

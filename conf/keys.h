@@ -61,7 +61,8 @@
     S(gossip, X) \
     S(transport, X) \
     S(security, X) \
-    S(status, X)
+    S(status, X) \
+    S(slurm, X)
 
 #define DS_CONF_KEYS_node(X) \
     X(STR, node, name, "node0", NAME, \
@@ -174,5 +175,12 @@
       "file the status JSON is written to; empty = off") \
     X(INT, status, file_interval_ms, "500", 20, 60000, \
       "status.file is rewritten at most this often, in ms")
+
+/* Read only by `dsnode run --slurm` (conf/slurm.h, docs/deploy.md). */
+#define DS_CONF_KEYS_slurm(X) \
+    X(INT, slurm, port_base, "7000", 1, 65535, \
+      "with --slurm: a task listens on this port + SLURM_LOCALID (node.listen's host kept)") \
+    X(INT, slurm, seeds, "1", 1, 16, \
+      "with --slurm: the first N hosts of the step's node list are the seeds (their local task 0)")
 
 #endif

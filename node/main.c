@@ -1,8 +1,10 @@
 /*
  * node/main.c: the dsnode program.
  *
- *   dsnode run --config FILE [--set section.key=value]...
- *   dsnode check-config [--offline] FILE [--set section.key=value]...
+ *   dsnode run --config FILE [--slurm] [--set section.key=value]...
+ *       (--slurm: name, group, listen port and seeds from the Slurm task's
+ *       environment, conf/slurm.h; --set values win)
+ *   dsnode check-config [--offline] [--slurm] FILE [--set section.key=value]...
  *       (without --offline it also checks the key files, the dataset,
  *       node.data_dir, status.file's directory and the listen ports:
  *       node/runtime/preflight.h)
@@ -16,14 +18,22 @@
  */
 #include "config.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <netdb.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/hostport.h"
 #include "base/log.h"
 #include "conf/conf.h"
+#include "conf/slurm.h"
 #include "kernels/cpu.h"
 #include "kernels/kernels.h"
 #include "node/runtime/preflight.h"
@@ -35,8 +45,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dsnode run --config FILE [--set section.key=value]...\n"
-            "       dsnode check-config [--offline] FILE [--set section.key=value]...\n"
+            "usage: dsnode run --config FILE [--slurm] [--set section.key=value]...\n"
+            "       dsnode check-config [--offline] [--slurm] FILE [--set section.key=value]...\n"
             "       dsnode keygen [--cluster] --out FILE\n"
             "       dsnode help-config    every config key, its type, default and meaning\n"
             "       dsnode --version\n");
@@ -70,12 +80,13 @@ fail:
  * argument that is not an option. argv[0] is the subcommand. Prints what
  * it does not understand and returns -1. */
 static int parse_common(int argc, char **argv, int positional_ok, const char **path, char **sets,
-                        int *nset, int *offline)
+                        int *nset, int *offline, int *slurm)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
         {"set", required_argument, NULL, 's'},
         {"offline", no_argument, NULL, 'o'},
+        {"slurm", no_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     *nset = 0;
@@ -100,6 +111,13 @@ static int parse_common(int argc, char **argv, int positional_ok, const char **p
             }
             fprintf(stderr, "dsnode %s: unexpected argument '--offline'\n", argv[0]);
             return -1;
+        case 'S':
+            if (slurm) {
+                *slurm = 1;
+                break;
+            }
+            fprintf(stderr, "dsnode %s: unexpected argument '--slurm'\n", argv[0]);
+            return -1;
         case 1:
             if (positional_ok && optarg[0] != '-' && !*path) {
                 *path = optarg;
@@ -120,13 +138,117 @@ static int parse_common(int argc, char **argv, int positional_ok, const char **p
     return 0;
 }
 
+/* --slurm's host-list expansion: `scontrol show hostnames LIST` (Slurm's
+ * own rules), or conf/slurm.c's parser when scontrol is missing, fails or
+ * prints more than 64 KiB (it then dies of SIGPIPE when we stop reading).
+ * Called before any thread of ours starts. */
+static int slurm_hosts(const char *list, ds_slurm_host *hosts, int max, char *err,
+                       size_t err_len)
+{
+    int fd[2] = {-1, -1}; /* pipe() leaves them when it fails */
+    pid_t pid = -1;
+    if (pipe(fd) == 0 && (pid = fork()) == 0) {
+        const int null = open("/dev/null", O_WRONLY);
+        dup2(fd[1], 1);
+        if (null >= 0)
+            dup2(null, 2);
+        execlp("scontrol", "scontrol", "show", "hostnames", list, (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0) {
+        close(fd[1]);
+        char buf[1 << 16];
+        size_t got = 0;
+        for (;;) {
+            const ssize_t k = read(fd[0], buf + got, sizeof(buf) - 1 - got);
+            if (k > 0)
+                got += (size_t)k;
+            if ((k < 0 && errno != EINTR) || k == 0 || got == sizeof(buf) - 1)
+                break;
+        }
+        close(fd[0]);
+        buf[got] = '\0';
+        int st = -1;
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && got < sizeof(buf) - 1) {
+            int n = 0;
+            for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l && n < max;
+                 l = strtok_r(NULL, "\n", &save))
+                if (strlen(l) <= DS_HOST_MAX)
+                    snprintf(hosts[n++], sizeof(hosts[0]), "%s", l);
+            if (n > 0)
+                return n;
+        }
+    } else if (pid < 0 && fd[0] >= 0) {
+        close(fd[0]);
+        close(fd[1]);
+    }
+    return ds_slurm_hostlist(list, hosts, max, err, err_len);
+}
+
+/* --slurm's seed addresses: the host's first address (getaddrinfo). */
+static int slurm_resolve(const char *host, char *addr, size_t addr_len, char *err,
+                         size_t err_len)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    const int g = getaddrinfo(host, NULL, &hints, &ai);
+    if (g != 0 || !ai) {
+        snprintf(err, err_len, "cannot resolve it: %s", gai_strerror(g));
+        return -1;
+    }
+    const void *a = ai->ai_family == AF_INET6
+                        ? (const void *)&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr
+                        : (const void *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+    const int ok = inet_ntop(ai->ai_family, a, addr, (socklen_t)addr_len) != NULL;
+    freeaddrinfo(ai);
+    if (!ok) {
+        snprintf(err, err_len, "cannot format its address");
+        return -1;
+    }
+    return 0;
+}
+
+/* Apply what --slurm derives to the keys no --set named, then check again. */
+static int apply_slurm(ds_conf *c, const char *path, int nset, char **sets)
+{
+    ds_slurm_sets d;
+    char err[DS_CONF_ERR_MAX];
+    if (ds_slurm_derive(c, (ds_slurm_getenv_fn)getenv, slurm_hosts, slurm_resolve, &d, err,
+                        sizeof(err)) < 0)
+        goto fail;
+    ds_conf next = *c;
+    for (int i = 0; i < d.n; i++) {
+        const size_t klen = strcspn(d.set[i], "=");
+        int explicit_set = 0;
+        for (int j = 0; j < nset; j++) {
+            const char *k = sets[j];
+            while (*k == ' ' || *k == '\t')
+                k++;
+            const size_t l = strcspn(k, "= \t");
+            explicit_set |= l == klen && !strncmp(k, d.set[i], klen);
+        }
+        if (explicit_set)
+            continue;
+        if (ds_conf_set(&next, d.set[i], err, sizeof(err)) < 0)
+            goto fail;
+    }
+    if (ds_conf_check(&next, err, sizeof(err)) < 0)
+        goto fail;
+    *c = next;
+    return 0;
+fail:
+    fprintf(stderr, "dsnode: %s: %s\n", path, err);
+    return -1;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     const char *path;
     char *sets[MAX_SETS];
-    int nset;
+    int nset, slurm = 0;
     ds_conf c;
-    if (argc > MAX_SETS || parse_common(argc, argv, 0, &path, sets, &nset, NULL) < 0) {
+    if (argc > MAX_SETS || parse_common(argc, argv, 0, &path, sets, &nset, NULL, &slurm) < 0) {
         usage(stderr);
         return 2;
     }
@@ -135,6 +257,8 @@ static int cmd_run(int argc, char **argv)
         return 2;
     }
     if (load_config(&c, path, nset, sets) < 0)
+        return 2;
+    if (slurm && apply_slurm(&c, path, nset, sets) < 0)
         return 2;
     ds_log_setup(c.node.name, c.node.log_level, NULL);
     if (ds_cpu_mask_error())
@@ -158,10 +282,10 @@ static int cmd_check_config(int argc, char **argv)
 {
     const char *path;
     char *sets[MAX_SETS];
-    int nset, offline = 0;
+    int nset, offline = 0, slurm = 0;
     ds_conf c;
     char err[1024];
-    if (argc > MAX_SETS || parse_common(argc, argv, 1, &path, sets, &nset, &offline) < 0) {
+    if (argc > MAX_SETS || parse_common(argc, argv, 1, &path, sets, &nset, &offline, &slurm) < 0) {
         usage(stderr);
         return 2;
     }
@@ -170,6 +294,8 @@ static int cmd_check_config(int argc, char **argv)
         return 2;
     }
     if (load_config(&c, path, nset, sets) < 0)
+        return 2;
+    if (slurm && apply_slurm(&c, path, nset, sets) < 0)
         return 2;
     if (!offline && ds_preflight_all(&c, err, sizeof(err)) < 0) {
         fprintf(stderr, "dsnode: %s: %s\n", path, err);

@@ -32,7 +32,8 @@ C_DIRS = ('base', 'kernels', 'sparsify', 'topology', 'conf', 'node', 'tools')
 C_EXT = ('.c', '.h', '.cu')
 # File extensions (and the like) after a section name: not keys.
 NOT_KEYS = {'json', 'bin', 'ini', 'c', 'h', 'cu', 'md', 'log', 'key', 'pub', 'txt', 'py',
-            'gz', 'so', 'tmp', 'html', 'csv', 'svg', 'png', 'dot', 'sh', 'tsv', 'out', 'pid'}
+            'gz', 'so', 'tmp', 'html', 'csv', 'svg', 'png', 'dot', 'sh', 'tsv', 'out', 'pid',
+            'conf', 'sbatch', 'service'}
 # The status JSON (docs/status.md) has objects named like config sections
 # (gossip, transport, train) holding counters and results: `gossip.timeouts`
 # is a counter of the status page, not a key. Their field names are read

@@ -255,6 +255,9 @@ static const key_case cases[] = {
      "status.file: expected no control characters, found 'st\\x01'"},
     {"status.file_interval_ms", "50", "50", "19",
      "status.file_interval_ms: expected an integer in 20..60000, found '19'"},
+    {"slurm.port_base", "65535", "65535", "0",
+     "slurm.port_base: expected an integer in 1..65535, found '0'"},
+    {"slurm.seeds", "16", "16", "17", "slurm.seeds: expected an integer in 1..16, found '17'"},
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
 

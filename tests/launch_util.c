@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -456,4 +457,27 @@ void wait_for_step(struct live *l, const char *out, const char *name, long long 
     cr_assert(live_wait(l, ms, reached_step, &w),
               "%s did not reach step %lld within %d s (last step seen %lld%s); stderr:\n%s", name,
               step, ms / 1000, w.seen, l->exited ? ", dslaunch exited" : "", l->err ? l->err : "");
+}
+
+int sh(char **out, const char *fmt, ...)
+{
+    char cmd[4096], *o = NULL, *e = NULL, err[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    int code = -1;
+    if (ds_proc_capture(argv, 60000, &o, &e, &code, err, sizeof(err)) < 0 && !o) {
+        cr_log_warn("%s: %s", cmd, err);
+        return -1;
+    }
+    if (code != 0 && e && *e)
+        cr_log_info("%s: %s", cmd, e);
+    free(e);
+    if (out)
+        *out = o;
+    else
+        free(o);
+    return code;
 }

@@ -80,6 +80,11 @@ void result_free(struct result *r);
  * timeout_ms. Fails the test if it cannot be run at all. */
 struct result run_dslaunch(int timeout_ms, const char *const *args);
 
+/* sh -c (the formatted command) to completion, at most 60 s: its exit
+ * status, or -1 when it could not run; its stdout in *out when out is not
+ * NULL (caller frees). A failure's stderr goes to the test log. */
+int sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* The last line of stdout, which must be one JSON object (dslaunch --json).
  * Caller json_decref()s. */
 json_t *last_json(const char *out);

@@ -48,32 +48,6 @@ static const char *ip_prog(void)
     return access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip";
 }
 
-/* sh -c cmd to completion (60 s); its exit status; output in *out when
- * out is not NULL (caller frees). */
-static int sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int sh(char **out, const char *fmt, ...)
-{
-    char cmd[4096], *o = NULL, *e = NULL, err[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
-    int code = -1;
-    if (ds_proc_capture(argv, 60000, &o, &e, &code, err, sizeof(err)) < 0 && !o) {
-        cr_log_warn("%s: %s", cmd, err);
-        return -1;
-    }
-    if (code != 0 && e && *e)
-        cr_log_info("%s: %s", cmd, e);
-    free(e);
-    if (out)
-        *out = o;
-    else
-        free(o);
-    return code;
-}
-
 static void ns_name(int k, char *buf, size_t len)
 {
     snprintf(buf, len, "dsmh-%d-h%d", (int)getpid(), k);

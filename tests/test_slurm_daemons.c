@@ -45,32 +45,6 @@ static pid_t daemon_pid[NDAEMONS];
 static int daemon_fd[NDAEMONS][2];
 static char conf_path[512]; /* this test's slurm.conf, "" before slurm_up */
 
-/* sh -c cmd to completion (60 s), SLURM_CONF exported; its exit status;
- * stdout in *out when out is not NULL (caller frees). */
-static int sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int sh(char **out, const char *fmt, ...)
-{
-    char cmd[4096], *o = NULL, *e = NULL, err[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    char *argv[] = {"/bin/sh", "-c", cmd, NULL};
-    int code = -1;
-    if (ds_proc_capture(argv, 60000, &o, &e, &code, err, sizeof(err)) < 0 && !o) {
-        cr_log_warn("%s: %s", cmd, err);
-        return -1;
-    }
-    if (code != 0 && e && *e)
-        cr_log_info("%s: %s", cmd, e);
-    free(e);
-    if (out)
-        *out = o;
-    else
-        free(o);
-    return code;
-}
-
 /* SIGKILL every process (not us) whose environment has SLURM_CONF=value
  * for which match(value) says so. Returns how many. */
 static int kill_by_conf(int (*match)(const char *value))

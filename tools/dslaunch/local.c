@@ -1403,6 +1403,7 @@ static int start_node(struct launch *L, struct node *nd)
     char nsname[64];
     char *argv[9];
     int k = 0;
+    pid_t pid;
     if (L->hosts_mode) {
         /* ssh HOST 'the run script': the node on its host, tied to this
          * session's stdin (ssh.c); its stdout and stderr come back here. */
@@ -1418,30 +1419,20 @@ static int start_node(struct launch *L, struct node *nd)
             nd->log = NULL;
             return -E2BIG;
         }
-        pid_t pid = ds_proc_spawn_io(sargv, -1, &nd->in_w, -1, &nd->fd[0], &nd->fd[1], err,
-                                     sizeof(err));
-        if (pid < 0) {
-            say(L, "%s: %s", nd->name, err);
-            fclose(nd->log);
-            nd->log = NULL;
-            return (int)pid;
+        pid = ds_proc_spawn_io(sargv, -1, &nd->in_w, -1, &nd->fd[0], &nd->fd[1], err,
+                               sizeof(err));
+    } else {
+        if (L->netns) {
+            ds_netns_exec_prefix(&L->ns, (int)(nd - L->nodes), nsname, sizeof(nsname), argv);
+            k = 4;
         }
-        nd->pid = pid;
-        nd->state = NODE_RUNNING;
-        nd->t_start = now_ms();
-        L->dirty = 1;
-        return 0;
+        argv[k++] = L->dsnode;
+        argv[k++] = "run";
+        argv[k++] = "--config";
+        argv[k++] = nd->conf;
+        argv[k] = NULL;
+        pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
     }
-    if (L->netns) {
-        ds_netns_exec_prefix(&L->ns, (int)(nd - L->nodes), nsname, sizeof(nsname), argv);
-        k = 4;
-    }
-    argv[k++] = L->dsnode;
-    argv[k++] = "run";
-    argv[k++] = "--config";
-    argv[k++] = nd->conf;
-    argv[k] = NULL;
-    pid_t pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
     if (pid < 0) {
         say(L, "%s: %s", nd->name, err);
         fclose(nd->log);

@@ -80,6 +80,7 @@ typedef struct ds_engine_stop {
 enum ds_engine_buf {
     DS_ENGINE_PARAMS = 0,
     DS_ENGINE_GRAD = 1,
+    DS_ENGINE_OPT = 2,
 };
 
 /* The client's parameters. Buffers are host memory of n floats, borrowed
@@ -93,6 +94,10 @@ typedef struct ds_engine_params {
     int n_layers;
     float *params;          /* mixed in place by the gossip rounds */
     float *grad;            /* averaged in place by ds_engine_reduce */
+    /* May be NULL: the optimizer's state (momentum), n floats. When a
+     * group re-syncs its members (design §5) it is averaged with params,
+     * so members step alike again; NULL: params only. */
+    float *opt;
     void *ctx;
     /* Both NULL, or both set. Return 0 or a negative errno. */
     int (*pull)(void *ctx, enum ds_engine_buf which);

@@ -41,7 +41,12 @@ static int view_at(rt *r, uint64_t round, uint32_t *G, uint32_t *me, uint64_t *e
         r->vbuf = malloc(16 * sizeof(*r->vbuf));
         r->vids = malloc(16 * sizeof(*r->vids));
         r->vaddrs = malloc(16 * sizeof(*r->vaddrs));
-        if (!r->vbuf || !r->vids || !r->vaddrs)
+        r->vorder = malloc(16 * sizeof(*r->vorder));
+        r->vgidx = malloc(16 * sizeof(*r->vgidx));
+        r->gmembers = calloc(16, sizeof(*r->gmembers));
+        r->gskip = malloc(16);
+        if (!r->vbuf || !r->vids || !r->vaddrs || !r->vorder || !r->vgidx || !r->gmembers ||
+            !r->gskip)
             return -ENOMEM;
         r->vcap = 16;
     }
@@ -61,7 +66,19 @@ static int view_at(rt *r, uint64_t round, uint32_t *G, uint32_t *me, uint64_t *e
         const char **na = realloc(r->vaddrs, cap * sizeof(*na));
         if (na)
             r->vaddrs = na;
-        if (!nb || !ni || !na)
+        uint32_t *no = realloc(r->vorder, cap * sizeof(*no));
+        if (no)
+            r->vorder = no;
+        uint32_t *ng = realloc(r->vgidx, cap * sizeof(*ng));
+        if (ng)
+            r->vgidx = ng;
+        uint64_t *nm = realloc(r->gmembers, cap * sizeof(*nm));
+        if (nm)
+            r->gmembers = nm;
+        uint8_t *nk = realloc(r->gskip, cap);
+        if (nk)
+            r->gskip = nk;
+        if (!nb || !ni || !na || !no || !ng || !nm || !nk)
             return -ENOMEM;
         r->vcap = cap;
     }
@@ -85,6 +102,75 @@ static void set_round_skips(rt *r, uint32_t G, uint32_t me, uint64_t round)
     pthread_mutex_unlock(&r->skip_lock);
 }
 
+/* Put r->vbuf (G entries) in the order ds_hier_form gave (r->vorder), so
+ * that entry k is in group r->vgidx[k]. 0 or -ENOMEM. */
+static int sort_view(rt *r, uint32_t G)
+{
+    ds_member_info *t = malloc((size_t)G * sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < G; k++)
+        t[k] = r->vbuf[r->vorder[k]];
+    memcpy(r->vbuf, t, (size_t)G * sizeof(*t));
+    free(t);
+    return 0;
+}
+
+/* The segments member `m` of a group of `size` handles. */
+static uint32_t segments_owned(const rt *r, uint32_t m, uint32_t size)
+{
+    const int n = ds_gossip_n_segments(r->gossip);
+    uint32_t k = 0;
+    for (int s = 0; s < n; s++)
+        k += (uint32_t)s % size == m;
+    return k;
+}
+
+/* The view has groups (hier.h): the gossip engine's participants are the
+ * groups, the adapter sends segment s to member s mod |h| of group h, and
+ * this node handles its share of the segments. A group of one is skipped
+ * as a lone node is; a group of several is never skipped whole (one dead
+ * member does not make the others so). 0 or 1 as set_round_view. */
+static int set_group_view(rt *r, uint64_t round, uint32_t G, uint64_t epoch, const ds_hier *h)
+{
+    if (sort_view(r, G) < 0)
+        return -ENOMEM;
+    r->grouped = 1;
+    r->last_nodes = G;
+    for (uint32_t k = 0; k < G; k++) {
+        const ds_member_info *m = &r->vbuf[k];
+        r->vids[k] = m->id;
+        r->vaddrs[k] = m->id == r->id.id ? NULL : m->addr;
+    }
+    int e = ds_gnet_set_groups(r->gn, r->vids, r->vaddrs, G, r->vgidx, h->n_groups);
+    if (e < 0 || (e = ds_gossip_set_view(r->gossip, h->n_groups, h->group, epoch)) < 0 ||
+        (e = ds_gossip_set_share(r->gossip, h->member, h->size)) < 0)
+        return e;
+    if (G != r->last_G || epoch != r->last_epoch) {
+        ds_info("gossip", "round=%llu view_size=%u groups=%u group=%u member=%u/%u epoch=%llu",
+                (unsigned long long)round, G, h->n_groups, h->group, h->member, h->size,
+                (unsigned long long)epoch);
+        r->last_G = G;
+        r->last_epoch = epoch;
+    }
+    r->gst.segments_owned = segments_owned(r, h->member, h->size);
+    pthread_mutex_lock(&r->skip_lock);
+    for (uint32_t k = 0; k < G; k++) {
+        const uint32_t grp = r->vgidx[k];
+        const int alone = (k == 0 || r->vgidx[k - 1] != grp) &&
+                          (k + 1 == G || r->vgidx[k + 1] != grp);
+        if (!alone || grp == h->group)
+            continue;
+        const enum ds_skip_verdict u = ds_skip_check(&r->skip, r->vids[k], round);
+        if (u == DS_SKIP_ALL)
+            ds_gossip_set_skip(r->gossip, grp);
+        else if (u == DS_SKIP_NOWAIT)
+            ds_gossip_set_nowait(r->gossip, grp);
+    }
+    pthread_mutex_unlock(&r->skip_lock);
+    return h->n_groups < 2 ? 1 : 0;
+}
+
 /* Point the gossip engine and the adapter at round `round`'s view.
  * 0: a round to run; 1: alone, no round; < 0: error. */
 static int set_round_view(rt *r, uint64_t round)
@@ -102,12 +188,19 @@ static int set_round_view(rt *r, uint64_t round)
         me = 0;
         r->vids[0] = r->id.id;
     }
+    if (me != DS_MEMBERSHIP_NOT_IN_VIEW && G > 1) {
+        ds_hier h;
+        if (ds_hier_form(r->vbuf, G, r->id.id, r->vorder, r->vgidx, &h) == 0 && h.any)
+            return set_group_view(r, round, G, epoch, &h);
+    }
     if (G != r->last_G || epoch != r->last_epoch) {
         ds_info("gossip", "round=%llu view_size=%u epoch=%llu me=%u", (unsigned long long)round,
                 G, (unsigned long long)epoch, me);
         r->last_G = G;
         r->last_epoch = epoch;
     }
+    r->grouped = 0;
+    r->last_nodes = G;
     for (uint32_t i = 0; i < G; i++)
         r->vaddrs[i] = r->vids[i] == r->id.id ? NULL : r->vbuf[i].addr;
     if ((e = ds_gnet_set_view(r->gn, r->vids, r->vaddrs, G)) < 0)
@@ -198,17 +291,195 @@ static uint64_t current_round(const rt *r)
     return r->round0 + (uint64_t)(r->step / r->c->gossip.every);
 }
 
+/* A node in a group (node.group set): the delta of its round is summed
+ * with its group's at the next reduction (group_reduce), so the round is
+ * only waited for here. */
+static int in_group(const rt *r)
+{
+    return r->group[0] != 0;
+}
+
 void ds_engine_settle(ds_engine *r)
 {
     if (!r->round_open)
         return;
     comm_wait(r);
-    round_end(r);
     r->round_open = 0;
+    if (in_group(r)) {
+        r->gpending = 1;
+        return;
+    }
+    round_end(r);
+}
+
+/* ---- groups (design §5, "Hierarchy") ------------------------------------- */
+
+/* This step's group, from the view of `round`: r->gmembers, gsize,
+ * gmember; the group's adapter follows it. A change of members makes the
+ * group re-sync. 0 or a negative errno. */
+static int group_at(rt *r, uint64_t round)
+{
+    uint32_t G, me;
+    uint64_t epoch;
+    int e = view_at(r, round, &G, &me, &epoch);
+    if (e < 0)
+        return e;
+    ds_hier h = {.size = 1};
+    if (me == DS_MEMBERSHIP_NOT_IN_VIEW || G == 0 ||
+        ds_hier_form(r->vbuf, G, r->id.id, r->vorder, r->vgidx, &h) < 0)
+        h = (ds_hier){.size = 1};
+    else if (sort_view(r, G) < 0)
+        return -ENOMEM;
+    int changed = h.size != r->gsize || h.member != r->gmember;
+    for (uint32_t k = 0; k < h.size && !changed; k++)
+        changed = r->gmembers[k] != r->vbuf[h.first + k].id;
+    if (!changed)
+        return 0;
+    const char **addrs = r->vaddrs;
+    for (uint32_t k = 0; k < h.size; k++) {
+        const ds_member_info *m = &r->vbuf[h.first + k];
+        r->gmembers[k] = m->id;
+        addrs[k] = m->id == r->id.id ? NULL : m->addr;
+    }
+    if (h.size == 1)
+        r->gmembers[0] = r->id.id;
+    if ((e = ds_gnet_set_view(r->gn_grp, r->gmembers, addrs, h.size)) < 0)
+        return e;
+    ds_info("group", "group %s: %u member(s), this node is member %u (round %llu)", r->group,
+            h.size, h.member, (unsigned long long)round);
+    r->gsize = h.size;
+    r->gmember = h.member;
+    r->gst.size = h.size;
+    r->gst.member = h.member;
+    r->gdirty = 1;
+    return 0;
+}
+
+/* One reduction of the group over r->gvec (n floats, the first n_mean
+ * averaged), tagged with the group's count; until deadline_ns. */
+static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t deadline_ns,
+                     ds_greduce_result *res)
+{
+    uint8_t *skip = r->gskip;
+    pthread_mutex_lock(&r->skip_lock);
+    for (uint32_t k = 0; k < r->gsize; k++)
+        skip[k] = k != r->gmember &&
+                  ds_skip_check(&r->skip, r->gmembers[k], round) == DS_SKIP_ALL;
+    pthread_mutex_unlock(&r->skip_lock);
+    const uint64_t t0 = ds_now_ns();
+    int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
+                           r->gmember, skip, r->gseq, deadline_ns, res);
+    /* Tags: the next count, or a member's if it is ahead (a joiner, or
+     * members apart after a miss, meet again so). */
+    r->gseq = res->max_tag >= r->gseq + 1 ? res->max_tag : r->gseq + 1;
+    r->gst.reductions++;
+    r->gst.incomplete += e == 0 && !res->complete;
+    r->gst.reduce_ns += ds_now_ns() - t0;
+    if (e == 0 && !res->complete && !res->stopped)
+        ds_log_rl(DS_LOG_WARN, "group", "reduction %llu incomplete: %u chunk(s) missing, "
+                  "the group re-syncs", (unsigned long long)r->gseq - 1, res->chunks_missing);
+    return e;
+}
+
+/* Copy a client buffer into (or out of) the reduction vector. */
+static void pull_into(rt *r, enum ds_engine_buf which, const float *buf, float *dst)
+{
+    if (r->p.pull)
+        r->p.pull(r->p.ctx, which);
+    memcpy(dst, buf, r->p.n * sizeof(float));
+}
+
+static void push_from(rt *r, enum ds_engine_buf which, float *buf, const float *src)
+{
+    memcpy(buf, src, r->p.n * sizeof(float));
+    if (r->p.push)
+        r->p.push(r->p.ctx, which);
+}
+
+/* Members may differ (a change of members, a reduction that missed a
+ * chunk): every member takes the mean of the members' parameters and
+ * optimizer state. */
+static void group_resync(rt *r, uint64_t round, uint64_t deadline_ns)
+{
+    const size_t n = r->p.n;
+    const size_t len = r->p.opt ? 2 * n : n;
+    pull_into(r, DS_ENGINE_PARAMS, r->p.params, r->gvec);
+    if (r->p.opt)
+        pull_into(r, DS_ENGINE_OPT, r->p.opt, r->gvec + n);
+    ds_greduce_result res;
+    if (group_run(r, len, len, round, deadline_ns, &res) < 0 || res.stopped)
+        return;
+    push_from(r, DS_ENGINE_PARAMS, r->p.params, r->gvec);
+    if (r->p.opt)
+        push_from(r, DS_ENGINE_OPT, r->p.opt, r->gvec + n);
+    r->gdirty = !res.complete;
+    r->gst.resyncs++;
+}
+
+/* Every step of a node in a group: wait for the round's exchange, then
+ * one reduction of [gradient | round delta | dirty]: the mean gradient,
+ * the sum of the members' deltas (each member exchanged its own segments
+ * with the other groups), and whether any member may differ. Every
+ * member then applies the same, so members stay identical; a member that
+ * may differ makes them all re-sync in the same step. Bounded by
+ * gossip.timeout_ms, and 1 s more for a re-sync. */
+static void group_reduce(rt *r, int64_t step)
+{
+    const uint64_t t0 = ds_now_ns();
+    const uint64_t round = r->round0 + (uint64_t)(step / r->c->gossip.every);
+    const uint64_t timeout_ns = (uint64_t)r->c->gossip.timeout_ms * 1000000u;
+    const int was_open = r->round_open;
+    ds_engine_settle(r);
+    const uint64_t t1 = ds_now_ns();
+    r->gst.exchange_wait_ns += t1 - t0;
+    if (was_open)
+        r->gst.exchange_ns += t1 - r->gexch_t0;
+    if (group_at(r, round) < 0 || r->gsize < 2) {
+        if (r->gpending)
+            round_end(r);
+        r->gpending = 0;
+        return;
+    }
+    const size_t n = r->p.n;
+    float *v = r->gvec;
+    pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
+    if (r->gpending)
+        memcpy(v + n, ds_gossip_delta(r->gossip), n * sizeof(float));
+    else
+        memset(v + n, 0, n * sizeof(float));
+    v[2 * n] = r->gdirty ? 1.0f : 0.0f;
+    ds_greduce_result res;
+    uint64_t deadline = t0 + timeout_ns;
+    if (deadline < t1 + 100000000u)
+        deadline = t1 + 100000000u;
+    if (group_run(r, 2 * n + 1, n, round, deadline, &res) < 0) {
+        if (r->gpending)
+            round_end(r);
+        r->gpending = 0;
+        r->gdirty = 1;
+        return;
+    }
+    push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
+    memcpy(ds_gossip_delta(r->gossip), v + n, n * sizeof(float));
+    if (r->gpending) {
+        round_end(r);
+    } else {
+        ds_gossip_apply(r->gossip, params_host(r));
+        params_push(r);
+    }
+    r->gpending = 0;
+    const int resync = v[2 * n] > 0.5f;
+    r->gdirty = !res.complete;
+    if (resync && !res.stopped)
+        group_resync(r, round, t0 + timeout_ns + 1000000000u);
 }
 
 void ds_engine_reduce(ds_engine *r, int64_t step)
 {
+    if (in_group(r)) {
+        group_reduce(r, step);
+        return;
+    }
     if (ds_topo_gossips(r->topo))
         return;
     /* AllReduce-SGD: the mean gradient of the view, every step. */
@@ -458,12 +729,16 @@ void ds_engine_step(ds_engine *r, int64_t step)
     ds_engine_settle(r);
     if (ds_topo_gossips(r->topo) && step % every == 0 &&
         round_begin(r, r->round0 + (uint64_t)(step / every)) == 0) {
+        r->gexch_t0 = ds_now_ns();
         if (r->comm_up) {
             comm_start(r);
             r->round_open = 1;
         } else {
             ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
-            round_end(r);
+            if (in_group(r))
+                r->gpending = 1; /* summed with the group's at the next step */
+            else
+                round_end(r);
         }
     }
     if (ds_state_pending(r->st))
@@ -508,6 +783,11 @@ static int linger_round(rt *r, uint64_t round, float **zero)
     if (ds_topo_gossips(r->topo)) {
         if (round_begin(r, round) == 0) {
             ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
+            /* In a group, members could not sum this delta in step (they
+             * no longer train): the rounds serve the partners but leave
+             * the model as the group's last step made it. */
+            if (in_group(r))
+                memset(ds_gossip_delta(r->gossip), 0, r->p.n * sizeof(float));
             round_end(r);
         }
     } else if (set_round_view(r, round) == 0) {

@@ -217,20 +217,23 @@ typedef struct run {
 
 /* The engine's view of the trainer's memory (ds_engine_params): on a
  * device, the engine works on u->host, copied from and back here. */
+static float *device_buf(ds_trainer *t, enum ds_engine_buf which)
+{
+    return which == DS_ENGINE_GRAD ? t->grad : which == DS_ENGINE_OPT ? t->mom : t->theta;
+}
+
 static int pull(void *ctx, enum ds_engine_buf which)
 {
     run *u = ctx;
     ds_trainer *t = &u->t;
-    return t->ops.download(u->host, which == DS_ENGINE_GRAD ? t->grad : t->theta,
-                           t->n_params * sizeof(float));
+    return t->ops.download(u->host, device_buf(t, which), t->n_params * sizeof(float));
 }
 
 static int push(void *ctx, enum ds_engine_buf which)
 {
     run *u = ctx;
     ds_trainer *t = &u->t;
-    return t->ops.upload(which == DS_ENGINE_GRAD ? t->grad : t->theta, u->host,
-                         t->n_params * sizeof(float));
+    return t->ops.upload(device_buf(t, which), u->host, t->n_params * sizeof(float));
 }
 
 /* A joiner took the cluster's model: continue from its step, momentum
@@ -262,12 +265,13 @@ static int register_trainer(run *u)
         ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), u->tc.threads);
         p.params = t->theta;
         p.grad = t->grad;
+        p.opt = t->mom;
     } else {
         if (!(u->host = malloc(t->n_params * sizeof(float)))) {
             ds_error("node", "out of memory");
             return -ENOMEM;
         }
-        p.params = p.grad = u->host;
+        p.params = p.grad = p.opt = u->host;
         p.pull = pull;
         p.push = push;
     }

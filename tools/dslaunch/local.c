@@ -136,6 +136,7 @@ struct node {
     int have_summary;
     ds_kvline summary;
     int forwarded;
+    char group[16];   /* local --groups: its node.group */
 };
 
 struct add_at {
@@ -173,6 +174,7 @@ struct launch {
     const char *remote_dsnode_opt;
     const char *remote_base; /* --remote-dir */
     int groups_by_host;
+    int groups;            /* local --groups G: node.group g0..g{G-1}; 0: none */
     char ssh_prog[PATH_MAX];
     char tar_prog[PATH_MAX];
     char remote_dsnode[PATH_MAX];
@@ -242,6 +244,9 @@ static void local_usage(FILE *f)
             "                       the end\n"
             "  --netns-rate RATE    with --netns: limit every node's link to RATE each way (tc\n"
             "                       tbf), e.g. 100mbit, 1gbit; implies --netns\n"
+            "  --groups G           node.group = g0..g{G-1} in contiguous blocks of nodes (nodes\n"
+            "                       added later: in turn); groups all-reduce inside and gossip\n"
+            "                       between them\n"
             "\n"
             "Exit status: 0 when every node exited 0; 1 when a node or dslaunch failed or\n"
             "--timeout struck; 2 for a usage or configuration error; 128+signal when stopped\n"
@@ -453,6 +458,7 @@ enum {
     OPT_REMOTE_DIR,
     OPT_GROUPS_BY_HOST,
     OPT_NO_GROUPS_BY_HOST,
+    OPT_GROUPS,
 };
 
 static const struct option local_options[] = {
@@ -469,6 +475,7 @@ static const struct option local_options[] = {
     {"netns-rate", required_argument, NULL, OPT_NETNS_RATE},
     {"dsnode", required_argument, NULL, OPT_DSNODE},
     {"host", required_argument, NULL, OPT_HOST},
+    {"groups", required_argument, NULL, OPT_GROUPS},
     {NULL, 0, NULL, 0},
 };
 
@@ -583,6 +590,14 @@ static int take_option(struct launch *L, int c, const char *val, const char *arg
         return 0;
     case OPT_GROUPS_BY_HOST:
         L->groups_by_host = 1;
+        return 0;
+    case OPT_GROUPS:
+        if (parse_int(val, 1, MAX_NODES, &v) < 0) {
+            fprintf(stderr, "dslaunch local: --groups expects a group count in 1..%d, found "
+                            "'%s'\n", MAX_NODES, val ? val : "");
+            return -EINVAL;
+        }
+        L->groups = (int)v;
         return 0;
     case OPT_NO_GROUPS_BY_HOST:
         L->groups_by_host = 0;
@@ -762,6 +777,11 @@ static int parse_args(struct launch *L, int argc, char **argv)
     if (!L->config) {
         fprintf(stderr, "dslaunch %s: --config FILE is required (see dslaunch %s --help)\n",
                 L->cmd, L->cmd);
+        return -EINVAL;
+    }
+    if (L->groups > L->n) {
+        fprintf(stderr, "dslaunch local: --groups %d: expected at most one group per node (-n "
+                        "%d)\n", L->groups, L->n);
         return -EINVAL;
     }
     L->total = L->n;
@@ -977,11 +997,12 @@ static int check_base(struct launch *L)
     close(fd);
     for (int i = 0; i < L->nsets; i++) {
         const size_t gl = strlen(owned_group_key);
-        if (L->hosts_mode && L->groups_by_host && !strncmp(L->sets[i], owned_group_key, gl) &&
-            L->sets[i][gl] == '=')
-            fprintf(stderr, "dslaunch: note: --set %s is replaced per node (--groups-by-host "
-                            "sets node.group to the host; --no-groups-by-host keeps yours)\n",
-                    L->sets[i]);
+        if (((L->hosts_mode && L->groups_by_host) || L->groups) &&
+            !strncmp(L->sets[i], owned_group_key, gl) && L->sets[i][gl] == '=')
+            fprintf(stderr, "dslaunch: note: --set %s is replaced per node (%s)\n", L->sets[i],
+                    L->groups ? "--groups sets node.group"
+                              : "--groups-by-host sets node.group to the host; "
+                                "--no-groups-by-host keeps yours");
         for (size_t k = 0; k < sizeof(owned_keys) / sizeof(owned_keys[0]); k++) {
             size_t n = strlen(owned_keys[k]);
             if (!strncmp(L->sets[i], owned_keys[k], n) && L->sets[i][n] == '=')
@@ -1322,6 +1343,9 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
         group_of(L->hosts[nd->host], s_group + 11, sizeof(s_group) - 11);
         memcpy(s_group, "node.group=", 11);
         extra[ne++] = s_group;
+    } else if (L->groups) {
+        snprintf(s_group, sizeof(s_group), "node.group=%s", nd->group);
+        extra[ne++] = s_group;
     }
     if (L->status_listen) {
         /* With --netns too: loopback inside the node's namespace; with
@@ -1384,6 +1408,10 @@ static void node_init(struct launch *L, int i)
     nd->in_w = -1;
     nd->host = L->hosts_mode ? i / L->per_host : 0;
     nd->added_at = -1;
+    /* --groups: contiguous blocks of the initial nodes, then in turn. */
+    if (L->groups)
+        snprintf(nd->group, sizeof(nd->group), "g%d",
+                 i < L->n ? (int)((int64_t)i * L->groups / L->n) : (i - L->n) % L->groups);
     nd->state = NODE_PENDING;
 }
 
@@ -1872,6 +1900,7 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
     bad = bad || ds_json_set(o, "listen", ds_json_text(listen)) < 0;
     if (L->hosts_mode)
         bad = bad || ds_json_set(o, "host", ds_json_text(L->hosts[nd->host])) < 0;
+    bad = bad || ds_json_set(o, "group", nd->group[0] ? ds_json_text(nd->group) : json_null()) < 0;
     bad = bad || ds_json_set(o, "log", ds_json_text(nd->logp)) < 0;
     if (bad) {
         json_decref(o);
@@ -1881,8 +1910,33 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
 }
 
 /* The --json report object (docs/dslaunch.md); NULL when out of memory. */
+/* --groups: the largest relative consensus distance among the members of
+ * one group (0 when members hold the same model); NAN without a group of
+ * two models. */
+static double intra_group_consensus(const struct launch *L, const char **paths)
+{
+    double worst = NAN;
+    for (int g = 0; L->groups && g < L->groups; g++) {
+        char name[16];
+        snprintf(name, sizeof(name), "g%d", g);
+        const char **gp = calloc((size_t)L->started + 1, sizeof(char *));
+        int *gst = calloc((size_t)L->started + 1, sizeof(int));
+        int k = 0;
+        for (int i = 0; gp && gst && i < L->started; i++)
+            if (!strcmp(L->nodes[i].group, name))
+                gp[k++] = paths[i];
+        ds_consensus c = {0, 0, NAN, NAN, NAN};
+        if (k >= 2 && gp && gst && ds_consensus_compute(gp, k, gst, &c, NULL) == 0 &&
+            c.n_models >= 2 && (isnan(worst) || c.rel > worst))
+            worst = c.rel;
+        free(gp);
+        free(gst);
+    }
+    return worst;
+}
+
 static json_t *report_json(const struct launch *L, const ds_consensus *cons, const int *mst,
-                           double mean_acc, double wall, int exit_status)
+                           double mean_acc, double wall, int exit_status, double intra)
 {
     json_t *nodes = json_object(), *o = json_object();
     int bad = !nodes || !o;
@@ -1907,6 +1961,7 @@ static json_t *report_json(const struct launch *L, const ds_consensus *cons, con
     bad = bad || ds_json_set(o, "consensus_distance_abs",
                              ds_json_number(cons->n_models >= 2 ? cons->abs : NAN)) < 0;
     bad = bad || ds_json_set(o, "consensus_models", json_integer(cons->n_models)) < 0;
+    bad = bad || ds_json_set(o, "intra_group_consensus", ds_json_number(intra)) < 0;
     bad = bad || ds_json_set(o, "mean_test_acc", ds_json_number(mean_acc)) < 0;
     bad = bad || ds_json_set(o, "wall_s", ds_json_number(wall)) < 0;
     bad = bad || ds_json_set(o, "out_dir", ds_json_text(L->dir)) < 0;
@@ -1963,6 +2018,10 @@ static int report(struct launch *L, int exit_status)
     else
         printf("consensus distance: not defined (%d final model%s readable)\n", cons.n_models,
                cons.n_models == 1 ? "" : "s");
+    const double intra = paths && mst ? intra_group_consensus(L, paths) : NAN;
+    if (L->groups && !isnan(intra))
+        printf("intra-group consensus distance (the largest over %d groups; 0: members hold "
+               "the same model): %.6g\n", L->groups, intra);
     if (acc_n)
         printf("mean test accuracy: %.4f over %d node%s\n", acc_sum / acc_n, acc_n,
                acc_n == 1 ? "" : "s");
@@ -1975,7 +2034,7 @@ static int report(struct launch *L, int exit_status)
 
     if (L->json) {
         json_t *j = report_json(L, &cons, mst, acc_n ? acc_sum / acc_n : NAN, wall,
-                                exit_status);
+                                exit_status, intra);
         const int e = j ? ds_json_write_line(stdout, j, 0) : -ENOMEM;
         if (e < 0)
             fprintf(stderr, "dslaunch: cannot write the JSON report: %s\n", strerror(-e));

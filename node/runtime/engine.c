@@ -445,6 +445,7 @@ int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop
     settings_from_conf(r);
     if ((e = resolve_group(r)) < 0)
         goto fail;
+    r->gst.size = 1;
     *out = r;
     return 0;
 fail:

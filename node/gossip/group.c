@@ -246,6 +246,11 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
     r->got[me] = 1;
     take_kept(r, &x);
     res->stopped = wait_for(r, io, &x, skip, r->got, half);
+    /* A member we waited for in vain is reported, as gossip reports a
+     * partner (membership hears of it; the runtime stops waiting for it). */
+    for (uint32_t i = 0; i < G && !res->stopped && io->peer_failed; i++)
+        if (!r->got[i] && !(skip && skip[i]))
+            io->peer_failed(io->ctx, i);
 
     /* Our chunk: the sum in member order, so a run is repeatable. */
     float *out = r->out, *sum = out + 1;

@@ -24,6 +24,9 @@
  * and counted. The largest tag seen is reported: members that fell apart
  * (a joiner, a reduction missed) meet again by taking the largest.
  *
+ * A member whose contribution did not come by the first half of the
+ * deadline (and was waited for) is reported through io->peer_failed.
+ *
  * Thread safety: one thread at a time per ds_greduce.
  */
 #ifndef DS_NODE_GOSSIP_GROUP_H

@@ -488,9 +488,10 @@ static size_t max_segment(const rt *r)
         if (ds_gossip_segment(r->gossip, i)->len > max_seg)
             max_seg = ds_gossip_segment(r->gossip, i)->len;
     max_seg = max_seg > r->p.n ? max_seg : r->p.n;
-    /* A group's reduction chunk: up to half of [gradient | delta | flag],
-     * and its count. */
-    return r->group[0] ? max_seg + 2 : max_seg;
+    /* A group's reduction chunk: a bit over half the longest vector, with
+     * its count (G >= 2). */
+    const size_t chunk = ds_hier_vec_len(r->p.n) / 2 + 2;
+    return r->group[0] && chunk > max_seg ? chunk : max_seg;
 }
 
 /* A node in a group: the adapter, reducer and vector of its group's
@@ -499,7 +500,7 @@ static int open_group(rt *r)
 {
     if (!r->group[0])
         return 0;
-    const size_t n = 2 * r->p.n + 1;
+    const size_t n = ds_hier_vec_len(r->p.n);
     int e = ds_gnet_create(&r->gn_grp, r->net, (uint32_t)max_segment(r), (size_t)256 << 20);
     if (e == 0)
         e = ds_greduce_create(&r->gred, n);
@@ -510,6 +511,7 @@ static int open_group(rt *r)
         return e;
     }
     ds_gnet_set_heard_hook(r->gn_grp, heard_hook, r);
+    ds_gnet_set_failure_hook(r->gn_grp, gossip_failed_hook, r);
     ds_gnet_set_stop(r->gn_grp, r->stop.signal);
     atomic_store(&r->gn_grp_ready, 1);
     return 0;
@@ -774,6 +776,7 @@ void ds_engine_info_get(ds_engine *r, ds_engine_info *out)
     memset(out, 0, sizeof(*out));
     out->rounds = r->rounds;
     out->view_size = r->last_G;
+    out->group = r->gst;
     if (r->gossip)
         ds_gossip_report(r->gossip, &out->gossip, NULL, 0, NULL, 0);
     if (r->net)

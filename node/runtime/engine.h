@@ -61,6 +61,7 @@
 #include "conf/conf.h"
 #include "node/gossip/gossip.h"
 #include "node/net/net.h"
+#include "node/runtime/hier.h"
 #include "node/train/model.h"
 
 typedef struct ds_engine ds_engine;
@@ -103,8 +104,10 @@ typedef struct ds_engine_params {
     int (*pull)(void *ctx, enum ds_engine_buf which);
     int (*push)(void *ctx, enum ds_engine_buf which);
     /* Required. The engine replaced params with the cluster's state taken
-     * at optimizer step `step` (a joiner): the client continues from that
-     * step, its optimizer state reset. 0 or a negative errno. */
+     * at optimizer step `step` (a joiner), or its group re-synced to a
+     * member at another step: the client continues from that step, its
+     * optimizer state reset (a group re-sync then pushes the group's mean
+     * into opt). 0 or a negative errno. */
     int (*adopt)(void *ctx, int64_t step);
 } ds_engine_params;
 
@@ -123,6 +126,7 @@ typedef struct ds_engine_info {
     uint32_t view_size;        /* of the last round set up */
     ds_gossip_stats gossip;
     ds_net_stats net;
+    ds_group_stats group;      /* the node's group (size 1: none) */
 } ds_engine_info;
 
 /* Open an engine for the node `c` describes (validated by ds_conf_check;

@@ -111,13 +111,12 @@ struct ds_engine {
     ds_gnet *gn_grp;           /* the group's reduction frames (ALLREDUCE) */
     _Atomic int gn_grp_ready;
     ds_greduce *gred;
-    float *gvec;               /* 2n + 1 floats */
+    float *gvec;               /* ds_hier_vec_len(n) floats */
     uint32_t *vorder, *vgidx;  /* vcap each: the view sorted by group */
     uint64_t *gmembers;        /* vcap: the step's group, by member index */
     uint8_t *gskip;            /* vcap: members not waited for this step */
     uint32_t gsize, gmember;
     uint64_t gseq;             /* the group's reduction count: message tags */
-    int gdirty;                /* members may differ: re-sync at the next reduction */
     int gpending;              /* a round's exchange ended, its delta not yet summed */
     uint64_t gexch_t0;         /* when that exchange started (ns) */
     int grouped;               /* the last round's view had groups: vbuf sorted by

@@ -11,6 +11,7 @@
 #ifndef DS_NODE_RUNTIME_HIER_H
 #define DS_NODE_RUNTIME_HIER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/metric.h"
@@ -25,18 +26,33 @@
     X(U32, segments_owned, "segments_owned", "dsnode_group_segments_owned", GAUGE, NULL, NULL, \
       "Gossip segments this member exchanges for its group (segment mod size).") \
     X(U64, reductions, "reductions", "dsnode_group_reductions_total", COUNTER, NULL, NULL, \
-      "Reductions inside the group (one per step, and re-syncs).") \
+      "Reductions inside the group (one per step).") \
     X(U64, incomplete, "incomplete", "dsnode_group_incomplete_total", COUNTER, NULL, NULL, \
       "Reductions that ended at their deadline with a chunk missing here.") \
-    X(U64, resyncs, "resyncs", "dsnode_group_resyncs_total", COUNTER, NULL, NULL, \
-      "Model re-syncs (mean of parameters and momentum) after a change or a miss.") \
+    X(U64, steps_taken, "steps_taken", "dsnode_group_steps_taken_total", COUNTER, NULL, NULL, \
+      "Times this member took member 0's step count (it was apart in steps).") \
     X(NS, reduce_ns, "reduce_s", "dsnode_group_reduce_seconds_total", COUNTER, NULL, NULL, \
       "Time in the group's reductions, all exposed (the step waits for them).") \
     X(NS, exchange_wait_ns, "exchange_wait_s", "dsnode_group_exchange_wait_seconds_total", \
       COUNTER, NULL, NULL, \
       "Exposed time waiting for the overlapped inter-group exchange to finish.") \
     X(NS, exchange_ns, "exchange_s", "dsnode_group_exchange_seconds_total", COUNTER, NULL, \
-      NULL, "Time of the inter-group exchanges, hidden behind compute or not.")
+      NULL, "Time of the inter-group exchanges, hidden behind compute or not.") \
+    X(NS, max_wait_ns, "max_wait_s", "dsnode_group_max_wait_seconds", GAUGE, NULL, NULL, \
+      "Longest wait of one step on its group: exchange, reduction and re-sync.")
+
+/* Each reduction also averages 1/GROUP_SYNC_SLICES of the parameters and
+ * momentum, a slice in turn: members that differ are one model again
+ * after this many clean steps. */
+#define GROUP_SYNC_SLICES 16
+
+/* The longest vector a group reduces, for a model of n parameters:
+ * gradient, delta, a slice of parameters and of momentum, 4 floats of
+ * position (node/runtime/rounds.c). */
+static inline size_t ds_hier_vec_len(size_t n)
+{
+    return 2 * n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 4;
+}
 
 typedef struct ds_group_stats {
     DS_GROUP_STATS(DS_METRIC_FIELD)

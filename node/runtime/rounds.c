@@ -130,7 +130,9 @@ static uint32_t segments_owned(const rt *r, uint32_t m, uint32_t size)
  * groups, the adapter sends segment s to member s mod |h| of group h, and
  * this node handles its share of the segments. A group of one is skipped
  * as a lone node is; a group of several is never skipped whole (one dead
- * member does not make the others so). 0 or 1 as set_round_view. */
+ * member does not make the others so), but not waited for while one of
+ * its members is in a skip window: its live members' replies are still
+ * used when they come in time, or late. 0 or 1 as set_round_view. */
 static int set_group_view(rt *r, uint64_t round, uint32_t G, uint64_t epoch, const ds_hier *h)
 {
     if (sort_view(r, G) < 0)
@@ -157,14 +159,14 @@ static int set_group_view(rt *r, uint64_t round, uint32_t G, uint64_t epoch, con
     pthread_mutex_lock(&r->skip_lock);
     for (uint32_t k = 0; k < G; k++) {
         const uint32_t grp = r->vgidx[k];
+        if (grp == h->group)
+            continue;
         const int alone = (k == 0 || r->vgidx[k - 1] != grp) &&
                           (k + 1 == G || r->vgidx[k + 1] != grp);
-        if (!alone || grp == h->group)
-            continue;
         const enum ds_skip_verdict u = ds_skip_check(&r->skip, r->vids[k], round);
-        if (u == DS_SKIP_ALL)
+        if (u == DS_SKIP_ALL && alone)
             ds_gossip_set_skip(r->gossip, grp);
-        else if (u == DS_SKIP_NOWAIT)
+        else if (u != DS_SKIP_WAIT)
             ds_gossip_set_nowait(r->gossip, grp);
     }
     pthread_mutex_unlock(&r->skip_lock);
@@ -351,7 +353,6 @@ static int group_at(rt *r, uint64_t round)
     r->gmember = h.member;
     r->gst.size = h.size;
     r->gst.member = h.member;
-    r->gdirty = 1;
     return 0;
 }
 
@@ -364,7 +365,7 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     pthread_mutex_lock(&r->skip_lock);
     for (uint32_t k = 0; k < r->gsize; k++)
         skip[k] = k != r->gmember &&
-                  ds_skip_check(&r->skip, r->gmembers[k], round) == DS_SKIP_ALL;
+                  ds_skip_check(&r->skip, r->gmembers[k], round) != DS_SKIP_WAIT;
     pthread_mutex_unlock(&r->skip_lock);
     const uint64_t t0 = ds_now_ns();
     int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
@@ -376,8 +377,9 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     r->gst.incomplete += e == 0 && !res->complete;
     r->gst.reduce_ns += ds_now_ns() - t0;
     if (e == 0 && !res->complete && !res->stopped)
-        ds_log_rl(DS_LOG_WARN, "group", "reduction %llu incomplete: %u chunk(s) missing, "
-                  "the group re-syncs", (unsigned long long)r->gseq - 1, res->chunks_missing);
+        ds_log_rl(DS_LOG_WARN, "group", "reduction %llu incomplete: %u chunk(s) missing "
+                  "(the slices re-sync them)", (unsigned long long)r->gseq - 1,
+                  res->chunks_missing);
     return e;
 }
 
@@ -396,33 +398,61 @@ static void push_from(rt *r, enum ds_engine_buf which, float *buf, const float *
         r->p.push(r->p.ctx, which);
 }
 
-/* Members may differ (a change of members, a reduction that missed a
- * chunk): every member takes the mean of the members' parameters and
- * optimizer state. */
-static void group_resync(rt *r, uint64_t round, uint64_t deadline_ns)
+/* The slice of parameters and momentum a reduction re-syncs: slice
+ * gseq mod GROUP_SYNC_SLICES. A member that missed a chunk (or a joiner)
+ * is back in step with its group within that many steps. */
+
+static void sync_slice(const rt *r, size_t *off, size_t *len)
 {
     const size_t n = r->p.n;
-    const size_t len = r->p.opt ? 2 * n : n;
-    pull_into(r, DS_ENGINE_PARAMS, r->p.params, r->gvec);
-    if (r->p.opt)
-        pull_into(r, DS_ENGINE_OPT, r->p.opt, r->gvec + n);
-    ds_greduce_result res;
-    if (group_run(r, len, len, round, deadline_ns, &res) < 0 || res.stopped)
+    const size_t per = (n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES;
+    *off = (size_t)(r->gseq % GROUP_SYNC_SLICES) * per;
+    if (*off > n)
+        *off = n;
+    *len = n - *off < per ? n - *off : per;
+}
+
+/* Member 0's step and round0 at v[0..4), 24 bits a float (exact), summed:
+ * the others put zeros there. Members apart in steps (a rejoin, a run of
+ * misses) take member 0's, so they step alike and end together. */
+static void put_position(const rt *r, float *v, int64_t step)
+{
+    memset(v, 0, 4 * sizeof(float));
+    if (r->gmember != 0)
         return;
-    push_from(r, DS_ENGINE_PARAMS, r->p.params, r->gvec);
-    if (r->p.opt)
-        push_from(r, DS_ENGINE_OPT, r->p.opt, r->gvec + n);
-    r->gdirty = !res.complete;
-    r->gst.resyncs++;
+    v[0] = (float)((uint64_t)step >> 24);
+    v[1] = (float)((uint64_t)step & 0xffffff);
+    v[2] = (float)(r->round0 >> 24);
+    v[3] = (float)(r->round0 & 0xffffff);
+}
+
+static void take_position(rt *r, const float *v, int64_t step)
+{
+    const int64_t step0 = (int64_t)(((uint64_t)v[0] << 24) | (uint64_t)v[1]);
+    const uint64_t round0 = ((uint64_t)v[2] << 24) | (uint64_t)v[3];
+    if (step0 <= 0 || step0 == step)
+        return;
+    ds_info("group", "taking member 0's step %lld (was %lld) and round0 %llu", (long long)step0,
+            (long long)step, (unsigned long long)round0);
+    r->p.adopt(r->p.ctx, step0); /* resets the momentum; the slices re-sync it */
+    r->step = step0;
+    r->gst.steps_taken++;
+    r->round0 = round0;
 }
 
 /* Every step of a node in a group: wait for the round's exchange, then
- * one reduction of [gradient | round delta | dirty]: the mean gradient,
- * the sum of the members' deltas (each member exchanged its own segments
- * with the other groups), and whether any member may differ. Every
- * member then applies the same, so members stay identical; a member that
- * may differ makes them all re-sync in the same step. Bounded by
- * gossip.timeout_ms, and 1 s more for a re-sync. */
+ * one reduction of
+ *
+ *   [gradient (n) | params slice | momentum slice | round delta (n) | position (4)]
+ *    mean           mean           mean             sum               member 0's
+ *
+ * Every member then applies the same mean gradient and the same sum of
+ * the members' deltas (each member exchanged its own segments with the
+ * other groups), and takes the mean of one slice of parameters and
+ * momentum: members stay identical, and members that differ (a missed
+ * chunk, a joiner) are identical again after GROUP_SYNC_SLICES clean
+ * steps. One reduction of one length per step: members pair reductions
+ * by their count alone. Bounded by gossip.timeout_ms. */
 static void group_reduce(rt *r, int64_t step)
 {
     const uint64_t t0 = ds_now_ns();
@@ -441,37 +471,55 @@ static void group_reduce(rt *r, int64_t step)
         return;
     }
     const size_t n = r->p.n;
-    float *v = r->gvec;
+    size_t soff, slen;
+    sync_slice(r, &soff, &slen);
+    const size_t mlen = r->p.opt ? slen : 0;
+    float *v = r->gvec, *ps = v + n, *ms = ps + slen, *d = ms + mlen, *pos = d + n;
     pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
+    memcpy(ps, params_host(r) + soff, slen * sizeof(float));
+    if (mlen) {
+        if (r->p.pull)
+            r->p.pull(r->p.ctx, DS_ENGINE_OPT);
+        memcpy(ms, r->p.opt + soff, mlen * sizeof(float));
+    }
     if (r->gpending)
-        memcpy(v + n, ds_gossip_delta(r->gossip), n * sizeof(float));
+        memcpy(d, ds_gossip_delta(r->gossip), n * sizeof(float));
     else
-        memset(v + n, 0, n * sizeof(float));
-    v[2 * n] = r->gdirty ? 1.0f : 0.0f;
+        memset(d, 0, n * sizeof(float));
+    put_position(r, pos, step);
     ds_greduce_result res;
     uint64_t deadline = t0 + timeout_ns;
     if (deadline < t1 + 100000000u)
         deadline = t1 + 100000000u;
-    if (group_run(r, 2 * n + 1, n, round, deadline, &res) < 0) {
+    if (group_run(r, 2 * n + slen + mlen + 4, n + slen + mlen, round, deadline, &res) < 0) {
         if (r->gpending)
             round_end(r);
         r->gpending = 0;
-        r->gdirty = 1;
         return;
     }
     push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
-    memcpy(ds_gossip_delta(r->gossip), v + n, n * sizeof(float));
-    if (r->gpending) {
-        round_end(r);
-    } else {
-        ds_gossip_apply(r->gossip, params_host(r));
-        params_push(r);
+    take_position(r, pos, step);
+    if (mlen) {
+        if (r->p.pull)
+            r->p.pull(r->p.ctx, DS_ENGINE_OPT);
+        memcpy(r->p.opt + soff, ms, mlen * sizeof(float));
+        if (r->p.push)
+            r->p.push(r->p.ctx, DS_ENGINE_OPT);
     }
+    float *theta = params_host(r);
+    memcpy(theta + soff, ps, slen * sizeof(float));
+    memcpy(ds_gossip_delta(r->gossip), d, n * sizeof(float));
+    if (r->gpending) {
+        ds_gossip_end(r->gossip, theta);
+        r->rounds++;
+    } else {
+        ds_gossip_apply(r->gossip, theta);
+    }
+    params_push(r);
     r->gpending = 0;
-    const int resync = v[2 * n] > 0.5f;
-    r->gdirty = !res.complete;
-    if (resync && !res.stopped)
-        group_resync(r, round, t0 + timeout_ns + 1000000000u);
+    const uint64_t took = ds_now_ns() - t0;
+    if (took > r->gst.max_wait_ns)
+        r->gst.max_wait_ns = took;
 }
 
 void ds_engine_reduce(ds_engine *r, int64_t step)
@@ -556,6 +604,36 @@ static int fetch_state(rt *r, int attempts, uint64_t attempt_ms)
     return ds_rt_stop_signal(r) ? -EINTR : e;
 }
 
+/* A member to take the state from: alive, in the views before round
+ * `before`, other than us, and of our group when we have one and one of
+ * it qualifies (design §5: a joiner takes its group's state, so it starts
+ * at its group's step). same_group_only: only such a member. 1 when found
+ * (r->seed_id, r->seed_addr), else 0. */
+static int pick_member(rt *r, uint64_t before, int same_group_only)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint32_t n = 0;
+    ds_membership_members(ms, NULL, 0, &n);
+    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
+    int found = 0;
+    if (all && ds_membership_members(ms, all, n, &n) == 0) {
+        const uint32_t start = (uint32_t)(r->rounds % (n ? n : 1));
+        for (int pass = in_group(r) ? 0 : 1; pass < (same_group_only ? 1 : 2) && !found; pass++)
+            for (uint32_t k = 0; k < n && !found; k++) {
+                const ds_member_info *m = &all[(start + k) % n];
+                if (m->id == r->id.id || m->state != DS_MEMBER_ALIVE ||
+                    m->join_round == DS_MEMBERSHIP_NO_ROUND || m->join_round >= before ||
+                    (pass == 0 && strcmp(m->group, r->group) != 0))
+                    continue;
+                r->seed_id = m->id;
+                snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
+                found = 1;
+            }
+    }
+    free(all);
+    return found;
+}
+
 /* ---- start ------------------------------------------------------------------ */
 
 /* The first round everyone trains in: the latest join round among the
@@ -583,8 +661,11 @@ int ds_engine_start(ds_engine *r)
     const ds_conf *c = r->c;
     int e;
     if (r->seed_round > 0) {
-        /* The cluster is already training: start from its model. */
+        /* The cluster is already training: start from its model (our
+         * group's, when the group trains already). */
         r->refresh_pending = 1;
+        if (in_group(r) && pick_member(r, UINT64_MAX, 1))
+            ds_info("state", "taking the state from %s, of our group %s", r->seed_addr, r->group);
         if ((e = fetch_state(r, 5, 4 * (uint64_t)c->transport.op_timeout_ms)) < 0) {
             ds_error("state", "no model state from the cluster: %s", strerror(-e));
             return e;
@@ -653,25 +734,7 @@ static int shadow(rt *r)
  * at its own join round, other than us. 0 when there is none. */
 static int pick_state_peer(rt *r)
 {
-    ds_membership *ms = atomic_load(&r->ms);
-    uint32_t n = 0;
-    ds_membership_members(ms, NULL, 0, &n);
-    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
-    int found = 0;
-    if (all && ds_membership_members(ms, all, n, &n) == 0) {
-        const uint32_t start = (uint32_t)(r->rounds % (n ? n : 1));
-        for (uint32_t k = 0; k < n && !found; k++) {
-            const ds_member_info *m = &all[(start + k) % n];
-            if (m->id == r->id.id || m->state != DS_MEMBER_ALIVE ||
-                m->join_round == DS_MEMBERSHIP_NO_ROUND || m->join_round >= r->rejoin_round)
-                continue;
-            r->seed_id = m->id;
-            snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
-            found = 1;
-        }
-    }
-    free(all);
-    return found;
+    return pick_member(r, r->rejoin_round, 0);
 }
 
 /* Declared dead, or stopped past the suspicion timeout: our model is stale

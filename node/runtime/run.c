@@ -407,10 +407,11 @@ static int finish(run *u, int ret)
             (double)gs->max_wait_ns * 1e-9);
     printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
            "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu "
-           "max_round_s=%.3f\n",
+           "max_round_s=%.3f group_max_wait_s=%.3f\n",
            c->node.name, status, (long long)t->step, u->loss, u->test_acc, sps, wall, t->ops.name,
            (unsigned long long)in.net.bytes_sent, (unsigned long long)in.net.bytes_recv,
-           (unsigned long long)in.rounds, (double)gs->max_wait_ns * 1e-9);
+           (unsigned long long)in.rounds, (double)gs->max_wait_ns * 1e-9,
+           (double)in.group.max_wait_ns * 1e-9);
     fflush(stdout);
     const int sig = (int)stop_signal;
     return ret < 0 ? 1 : sig ? 128 + sig : 0;

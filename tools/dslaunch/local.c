@@ -137,6 +137,7 @@ struct node {
     ds_kvline summary;
     int forwarded;
     char group[16];   /* local --groups: its node.group */
+    int gidx;         /* and its index */
 };
 
 struct add_at {
@@ -246,7 +247,7 @@ static void local_usage(FILE *f)
             "                       tbf), e.g. 100mbit, 1gbit; implies --netns\n"
             "  --groups G           node.group = g0..g{G-1} in contiguous blocks of nodes (nodes\n"
             "                       added later: in turn); groups all-reduce inside and gossip\n"
-            "                       between them\n"
+            "                       between them; with --netns, one namespace per group\n"
             "\n"
             "Exit status: 0 when every node exited 0; 1 when a node or dslaunch failed or\n"
             "--timeout struck; 2 for a usage or configuration error; 128+signal when stopped\n"
@@ -1244,13 +1245,26 @@ static void group_of(const char *entry, char *buf, size_t len)
     buf[k] = '\0';
 }
 
+/* Node i's network namespace with --netns: its own, or with --groups its
+ * group's (a group is one "host": its members share an address). */
+static int node_ns(const struct launch *L, int i)
+{
+    return L->groups ? L->nodes[i].gidx : i;
+}
+
+/* Namespaces --netns makes. */
+static int ns_count(const struct launch *L)
+{
+    return L->groups ? L->groups : L->total;
+}
+
 /* Node i's host address: its namespace's with --netns, else --host. */
 static void node_host(const struct launch *L, int i, char *buf, size_t len)
 {
     if (L->hosts_mode)
         snprintf(buf, len, "%s", ds_host_addr(L->hosts[L->nodes[i].host]));
     else if (L->netns)
-        ds_netns_addr(i, buf, len);
+        ds_netns_addr(node_ns(L, i), buf, len);
     else
         snprintf(buf, len, "%s", L->host);
 }
@@ -1409,9 +1423,10 @@ static void node_init(struct launch *L, int i)
     nd->host = L->hosts_mode ? i / L->per_host : 0;
     nd->added_at = -1;
     /* --groups: contiguous blocks of the initial nodes, then in turn. */
-    if (L->groups)
-        snprintf(nd->group, sizeof(nd->group), "g%d",
-                 i < L->n ? (int)((int64_t)i * L->groups / L->n) : (i - L->n) % L->groups);
+    if (L->groups) {
+        nd->gidx = i < L->n ? (int)((int64_t)i * L->groups / L->n) : (i - L->n) % L->groups;
+        snprintf(nd->group, sizeof(nd->group), "g%d", nd->gidx);
+    }
     nd->state = NODE_PENDING;
 }
 
@@ -1451,7 +1466,8 @@ static int start_node(struct launch *L, struct node *nd)
                                sizeof(err));
     } else {
         if (L->netns) {
-            ds_netns_exec_prefix(&L->ns, (int)(nd - L->nodes), nsname, sizeof(nsname), argv);
+            ds_netns_exec_prefix(&L->ns, node_ns(L, (int)(nd - L->nodes)), nsname,
+                                 sizeof(nsname), argv);
             k = 4;
         }
         argv[k++] = L->dsnode;
@@ -2094,7 +2110,7 @@ static int netns_up(struct launch *L)
 {
     char why[700];
     ds_netns_reap_stale(stderr);
-    if (ds_netns_init(&L->ns, getpid(), L->total, L->netns_rate, why, sizeof(why)) < 0 ||
+    if (ds_netns_init(&L->ns, getpid(), ns_count(L), L->netns_rate, why, sizeof(why)) < 0 ||
         ds_netns_setup(&L->ns, why, sizeof(why)) < 0) {
         fprintf(stderr, "dslaunch: cannot set up the network namespaces: %s\n", why);
         return -1;
@@ -2106,8 +2122,9 @@ static int netns_up(struct launch *L)
     }
     char first[48];
     ds_netns_addr(0, first, sizeof(first));
-    fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I) on bridge "
-            "%s, %s%s\n", L->total, L->total == 1 ? "" : "s", (int)getpid(), first,
+    fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I%s) on bridge "
+            "%s, %s%s\n", ns_count(L), ns_count(L) == 1 ? "" : "s", (int)getpid(), first,
+            L->groups ? "; one per group, its members on one address" : "",
             L->ns.bridge, L->netns_rate ? "each link limited to " : "no rate limit",
             L->netns_rate ? L->netns_rate_text : "");
     return 0;

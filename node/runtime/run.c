@@ -168,7 +168,7 @@ static int write_model(const char *tmp, const float *host, size_t n)
     return e;
 }
 
-int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
+int ds_run_save_params(const char *dir, const float *host, size_t n, char *err, size_t err_len)
 {
     char path[4096], tmp[4200];
     snprintf(path, sizeof(path), "%s/model.bin", dir);
@@ -177,16 +177,8 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
         snprintf(err, err_len, "%s: cannot create: %s", dir, strerror(errno));
         return -errno;
     }
-    const size_t n = t->n_params;
-    float *host = malloc(n * sizeof(float));
-    if (!host) {
-        snprintf(err, err_len, "out of memory");
-        return -ENOMEM;
-    }
-    int e = t->ops.download(host, t->theta, n * sizeof(float));
-    if (e < 0) {
-        snprintf(err, err_len, "parameters not read from the device: %s", strerror(-e));
-    } else if ((e = write_model(tmp, host, n)) < 0) {
+    int e;
+    if ((e = write_model(tmp, host, n)) < 0) {
         snprintf(err, err_len, "%s: cannot write: %s", tmp, strerror(-e));
         unlink(tmp);
     } else if (rename(tmp, path) < 0) {
@@ -196,6 +188,22 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
     } else if ((e = fsync_dir(dir)) < 0) {
         snprintf(err, err_len, "%s: cannot flush the directory: %s", dir, strerror(-e));
     }
+    return e;
+}
+
+int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
+{
+    const size_t n = t->n_params;
+    float *host = malloc(n * sizeof(float));
+    if (!host) {
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
+    int e = t->ops.download(host, t->theta, n * sizeof(float));
+    if (e < 0)
+        snprintf(err, err_len, "parameters not read from the device: %s", strerror(-e));
+    else
+        e = ds_run_save_params(dir, host, n, err, err_len);
     free(host);
     return e;
 }

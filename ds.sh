@@ -21,8 +21,9 @@ PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
 # Only for the test suite: the multihost tests start their own sshd in
 # network namespaces, the slurm tests their own munged, slurmctld and slurmd.
 # Debian's packages also enable and start the system services where systemd
-# runs, so `run` does not install them.
-TEST_PKGS=(openssh-server slurmctld slurmd munge slurm-client)
+# runs, so `run` does not install them. python3-pytest runs the Python
+# package's tests (meson suite python).
+TEST_PKGS=(openssh-server slurmctld slurmd munge slurm-client python3-pytest)
 
 # nvcc lives outside PATH on Debian's CUDA install.
 if [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -113,8 +113,9 @@ typedef struct dsnode_stats {
     uint64_t exchanges_failed;
     uint64_t bytes_sent;
     uint64_t bytes_received;
-    double wait_s;             /* time the training thread waited for rounds */
-    double max_round_s;        /* the longest such wait */
+    double wait_s;             /* time inside gossip exchanges (on the engine thread
+                                * with gossip.overlap) */
+    double max_round_s;        /* the longest exchange */
 } dsnode_stats;
 
 /* "0.1.0". Any thread. */

@@ -18,6 +18,8 @@ objects, which do not change. Every process must start from the same
 parameters (seed torch the same everywhere): the engine mixes what each
 process changed since it registered, as `dsnode run` does.
 """
+import time
+
 import torch
 
 import dsnode
@@ -89,6 +91,7 @@ class GossipOptimizer:
             self.flat = flatten_(model)
             self.layers = layer_table(model)
             self.steps_taken = 0
+            self.engine_s = 0.0  # time in the engine's calls on this thread
             self.engine.register(self.flat.data_ptr(), self.flat.numel(), self.layers,
                                  self._adopt)
             self.engine.join()
@@ -126,10 +129,15 @@ class GossipOptimizer:
         """The optimizer step, then the engine's (this step's round, the
         last round's deltas applied in place). Returns the closure's loss;
         None when the engine said not now (the gradient is not applied)."""
-        if not self.engine.ready():
+        t0 = time.perf_counter()
+        ready = self.engine.ready()
+        self.engine_s += time.perf_counter() - t0
+        if not ready:
             return None
         loss = self.optimizer.step(closure)
+        t1 = time.perf_counter()
         self.engine.step()
+        self.engine_s += time.perf_counter() - t1
         self.steps_taken += 1
         return loss
 
@@ -139,8 +147,18 @@ class GossipOptimizer:
         self.engine.settle()
 
     def report(self, loss, test_acc=-1.0, samples_per_s=0.0):
+        t0 = time.perf_counter()
         lr = self.optimizer.param_groups[0].get("lr", 0.0)
         self.engine.report(float(loss), test_acc, float(lr), samples_per_s)
+        self.engine_s += time.perf_counter() - t0
+
+    def crossing_us(self, calls=20000):
+        """The cost of one call into libdsnode through ctypes (a call that
+        does nothing but read a flag), in microseconds."""
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            self.engine.stopped
+        return (time.perf_counter() - t0) / calls * 1e6
 
     def report_eval(self, test_loss, test_acc):
         self.engine.report_eval(float(test_loss), float(test_acc))

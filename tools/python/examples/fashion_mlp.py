@@ -12,7 +12,6 @@ $DSNODE_RANK). It logs as a dsnode node does, and the library prints the
 summary line dslaunch collects.
 """
 import argparse
-import math
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))        # the dsnode package
 sys.path.insert(0, os.path.join(HERE, "..", ".."))  # tools/: torch_mlp (data, model)
 
 import dsnode.torch  # noqa: E402
+from torch_ddp import lr_factor  # noqa: E402
 from torch_mlp import MEAN, STD, load_idx, mlp  # noqa: E402
 
 
@@ -48,16 +48,18 @@ def main():
     model = mlp("256,256")
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
                           weight_decay=a.weight_decay)
-    overrides = dict(s.split("=", 1) for s in a.set)
-    overrides.setdefault("train.steps", str(a.steps))
-    gopt = dsnode.torch.GossipOptimizer(opt, model, config=a.config, overrides=overrides)
-
+    # The data first, as dsnode run loads it before joining: the cluster
+    # starts training when every member is ready to.
     d = a.data
     norm = lambda x: (torch.from_numpy(x.astype(np.float32)) / 255.0 - MEAN) / STD
     xtr = norm(load_idx(f"{d}/train-images-idx3-ubyte.gz").reshape(-1, 784))
     ytr = torch.from_numpy(load_idx(f"{d}/train-labels-idx1-ubyte.gz").astype(np.int64))
     xte = norm(load_idx(f"{d}/t10k-images-idx3-ubyte.gz").reshape(-1, 784))
     yte = torch.from_numpy(load_idx(f"{d}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+    overrides = dict(s.split("=", 1) for s in a.set)
+    overrides.setdefault("train.steps", str(a.steps))
+    gopt = dsnode.torch.GossipOptimizer(opt, model, config=a.config, overrides=overrides)
+
     lossf = torch.nn.CrossEntropyLoss()
 
     def evaluate():
@@ -67,9 +69,7 @@ def main():
             return lossf(out, yte).item(), (out.argmax(1) == yte).float().mean().item()
 
     def lr_at(step):  # warm-up, then cosine to 0 (dsnode's train.lr_schedule)
-        if step < a.warmup:
-            return a.lr * (step + 1) / a.warmup
-        return a.lr * 0.5 * (1 + math.cos(math.pi * min(step, a.steps) / a.steps))
+        return a.lr * lr_factor(step, a.warmup, a.steps)
 
     g = torch.Generator().manual_seed(a.seed * 1000 + int(os.environ.get("DSNODE_RANK", "0")))
     perm, pos = torch.randperm(xtr.shape[0], generator=g), 0
@@ -93,8 +93,8 @@ def main():
                 continue  # a joiner shadowing the cluster: not our step
             window.append(loss.item())
             s = gopt.steps_taken
+            gopt.report(sum(window) / len(window), acc, s * a.batch / max(t_train, 1e-9))
             t_train += time.perf_counter() - t0
-            gopt.report(sum(window) / len(window), acc, s * a.batch / t_train)
             if s % 100 == 0:
                 window = []
             if s % a.eval_every == 0 or s == a.steps:
@@ -106,6 +106,14 @@ def main():
     except Exception as ex:
         print(f"fashion_mlp: {ex}", file=sys.stderr)
         failed = True
+    # What the binding costs (dsbench torch reads this line): per training
+    # step, its wall time, the time in the engine's calls on this thread,
+    # of which the engine waited for rounds, and one ctypes crossing.
+    n = max(gopt.steps_taken, 1)
+    wait_s = gopt.engine.stats()["wait_s"]
+    print(f"fashion_mlp: binding steps={gopt.steps_taken} step_ms={t_train / n * 1e3:.4f} "
+          f"engine_ms={gopt.engine_s / n * 1e3:.4f} wait_ms={wait_s / n * 1e3:.4f} "
+          f"crossing_us={gopt.crossing_us():.3f}", file=sys.stderr, flush=True)
     sys.exit(gopt.finish(failed=failed))
 
 

@@ -49,8 +49,8 @@
  * program from them. dsnode_stop and dsnode_stopped may be called from any
  * thread and from a signal handler. dsnode_error, dsnode_version and
  * dsnode_abi_version may be called from any thread. Several engines in one
- * process are allowed (the tests run two); the log's node name is the
- * last one opened.
+ * process are allowed (the tests run two); the log's node name and level
+ * are those of the first one opened.
  *
  * Buffers. The parameter buffer is the program's: borrowed from
  * dsnode_register until dsnode_close. The engine reads and writes it only

@@ -17,6 +17,7 @@
 #include <dsnode/dsnode.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -59,6 +60,11 @@ struct dsnode {
     uint64_t t_step;      /* ns, the last dsnode_step: samples_per_s fallback */
     int exit_status;
 };
+
+/* The log's node name and level are set once, by the first engine opened:
+ * base/log's setup is not meant to run while other threads log. */
+static pthread_mutex_t log_once = PTHREAD_MUTEX_INITIALIZER;
+static int log_set;
 
 /* The engine whose stop flags the signal handlers set. */
 static _Atomic(dsnode *) signal_owner;
@@ -161,7 +167,11 @@ int dsnode_open_abi(dsnode **out, const char *config, const char *const *overrid
         free(d);
         return e;
     }
-    ds_log_setup(d->c.node.name, d->c.node.log_level, NULL);
+    pthread_mutex_lock(&log_once);
+    if (!log_set)
+        ds_log_setup(d->c.node.name, d->c.node.log_level, NULL);
+    log_set = 1;
+    pthread_mutex_unlock(&log_once);
     const ds_engine_stop stop = {.signal = &d->stop_signal, .count = &d->stop_count,
                                  .reload = &d->reload};
     if ((e = ds_engine_open(&d->e, &d->c, &stop)) < 0) {

@@ -31,6 +31,7 @@
 #include "node/runtime/engine.h"
 #include "node/runtime/preflight.h"
 #include "node/runtime/run.h"
+#include "node/runtime/summary.h"
 #include "node/status/status.h"
 #include "node/train/model.h"
 
@@ -441,24 +442,12 @@ static void print_summary(dsnode *d, const char *status)
 {
     ds_engine_info in;
     ds_engine_info_get(d->e, &in);
-    const ds_gossip_stats *gs = &in.gossip;
-    const double wall = (double)(ds_now_ns() - d->t_start) * 1e-9;
-    ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
-            "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f "
-            "max_round_s=%.3f",
-            status, (long long)d->step, d->rep.test_acc, (unsigned long long)in.rounds,
-            (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
-            (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
-            (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9,
-            (double)gs->max_wait_ns * 1e-9);
-    printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
-           "wall_s=%.1f backend=client bytes_sent=%llu bytes_received=%llu rounds=%llu "
-           "max_round_s=%.3f\n",
-           d->c.node.name, status, (long long)d->step, d->rep.loss, d->rep.test_acc,
-           d->rep.samples_per_s, wall, (unsigned long long)in.net.bytes_sent,
-           (unsigned long long)in.net.bytes_recv, (unsigned long long)in.rounds,
-           (double)gs->max_wait_ns * 1e-9);
-    fflush(stdout);
+    const ds_run_summary sum = {.name = d->c.node.name, .status = status, .backend = "client",
+                                .steps = d->step, .loss = d->rep.loss,
+                                .test_acc = d->rep.test_acc,
+                                .samples_per_s = d->rep.samples_per_s,
+                                .wall_s = (double)(ds_now_ns() - d->t_start) * 1e-9};
+    ds_run_summary_print(&sum, &in);
 }
 
 int dsnode_leave(dsnode *d, enum dsnode_outcome how)

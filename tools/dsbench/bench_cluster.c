@@ -579,6 +579,44 @@ static int find_dslaunch(char *out, size_t len)
     return -ENOENT;
 }
 
+/* The base config, dslaunch and the run directory (--config, --dslaunch,
+ * --keep, each NULL when not given) of `dsbench cmd`. 0 or a negative
+ * errno (said). */
+static int paths_opts(opts *o, const char *cmd, const char *config, const char *dsl,
+                      const char *keep)
+{
+    if (config)
+        snprintf(o->config, sizeof(o->config), "%s", config);
+    else
+        snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
+                 ds_bench_tools_dir());
+    if (dsl)
+        snprintf(o->dslaunch, sizeof(o->dslaunch), "%s", dsl);
+    else if (find_dslaunch(o->dslaunch, sizeof(o->dslaunch)) < 0) {
+        fprintf(stderr, "dsbench %s: cannot find dslaunch beside dsbench; pass --dslaunch\n", cmd);
+        return -ENOENT;
+    }
+    if (access(o->dslaunch, X_OK) < 0) {
+        fprintf(stderr, "dsbench %s: %s: %s\n", cmd, o->dslaunch, strerror(errno));
+        return -ENOENT;
+    }
+    if (keep) {
+        snprintf(o->dir, sizeof(o->dir), "%s", keep);
+        o->keep = 1;
+        if (mkdir(o->dir, 0755) < 0 && errno != EEXIST) {
+            fprintf(stderr, "dsbench %s: cannot create %s: %s\n", cmd, o->dir, strerror(errno));
+            return -errno;
+        }
+    } else {
+        snprintf(o->dir, sizeof(o->dir), "/tmp/dsbench-%s.XXXXXX", cmd);
+        if (!mkdtemp(o->dir)) {
+            fprintf(stderr, "dsbench %s: mkdtemp: %s\n", cmd, strerror(errno));
+            return -errno;
+        }
+    }
+    return 0;
+}
+
 /* The option values as given, before parse_opts checks and fills in the
  * defaults (borrowed from argv). */
 typedef struct raw_opts {
@@ -714,36 +752,7 @@ static int parse_opts(opts *o, int argc, char **argv)
                             : o->quick ? "pairwise-micro-1%" : "pairwise-micro-1%,pairwise-topk-1%",
              o->scale_variants)) < 0)
         return -EINVAL;
-    if (config)
-        snprintf(o->config, sizeof(o->config), "%s", config);
-    else
-        snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
-                 ds_bench_tools_dir());
-    if (dsl)
-        snprintf(o->dslaunch, sizeof(o->dslaunch), "%s", dsl);
-    else if (find_dslaunch(o->dslaunch, sizeof(o->dslaunch)) < 0) {
-        fprintf(stderr, "dsbench cluster: cannot find dslaunch beside dsbench; pass --dslaunch\n");
-        return -ENOENT;
-    }
-    if (access(o->dslaunch, X_OK) < 0) {
-        fprintf(stderr, "dsbench cluster: %s: %s\n", o->dslaunch, strerror(errno));
-        return -ENOENT;
-    }
-    if (keep) {
-        snprintf(o->dir, sizeof(o->dir), "%s", keep);
-        o->keep = 1;
-        if (mkdir(o->dir, 0755) < 0 && errno != EEXIST) {
-            fprintf(stderr, "dsbench cluster: cannot create %s: %s\n", o->dir, strerror(errno));
-            return -errno;
-        }
-    } else {
-        snprintf(o->dir, sizeof(o->dir), "/tmp/dsbench-cluster.XXXXXX");
-        if (!mkdtemp(o->dir)) {
-            fprintf(stderr, "dsbench cluster: mkdtemp: %s\n", strerror(errno));
-            return -errno;
-        }
-    }
-    return 0;
+    return paths_opts(o, "cluster", config, dsl, keep);
 }
 
 /* rm -r of our own run directory (run logs, keys, models). */
@@ -1073,32 +1082,7 @@ static int torch_opts(opts *o, int argc, char **argv)
         fprintf(stderr, "dsbench torch: --nets expects loopback and/or rates such as 100mbit\n");
         return -EINVAL;
     }
-    if (config)
-        snprintf(o->config, sizeof(o->config), "%s", config);
-    else
-        snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
-                 ds_bench_tools_dir());
-    if (dsl)
-        snprintf(o->dslaunch, sizeof(o->dslaunch), "%s", dsl);
-    else if (find_dslaunch(o->dslaunch, sizeof(o->dslaunch)) < 0) {
-        fprintf(stderr, "dsbench torch: cannot find dslaunch beside dsbench; pass --dslaunch\n");
-        return -ENOENT;
-    }
-    if (keep) {
-        snprintf(o->dir, sizeof(o->dir), "%s", keep);
-        o->keep = 1;
-        if (mkdir(o->dir, 0755) < 0 && errno != EEXIST) {
-            fprintf(stderr, "dsbench torch: cannot create %s: %s\n", o->dir, strerror(errno));
-            return -errno;
-        }
-    } else {
-        snprintf(o->dir, sizeof(o->dir), "/tmp/dsbench-torch.XXXXXX");
-        if (!mkdtemp(o->dir)) {
-            fprintf(stderr, "dsbench torch: mkdtemp: %s\n", strerror(errno));
-            return -errno;
-        }
-    }
-    return 0;
+    return paths_opts(o, "torch", config, dsl, keep);
 }
 
 /* The binding's cost per step: ready, step and report, one call each. */

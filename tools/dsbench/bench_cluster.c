@@ -879,6 +879,29 @@ static void goals_table(const opts *o, const result *rows, int n_rows, const res
              "<= 1.10", known4, known4 && spread <= 1.10);
 }
 
+/* The base config into *c and whether network namespaces can be made
+ * (root only: without them those rows are left out, said); the banner.
+ * 0, or -EINVAL when the config cannot be read (said). */
+static int bench_start(const opts *o, const char *cmd, ds_conf *c, int *netns_ok)
+{
+    char err[DS_CONF_ERR_MAX];
+    ds_conf_defaults(c);
+    if (ds_conf_load(c, o->config, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsbench %s: %s\n", cmd, err);
+        return -EINVAL;
+    }
+    *netns_ok = 1;
+    char why[512] = "";
+    for (int k = 0; k < o->n_nets; k++)
+        if (strcmp(o->nets[k], "loopback") && ds_netns_check(why, sizeof(why)) < 0)
+            *netns_ok = 0;
+    if (!*netns_ok)
+        fprintf(stderr, "dsbench %s: network-namespace rows left out: %s\n", cmd, why);
+    fprintf(stderr, "dsbench %s: %d steps, eval every %d, target %.2f, config %s, runs in %s\n",
+            cmd, o->steps, o->eval_every, o->target, o->config, o->dir);
+    return 0;
+}
+
 int ds_bench_cluster(int argc, char **argv)
 {
     opts o;
@@ -886,22 +909,9 @@ int ds_bench_cluster(int argc, char **argv)
     if (ret != 0)
         return ret > 0 ? 0 : 2;
     ds_conf c;
-    char err[DS_CONF_ERR_MAX];
-    ds_conf_defaults(&c);
-    if (ds_conf_load(&c, o.config, err, sizeof(err)) < 0) {
-        fprintf(stderr, "dsbench cluster: %s\n", err);
+    int netns_ok;
+    if (bench_start(&o, "cluster", &c, &netns_ok) < 0)
         return 2;
-    }
-    /* Namespaces: root only. Without them those rows are left out, said. */
-    int netns_ok = 1;
-    char why[512] = "";
-    for (int k = 0; k < o.n_nets; k++)
-        if (strcmp(o.nets[k], "loopback") && ds_netns_check(why, sizeof(why)) < 0)
-            netns_ok = 0;
-    if (!netns_ok)
-        fprintf(stderr, "dsbench cluster: network-namespace rows left out: %s\n", why);
-    fprintf(stderr, "dsbench cluster: %d steps, eval every %d, target %.2f, config %s, runs in "
-                    "%s\n", o.steps, o.eval_every, o.target, o.config, o.dir);
 
     result rows[MAX_ROWS], scale_rows[MAX_VARIANTS * MAX_SCALE], ddp;
     int n_rows = 0, idx = 0, failed = 0;
@@ -1123,21 +1133,9 @@ int ds_bench_torch(int argc, char **argv)
     if (ret != 0)
         return ret > 0 ? 0 : 2;
     ds_conf c;
-    char err[DS_CONF_ERR_MAX];
-    ds_conf_defaults(&c);
-    if (ds_conf_load(&c, o.config, err, sizeof(err)) < 0) {
-        fprintf(stderr, "dsbench torch: %s\n", err);
+    int netns_ok;
+    if (bench_start(&o, "torch", &c, &netns_ok) < 0)
         return 2;
-    }
-    int netns_ok = 1;
-    char why[512] = "";
-    for (int k = 0; k < o.n_nets; k++)
-        if (strcmp(o.nets[k], "loopback") && ds_netns_check(why, sizeof(why)) < 0)
-            netns_ok = 0;
-    if (!netns_ok)
-        fprintf(stderr, "dsbench torch: network-namespace rows left out: %s\n", why);
-    fprintf(stderr, "dsbench torch: %d steps, eval every %d, target %.2f, config %s, runs in %s\n",
-            o.steps, o.eval_every, o.target, o.config, o.dir);
 
     const variant *native = &all_variants[MICRO];
     result ddp, nat, tor, t, rows[2 * MAX_NETS];

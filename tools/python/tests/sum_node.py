@@ -37,18 +37,19 @@ def main():
     e = dsnode.Engine(config=a.config, overrides=dict(s.split("=", 1) for s in a.set),
                       handle_signals=True)
     half = a.n // 2
-    e.register(buf.ctypes.data, a.n, [("a", 0, half), ("b", half, a.n - half)],
-               adopt=lambda step: None)
+
+    def adopt(step):  # a late joiner took the cluster's state at `step`
+        print(f"sum_node: adopted step={step}", file=sys.stderr, flush=True)
+
+    e.register(buf.ctypes.data, a.n, [("a", 0, half), ("b", half, a.n - half)], adopt=adopt)
     e.join()
-    steps = 0
-    while steps < a.steps and not e.stopped:
+    while e.stats()["step"] < a.steps and not e.stopped:
         if not e.ready():
             continue
         buf += d
         if a.pause:
             time.sleep(a.pause)
         e.step()
-        steps += 1
         e.report(0.0)
     e.leave()
     status = e.exit_status

@@ -7,6 +7,8 @@ libdsnode, with real processes over libfabric's tcp provider on loopback
   them together;
 - killing one of three processes mid-run leaves the other two to finish
   (status=done, exit 0);
+- a third process that joins two already training takes the cluster's
+  state through the adopt callback and finishes with them;
 - four PyTorch processes through `dslaunch local -n 4 -- python3
   fashion_mlp.py --steps 1500` each reach 85% with a relative consensus
   distance under 0.01 (slow: about a minute on a quiet machine).
@@ -65,7 +67,7 @@ class Cluster:
     """Processes of sum_node.py, each with its own name, port, data_dir and
     status file, sharing a cluster key."""
 
-    def __init__(self, tmp, n, extra=()):
+    def __init__(self, tmp, n, extra=(), min_members=None):
         self.tmp = tmp
         key = os.path.join(tmp, "cluster.key")
         subprocess.run([DSNODE, "keygen", "--cluster", "--out", key], check=True,
@@ -76,13 +78,15 @@ class Cluster:
             self.sets.append([
                 f"node.name=p{i}", f"node.listen=127.0.0.1:{self.ports[i]}",
                 f"cluster.seeds=127.0.0.1:{self.ports[0]}", f"cluster.key_file={key}",
-                f"cluster.min_members={n}", f"node.data_dir={tmp}/p{i}",
+                f"cluster.min_members={min_members or n}", f"node.data_dir={tmp}/p{i}",
                 f"status.file={tmp}/p{i}.json", "status.file_interval_ms=50",
                 "node.log_level=warn", "gossip.timeout_ms=500", *extra])
         self.procs = []
 
-    def start(self, args):
+    def start(self, args, only=None):
         for i, sets in enumerate(self.sets):
+            if only is not None and i not in only:
+                continue
             argv = [PY, os.path.join(HERE, "sum_node.py"), *args]
             for s in sets:
                 argv += ["--set", s]
@@ -119,8 +123,8 @@ class Cluster:
 def cluster(tmp_path):
     made = []
 
-    def make(n, extra=()):
-        c = Cluster(str(tmp_path), n, extra)
+    def make(n, extra=(), min_members=None):
+        c = Cluster(str(tmp_path), n, extra, min_members)
         made.append(c)
         return c
 
@@ -186,6 +190,26 @@ def test_killing_one_process_leaves_the_others_to_finish(cluster):
     for rc, out, err in res[:2]:
         assert rc == 0, err[-2000:]
         assert "status=done steps=600" in out
+
+
+def test_a_late_joiner_takes_the_clusters_state(cluster):
+    c = cluster(3, min_members=2)
+    args = ["--steps", "1500", "--n", "10000", "--pause", "0.005"]
+    c.start(args, only=(0, 1))
+    deadline = time.monotonic() + 120
+    while c.status(0).get("train", {}).get("step", 0) < 200:
+        assert time.monotonic() < deadline, "p0 never reached step 200"
+        assert c.procs[0].poll() is None, c.procs[0].communicate()[1][-2000:]
+        time.sleep(0.05)
+    c.start(args, only=(2,))
+    res = c.wait(180)
+    for rc, out, err in res:
+        assert rc == 0, err[-2000:]
+        assert "status=done steps=1500" in out
+    joiner_err = res[2][2]
+    assert "sum_node: adopted step=" in joiner_err, joiner_err[-2000:]
+    step = int(joiner_err.split("sum_node: adopted step=")[1].split()[0])
+    assert 200 <= step < 1500
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),

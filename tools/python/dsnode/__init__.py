@@ -2,7 +2,7 @@
 
     import dsnode
     e = dsnode.Engine(config="node.ini", overrides={"node.name": "n0"})
-    e.register(flat, [("fc1", 0, 200960), ...], adopt=on_adopt)
+    e.register(flat, [("fc1", 0, 200960), ...], adopt=on_adopt)  # float32 array
     e.join()
     for ...:
         if e.ready(): optimizer step on flat; e.step()
@@ -143,6 +143,25 @@ def _check(rc):
     return rc
 
 
+def _float_buffer(buf):
+    """(address, count) of a contiguous float32 CPU numpy array or torch
+    tensor; dsnode.Error otherwise."""
+    if hasattr(buf, "data_ptr"):  # torch.Tensor
+        if buf.device.type != "cpu" or str(buf.dtype) != "torch.float32" or \
+                not buf.is_contiguous():
+            raise Error(_errno.EINVAL, f"register: expected a contiguous float32 CPU tensor, "
+                        f"found {buf.dtype} on {buf.device}")
+        return buf.data_ptr(), buf.numel()
+    ai = getattr(buf, "__array_interface__", None)
+    if ai is None or ai["typestr"] != "<f4" or ai.get("strides") is not None:
+        raise Error(_errno.EINVAL, "register: expected a contiguous float32 numpy array or "
+                    "torch tensor")
+    n = 1
+    for k in ai["shape"]:
+        n *= k
+    return ai["data"][0], n
+
+
 class Engine:
     """One dsnode engine (dsnode_open). config: the ini file (default:
     $DSNODE_CONFIG, as `dslaunch local -- CMD` sets it; None: defaults
@@ -173,11 +192,13 @@ class Engine:
     def name(self):
         return _lib.dsnode_name(self._handle()).decode()
 
-    def register(self, buffer_ptr, n, layers, adopt):
-        """buffer_ptr: the address of n contiguous float32 values, kept
-        alive by the caller until close(); layers: [(name, offset,
-        length)]; adopt(step): the buffer now holds the cluster's state at
+    def register(self, buffer, layers, adopt):
+        """buffer: the parameters, one contiguous float32 array on the CPU
+        (a numpy array or a torch tensor), mixed in place and kept alive by
+        the engine until close(); layers: [(name, offset, length)] in
+        floats; adopt(step): the buffer now holds the cluster's state at
         optimizer step `step` (reset the optimizer's state)."""
+        ptr, n = _float_buffer(buffer)
         table = (_Layer * len(layers))(*[_Layer(str(nm).encode(), off, ln)
                                           for nm, off, ln in layers])
 
@@ -189,9 +210,9 @@ class Engine:
                 return -_errno.EIO
 
         c_cb = _ADOPT(cb)
-        _check(_lib.dsnode_register(self._handle(), ctypes.c_void_p(buffer_ptr), n, table,
+        _check(_lib.dsnode_register(self._handle(), ctypes.c_void_p(ptr), n, table,
                                     len(layers), c_cb, None))
-        self._keep = (table, c_cb)
+        self._keep = (buffer, table, c_cb)
 
     def join(self):
         _check(_lib.dsnode_join(self._handle()))

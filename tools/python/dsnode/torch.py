@@ -92,8 +92,7 @@ class GossipOptimizer:
             self.layers = layer_table(model)
             self.steps_taken = 0
             self.engine_s = 0.0  # time in the engine's calls on this thread
-            self.engine.register(self.flat.data_ptr(), self.flat.numel(), self.layers,
-                                 self._adopt)
+            self.engine.register(self.flat, self.layers, self._adopt)
             self.engine.join()
         except BaseException:
             self.engine.close()

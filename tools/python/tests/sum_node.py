@@ -41,7 +41,7 @@ def main():
     def adopt(step):  # a late joiner took the cluster's state at `step`
         print(f"sum_node: adopted step={step}", file=sys.stderr, flush=True)
 
-    e.register(buf.ctypes.data, a.n, [("a", 0, half), ("b", half, a.n - half)], adopt=adopt)
+    e.register(buf, [("a", 0, half), ("b", half, a.n - half)], adopt=adopt)
     e.join()
     while e.stats()["step"] < a.steps and not e.stopped:
         if not e.ready():

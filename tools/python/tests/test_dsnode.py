@@ -146,11 +146,19 @@ def test_bad_config_raises_with_file_and_line(tmp_path):
     assert "gossip.nosuchkey" in str(ex.value)
 
 
-def test_order_is_checked():
+def test_order_and_buffers_are_checked():
     e = dsnode.Engine(config=None, overrides={"node.data_dir": "/tmp"})
     with pytest.raises(dsnode.Error) as ex:
         e.step()
     assert "called before dsnode_join" in str(ex.value)
+    with pytest.raises(dsnode.Error) as ex:  # float64: not the engine's type
+        e.register(np.zeros(10), [("a", 0, 10)], adopt=lambda s: None)
+    assert "float32" in str(ex.value)
+    with pytest.raises(dsnode.Error) as ex:  # a strided view
+        e.register(np.zeros(20, dtype=np.float32)[::2], [("a", 0, 10)], adopt=lambda s: None)
+    with pytest.raises(dsnode.Error) as ex:  # a layer past the end
+        e.register(np.zeros(10, dtype=np.float32), [("a", 0, 11)], adopt=lambda s: None)
+    assert "layer 0 ('a')" in str(ex.value)
     e.close()
     e.close()
     with pytest.raises(dsnode.Error):

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """fashion_mlp.py: dsnode's native MLP (784-256-256-10, ReLU) in PyTorch,
-trained on Fashion-MNIST under dsnode gossip through dsnode.torch.
+trained on Fashion-MNIST under dsnode gossip through dsnode.torch
+(--model cnn, or fashion_cnn.py: the native CNN, train.model = cnn).
 
     dslaunch local -n 4 --config conf/examples/cluster.ini \\
         -- python3 tools/python/examples/fashion_mlp.py --steps 1500
@@ -25,11 +26,12 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))  # tools/: torch_mlp (data, m
 
 import dsnode.torch  # noqa: E402
 from torch_ddp import lr_factor  # noqa: E402
-from torch_mlp import MEAN, STD, load_idx, mlp  # noqa: E402
+from torch_mlp import MEAN, STD, cnn, load_idx, mlp  # noqa: E402
 
 
-def main():
+def main(model_name="mlp"):
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["mlp", "cnn"], default=model_name)
     ap.add_argument("--config", default=None, help="default: $DSNODE_CONFIG")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
@@ -45,7 +47,7 @@ def main():
 
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
-    model = mlp("256,256")
+    model = cnn() if a.model == "cnn" else mlp("256,256")
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
                           weight_decay=a.weight_decay)
     # The data first, as dsnode run loads it before joining: the cluster
@@ -56,6 +58,8 @@ def main():
     ytr = torch.from_numpy(load_idx(f"{d}/train-labels-idx1-ubyte.gz").astype(np.int64))
     xte = norm(load_idx(f"{d}/t10k-images-idx3-ubyte.gz").reshape(-1, 784))
     yte = torch.from_numpy(load_idx(f"{d}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+    if a.model == "cnn":
+        xtr, xte = xtr.reshape(-1, 1, 28, 28), xte.reshape(-1, 1, 28, 28)
     overrides = dict(s.split("=", 1) for s in a.set)
     overrides.setdefault("train.steps", str(a.steps))
     gopt = dsnode.torch.GossipOptimizer(opt, model, config=a.config, overrides=overrides)

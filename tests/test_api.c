@@ -13,6 +13,8 @@
  *     buffers, topology allreduce, an unusable node.data_dir; leave
  *     refuses an unknown outcome;
  *   - join: stopped before it (-EINTR), a seed nobody runs (-ETIMEDOUT);
+ *   - dsnode_handle_signals: SIGTERM stops the engine, a second engine
+ *     is refused (-EBUSY), close puts the program's handler back;
  *   - two engines in one process (two threads, as two programs): open,
  *     register, join, 300 steps each drifting its own way, leave, close;
  *     the gossip rounds keep the sum of the two models and hold them
@@ -24,6 +26,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +175,35 @@ Test(api, open_close_twice)
     cr_assert_null(d);
     dsnode_close(&d); /* the second close does nothing */
     dsnode_close(NULL);
+}
+
+static volatile sig_atomic_t own_handler_ran;
+
+static void own_handler(int sig)
+{
+    own_handler_ran = sig;
+}
+
+/* dsnode_handle_signals: SIGTERM stops the engine instead of the process;
+ * a second engine cannot take the signals; close puts our handler back. */
+Test(api, signals_stop_the_engine_and_close_restores_the_handler)
+{
+    signal(SIGTERM, own_handler);
+    dsnode *a = NULL, *b = NULL;
+    cr_assert_eq(open_node(&a, "siga", 7340, 7340, 1), 0, "%s", dsnode_error());
+    cr_assert_eq(open_node(&b, "sigb", 7341, 7341, 1), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_handle_signals(a), 0);
+    cr_assert_eq(dsnode_handle_signals(b), -EBUSY);
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_assert_eq(dsnode_stopped(a), SIGTERM);
+    cr_assert_eq(dsnode_stopped(b), 0);
+    cr_assert_eq(own_handler_ran, 0);
+    dsnode_close(&b); /* not the owner: changes nothing */
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_assert_eq(own_handler_ran, 0);
+    dsnode_close(&a);
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_assert_eq(own_handler_ran, SIGTERM);
 }
 
 Test(api, calls_out_of_order_say_what_is_missing)

@@ -202,8 +202,8 @@ int dsnode_stopped(const dsnode *d);
 
 /* Install SIGINT and SIGTERM handlers that call dsnode_stop(d, sig) (and
  * ignore SIGPIPE), as `dsnode run` does; SIGHUP re-reads
- * cluster.allowed_keys. For a program that has no handlers of its own. One
- * engine per process at a time; dsnode_close restores the defaults. */
+ * cluster.allowed_keys. One engine per process at a time (-EBUSY while
+ * another has them); dsnode_close puts back the handlers it replaced. */
 int dsnode_handle_signals(dsnode *d);
 
 /* After training: settle, announce the leave, keep taking part in rounds

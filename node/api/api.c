@@ -413,14 +413,17 @@ static void on_hup(int sig)
         atomic_fetch_add(&d->reload, 1);
 }
 
-static void set_handler(int sig, void (*fn)(int), int flags)
+/* The handlers dsnode_handle_signals replaced, put back by dsnode_close. */
+static struct sigaction old_int, old_term, old_hup;
+
+static void set_handler(int sig, void (*fn)(int), int flags, struct sigaction *old)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = fn;
     sa.sa_flags = flags;
     sigemptyset(&sa.sa_mask);
-    sigaction(sig, &sa, NULL);
+    sigaction(sig, &sa, old);
 }
 
 int dsnode_handle_signals(dsnode *d)
@@ -428,10 +431,13 @@ int dsnode_handle_signals(dsnode *d)
     begin_call();
     if (!d)
         return fail(-EINVAL, "dsnode_handle_signals: the engine is NULL");
-    atomic_store(&signal_owner, d);
-    set_handler(SIGINT, on_signal, 0);
-    set_handler(SIGTERM, on_signal, 0);
-    set_handler(SIGHUP, on_hup, SA_RESTART);
+    dsnode *none = NULL;
+    if (!atomic_compare_exchange_strong(&signal_owner, &none, d))
+        return fail(-EBUSY, "dsnode_handle_signals: another engine of this process handles "
+                    "the signals");
+    set_handler(SIGINT, on_signal, 0, &old_int);
+    set_handler(SIGTERM, on_signal, 0, &old_term);
+    set_handler(SIGHUP, on_hup, SA_RESTART, &old_hup);
     signal(SIGPIPE, SIG_IGN);
     return 0;
 }
@@ -488,10 +494,11 @@ void dsnode_close(dsnode **dp)
         return;
     dsnode *d = *dp;
     dsnode *self = d;
-    if (atomic_compare_exchange_strong(&signal_owner, &self, NULL)) {
-        set_handler(SIGINT, SIG_DFL, 0);
-        set_handler(SIGTERM, SIG_DFL, 0);
-        set_handler(SIGHUP, SIG_DFL, 0);
+    if (atomic_load(&signal_owner) == self) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGHUP, &old_hup, NULL);
+        atomic_store(&signal_owner, NULL);
     }
     ds_engine_close(&d->e);
     free(d);

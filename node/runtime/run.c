@@ -50,6 +50,7 @@
 #include "node/runtime/engine.h"
 #include "node/runtime/preflight.h"
 #include "node/runtime/run.h"
+#include "node/runtime/summary.h"
 #include "node/status/status.h"
 
 /* Atomic, not volatile sig_atomic_t: the handler runs on whichever thread
@@ -168,7 +169,7 @@ static int write_model(const char *tmp, const float *host, size_t n)
     return e;
 }
 
-int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
+int ds_run_save_params(const char *dir, const float *host, size_t n, char *err, size_t err_len)
 {
     char path[4096], tmp[4200];
     snprintf(path, sizeof(path), "%s/model.bin", dir);
@@ -177,16 +178,8 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
         snprintf(err, err_len, "%s: cannot create: %s", dir, strerror(errno));
         return -errno;
     }
-    const size_t n = t->n_params;
-    float *host = malloc(n * sizeof(float));
-    if (!host) {
-        snprintf(err, err_len, "out of memory");
-        return -ENOMEM;
-    }
-    int e = t->ops.download(host, t->theta, n * sizeof(float));
-    if (e < 0) {
-        snprintf(err, err_len, "parameters not read from the device: %s", strerror(-e));
-    } else if ((e = write_model(tmp, host, n)) < 0) {
+    int e;
+    if ((e = write_model(tmp, host, n)) < 0) {
         snprintf(err, err_len, "%s: cannot write: %s", tmp, strerror(-e));
         unlink(tmp);
     } else if (rename(tmp, path) < 0) {
@@ -196,6 +189,22 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
     } else if ((e = fsync_dir(dir)) < 0) {
         snprintf(err, err_len, "%s: cannot flush the directory: %s", dir, strerror(-e));
     }
+    return e;
+}
+
+int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
+{
+    const size_t n = t->n_params;
+    float *host = malloc(n * sizeof(float));
+    if (!host) {
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
+    int e = t->ops.download(host, t->theta, n * sizeof(float));
+    if (e < 0)
+        snprintf(err, err_len, "parameters not read from the device: %s", strerror(-e));
+    else
+        e = ds_run_save_params(dir, host, n, err, err_len);
     free(host);
     return e;
 }
@@ -385,7 +394,6 @@ static int finish(run *u, int ret)
 
     ds_engine_info in;
     ds_engine_info_get(u->e, &in);
-    const ds_gossip_stats *gs = &in.gossip;
     const double wall = (double)(ds_now_ns() - u->t_start) * 1e-9;
     const double sps = u->train_ns ? (double)t->samples / ((double)u->train_ns * 1e-9) : 0;
     /* The model first: a run whose result could not be kept failed. */
@@ -397,22 +405,10 @@ static int finish(run *u, int ret)
     u->rep.phase = ret < 0 ? DS_STATUS_FAILED : stop_signal ? DS_STATUS_STOPPED : DS_STATUS_DONE;
     u->rep.test_acc = u->test_acc;
     publish(u, 1);
-    ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
-            "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f "
-            "max_round_s=%.3f",
-            status, (long long)t->step, u->test_acc, (unsigned long long)in.rounds,
-            (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
-            (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
-            (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9,
-            (double)gs->max_wait_ns * 1e-9);
-    printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
-           "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu "
-           "max_round_s=%.3f group_max_wait_s=%.3f\n",
-           c->node.name, status, (long long)t->step, u->loss, u->test_acc, sps, wall, t->ops.name,
-           (unsigned long long)in.net.bytes_sent, (unsigned long long)in.net.bytes_recv,
-           (unsigned long long)in.rounds, (double)gs->max_wait_ns * 1e-9,
-           (double)in.group.max_wait_ns * 1e-9);
-    fflush(stdout);
+    const ds_run_summary sum = {.name = c->node.name, .status = status, .backend = t->ops.name,
+                                .steps = t->step, .loss = u->loss, .test_acc = u->test_acc,
+                                .samples_per_s = sps, .wall_s = wall};
+    ds_run_summary_print(&sum, &in);
     const int sig = (int)stop_signal;
     return ret < 0 ? 1 : sig ? 128 + sig : 0;
 }

@@ -159,6 +159,11 @@ struct launch {
     struct add_at add[MAX_ADD];
     int nadd;
     const char *dsnode_opt;
+    /* `dslaunch local ... -- CMD ARGS`: every node runs CMD instead of
+     * `dsnode run` (a program over libdsnode), its config in $DSNODE_CONFIG. */
+    char **user_cmd;
+    int n_user_cmd;
+    char user_prog[PATH_MAX]; /* CMD[0] found in PATH */
     int netns;             /* --netns */
     char host[48];         /* --host: the loopback address without brackets */
     int host_given;
@@ -209,6 +214,8 @@ struct launch {
     int failed_self;     /* dslaunch's own failure */
 };
 
+static int find_prog(const char *name, char *buf, size_t len);
+
 static int64_t now_ms(void)
 {
     struct timespec ts;
@@ -219,10 +226,13 @@ static int64_t now_ms(void)
 static void local_usage(FILE *f)
 {
     fprintf(f,
-            "usage: dslaunch local -n N --config FILE [options]\n"
+            "usage: dslaunch local -n N --config FILE [options] [-- CMD [ARGS...]]\n"
             "\n"
             "Start N dsnode processes on this host, each with its own name (n0, n1, ...),\n"
             "port, data directory and identity key, show their progress, and report.\n"
+            "With -- CMD, each node runs CMD ARGS instead of `dsnode run` (a program over\n"
+            "libdsnode, e.g. python3 train.py), with DSNODE_CONFIG (its config file),\n"
+            "DSNODE_NAME and DSNODE_RANK (0..N-1) in its environment.\n"
             "\n"
             "  -n N                 nodes to start (1..%d)\n"
             "  --config FILE        base configuration (every node's, before per-node keys)\n"
@@ -733,6 +743,23 @@ static int parse_args(struct launch *L, int argc, char **argv)
         const int r = take_option(L, c, val, argv[at]);
         if (r != 0)
             return r;
+    }
+    /* getopt stopped after "--": the rest is the command every node runs. */
+    if (optind < argc && optind > 1 && !strcmp(argv[optind - 1], "--") && !L->hosts_mode) {
+        L->user_cmd = &argv[optind];
+        L->n_user_cmd = argc - optind;
+        optind = argc;
+        const char *prog = L->user_cmd[0];
+        if (strchr(prog, '/'))
+            snprintf(L->user_prog, sizeof(L->user_prog), "%s", prog);
+        else if (find_prog(prog, L->user_prog, sizeof(L->user_prog)) < 0) {
+            fprintf(stderr, "dslaunch local: -- %s: not found in PATH\n", prog);
+            return -ENOENT;
+        }
+        if (access(L->user_prog, X_OK) < 0) {
+            fprintf(stderr, "dslaunch local: -- %s: %s\n", L->user_prog, strerror(errno));
+            return -ENOENT;
+        }
     }
     if (optind < argc) {
         fprintf(stderr, "dslaunch %s: unknown argument '%s' (see dslaunch %s --help)\n", L->cmd,
@@ -1430,6 +1457,35 @@ static void node_init(struct launch *L, int i)
     nd->state = NODE_PENDING;
 }
 
+/* -- CMD: the node runs the user's command (after the netns prefix in
+ * argv[0..k)), told its config, name and rank through the environment,
+ * which the child inherits (dslaunch is one thread). */
+static pid_t spawn_user_cmd(struct launch *L, struct node *nd, char **prefix, int k, char *err,
+                            size_t errlen)
+{
+    char **argv = calloc((size_t)(k + L->n_user_cmd + 1), sizeof(*argv));
+    if (!argv) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    for (int i = 0; i < k; i++)
+        argv[i] = prefix[i];
+    argv[k] = L->user_prog;
+    for (int i = 1; i < L->n_user_cmd; i++)
+        argv[k + i] = L->user_cmd[i];
+    char rank[16];
+    snprintf(rank, sizeof(rank), "%d", (int)(nd - L->nodes));
+    setenv("DSNODE_CONFIG", nd->conf, 1);
+    setenv("DSNODE_NAME", nd->name, 1);
+    setenv("DSNODE_RANK", rank, 1);
+    const pid_t pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, errlen);
+    unsetenv("DSNODE_CONFIG");
+    unsetenv("DSNODE_NAME");
+    unsetenv("DSNODE_RANK");
+    free(argv);
+    return pid;
+}
+
 static int start_node(struct launch *L, struct node *nd)
 {
     char err[512];
@@ -1470,12 +1526,16 @@ static int start_node(struct launch *L, struct node *nd)
                                  sizeof(nsname), argv);
             k = 4;
         }
-        argv[k++] = L->dsnode;
-        argv[k++] = "run";
-        argv[k++] = "--config";
-        argv[k++] = nd->conf;
-        argv[k] = NULL;
-        pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
+        if (L->user_cmd) {
+            pid = spawn_user_cmd(L, nd, argv, k, err, sizeof(err));
+        } else {
+            argv[k++] = L->dsnode;
+            argv[k++] = "run";
+            argv[k++] = "--config";
+            argv[k++] = nd->conf;
+            argv[k] = NULL;
+            pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
+        }
     }
     if (pid < 0) {
         say(L, "%s: %s", nd->name, err);

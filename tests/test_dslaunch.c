@@ -701,6 +701,13 @@ Test(dslaunch_cli, bad_arguments)
     const char *hostns[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--host", "::1",
                             "--netns", NULL};
     expect_error(hostns, 2, "--host cannot be combined with --netns");
+    const char *groups0[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--groups", "0", NULL};
+    expect_error(groups0, 2, "--groups expects a group count in 1..256, found '0'");
+    const char *groups3[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--groups", "3", NULL};
+    expect_error(groups3, 2, "--groups 3: expected at most one group per node (-n 2)");
+    const char *hosts3[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--netns-hosts", "3",
+                            NULL};
+    expect_error(hosts3, 2, "--netns-hosts 3: expected at most one namespace per node (-n 2)");
     struct stat st;
     cr_assert(stat(out, &st) < 0, "nothing was created for a refused command line");
 }

@@ -75,8 +75,10 @@
 
 typedef struct variant {
     const char *name;
-    const char *sets[4];
+    const char *sets[6];
     int torch; /* the nodes run tools/python/examples/fashion_mlp.py (dsbench torch) */
+    int groups; /* dsbench hier: dslaunch --groups (0: none) */
+    int hosts;  /* dsbench hier: dslaunch --netns-hosts on a rate-limited net (0: none) */
 } variant;
 
 static const variant all_variants[] = {
@@ -119,6 +121,9 @@ typedef struct result {
     /* dsbench torch: fashion_mlp.py's "binding" line, means over nodes (ms
      * per training step; one ctypes call in us); NAN for other rows. */
     double step_ms, engine_ms, crossing_us;
+    /* dsbench hier: bytes between the namespaces (hosts) per step, all
+     * nodes together; the mean time of a step, evaluations included. */
+    double inter_bytes_per_step, ms_per_step;
 } result;
 
 /* ---- node logs ------------------------------------------------------------- */
@@ -237,7 +242,8 @@ static void tail_lines(const char *text, int n)
 static void collect_figures(const opts *o, const ds_conf *c, const char *dir, int nodes,
                             result *r)
 {
-    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0, bind[3] = {0, 0, 0};
+    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0, mps = 0,
+           bind[3] = {0, 0, 0};
     int n_acc = 0, n_bpr = 0, n_sps = 0, n_bind = 0;
     const char **models = calloc((size_t)nodes, sizeof(char *));
     char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
@@ -269,6 +275,7 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
          * the time from the first step to the last evaluation. */
         if (f.have_start && f.t_last > 0) {
             sps += f.last_step * (double)c->train.batch_size / f.t_last;
+            mps += f.t_last / f.last_step * 1e3;
             n_sps++;
         }
         if (f.have_binding) {
@@ -295,6 +302,7 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
     r->final_acc = n_acc ? acc / n_acc : NAN;
     r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
     r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
+    r->ms_per_step = n_sps == nodes ? mps / nodes : NAN;
     ds_consensus cons = {0, 0, NAN, NAN, NAN};
     if (models && mpath && ds_consensus_compute(models, nodes, NULL, &cons, NULL) == 0 &&
         cons.n_models >= 2)
@@ -307,6 +315,24 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
                 r->bytes_per_round);
 }
 
+/* dslaunch --json's netns_out_bytes summed: what the namespaces sent each
+ * other. NAN when absent. */
+static double inter_bytes(const char *out)
+{
+    const char *last = out ? strrchr(out, '{') : NULL;
+    while (last && last > out && last[-1] != '\n')
+        last = memrchr(out, '{', (size_t)(last - out));
+    json_t *doc = last ? json_loads(last, 0, NULL) : NULL;
+    const json_t *a = json_object_get(doc, "netns_out_bytes");
+    double sum = json_is_array(a) && json_array_size(a) ? 0 : NAN;
+    for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
+        const json_t *x = json_array_get(a, i);
+        sum = json_is_integer(x) ? sum + (double)json_integer_value(x) : NAN;
+    }
+    json_decref(doc);
+    return sum;
+}
+
 static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const char *net,
                        int nodes, int idx, result *r)
 {
@@ -316,6 +342,7 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
     r->nodes = nodes;
     r->t85 = r->train85 = r->steps85 = r->final_acc = r->bytes_per_round = r->consensus = NAN;
     r->samples_per_s = r->step_ms = r->engine_ms = r->crossing_us = NAN;
+    r->inter_bytes_per_step = r->ms_per_step = NAN;
 
     char dir[PATH_MAX + 160], name[64];
     snprintf(name, sizeof(name), "%s", v->name);
@@ -350,6 +377,18 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
     if (strcmp(net, "loopback") != 0) {
         argv[k++] = "--netns-rate";
         argv[k++] = (char *)net;
+    }
+    char s_groups[16], s_hosts[16];
+    if (v->groups) {
+        snprintf(s_groups, sizeof(s_groups), "%d", v->groups);
+        argv[k++] = "--groups";
+        argv[k++] = s_groups;
+    }
+    if (v->hosts && strcmp(net, "loopback") != 0) {
+        snprintf(s_hosts, sizeof(s_hosts), "%d", v->hosts);
+        argv[k++] = "--netns-hosts";
+        argv[k++] = s_hosts;
+        argv[k++] = "--json";
     }
     argv[k++] = "--out";
     argv[k++] = dir;
@@ -398,6 +437,7 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
         /* What the logs hold is still reported, marked failed. */
     } else {
         r->ok = 1;
+        r->inter_bytes_per_step = inter_bytes(out) / o->steps;
         free(out);
         free(etext);
     }
@@ -1199,5 +1239,175 @@ int ds_bench_torch(int argc, char **argv)
         remove_tree(o.dir);
     else
         fprintf(stderr, "dsbench torch: run directories kept in %s\n", o.dir);
+    return failed ? 1 : 0;
+}
+
+/* ---- dsbench hier ---------------------------------------------------------------- */
+
+/* 2 hosts x 4 nodes, each host a network namespace, the link between them
+ * rate-limited (tbf): flat gossip, groups (one per host), and flat
+ * all-reduce, side by side. */
+static const variant hier_variants[] = {
+    {"flat pairwise-micro-1%",
+     {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro",
+      "gossip.segments=8"}, 0, 0, 2},
+    {"hier dense-intra + micro-1%",
+     {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro",
+      "gossip.segments=8"}, 0, 2, 2},
+    {"flat allreduce-dense", {"gossip.topology=allreduce", "sparsify.method=none", NULL}, 0, 0, 2},
+};
+#define N_HIER (int)(sizeof(hier_variants) / sizeof(hier_variants[0]))
+
+static void hier_usage(FILE *f)
+{
+    fprintf(f, "usage: dsbench hier [--quick] [--json] [--steps N] [--eval-every N] [--target ACC]\n"
+               "                    [--nets 1gbit,100mbit] [--config FILE] [--dslaunch PATH]\n"
+               "                    [--keep DIR]\n"
+               "8 nodes as 2 hosts x 4 (network namespaces; only the link between the hosts is\n"
+               "rate-limited): flat gossip, one group per host, flat all-reduce. Root only.\n"
+               "--quick: 100mbit only, 600 steps.\n");
+}
+
+static int hier_opts(opts *o, int argc, char **argv)
+{
+    enum { O_JSON = 256, O_QUICK, O_STEPS, O_EVAL, O_TARGET, O_NETS, O_CONFIG, O_DSLAUNCH,
+           O_KEEP };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},       {"json", no_argument, NULL, O_JSON},
+        {"quick", no_argument, NULL, O_QUICK},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"eval-every", required_argument, NULL, O_EVAL},
+        {"target", required_argument, NULL, O_TARGET},
+        {"nets", required_argument, NULL, O_NETS},
+        {"config", required_argument, NULL, O_CONFIG},
+        {"dslaunch", required_argument, NULL, O_DSLAUNCH},
+        {"keep", required_argument, NULL, O_KEEP},
+        {NULL, 0, NULL, 0},
+    };
+    memset(o, 0, sizeof(*o));
+    o->steps = 1500;
+    o->eval_every = 50;
+    o->target = 0.85;
+    const char *nets = NULL, *config = NULL, *dsl = NULL, *keep = NULL;
+    int c;
+    optind = 0;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': hier_usage(stdout); return 1;
+        case O_JSON: o->json = 1; break;
+        case O_QUICK: o->quick = 1; break;
+        case O_STEPS: o->steps = atoi(optarg); break;
+        case O_EVAL: o->eval_every = atoi(optarg); break;
+        case O_TARGET: o->target = atof(optarg); break;
+        case O_NETS: nets = optarg; break;
+        case O_CONFIG: config = optarg; break;
+        case O_DSLAUNCH: dsl = optarg; break;
+        case O_KEEP: keep = optarg; break;
+        default: hier_usage(stderr); return -EINVAL;
+        }
+    }
+    if (o->quick) {
+        if (!nets)
+            nets = "100mbit";
+        o->steps = 600;
+    }
+    if (!nets)
+        nets = "1gbit,100mbit";
+    if (optind < argc || o->steps < 1 || o->eval_every < 1 || !(o->target > 0 && o->target < 1)) {
+        hier_usage(stderr);
+        return -EINVAL;
+    }
+    o->n_nets = parse_list(nets, o->nets, MAX_NETS);
+    for (int k = 0; k < o->n_nets; k++) {
+        uint64_t bps;
+        if (ds_netns_rate_parse(o->nets[k], &bps) < 0)
+            o->n_nets = -1;
+    }
+    if (o->n_nets <= 0) {
+        fprintf(stderr, "dsbench hier: --nets expects rates such as 1gbit,100mbit\n");
+        return -EINVAL;
+    }
+    return paths_opts(o, "hier", config, dsl, keep);
+}
+
+static void hier_row(ds_row *row, const result *r, const result *flat)
+{
+    ds_row_str(row, "variant", r->variant);
+    ds_row_str(row, "net", r->net);
+    char reached[24];
+    snprintf(reached, sizeof(reached), "%d/%d", r->reached, r->nodes);
+    ds_row_str(row, "reached_85", reached);
+    ds_row_num(row, "time_to_85_s", r->t85, 2);
+    ds_row_num(row, "speedup_vs_flat",
+               flat->ok && isfinite(flat->t85) ? flat->t85 / r->t85 : NAN, 2);
+    ds_row_num(row, "final_acc", r->final_acc, 4);
+    ds_row_num(row, "inter_host_bytes_per_step", r->inter_bytes_per_step, 0);
+    ds_row_num(row, "ms_per_step", r->ms_per_step, 1);
+    ds_row_num(row, "consensus_distance", r->consensus, 4);
+    ds_row_num(row, "wall_s", r->wall_s, 1);
+    ds_row_str(row, "status", r->ok ? "ok" : "failed");
+    ds_row_end(row);
+}
+
+int ds_bench_hier(int argc, char **argv)
+{
+    opts o;
+    int ret = hier_opts(&o, argc, argv);
+    if (ret != 0)
+        return ret > 0 ? 0 : 2;
+    ds_conf c;
+    int netns_ok;
+    if (bench_start(&o, "hier", &c, &netns_ok) < 0)
+        return 2;
+    if (!netns_ok) {
+        fprintf(stderr, "dsbench hier: needs network namespaces (root)\n");
+        return 2;
+    }
+    result rows[MAX_NETS][N_HIER];
+    int idx = 0, failed = 0;
+    for (int k = 0; k < o.n_nets; k++)
+        for (int v = 0; v < N_HIER; v++)
+            if (run_cluster(&o, &c, &hier_variants[v], o.nets[k], 8, idx++, &rows[k][v]) < 0)
+                failed = 1;
+    if (!o.json) {
+        printf("\nCommand: dsbench");
+        for (int i = 0; i < argc; i++)
+            printf(" %s", argv[i]);
+        printf("  (8 nodes = 2 hosts x 4, %d steps, eval every %d, target %.2f)\n\n", o.steps,
+               o.eval_every, o.target);
+    }
+    ds_row row;
+    ds_row_table(&row, o.json);
+    for (int k = 0; k < o.n_nets; k++)
+        for (int v = 0; v < N_HIER; v++)
+            hier_row(&row, &rows[k][v], &rows[k][0]);
+    if (!o.json)
+        printf("\n");
+    ds_row_table(&row, o.json);
+    for (int k = 0; k < o.n_nets; k++) {
+        const result *flat = &rows[k][0], *hier = &rows[k][1];
+        char goal[128];
+        const int k1 = flat->ok && hier->ok && isfinite(flat->t85) && isfinite(hier->t85);
+        const double s1 = k1 ? flat->t85 / hier->t85 : NAN;
+        snprintf(goal, sizeof(goal), "%s: hier time to 85%% vs flat gossip (x faster)", o.nets[k]);
+        goal_out(&row, goal, s1, ">= 1.5", k1, k1 && s1 >= 1.5);
+        const int k2 = flat->ok && hier->ok && isfinite(flat->inter_bytes_per_step) &&
+                       isfinite(hier->inter_bytes_per_step);
+        const double b = k2 ? hier->inter_bytes_per_step / flat->inter_bytes_per_step : NAN;
+        snprintf(goal, sizeof(goal), "%s: hier inter-host bytes / flat's (group size 4)",
+                 o.nets[k]);
+        goal_out(&row, goal, b, "<= 0.275", k2, k2 && b <= 0.25 * 1.1);
+        const int k3 = flat->ok && hier->ok;
+        const double d = k3 ? (hier->final_acc - flat->final_acc) * 100 : NAN;
+        snprintf(goal, sizeof(goal), "%s: hier final acc minus flat gossip's (pt)", o.nets[k]);
+        goal_out(&row, goal, d, ">= 0", k3, k3 && d >= 0);
+    }
+    goal_out(&row, "hier vs PyTorch DDP at 100mbit (DDP not run in namespaces here)", NAN, ">= 5",
+             0, 0);
+    if (!o.keep)
+        remove_tree(o.dir);
+    else
+        fprintf(stderr, "dsbench hier: run directories kept in %s\n", o.dir);
     return failed ? 1 : 0;
 }

@@ -181,6 +181,8 @@ struct launch {
     const char *remote_base; /* --remote-dir */
     int groups_by_host;
     int groups;            /* local --groups G: node.group g0..g{G-1}; 0: none */
+    int netns_hosts;       /* local --netns-hosts H: H namespaces of contiguous nodes */
+    uint64_t *ns_out;      /* per namespace: bytes it sent out (read before teardown) */
     char ssh_prog[PATH_MAX];
     char tar_prog[PATH_MAX];
     char remote_dsnode[PATH_MAX];
@@ -258,6 +260,9 @@ static void local_usage(FILE *f)
             "  --groups G           node.group = g0..g{G-1} in contiguous blocks of nodes (nodes\n"
             "                       added later: in turn); groups all-reduce inside and gossip\n"
             "                       between them; with --netns, one namespace per group\n"
+            "  --netns-hosts H      --netns with H namespaces (\"hosts\"), nodes in contiguous\n"
+            "                       blocks sharing their namespace's address; only the links\n"
+            "                       between namespaces are rate-limited\n"
             "\n"
             "Exit status: 0 when every node exited 0; 1 when a node or dslaunch failed or\n"
             "--timeout struck; 2 for a usage or configuration error; 128+signal when stopped\n"
@@ -470,6 +475,7 @@ enum {
     OPT_GROUPS_BY_HOST,
     OPT_NO_GROUPS_BY_HOST,
     OPT_GROUPS,
+    OPT_NETNS_HOSTS,
 };
 
 static const struct option local_options[] = {
@@ -487,6 +493,7 @@ static const struct option local_options[] = {
     {"dsnode", required_argument, NULL, OPT_DSNODE},
     {"host", required_argument, NULL, OPT_HOST},
     {"groups", required_argument, NULL, OPT_GROUPS},
+    {"netns-hosts", required_argument, NULL, OPT_NETNS_HOSTS},
     {NULL, 0, NULL, 0},
 };
 
@@ -609,6 +616,15 @@ static int take_option(struct launch *L, int c, const char *val, const char *arg
             return -EINVAL;
         }
         L->groups = (int)v;
+        return 0;
+    case OPT_NETNS_HOSTS:
+        if (parse_int(val, 1, MAX_NODES, &v) < 0) {
+            fprintf(stderr, "dslaunch local: --netns-hosts expects a namespace count in 1..%d, "
+                            "found '%s'\n", MAX_NODES, val ? val : "");
+            return -EINVAL;
+        }
+        L->netns_hosts = (int)v;
+        L->netns = 1;
         return 0;
     case OPT_NO_GROUPS_BY_HOST:
         L->groups_by_host = 0;
@@ -805,6 +821,11 @@ static int parse_args(struct launch *L, int argc, char **argv)
     if (!L->config) {
         fprintf(stderr, "dslaunch %s: --config FILE is required (see dslaunch %s --help)\n",
                 L->cmd, L->cmd);
+        return -EINVAL;
+    }
+    if (L->netns_hosts > L->n) {
+        fprintf(stderr, "dslaunch local: --netns-hosts %d: expected at most one namespace per "
+                        "node (-n %d)\n", L->netns_hosts, L->n);
         return -EINVAL;
     }
     if (L->groups > L->n) {
@@ -1276,13 +1297,15 @@ static void group_of(const char *entry, char *buf, size_t len)
  * group's (a group is one "host": its members share an address). */
 static int node_ns(const struct launch *L, int i)
 {
+    if (L->netns_hosts)
+        return i < L->n ? (int)((int64_t)i * L->netns_hosts / L->n) : (i - L->n) % L->netns_hosts;
     return L->groups ? L->nodes[i].gidx : i;
 }
 
 /* Namespaces --netns makes. */
 static int ns_count(const struct launch *L)
 {
-    return L->groups ? L->groups : L->total;
+    return L->netns_hosts ? L->netns_hosts : L->groups ? L->groups : L->total;
 }
 
 /* Node i's host address: its namespace's with --netns, else --host. */
@@ -2038,6 +2061,11 @@ static json_t *report_json(const struct launch *L, const ds_consensus *cons, con
                              ds_json_number(cons->n_models >= 2 ? cons->abs : NAN)) < 0;
     bad = bad || ds_json_set(o, "consensus_models", json_integer(cons->n_models)) < 0;
     bad = bad || ds_json_set(o, "intra_group_consensus", ds_json_number(intra)) < 0;
+    json_t *nsb = L->ns_out ? json_array() : json_null();
+    for (int i = 0; L->ns_out && nsb && i < ns_count(L); i++)
+        json_array_append_new(nsb, L->ns_out[i] == UINT64_MAX ? json_null()
+                                                              : json_integer((json_int_t)L->ns_out[i]));
+    bad = bad || !nsb || ds_json_set(o, "netns_out_bytes", nsb) < 0;
     bad = bad || ds_json_set(o, "mean_test_acc", ds_json_number(mean_acc)) < 0;
     bad = bad || ds_json_set(o, "wall_s", ds_json_number(wall)) < 0;
     bad = bad || ds_json_set(o, "out_dir", ds_json_text(L->dir)) < 0;
@@ -2467,7 +2495,12 @@ static int launch_main(int argc, char **argv, const char *self_exe_dir, int host
                 L->failed_self = 1;
             shipped[h] = 0;
         }
-    /* Every started node is reaped: nothing lives in the namespaces now. */
+    /* Every started node is reaped: nothing lives in the namespaces now.
+     * What each sent out (the traffic between them) goes in the report. */
+    if (L->netns && (L->ns_out = calloc((size_t)ns_count(L), sizeof(uint64_t))))
+        for (int i = 0; i < ns_count(L); i++)
+            if (ds_netns_link_bytes(&L->ns, i, &L->ns_out[i]) < 0)
+                L->ns_out[i] = UINT64_MAX;
     if (L->netns && ds_netns_teardown(&L->ns, stderr) < 0)
         L->failed_self = 1;
     status = report(L, final_status(L));
@@ -2500,6 +2533,7 @@ free_nodes:
                 close(L->nodes[i].fd[w]);
     }
     free(L->nodes);
+    free(L->ns_out);
 close_sigfd:
     close(L->sigfd);
 free_launch:

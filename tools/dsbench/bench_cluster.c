@@ -1076,13 +1076,20 @@ static void torch_usage(FILE *f)
                "binding's cost per step. Networks other than loopback need root.\n");
 }
 
-static int torch_opts(opts *o, int argc, char **argv)
+/* The options dsbench torch and dsbench hier share: --json, --steps,
+ * --eval-every, --target, --nets, --config, --dslaunch, --keep, and
+ * --rounds (torch) or --quick (hier). o->steps, o->rounds and the nets in
+ * *nets come in as the defaults. 0, 1 after --help, or -EINVAL (said). */
+static int small_opts(opts *o, int argc, char **argv, const char *cmd,
+                      void (*usage_fn)(FILE *), int allow_loopback, const char **nets)
 {
-    enum { O_JSON = 256, O_ROUNDS, O_STEPS, O_EVAL, O_TARGET, O_NETS, O_CONFIG, O_DSLAUNCH,
-           O_KEEP };
-    static const struct option options[] = {
+    enum { O_JSON = 256, O_ROUNDS, O_QUICK, O_STEPS, O_EVAL, O_TARGET, O_NETS, O_CONFIG,
+           O_DSLAUNCH, O_KEEP };
+    const int torch = allow_loopback;
+    const struct option options[] = {
         {"help", no_argument, NULL, 'h'},       {"json", no_argument, NULL, O_JSON},
-        {"rounds", required_argument, NULL, O_ROUNDS},
+        {torch ? "rounds" : "quick", torch ? required_argument : no_argument, NULL,
+         torch ? O_ROUNDS : O_QUICK},
         {"steps", required_argument, NULL, O_STEPS},
         {"eval-every", required_argument, NULL, O_EVAL},
         {"target", required_argument, NULL, O_TARGET},
@@ -1092,47 +1099,58 @@ static int torch_opts(opts *o, int argc, char **argv)
         {"keep", required_argument, NULL, O_KEEP},
         {NULL, 0, NULL, 0},
     };
+    const char *config = NULL, *dsl = NULL, *keep = NULL;
+    int c, steps_given = 0;
+    optind = 0;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage_fn(stdout); return 1;
+        case O_JSON: o->json = 1; break;
+        case O_ROUNDS: o->rounds = atoi(optarg); break;
+        case O_QUICK: o->quick = 1; break;
+        case O_STEPS: o->steps = atoi(optarg); steps_given = 1; break;
+        case O_EVAL: o->eval_every = atoi(optarg); break;
+        case O_TARGET: o->target = atof(optarg); break;
+        case O_NETS: *nets = optarg; break;
+        case O_CONFIG: config = optarg; break;
+        case O_DSLAUNCH: dsl = optarg; break;
+        case O_KEEP: keep = optarg; break;
+        default: usage_fn(stderr); return -EINVAL;
+        }
+    }
+    if (o->quick && !steps_given)
+        o->steps = 600;
+    if (optind < argc || o->rounds < 1 || o->rounds > 20 || o->steps < 1 ||
+        o->eval_every < 1 || !(o->target > 0 && o->target < 1)) {
+        usage_fn(stderr);
+        return -EINVAL;
+    }
+    o->n_nets = parse_list(*nets, o->nets, MAX_NETS);
+    for (int k = 0; k < o->n_nets; k++) {
+        uint64_t bps;
+        if ((strcmp(o->nets[k], "loopback") || !allow_loopback) &&
+            ds_netns_rate_parse(o->nets[k], &bps) < 0)
+            o->n_nets = -1;
+    }
+    if (o->n_nets <= 0) {
+        fprintf(stderr, "dsbench %s: --nets expects %srates such as 100mbit\n", cmd,
+                allow_loopback ? "loopback and/or " : "");
+        return -EINVAL;
+    }
+    return paths_opts(o, cmd, config, dsl, keep);
+}
+
+static int torch_opts(opts *o, int argc, char **argv)
+{
     memset(o, 0, sizeof(*o));
     o->torch = 1;
     o->rounds = 3;
     o->steps = 600;
     o->eval_every = 50;
     o->target = 0.85;
-    const char *nets = "loopback", *config = NULL, *dsl = NULL, *keep = NULL;
-    int c;
-    optind = 0;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
-        switch (c) {
-        case 'h': torch_usage(stdout); return 1;
-        case O_JSON: o->json = 1; break;
-        case O_ROUNDS: o->rounds = atoi(optarg); break;
-        case O_STEPS: o->steps = atoi(optarg); break;
-        case O_EVAL: o->eval_every = atoi(optarg); break;
-        case O_TARGET: o->target = atof(optarg); break;
-        case O_NETS: nets = optarg; break;
-        case O_CONFIG: config = optarg; break;
-        case O_DSLAUNCH: dsl = optarg; break;
-        case O_KEEP: keep = optarg; break;
-        default: torch_usage(stderr); return -EINVAL;
-        }
-    }
-    if (optind < argc || o->rounds < 1 || o->rounds > 20 || o->steps < 1 ||
-        o->eval_every < 1 || !(o->target > 0 && o->target < 1)) {
-        torch_usage(stderr);
-        return -EINVAL;
-    }
-    o->n_nets = parse_list(nets, o->nets, MAX_NETS);
-    for (int k = 0; k < o->n_nets; k++) {
-        uint64_t bps;
-        if (strcmp(o->nets[k], "loopback") && ds_netns_rate_parse(o->nets[k], &bps) < 0)
-            o->n_nets = -1;
-    }
-    if (o->n_nets <= 0) {
-        fprintf(stderr, "dsbench torch: --nets expects loopback and/or rates such as 100mbit\n");
-        return -EINVAL;
-    }
-    return paths_opts(o, "torch", config, dsl, keep);
+    const char *nets = "loopback";
+    return small_opts(o, argc, argv, "torch", torch_usage, 1, &nets);
 }
 
 /* The binding's cost per step: ready, step and report, one call each. */
@@ -1270,65 +1288,18 @@ static void hier_usage(FILE *f)
 
 static int hier_opts(opts *o, int argc, char **argv)
 {
-    enum { O_JSON = 256, O_QUICK, O_STEPS, O_EVAL, O_TARGET, O_NETS, O_CONFIG, O_DSLAUNCH,
-           O_KEEP };
-    static const struct option options[] = {
-        {"help", no_argument, NULL, 'h'},       {"json", no_argument, NULL, O_JSON},
-        {"quick", no_argument, NULL, O_QUICK},
-        {"steps", required_argument, NULL, O_STEPS},
-        {"eval-every", required_argument, NULL, O_EVAL},
-        {"target", required_argument, NULL, O_TARGET},
-        {"nets", required_argument, NULL, O_NETS},
-        {"config", required_argument, NULL, O_CONFIG},
-        {"dslaunch", required_argument, NULL, O_DSLAUNCH},
-        {"keep", required_argument, NULL, O_KEEP},
-        {NULL, 0, NULL, 0},
-    };
     memset(o, 0, sizeof(*o));
+    o->rounds = 1;
     o->steps = 1500;
     o->eval_every = 50;
     o->target = 0.85;
-    const char *nets = NULL, *config = NULL, *dsl = NULL, *keep = NULL;
-    int c;
-    optind = 0;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
-        switch (c) {
-        case 'h': hier_usage(stdout); return 1;
-        case O_JSON: o->json = 1; break;
-        case O_QUICK: o->quick = 1; break;
-        case O_STEPS: o->steps = atoi(optarg); break;
-        case O_EVAL: o->eval_every = atoi(optarg); break;
-        case O_TARGET: o->target = atof(optarg); break;
-        case O_NETS: nets = optarg; break;
-        case O_CONFIG: config = optarg; break;
-        case O_DSLAUNCH: dsl = optarg; break;
-        case O_KEEP: keep = optarg; break;
-        default: hier_usage(stderr); return -EINVAL;
-        }
-    }
-    if (o->quick) {
-        if (!nets)
+    const char *nets = NULL;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--quick"))
             nets = "100mbit";
-        o->steps = 600;
-    }
     if (!nets)
         nets = "1gbit,100mbit";
-    if (optind < argc || o->steps < 1 || o->eval_every < 1 || !(o->target > 0 && o->target < 1)) {
-        hier_usage(stderr);
-        return -EINVAL;
-    }
-    o->n_nets = parse_list(nets, o->nets, MAX_NETS);
-    for (int k = 0; k < o->n_nets; k++) {
-        uint64_t bps;
-        if (ds_netns_rate_parse(o->nets[k], &bps) < 0)
-            o->n_nets = -1;
-    }
-    if (o->n_nets <= 0) {
-        fprintf(stderr, "dsbench hier: --nets expects rates such as 1gbit,100mbit\n");
-        return -EINVAL;
-    }
-    return paths_opts(o, "hier", config, dsl, keep);
+    return small_opts(o, argc, argv, "hier", hier_usage, 0, &nets);
 }
 
 static void hier_row(ds_row *row, const result *r, const result *flat)

@@ -1107,6 +1107,16 @@ Test(conf, cross_key_crossover_is_dense_only)
     expect_check(&c, NULL);
 }
 
+Test(conf, cross_key_groups_gossip_between_them)
+{
+    ds_conf c = with((const char *const[]){"node.group=hostA", "gossip.topology=allreduce", NULL});
+    expect_check(&c, "node.group = hostA requires a gossip topology between the groups, found "
+                     "gossip.topology = allreduce (every node all-reduces already; leave "
+                     "node.group empty)");
+    c = with((const char *const[]){"node.group=auto", NULL});
+    expect_check(&c, NULL);
+}
+
 Test(conf, cross_key_plaintext_only_on_loopback)
 {
     ds_conf c = with((const char *const[]){"security.mode=none", "node.listen=10.1.2.3:7000", NULL});

@@ -75,7 +75,7 @@ cmd_test() {
   build build-tsan -Dbuildtype=debug -Db_sanitize=thread -Dcuda=disabled
   CRITERION_JOBS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     meson test -C build-tsan --print-errorlogs --num-processes 1 \
-    tsan_transport tsan_net tsan_inproc status gossip membership runtime api tsan_cluster
+    tsan_transport tsan_net tsan_inproc status gossip group membership runtime api tsan_cluster
   # libFuzzer (clang) on the wire decoder, sessions and handshake: about a
   # minute from the committed seed corpus (docs/protocol.md for longer runs).
   tests/fuzz/run.sh 60

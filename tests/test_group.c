@@ -32,6 +32,7 @@ struct member {
     ds_greduce_result res;
     int ret;
     int rounds;
+    const ds_gsparse *sp; /* NULL: no list */
 };
 
 static void *member_main(void *p)
@@ -41,7 +42,7 @@ static void *member_main(void *p)
     m->ret = ds_greduce_create(&r, N);
     for (int k = 0; k < m->rounds && m->ret == 0; k++)
         m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->vec, N, N_MEAN, m->G, m->me,
-                                NULL, (uint64_t)k, m->deadline, &m->res);
+                                NULL, (uint64_t)k, m->deadline, m->sp, &m->res);
     ds_greduce_destroy(&r);
     return NULL;
 }
@@ -95,6 +96,40 @@ Test(group, members_end_with_the_same_bytes_mean_and_sum)
                          "G=%u: member %u differs from member 0", G, i);
         }
     }
+}
+
+/* Each member's sparse list, gathered and summed in member order: every
+ * member ends with the same sum, equal to the sum of the lists; an empty
+ * list counts. */
+Test(group, sparse_lists_are_summed_alike)
+{
+    enum { G = 4, K = 40, NO = 300 };
+    static struct member m[G];
+    static uint32_t idx[G][K];
+    static float val[G][K], out[G][NO];
+    static ds_gsparse sp[G];
+    double want[NO] = {0};
+    uint64_t seed = 42;
+    for (uint32_t i = 0; i < G; i++) {
+        const uint32_t k = i == 2 ? 0 : K; /* member 2: nothing to send */
+        for (uint32_t j = 0; j < k; j++) {
+            idx[i][j] = (uint32_t)(ds_t_next(&seed) % NO);
+            val[i][j] = (float)(ds_t_next(&seed) % 1000) / 100.0f - 5.0f;
+            want[idx[i][j]] += val[i][j];
+        }
+        sp[i] = (ds_gsparse){.idx = idx[i], .val = val[i], .count = k, .out = out[i], .n_out = NO};
+        m[i].sp = &sp[i];
+    }
+    run_group(m, G, 1, -1);
+    for (uint32_t i = 0; i < G; i++) {
+        cr_assert(m[i].res.complete, "member %u incomplete", i);
+        cr_assert_eq(memcmp(out[i], out[0], sizeof(out[0])), 0, "member %u's sum differs", i);
+    }
+    for (uint32_t j = 0; j < NO; j++)
+        cr_assert(fabs(out[0][j] - want[j]) < 1e-4, "index %u: %g, want %g", j, (double)out[0][j],
+                  want[j]);
+    for (uint32_t i = 0; i < G; i++)
+        m[i].sp = NULL;
 }
 
 Test(group, many_reductions_in_a_row_stay_identical)
@@ -151,11 +186,11 @@ Test(group, skipped_member_is_not_waited_for)
     const uint8_t skip[2] = {0, 1};
     ds_greduce_result res;
     cr_assert_eq(ds_greduce_run(r, ds_fakenet_io(net, 0), v, N, N_MEAN, 2, 0, skip, 0,
-                                5000000000ull, &res), 0);
+                                5000000000ull, NULL, &res), 0);
     cr_expect_eq(ds_fakenet_now_ns(net), 0, "nobody waited: the fake clock did not move");
     cr_expect(!res.complete);
     cr_expect_eq(ds_greduce_run(r, ds_fakenet_io(net, 0), v, N, N + 1, 2, 0, skip, 1,
-                                5000000000ull, &res), -EINVAL, "n_mean over n");
+                                5000000000ull, NULL, &res), -EINVAL, "n_mean over n");
     ds_greduce_destroy(&r);
     ds_fakenet_destroy(net);
 }
@@ -173,11 +208,11 @@ Test(group, reports_the_largest_tag_seen)
     ds_t_fill(vb, N, 2, -1, 1);
     ds_greduce_result ra, rb;
     /* b runs reduction 7 alone (a is not there yet): it times out. */
-    cr_assert_eq(ds_greduce_run(b, ds_fakenet_io(net, 1), vb, N, 0, 2, 1, NULL, 7, 1000, &rb), 0);
+    cr_assert_eq(ds_greduce_run(b, ds_fakenet_io(net, 1), vb, N, 0, 2, 1, NULL, 7, 1000, NULL, &rb), 0);
     cr_expect(!rb.complete);
     /* a, at reduction 3, finds b's messages of 7 and says so. */
     cr_assert_eq(ds_greduce_run(a, ds_fakenet_io(net, 0), va, N, 0, 2, 0, NULL, 3,
-                                ds_fakenet_now_ns(net) + 1000, &ra), 0);
+                                ds_fakenet_now_ns(net) + 1000, NULL, &ra), 0);
     cr_expect_eq(ra.max_tag, 7);
     ds_greduce_destroy(&a);
     ds_greduce_destroy(&b);

@@ -8,7 +8,7 @@
 #include "base/log.h"
 #include "node/gossip/group.h"
 
-enum { PHASE_CONTRIB = 0, PHASE_RESULT = 1 };
+enum { PHASE_CONTRIB = 0, PHASE_RESULT = 1, PHASE_LIST = 2 };
 #define KEEP_MAX 64 /* messages of later reductions kept, at most */
 
 struct kept {
@@ -24,6 +24,10 @@ struct ds_greduce {
     float *out;     /* our reduced chunk: [contributions, values...] */
     uint8_t *got;   /* cap_G: a contribution came from member i */
     uint8_t *have;  /* cap_G: chunk i came back reduced */
+    uint8_t *listed; /* cap_G: member i's sparse list came */
+    float **list;   /* cap_G: member i's list, as it came (2 count floats) */
+    uint32_t *list_n, *list_cap; /* cap_G: its count, and the room */
+    float *pack;    /* our own list, packed: max_n floats */
     struct kept *q;
     int qn;
     ds_greduce_stats st;
@@ -44,8 +48,9 @@ int ds_greduce_create(ds_greduce **out, size_t max_n)
         return -ENOMEM;
     r->max_n = max_n;
     r->out = malloc((max_n + 2) * sizeof(float));
+    r->pack = malloc((max_n + 2) * sizeof(float));
     r->q = calloc(KEEP_MAX, sizeof(*r->q));
-    if (!r->out || !r->q) {
+    if (!r->out || !r->q || !r->pack) {
         ds_greduce_destroy(&r);
         return -ENOMEM;
     }
@@ -69,8 +74,15 @@ void ds_greduce_destroy(ds_greduce **rp)
     free(r->q);
     free(r->in);
     free(r->out);
+    free(r->pack);
     free(r->got);
     free(r->have);
+    free(r->listed);
+    for (uint32_t i = 0; r->list && i < r->cap_G; i++)
+        free(r->list[i]);
+    free(r->list);
+    free(r->list_n);
+    free(r->list_cap);
     free(r);
     *rp = NULL;
 }
@@ -84,13 +96,27 @@ void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st)
 static int reserve(ds_greduce *r, uint32_t G, size_t len)
 {
     if (G > r->cap_G) {
-        uint8_t *g = realloc(r->got, G), *h = realloc(r->have, G);
+        uint8_t *g = realloc(r->got, G), *h = realloc(r->have, G), *l = realloc(r->listed, G);
         if (g)
             r->got = g;
         if (h)
             r->have = h;
-        if (!g || !h)
+        if (l)
+            r->listed = l;
+        float **ls = realloc(r->list, G * sizeof(*ls));
+        if (ls)
+            r->list = ls;
+        uint32_t *ln = realloc(r->list_n, G * sizeof(*ln)), *lc = realloc(r->list_cap, G * sizeof(*lc));
+        if (ln)
+            r->list_n = ln;
+        if (lc)
+            r->list_cap = lc;
+        if (!g || !h || !l || !ls || !ln || !lc)
             return -ENOMEM;
+        for (uint32_t i = r->cap_G; i < G; i++) {
+            r->list[i] = NULL;
+            r->list_cap[i] = 0;
+        }
         r->cap_G = G;
     }
     const size_t need = (size_t)G * (len ? len : 1);
@@ -133,6 +159,7 @@ struct run {
     uint32_t G, me;
     uint64_t tag;
     uint64_t *max_tag;
+    const ds_gsparse *sp;
 };
 
 /* Use a message of this reduction. 1: it was one, 0: not ours. */
@@ -149,6 +176,29 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
             return 0;
         memcpy(r->in + (size_t)m->from * len, m->val, len * sizeof(float));
         r->got[m->from] = 1;
+        return 1;
+    }
+    if (m->segment == PHASE_LIST) {
+        if (!x->sp || (m->count & 1) || r->listed[m->from] || m->count / 2 > x->sp->n_out)
+            return 0;
+        const uint32_t k = m->count / 2;
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t ix;
+            memcpy(&ix, &m->val[j], 4);
+            if (ix >= x->sp->n_out)
+                return 0; /* an index out of range: the list is refused whole */
+        }
+        if (m->count > r->list_cap[m->from]) {
+            float *nl = realloc(r->list[m->from], (size_t)m->count * sizeof(float));
+            if (!nl)
+                return 0;
+            r->list[m->from] = nl;
+            r->list_cap[m->from] = m->count;
+        }
+        if (m->count)
+            memcpy(r->list[m->from], m->val, (size_t)m->count * sizeof(float));
+        r->list_n[m->from] = k;
+        r->listed[m->from] = 1;
         return 1;
     }
     if (m->segment == PHASE_RESULT) {
@@ -206,18 +256,44 @@ static int wait_for(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
     }
 }
 
+/* The sum of the lists that came, ours included, in member order. */
+static void sum_lists(ds_greduce *r, const struct run *x)
+{
+    const ds_gsparse *sp = x->sp;
+    memset(sp->out, 0, sp->n_out * sizeof(float));
+    for (uint32_t i = 0; i < x->G; i++) {
+        if (i == x->me) {
+            for (uint32_t j = 0; j < sp->count; j++)
+                sp->out[sp->idx[j]] += sp->val[j];
+            continue;
+        }
+        if (!r->listed[i])
+            continue;
+        const float *l = r->list[i];
+        const uint32_t k = r->list_n[i];
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t ix;
+            memcpy(&ix, &l[j], 4);
+            sp->out[ix] += l[k + j];
+        }
+    }
+}
+
 int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
                    uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
-                   uint64_t deadline_ns, ds_greduce_result *res)
+                   uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res)
 {
     memset(res, 0, sizeof(*res));
-    if (!G || me >= G || n > r->max_n || n_mean > n || n < G)
+    if (!G || me >= G || n > r->max_n || n_mean > n || n < G ||
+        (sp && (2 * (size_t)sp->count > r->max_n || !sp->out)))
         return -EINVAL;
     r->st.reductions++;
     res->contributions = 1;
     res->max_tag = tag;
     if (G == 1) {
         res->complete = 1;
+        if (sp)
+            sum_lists(r, &(const struct run){vec, n, 1, 0, tag, &res->max_tag, sp});
         return 0;
     }
     size_t off, len;
@@ -226,7 +302,8 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
         return -ENOMEM;
     memset(r->got, 0, G);
     memset(r->have, 0, G);
-    const struct run x = {vec, n, G, me, tag, &res->max_tag};
+    memset(r->listed, 0, G);
+    const struct run x = {vec, n, G, me, tag, &res->max_tag, sp};
     const uint64_t t0 = io->now_ns(io->ctx);
     /* Contributions get half the time: the owners' results must still
      * reach everyone before the deadline. */
@@ -241,6 +318,21 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
         ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
                      .segment = PHASE_CONTRIB, .count = (uint32_t)cl, .val = vec + co};
         io->send(io->ctx, &m, deadline_ns);
+    }
+    /* Our sparse list to every member, with the chunks. */
+    if (sp) {
+        memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
+        memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
+        for (uint32_t c = 0; c < G; c++) {
+            if (c == me || (skip && skip[c]))
+                continue;
+            ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
+                         .segment = PHASE_LIST, .count = 2 * sp->count, .val = r->pack};
+            io->send(io->ctx, &m, deadline_ns);
+        }
+        r->listed[me] = 1;
+    } else {
+        memset(r->listed, 1, G); /* nothing to wait for */
     }
     memcpy(r->in + (size_t)me * len, vec + off, len * sizeof(float));
     r->got[me] = 1;
@@ -282,9 +374,15 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
     }
     if (!res->stopped)
         res->stopped = wait_for(r, io, &x, skip, r->have, deadline_ns);
-    for (uint32_t i = 0; i < G; i++)
+    if (!res->stopped)
+        res->stopped = wait_for(r, io, &x, skip, r->listed, deadline_ns);
+    for (uint32_t i = 0; i < G; i++) {
         res->chunks_missing += !r->have[i];
-    res->complete = res->chunks_missing == 0;
+        res->lists_missing += !r->listed[i];
+    }
+    if (sp)
+        sum_lists(r, &x);
+    res->complete = res->chunks_missing == 0 && res->lists_missing == 0;
     if (!res->complete)
         r->st.incomplete++;
     return 0;

@@ -39,10 +39,24 @@
 
 typedef struct ds_greduce ds_greduce;
 
+/* A sparse list each member adds to the reduction: (idx, val) pairs
+ * gathered from every member (one message each way, sent with the chunks)
+ * and summed in member order into out (n_out floats, zeroed first), so
+ * every member that has every list holds the same sum. The pairs travel
+ * as 2 count floats: the indices' bits, then the values. */
+typedef struct ds_gsparse {
+    const uint32_t *idx;
+    const float *val;
+    uint32_t count;
+    float *out;
+    size_t n_out;
+} ds_gsparse;
+
 typedef struct ds_greduce_result {
     uint32_t contributions;  /* in the chunk this member owns (itself included) */
     uint32_t chunks_missing; /* chunks whose reduced values never came */
-    int complete;            /* every chunk reduced over all G members */
+    uint32_t lists_missing;  /* sparse lists that never came */
+    int complete;            /* every chunk (and list) from every member */
     int stopped;             /* the io reported a stop: nobody to blame */
     uint64_t max_tag;        /* the largest tag seen from a member (or tag) */
 } ds_greduce_result;
@@ -61,14 +75,16 @@ void ds_greduce_destroy(ds_greduce **r);
 
 /* Reduce vec (n floats, n <= max_n) over G members, this one `me`:
  * elements [0, n_mean) become the mean over the contributions that
- * reached their chunk's owner, the rest their sum. skip (G entries, may
+ * reached their chunk's owner, the rest their sum. sp (may be NULL):
+ * this member's sparse list, gathered and summed as ds_gsparse says (count
+ * at most max_n / 2). skip (G entries, may
  * be NULL): members not waited for, neither their contribution nor their
  * chunk (a chunk not waited for keeps this member's values). Waits until
  * deadline_ns on io's clock at most. Returns 0 with *res filled, or
  * -EINVAL. */
 int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
                    uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
-                   uint64_t deadline_ns, ds_greduce_result *res);
+                   uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res);
 
 void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st);
 

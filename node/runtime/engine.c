@@ -488,9 +488,9 @@ static size_t max_segment(const rt *r)
         if (ds_gossip_segment(r->gossip, i)->len > max_seg)
             max_seg = ds_gossip_segment(r->gossip, i)->len;
     max_seg = max_seg > r->p.n ? max_seg : r->p.n;
-    /* A group's reduction chunk: a bit over half the longest vector, with
-     * its count (G >= 2). */
-    const size_t chunk = ds_hier_vec_len(r->p.n) / 2 + 2;
+    /* A group's frames: a chunk of its vector with its count, or a
+     * member's (index, value) pairs, up to the vector's length. */
+    const size_t chunk = ds_hier_vec_len(r->p.n) + 2;
     return r->group[0] && chunk > max_seg ? chunk : max_seg;
 }
 
@@ -504,7 +504,13 @@ static int open_group(rt *r)
     int e = ds_gnet_create(&r->gn_grp, r->net, (uint32_t)max_segment(r), (size_t)256 << 20);
     if (e == 0)
         e = ds_greduce_create(&r->gred, n);
-    if (e == 0 && !(r->gvec = malloc(n * sizeof(float))))
+    /* A list of (index, value) pairs travels as 2 floats a pair in one
+     * frame: at most half the longest vector (the rest waits a step). */
+    r->glist_cap = (uint32_t)(n / 2);
+    if (e == 0 && (!(r->gvec = malloc(n * sizeof(float))) ||
+                   !(r->gcarry = calloc(r->p.n, sizeof(float))) ||
+                   !(r->glist_idx = malloc(r->glist_cap * sizeof(uint32_t))) ||
+                   !(r->glist_val = malloc(r->glist_cap * sizeof(float)))))
         e = -ENOMEM;
     if (e < 0) {
         ds_error("node", "cannot start: out of memory");
@@ -805,6 +811,9 @@ void ds_engine_close(ds_engine **ep)
     ds_gnet_destroy(&r->gn_grp);
     ds_greduce_destroy(&r->gred);
     free(r->gvec);
+    free(r->gcarry);
+    free(r->glist_idx);
+    free(r->glist_val);
     free(r->vorder);
     free(r->vgidx);
     free(r->gmembers);

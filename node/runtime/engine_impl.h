@@ -112,6 +112,10 @@ struct ds_engine {
     _Atomic int gn_grp_ready;
     ds_greduce *gred;
     float *gvec;               /* ds_hier_vec_len(n) floats */
+    float *gcarry;             /* n: round deltas not yet sent to the group */
+    uint32_t *glist_idx;       /* glist_cap: this step's (index, value) pairs */
+    float *glist_val;
+    uint32_t glist_cap;
     uint32_t *vorder, *vgidx;  /* vcap each: the view sorted by group */
     uint64_t *gmembers;        /* vcap: the step's group, by member index */
     uint8_t *gskip;            /* vcap: members not waited for this step */

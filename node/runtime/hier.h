@@ -47,11 +47,12 @@
 #define GROUP_SYNC_SLICES 16
 
 /* The longest vector a group reduces, for a model of n parameters:
- * gradient, delta, a slice of parameters and of momentum, 4 floats of
- * position (node/runtime/rounds.c). */
+ * gradient, a slice of parameters and of momentum, 4 floats of position
+ * (node/runtime/rounds.c); the reducer's frames also carry a member's
+ * (index, value) pairs, 2 floats each, up to this length. */
 static inline size_t ds_hier_vec_len(size_t n)
 {
-    return 2 * n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 4;
+    return n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 4;
 }
 
 typedef struct ds_group_stats {

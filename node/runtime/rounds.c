@@ -357,9 +357,10 @@ static int group_at(rt *r, uint64_t round)
 }
 
 /* One reduction of the group over r->gvec (n floats, the first n_mean
- * averaged), tagged with the group's count; until deadline_ns. */
+ * averaged) and the sparse lists sp, tagged with the group's count; until
+ * deadline_ns. */
 static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t deadline_ns,
-                     ds_greduce_result *res)
+                     const ds_gsparse *sp, ds_greduce_result *res)
 {
     uint8_t *skip = r->gskip;
     pthread_mutex_lock(&r->skip_lock);
@@ -369,7 +370,7 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     pthread_mutex_unlock(&r->skip_lock);
     const uint64_t t0 = ds_now_ns();
     int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
-                           r->gmember, skip, r->gseq, deadline_ns, res);
+                           r->gmember, skip, r->gseq, deadline_ns, sp, res);
     /* Tags: the next count, or a member's if it is ahead (a joiner, or
      * members apart after a miss, meet again so). */
     r->gseq = res->max_tag >= r->gseq + 1 ? res->max_tag : r->gseq + 1;
@@ -440,19 +441,37 @@ static void take_position(rt *r, const float *v, int64_t step)
     r->round0 = round0;
 }
 
+/* This step's sparse list: the nonzeros of the carry (the round deltas
+ * not yet sent), at most r->glist_cap of them; those go, the rest wait
+ * for the next step (no member applies them before then, so members stay
+ * alike, and nothing is lost). */
+static uint32_t take_list(rt *r)
+{
+    float *carry = r->gcarry;
+    uint32_t k = 0;
+    for (size_t i = 0; i < r->p.n && k < r->glist_cap; i++)
+        if (carry[i] != 0.0f) {
+            r->glist_idx[k] = (uint32_t)i;
+            r->glist_val[k++] = carry[i];
+            carry[i] = 0.0f;
+        }
+    return k;
+}
+
 /* Every step of a node in a group: wait for the round's exchange, then
  * one reduction of
  *
- *   [gradient (n) | params slice | momentum slice | round delta (n) | position (4)]
- *    mean           mean           mean             sum               member 0's
+ *   [gradient (n) | params slice | momentum slice | position (4)]
+ *    mean           mean           mean             member 0's
  *
- * Every member then applies the same mean gradient and the same sum of
- * the members' deltas (each member exchanged its own segments with the
- * other groups), and takes the mean of one slice of parameters and
- * momentum: members stay identical, and members that differ (a missed
+ * with, gathered beside it, each member's round delta as (index, value)
+ * pairs, summed in member order. Every member then applies the same mean
+ * gradient, the same sum of the members' deltas (each member exchanged its
+ * own segments with the other groups) and the same slice of parameters
+ * and momentum: members stay identical, and members that differ (a missed
  * chunk, a joiner) are identical again after GROUP_SYNC_SLICES clean
- * steps. One reduction of one length per step: members pair reductions
- * by their count alone. Bounded by gossip.timeout_ms. */
+ * steps. One reduction of one length per step: members pair reductions by
+ * their count alone. Bounded by gossip.timeout_ms. */
 static void group_reduce(rt *r, int64_t step)
 {
     const uint64_t t0 = ds_now_ns();
@@ -464,17 +483,29 @@ static void group_reduce(rt *r, int64_t step)
     r->gst.exchange_wait_ns += t1 - t0;
     if (was_open)
         r->gst.exchange_ns += t1 - r->gexch_t0;
+    const size_t n = r->p.n;
+    if (r->gpending) {
+        /* The round's delta joins what waits to be sent. */
+        float *d = ds_gossip_delta(r->gossip);
+        for (size_t i = 0; i < n; i++)
+            r->gcarry[i] += d[i];
+        memset(d, 0, n * sizeof(float));
+    }
     if (group_at(r, round) < 0 || r->gsize < 2) {
+        /* Alone: what waits is ours to apply. */
+        memcpy(ds_gossip_delta(r->gossip), r->gcarry, n * sizeof(float));
+        memset(r->gcarry, 0, n * sizeof(float));
         if (r->gpending)
             round_end(r);
+        else
+            ds_gossip_apply(r->gossip, params_host(r)), params_push(r);
         r->gpending = 0;
         return;
     }
-    const size_t n = r->p.n;
     size_t soff, slen;
     sync_slice(r, &soff, &slen);
     const size_t mlen = r->p.opt ? slen : 0;
-    float *v = r->gvec, *ps = v + n, *ms = ps + slen, *d = ms + mlen, *pos = d + n;
+    float *v = r->gvec, *ps = v + n, *ms = ps + slen, *pos = ms + mlen;
     pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
     memcpy(ps, params_host(r) + soff, slen * sizeof(float));
     if (mlen) {
@@ -482,18 +513,19 @@ static void group_reduce(rt *r, int64_t step)
             r->p.pull(r->p.ctx, DS_ENGINE_OPT);
         memcpy(ms, r->p.opt + soff, mlen * sizeof(float));
     }
-    if (r->gpending)
-        memcpy(d, ds_gossip_delta(r->gossip), n * sizeof(float));
-    else
-        memset(d, 0, n * sizeof(float));
     put_position(r, pos, step);
+    const ds_gsparse sp = {.idx = r->glist_idx, .val = r->glist_val, .count = take_list(r),
+                           .out = ds_gossip_delta(r->gossip), .n_out = n};
     ds_greduce_result res;
     uint64_t deadline = t0 + timeout_ns;
     if (deadline < t1 + 100000000u)
         deadline = t1 + 100000000u;
-    if (group_run(r, 2 * n + slen + mlen + 4, n + slen + mlen, round, deadline, &res) < 0) {
+    if (group_run(r, n + slen + mlen + 4, n + slen + mlen, round, deadline, &sp, &res) < 0) {
+        /* Not sent: what the list held waits for the next step. */
+        for (uint32_t j = 0; j < sp.count; j++)
+            r->gcarry[sp.idx[j]] += sp.val[j];
         if (r->gpending)
-            round_end(r);
+            ds_gossip_end(r->gossip, params_host(r)), params_push(r), r->rounds++;
         r->gpending = 0;
         return;
     }
@@ -508,7 +540,7 @@ static void group_reduce(rt *r, int64_t step)
     }
     float *theta = params_host(r);
     memcpy(theta + soff, ps, slen * sizeof(float));
-    memcpy(ds_gossip_delta(r->gossip), d, n * sizeof(float));
+    /* gossip's delta now holds the group's summed delta (sp.out). */
     if (r->gpending) {
         ds_gossip_end(r->gossip, theta);
         r->rounds++;

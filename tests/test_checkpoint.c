@@ -293,3 +293,46 @@ Test(checkpoint, sigterm_writes_a_checkpoint_a_resume_continues_from)
     cr_expect_not_null(strstr(r.err, "resumed from"), "%s", r.err);
     expect_ok(&r, want);
 }
+
+/* A cluster node restarted after a crash (SIGKILL) with --resume: it
+ * rejoins under a new incarnation and, its checkpoint (every 20 steps)
+ * being within the cluster's lag (5 s of rounds), goes on from its own
+ * state in the cluster's round numbering, and finishes. */
+Test(checkpoint, a_crashed_node_resumes_and_rejoins)
+{
+    const char *out = tmp_path("crash");
+    const char *args[] = {"local", "-n", "3", "--config", BASE_CONFIG, "--set",
+                          "train.backend=cpu", "--set", "train.steps=3000", "--set",
+                          "train.hidden=16", "--set", "train.eval_every=0", "--set",
+                          "train.log_every=10", "--set", "train.checkpoint_every=20", "--set",
+                          STATUS_FILE_ON, "--out", out, "--json", "--timeout", "240",
+                          "--dsnode", bin("DSNODE"), NULL};
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n2", 200, 120000);
+    const pid_t p = node_pid(out, "n2");
+    cr_assert_gt(p, 0, "n2 not found");
+    cr_assert_eq(kill(p, SIGKILL), 0);
+
+    char ini[PATH_MAX + 16], ck[PATH_MAX + 32], log[PATH_MAX + 16];
+    snprintf(ini, sizeof(ini), "%s/n2.ini", out);
+    snprintf(ck, sizeof(ck), "%s/n2/checkpoint.bin", out);
+    snprintf(log, sizeof(log), "%s/n0.log", out);
+    struct result r = run_dsnode(RUN_MS, (const char *const[]){"run", "--config", ini,
+                                                                "--resume", ck, NULL});
+    cr_expect_not_null(strstr(r.err, "resuming from it"), "%s", r.err);
+    expect_ok(&r, "status=done steps=3000 ");
+    /* dslaunch reports n2 (killed) failed; n0 and n1 finish. */
+    const int code = live_end(&l, 240000);
+    cr_expect_eq(code, 1, "dslaunch: exit %d\n%s", code, l.err);
+    json_t *j = last_json(l.out);
+    for (int i = 0; i < 2; i++) {
+        const char *name = i ? "n1" : "n0";
+        cr_expect_eq(jnum(jnode(j, name), "exit_status"), 0, "%s", name);
+    }
+    json_decref(j);
+    char *n0 = read_text(log);
+    cr_expect(n0 && strstr(n0, "member alive again name=n2 incarnation="), "n0 never saw n2 again");
+    free(n0);
+    live_free(&l);
+}

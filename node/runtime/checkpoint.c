@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "base/log.h"
 #include "base/rng.h"
 #include "node/runtime/checkpoint.h"
 #include "node/runtime/engine_impl.h"
@@ -24,7 +25,7 @@
 /* ---- the config keys that must match ---------------------------------------- */
 
 static const char *const must_match[] = {
-    "node.name", "cluster.seed", "train.model", "train.hidden", "train.layers",
+    "cluster.seed", "train.model", "train.hidden", "train.layers",
     "train.batch_size", "train.lr", "train.momentum", "train.weight_decay", "train.nesterov",
     "train.lr_schedule", "train.warmup_steps", "train.steps", "sparsify.method",
     "sparsify.error_feedback", "gossip.segments", "gossip.mix",
@@ -591,10 +592,46 @@ int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e
     }
     e->step = step;
     e->round0 = round0;
+    e->resumed = 1;
+    e->resume_round = round;
     if (info)
         *info = (ds_ckpt_info){.step = step, .round0 = round0, .round = round};
     r = 0;
 out:
     free(b);
     return r;
+}
+
+/* ---- a resumed node rejoining ------------------------------------------------ */
+
+void ds_ckpt_choose(ds_engine *e)
+{
+    if (!e->resumed || !e->p.restore)
+        return;
+    const uint64_t every = (uint64_t)e->c->gossip.every;
+    const uint64_t cluster = e->round0 + (uint64_t)e->step / every;
+    const uint64_t lag = ds_lag_rounds(e->pace.rate);
+    if (cluster > e->resume_round + lag) {
+        ds_info("state", "our checkpoint (round %llu) is older than the cluster's round %llu "
+                "less its lag of %llu rounds: training on from the cluster's state",
+                (unsigned long long)e->resume_round, (unsigned long long)cluster,
+                (unsigned long long)lag);
+        return;
+    }
+    int64_t step = 0;
+    const int r = e->p.restore(e->p.ctx, &step);
+    if (r < 0) {
+        ds_warn("state", "our checkpoint could not be put back (%s): training on from the "
+                "cluster's state", strerror(-r));
+        return;
+    }
+    e->step = step;
+    e->round0 = cluster >= (uint64_t)step / every ? cluster - (uint64_t)step / every : 0;
+    e->refresh_pending = 0;
+    ds_info("state", "our checkpoint (step %lld, round %llu) is within the cluster's lag of "
+            "%llu rounds of its round %llu: resuming from it, our rounds numbered from %llu, "
+            "training on to our join round %llu", (long long)step,
+            (unsigned long long)e->resume_round, (unsigned long long)lag,
+            (unsigned long long)cluster, (unsigned long long)e->round0,
+            (unsigned long long)e->join_round);
 }

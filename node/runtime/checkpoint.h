@@ -59,13 +59,16 @@
 
 /* The keys a resumed run must share with the checkpoint, one
  * "section.key = value\n" line each as ds_conf_dump writes them:
- * node.name and cluster.seed (the data order), the model (train.model,
+ * cluster.seed (the topology's schedule), the model (train.model,
  * hidden, layers), the optimizer (batch_size, lr, momentum, weight_decay,
  * nesterov, lr_schedule, warmup_steps, and train.steps when the schedule
  * is cosine: it sets the decay), and the gossip state's shape and meaning
  * (sparsify.method, sparsify.error_feedback, gossip.segments, gossip.mix).
  * Others (train.steps under a constant rate, eval_every, density, the
- * network) may change between a run and its resume. Into out (cap
+ * network) may change between a run and its resume; so may node.name,
+ * which seeds only the data order and the node's sparsifier streams, both
+ * restored from the checkpoint (a resumed Slurm job names its tasks after
+ * the new job). Into out (cap
  * bytes); the length or a negative errno. */
 int ds_ckpt_conf_text(const ds_conf *c, char *out, size_t cap);
 
@@ -93,5 +96,17 @@ typedef struct ds_ckpt_info {
  * err has one line naming the file and what differs. info may be NULL. */
 int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e,
                  ds_ckpt_info *info, char *err, size_t err_len);
+
+/* ds_engine_start, a resumed node joining a running cluster, after it
+ * took the cluster's state: keep it when our own checkpoint is older than
+ * the cluster's lag (its round plus the lag is behind the cluster's
+ * round; the lag is lag.h's, DS_LAG_SECONDS of rounds at the pace the
+ * cluster's snapshot told). Otherwise put our own state back
+ * (params.restore), number our rounds as the cluster does from its
+ * current round, and train on, at the cluster's pace until our join
+ * round, without shadowing it. A node restarted after a crash keeps its
+ * old join round (membership: a known member rejoins under a new
+ * incarnation), so it is in the views again at once. Logs the choice. */
+void ds_ckpt_choose(ds_engine *e);
 
 #endif

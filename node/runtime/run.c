@@ -193,6 +193,22 @@ static int adopt(void *ctx, int64_t step)
     return 0;
 }
 
+/* --resume and a joiner: the engine prefers our own checkpoint over the
+ * cluster's state it adopted (ds_ckpt_choose). */
+static int restore(void *ctx, int64_t *step)
+{
+    run *u = ctx;
+    char err[1200];
+    const int e = ds_ckpt_load(u->resume, u->c, &u->t, u->e, NULL, err, sizeof(err));
+    if (e < 0) {
+        ds_warn("node", "%s", err);
+        return e;
+    }
+    u->adopted_past = 0;
+    *step = u->t.step;
+    return 0;
+}
+
 static void publish(run *u, int force)
 {
     u->rep.lr = ds_trainer_lr(&u->t);
@@ -205,7 +221,8 @@ static int register_trainer(run *u)
 {
     ds_trainer *t = &u->t;
     ds_engine_params p = {.n = t->n_params, .layers = t->model.layer,
-                          .n_layers = t->model.n_layers, .ctx = u, .adopt = adopt};
+                          .n_layers = t->model.n_layers, .ctx = u, .adopt = adopt,
+                          .restore = u->resume ? restore : NULL};
     ds_info("train", "%s", t->backend_note);
     if (t->ops.kind == DS_BACKEND_CPU) {
         ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), u->tc.threads);

@@ -72,7 +72,8 @@
     X(STR, node, advertise, "", HOSTPORT_OR_EMPTY, \
       "address peers are told to dial; empty = node.listen, or for a wildcard node.listen the address of the default route's interface") \
     X(STR, node, group, "", NAME_OR_EMPTY, \
-      "nodes with the same group all-reduce gradients every step; empty = a group of its own") \
+      "nodes with the same group all-reduce gradients every step and gossip as one between " \
+      "groups; auto = the host name; empty = a group of its own") \
     X(STR, node, data_dir, ".", PATH, \
       "directory for this node's outputs and state") \
     X(ENUM, node, log_level, "info", enum ds_log_level, DS_LOG_LEVELS, \

@@ -226,6 +226,24 @@ int ds_gossip_set_skip(ds_gossip *g, uint32_t peer);
  * Returns 0 or -EINVAL. */
 int ds_gossip_set_nowait(ds_gossip *g, uint32_t peer);
 
+/* Hierarchy (design §5): for the next round only (set_view resets it to
+ * 1 and 0), this node is member `member` of a group of `size` whose view
+ * index is `me`: it initiates and expects exchanges only for the segments
+ * s with s mod size == member (ds_topo_hier_owner) and forgets its drift
+ * in the others. Returns 0 or -EINVAL. */
+int ds_gossip_set_share(ds_gossip *g, uint32_t member, uint32_t size);
+
+/* The round's delta (n floats): what end() will add to theta and snap.
+ * Between exchange() and end() only, on the thread that owns theta: the
+ * group sums its members' deltas there so that every member adds the
+ * same. */
+float *ds_gossip_delta(ds_gossip *g);
+
+/* theta += delta, snap += delta, delta = 0: the part of end() that
+ * changes the model, for a node that took no round of its own while its
+ * group's delta came (then delta was filled through ds_gossip_delta). */
+void ds_gossip_apply(ds_gossip *g, float *theta);
+
 /* Round `round`, in three parts (see the top of this file). begin and end
  * run on the thread that owns theta; exchange may run on another thread
  * between them. A full round is ds_gossip_round. */

@@ -49,6 +49,7 @@
 #include "node/runtime/engine.h"
 #include "node/runtime/preflight.h"
 #include "node/runtime/run.h"
+#include "node/runtime/summary.h"
 #include "node/status/status.h"
 
 /* Atomic, not volatile sig_atomic_t: the handler runs on whichever thread
@@ -119,6 +120,17 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     t->data_seed = ds_rng_hash_str((uint64_t)c->cluster.seed, c->node.name);
 }
 
+int ds_run_save_params(const char *dir, const float *host, size_t n, char *err, size_t err_len)
+{
+    uint8_t hdr[16] = "DSMODEL1";
+    for (int i = 0; i < 8; i++)
+        hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
+    /* The file is little-endian float32, as this host (x86-64; wire.h pins
+     * the byte order for the whole node). */
+    return ds_ckpt_write_atomic(dir, "model.bin", hdr, sizeof(hdr), host, n * sizeof(float), err,
+                                err_len);
+}
+
 int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
 {
     const size_t n = t->n_params;
@@ -127,17 +139,11 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
-    uint8_t hdr[16] = "DSMODEL1";
-    for (int i = 0; i < 8; i++)
-        hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
-    /* The file is little-endian float32, as this host (x86-64; wire.h pins
-     * the byte order for the whole node). */
     int e = t->ops.download(host, t->theta, n * sizeof(float));
     if (e < 0)
         snprintf(err, err_len, "parameters not read from the device: %s", strerror(-e));
     else
-        e = ds_ckpt_write_atomic(dir, "model.bin", hdr, sizeof(hdr), host, n * sizeof(float), err,
-                                 err_len);
+        e = ds_run_save_params(dir, host, n, err, err_len);
     free(host);
     return e;
 }
@@ -164,20 +170,23 @@ typedef struct run {
 
 /* The engine's view of the trainer's memory (ds_engine_params): on a
  * device, the engine works on u->host, copied from and back here. */
+static float *device_buf(ds_trainer *t, enum ds_engine_buf which)
+{
+    return which == DS_ENGINE_GRAD ? t->grad : which == DS_ENGINE_OPT ? t->mom : t->theta;
+}
+
 static int pull(void *ctx, enum ds_engine_buf which)
 {
     run *u = ctx;
     ds_trainer *t = &u->t;
-    return t->ops.download(u->host, which == DS_ENGINE_GRAD ? t->grad : t->theta,
-                           t->n_params * sizeof(float));
+    return t->ops.download(u->host, device_buf(t, which), t->n_params * sizeof(float));
 }
 
 static int push(void *ctx, enum ds_engine_buf which)
 {
     run *u = ctx;
     ds_trainer *t = &u->t;
-    return t->ops.upload(which == DS_ENGINE_GRAD ? t->grad : t->theta, u->host,
-                         t->n_params * sizeof(float));
+    return t->ops.upload(device_buf(t, which), u->host, t->n_params * sizeof(float));
 }
 
 /* A joiner took the cluster's model: continue from its step, momentum
@@ -228,12 +237,13 @@ static int register_trainer(run *u)
         ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), u->tc.threads);
         p.params = t->theta;
         p.grad = t->grad;
+        p.opt = t->mom;
     } else {
         if (!(u->host = malloc(t->n_params * sizeof(float)))) {
             ds_error("node", "out of memory");
             return -ENOMEM;
         }
-        p.params = p.grad = u->host;
+        p.params = p.grad = p.opt = u->host;
         p.pull = pull;
         p.push = push;
     }
@@ -380,7 +390,6 @@ static int finish(run *u, int ret)
 
     ds_engine_info in;
     ds_engine_info_get(u->e, &in);
-    const ds_gossip_stats *gs = &in.gossip;
     const double wall = (double)(ds_now_ns() - u->t_start) * 1e-9;
     const double sps = u->train_ns ? (double)t->samples / ((double)u->train_ns * 1e-9) : 0;
     /* The model first: a run whose result could not be kept failed. */
@@ -400,21 +409,10 @@ static int finish(run *u, int ret)
                                  : DS_STATUS_DONE;
     u->rep.test_acc = u->test_acc;
     publish(u, 1);
-    ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
-            "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f "
-            "max_round_s=%.3f",
-            status, (long long)t->step, u->test_acc, (unsigned long long)in.rounds,
-            (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
-            (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
-            (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9,
-            (double)gs->max_wait_ns * 1e-9);
-    printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
-           "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu "
-           "max_round_s=%.3f\n",
-           c->node.name, status, (long long)t->step, u->loss, u->test_acc, sps, wall, t->ops.name,
-           (unsigned long long)in.net.bytes_sent, (unsigned long long)in.net.bytes_recv,
-           (unsigned long long)in.rounds, (double)gs->max_wait_ns * 1e-9);
-    fflush(stdout);
+    const ds_run_summary sum = {.name = c->node.name, .status = status, .backend = t->ops.name,
+                                .steps = t->step, .loss = u->loss, .test_acc = u->test_acc,
+                                .samples_per_s = sps, .wall_s = wall};
+    ds_run_summary_print(&sum, &in);
     const int sig = (int)stop_signal;
     return ret < 0 ? 1 : sig ? 128 + sig : 0;
 }

@@ -20,6 +20,9 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *out);
  * negative errno with one line in err. */
 int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len);
 
+/* The same for n host floats (libdsnode's dsnode_leave). */
+int ds_run_save_params(const char *dir, const float *host, size_t n, char *err, size_t err_len);
+
 /* ds_node_run flag: the caller ends the process (_exit) as soon as
  * ds_node_run returns. A run that trained then leaves its endpoint open
  * and its memory in place (ds_engine_abandon) instead of closing them:

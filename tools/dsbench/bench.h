@@ -68,6 +68,8 @@ int ds_bench_elastic_faults(int argc, char **argv);
 int ds_bench_elastic_gossip(int argc, char **argv);
 int ds_bench_transport(int argc, char **argv);
 int ds_bench_cluster(int argc, char **argv);
+/* dsbench torch (bench_cluster.c): PyTorch under libdsnode vs DDP vs native. */
+int ds_bench_torch(int argc, char **argv);
 int ds_bench_status(int argc, char **argv);
 
 #endif

@@ -129,7 +129,11 @@
     X(INT, train, log_every, "100", 1, INT64_MAX, \
       "log the training loss every N steps") \
     X(INT, train, threads, "1", 1, 256, \
-      "BLAS threads of the CPU backend")
+      "BLAS threads of the CPU backend") \
+    X(INT, train, checkpoint_every, "0", 0, INT64_MAX, \
+      "write <node.data_dir>/checkpoint.bin every N steps (and at exit); 0 = no periodic one") \
+    X(INT, train, stop_after, "0", 0, INT64_MAX, \
+      "pause after N steps of this process: checkpoint, status paused, exit 0; 0 = run to train.steps")
 
 #define DS_CONF_KEYS_sparsify(X) \
     X(ENUM, sparsify, method, "micro", enum ds_sparsify_method, DS_SPARSIFY_METHODS, \

@@ -1474,3 +1474,26 @@ const float *ds_gossip_acc(const ds_gossip *g)
 {
     return g->acc;
 }
+
+/* ---- checkpoints -------------------------------------------------------------- */
+
+float *ds_gossip_acc_mut(ds_gossip *g)
+{
+    return g->acc;
+}
+
+float *ds_gossip_snap_mut(ds_gossip *g)
+{
+    return g->snap;
+}
+
+ds_sparsifier *ds_gossip_sparsifier(ds_gossip *g, int s)
+{
+    return g->sp && s >= 0 && s < g->n_seg ? g->sp[s] : NULL;
+}
+
+void ds_gossip_drop_late(ds_gossip *g)
+{
+    for (int i = 0; g->late && i < g->n_seg * LATE_SLOTS; i++)
+        g->late[i].used = 0;
+}

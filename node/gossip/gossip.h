@@ -300,5 +300,16 @@ void ds_gossip_report(ds_gossip *g, ds_gossip_stats *st, ds_gossip_xinfo *x, int
 
 /* Read access for status and tests. */
 const float *ds_gossip_acc(const ds_gossip *g);
+/* For checkpoints (node/runtime/checkpoint.c), between rounds only (after
+ * end; delta is zero then): the accumulator (the error-feedback residual)
+ * and the round snapshot, n_params floats each, writable; segment s's
+ * sparsifier (NULL for the dense crossover). A caller that writes them
+ * restores a saved state; exchanges kept open past their round are not
+ * part of it (ds_gossip_drop_late forgets them). */
+float *ds_gossip_acc_mut(ds_gossip *g);
+float *ds_gossip_snap_mut(ds_gossip *g);
+ds_sparsifier *ds_gossip_sparsifier(ds_gossip *g, int s);
+void ds_gossip_drop_late(ds_gossip *g);
+
 
 #endif

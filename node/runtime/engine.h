@@ -109,6 +109,13 @@ typedef struct ds_engine_params {
      * optimizer state reset (a group re-sync then pushes the group's mean
      * into opt). 0 or a negative errno. */
     int (*adopt)(void *ctx, int64_t step);
+    /* May be NULL. The client resumed from its own checkpoint
+     * (node/runtime/checkpoint.h) and, as a joiner, adopted the cluster's
+     * state; the engine prefers the client's own when it is recent
+     * (ds_ckpt_choose): put it back whole (params, optimizer, data order,
+     * the gossip state through ds_ckpt_load) and tell its step. 0 or a
+     * negative errno (the cluster's state is kept then). */
+    int (*restore)(void *ctx, int64_t *step);
 } ds_engine_params;
 
 /* The training numbers the status page shows, from the client. */

@@ -102,6 +102,8 @@ struct ds_engine {
     int leaving;         /* LEAVE announced, effective at leave_round */
     uint64_t leave_round;
     uint64_t rounds;
+    int resumed;           /* ds_ckpt_load ran: the client's own state */
+    uint64_t resume_round; /* the round of that checkpoint */
     uint32_t last_G;
     uint64_t last_epoch;
 

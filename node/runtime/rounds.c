@@ -27,6 +27,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "node/runtime/checkpoint.h"
 #include "node/runtime/engine_impl.h"
 #include "node/runtime/leave.h"
 #include "node/runtime/shadow.h"
@@ -702,6 +703,7 @@ int ds_engine_start(ds_engine *r)
             ds_error("state", "no model state from the cluster: %s", strerror(-e));
             return e;
         }
+        ds_ckpt_choose(r);
     } else {
         r->round0 = first_round(r);
         ds_info("gossip", "training starts at round %llu with %lld members",

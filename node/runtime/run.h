@@ -32,8 +32,13 @@ int ds_run_save_params(const char *dir, const float *host, size_t n, char *err, 
 /* Train as the config says. Installs SIGINT/SIGTERM handlers (first:
  * stop training and leave; second: stop lingering). Logs progress to
  * stderr and prints the summary line to stdout. Returns the process exit
- * status: 0 when training finished, 1 on an error, 128 + signal when
- * stopped by SIGINT or SIGTERM. */
-int ds_node_run(const ds_conf *c, unsigned flags);
+ * status: 0 when training finished or paused (train.stop_after), 1 on an
+ * error (a checkpoint or model not saved among them), 128 + signal when
+ * stopped by SIGINT or SIGTERM. resume: a checkpoint.bin to continue from
+ * (node/runtime/checkpoint.h), or NULL. Checkpoints are on when
+ * train.checkpoint_every or train.stop_after is set or when resuming: then
+ * one is written every train.checkpoint_every steps and at the end
+ * (finished, paused or stopped by a signal). */
+int ds_node_run(const ds_conf *c, const char *resume, unsigned flags);
 
 #endif

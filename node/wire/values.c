@@ -20,6 +20,7 @@
 #include "base/le.h"
 
 #if ARCH_X86_64
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -153,8 +154,17 @@ int ds_wire_f16_fast(void)
 {
     static int have = -1; /* a benign race: every thread computes the same */
     if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+        /* CPUID.1:ECX: OSXSAVE (27), AVX (28), F16C (29); the OS saves
+         * the YMM state (XCR0 bits 1-2). clang 14's __builtin_cpu_supports
+         * does not know "f16c". */
+        unsigned a, b, c, d;
+        int ok = __get_cpuid(1, &a, &b, &c, &d) && (c & (7u << 27)) == (7u << 27);
+        if (ok) {
+            unsigned lo, hi;
+            __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            ok = (lo & 6u) == 6u;
+        }
+        have = ok;
     }
     return have;
 }
@@ -246,6 +256,8 @@ int ds_wire_values_put(uint8_t *p, unsigned f, const float *v, size_t n)
 {
     if (!ds_wire_vfmt_width(f))
         return -EINVAL;
+    if (n == 0)
+        return 0;
     if (f != DS_VF_F32 && !all_finite(v, n))
         return -EDOM;
     switch (f) {
@@ -258,6 +270,8 @@ int ds_wire_values_put(uint8_t *p, unsigned f, const float *v, size_t n)
 
 int ds_wire_values_get(const uint8_t *p, unsigned f, size_t n, float *out)
 {
+    if (n == 0) /* out may be NULL then */
+        return ds_wire_vfmt_width(f) != 0;
     switch (f) {
     case DS_VF_F16: ds_wire_f16_unpack(p, n, out); break;
     case DS_VF_BF16: ds_wire_bf16_unpack(p, n, out); break;

@@ -95,8 +95,8 @@ static uint8_t from_wire_type(unsigned t)
 }
 
 /* sparsify.value_format's values are the header's value-format bits. */
-static_assert(DS_VALUE_F32 == DS_VF_F32 && DS_VALUE_F16 == DS_VF_F16 &&
-                  DS_VALUE_BF16 == DS_VF_BF16,
+static_assert((int)DS_VALUE_F32 == (int)DS_VF_F32 && (int)DS_VALUE_F16 == (int)DS_VF_F16 &&
+                  (int)DS_VALUE_BF16 == (int)DS_VF_BF16,
               "conf/choices.h DS_VALUE_FORMATS = node/wire enum ds_wire_vfmt");
 
 static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)

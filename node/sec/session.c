@@ -67,12 +67,19 @@ static int evp_update(EVP_CIPHER_CTX *c, uint8_t *out, const uint8_t *in, size_t
     return 0;
 }
 
-/* One AEAD call: associated data ad[0..adlen), message in[0..len) -> out
- * (may be in); sealing writes tag, opening checks it. 0, or -1 for a tag
- * that does not verify (or an OpenSSL failure). */
+/* A piece of an AEAD's message: in[0..len) -> out (may be in). */
+typedef struct evp_piece {
+    const uint8_t *in;
+    uint8_t *out;
+    size_t len;
+} evp_piece;
+
+/* One AEAD call: associated data ad[0..adlen), the message in pieces
+ * (their concatenation is the message); sealing writes tag, opening checks
+ * it. 0, or -1 for a tag that does not verify (or an OpenSSL failure). */
 static int evp_aead(EVP_CIPHER_CTX *c, unsigned aead, const uint8_t key[DS_SESSION_KEY_BYTES],
                     const uint8_t npub[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES], int enc,
-                    const uint8_t *ad, size_t adlen, const uint8_t *in, uint8_t *out, size_t len,
+                    const uint8_t *ad, size_t adlen, const evp_piece *pc, int npc,
                     uint8_t tag[DS_WIRE_TAG_SIZE])
 {
     uint8_t sub[crypto_core_hchacha20_OUTPUTBYTES], iv[12];
@@ -90,7 +97,9 @@ static int evp_aead(EVP_CIPHER_CTX *c, unsigned aead, const uint8_t key[DS_SESSI
         sodium_memzero(sub, sizeof(sub));
     int n;
     uint8_t fin[16];
-    ok = ok && !evp_update(c, NULL, ad, adlen) && !evp_update(c, out, in, len);
+    ok = ok && !evp_update(c, NULL, ad, adlen);
+    for (int i = 0; i < npc; i++)
+        ok = ok && !evp_update(c, pc[i].out, pc[i].in, pc[i].len);
     if (ok && !enc)
         ok = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, DS_WIRE_TAG_SIZE, tag) == 1;
     ok = ok && EVP_CipherFinal_ex(c, fin, &n) == 1;
@@ -260,9 +269,8 @@ int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap, size_
     if (s->lib == DS_AEAD_LIB_OPENSSL) {
         int slot;
         EVP_CIPHER_CTX *c = tx_take(s, &slot);
-        r = c ? evp_aead(c, s->aead, s->tx_key, nonce, 1, ad, adlen, payload, payload,
-                         enc ? plen : 0, tag)
-              : -1;
+        const evp_piece pc = {payload, payload, enc ? plen : 0};
+        r = c ? evp_aead(c, s->aead, s->tx_key, nonce, 1, ad, adlen, &pc, 1, tag) : -1;
         if (c)
             tx_give(s, c, slot);
         if (r)
@@ -305,6 +313,47 @@ int ds_session_seal_ref(ds_session *s, uint8_t *head, size_t head_len, const uin
     return 0;
 }
 
+int ds_session_seal_from(ds_session *s, uint8_t *frame, size_t head_len, const uint8_t *body,
+                         size_t body_len, size_t cap, size_t *out_len)
+{
+    ds_wire_hdr h;
+    if (!frame || head_len < DS_WIRE_HDR_SIZE || (body_len && !body) ||
+        body_len > SIZE_MAX - head_len ||
+        ds_wire_hdr_check(frame, head_len + body_len, &s->lim, &h) != DS_DROP_NONE ||
+        ds_wire_is_handshake(h.type) || ds_wire_prot(&h) != DS_PROT_NONE)
+        return -EINVAL;
+    const size_t len = head_len + body_len;
+    if (cap < len || cap - len < ds_session_overhead(s))
+        return -ENOSPC;
+    /* One pass (encrypt on OpenSSL): the body is encrypted from where it
+     * is into the frame. Otherwise the reference: copy, seal in place. */
+    if (s->mode != DS_SEC_ENCRYPT || s->lib != DS_AEAD_LIB_OPENSSL) {
+        if (body_len)
+            memcpy(frame + head_len, body, body_len);
+        return ds_session_seal(s, frame, len, cap, out_len);
+    }
+    uint64_t seq;
+    int r = seal_begin(s, frame, len, &h, &seq);
+    if (r)
+        return r;
+    uint8_t nonce[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES];
+    nonce_of(nonce, seq);
+    const evp_piece pc[2] = {
+        {frame + DS_WIRE_HDR_SIZE, frame + DS_WIRE_HDR_SIZE, head_len - DS_WIRE_HDR_SIZE},
+        {body, frame + head_len, body_len},
+    };
+    int slot;
+    EVP_CIPHER_CTX *c = tx_take(s, &slot);
+    r = c ? evp_aead(c, s->aead, s->tx_key, nonce, 1, frame, DS_WIRE_HDR_SIZE, pc, 2, frame + len)
+          : -1;
+    if (c)
+        tx_give(s, c, slot);
+    if (r)
+        return -ENOMEM;
+    *out_len = len + DS_WIRE_TAG_SIZE;
+    return 0;
+}
+
 enum ds_drop_reason ds_session_open(ds_session *s, uint8_t *frame, size_t len)
 {
     ds_wire_hdr h;
@@ -344,8 +393,8 @@ enum ds_drop_reason ds_session_open(ds_session *s, uint8_t *frame, size_t len)
         const size_t adlen = enc ? DS_WIRE_HDR_SIZE : DS_WIRE_HDR_SIZE + plen;
         int bad;
         if (s->lib == DS_AEAD_LIB_OPENSSL)
-            bad = evp_aead(s->rx_ctx, s->aead, s->rx_key, nonce, 0, frame, adlen, payload,
-                           payload, enc ? plen : 0, (uint8_t *)tag);
+            bad = evp_aead(s->rx_ctx, s->aead, s->rx_key, nonce, 0, frame, adlen,
+                           &(evp_piece){payload, payload, enc ? plen : 0}, 1, (uint8_t *)tag);
         else if (s->aead == DS_AEAD_AES256GCM)
             bad = crypto_aead_aes256gcm_decrypt_detached_afternm(
                 payload, NULL, payload, enc ? plen : 0, tag, frame, adlen, nonce, &s->rx_aes);

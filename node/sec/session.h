@@ -122,6 +122,18 @@ int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap,
 int ds_session_seal_ref(ds_session *s, uint8_t *head, size_t head_len, const uint8_t *body,
                         size_t body_len, uint8_t tag[DS_WIRE_TAG_SIZE], size_t *tag_len) DS_WUR;
 
+/* Seal a frame whose payload's end is elsewhere, copying it in as part of
+ * sealing: frame[0..head_len) holds the header and the first payload bytes
+ * as ds_wire_encode_head wrote them (payload_len counts body too), body is
+ * read and never written, and cap >= head_len + body_len + overhead. The
+ * sealed frame, frame[0..*out_len), is byte for byte what ds_session_seal
+ * makes of the contiguous frame with the same seq. In mode encrypt on
+ * OpenSSL the body is encrypted from where it is into the frame (one pass
+ * over it instead of a copy and a pass); otherwise it is copied and the
+ * frame sealed in place. Returns what ds_session_seal returns. Thread-safe
+ * against other seals. */
+int ds_session_seal_from(ds_session *s, uint8_t *frame, size_t head_len, const uint8_t *body,
+                         size_t body_len, size_t cap, size_t *out_len) DS_WUR;
 /* Open one received frame in place: checks the header (ds_wire_hdr_decode
  * under the session's limits), its protection against the session mode,
  * cluster, sender == peer, receiver == self, the replay window, then the

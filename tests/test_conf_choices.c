@@ -176,8 +176,8 @@ static void take_topology(const ds_conf *c, const char *name, int value)
     cr_expect_str_eq(ds_topo_name(c->gossip.topology), name);
 }
 
-/* node/gossip: an engine is created with that mixing rule. */
-static void take_mix(const ds_conf *c, const char *name, int value)
+/* 0 when a gossip engine is created from c's keys (one 64-value layer). */
+static int gossip_created(const ds_conf *c)
 {
     ds_layer layer = {.name = "fc1", .off = 0, .len = 64, .in = 7, .out = 8};
     float theta[64] = {0};
@@ -189,12 +189,20 @@ static void take_mix(const ds_conf *c, const char *name, int value)
         .method = c->sparsify.method,
         .density = c->sparsify.density,
         .error_feedback = c->sparsify.error_feedback,
+        .value_format = c->sparsify.value_format,
         .seed = (uint64_t)c->cluster.seed,
         .timeout_ms = (int)c->gossip.timeout_ms,
     };
     ds_gossip *g = NULL;
-    cr_expect_eq(ds_gossip_create(&g, &gc, &layer, 1, 64, theta), 0, "gossip.mix %s", name);
+    const int r = ds_gossip_create(&g, &gc, &layer, 1, 64, theta);
     ds_gossip_destroy(&g);
+    return r;
+}
+
+/* node/gossip: an engine is created with that mixing rule. */
+static void take_mix(const ds_conf *c, const char *name, int value)
+{
+    cr_expect_eq(gossip_created(c), 0, "gossip.mix %s", name);
     cr_expect_str_eq(ds_mix_name(c->gossip.mix), name);
 }
 
@@ -203,21 +211,7 @@ static void take_mix(const ds_conf *c, const char *name, int value)
  * decodes to what the engine rounds them to. */
 static void take_value_format(const ds_conf *c, const char *name, int value)
 {
-    ds_layer layer = {.name = "fc1", .off = 0, .len = 64, .in = 7, .out = 8};
-    float theta[64] = {0};
-    ds_gossip_cfg gc = {
-        .topology = c->gossip.topology,
-        .mix = c->gossip.mix,
-        .weight = (float)c->gossip.weight,
-        .method = c->sparsify.method,
-        .density = c->sparsify.density,
-        .value_format = c->sparsify.value_format,
-        .seed = (uint64_t)c->cluster.seed,
-        .timeout_ms = (int)c->gossip.timeout_ms,
-    };
-    ds_gossip *g = NULL;
-    cr_expect_eq(ds_gossip_create(&g, &gc, &layer, 1, 64, theta), 0, "value_format %s", name);
-    ds_gossip_destroy(&g);
+    cr_expect_eq(gossip_created(c), 0, "value_format %s", name);
     float v[3] = {1.0f / 3.0f, -2.5f, 1e-3f}, q[3];
     memcpy(q, v, sizeof(q));
     ds_wire_values_round((unsigned)c->sparsify.value_format, q, 3);

@@ -325,9 +325,12 @@ int ds_session_seal_from(ds_session *s, uint8_t *frame, size_t head_len, const u
     const size_t len = head_len + body_len;
     if (cap < len || cap - len < ds_session_overhead(s))
         return -ENOSPC;
-    /* One pass (encrypt on OpenSSL): the body is encrypted from where it
-     * is into the frame. Otherwise the reference: copy, seal in place. */
-    if (s->mode != DS_SEC_ENCRYPT || s->lib != DS_AEAD_LIB_OPENSSL) {
+    /* One pass (encrypt, AES-256-GCM on OpenSSL): the body is encrypted
+     * from where it is into the frame. Otherwise copy, then seal in place:
+     * OpenSSL's ChaCha20-Poly1305 ran slower out of place than a copy plus
+     * in place (dsbench wire, copy_seal_us / seal_from_us; benchmarks.md). */
+    if (s->mode != DS_SEC_ENCRYPT || s->lib != DS_AEAD_LIB_OPENSSL ||
+        s->aead != DS_AEAD_AES256GCM) {
         if (body_len)
             memcpy(frame + head_len, body, body_len);
         return ds_session_seal(s, frame, len, cap, out_len);

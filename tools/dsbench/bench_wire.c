@@ -12,7 +12,9 @@
  * 1 MiB payload for none, auth and encrypt, with AES-256-GCM and with
  * XChaCha20-Poly1305, each run by libsodium and by OpenSSL's EVP
  * (ds_aead_lib; `lib`, with ratios against libsodium's row), beside memcpy
- * of the frame. Open is measured as
+ * of the frame; and the frame's data sealed from another buffer, copied in
+ * then sealed (copy_seal_us) or by ds_session_seal_from (seal_from_us).
+ * Open is measured as
  * (seal + open) minus seal, since opening decrypts in place and a frame
  * can be opened only once. Mode none costs the same at every size (it
  * only writes and checks the header), so its MB/s columns are null.
@@ -219,6 +221,27 @@ static void do_copy(void *p)
     sink += c->copy[c->len - 1];
 }
 
+/* A STATE_CHUNK's data sealed from elsewhere (c->copy's bytes): copied
+ * into the frame then sealed in place, as the copying send path does, or
+ * sealed from where it is (ds_session_seal_from, the encrypt send path). */
+#define CHUNK_HEAD (DS_WIRE_HDR_SIZE + DS_WIRE_CHUNK_PREFIX)
+
+static void do_copy_seal(void *p)
+{
+    seal_ctx *c = p;
+    memcpy(c->frame + CHUNK_HEAD, c->copy, c->len - CHUNK_HEAD);
+    do_seal(c);
+}
+
+static void do_seal_from(void *p)
+{
+    seal_ctx *c = p;
+    ds_put16(c->frame + DS_WH_FLAGS, 0);
+    if (ds_session_seal_from(c->tx, c->frame, CHUNK_HEAD, c->copy, c->len - CHUNK_HEAD, c->cap,
+                             &c->sealed) != 0)
+        c->failed = 1;
+}
+
 static int table_seal(int json, int reps, int quick)
 {
     static const size_t sizes[] = {1024, 65536, 1 << 20};
@@ -301,9 +324,9 @@ static int table_seal(int json, int reps, int quick)
             if (made < nl)
                 rc = 1;
             c->failed = 0;
-            double t_seal[NLIBS], t_both[NLIBS];
+            double t_seal[NLIBS], t_both[NLIBS], t_cs[NLIBS], t_sf[NLIBS];
             for (size_t l = 0; l < nl; l++)
-                t_seal[l] = t_both[l] = 1e30;
+                t_seal[l] = t_both[l] = t_cs[l] = t_sf[l] = 1e30;
             for (int r = 0; !rc && r < reps; r++)
                 for (size_t l = 0; l < nl; l++) {
                     c->tx = &c->txs[l];
@@ -312,6 +335,10 @@ static int table_seal(int json, int reps, int quick)
                     t_seal[l] = t < t_seal[l] ? t : t_seal[l];
                     t = best_of(1, iters, do_seal_open, c);
                     t_both[l] = t < t_both[l] ? t : t_both[l];
+                    t = best_of(1, iters, do_copy_seal, c);
+                    t_cs[l] = t < t_cs[l] ? t : t_cs[l];
+                    t = best_of(1, iters, do_seal_from, c);
+                    t_sf[l] = t < t_sf[l] ? t : t_sf[l];
                 }
             if (!rc && c->failed) {
                 fprintf(stderr, "dsbench wire: seal/open failed (%s %s)\n",
@@ -343,6 +370,8 @@ static int table_seal(int json, int reps, int quick)
                            cases[k].mode == DS_SEC_NONE || t_open <= 0 ? NAN : t_open0 / t_open,
                            2);
                 ds_row_num(&row, "memcpy_mb_per_s", (double)c->len / 1e6 / t_copy, 0);
+                ds_row_num(&row, "copy_seal_us", t_cs[l] * 1e6, 2);
+                ds_row_num(&row, "seal_from_us", t_sf[l] * 1e6, 2);
                 ds_row_end(&row);
             }
             for (size_t l = 0; l < made; l++) {

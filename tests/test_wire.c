@@ -5,7 +5,9 @@
  * message type, every sparse encoding on seeded index sets of odd sizes
  * (and the exact-size choice), each malformed class asserted by its drop
  * reason and counted, every truncation of every message type, and seeded
- * garbage (ASan catches any out-of-bounds read).
+ * garbage (ASan catches any out-of-bounds read). Value formats (f16, bf16):
+ * the conversion kernels against their references and independent
+ * oracles, the residual's exactness, and frames in each format.
  * Run: meson test -C build wire --verbose
  */
 #include <criterion/criterion.h>

@@ -21,8 +21,9 @@ PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
 # Only for the test suite: the multihost tests start their own sshd in
 # network namespaces, the slurm tests their own munged, slurmctld and slurmd.
 # Debian's packages also enable and start the system services where systemd
-# runs, so `run` does not install them.
-TEST_PKGS=(openssh-server slurmctld slurmd munge slurm-client)
+# runs, so `run` does not install them. python3-pytest runs the Python
+# package's tests (meson suite python).
+TEST_PKGS=(openssh-server slurmctld slurmd munge slurm-client python3-pytest)
 
 # nvcc lives outside PATH on Debian's CUDA install.
 if [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -74,7 +75,7 @@ cmd_test() {
   build build-tsan -Dbuildtype=debug -Db_sanitize=thread -Dcuda=disabled
   CRITERION_JOBS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     meson test -C build-tsan --print-errorlogs --num-processes 1 \
-    tsan_transport tsan_net tsan_inproc status gossip membership runtime tsan_cluster
+    tsan_transport tsan_net tsan_inproc status gossip group membership runtime api tsan_cluster
   # libFuzzer (clang) on the wire decoder, sessions and handshake: about a
   # minute from the committed seed corpus (docs/protocol.md for longer runs).
   tests/fuzz/run.sh 60

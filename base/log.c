@@ -50,8 +50,28 @@ int ds_log_enabled(enum ds_log_level level)
     return (int)level <= atomic_load(&log_level);
 }
 
+static _Thread_local char last_error[1024];
+
+const char *ds_log_last_error(void)
+{
+    return last_error;
+}
+
+void ds_log_error_clear(void)
+{
+    last_error[0] = 0;
+}
+
 void ds_vlog(enum ds_log_level level, const char *component, const char *fmt, va_list ap)
 {
+    if (level == DS_LOG_ERROR) {
+        const int saved = errno;
+        va_list aq;
+        va_copy(aq, ap);
+        vsnprintf(last_error, sizeof(last_error), fmt, aq);
+        va_end(aq);
+        errno = saved;
+    }
     if (!ds_log_enabled(level))
         return;
     const int saved_errno = errno;

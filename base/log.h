@@ -38,6 +38,13 @@ int ds_log_level_parse(const char *s);
 
 int ds_log_enabled(enum ds_log_level level);
 
+/* The text of the last error-level message logged on the calling thread,
+ * whatever the level threshold (without the time and node prefix); ""
+ * after ds_log_error_clear. For a front end that hands errors back as
+ * strings (node/api, libdsnode's dsnode_error). */
+const char *ds_log_last_error(void);
+void ds_log_error_clear(void);
+
 void ds_log(enum ds_log_level level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ds_vlog(enum ds_log_level level, const char *component, const char *fmt, va_list ap)

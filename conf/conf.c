@@ -1523,6 +1523,14 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
                   choice_name("gossip", "topology", (int)c->gossip.topology));
         goto out_free;
     }
+    if (c->node.group[0] && c->gossip.topology == DS_TOPO_ALLREDUCE) {
+        rc = fail(err, err_len, NULL,
+                  "node.group = %s requires a gossip topology between the groups, found "
+                  "gossip.topology = allreduce (every node all-reduces already; leave "
+                  "node.group empty)",
+                  c->node.group);
+        goto out_free;
+    }
     if (c->node.advertise[0]) {
         ds_hostport hp;
         if (ds_hostport_parse(c->node.advertise, &hp) == 0 && ds_host_is_wildcard(hp.host)) {

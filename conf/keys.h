@@ -72,7 +72,8 @@
     X(STR, node, advertise, "", HOSTPORT_OR_EMPTY, \
       "address peers are told to dial; empty = node.listen, or for a wildcard node.listen the address of the default route's interface") \
     X(STR, node, group, "", NAME_OR_EMPTY, \
-      "nodes with the same group all-reduce gradients every step; empty = a group of its own") \
+      "nodes with the same group all-reduce gradients every step and gossip as one between " \
+      "groups; auto = the host name; empty = a group of its own") \
     X(STR, node, data_dir, ".", PATH, \
       "directory for this node's outputs and state") \
     X(ENUM, node, log_level, "info", enum ds_log_level, DS_LOG_LEVELS, \
@@ -128,7 +129,11 @@
     X(INT, train, log_every, "100", 1, INT64_MAX, \
       "log the training loss every N steps") \
     X(INT, train, threads, "1", 1, 256, \
-      "BLAS threads of the CPU backend")
+      "BLAS threads of the CPU backend") \
+    X(INT, train, checkpoint_every, "0", 0, INT64_MAX, \
+      "write <node.data_dir>/checkpoint.bin every N steps (and at exit); 0 = no periodic one") \
+    X(INT, train, stop_after, "0", 0, INT64_MAX, \
+      "pause after N steps of this process: checkpoint, status paused, exit 0; 0 = run to train.steps")
 
 #define DS_CONF_KEYS_sparsify(X) \
     X(ENUM, sparsify, method, "micro", enum ds_sparsify_method, DS_SPARSIFY_METHODS, \

@@ -1,14 +1,18 @@
 /* kernels/cpu.c: CPU feature detection and the dispatch mask (see cpu.h). */
 #include "config.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu.h"
 
-static unsigned mask_value = DS_CPU_ALL;
-static int mask_loaded;
-static const char *mask_err;
+/* DS_KERNELS is read once, whichever thread asks first: libdsnode may
+ * register two engines from two threads at once. */
+static pthread_once_t mask_once = PTHREAD_ONCE_INIT;
+static _Atomic unsigned mask_value = DS_CPU_ALL;
+static const char *_Atomic mask_err;
 
 unsigned ds_cpu_detect(void)
 {
@@ -29,7 +33,6 @@ unsigned ds_cpu_detect(void)
 static void load_env_mask(void)
 {
     const char *s = getenv("DS_KERNELS");
-    mask_loaded = 1;
     if (!s || !*s || !strcmp(s, "all"))
         mask_value = DS_CPU_ALL;
     else if (!strcmp(s, "ref"))
@@ -46,15 +49,15 @@ static void load_env_mask(void)
 
 unsigned ds_cpu_flags(void)
 {
-    if (!mask_loaded)
-        load_env_mask();
+    pthread_once(&mask_once, load_env_mask);
     return ds_cpu_detect() & mask_value;
 }
 
 void ds_cpu_set_mask(unsigned mask)
 {
-    mask_loaded = 1;
+    pthread_once(&mask_once, load_env_mask);
     mask_value = mask;
+    mask_err = NULL;
 }
 
 const char *ds_cpu_flags_name(unsigned flags)
@@ -68,7 +71,6 @@ const char *ds_cpu_flags_name(unsigned flags)
 
 const char *ds_cpu_mask_error(void)
 {
-    if (!mask_loaded)
-        load_env_mask();
+    pthread_once(&mask_once, load_env_mask);
     return mask_err;
 }

@@ -1,7 +1,7 @@
 /*
  * node/main.c: the dsnode program.
  *
- *   dsnode run --config FILE [--slurm] [--set section.key=value]...
+ *   dsnode run --config FILE [--slurm] [--resume CHECKPOINT] [--set section.key=value]...
  *       (--slurm: name, group, listen port and seeds from the Slurm task's
  *       environment, conf/slurm.h; --set values win)
  *   dsnode check-config [--offline] [--slurm] FILE [--set section.key=value]...
@@ -45,7 +45,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dsnode run --config FILE [--slurm] [--set section.key=value]...\n"
+            "usage: dsnode run --config FILE [--slurm] [--resume CHECKPOINT] [--set section.key=value]...\n"
             "       dsnode check-config [--offline] [--slurm] FILE [--set section.key=value]...\n"
             "       dsnode keygen [--cluster] --out FILE\n"
             "       dsnode help-config    every config key, its type, default and meaning\n"
@@ -80,10 +80,11 @@ fail:
  * argument that is not an option. argv[0] is the subcommand. Prints what
  * it does not understand and returns -1. */
 static int parse_common(int argc, char **argv, int positional_ok, const char **path, char **sets,
-                        int *nset, int *offline, int *slurm)
+                        int *nset, int *offline, int *slurm, const char **resume)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
+        {"resume", required_argument, NULL, 'r'},
         {"set", required_argument, NULL, 's'},
         {"offline", no_argument, NULL, 'o'},
         {"slurm", no_argument, NULL, 'S'},
@@ -110,6 +111,13 @@ static int parse_common(int argc, char **argv, int positional_ok, const char **p
                 break;
             }
             fprintf(stderr, "dsnode %s: unexpected argument '--offline'\n", argv[0]);
+            return -1;
+        case 'r':
+            if (resume && !*resume) {
+                *resume = optarg;
+                break;
+            }
+            fprintf(stderr, "dsnode %s: unexpected argument '--resume'\n", argv[0]);
             return -1;
         case 'S':
             if (slurm) {
@@ -246,9 +254,11 @@ static int cmd_run(int argc, char **argv)
 {
     const char *path;
     char *sets[MAX_SETS];
+    const char *resume = NULL;
     int nset, slurm = 0;
     ds_conf c;
-    if (argc > MAX_SETS || parse_common(argc, argv, 0, &path, sets, &nset, NULL, &slurm) < 0) {
+    if (argc > MAX_SETS ||
+        parse_common(argc, argv, 0, &path, sets, &nset, NULL, &slurm, &resume) < 0) {
         usage(stderr);
         return 2;
     }
@@ -263,7 +273,7 @@ static int cmd_run(int argc, char **argv)
     ds_log_setup(c.node.name, c.node.log_level, NULL);
     if (ds_cpu_mask_error())
         ds_warn("kernels", "%s", ds_cpu_mask_error());
-    const int code = ds_node_run(&c, DS_RUN_PROCESS_EXITS);
+    const int code = ds_node_run(&c, resume, DS_RUN_PROCESS_EXITS);
     /* The process ends here, without closing the libfabric endpoint: a run
      * leaves it to the kernel (DS_RUN_PROCESS_EXITS). fi_close on a
      * tcp;ofi_rxm endpoint into which a peer is still sending a large
@@ -285,7 +295,7 @@ static int cmd_check_config(int argc, char **argv)
     int nset, offline = 0, slurm = 0;
     ds_conf c;
     char err[1024];
-    if (argc > MAX_SETS || parse_common(argc, argv, 1, &path, sets, &nset, &offline, &slurm) < 0) {
+    if (argc > MAX_SETS || parse_common(argc, argv, 1, &path, sets, &nset, &offline, &slurm, NULL) < 0) {
         usage(stderr);
         return 2;
     }

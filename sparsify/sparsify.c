@@ -226,6 +226,26 @@ void ds_sparsifier_reset(ds_sparsifier *s)
     s->micro_k_group = 0;
 }
 
+void ds_sparsifier_state_get(const ds_sparsifier *s, ds_sparsify_state *out)
+{
+    *out = (ds_sparsify_state){
+        .rng = s->rng, .started = s->started, .delta = s->delta, .mean_prev = s->mean_prev,
+        .micro_ratio = s->micro_ratio, .micro_fed = s->micro_fed,
+        .micro_group_count = s->micro_group_count, .micro_k_group = s->micro_k_group};
+}
+
+void ds_sparsifier_state_set(ds_sparsifier *s, const ds_sparsify_state *in)
+{
+    s->rng = in->rng;
+    s->started = in->started;
+    s->delta = in->delta;
+    s->mean_prev = in->mean_prev;
+    s->micro_ratio = in->micro_ratio;
+    s->micro_fed = in->micro_fed;
+    s->micro_group_count = (size_t)in->micro_group_count;
+    s->micro_k_group = (size_t)in->micro_k_group;
+}
+
 enum ds_sparsify_method ds_sparsifier_method(const ds_sparsifier *s)
 {
     return s->cfg.method;

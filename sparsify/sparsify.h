@@ -146,6 +146,23 @@ void ds_sparsifier_destroy(ds_sparsifier **s);
  * after the segment was replaced by a model transfer). Totals stay. */
 void ds_sparsifier_reset(ds_sparsifier *s);
 
+/* The state a sparsifier carries from one call to the next (a checkpoint's
+ * part, node/runtime/checkpoint.c): the generator, the threshold and what
+ * steers it. Scratch and totals are not state. */
+typedef struct ds_sparsify_state {
+    uint64_t rng;
+    int32_t started;
+    float delta;
+    double mean_prev;
+    double micro_ratio;
+    int32_t micro_fed;
+    uint64_t micro_group_count;
+    uint64_t micro_k_group;
+} ds_sparsify_state;
+void ds_sparsifier_state_get(const ds_sparsifier *s, ds_sparsify_state *out);
+/* Put a state taken by ds_sparsifier_state_get back (the same method and
+ * seed; the caller checks that). */
+void ds_sparsifier_state_set(ds_sparsifier *s, const ds_sparsify_state *in);
 enum ds_sparsify_method ds_sparsifier_method(const ds_sparsifier *s);
 
 /* The threshold the next call starts from (sage, micro, threshold), 0

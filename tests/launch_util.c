@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -189,6 +191,45 @@ struct result run_dslaunch(int timeout_ms, const char *const *args)
     int ret = ds_proc_capture(argv, timeout_ms, &r.out, &r.err, &r.code, err, sizeof(err));
     cr_assert(ret == 0, "dslaunch: %s\nstderr:\n%s", err, r.err ? r.err : "");
     return r;
+}
+
+struct result run_dsnode(int timeout_ms, const char *const *args)
+{
+    char *argv[64], err[256];
+    int n = 0;
+    argv[n++] = (char *)bin("DSNODE");
+    for (; *args && n < 63; args++)
+        argv[n++] = (char *)*args;
+    argv[n] = NULL;
+    struct result r = {0};
+    int ret = ds_proc_capture(argv, timeout_ms, &r.out, &r.err, &r.code, err, sizeof(err));
+    cr_assert_neq(ret, -ETIMEDOUT, "dsnode %s did not return within %d ms\nstderr:\n%s", argv[1],
+                  timeout_ms, r.err ? r.err : "");
+    cr_assert_eq(ret, 0, "dsnode: %s", err);
+    return r;
+}
+
+void expect_result(struct result *r, int code, const char *const *want, const char *const *not)
+{
+    cr_expect_eq(r->code, code, "exit %d, expected %d\nstderr:\n%s", r->code, code, r->err);
+    for (; want && *want; want++)
+        cr_expect_not_null(strstr(r->err, *want), "stderr lacks '%s':\n%s", *want, r->err);
+    for (; not && *not; not++)
+        cr_expect_null(strstr(r->err, *not), "stderr has '%s':\n%s", *not, r->err);
+    result_free(r);
+}
+
+const char *listen_free(void)
+{
+    static char set[64];
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    snprintf(set, sizeof(set), "node.listen=127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    return set;
 }
 
 json_t *last_json(const char *out)

@@ -80,6 +80,19 @@ void result_free(struct result *r);
  * timeout_ms. Fails the test if it cannot be run at all. */
 struct result run_dslaunch(int timeout_ms, const char *const *args);
 
+/* dsnode with args (NULL-terminated, at most 62) under a hard timeout
+ * (a hang fails the test). */
+struct result run_dsnode(int timeout_ms, const char *const *args);
+
+/* Expect exit status `code`, every string of want (NULL-terminated, may
+ * be NULL) in stderr and none of not; then frees r. */
+void expect_result(struct result *r, int code, const char *const *want, const char *const *not);
+
+/* "node.listen=127.0.0.1:P" with a port nothing is bound to now (the
+ * kernel's pick; a single node without seeds dials nobody). One static
+ * buffer. */
+const char *listen_free(void);
+
 /* sh -c (the formatted command) to completion, at most 60 s: its exit
  * status, or -1 when it could not run; its stdout in *out when out is not
  * NULL (caller frees). A failure's stderr goes to the test log. */

@@ -222,6 +222,10 @@ static const key_case cases[] = {
     {"train.log_every", "10", "10", "0",
      "train.log_every: expected an integer >= 1, found '0'"},
     {"train.threads", "4", "4", "257", "train.threads: expected an integer in 1..256, found '257'"},
+    {"train.checkpoint_every", "100", "100", "-1",
+     "train.checkpoint_every: expected an integer >= 0, found '-1'"},
+    {"train.stop_after", "300", "300", "x",
+     "train.stop_after: expected an integer >= 0, found 'x'"},
     {"sparsify.method", "topk", "topk", "top-k",
      "sparsify.method: expected one of none|random|topk|threshold|sage|micro|deft, found 'top-k'"},
     {"sparsify.density", "1", "1", "0",
@@ -1118,6 +1122,16 @@ Test(conf, cross_key_value_format_needs_gossip)
     c = with((const char *const[]){"gossip.topology=allreduce", NULL});
     expect_check(&c, NULL);
     c = with((const char *const[]){"sparsify.value_format=bf16", NULL});
+    expect_check(&c, NULL);
+}
+
+Test(conf, cross_key_groups_gossip_between_them)
+{
+    ds_conf c = with((const char *const[]){"node.group=hostA", "gossip.topology=allreduce", NULL});
+    expect_check(&c, "node.group = hostA requires a gossip topology between the groups, found "
+                     "gossip.topology = allreduce (every node all-reduces already; leave "
+                     "node.group empty)");
+    c = with((const char *const[]){"node.group=auto", NULL});
     expect_check(&c, NULL);
 }
 

@@ -701,6 +701,13 @@ Test(dslaunch_cli, bad_arguments)
     const char *hostns[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--host", "::1",
                             "--netns", NULL};
     expect_error(hostns, 2, "--host cannot be combined with --netns");
+    const char *groups0[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--groups", "0", NULL};
+    expect_error(groups0, 2, "--groups expects a group count in 1..256, found '0'");
+    const char *groups3[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--groups", "3", NULL};
+    expect_error(groups3, 2, "--groups 3: expected at most one group per node (-n 2)");
+    const char *hosts3[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--netns-hosts", "3",
+                            NULL};
+    expect_error(hosts3, 2, "--netns-hosts 3: expected at most one namespace per node (-n 2)");
     struct stat st;
     cr_assert(stat(out, &st) < 0, "nothing was created for a refused command line");
 }
@@ -745,6 +752,35 @@ Test(dslaunch_cli, bad_files_and_programs)
     const char *used[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--out", out, "--dsnode",
                           dsnode, NULL};
     expect_error(used, 2, "is not empty; give a new --out");
+}
+
+/* -- CMD: every node runs the command, told its config, name and rank; the
+ * summary line it prints and its exit status reach the report. */
+Test(dslaunch_cli, a_command_of_our_own_with_its_environment)
+{
+    const char *out = tmp_path("run");
+    const char *args[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--out", out, "--json",
+                          "--dsnode", bin("DSNODE"), "--", "sh", "-c",
+                          "echo \"summary node=$DSNODE_NAME status=done rank=$DSNODE_RANK "
+                          "conf=$DSNODE_CONFIG\"; exit $DSNODE_RANK", NULL};
+    struct result r = run_dslaunch(60000, args);
+    cr_assert_eq(r.code, 1, "n1 exits 1, so dslaunch does: %s", r.err);
+    json_t *rep = last_json(r.out);
+    char conf[600];
+    for (int i = 0; i < 2; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        const json_t *nd = jnode(rep, name);
+        cr_assert_eq(jnum(nd, "exit_status"), i);
+        cr_assert_eq(jnum(nd, "rank"), i);
+        snprintf(conf, sizeof(conf), "%s/%s.ini", out, name);
+        cr_assert_str_eq(jstr(nd, "conf"), conf);
+    }
+    json_decref(rep);
+    result_free(&r);
+    const char *missing[] = {"local", "-n", "2", "--config", BASE_CONFIG, "--out", out, "--",
+                             "no-such-program-here", NULL};
+    expect_error(missing, 2, "-- no-such-program-here: not found in PATH");
 }
 
 /* ================================================================================ */

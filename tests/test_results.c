@@ -73,54 +73,12 @@ static const char *make_tmpfs(const char *name, size_t size, unsigned long flags
     return dir;
 }
 
-/* "node.listen=127.0.0.1:P" with a port nothing is bound to now (the
- * kernel's pick; a single node without seeds dials nobody). */
-static const char *listen_free(void)
-{
-    static char set[64];
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    snprintf(set, sizeof(set), "node.listen=127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
-    return set;
-}
-
-/* dsnode with args under a hard timeout (a hang fails the test). */
-static struct result dsnode(int timeout_ms, const char *const *args)
-{
-    char *argv[64], err[256];
-    int n = 0;
-    argv[n++] = (char *)bin("DSNODE");
-    for (; *args && n < 63; args++)
-        argv[n++] = (char *)*args;
-    argv[n] = NULL;
-    struct result r = {0};
-    int ret = ds_proc_capture(argv, timeout_ms, &r.out, &r.err, &r.code, err, sizeof(err));
-    cr_assert_neq(ret, -ETIMEDOUT, "dsnode %s did not return within %d ms\nstderr:\n%s", argv[1],
-                  timeout_ms, r.err ? r.err : "");
-    cr_assert_eq(ret, 0, "dsnode: %s", err);
-    return r;
-}
-
-static void expect(struct result *r, int code, const char *const *want, const char *const *not)
-{
-    cr_expect_eq(r->code, code, "exit %d, expected %d\nstderr:\n%s", r->code, code, r->err);
-    for (; want && *want; want++)
-        cr_expect_not_null(strstr(r->err, *want), "stderr lacks '%s':\n%s", *want, r->err);
-    for (; not && *not; not++)
-        cr_expect_null(strstr(r->err, *not), "stderr has '%s':\n%s", *not, r->err);
-    result_free(r);
-}
-
 /* `dsnode run` of the single-node example with data_dir, a few steps. */
 static struct result run_with_data_dir(const char *dir)
 {
     char data[PATH_MAX + 32];
     snprintf(data, sizeof(data), "node.data_dir=%s", dir);
-    return dsnode(REFUSE_MS, (const char *const[]){"run", "--config", SINGLE, "--set", data,
+    return run_dsnode(REFUSE_MS, (const char *const[]){"run", "--config", SINGLE, "--set", data,
                                                    "--set", listen_free(), "--set",
                                                    "train.steps=20", "--set", "train.eval_every=0",
                                                    NULL});
@@ -131,7 +89,7 @@ Test(results, read_only_data_dir_refused_at_start)
     const char *dir = make_tmpfs("ro", 1 << 20, MS_RDONLY);
     struct result r = run_with_data_dir(dir);
     /* Refused before the first step: no step line, no summary of a run. */
-    expect(&r, 1, (const char *const[]){"node.data_dir: ", dir, "Read-only file system", NULL},
+    expect_result(&r, 1, (const char *const[]){"node.data_dir: ", dir, "Read-only file system", NULL},
            (const char *const[]){"step=", NULL});
 }
 
@@ -139,7 +97,7 @@ Test(results, data_dir_too_small_for_the_model_refused_at_start)
 {
     const char *dir = make_tmpfs("small", 256 << 10, 0); /* model.bin is about 1 MiB */
     struct result r = run_with_data_dir(dir);
-    expect(&r, 1, (const char *const[]){"node.data_dir: ", "no room for model.bin", NULL},
+    expect_result(&r, 1, (const char *const[]){"node.data_dir: ", "no room for model.bin", NULL},
            (const char *const[]){"step=", NULL});
 }
 
@@ -148,7 +106,7 @@ Test(results, data_dir_a_file_refused_at_start)
     const char *file = tmp_path("plain");
     write_bytes(file, "x", 1);
     struct result r = run_with_data_dir(file);
-    expect(&r, 1, (const char *const[]){"node.data_dir: ", "expected a directory", NULL}, NULL);
+    expect_result(&r, 1, (const char *const[]){"node.data_dir: ", "expected a directory", NULL}, NULL);
 }
 
 /* Fill dir's file system: write zeros into a file until ENOSPC. */
@@ -257,13 +215,13 @@ static void check_refused(const char *const *sets, int nsets, const char *want)
         argv[n++] = sets[i];
     }
     argv[n] = NULL;
-    struct result r = dsnode(REFUSE_MS, argv);
-    expect(&r, 2, (const char *const[]){want, NULL}, NULL);
+    struct result r = run_dsnode(REFUSE_MS, argv);
+    expect_result(&r, 2, (const char *const[]){want, NULL}, NULL);
     for (int i = n; i > 1; i--)
         argv[i] = argv[i - 1];
     argv[1] = "--offline";
     argv[n + 1] = NULL;
-    r = dsnode(REFUSE_MS, argv);
+    r = run_dsnode(REFUSE_MS, argv);
     cr_expect_eq(r.code, 0, "--offline: exit %d\n%s", r.code, r.err);
     result_free(&r);
 }
@@ -272,7 +230,7 @@ Test(results, check_config_checks_the_file_system)
 {
     char data[PATH_MAX + 32], key[PATH_MAX + 64], ds[PATH_MAX + 32];
     snprintf(data, sizeof(data), "node.data_dir=%s", tmp_path("data"));
-    struct result ok = dsnode(REFUSE_MS, (const char *const[]){"check-config", SINGLE, "--set",
+    struct result ok = run_dsnode(REFUSE_MS, (const char *const[]){"check-config", SINGLE, "--set",
                                                                listen_free(), "--set", data,
                                                                NULL});
     cr_expect_eq(ok.code, 0, "a good config: exit %d\n%s", ok.code, ok.err);

@@ -2,6 +2,8 @@
  * tests/test_slurm_daemons.c: `dsnode run --slurm` and
  * tools/slurm/dsnode.sbatch on a real Slurm (issue 13, Slurm). Suite
  * `slurm` (slow; runnable alone: meson test -C build --suite slurm).
+ * The tests: a 4-task job trains; a second job joins and leaves; a job
+ * stopped as by its time limit is resumed by a new job (issue 11).
  *
  * Each test starts Debian's munged, slurmctld and slurmd itself, in the
  * foreground, with everything in the test's temp dir: a munge key and
@@ -440,4 +442,76 @@ Test(slurm, second_job_joins_and_leaves)
     cr_assert_str_eq(state, "COMPLETED", "job %ld ended %s, exit code %s", a, state, code);
     cr_assert_str_eq(code, "0:0");
     check_summaries(a, 4, "done", 0.85);
+}
+
+/* How many lines of the shared allow-list name job `job`'s tasks. */
+static int allowed_of(long job)
+{
+    char path[600], key[40];
+    snprintf(path, sizeof(path), "%s/allowed_keys", tmp_path("dsdir"));
+    snprintf(key, sizeof(key), " %ld-", job);
+    char *text = read_text(path);
+    int n = 0;
+    for (const char *p = text; p && (p = strstr(p, key)); p++)
+        n++;
+    free(text);
+    return n;
+}
+
+static int task_steps_at_least(void *arg)
+{
+    const long *w = arg; /* job, step */
+    json_t *doc = task_status(w[0], 0);
+    const int ok = doc && status_step(doc) >= w[1];
+    json_decref(doc);
+    return ok;
+}
+
+/* A job stopped as by its time limit (`scancel --signal=TERM`: SIGTERM to
+ * the tasks, what `#SBATCH --signal=TERM@60` sends before the limit)
+ * leaves a checkpoint per task and its keys leave the allow-list; a new
+ * job with DSNODE_RESUME continues each task from its checkpoint and
+ * pauses 50 steps later (train.stop_after): exit 0, status paused. */
+Test(slurm, stopped_job_resumed_by_a_new_job)
+{
+    need_slurm();
+    slurm_up();
+    const int steps = 100000;
+    const long a = submit("", "--ntasks=2", node_port(0), steps, "--set cluster.min_members=2");
+    long wa[2] = {a, 100};
+    cr_assert(wait_for(120000, task_steps_at_least, wa), "job %ld did not reach step 100", a);
+    cr_expect_eq(allowed_of(a), 2, "job %ld's keys in the allow-list while it runs", a);
+    cr_assert_eq(sh(NULL, "scancel --signal=TERM %ld", a), 0);
+    char state[32], code[32];
+    job_wait(a, 120000, state, sizeof(state), code, sizeof(code));
+    check_summaries(a, 2, "stopped", -1);
+    cr_expect_eq(allowed_of(a), 0, "job %ld's keys still in the allow-list after it ended", a);
+    long long stopped[2];
+    for (int i = 0; i < 2; i++) {
+        char ck[700];
+        snprintf(ck, sizeof(ck), "%s/job-%ld/%d/checkpoint.bin", tmp_path("dsdir"), a, i);
+        cr_assert_eq(access(ck, R_OK), 0, "no %s", ck);
+        json_t *doc = task_status(a, i);
+        cr_assert_not_null(doc);
+        stopped[i] = status_step(doc);
+        json_decref(doc);
+        cr_assert_geq(stopped[i], 100);
+    }
+
+    char env[64];
+    snprintf(env, sizeof(env), "DSNODE_RESUME=%ld", a);
+    const long b = submit(env, "--ntasks=2", node_port(1), steps,
+                          "--set cluster.min_members=2 --set train.stop_after=50");
+    job_wait(b, 240000, state, sizeof(state), code, sizeof(code));
+    cr_assert_str_eq(state, "COMPLETED", "job %ld ended %s, exit code %s", b, state, code);
+    cr_assert_str_eq(code, "0:0");
+    check_summaries(b, 2, "paused", -1);
+    for (int i = 0; i < 2; i++) {
+        json_t *doc = task_status(b, i);
+        cr_assert_not_null(doc);
+        cr_expect_eq(status_step(doc), stopped[i] + 50, "task %d: step %lld, stopped at %lld", i,
+                     status_step(doc), stopped[i]);
+        json_decref(doc);
+    }
+    cr_expect_eq(allowed_of(b), 0, "job %ld's keys still in the allow-list after it ended", b);
 }

@@ -1130,3 +1130,49 @@ Test(sparsify, micro_restarts_when_the_scale_jumps)
     free(val);
     free(idx);
 }
+
+/* Checkpoints (node/runtime/checkpoint.c): a sparsifier whose state was
+ * taken after some calls and put into a fresh one goes on exactly as the
+ * original: the same selections and thresholds, call after call, for
+ * every method with state (random's generator, sage's and micro's
+ * thresholds and what steers them, threshold's start). */
+Test(sparsify, state_taken_and_put_back_continues_identically)
+{
+    const size_t n = 4096;
+    const enum ds_sparsify_method ms[] = {DS_SPARSIFY_RANDOM, DS_SPARSIFY_THRESHOLD,
+                                          DS_SPARSIFY_SAGE, DS_SPARSIFY_MICRO};
+    float *v = malloc(n * sizeof(float)), *va = malloc(n * sizeof(float)),
+          *vb = malloc(n * sizeof(float));
+    uint32_t *ia = malloc(n * sizeof(uint32_t)), *ib = malloc(n * sizeof(uint32_t));
+    cr_assert(v && va && vb && ia && ib);
+    for (size_t m = 0; m < sizeof(ms) / sizeof(ms[0]); m++) {
+        ds_sparsifier *a = make(ms[m], n, NULL), *b = make(ms[m], n, NULL);
+        ds_sparsify_result ra, rb;
+        for (int c = 0; c < 7; c++) {
+            fill_grad(v, n, 100 + (uint64_t)c, 0);
+            cr_assert_eq(ds_sparsify_select(a, v, n, 0.02, ia, va, n, &ra), 0);
+        }
+        ds_sparsify_state st;
+        ds_sparsifier_state_get(a, &st);
+        ds_sparsifier_state_set(b, &st);
+        cr_expect_eq(ds_sparsifier_threshold(a), ds_sparsifier_threshold(b), "%s",
+                     ds_sparsify_method_name(ms[m]));
+        for (int c = 7; c < 15; c++) {
+            fill_grad(v, n, 100 + (uint64_t)c, 0);
+            cr_assert_eq(ds_sparsify_select(a, v, n, 0.02, ia, va, n, &ra), 0);
+            cr_assert_eq(ds_sparsify_select(b, v, n, 0.02, ib, vb, n, &rb), 0);
+            cr_assert_eq(ra.count, rb.count, "%s call %d", ds_sparsify_method_name(ms[m]), c);
+            cr_expect_eq(ra.threshold, rb.threshold, "%s call %d", ds_sparsify_method_name(ms[m]),
+                         c);
+            cr_expect(!memcmp(ia, ib, ra.count * sizeof(uint32_t)), "%s call %d",
+                      ds_sparsify_method_name(ms[m]), c);
+        }
+        ds_sparsifier_destroy(&a);
+        ds_sparsifier_destroy(&b);
+    }
+    free(v);
+    free(va);
+    free(vb);
+    free(ia);
+    free(ib);
+}

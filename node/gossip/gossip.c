@@ -111,6 +111,10 @@ struct ds_gossip {
     uint32_t next_G, next_me;
     uint64_t next_epoch;
     int view_set;
+    /* Hierarchy: this node handles segment s iff s mod share_size ==
+     * share_member (ds_gossip_set_share; 1 and 0: every segment). */
+    uint32_t share_member, share_size;
+    uint32_t next_share_member, next_share_size;
     struct qmsg *q;
     int qn, qcap;
     struct qmsg held; /* a queued message being served (arrays owned) */
@@ -504,7 +508,18 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
     g->next_me = me;
     g->next_epoch = epoch;
     g->view_set = 1;
+    g->next_share_member = 0;
+    g->next_share_size = 1;
     memset(g->skip, 0, G);
+    return 0;
+}
+
+int ds_gossip_set_share(ds_gossip *g, uint32_t member, uint32_t size)
+{
+    if (!g->view_set || size == 0 || member >= size)
+        return -EINVAL;
+    g->next_share_member = member;
+    g->next_share_size = size;
     return 0;
 }
 
@@ -560,6 +575,8 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
     g->G = g->next_G;
     g->me = g->next_me;
     g->epoch = g->next_epoch;
+    g->share_member = g->next_share_member;
+    g->share_size = g->next_share_size ? g->next_share_size : 1;
     g->round = round;
     if (g->lat_G != g->G || g->lat_epoch != g->epoch) {
         /* Other nodes behind the view indices now: their latencies go. */
@@ -594,6 +611,15 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
         g->in_n[s] = 0;
         if (!gossips || g->G < 2)
             continue;
+        uint32_t owner = 0;
+        ds_topo_hier_owner((uint32_t)s, g->share_size, &owner);
+        if (owner != g->share_member) {
+            /* Another member of our group handles this segment; its
+             * drift is that member's to send (the members' models are
+             * the same), so ours is forgotten. */
+            memset(acc + sg->off, 0, sg->len * sizeof(float));
+            continue;
+        }
         const ds_topo_key key = {g->cfg.seed, g->epoch, round, (uint32_t)s};
         uint32_t n_in = 0;
         int r = ds_topo_peers(g->cfg.topology, &key, g->G, g->me, &o->target,
@@ -633,6 +659,20 @@ void ds_gossip_end(ds_gossip *g, float *theta)
             g->cfg.mix == DS_MIX_PAIRWISE)
             g->sel.scatter_add(g->acc + g->seg[s].off, o->idx, o->stash, o->count, 1.0f);
     }
+    ds_gossip_apply(g, theta);
+    if (!g->cfg.error_feedback)
+        memset(g->acc, 0, g->n * sizeof(float));
+    g->st.rounds++;
+    publish(g);
+}
+
+float *ds_gossip_delta(ds_gossip *g)
+{
+    return g->delta;
+}
+
+void ds_gossip_apply(ds_gossip *g, float *theta)
+{
     const size_t n = g->n;
     float *d = g->delta, *snap = g->snap;
     for (size_t i = 0; i < n; i++) {
@@ -640,10 +680,6 @@ void ds_gossip_end(ds_gossip *g, float *theta)
         snap[i] += d[i];
         d[i] = 0.0f;
     }
-    if (!g->cfg.error_feedback)
-        memset(g->acc, 0, n * sizeof(float));
-    g->st.rounds++;
-    publish(g);
 }
 
 /* ---- exchange ---------------------------------------------------------------- */
@@ -1448,4 +1484,27 @@ int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out)
 const float *ds_gossip_acc(const ds_gossip *g)
 {
     return g->acc;
+}
+
+/* ---- checkpoints -------------------------------------------------------------- */
+
+float *ds_gossip_acc_mut(ds_gossip *g)
+{
+    return g->acc;
+}
+
+float *ds_gossip_snap_mut(ds_gossip *g)
+{
+    return g->snap;
+}
+
+ds_sparsifier *ds_gossip_sparsifier(ds_gossip *g, int s)
+{
+    return g->sp && s >= 0 && s < g->n_seg ? g->sp[s] : NULL;
+}
+
+void ds_gossip_drop_late(ds_gossip *g)
+{
+    for (int i = 0; g->late && i < g->n_seg * LATE_SLOTS; i++)
+        g->late[i].used = 0;
 }

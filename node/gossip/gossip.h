@@ -230,6 +230,24 @@ int ds_gossip_set_skip(ds_gossip *g, uint32_t peer);
  * Returns 0 or -EINVAL. */
 int ds_gossip_set_nowait(ds_gossip *g, uint32_t peer);
 
+/* Hierarchy (design §5): for the next round only (set_view resets it to
+ * 1 and 0), this node is member `member` of a group of `size` whose view
+ * index is `me`: it initiates and expects exchanges only for the segments
+ * s with s mod size == member (ds_topo_hier_owner) and forgets its drift
+ * in the others. Returns 0 or -EINVAL. */
+int ds_gossip_set_share(ds_gossip *g, uint32_t member, uint32_t size);
+
+/* The round's delta (n floats): what end() will add to theta and snap.
+ * Between exchange() and end() only, on the thread that owns theta: the
+ * group sums its members' deltas there so that every member adds the
+ * same. */
+float *ds_gossip_delta(ds_gossip *g);
+
+/* theta += delta, snap += delta, delta = 0: the part of end() that
+ * changes the model, for a node that took no round of its own while its
+ * group's delta came (then delta was filled through ds_gossip_delta). */
+void ds_gossip_apply(ds_gossip *g, float *theta);
+
 /* Round `round`, in three parts (see the top of this file). begin and end
  * run on the thread that owns theta; exchange may run on another thread
  * between them. A full round is ds_gossip_round. */
@@ -286,5 +304,16 @@ void ds_gossip_report(ds_gossip *g, ds_gossip_stats *st, ds_gossip_xinfo *x, int
 
 /* Read access for status and tests. */
 const float *ds_gossip_acc(const ds_gossip *g);
+/* For checkpoints (node/runtime/checkpoint.c), between rounds only (after
+ * end; delta is zero then): the accumulator (the error-feedback residual)
+ * and the round snapshot, n_params floats each, writable; segment s's
+ * sparsifier (NULL for the dense crossover). A caller that writes them
+ * restores a saved state; exchanges kept open past their round are not
+ * part of it (ds_gossip_drop_late forgets them). */
+float *ds_gossip_acc_mut(ds_gossip *g);
+float *ds_gossip_snap_mut(ds_gossip *g);
+ds_sparsifier *ds_gossip_sparsifier(ds_gossip *g, int s);
+void ds_gossip_drop_late(ds_gossip *g);
+
 
 #endif

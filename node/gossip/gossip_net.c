@@ -35,9 +35,12 @@ struct ds_gnet {
     struct gq *head, *tail;
     size_t queued_bytes;
     struct gq *held;  /* handed out by the last recv (gossip thread) */
-    uint64_t *view;
+    uint64_t *view;   /* n_ids node ids, group by group */
     char (*addr)[DS_WIRE_ADDR_MAX + 1];
-    uint32_t G;
+    uint32_t n_ids;
+    uint32_t *gidx;   /* n_ids: the view index (group) of each id */
+    uint32_t *gfirst; /* G + 1: group h's ids are view[gfirst[h] .. gfirst[h + 1]) */
+    uint32_t G;       /* view indices: groups (of one, without hierarchy) */
     void (*failed_fn)(void *ctx, uint64_t id);
     void *failed_ctx;
     void (*heard_fn)(void *ctx, uint64_t id);
@@ -111,8 +114,12 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
     uint64_t to = 0;
     pthread_mutex_lock(&g->lock);
     if (m->to < g->G) {
-        to = g->view[m->to];
-        memcpy(to_addr, g->addr[m->to], sizeof(to_addr));
+        /* Segment s of group h is handled by its member s mod |h|
+         * (ds_topo_hier_route); a group of one is that node. */
+        const uint32_t size = g->gfirst[m->to + 1] - g->gfirst[m->to];
+        const uint32_t k = g->gfirst[m->to] + (m->type == DS_GMSG_ARED ? 0 : m->segment % size);
+        to = g->view[k];
+        memcpy(to_addr, g->addr[k], sizeof(to_addr));
     }
     pthread_mutex_unlock(&g->lock);
     if (!to)
@@ -161,12 +168,13 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
     return r;
 }
 
-/* View index of a node id, or UINT32_MAX. Called with the lock held. */
+/* View index (group) of a node id, or UINT32_MAX. Called with the lock
+ * held. */
 static uint32_t index_of(const ds_gnet *g, uint64_t id)
 {
-    for (uint32_t i = 0; i < g->G; i++)
+    for (uint32_t i = 0; i < g->n_ids; i++)
         if (g->view[i] == id)
-            return i;
+            return g->gidx[i];
     return UINT32_MAX;
 }
 
@@ -264,6 +272,8 @@ void ds_gnet_destroy(ds_gnet **gp)
     free(g->held);
     free(g->view);
     free(g->addr);
+    free(g->gidx);
+    free(g->gfirst);
     free(g->dec_idx);
     free(g->dec_val);
     pthread_mutex_destroy(&g->lock);
@@ -371,22 +381,49 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
 
 int ds_gnet_set_view(ds_gnet *g, const uint64_t *ids, const char *const *addrs, uint32_t G)
 {
-    uint64_t *v = malloc((G ? G : 1) * sizeof(uint64_t));
-    char(*a)[DS_WIRE_ADDR_MAX + 1] = calloc(G ? G : 1, sizeof(*a));
-    if (!v || !a) {
+    return ds_gnet_set_groups(g, ids, addrs, G, NULL, G);
+}
+
+int ds_gnet_set_groups(ds_gnet *g, const uint64_t *ids, const char *const *addrs, uint32_t n,
+                       const uint32_t *group, uint32_t G)
+{
+    uint64_t *v = malloc((n ? n : 1) * sizeof(uint64_t));
+    char(*a)[DS_WIRE_ADDR_MAX + 1] = calloc(n ? n : 1, sizeof(*a));
+    uint32_t *gi = malloc((n ? n : 1) * sizeof(uint32_t));
+    uint32_t *gf = calloc((size_t)G + 1, sizeof(uint32_t));
+    int e = !v || !a || !gi || !gf ? -ENOMEM : 0;
+    for (uint32_t i = 0; !e && i < n; i++) {
+        gi[i] = group ? group[i] : i;
+        /* Groups come in order, each non-empty. */
+        if (gi[i] >= G || (i && gi[i] != gi[i - 1] && gi[i] != gi[i - 1] + 1) ||
+            (!i && gi[i] != 0))
+            e = -EINVAL;
+        else
+            gf[gi[i] + 1] = i + 1;
+    }
+    if (!e && n && gi[n - 1] != G - 1)
+        e = -EINVAL;
+    if (e) {
         free(v);
         free(a);
-        return -ENOMEM;
+        free(gi);
+        free(gf);
+        return e;
     }
-    memcpy(v, ids, (size_t)G * sizeof(uint64_t));
-    for (uint32_t i = 0; addrs && i < G; i++)
+    memcpy(v, ids, (size_t)n * sizeof(uint64_t));
+    for (uint32_t i = 0; addrs && i < n; i++)
         if (addrs[i])
             snprintf(a[i], sizeof(a[i]), "%s", addrs[i]);
     pthread_mutex_lock(&g->lock);
     free(g->view);
     free(g->addr);
+    free(g->gidx);
+    free(g->gfirst);
     g->view = v;
     g->addr = a;
+    g->gidx = gi;
+    g->gfirst = gf;
+    g->n_ids = n;
     g->G = G;
     pthread_mutex_unlock(&g->lock);
     return 0;
@@ -395,7 +432,8 @@ int ds_gnet_set_view(ds_gnet *g, const uint64_t *ids, const char *const *addrs, 
 uint64_t ds_gnet_view_id(ds_gnet *g, uint32_t i)
 {
     pthread_mutex_lock(&g->lock);
-    const uint64_t id = i < g->G ? g->view[i] : 0;
+    const uint64_t id =
+        i < g->G && g->gfirst[i + 1] - g->gfirst[i] == 1 ? g->view[g->gfirst[i]] : 0;
     pthread_mutex_unlock(&g->lock);
     return id;
 }

@@ -67,7 +67,17 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx);
  * knows), both copied. Call between rounds. */
 int ds_gnet_set_view(ds_gnet *g, const uint64_t *ids, const char *const *addrs, uint32_t G);
 
-/* Node id of view index i, 0 when out of range. */
+/* The same with groups as view indices (design §5, "Hierarchy"): ids[i]
+ * (n of them, group by group) belongs to group group[i]; groups are
+ * numbered 0..G-1 in order, none empty. A message to view index h for
+ * segment s goes to member s mod |h| of group h; one from any member of h
+ * comes from view index h. group NULL: every id a group of its own (that
+ * is ds_gnet_set_view). 0, -EINVAL or -ENOMEM. */
+int ds_gnet_set_groups(ds_gnet *g, const uint64_t *ids, const char *const *addrs, uint32_t n,
+                       const uint32_t *group, uint32_t G);
+
+/* Node id of view index i: 0 when out of range, and for a group of
+ * several members (which member failed is not known there). */
 uint64_t ds_gnet_view_id(ds_gnet *g, uint32_t i);
 
 /* The io to hand to the gossip engine; valid for the gnet's life. Its

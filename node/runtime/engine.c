@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -123,6 +124,10 @@ static void on_net_recv(void *ctx, ds_net_rx *rx)
 {
     rt *r = ctx;
     const unsigned type = rx->hdr.type;
+    if (type == DS_MSG_ALLREDUCE && atomic_load(&r->gn_grp_ready)) {
+        ds_gnet_on_frame(r->gn_grp, rx); /* our group's reductions */
+        return;
+    }
     if (ds_gnet_handles(type)) {
         if (atomic_load(&r->gn_ready))
             ds_gnet_on_frame(r->gn, rx);
@@ -384,6 +389,30 @@ static int load_keys(rt *r, char *err, size_t err_len)
     return 0;
 }
 
+/* node.group, with "auto" resolved to the host name (cut to the wire's
+ * 31 bytes, which the log says). */
+static int resolve_group(rt *r)
+{
+    const char *g = r->c->node.group;
+    if (strcmp(g, "auto") != 0) {
+        snprintf(r->group, sizeof(r->group), "%.31s", g);
+        return 0;
+    }
+    char host[256];
+    if (gethostname(host, sizeof(host)) < 0 || !host[0]) {
+        ds_error("node", "cannot start: node.group = auto: no host name");
+        return -EINVAL;
+    }
+    host[sizeof(host) - 1] = 0;
+    if (strlen(host) >= sizeof(r->group))
+        ds_warn("node", "node.group = auto: host name '%s' cut to its first %zu bytes", host,
+                sizeof(r->group) - 1);
+    memcpy(r->group, host, sizeof(r->group) - 1);
+    r->group[sizeof(r->group) - 1] = 0;
+    ds_info("node", "node.group = auto: group %s", r->group);
+    return 0;
+}
+
 int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop)
 {
     char err[1024];
@@ -415,6 +444,9 @@ int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop
         goto fail;
     }
     settings_from_conf(r);
+    if ((e = resolve_group(r)) < 0)
+        goto fail;
+    r->gst.size = 1;
     *out = r;
     return 0;
 fail:
@@ -456,7 +488,40 @@ static size_t max_segment(const rt *r)
     for (int i = 0; i < ds_gossip_n_segments(r->gossip); i++)
         if (ds_gossip_segment(r->gossip, i)->len > max_seg)
             max_seg = ds_gossip_segment(r->gossip, i)->len;
-    return max_seg > r->p.n ? max_seg : r->p.n;
+    max_seg = max_seg > r->p.n ? max_seg : r->p.n;
+    /* A group's frames: a chunk of its vector with its count, or a
+     * member's (index, value) pairs, up to the vector's length. */
+    const size_t chunk = ds_hier_vec_len(r->p.n) + 2;
+    return r->group[0] && chunk > max_seg ? chunk : max_seg;
+}
+
+/* A node in a group: the adapter, reducer and vector of its group's
+ * reductions (rounds.c). */
+static int open_group(rt *r)
+{
+    if (!r->group[0])
+        return 0;
+    const size_t n = ds_hier_vec_len(r->p.n);
+    int e = ds_gnet_create(&r->gn_grp, r->net, (uint32_t)max_segment(r), (size_t)256 << 20);
+    if (e == 0)
+        e = ds_greduce_create(&r->gred, n);
+    /* A list of (index, value) pairs travels as 2 floats a pair in one
+     * frame: at most half the longest vector (the rest waits a step). */
+    r->glist_cap = (uint32_t)(n / 2);
+    if (e == 0 && (!(r->gvec = malloc(n * sizeof(float))) ||
+                   !(r->gcarry = calloc(r->p.n, sizeof(float))) ||
+                   !(r->glist_idx = malloc(r->glist_cap * sizeof(uint32_t))) ||
+                   !(r->glist_val = malloc(r->glist_cap * sizeof(float)))))
+        e = -ENOMEM;
+    if (e < 0) {
+        ds_error("node", "cannot start: out of memory");
+        return e;
+    }
+    ds_gnet_set_heard_hook(r->gn_grp, heard_hook, r);
+    ds_gnet_set_failure_hook(r->gn_grp, gossip_failed_hook, r);
+    ds_gnet_set_stop(r->gn_grp, r->stop.signal);
+    atomic_store(&r->gn_grp_ready, 1);
+    return 0;
 }
 
 static int open_net(rt *r)
@@ -516,7 +581,7 @@ static int open_status(rt *r)
     }
     snprintf(r->snap->name, sizeof(r->snap->name), "%.63s", c->node.name);
     ds_net_addr(r->net, r->snap->addr, sizeof(r->snap->addr));
-    snprintf(r->snap->group, sizeof(r->snap->group), "%.31s", c->node.group);
+    snprintf(r->snap->group, sizeof(r->snap->group), "%.31s", r->group);
     r->snap->id = r->id.id;
     return 0;
 }
@@ -546,6 +611,8 @@ int ds_engine_listen(ds_engine *r)
     ds_gnet_set_heard_hook(r->gn, heard_hook, r);
     ds_gnet_set_stop(r->gn, r->stop.signal);
     atomic_store(&r->gn_ready, 1);
+    if ((e = open_group(r)) < 0)
+        return e;
     if ((e = ds_state_create(&r->st, r->net, r->p.n, 1u << 20)) < 0) {
         ds_error("node", "cannot start: out of memory");
         return e;
@@ -572,7 +639,7 @@ static int start_membership(rt *r, char *err, size_t err_len)
     mc.cluster_id = ds_wire_cluster_id(c->cluster.id);
     mc.name = c->node.name;
     mc.addr = r->advertise;
-    mc.group = c->node.group;
+    mc.group = r->group;
     memcpy(mc.pk, r->id.pk, sizeof(mc.pk));
     mc.seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x6d656d62ull, c->node.name);
     /* Nodes of a cluster start together: a seed may not have founded the
@@ -684,7 +751,7 @@ void ds_engine_publish(ds_engine *r, int force)
 {
     if (!r->status || !r->snap)
         return;
-    const uint32_t G = r->last_G < r->vcap ? r->last_G : r->vcap;
+    const uint32_t G = r->last_nodes < r->vcap ? r->last_nodes : r->vcap;
     const ds_publish_src src = {
         .state = r->leaving && r->phase == DS_STATUS_TRAINING ? DS_STATUS_LEAVING : r->phase,
         .step = r->step,
@@ -697,7 +764,9 @@ void ds_engine_publish(ds_engine *r, int force)
         .samples_per_s = r->st_sps,
         .view = r->vbuf,
         .view_len = G,
-        .view_size = r->last_G,
+        .view_size = r->last_nodes,
+        .view_group = r->grouped ? r->vgidx : NULL,
+        .group = &r->gst,
         .self_id = r->id.id,
         .gossip = r->gossip,
         .gnet = r->gn,
@@ -714,6 +783,7 @@ void ds_engine_info_get(ds_engine *r, ds_engine_info *out)
     memset(out, 0, sizeof(*out));
     out->rounds = r->rounds;
     out->view_size = r->last_G;
+    out->group = r->gst;
     if (r->gossip)
         ds_gossip_report(r->gossip, &out->gossip, NULL, 0, NULL, 0);
     if (r->net)
@@ -733,11 +803,22 @@ void ds_engine_close(ds_engine **ep)
     stop_threads(r);
     ds_net_close(&r->net);
     atomic_store(&r->gn_ready, 0);
+    atomic_store(&r->gn_grp_ready, 0);
     atomic_store(&r->st_ready, 0);
     ds_state_destroy(&r->st);
     ds_membership *ms = atomic_exchange(&r->ms, NULL);
     ds_membership_destroy(&ms);
     ds_gnet_destroy(&r->gn);
+    ds_gnet_destroy(&r->gn_grp);
+    ds_greduce_destroy(&r->gred);
+    free(r->gvec);
+    free(r->gcarry);
+    free(r->glist_idx);
+    free(r->glist_val);
+    free(r->vorder);
+    free(r->vgidx);
+    free(r->gmembers);
+    free(r->gskip);
     ds_gossip_destroy(&r->gossip);
     ds_allowlist_free(&r->allow);
     ds_identity_wipe(&r->id);

@@ -61,6 +61,7 @@
 #include "conf/conf.h"
 #include "node/gossip/gossip.h"
 #include "node/net/net.h"
+#include "node/runtime/hier.h"
 #include "node/train/model.h"
 
 typedef struct ds_engine ds_engine;
@@ -80,6 +81,7 @@ typedef struct ds_engine_stop {
 enum ds_engine_buf {
     DS_ENGINE_PARAMS = 0,
     DS_ENGINE_GRAD = 1,
+    DS_ENGINE_OPT = 2,
 };
 
 /* The client's parameters. Buffers are host memory of n floats, borrowed
@@ -93,14 +95,27 @@ typedef struct ds_engine_params {
     int n_layers;
     float *params;          /* mixed in place by the gossip rounds */
     float *grad;            /* averaged in place by ds_engine_reduce */
+    /* May be NULL: the optimizer's state (momentum), n floats. When a
+     * group re-syncs its members (design §5) it is averaged with params,
+     * so members step alike again; NULL: params only. */
+    float *opt;
     void *ctx;
     /* Both NULL, or both set. Return 0 or a negative errno. */
     int (*pull)(void *ctx, enum ds_engine_buf which);
     int (*push)(void *ctx, enum ds_engine_buf which);
     /* Required. The engine replaced params with the cluster's state taken
-     * at optimizer step `step` (a joiner): the client continues from that
-     * step, its optimizer state reset. 0 or a negative errno. */
+     * at optimizer step `step` (a joiner), or its group re-synced to a
+     * member at another step: the client continues from that step, its
+     * optimizer state reset (a group re-sync then pushes the group's mean
+     * into opt). 0 or a negative errno. */
     int (*adopt)(void *ctx, int64_t step);
+    /* May be NULL. The client resumed from its own checkpoint
+     * (node/runtime/checkpoint.h) and, as a joiner, adopted the cluster's
+     * state; the engine prefers the client's own when it is recent
+     * (ds_ckpt_choose): put it back whole (params, optimizer, data order,
+     * the gossip state through ds_ckpt_load) and tell its step. 0 or a
+     * negative errno (the cluster's state is kept then). */
+    int (*restore)(void *ctx, int64_t *step);
 } ds_engine_params;
 
 /* The training numbers the status page shows, from the client. */
@@ -118,6 +133,7 @@ typedef struct ds_engine_info {
     uint32_t view_size;        /* of the last round set up */
     ds_gossip_stats gossip;
     ds_net_stats net;
+    ds_group_stats group;      /* the node's group (size 1: none) */
 } ds_engine_info;
 
 /* Open an engine for the node `c` describes (validated by ds_conf_check;

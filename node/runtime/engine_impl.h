@@ -19,10 +19,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "node/gossip/group.h"
 #include "node/gossip/gossip_net.h"
 #include "node/gossip/state.h"
 #include "node/membership/membership.h"
 #include "node/runtime/engine.h"
+#include "node/runtime/hier.h"
 #include "node/runtime/lag.h"
 #include "node/runtime/pace.h"
 #include "node/runtime/skip.h"
@@ -100,8 +102,33 @@ struct ds_engine {
     int leaving;         /* LEAVE announced, effective at leave_round */
     uint64_t leave_round;
     uint64_t rounds;
+    int resumed;           /* ds_ckpt_load ran: the client's own state */
+    uint64_t resume_round; /* the round of that checkpoint */
     uint32_t last_G;
     uint64_t last_epoch;
+
+    /* Hierarchy (rounds.c, design §5). group: node.group resolved ("auto":
+     * the host name); empty: no group. Main thread, but gn_grp_ready. */
+    char group[DS_WIRE_GROUP_MAX + 1];
+    ds_gnet *gn_grp;           /* the group's reduction frames (ALLREDUCE) */
+    _Atomic int gn_grp_ready;
+    ds_greduce *gred;
+    float *gvec;               /* ds_hier_vec_len(n) floats */
+    float *gcarry;             /* n: round deltas not yet sent to the group */
+    uint32_t *glist_idx;       /* glist_cap: this step's (index, value) pairs */
+    float *glist_val;
+    uint32_t glist_cap;
+    uint32_t *vorder, *vgidx;  /* vcap each: the view sorted by group */
+    uint64_t *gmembers;        /* vcap: the step's group, by member index */
+    uint8_t *gskip;            /* vcap: members not waited for this step */
+    uint32_t gsize, gmember;
+    uint64_t gseq;             /* the group's reduction count: message tags */
+    int gpending;              /* a round's exchange ended, its delta not yet summed */
+    uint64_t gexch_t0;         /* when that exchange started (ns) */
+    int grouped;               /* the last round's view had groups: vbuf sorted by
+                                * group, vgidx each entry's */
+    uint32_t last_nodes;       /* nodes in the last round's view */
+    ds_group_stats gst;
 };
 
 /* The name the runtime's functions have always used for it. */

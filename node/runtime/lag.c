@@ -9,6 +9,14 @@ void ds_lag_init(ds_lag *l, uint64_t lag_rounds)
     *l = (ds_lag){.lag = lag_rounds};
 }
 
+uint64_t ds_lag_rounds(double rate)
+{
+    const double lag = rate * DS_LAG_SECONDS + 0.5;
+    return lag < DS_LAG_MIN_ROUNDS   ? DS_LAG_MIN_ROUNDS
+           : lag > DS_LAG_MAX_ROUNDS ? DS_LAG_MAX_ROUNDS
+                                     : (uint64_t)lag;
+}
+
 int ds_lag_update(ds_lag *l, uint64_t now_ms, uint64_t round)
 {
     if (!l->started) {
@@ -22,11 +30,7 @@ int ds_lag_update(ds_lag *l, uint64_t now_ms, uint64_t round)
     const double rate = (double)(round - l->r0) * 1000.0 / (double)(now_ms - l->t0_ms);
     l->rate = rate;
     l->peak = rate > l->peak * 0.8 ? rate : l->peak * 0.8;
-    uint64_t lag = (uint64_t)(l->peak * DS_LAG_SECONDS + 0.5);
-    if (lag < DS_LAG_MIN_ROUNDS)
-        lag = DS_LAG_MIN_ROUNDS;
-    if (lag > DS_LAG_MAX_ROUNDS)
-        lag = DS_LAG_MAX_ROUNDS;
+    const uint64_t lag = ds_lag_rounds(l->peak);
     int changed = 0;
     if (lag > l->lag * 5 / 4 || lag < l->lag * 3 / 4) {
         l->lag = lag;

@@ -38,6 +38,10 @@ typedef struct ds_lag {
     uint64_t lag;       /* rounds: what membership was last told */
 } ds_lag;
 
+/* The lag for a pace of `rate` rounds/s: DS_LAG_SECONDS of rounds within
+ * [DS_LAG_MIN_ROUNDS, DS_LAG_MAX_ROUNDS]. */
+uint64_t ds_lag_rounds(double rate);
+
 /* Start with membership's initial lag (lag_rounds). */
 void ds_lag_init(ds_lag *l, uint64_t lag_rounds);
 

@@ -40,6 +40,9 @@ static const ds_metric_desc drop_desc[] = {DS_DROP_LIST(WIRE_DROP_ROW_)};
 #define GOSSIP_ROW_(...) DS_METRIC_ROW(ds_gossip_stats, __VA_ARGS__)
 static const ds_metric_desc gossip_desc[] = {DS_GOSSIP_STATS(GOSSIP_ROW_)};
 
+#define GROUP_ROW_(...) DS_METRIC_ROW(ds_group_stats, __VA_ARGS__)
+static const ds_metric_desc group_desc[] = {DS_GROUP_STATS(GROUP_ROW_)};
+
 #define GNET_ROW_(...) DS_METRIC_ROW(ds_gnet_stats, __VA_ARGS__)
 static const ds_metric_desc gnet_desc[] = {DS_GNET_STATS(GNET_ROW_)};
 
@@ -77,6 +80,8 @@ static const ds_metric_group g_drops = {.json = "drops", .total = "drops_total",
                                         .n = N_(drop_desc) - 1};
 static const ds_metric_group g_gossip = {
     .json = "gossip", .doc = "gossip", .desc = gossip_desc, .n = N_(gossip_desc)};
+static const ds_metric_group g_group = {
+    .json = "group", .doc = "group", .desc = group_desc, .n = N_(group_desc)};
 static const ds_metric_group g_gnet = {
     .json = "gossip_net", .doc = "gossip_net", .desc = gnet_desc, .n = N_(gnet_desc)};
 static const ds_metric_group g_tp = {
@@ -94,7 +99,8 @@ static const ds_metric_group g_ms_wire = {.json = "wire_drops", .parent = "membe
                                           .desc = ms_wire_desc + 1, .n = N_(ms_wire_desc) - 1};
 
 static const ds_metric_group *const groups[] = {
-    &g_net, &g_drops, &g_gossip, &g_gnet, &g_tp, &g_tp_drops, &g_ms, &g_ms_drops, &g_ms_wire,
+    &g_net, &g_drops, &g_gossip, &g_group, &g_gnet, &g_tp, &g_tp_drops, &g_ms, &g_ms_drops,
+    &g_ms_wire,
 };
 
 const ds_metric_group *const *ds_publish_groups(size_t *n)
@@ -106,7 +112,7 @@ const ds_metric_group *const *ds_publish_groups(size_t *n)
 int ds_publish_metrics(ds_status_snapshot *sn, const ds_publish_stats *ps)
 {
     /* Each group reads the struct its descriptors were made for. */
-    const void *src[] = {&ps->net, ps, &ps->gossip, &ps->gnet, &ps->net.transport,
+    const void *src[] = {&ps->net, ps, &ps->gossip, &ps->group, &ps->gnet, &ps->net.transport,
                          &ps->net.transport, &ps->membership, &ps->membership,
                          &ps->membership};
     static_assert(sizeof(src) / sizeof(src[0]) == sizeof(groups) / sizeof(groups[0]),
@@ -168,6 +174,22 @@ static void fill_view(ds_status_snapshot *sn, const ds_publish_src *src)
     }
 }
 
+/* The node behind gossip's view index i for segment s: the view's entry
+ * i, or with groups member s mod |i| of group i. NULL when out of range. */
+static const ds_member_info *peer_of(const ds_publish_src *src, uint32_t i, uint32_t s)
+{
+    const uint32_t G = src->view ? src->view_len : 0;
+    if (!src->view_group)
+        return i < G ? &src->view[i] : NULL;
+    uint32_t first = 0;
+    while (first < G && src->view_group[first] != i)
+        first++;
+    uint32_t size = 0;
+    while (first + size < G && src->view_group[first + size] == i)
+        size++;
+    return size ? &src->view[first + s % size] : NULL;
+}
+
 /* This round's exchange of each segment, named by view members, from
  * gossip's copy for other threads (the comm thread may be in a round). */
 static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src,
@@ -194,14 +216,15 @@ static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src,
         x->outcome = (unsigned)xi->outcome < sizeof(outcome) ? outcome[xi->outcome]
                                                              : (uint8_t)DS_XCHG_UNKNOWN;
         x->bytes = xi->bytes;
-        if (xi->target < G && src->view[xi->target].id != src->self_id)
-            snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", src->view[xi->target].name);
+        const ds_member_info *to = peer_of(src, xi->target, s);
+        if (to && to->id != src->self_id)
+            snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", to->name);
         x->n_answer_from = xi->n_in;
         const uint32_t *from = in_from + (size_t)s * DS_STATUS_MAX_ANSWERS;
         for (uint32_t k = 0; k < xi->n_in && k < DS_STATUS_MAX_ANSWERS; k++)
-            if (from[k] < G)
+            if (peer_of(src, from[k], s))
                 snprintf(x->answer_from[k], sizeof(x->answer_from[k]), "%s",
-                         src->view[from[k]].name);
+                         peer_of(src, from[k], s)->name);
     }
 }
 
@@ -213,6 +236,8 @@ static void fill_metrics(ds_status_snapshot *sn, const ds_publish_src *src,
     ds_publish_stats ps;
     memset(&ps, 0, sizeof(ps));
     ps.gossip = *gst;
+    if (src->group)
+        ps.group = *src->group;
     if (src->gnet)
         ds_gnet_stats_get(src->gnet, &ps.gnet);
     if (src->net) {

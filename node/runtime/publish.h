@@ -21,6 +21,7 @@
 #include "node/gossip/gossip_net.h"
 #include "node/membership/membership.h"
 #include "node/net/net.h"
+#include "node/runtime/hier.h"
 #include "node/status/status.h"
 #include "node/wire/wire.h"
 
@@ -31,6 +32,7 @@ typedef struct ds_publish_stats {
     ds_gossip_stats gossip;
     ds_gnet_stats gnet;
     ds_membership_stats membership;
+    ds_group_stats group;
 } ds_publish_stats;
 
 /* The metric groups of the page, in page order (static storage): *n of
@@ -60,6 +62,11 @@ typedef struct ds_publish_src {
     const ds_member_info *view;      /* the view of `round`: view_len entries */
     uint32_t view_len;               /* those in `view` (at most view_size) */
     uint32_t view_size;              /* the view's real size */
+    /* NULL, or view_len entries: the view is sorted by group (hier.h) and
+     * entry i is in group view_group[i]; gossip's view indices are then
+     * groups, and segment s of group h is handled by its member s mod |h|. */
+    const uint32_t *view_group;
+    const ds_group_stats *group;     /* may be NULL */
     uint64_t self_id;
     ds_gossip *gossip;
     ds_gnet *gnet;

@@ -27,6 +27,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "node/runtime/checkpoint.h"
 #include "node/runtime/engine_impl.h"
 #include "node/runtime/leave.h"
 #include "node/runtime/shadow.h"
@@ -41,7 +42,12 @@ static int view_at(rt *r, uint64_t round, uint32_t *G, uint32_t *me, uint64_t *e
         r->vbuf = malloc(16 * sizeof(*r->vbuf));
         r->vids = malloc(16 * sizeof(*r->vids));
         r->vaddrs = malloc(16 * sizeof(*r->vaddrs));
-        if (!r->vbuf || !r->vids || !r->vaddrs)
+        r->vorder = malloc(16 * sizeof(*r->vorder));
+        r->vgidx = malloc(16 * sizeof(*r->vgidx));
+        r->gmembers = calloc(16, sizeof(*r->gmembers));
+        r->gskip = malloc(16);
+        if (!r->vbuf || !r->vids || !r->vaddrs || !r->vorder || !r->vgidx || !r->gmembers ||
+            !r->gskip)
             return -ENOMEM;
         r->vcap = 16;
     }
@@ -61,7 +67,19 @@ static int view_at(rt *r, uint64_t round, uint32_t *G, uint32_t *me, uint64_t *e
         const char **na = realloc(r->vaddrs, cap * sizeof(*na));
         if (na)
             r->vaddrs = na;
-        if (!nb || !ni || !na)
+        uint32_t *no = realloc(r->vorder, cap * sizeof(*no));
+        if (no)
+            r->vorder = no;
+        uint32_t *ng = realloc(r->vgidx, cap * sizeof(*ng));
+        if (ng)
+            r->vgidx = ng;
+        uint64_t *nm = realloc(r->gmembers, cap * sizeof(*nm));
+        if (nm)
+            r->gmembers = nm;
+        uint8_t *nk = realloc(r->gskip, cap);
+        if (nk)
+            r->gskip = nk;
+        if (!nb || !ni || !na || !no || !ng || !nm || !nk)
             return -ENOMEM;
         r->vcap = cap;
     }
@@ -85,6 +103,77 @@ static void set_round_skips(rt *r, uint32_t G, uint32_t me, uint64_t round)
     pthread_mutex_unlock(&r->skip_lock);
 }
 
+/* Put r->vbuf (G entries) in the order ds_hier_form gave (r->vorder), so
+ * that entry k is in group r->vgidx[k]. 0 or -ENOMEM. */
+static int sort_view(rt *r, uint32_t G)
+{
+    ds_member_info *t = malloc((size_t)G * sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < G; k++)
+        t[k] = r->vbuf[r->vorder[k]];
+    memcpy(r->vbuf, t, (size_t)G * sizeof(*t));
+    free(t);
+    return 0;
+}
+
+/* The segments member `m` of a group of `size` handles. */
+static uint32_t segments_owned(const rt *r, uint32_t m, uint32_t size)
+{
+    const int n = ds_gossip_n_segments(r->gossip);
+    uint32_t k = 0;
+    for (int s = 0; s < n; s++)
+        k += (uint32_t)s % size == m;
+    return k;
+}
+
+/* The view has groups (hier.h): the gossip engine's participants are the
+ * groups, the adapter sends segment s to member s mod |h| of group h, and
+ * this node handles its share of the segments. A group of one is skipped
+ * as a lone node is; a group of several is never skipped whole (one dead
+ * member does not make the others so), but not waited for while one of
+ * its members is in a skip window: its live members' replies are still
+ * used when they come in time, or late. 0 or 1 as set_round_view. */
+static int set_group_view(rt *r, uint64_t round, uint32_t G, uint64_t epoch, const ds_hier *h)
+{
+    if (sort_view(r, G) < 0)
+        return -ENOMEM;
+    r->grouped = 1;
+    r->last_nodes = G;
+    for (uint32_t k = 0; k < G; k++) {
+        const ds_member_info *m = &r->vbuf[k];
+        r->vids[k] = m->id;
+        r->vaddrs[k] = m->id == r->id.id ? NULL : m->addr;
+    }
+    int e = ds_gnet_set_groups(r->gn, r->vids, r->vaddrs, G, r->vgidx, h->n_groups);
+    if (e < 0 || (e = ds_gossip_set_view(r->gossip, h->n_groups, h->group, epoch)) < 0 ||
+        (e = ds_gossip_set_share(r->gossip, h->member, h->size)) < 0)
+        return e;
+    if (G != r->last_G || epoch != r->last_epoch) {
+        ds_info("gossip", "round=%llu view_size=%u groups=%u group=%u member=%u/%u epoch=%llu",
+                (unsigned long long)round, G, h->n_groups, h->group, h->member, h->size,
+                (unsigned long long)epoch);
+        r->last_G = G;
+        r->last_epoch = epoch;
+    }
+    r->gst.segments_owned = segments_owned(r, h->member, h->size);
+    pthread_mutex_lock(&r->skip_lock);
+    for (uint32_t k = 0; k < G; k++) {
+        const uint32_t grp = r->vgidx[k];
+        if (grp == h->group)
+            continue;
+        const int alone = (k == 0 || r->vgidx[k - 1] != grp) &&
+                          (k + 1 == G || r->vgidx[k + 1] != grp);
+        const enum ds_skip_verdict u = ds_skip_check(&r->skip, r->vids[k], round);
+        if (u == DS_SKIP_ALL && alone)
+            ds_gossip_set_skip(r->gossip, grp);
+        else if (u != DS_SKIP_WAIT)
+            ds_gossip_set_nowait(r->gossip, grp);
+    }
+    pthread_mutex_unlock(&r->skip_lock);
+    return h->n_groups < 2 ? 1 : 0;
+}
+
 /* Point the gossip engine and the adapter at round `round`'s view.
  * 0: a round to run; 1: alone, no round; < 0: error. */
 static int set_round_view(rt *r, uint64_t round)
@@ -102,12 +191,19 @@ static int set_round_view(rt *r, uint64_t round)
         me = 0;
         r->vids[0] = r->id.id;
     }
+    if (me != DS_MEMBERSHIP_NOT_IN_VIEW && G > 1) {
+        ds_hier h;
+        if (ds_hier_form(r->vbuf, G, r->id.id, r->vorder, r->vgidx, &h) == 0 && h.any)
+            return set_group_view(r, round, G, epoch, &h);
+    }
     if (G != r->last_G || epoch != r->last_epoch) {
         ds_info("gossip", "round=%llu view_size=%u epoch=%llu me=%u", (unsigned long long)round,
                 G, (unsigned long long)epoch, me);
         r->last_G = G;
         r->last_epoch = epoch;
     }
+    r->grouped = 0;
+    r->last_nodes = G;
     for (uint32_t i = 0; i < G; i++)
         r->vaddrs[i] = r->vids[i] == r->id.id ? NULL : r->vbuf[i].addr;
     if ((e = ds_gnet_set_view(r->gn, r->vids, r->vaddrs, G)) < 0)
@@ -198,17 +294,273 @@ static uint64_t current_round(const rt *r)
     return r->round0 + (uint64_t)(r->step / r->c->gossip.every);
 }
 
+/* A node in a group (node.group set): the delta of its round is summed
+ * with its group's at the next reduction (group_reduce), so the round is
+ * only waited for here. */
+static int in_group(const rt *r)
+{
+    return r->group[0] != 0;
+}
+
 void ds_engine_settle(ds_engine *r)
 {
     if (!r->round_open)
         return;
     comm_wait(r);
-    round_end(r);
     r->round_open = 0;
+    if (in_group(r)) {
+        r->gpending = 1;
+        return;
+    }
+    round_end(r);
+}
+
+/* ---- groups (design §5, "Hierarchy") ------------------------------------- */
+
+/* This step's group, from the view of `round`: r->gmembers, gsize,
+ * gmember; the group's adapter follows it. A change of members makes the
+ * group re-sync. 0 or a negative errno. */
+static int group_at(rt *r, uint64_t round)
+{
+    uint32_t G, me;
+    uint64_t epoch;
+    int e = view_at(r, round, &G, &me, &epoch);
+    if (e < 0)
+        return e;
+    ds_hier h = {.size = 1};
+    if (me == DS_MEMBERSHIP_NOT_IN_VIEW || G == 0 ||
+        ds_hier_form(r->vbuf, G, r->id.id, r->vorder, r->vgidx, &h) < 0)
+        h = (ds_hier){.size = 1};
+    else if (sort_view(r, G) < 0)
+        return -ENOMEM;
+    int changed = h.size != r->gsize || h.member != r->gmember;
+    for (uint32_t k = 0; k < h.size && !changed; k++)
+        changed = r->gmembers[k] != r->vbuf[h.first + k].id;
+    if (!changed)
+        return 0;
+    const char **addrs = r->vaddrs;
+    for (uint32_t k = 0; k < h.size; k++) {
+        const ds_member_info *m = &r->vbuf[h.first + k];
+        r->gmembers[k] = m->id;
+        addrs[k] = m->id == r->id.id ? NULL : m->addr;
+    }
+    if (h.size == 1)
+        r->gmembers[0] = r->id.id;
+    if ((e = ds_gnet_set_view(r->gn_grp, r->gmembers, addrs, h.size)) < 0)
+        return e;
+    ds_info("group", "group %s: %u member(s), this node is member %u (round %llu)", r->group,
+            h.size, h.member, (unsigned long long)round);
+    r->gsize = h.size;
+    r->gmember = h.member;
+    r->gst.size = h.size;
+    r->gst.member = h.member;
+    return 0;
+}
+
+/* One reduction of the group over r->gvec (n floats, the first n_mean
+ * averaged) and the sparse lists sp, tagged with the group's count; until
+ * deadline_ns. */
+static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t deadline_ns,
+                     const ds_gsparse *sp, ds_greduce_result *res)
+{
+    uint8_t *skip = r->gskip;
+    pthread_mutex_lock(&r->skip_lock);
+    for (uint32_t k = 0; k < r->gsize; k++)
+        skip[k] = k != r->gmember &&
+                  ds_skip_check(&r->skip, r->gmembers[k], round) != DS_SKIP_WAIT;
+    pthread_mutex_unlock(&r->skip_lock);
+    const uint64_t t0 = ds_now_ns();
+    int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
+                           r->gmember, skip, r->gseq, deadline_ns, sp, res);
+    /* Tags: the next count, or a member's if it is ahead (a joiner, or
+     * members apart after a miss, meet again so). */
+    r->gseq = res->max_tag >= r->gseq + 1 ? res->max_tag : r->gseq + 1;
+    r->gst.reductions++;
+    r->gst.incomplete += e == 0 && !res->complete;
+    r->gst.reduce_ns += ds_now_ns() - t0;
+    if (e == 0 && !res->complete && !res->stopped)
+        ds_log_rl(DS_LOG_WARN, "group", "reduction %llu incomplete: %u chunk(s) missing "
+                  "(the slices re-sync them)", (unsigned long long)r->gseq - 1,
+                  res->chunks_missing);
+    return e;
+}
+
+/* Copy a client buffer into (or out of) the reduction vector. */
+static void pull_into(rt *r, enum ds_engine_buf which, const float *buf, float *dst)
+{
+    if (r->p.pull)
+        r->p.pull(r->p.ctx, which);
+    memcpy(dst, buf, r->p.n * sizeof(float));
+}
+
+static void push_from(rt *r, enum ds_engine_buf which, float *buf, const float *src)
+{
+    memcpy(buf, src, r->p.n * sizeof(float));
+    if (r->p.push)
+        r->p.push(r->p.ctx, which);
+}
+
+/* The slice of parameters and momentum a reduction re-syncs: slice
+ * gseq mod GROUP_SYNC_SLICES. A member that missed a chunk (or a joiner)
+ * is back in step with its group within that many steps. */
+
+static void sync_slice(const rt *r, size_t *off, size_t *len)
+{
+    const size_t n = r->p.n;
+    const size_t per = (n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES;
+    *off = (size_t)(r->gseq % GROUP_SYNC_SLICES) * per;
+    if (*off > n)
+        *off = n;
+    *len = n - *off < per ? n - *off : per;
+}
+
+/* Member 0's step and round0 at v[0..4), 24 bits a float (exact), summed:
+ * the others put zeros there. Members apart in steps (a rejoin, a run of
+ * misses) take member 0's, so they step alike and end together. */
+static void put_position(const rt *r, float *v, int64_t step)
+{
+    memset(v, 0, 4 * sizeof(float));
+    if (r->gmember != 0)
+        return;
+    v[0] = (float)((uint64_t)step >> 24);
+    v[1] = (float)((uint64_t)step & 0xffffff);
+    v[2] = (float)(r->round0 >> 24);
+    v[3] = (float)(r->round0 & 0xffffff);
+}
+
+static void take_position(rt *r, const float *v, int64_t step)
+{
+    const int64_t step0 = (int64_t)(((uint64_t)v[0] << 24) | (uint64_t)v[1]);
+    const uint64_t round0 = ((uint64_t)v[2] << 24) | (uint64_t)v[3];
+    if (step0 <= 0 || step0 == step)
+        return;
+    ds_info("group", "taking member 0's step %lld (was %lld) and round0 %llu", (long long)step0,
+            (long long)step, (unsigned long long)round0);
+    r->p.adopt(r->p.ctx, step0); /* resets the momentum; the slices re-sync it */
+    r->step = step0;
+    r->gst.steps_taken++;
+    r->round0 = round0;
+}
+
+/* This step's sparse list: the nonzeros of the carry (the round deltas
+ * not yet sent), at most r->glist_cap of them; those go, the rest wait
+ * for the next step (no member applies them before then, so members stay
+ * alike, and nothing is lost). */
+static uint32_t take_list(rt *r)
+{
+    float *carry = r->gcarry;
+    uint32_t k = 0;
+    for (size_t i = 0; i < r->p.n && k < r->glist_cap; i++)
+        if (carry[i] != 0.0f) {
+            r->glist_idx[k] = (uint32_t)i;
+            r->glist_val[k++] = carry[i];
+            carry[i] = 0.0f;
+        }
+    return k;
+}
+
+/* Every step of a node in a group: wait for the round's exchange, then
+ * one reduction of
+ *
+ *   [gradient (n) | params slice | momentum slice | position (4)]
+ *    mean           mean           mean             member 0's
+ *
+ * with, gathered beside it, each member's round delta as (index, value)
+ * pairs, summed in member order. Every member then applies the same mean
+ * gradient, the same sum of the members' deltas (each member exchanged its
+ * own segments with the other groups) and the same slice of parameters
+ * and momentum: members stay identical, and members that differ (a missed
+ * chunk, a joiner) are identical again after GROUP_SYNC_SLICES clean
+ * steps. One reduction of one length per step: members pair reductions by
+ * their count alone. Bounded by gossip.timeout_ms. */
+static void group_reduce(rt *r, int64_t step)
+{
+    const uint64_t t0 = ds_now_ns();
+    const uint64_t round = r->round0 + (uint64_t)(step / r->c->gossip.every);
+    const uint64_t timeout_ns = (uint64_t)r->c->gossip.timeout_ms * 1000000u;
+    const int was_open = r->round_open;
+    ds_engine_settle(r);
+    const uint64_t t1 = ds_now_ns();
+    r->gst.exchange_wait_ns += t1 - t0;
+    if (was_open)
+        r->gst.exchange_ns += t1 - r->gexch_t0;
+    const size_t n = r->p.n;
+    if (r->gpending) {
+        /* The round's delta joins what waits to be sent. */
+        float *d = ds_gossip_delta(r->gossip);
+        for (size_t i = 0; i < n; i++)
+            r->gcarry[i] += d[i];
+        memset(d, 0, n * sizeof(float));
+    }
+    if (group_at(r, round) < 0 || r->gsize < 2) {
+        /* Alone: what waits is ours to apply. */
+        memcpy(ds_gossip_delta(r->gossip), r->gcarry, n * sizeof(float));
+        memset(r->gcarry, 0, n * sizeof(float));
+        if (r->gpending)
+            round_end(r);
+        else
+            ds_gossip_apply(r->gossip, params_host(r)), params_push(r);
+        r->gpending = 0;
+        return;
+    }
+    size_t soff, slen;
+    sync_slice(r, &soff, &slen);
+    const size_t mlen = r->p.opt ? slen : 0;
+    float *v = r->gvec, *ps = v + n, *ms = ps + slen, *pos = ms + mlen;
+    pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
+    memcpy(ps, params_host(r) + soff, slen * sizeof(float));
+    if (mlen) {
+        if (r->p.pull)
+            r->p.pull(r->p.ctx, DS_ENGINE_OPT);
+        memcpy(ms, r->p.opt + soff, mlen * sizeof(float));
+    }
+    put_position(r, pos, step);
+    const ds_gsparse sp = {.idx = r->glist_idx, .val = r->glist_val, .count = take_list(r),
+                           .out = ds_gossip_delta(r->gossip), .n_out = n};
+    ds_greduce_result res;
+    uint64_t deadline = t0 + timeout_ns;
+    if (deadline < t1 + 100000000u)
+        deadline = t1 + 100000000u;
+    if (group_run(r, n + slen + mlen + 4, n + slen + mlen, round, deadline, &sp, &res) < 0) {
+        /* Not sent: what the list held waits for the next step. */
+        for (uint32_t j = 0; j < sp.count; j++)
+            r->gcarry[sp.idx[j]] += sp.val[j];
+        if (r->gpending)
+            ds_gossip_end(r->gossip, params_host(r)), params_push(r), r->rounds++;
+        r->gpending = 0;
+        return;
+    }
+    push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
+    take_position(r, pos, step);
+    if (mlen) {
+        if (r->p.pull)
+            r->p.pull(r->p.ctx, DS_ENGINE_OPT);
+        memcpy(r->p.opt + soff, ms, mlen * sizeof(float));
+        if (r->p.push)
+            r->p.push(r->p.ctx, DS_ENGINE_OPT);
+    }
+    float *theta = params_host(r);
+    memcpy(theta + soff, ps, slen * sizeof(float));
+    /* gossip's delta now holds the group's summed delta (sp.out). */
+    if (r->gpending) {
+        ds_gossip_end(r->gossip, theta);
+        r->rounds++;
+    } else {
+        ds_gossip_apply(r->gossip, theta);
+    }
+    params_push(r);
+    r->gpending = 0;
+    const uint64_t took = ds_now_ns() - t0;
+    if (took > r->gst.max_wait_ns)
+        r->gst.max_wait_ns = took;
 }
 
 void ds_engine_reduce(ds_engine *r, int64_t step)
 {
+    if (in_group(r)) {
+        group_reduce(r, step);
+        return;
+    }
     if (ds_topo_gossips(r->topo))
         return;
     /* AllReduce-SGD: the mean gradient of the view, every step. */
@@ -285,6 +637,36 @@ static int fetch_state(rt *r, int attempts, uint64_t attempt_ms)
     return ds_rt_stop_signal(r) ? -EINTR : e;
 }
 
+/* A member to take the state from: alive, in the views before round
+ * `before`, other than us, and of our group when we have one and one of
+ * it qualifies (design §5: a joiner takes its group's state, so it starts
+ * at its group's step). same_group_only: only such a member. 1 when found
+ * (r->seed_id, r->seed_addr), else 0. */
+static int pick_member(rt *r, uint64_t before, int same_group_only)
+{
+    ds_membership *ms = atomic_load(&r->ms);
+    uint32_t n = 0;
+    ds_membership_members(ms, NULL, 0, &n);
+    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
+    int found = 0;
+    if (all && ds_membership_members(ms, all, n, &n) == 0) {
+        const uint32_t start = (uint32_t)(r->rounds % (n ? n : 1));
+        for (int pass = in_group(r) ? 0 : 1; pass < (same_group_only ? 1 : 2) && !found; pass++)
+            for (uint32_t k = 0; k < n && !found; k++) {
+                const ds_member_info *m = &all[(start + k) % n];
+                if (m->id == r->id.id || m->state != DS_MEMBER_ALIVE ||
+                    m->join_round == DS_MEMBERSHIP_NO_ROUND || m->join_round >= before ||
+                    (pass == 0 && strcmp(m->group, r->group) != 0))
+                    continue;
+                r->seed_id = m->id;
+                snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
+                found = 1;
+            }
+    }
+    free(all);
+    return found;
+}
+
 /* ---- start ------------------------------------------------------------------ */
 
 /* The first round everyone trains in: the latest join round among the
@@ -312,12 +694,16 @@ int ds_engine_start(ds_engine *r)
     const ds_conf *c = r->c;
     int e;
     if (r->seed_round > 0) {
-        /* The cluster is already training: start from its model. */
+        /* The cluster is already training: start from its model (our
+         * group's, when the group trains already). */
         r->refresh_pending = 1;
+        if (in_group(r) && pick_member(r, UINT64_MAX, 1))
+            ds_info("state", "taking the state from %s, of our group %s", r->seed_addr, r->group);
         if ((e = fetch_state(r, 5, 4 * (uint64_t)c->transport.op_timeout_ms)) < 0) {
             ds_error("state", "no model state from the cluster: %s", strerror(-e));
             return e;
         }
+        ds_ckpt_choose(r);
     } else {
         r->round0 = first_round(r);
         ds_info("gossip", "training starts at round %llu with %lld members",
@@ -382,25 +768,7 @@ static int shadow(rt *r)
  * at its own join round, other than us. 0 when there is none. */
 static int pick_state_peer(rt *r)
 {
-    ds_membership *ms = atomic_load(&r->ms);
-    uint32_t n = 0;
-    ds_membership_members(ms, NULL, 0, &n);
-    ds_member_info *all = calloc(n ? n : 1, sizeof(*all));
-    int found = 0;
-    if (all && ds_membership_members(ms, all, n, &n) == 0) {
-        const uint32_t start = (uint32_t)(r->rounds % (n ? n : 1));
-        for (uint32_t k = 0; k < n && !found; k++) {
-            const ds_member_info *m = &all[(start + k) % n];
-            if (m->id == r->id.id || m->state != DS_MEMBER_ALIVE ||
-                m->join_round == DS_MEMBERSHIP_NO_ROUND || m->join_round >= r->rejoin_round)
-                continue;
-            r->seed_id = m->id;
-            snprintf(r->seed_addr, sizeof(r->seed_addr), "%s", m->addr);
-            found = 1;
-        }
-    }
-    free(all);
-    return found;
+    return pick_member(r, r->rejoin_round, 0);
 }
 
 /* Declared dead, or stopped past the suspicion timeout: our model is stale
@@ -458,12 +826,16 @@ void ds_engine_step(ds_engine *r, int64_t step)
     ds_engine_settle(r);
     if (ds_topo_gossips(r->topo) && step % every == 0 &&
         round_begin(r, r->round0 + (uint64_t)(step / every)) == 0) {
+        r->gexch_t0 = ds_now_ns();
         if (r->comm_up) {
             comm_start(r);
             r->round_open = 1;
         } else {
             ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
-            round_end(r);
+            if (in_group(r))
+                r->gpending = 1; /* summed with the group's at the next step */
+            else
+                round_end(r);
         }
     }
     if (ds_state_pending(r->st))
@@ -508,6 +880,11 @@ static int linger_round(rt *r, uint64_t round, float **zero)
     if (ds_topo_gossips(r->topo)) {
         if (round_begin(r, round) == 0) {
             ds_gossip_exchange(r->gossip, ds_gnet_io(r->gn));
+            /* In a group, members could not sum this delta in step (they
+             * no longer train): the rounds serve the partners but leave
+             * the model as the group's last step made it. */
+            if (in_group(r))
+                memset(ds_gossip_delta(r->gossip), 0, r->p.n * sizeof(float));
             round_end(r);
         }
     } else if (set_round_view(r, round) == 0) {

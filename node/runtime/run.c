@@ -21,7 +21,7 @@
  * handler only counts, and the net's worker reloads.
  *
  * The summary is the one line a launcher needs, on stdout:
- *   summary node=NAME status=done|stopped|failed steps=N loss=L test_acc=A
+ *   summary node=NAME status=done|paused|stopped|failed steps=N loss=L test_acc=A
  *           samples_per_s=S wall_s=W backend=B bytes_sent=X bytes_received=Y
  *           rounds=R
  * Everything else goes to the log (stderr). At exit the final parameters
@@ -34,22 +34,22 @@
 #include "config.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/rng.h"
 #include "kernels/kernels.h"
+#include "node/runtime/checkpoint.h"
 #include "node/runtime/engine.h"
 #include "node/runtime/preflight.h"
 #include "node/runtime/run.h"
+#include "node/runtime/summary.h"
 #include "node/status/status.h"
 
 /* Atomic, not volatile sig_atomic_t: the handler runs on whichever thread
@@ -120,63 +120,19 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     t->data_seed = ds_rng_hash_str((uint64_t)c->cluster.seed, c->node.name);
 }
 
-/* Write all of buf to fd. 0 or a negative errno. */
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        const ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -errno;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* dir's entry for a renamed file reaches the disk too. */
-static int fsync_dir(const char *dir)
-{
-    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    const int e = fsync(fd) < 0 ? -errno : 0;
-    close(fd);
-    return e;
-}
-
-/* The header and the parameters into tmp, flushed to the disk. */
-static int write_model(const char *tmp, const float *host, size_t n)
+int ds_run_save_params(const char *dir, const float *host, size_t n, char *err, size_t err_len)
 {
     uint8_t hdr[16] = "DSMODEL1";
     for (int i = 0; i < 8; i++)
         hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
-    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0)
-        return -errno;
     /* The file is little-endian float32, as this host (x86-64; wire.h pins
      * the byte order for the whole node). */
-    int e = write_all(fd, hdr, sizeof(hdr));
-    if (!e)
-        e = write_all(fd, host, n * sizeof(float));
-    if (!e && fsync(fd) < 0)
-        e = -errno;
-    if (close(fd) < 0 && !e)
-        e = -errno;
-    return e;
+    return ds_ckpt_write_atomic(dir, "model.bin", hdr, sizeof(hdr), host, n * sizeof(float), err,
+                                err_len);
 }
 
 int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t err_len)
 {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-        snprintf(err, err_len, "%s: cannot create: %s", dir, strerror(errno));
-        return -errno;
-    }
     const size_t n = t->n_params;
     float *host = malloc(n * sizeof(float));
     if (!host) {
@@ -184,18 +140,10 @@ int ds_run_save_model(const char *dir, const ds_trainer *t, char *err, size_t er
         return -ENOMEM;
     }
     int e = t->ops.download(host, t->theta, n * sizeof(float));
-    if (e < 0) {
+    if (e < 0)
         snprintf(err, err_len, "parameters not read from the device: %s", strerror(-e));
-    } else if ((e = write_model(tmp, host, n)) < 0) {
-        snprintf(err, err_len, "%s: cannot write: %s", tmp, strerror(-e));
-        unlink(tmp);
-    } else if (rename(tmp, path) < 0) {
-        e = -errno;
-        snprintf(err, err_len, "%s: cannot rename to %s: %s", tmp, path, strerror(-e));
-        unlink(tmp);
-    } else if ((e = fsync_dir(dir)) < 0) {
-        snprintf(err, err_len, "%s: cannot flush the directory: %s", dir, strerror(-e));
-    }
+    else
+        e = ds_run_save_params(dir, host, n, err, err_len);
     free(host);
     return e;
 }
@@ -213,24 +161,32 @@ typedef struct run {
     ds_engine_report rep; /* what the status page shows */
     double loss, test_acc, test_loss;
     uint64_t train_ns;    /* time in training steps, for samples_per_s */
+    const char *resume;   /* --resume FILE, or NULL */
+    int ckpt;             /* checkpoints on: at exit, on a signal, every N */
+    int paused;           /* train.stop_after reached */
+    int64_t own_steps;    /* optimizer steps this process took */
+    int64_t adopted_past; /* a state adopted at or past train.steps: its step */
 } run;
 
 /* The engine's view of the trainer's memory (ds_engine_params): on a
  * device, the engine works on u->host, copied from and back here. */
+static float *device_buf(ds_trainer *t, enum ds_engine_buf which)
+{
+    return which == DS_ENGINE_GRAD ? t->grad : which == DS_ENGINE_OPT ? t->mom : t->theta;
+}
+
 static int pull(void *ctx, enum ds_engine_buf which)
 {
     run *u = ctx;
     ds_trainer *t = &u->t;
-    return t->ops.download(u->host, which == DS_ENGINE_GRAD ? t->grad : t->theta,
-                           t->n_params * sizeof(float));
+    return t->ops.download(u->host, device_buf(t, which), t->n_params * sizeof(float));
 }
 
 static int push(void *ctx, enum ds_engine_buf which)
 {
     run *u = ctx;
     ds_trainer *t = &u->t;
-    return t->ops.upload(which == DS_ENGINE_GRAD ? t->grad : t->theta, u->host,
-                         t->n_params * sizeof(float));
+    return t->ops.upload(device_buf(t, which), u->host, t->n_params * sizeof(float));
 }
 
 /* A joiner took the cluster's model: continue from its step, momentum
@@ -241,6 +197,24 @@ static int adopt(void *ctx, int64_t step)
     ds_trainer *t = &u->t;
     t->ops.memzero(t->mom, t->n_params * sizeof(float));
     t->step = step;
+    if (step >= u->c->train.steps)
+        u->adopted_past = step;
+    return 0;
+}
+
+/* --resume and a joiner: the engine prefers our own checkpoint over the
+ * cluster's state it adopted (ds_ckpt_choose). */
+static int restore(void *ctx, int64_t *step)
+{
+    run *u = ctx;
+    char err[1200];
+    const int e = ds_ckpt_load(u->resume, u->c, &u->t, u->e, NULL, err, sizeof(err));
+    if (e < 0) {
+        ds_warn("node", "%s", err);
+        return e;
+    }
+    u->adopted_past = 0;
+    *step = u->t.step;
     return 0;
 }
 
@@ -256,18 +230,20 @@ static int register_trainer(run *u)
 {
     ds_trainer *t = &u->t;
     ds_engine_params p = {.n = t->n_params, .layers = t->model.layer,
-                          .n_layers = t->model.n_layers, .ctx = u, .adopt = adopt};
+                          .n_layers = t->model.n_layers, .ctx = u, .adopt = adopt,
+                          .restore = u->resume ? restore : NULL};
     ds_info("train", "%s", t->backend_note);
     if (t->ops.kind == DS_BACKEND_CPU) {
         ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), u->tc.threads);
         p.params = t->theta;
         p.grad = t->grad;
+        p.opt = t->mom;
     } else {
         if (!(u->host = malloc(t->n_params * sizeof(float)))) {
             ds_error("node", "out of memory");
             return -ENOMEM;
         }
-        p.params = p.grad = u->host;
+        p.params = p.grad = p.opt = u->host;
         p.pull = pull;
         p.push = push;
     }
@@ -316,6 +292,19 @@ static void log_window(run *u, double loss_window, int64_t window_n, uint64_t t_
     u->rep.samples_per_s = sps;
 }
 
+/* <node.data_dir>/checkpoint.bin now (no round open after the settle). */
+static int save_checkpoint(run *u)
+{
+    char err[1024];
+    ds_engine_settle(u->e);
+    const int e = ds_ckpt_save(u->c, &u->t, u->e, err, sizeof(err));
+    if (e < 0)
+        ds_error("train", "checkpoint not saved: %s", err);
+    else
+        ds_info("train", "checkpoint saved at step %lld", (long long)u->t.step);
+    return e;
+}
+
 /* Train until train.steps or a stop signal. 0, or the negative errno of
  * a failed step or evaluation. */
 static int train_loop(run *u)
@@ -323,12 +312,17 @@ static int train_loop(run *u)
     const ds_conf *c = u->c;
     ds_trainer *t = &u->t;
     const int64_t steps = c->train.steps;
+    const int64_t every = c->train.checkpoint_every;
     double loss_window = 0;
     int64_t window_n = 0;
     uint64_t t_window = ds_now_ns();
     int e;
 
     while (t->step < steps && !stop_signal) {
+        if (c->train.stop_after > 0 && u->own_steps >= c->train.stop_after) {
+            u->paused = 1;
+            break;
+        }
         if (ds_engine_before_step(u->e))
             continue; /* a joiner shadowing the cluster: no step of ours */
         const uint64_t t0 = ds_now_ns();
@@ -340,6 +334,7 @@ static int train_loop(run *u)
         ds_trainer_apply_grad(t);
         ds_engine_step(u->e, t->step);
         u->train_ns += ds_now_ns() - t0;
+        u->own_steps++;
         loss_window += u->loss;
         window_n++;
 
@@ -359,6 +354,9 @@ static int train_loop(run *u)
                     u->test_loss, u->test_acc);
             u->rep.test_acc = u->test_acc;
         }
+        if (every > 0 && t->step % every == 0 && t->step < steps &&
+            (e = save_checkpoint(u)) < 0)
+            return e;
         publish(u, 0);
     }
     return 0;
@@ -372,8 +370,19 @@ static int finish(run *u, int ret)
     ds_trainer *t = &u->t;
     char err[1024];
     ds_engine_settle(u->e);
-    if (stop_signal && ret == 0) {
-        ds_warn("train", "stopping on signal %d at step %lld", (int)stop_signal, (long long)t->step);
+    if (ret == 0 && u->own_steps == 0 && u->adopted_past) {
+        ds_error("train", "the cluster is at step %lld, past this node's train.steps = %lld: "
+                 "nothing to train (give this node at least the cluster's train.steps)",
+                 (long long)u->adopted_past, (long long)c->train.steps);
+        ret = -ERANGE;
+    }
+    if ((stop_signal || u->paused) && ret == 0) {
+        if (u->paused)
+            ds_info("train", "pausing at step %lld after train.stop_after = %lld steps",
+                    (long long)t->step, (long long)c->train.stop_after);
+        else
+            ds_warn("train", "stopping on signal %d at step %lld", (int)stop_signal,
+                    (long long)t->step);
         if (ds_trainer_evaluate(t, &u->test_loss, &u->test_acc) < 0)
             u->test_acc = -1;
     }
@@ -381,7 +390,6 @@ static int finish(run *u, int ret)
 
     ds_engine_info in;
     ds_engine_info_get(u->e, &in);
-    const ds_gossip_stats *gs = &in.gossip;
     const double wall = (double)(ds_now_ns() - u->t_start) * 1e-9;
     const double sps = u->train_ns ? (double)t->samples / ((double)u->train_ns * 1e-9) : 0;
     /* The model first: a run whose result could not be kept failed. */
@@ -389,25 +397,22 @@ static int finish(run *u, int ret)
         ds_error("train", "final model not saved: %s", err);
         ret = ret < 0 ? ret : -EIO;
     }
-    const char *status = ret < 0 ? "failed" : stop_signal ? "stopped" : "done";
-    u->rep.phase = ret < 0 ? DS_STATUS_FAILED : stop_signal ? DS_STATUS_STOPPED : DS_STATUS_DONE;
+    if (u->ckpt && ret == 0 && save_checkpoint(u) < 0)
+        ret = -EIO;
+    const char *status = ret < 0        ? "failed"
+                         : stop_signal ? "stopped"
+                         : u->paused   ? "paused"
+                                       : "done";
+    u->rep.phase = ret < 0        ? DS_STATUS_FAILED
+                   : stop_signal ? DS_STATUS_STOPPED
+                   : u->paused   ? DS_STATUS_PAUSED
+                                 : DS_STATUS_DONE;
     u->rep.test_acc = u->test_acc;
     publish(u, 1);
-    ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
-            "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f "
-            "max_round_s=%.3f values_sent=%llu",
-            status, (long long)t->step, u->test_acc, (unsigned long long)in.rounds,
-            (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
-            (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
-            (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9,
-            (double)gs->max_wait_ns * 1e-9, (unsigned long long)gs->values_sent);
-    printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
-           "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu "
-           "max_round_s=%.3f\n",
-           c->node.name, status, (long long)t->step, u->loss, u->test_acc, sps, wall, t->ops.name,
-           (unsigned long long)in.net.bytes_sent, (unsigned long long)in.net.bytes_recv,
-           (unsigned long long)in.rounds, (double)gs->max_wait_ns * 1e-9);
-    fflush(stdout);
+    const ds_run_summary sum = {.name = c->node.name, .status = status, .backend = t->ops.name,
+                                .steps = t->step, .loss = u->loss, .test_acc = u->test_acc,
+                                .samples_per_s = sps, .wall_s = wall};
+    ds_run_summary_print(&sum, &in);
     const int sig = (int)stop_signal;
     return ret < 0 ? 1 : sig ? 128 + sig : 0;
 }
@@ -424,9 +429,26 @@ static int check_outputs(run *u)
     return 0;
 }
 
-int ds_node_run(const ds_conf *c, unsigned flags)
+/* --resume: the checkpoint's state into the trainer and the engine,
+ * before the node listens. */
+static int resume(run *u)
 {
-    run u = {.c = c, .t_start = ds_now_ns(), .test_acc = -1,
+    char err[1200];
+    ds_ckpt_info in;
+    const int e = ds_ckpt_load(u->resume, u->c, &u->t, u->e, &in, err, sizeof(err));
+    if (e < 0) {
+        ds_error("node", "cannot resume: %s", err);
+        return e;
+    }
+    ds_info("train", "resumed from %s at step %lld (round %llu)", u->resume, (long long)in.step,
+            (unsigned long long)in.round);
+    return 0;
+}
+
+int ds_node_run(const ds_conf *c, const char *resume_path, unsigned flags)
+{
+    run u = {.c = c, .t_start = ds_now_ns(), .test_acc = -1, .resume = resume_path,
+             .ckpt = c->train.checkpoint_every > 0 || c->train.stop_after > 0 || resume_path,
              .rep = {.phase = DS_STATUS_JOINING, .test_acc = -1}};
     const ds_engine_stop stop = {.signal = &stop_signal, .count = &stop_count,
                                  .reload = &reload_count};
@@ -441,7 +463,8 @@ int ds_node_run(const ds_conf *c, unsigned flags)
         ds_error("node", "cannot start: %s", err);
         goto close_engine;
     }
-    if (check_outputs(&u) < 0 || register_trainer(&u) < 0 || ds_engine_listen(u.e) < 0)
+    if (check_outputs(&u) < 0 || register_trainer(&u) < 0 || (u.resume && resume(&u) < 0) ||
+        ds_engine_listen(u.e) < 0)
         goto fini_trainer;
     publish(&u, 1);
     if ((e = ds_engine_join(u.e, err, sizeof(err))) < 0) {

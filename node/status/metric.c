@@ -22,7 +22,7 @@
 /* ---- names ------------------------------------------------------------------ */
 
 static const char *const state_names[DS_STATUS__COUNT] = {
-    "joining", "training", "leaving", "done", "stopped", "failed",
+    "joining", "training", "leaving", "done", "stopped", "failed", "paused",
 };
 static const char *const outcome_names[DS_XCHG__COUNT] = {
     "unknown", "ok", "failed", "skipped", "none",

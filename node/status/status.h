@@ -62,6 +62,7 @@ enum ds_status_state {
     DS_STATUS_DONE = 3,     /* finished its steps */
     DS_STATUS_STOPPED = 4,  /* stopped by a signal */
     DS_STATUS_FAILED = 5,
+    DS_STATUS_PAUSED = 6,   /* train.stop_after reached, checkpoint written */
     DS_STATUS__COUNT
 };
 

@@ -68,6 +68,10 @@ int ds_bench_elastic_faults(int argc, char **argv);
 int ds_bench_elastic_gossip(int argc, char **argv);
 int ds_bench_transport(int argc, char **argv);
 int ds_bench_cluster(int argc, char **argv);
+/* dsbench torch (bench_cluster.c): PyTorch under libdsnode vs DDP vs native. */
+int ds_bench_torch(int argc, char **argv);
+/* dsbench hier (bench_cluster.c): 2 hosts x 4 nodes, flat vs groups. */
+int ds_bench_hier(int argc, char **argv);
 int ds_bench_status(int argc, char **argv);
 
 #endif

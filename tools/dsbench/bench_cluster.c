@@ -80,7 +80,10 @@
 
 typedef struct variant {
     const char *name;
-    const char *sets[5];
+    const char *sets[6];
+    int torch; /* the nodes run tools/python/examples/fashion_mlp.py (dsbench torch) */
+    int groups; /* dsbench hier: dslaunch --groups (0: none) */
+    int hosts;  /* dsbench hier: dslaunch --netns-hosts on a rate-limited net (0: none) */
 } variant;
 
 static const variant all_variants[] = {
@@ -125,6 +128,12 @@ typedef struct result {
     int value_width;              /* bytes a value: sparsify.value_format's */
     double samples_per_s; /* the cluster's, from the first step to the last eval */
     int runs;             /* the row is the best of this many runs */
+    /* dsbench torch: fashion_mlp.py's "binding" line, means over nodes (ms
+     * per training step; one ctypes call in us); NAN for other rows. */
+    double step_ms, engine_ms, crossing_us;
+    /* dsbench hier: bytes between the namespaces (hosts) per step, all
+     * nodes together; the mean time of a step, evaluations included. */
+    double inter_bytes_per_step, ms_per_step;
 } result;
 
 /* ---- node logs ------------------------------------------------------------- */
@@ -149,6 +158,8 @@ typedef struct node_figures {
     double t_last, last_step; /* the last eval line: time from the start, step */
     double test_acc, bytes_sent, rounds, samples_per_s;
     double values_sent; /* gossip values sent (the log's train summary line) */
+    int have_binding;
+    double step_ms, engine_ms, crossing_us;
 } node_figures;
 
 /* Reads DIR/nI.log: the "training starts" line, train and eval lines, the
@@ -176,6 +187,13 @@ static int read_node_log(const char *path, double target, node_figures *f)
                 f->rounds = NAN;
             if (ds_kv_get_double(&kv, "samples_per_s", &f->samples_per_s) < 0)
                 f->samples_per_s = NAN;
+            continue;
+        }
+        if (!strncmp(line, "fashion_mlp: binding ", 21)) {
+            ds_kv_parse(line + 21, &kv);
+            f->have_binding = ds_kv_get_double(&kv, "step_ms", &f->step_ms) == 0 &&
+                              ds_kv_get_double(&kv, "engine_ms", &f->engine_ms) == 0 &&
+                              ds_kv_get_double(&kv, "crossing_us", &f->crossing_us) == 0;
             continue;
         }
         const double t = log_time(line);
@@ -239,8 +257,9 @@ static void tail_lines(const char *text, int n)
 static void collect_figures(const opts *o, const ds_conf *c, const char *dir, int nodes,
                             result *r)
 {
-    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0, vbpr = 0;
-    int n_acc = 0, n_bpr = 0, n_sps = 0, n_vbpr = 0;
+    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0, mps = 0, vbpr = 0,
+           bind[3] = {0, 0, 0};
+    int n_acc = 0, n_bpr = 0, n_sps = 0, n_bind = 0, n_vbpr = 0;
     const char **models = calloc((size_t)nodes, sizeof(char *));
     char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
     for (int i = 0; i < nodes; i++) {
@@ -275,7 +294,14 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
          * the time from the first step to the last evaluation. */
         if (f.have_start && f.t_last > 0) {
             sps += f.last_step * (double)c->train.batch_size / f.t_last;
+            mps += f.t_last / f.last_step * 1e3;
             n_sps++;
+        }
+        if (f.have_binding) {
+            bind[0] += f.step_ms;
+            bind[1] += f.engine_ms;
+            bind[2] += f.crossing_us;
+            n_bind++;
         }
         if (mpath && models) {
             snprintf(mpath[i], sizeof(mpath[i]), "%s/n%d/model.bin", dir, i);
@@ -287,10 +313,16 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
         r->train85 = tr85 / nodes;
         r->steps85 = st85 / nodes;
     }
+    if (n_bind == nodes) {
+        r->step_ms = bind[0] / nodes;
+        r->engine_ms = bind[1] / nodes;
+        r->crossing_us = bind[2] / nodes;
+    }
     r->final_acc = n_acc ? acc / n_acc : NAN;
     r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
     r->value_bytes_per_round = n_vbpr ? vbpr / n_vbpr : NAN;
     r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
+    r->ms_per_step = n_sps == nodes ? mps / nodes : NAN;
     ds_consensus cons = {0, 0, NAN, NAN, NAN};
     if (models && mpath && ds_consensus_compute(models, nodes, NULL, &cons, NULL) == 0 &&
         cons.n_models >= 2)
@@ -301,6 +333,24 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
         fprintf(stderr, "%.0f s: %.0f%% after %.1f s (%d/%d nodes), final %.4f, %.0f B/round\n",
                 r->wall_s, o->target * 100, r->t85, r->reached, nodes, r->final_acc,
                 r->bytes_per_round);
+}
+
+/* dslaunch --json's netns_out_bytes summed: what the namespaces sent each
+ * other. NAN when absent. */
+static double inter_bytes(const char *out)
+{
+    const char *last = out ? strrchr(out, '{') : NULL;
+    while (last && last > out && last[-1] != '\n')
+        last = memrchr(out, '{', (size_t)(last - out));
+    json_t *doc = last ? json_loads(last, 0, NULL) : NULL;
+    const json_t *a = json_object_get(doc, "netns_out_bytes");
+    double sum = json_is_array(a) && json_array_size(a) ? 0 : NAN;
+    for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
+        const json_t *x = json_array_get(a, i);
+        sum = json_is_integer(x) ? sum + (double)json_integer_value(x) : NAN;
+    }
+    json_decref(doc);
+    return sum;
 }
 
 static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const char *net,
@@ -317,7 +367,8 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
         if (!strcmp(v->sets[k], "sparsify.value_format=f16") ||
             !strcmp(v->sets[k], "sparsify.value_format=bf16"))
             r->value_width = 2;
-    r->samples_per_s = NAN;
+    r->samples_per_s = r->step_ms = r->engine_ms = r->crossing_us = NAN;
+    r->inter_bytes_per_step = r->ms_per_step = NAN;
 
     char dir[PATH_MAX + 160], name[64];
     snprintf(name, sizeof(name), "%s", v->name);
@@ -353,10 +404,44 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
         argv[k++] = "--netns-rate";
         argv[k++] = (char *)net;
     }
+    char s_groups[16], s_hosts[16];
+    if (v->groups) {
+        snprintf(s_groups, sizeof(s_groups), "%d", v->groups);
+        argv[k++] = "--groups";
+        argv[k++] = s_groups;
+    }
+    if (v->hosts && strcmp(net, "loopback") != 0) {
+        snprintf(s_hosts, sizeof(s_hosts), "%d", v->hosts);
+        argv[k++] = "--netns-hosts";
+        argv[k++] = s_hosts;
+        argv[k++] = "--json";
+    }
     argv[k++] = "--out";
     argv[k++] = dir;
     argv[k++] = "--timeout";
     argv[k++] = s_timeout;
+    /* dsbench torch: the same MLP, data, steps, batch, optimizer and
+     * schedule in PyTorch, mixed by libdsnode under the same config. */
+    char script[PATH_MAX], a_batch[24], a_lr[32], a_mom[32], a_wd[32], a_warm[24], a_seed[24],
+        a_steps[24], a_eval[24];
+    if (v->torch) {
+        snprintf(script, sizeof(script), "%s/python/examples/fashion_mlp.py",
+                 ds_bench_tools_dir());
+        snprintf(a_steps, sizeof(a_steps), "%d", o->steps);
+        snprintf(a_eval, sizeof(a_eval), "%d", o->eval_every);
+        snprintf(a_batch, sizeof(a_batch), "%lld", (long long)c->train.batch_size);
+        snprintf(a_lr, sizeof(a_lr), "%.17g", c->train.lr);
+        snprintf(a_mom, sizeof(a_mom), "%.17g", c->train.momentum);
+        snprintf(a_wd, sizeof(a_wd), "%.17g", c->train.weight_decay);
+        snprintf(a_warm, sizeof(a_warm), "%lld", (long long)c->train.warmup_steps);
+        snprintf(a_seed, sizeof(a_seed), "%lld", (long long)c->cluster.seed);
+        const char *py[] = {"--", "/usr/bin/python3", script, "--steps", a_steps,
+                            "--eval-every", a_eval, "--batch", a_batch, "--lr", a_lr,
+                            "--momentum", a_mom, "--weight-decay", a_wd, "--warmup", a_warm,
+                            "--seed", a_seed, "--data", c->train.dataset_dir};
+        for (size_t i = 0; i < sizeof(py) / sizeof(py[0]); i++)
+            argv[k++] = (char *)py[i];
+    }
     argv[k] = NULL;
 
     fprintf(stderr, "dsbench cluster: %-20s %-9s %d nodes ... ", v->name, net, nodes);
@@ -378,6 +463,7 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
         /* What the logs hold is still reported, marked failed. */
     } else {
         r->ok = 1;
+        r->inter_bytes_per_step = inter_bytes(out) / o->steps;
         free(out);
         free(etext);
     }
@@ -421,7 +507,8 @@ static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
     snprintf(r->net, sizeof(r->net), "loopback");
     r->nodes = nodes;
     r->t85 = r->train85 = r->steps85 = r->final_acc = r->bytes_per_round = r->consensus = NAN;
-    r->value_bytes_per_round = r->samples_per_s = NAN;
+    r->value_bytes_per_round = NAN;
+    r->samples_per_s = r->step_ms = r->engine_ms = r->crossing_us = NAN;
     char script[PATH_MAX], hidden[160] = "";
     snprintf(script, sizeof(script), "%s/torch_ddp.py", ds_bench_tools_dir());
     for (int i = 0; i < c->train.hidden_count; i++)
@@ -559,6 +646,44 @@ static int find_dslaunch(char *out, size_t len)
     return -ENOENT;
 }
 
+/* The base config, dslaunch and the run directory (--config, --dslaunch,
+ * --keep, each NULL when not given) of `dsbench cmd`. 0 or a negative
+ * errno (said). */
+static int paths_opts(opts *o, const char *cmd, const char *config, const char *dsl,
+                      const char *keep)
+{
+    if (config)
+        snprintf(o->config, sizeof(o->config), "%s", config);
+    else
+        snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
+                 ds_bench_tools_dir());
+    if (dsl)
+        snprintf(o->dslaunch, sizeof(o->dslaunch), "%s", dsl);
+    else if (find_dslaunch(o->dslaunch, sizeof(o->dslaunch)) < 0) {
+        fprintf(stderr, "dsbench %s: cannot find dslaunch beside dsbench; pass --dslaunch\n", cmd);
+        return -ENOENT;
+    }
+    if (access(o->dslaunch, X_OK) < 0) {
+        fprintf(stderr, "dsbench %s: %s: %s\n", cmd, o->dslaunch, strerror(errno));
+        return -ENOENT;
+    }
+    if (keep) {
+        snprintf(o->dir, sizeof(o->dir), "%s", keep);
+        o->keep = 1;
+        if (mkdir(o->dir, 0755) < 0 && errno != EEXIST) {
+            fprintf(stderr, "dsbench %s: cannot create %s: %s\n", cmd, o->dir, strerror(errno));
+            return -errno;
+        }
+    } else {
+        snprintf(o->dir, sizeof(o->dir), "/tmp/dsbench-%s.XXXXXX", cmd);
+        if (!mkdtemp(o->dir)) {
+            fprintf(stderr, "dsbench %s: mkdtemp: %s\n", cmd, strerror(errno));
+            return -errno;
+        }
+    }
+    return 0;
+}
+
 /* The option values as given, before parse_opts checks and fills in the
  * defaults (borrowed from argv). */
 typedef struct raw_opts {
@@ -694,36 +819,7 @@ static int parse_opts(opts *o, int argc, char **argv)
                             : o->quick ? "pairwise-micro-1%" : "pairwise-micro-1%,pairwise-topk-1%",
              o->scale_variants)) < 0)
         return -EINVAL;
-    if (config)
-        snprintf(o->config, sizeof(o->config), "%s", config);
-    else
-        snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
-                 ds_bench_tools_dir());
-    if (dsl)
-        snprintf(o->dslaunch, sizeof(o->dslaunch), "%s", dsl);
-    else if (find_dslaunch(o->dslaunch, sizeof(o->dslaunch)) < 0) {
-        fprintf(stderr, "dsbench cluster: cannot find dslaunch beside dsbench; pass --dslaunch\n");
-        return -ENOENT;
-    }
-    if (access(o->dslaunch, X_OK) < 0) {
-        fprintf(stderr, "dsbench cluster: %s: %s\n", o->dslaunch, strerror(errno));
-        return -ENOENT;
-    }
-    if (keep) {
-        snprintf(o->dir, sizeof(o->dir), "%s", keep);
-        o->keep = 1;
-        if (mkdir(o->dir, 0755) < 0 && errno != EEXIST) {
-            fprintf(stderr, "dsbench cluster: cannot create %s: %s\n", o->dir, strerror(errno));
-            return -errno;
-        }
-    } else {
-        snprintf(o->dir, sizeof(o->dir), "/tmp/dsbench-cluster.XXXXXX");
-        if (!mkdtemp(o->dir)) {
-            fprintf(stderr, "dsbench cluster: mkdtemp: %s\n", strerror(errno));
-            return -errno;
-        }
-    }
-    return 0;
+    return paths_opts(o, "cluster", config, dsl, keep);
 }
 
 /* rm -r of our own run directory (run logs, keys, models). */
@@ -851,6 +947,29 @@ static void goals_table(const opts *o, const result *rows, int n_rows, const res
              "<= 1.10", known4, known4 && spread <= 1.10);
 }
 
+/* The base config into *c and whether network namespaces can be made
+ * (root only: without them those rows are left out, said); the banner.
+ * 0, or -EINVAL when the config cannot be read (said). */
+static int bench_start(const opts *o, const char *cmd, ds_conf *c, int *netns_ok)
+{
+    char err[DS_CONF_ERR_MAX];
+    ds_conf_defaults(c);
+    if (ds_conf_load(c, o->config, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsbench %s: %s\n", cmd, err);
+        return -EINVAL;
+    }
+    *netns_ok = 1;
+    char why[512] = "";
+    for (int k = 0; k < o->n_nets; k++)
+        if (strcmp(o->nets[k], "loopback") && ds_netns_check(why, sizeof(why)) < 0)
+            *netns_ok = 0;
+    if (!*netns_ok)
+        fprintf(stderr, "dsbench %s: network-namespace rows left out: %s\n", cmd, why);
+    fprintf(stderr, "dsbench %s: %d steps, eval every %d, target %.2f, config %s, runs in %s\n",
+            cmd, o->steps, o->eval_every, o->target, o->config, o->dir);
+    return 0;
+}
+
 int ds_bench_cluster(int argc, char **argv)
 {
     opts o;
@@ -858,22 +977,9 @@ int ds_bench_cluster(int argc, char **argv)
     if (ret != 0)
         return ret > 0 ? 0 : 2;
     ds_conf c;
-    char err[DS_CONF_ERR_MAX];
-    ds_conf_defaults(&c);
-    if (ds_conf_load(&c, o.config, err, sizeof(err)) < 0) {
-        fprintf(stderr, "dsbench cluster: %s\n", err);
+    int netns_ok;
+    if (bench_start(&o, "cluster", &c, &netns_ok) < 0)
         return 2;
-    }
-    /* Namespaces: root only. Without them those rows are left out, said. */
-    int netns_ok = 1;
-    char why[512] = "";
-    for (int k = 0; k < o.n_nets; k++)
-        if (strcmp(o.nets[k], "loopback") && ds_netns_check(why, sizeof(why)) < 0)
-            netns_ok = 0;
-    if (!netns_ok)
-        fprintf(stderr, "dsbench cluster: network-namespace rows left out: %s\n", why);
-    fprintf(stderr, "dsbench cluster: %d steps, eval every %d, target %.2f, config %s, runs in "
-                    "%s\n", o.steps, o.eval_every, o.target, o.config, o.dir);
 
     result rows[MAX_ROWS], scale_rows[MAX_VARIANTS * MAX_SCALE], ddp;
     int n_rows = 0, idx = 0, failed = 0;
@@ -961,5 +1067,346 @@ int ds_bench_cluster(int argc, char **argv)
         remove_tree(o.dir);
     else
         fprintf(stderr, "dsbench cluster: run directories kept in %s\n", o.dir);
+    return failed ? 1 : 0;
+}
+
+/* ---- dsbench torch ------------------------------------------------------------ */
+
+/*
+ * `dsbench torch`: the same MLP, data, steps, batch, optimizer, schedule and
+ * evaluation cadence three ways, in one invocation: 4 PyTorch processes
+ * under dsnode gossip through libdsnode (dslaunch local -- python3
+ * tools/python/examples/fashion_mlp.py; pairwise MiCRO at 1%), the same 4
+ * PyTorch processes with DDP (gloo; tools/torch_ddp.py), and 4 native
+ * dsnode processes with the same gossip. The three loopback runs alternate
+ * --rounds times and the best of each is kept, as in `dsbench cluster`.
+ * --nets adds rate-limited namespaces for the two gossip rows (root; DDP
+ * runs on loopback only). Columns as in `dsbench cluster`, plus, for the
+ * PyTorch gossip row, fashion_mlp.py's "binding" line: step_ms (a training
+ * step's wall time, evaluation excluded), engine_ms (time in libdsnode's
+ * calls on the training thread, waiting for the previous round and the
+ * engine's own round work included: native dsnode pays those too), and
+ * binding_us (the binding's own cost per step: three calls, ready, step
+ * and report, each measured as a call of the wrapper that only reads a
+ * flag).
+ */
+static const variant torch_gossip = {
+    "torch-pairwise-micro-1%",
+    {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro", NULL}, 1};
+
+static void torch_usage(FILE *f)
+{
+    fprintf(f, "usage: dsbench torch [--json] [--steps N] [--eval-every N] [--target ACC]\n"
+               "                     [--rounds R] [--nets loopback,100mbit] [--config FILE]\n"
+               "                     [--dslaunch PATH] [--keep DIR]\n"
+               "4 PyTorch processes under dsnode gossip (libdsnode), with PyTorch DDP (gloo),\n"
+               "and 4 native dsnode processes: time to the target, final accuracy, the\n"
+               "binding's cost per step. Networks other than loopback need root.\n");
+}
+
+/* The options dsbench torch and dsbench hier share: --json, --steps,
+ * --eval-every, --target, --nets, --config, --dslaunch, --keep, and
+ * --rounds (torch) or --quick (hier). o->steps, o->rounds and the nets in
+ * *nets come in as the defaults. 0, 1 after --help, or -EINVAL (said). */
+static int small_opts(opts *o, int argc, char **argv, const char *cmd,
+                      void (*usage_fn)(FILE *), int allow_loopback, const char **nets)
+{
+    enum { O_JSON = 256, O_ROUNDS, O_QUICK, O_STEPS, O_EVAL, O_TARGET, O_NETS, O_CONFIG,
+           O_DSLAUNCH, O_KEEP };
+    const int torch = allow_loopback;
+    const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},       {"json", no_argument, NULL, O_JSON},
+        {torch ? "rounds" : "quick", torch ? required_argument : no_argument, NULL,
+         torch ? O_ROUNDS : O_QUICK},
+        {"steps", required_argument, NULL, O_STEPS},
+        {"eval-every", required_argument, NULL, O_EVAL},
+        {"target", required_argument, NULL, O_TARGET},
+        {"nets", required_argument, NULL, O_NETS},
+        {"config", required_argument, NULL, O_CONFIG},
+        {"dslaunch", required_argument, NULL, O_DSLAUNCH},
+        {"keep", required_argument, NULL, O_KEEP},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config = NULL, *dsl = NULL, *keep = NULL;
+    int c, steps_given = 0;
+    optind = 0;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage_fn(stdout); return 1;
+        case O_JSON: o->json = 1; break;
+        case O_ROUNDS: o->rounds = atoi(optarg); break;
+        case O_QUICK: o->quick = 1; break;
+        case O_STEPS: o->steps = atoi(optarg); steps_given = 1; break;
+        case O_EVAL: o->eval_every = atoi(optarg); break;
+        case O_TARGET: o->target = atof(optarg); break;
+        case O_NETS: *nets = optarg; break;
+        case O_CONFIG: config = optarg; break;
+        case O_DSLAUNCH: dsl = optarg; break;
+        case O_KEEP: keep = optarg; break;
+        default: usage_fn(stderr); return -EINVAL;
+        }
+    }
+    if (o->quick && !steps_given)
+        o->steps = 600;
+    if (optind < argc || o->rounds < 1 || o->rounds > 20 || o->steps < 1 ||
+        o->eval_every < 1 || !(o->target > 0 && o->target < 1)) {
+        usage_fn(stderr);
+        return -EINVAL;
+    }
+    o->n_nets = parse_list(*nets, o->nets, MAX_NETS);
+    for (int k = 0; k < o->n_nets; k++) {
+        uint64_t bps;
+        if ((strcmp(o->nets[k], "loopback") || !allow_loopback) &&
+            ds_netns_rate_parse(o->nets[k], &bps) < 0)
+            o->n_nets = -1;
+    }
+    if (o->n_nets <= 0) {
+        fprintf(stderr, "dsbench %s: --nets expects %srates such as 100mbit\n", cmd,
+                allow_loopback ? "loopback and/or " : "");
+        return -EINVAL;
+    }
+    return paths_opts(o, cmd, config, dsl, keep);
+}
+
+static int torch_opts(opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof(*o));
+    o->torch = 1;
+    o->rounds = 3;
+    o->steps = 600;
+    o->eval_every = 50;
+    o->target = 0.85;
+    const char *nets = "loopback";
+    return small_opts(o, argc, argv, "torch", torch_usage, 1, &nets);
+}
+
+/* The binding's cost per step: ready, step and report, one call each. */
+static double binding_us(const result *r)
+{
+    return 3 * r->crossing_us;
+}
+
+static void torch_row(ds_row *row, const result *r, const result *ddp, const result *native)
+{
+    ds_row_str(row, "variant", r->variant);
+    ds_row_str(row, "net", r->net);
+    char reached[24];
+    snprintf(reached, sizeof(reached), "%d/%d", r->reached, r->nodes);
+    ds_row_str(row, "reached_85", reached);
+    ds_row_num(row, "time_to_85_s", r->t85, 2);
+    ds_row_num(row, "train_to_85_s", r->train85, 2);
+    ds_row_num(row, "speedup_vs_ddp", ddp->ok && isfinite(ddp->t85) ? ddp->t85 / r->t85 : NAN,
+               2);
+    ds_row_num(row, "final_acc", r->final_acc, 4);
+    ds_row_num(row, "acc_vs_native_pt",
+               native ? (r->final_acc - native->final_acc) * 100 : NAN, 2);
+    ds_row_num(row, "consensus_distance", r->consensus, 4);
+    ds_row_num(row, "samples_per_s", r->samples_per_s, 0);
+    ds_row_num(row, "step_ms", r->step_ms, 3);
+    ds_row_num(row, "engine_ms", r->engine_ms, 3);
+    ds_row_num(row, "binding_us", binding_us(r), 2);
+    ds_row_num(row, "binding_pct", binding_us(r) / (r->step_ms * 1e3) * 100, 3);
+    ds_row_int(row, "best_of", r->runs > 1 ? r->runs : 1);
+    ds_row_str(row, "status", r->ok ? "ok" : "failed");
+    ds_row_end(row);
+}
+
+int ds_bench_torch(int argc, char **argv)
+{
+    opts o;
+    int ret = torch_opts(&o, argc, argv);
+    if (ret != 0)
+        return ret > 0 ? 0 : 2;
+    ds_conf c;
+    int netns_ok;
+    if (bench_start(&o, "torch", &c, &netns_ok) < 0)
+        return 2;
+
+    const variant *native = &all_variants[MICRO];
+    result ddp, nat, tor, t, rows[2 * MAX_NETS];
+    int n_rows = 0, idx = 0, failed = 0;
+    memset(&ddp, 0, sizeof(ddp));
+    memset(&nat, 0, sizeof(nat));
+    memset(&tor, 0, sizeof(tor));
+    for (int round = 0; round < o.rounds; round++) {
+        if (run_ddp(&o, &c, 4, &t) < 0)
+            failed = 1;
+        keep_best(&ddp, &t, round);
+        if (run_cluster(&o, &c, native, "loopback", 4, idx++, &t) < 0)
+            failed = 1;
+        keep_best(&nat, &t, round);
+        if (run_cluster(&o, &c, &torch_gossip, "loopback", 4, idx++, &t) < 0)
+            failed = 1;
+        keep_best(&tor, &t, round);
+    }
+    for (int k = 0; k < o.n_nets && netns_ok; k++) {
+        if (!strcmp(o.nets[k], "loopback"))
+            continue;
+        if (run_cluster(&o, &c, native, o.nets[k], 4, idx++, &rows[n_rows++]) < 0)
+            failed = 1;
+        if (run_cluster(&o, &c, &torch_gossip, o.nets[k], 4, idx++, &rows[n_rows++]) < 0)
+            failed = 1;
+    }
+
+    if (!o.json) {
+        printf("\nCommand: dsbench");
+        for (int i = 0; i < argc; i++)
+            printf(" %s", argv[i]);
+        printf("  (%d steps, eval every %d, target %.2f; *_85 columns mean that target)\n\n",
+               o.steps, o.eval_every, o.target);
+    }
+    ds_row row;
+    ds_row_table(&row, o.json);
+    torch_row(&row, &ddp, &ddp, NULL);
+    torch_row(&row, &nat, &ddp, NULL);
+    torch_row(&row, &tor, &ddp, &nat);
+    for (int i = 0; i < n_rows; i += 2) {
+        torch_row(&row, &rows[i], &ddp, NULL);
+        torch_row(&row, &rows[i + 1], &ddp, &rows[i]);
+    }
+    if (!o.json)
+        printf("\n");
+    ds_row_table(&row, o.json);
+    const int k1 = tor.ok && ddp.ok && isfinite(tor.t85) && isfinite(ddp.t85);
+    const double s1 = k1 ? ddp.t85 / tor.t85 : NAN;
+    goal_out(&row, "torch+dsnode time to 85% vs DDP, loopback (x faster)", s1, ">= 1.5", k1,
+             k1 && s1 >= 1.5);
+    const double pct = binding_us(&tor) / (tor.step_ms * 1e3) * 100;
+    goal_out(&row, "binding's cost per step (% of a step)", pct, "<= 10", isfinite(pct),
+             pct <= 10);
+    const int k3 = tor.ok && nat.ok && isfinite(tor.final_acc) && isfinite(nat.final_acc);
+    const double d = k3 ? (tor.final_acc - nat.final_acc) * 100 : NAN;
+    goal_out(&row, "torch+dsnode final acc minus native dsnode (pt)", d, ">= -0.5", k3,
+             k3 && d >= -0.5);
+    goal_out(&row, "torch+dsnode vs DDP at 100mbit (DDP not run in namespaces)", NAN, ">= 5",
+             0, 0);
+    if (!o.keep)
+        remove_tree(o.dir);
+    else
+        fprintf(stderr, "dsbench torch: run directories kept in %s\n", o.dir);
+    return failed ? 1 : 0;
+}
+
+/* ---- dsbench hier ---------------------------------------------------------------- */
+
+/* 2 hosts x 4 nodes, each host a network namespace, the link between them
+ * rate-limited (tbf): flat gossip, groups (one per host), and flat
+ * all-reduce, side by side. */
+static const variant hier_variants[] = {
+    {"flat pairwise-micro-1%",
+     {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro",
+      "gossip.segments=8"}, 0, 0, 2},
+    {"hier dense-intra + micro-1%",
+     {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro",
+      "gossip.segments=8"}, 0, 2, 2},
+    {"flat allreduce-dense", {"gossip.topology=allreduce", "sparsify.method=none", NULL}, 0, 0, 2},
+};
+#define N_HIER (int)(sizeof(hier_variants) / sizeof(hier_variants[0]))
+
+static void hier_usage(FILE *f)
+{
+    fprintf(f, "usage: dsbench hier [--quick] [--json] [--steps N] [--eval-every N] [--target ACC]\n"
+               "                    [--nets 1gbit,100mbit] [--config FILE] [--dslaunch PATH]\n"
+               "                    [--keep DIR]\n"
+               "8 nodes as 2 hosts x 4 (network namespaces; only the link between the hosts is\n"
+               "rate-limited): flat gossip, one group per host, flat all-reduce. Root only.\n"
+               "--quick: 100mbit only, 600 steps.\n");
+}
+
+static int hier_opts(opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof(*o));
+    o->rounds = 1;
+    o->steps = 1500;
+    o->eval_every = 50;
+    o->target = 0.85;
+    const char *nets = NULL;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--quick"))
+            nets = "100mbit";
+    if (!nets)
+        nets = "1gbit,100mbit";
+    return small_opts(o, argc, argv, "hier", hier_usage, 0, &nets);
+}
+
+static void hier_row(ds_row *row, const result *r, const result *flat)
+{
+    ds_row_str(row, "variant", r->variant);
+    ds_row_str(row, "net", r->net);
+    char reached[24];
+    snprintf(reached, sizeof(reached), "%d/%d", r->reached, r->nodes);
+    ds_row_str(row, "reached_85", reached);
+    ds_row_num(row, "time_to_85_s", r->t85, 2);
+    ds_row_num(row, "speedup_vs_flat",
+               flat->ok && isfinite(flat->t85) ? flat->t85 / r->t85 : NAN, 2);
+    ds_row_num(row, "final_acc", r->final_acc, 4);
+    ds_row_num(row, "inter_host_bytes_per_step", r->inter_bytes_per_step, 0);
+    ds_row_num(row, "ms_per_step", r->ms_per_step, 1);
+    ds_row_num(row, "consensus_distance", r->consensus, 4);
+    ds_row_num(row, "wall_s", r->wall_s, 1);
+    ds_row_str(row, "status", r->ok ? "ok" : "failed");
+    ds_row_end(row);
+}
+
+int ds_bench_hier(int argc, char **argv)
+{
+    opts o;
+    int ret = hier_opts(&o, argc, argv);
+    if (ret != 0)
+        return ret > 0 ? 0 : 2;
+    ds_conf c;
+    int netns_ok;
+    if (bench_start(&o, "hier", &c, &netns_ok) < 0)
+        return 2;
+    if (!netns_ok) {
+        fprintf(stderr, "dsbench hier: needs network namespaces (root)\n");
+        return 2;
+    }
+    result rows[MAX_NETS][N_HIER];
+    int idx = 0, failed = 0;
+    for (int k = 0; k < o.n_nets; k++)
+        for (int v = 0; v < N_HIER; v++)
+            if (run_cluster(&o, &c, &hier_variants[v], o.nets[k], 8, idx++, &rows[k][v]) < 0)
+                failed = 1;
+    if (!o.json) {
+        printf("\nCommand: dsbench");
+        for (int i = 0; i < argc; i++)
+            printf(" %s", argv[i]);
+        printf("  (8 nodes = 2 hosts x 4, %d steps, eval every %d, target %.2f)\n\n", o.steps,
+               o.eval_every, o.target);
+    }
+    ds_row row;
+    ds_row_table(&row, o.json);
+    for (int k = 0; k < o.n_nets; k++)
+        for (int v = 0; v < N_HIER; v++)
+            hier_row(&row, &rows[k][v], &rows[k][0]);
+    if (!o.json)
+        printf("\n");
+    ds_row_table(&row, o.json);
+    for (int k = 0; k < o.n_nets; k++) {
+        const result *flat = &rows[k][0], *hier = &rows[k][1];
+        char goal[128];
+        const int k1 = flat->ok && hier->ok && isfinite(flat->t85) && isfinite(hier->t85);
+        const double s1 = k1 ? flat->t85 / hier->t85 : NAN;
+        snprintf(goal, sizeof(goal), "%s: hier time to 85%% vs flat gossip (x faster)", o.nets[k]);
+        goal_out(&row, goal, s1, ">= 1.5", k1, k1 && s1 >= 1.5);
+        const int k2 = flat->ok && hier->ok && isfinite(flat->inter_bytes_per_step) &&
+                       isfinite(hier->inter_bytes_per_step);
+        const double b = k2 ? hier->inter_bytes_per_step / flat->inter_bytes_per_step : NAN;
+        snprintf(goal, sizeof(goal), "%s: hier inter-host bytes / flat's (group size 4)",
+                 o.nets[k]);
+        goal_out(&row, goal, b, "<= 0.275", k2, k2 && b <= 0.25 * 1.1);
+        const int k3 = flat->ok && hier->ok;
+        const double d = k3 ? (hier->final_acc - flat->final_acc) * 100 : NAN;
+        snprintf(goal, sizeof(goal), "%s: hier final acc minus flat gossip's (pt)", o.nets[k]);
+        goal_out(&row, goal, d, ">= 0", k3, k3 && d >= 0);
+    }
+    goal_out(&row, "hier vs PyTorch DDP at 100mbit (DDP not run in namespaces here)", NAN, ">= 5",
+             0, 0);
+    if (!o.keep)
+        remove_tree(o.dir);
+    else
+        fprintf(stderr, "dsbench hier: run directories kept in %s\n", o.dir);
     return failed ? 1 : 0;
 }

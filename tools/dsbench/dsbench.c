@@ -27,6 +27,8 @@ static const struct {
     {"transport", ds_bench_transport, "loopback goodput through node/net (none, auth, encrypt) and the bare transport vs fi_pingpong"},
     {"status", ds_bench_status, "scrapes from one address while another floods the status server with idle connections"},
     {"cluster", ds_bench_cluster, "4-node clusters per variant on loopback and rate-limited namespaces vs PyTorch DDP; bytes/node/round at 2-8 nodes"},
+    {"hier", ds_bench_hier, "8 nodes as 2 hosts x 4 (namespaces, rate-limited link between hosts): flat gossip vs one group per host vs flat all-reduce"},
+    {"torch", ds_bench_torch, "4 PyTorch processes under dsnode gossip (libdsnode) vs PyTorch DDP (gloo) vs native dsnode; the binding's cost per step"},
 };
 
 static void usage(FILE *f)

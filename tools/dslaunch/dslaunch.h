@@ -194,6 +194,11 @@ typedef struct ds_netns {
     int made;              /* namespaces [0, made) exist, the last maybe in part */
 } ds_netns;
 
+/* Bytes namespace i has sent out through its cable so far (its veth's
+ * root side rx counter): with namespaces as hosts, the traffic between
+ * hosts. 0, or a negative errno. */
+int ds_netns_link_bytes(const ds_netns *ns, int i, uint64_t *out_bytes);
+
 /* "100mbit", "1gbit", "1.5gbit", "500kbit" (unit required, any case) ->
  * bit/s. -EINVAL for another form, -ERANGE outside 8 kbit/s..100 Gbit/s. */
 int ds_netns_rate_parse(const char *s, uint64_t *bits_per_s);

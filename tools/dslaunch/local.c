@@ -136,6 +136,8 @@ struct node {
     int have_summary;
     ds_kvline summary;
     int forwarded;
+    char group[16];   /* local --groups: its node.group */
+    int gidx;         /* and its index */
 };
 
 struct add_at {
@@ -157,6 +159,11 @@ struct launch {
     struct add_at add[MAX_ADD];
     int nadd;
     const char *dsnode_opt;
+    /* `dslaunch local ... -- CMD ARGS`: every node runs CMD instead of
+     * `dsnode run` (a program over libdsnode), its config in $DSNODE_CONFIG. */
+    char **user_cmd;
+    int n_user_cmd;
+    char user_prog[PATH_MAX]; /* CMD[0] found in PATH */
     int netns;             /* --netns */
     char host[48];         /* --host: the loopback address without brackets */
     int host_given;
@@ -173,6 +180,9 @@ struct launch {
     const char *remote_dsnode_opt;
     const char *remote_base; /* --remote-dir */
     int groups_by_host;
+    int groups;            /* local --groups G: node.group g0..g{G-1}; 0: none */
+    int netns_hosts;       /* local --netns-hosts H: H namespaces of contiguous nodes */
+    uint64_t *ns_out;      /* per namespace: bytes it sent out (read before teardown) */
     char ssh_prog[PATH_MAX];
     char tar_prog[PATH_MAX];
     char remote_dsnode[PATH_MAX];
@@ -206,6 +216,8 @@ struct launch {
     int failed_self;     /* dslaunch's own failure */
 };
 
+static int find_prog(const char *name, char *buf, size_t len);
+
 static int64_t now_ms(void)
 {
     struct timespec ts;
@@ -216,10 +228,13 @@ static int64_t now_ms(void)
 static void local_usage(FILE *f)
 {
     fprintf(f,
-            "usage: dslaunch local -n N --config FILE [options]\n"
+            "usage: dslaunch local -n N --config FILE [options] [-- CMD [ARGS...]]\n"
             "\n"
             "Start N dsnode processes on this host, each with its own name (n0, n1, ...),\n"
             "port, data directory and identity key, show their progress, and report.\n"
+            "With -- CMD, each node runs CMD ARGS instead of `dsnode run` (a program over\n"
+            "libdsnode, e.g. python3 train.py), with DSNODE_CONFIG (its config file),\n"
+            "DSNODE_NAME and DSNODE_RANK (0..N-1) in its environment.\n"
             "\n"
             "  -n N                 nodes to start (1..%d)\n"
             "  --config FILE        base configuration (every node's, before per-node keys)\n"
@@ -242,6 +257,12 @@ static void local_usage(FILE *f)
             "                       the end\n"
             "  --netns-rate RATE    with --netns: limit every node's link to RATE each way (tc\n"
             "                       tbf), e.g. 100mbit, 1gbit; implies --netns\n"
+            "  --groups G           node.group = g0..g{G-1} in contiguous blocks of nodes (nodes\n"
+            "                       added later: in turn); groups all-reduce inside and gossip\n"
+            "                       between them; with --netns, one namespace per group\n"
+            "  --netns-hosts H      --netns with H namespaces (\"hosts\"), nodes in contiguous\n"
+            "                       blocks sharing their namespace's address; only the links\n"
+            "                       between namespaces are rate-limited\n"
             "\n"
             "Exit status: 0 when every node exited 0; 1 when a node or dslaunch failed or\n"
             "--timeout struck; 2 for a usage or configuration error; 128+signal when stopped\n"
@@ -453,6 +474,8 @@ enum {
     OPT_REMOTE_DIR,
     OPT_GROUPS_BY_HOST,
     OPT_NO_GROUPS_BY_HOST,
+    OPT_GROUPS,
+    OPT_NETNS_HOSTS,
 };
 
 static const struct option local_options[] = {
@@ -469,6 +492,8 @@ static const struct option local_options[] = {
     {"netns-rate", required_argument, NULL, OPT_NETNS_RATE},
     {"dsnode", required_argument, NULL, OPT_DSNODE},
     {"host", required_argument, NULL, OPT_HOST},
+    {"groups", required_argument, NULL, OPT_GROUPS},
+    {"netns-hosts", required_argument, NULL, OPT_NETNS_HOSTS},
     {NULL, 0, NULL, 0},
 };
 
@@ -583,6 +608,23 @@ static int take_option(struct launch *L, int c, const char *val, const char *arg
         return 0;
     case OPT_GROUPS_BY_HOST:
         L->groups_by_host = 1;
+        return 0;
+    case OPT_GROUPS:
+        if (parse_int(val, 1, MAX_NODES, &v) < 0) {
+            fprintf(stderr, "dslaunch local: --groups expects a group count in 1..%d, found "
+                            "'%s'\n", MAX_NODES, val ? val : "");
+            return -EINVAL;
+        }
+        L->groups = (int)v;
+        return 0;
+    case OPT_NETNS_HOSTS:
+        if (parse_int(val, 1, MAX_NODES, &v) < 0) {
+            fprintf(stderr, "dslaunch local: --netns-hosts expects a namespace count in 1..%d, "
+                            "found '%s'\n", MAX_NODES, val ? val : "");
+            return -EINVAL;
+        }
+        L->netns_hosts = (int)v;
+        L->netns = 1;
         return 0;
     case OPT_NO_GROUPS_BY_HOST:
         L->groups_by_host = 0;
@@ -718,6 +760,23 @@ static int parse_args(struct launch *L, int argc, char **argv)
         if (r != 0)
             return r;
     }
+    /* getopt stopped after "--": the rest is the command every node runs. */
+    if (optind < argc && optind > 1 && !strcmp(argv[optind - 1], "--") && !L->hosts_mode) {
+        L->user_cmd = &argv[optind];
+        L->n_user_cmd = argc - optind;
+        optind = argc;
+        const char *prog = L->user_cmd[0];
+        if (strchr(prog, '/'))
+            snprintf(L->user_prog, sizeof(L->user_prog), "%s", prog);
+        else if (find_prog(prog, L->user_prog, sizeof(L->user_prog)) < 0) {
+            fprintf(stderr, "dslaunch local: -- %s: not found in PATH\n", prog);
+            return -ENOENT;
+        }
+        if (access(L->user_prog, X_OK) < 0) {
+            fprintf(stderr, "dslaunch local: -- %s: %s\n", L->user_prog, strerror(errno));
+            return -ENOENT;
+        }
+    }
     if (optind < argc) {
         fprintf(stderr, "dslaunch %s: unknown argument '%s' (see dslaunch %s --help)\n", L->cmd,
                 argv[optind], L->cmd);
@@ -762,6 +821,16 @@ static int parse_args(struct launch *L, int argc, char **argv)
     if (!L->config) {
         fprintf(stderr, "dslaunch %s: --config FILE is required (see dslaunch %s --help)\n",
                 L->cmd, L->cmd);
+        return -EINVAL;
+    }
+    if (L->netns_hosts > L->n) {
+        fprintf(stderr, "dslaunch local: --netns-hosts %d: expected at most one namespace per "
+                        "node (-n %d)\n", L->netns_hosts, L->n);
+        return -EINVAL;
+    }
+    if (L->groups > L->n) {
+        fprintf(stderr, "dslaunch local: --groups %d: expected at most one group per node (-n "
+                        "%d)\n", L->groups, L->n);
         return -EINVAL;
     }
     L->total = L->n;
@@ -977,11 +1046,12 @@ static int check_base(struct launch *L)
     close(fd);
     for (int i = 0; i < L->nsets; i++) {
         const size_t gl = strlen(owned_group_key);
-        if (L->hosts_mode && L->groups_by_host && !strncmp(L->sets[i], owned_group_key, gl) &&
-            L->sets[i][gl] == '=')
-            fprintf(stderr, "dslaunch: note: --set %s is replaced per node (--groups-by-host "
-                            "sets node.group to the host; --no-groups-by-host keeps yours)\n",
-                    L->sets[i]);
+        if (((L->hosts_mode && L->groups_by_host) || L->groups) &&
+            !strncmp(L->sets[i], owned_group_key, gl) && L->sets[i][gl] == '=')
+            fprintf(stderr, "dslaunch: note: --set %s is replaced per node (%s)\n", L->sets[i],
+                    L->groups ? "--groups sets node.group"
+                              : "--groups-by-host sets node.group to the host; "
+                                "--no-groups-by-host keeps yours");
         for (size_t k = 0; k < sizeof(owned_keys) / sizeof(owned_keys[0]); k++) {
             size_t n = strlen(owned_keys[k]);
             if (!strncmp(L->sets[i], owned_keys[k], n) && L->sets[i][n] == '=')
@@ -1223,13 +1293,28 @@ static void group_of(const char *entry, char *buf, size_t len)
     buf[k] = '\0';
 }
 
+/* Node i's network namespace with --netns: its own, or with --groups its
+ * group's (a group is one "host": its members share an address). */
+static int node_ns(const struct launch *L, int i)
+{
+    if (L->netns_hosts)
+        return i < L->n ? (int)((int64_t)i * L->netns_hosts / L->n) : (i - L->n) % L->netns_hosts;
+    return L->groups ? L->nodes[i].gidx : i;
+}
+
+/* Namespaces --netns makes. */
+static int ns_count(const struct launch *L)
+{
+    return L->netns_hosts ? L->netns_hosts : L->groups ? L->groups : L->total;
+}
+
 /* Node i's host address: its namespace's with --netns, else --host. */
 static void node_host(const struct launch *L, int i, char *buf, size_t len)
 {
     if (L->hosts_mode)
         snprintf(buf, len, "%s", ds_host_addr(L->hosts[L->nodes[i].host]));
     else if (L->netns)
-        ds_netns_addr(i, buf, len);
+        ds_netns_addr(node_ns(L, i), buf, len);
     else
         snprintf(buf, len, "%s", L->host);
 }
@@ -1322,6 +1407,9 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
         group_of(L->hosts[nd->host], s_group + 11, sizeof(s_group) - 11);
         memcpy(s_group, "node.group=", 11);
         extra[ne++] = s_group;
+    } else if (L->groups) {
+        snprintf(s_group, sizeof(s_group), "node.group=%s", nd->group);
+        extra[ne++] = s_group;
     }
     if (L->status_listen) {
         /* With --netns too: loopback inside the node's namespace; with
@@ -1384,7 +1472,41 @@ static void node_init(struct launch *L, int i)
     nd->in_w = -1;
     nd->host = L->hosts_mode ? i / L->per_host : 0;
     nd->added_at = -1;
+    /* --groups: contiguous blocks of the initial nodes, then in turn. */
+    if (L->groups) {
+        nd->gidx = i < L->n ? (int)((int64_t)i * L->groups / L->n) : (i - L->n) % L->groups;
+        snprintf(nd->group, sizeof(nd->group), "g%d", nd->gidx);
+    }
     nd->state = NODE_PENDING;
+}
+
+/* -- CMD: the node runs the user's command (after the netns prefix in
+ * argv[0..k)), told its config, name and rank through the environment,
+ * which the child inherits (dslaunch is one thread). */
+static pid_t spawn_user_cmd(struct launch *L, struct node *nd, char **prefix, int k, char *err,
+                            size_t errlen)
+{
+    char **argv = calloc((size_t)(k + L->n_user_cmd + 1), sizeof(*argv));
+    if (!argv) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    for (int i = 0; i < k; i++)
+        argv[i] = prefix[i];
+    argv[k] = L->user_prog;
+    for (int i = 1; i < L->n_user_cmd; i++)
+        argv[k + i] = L->user_cmd[i];
+    char rank[16];
+    snprintf(rank, sizeof(rank), "%d", (int)(nd - L->nodes));
+    setenv("DSNODE_CONFIG", nd->conf, 1);
+    setenv("DSNODE_NAME", nd->name, 1);
+    setenv("DSNODE_RANK", rank, 1);
+    const pid_t pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, errlen);
+    unsetenv("DSNODE_CONFIG");
+    unsetenv("DSNODE_NAME");
+    unsetenv("DSNODE_RANK");
+    free(argv);
+    return pid;
 }
 
 static int start_node(struct launch *L, struct node *nd)
@@ -1423,15 +1545,20 @@ static int start_node(struct launch *L, struct node *nd)
                                sizeof(err));
     } else {
         if (L->netns) {
-            ds_netns_exec_prefix(&L->ns, (int)(nd - L->nodes), nsname, sizeof(nsname), argv);
+            ds_netns_exec_prefix(&L->ns, node_ns(L, (int)(nd - L->nodes)), nsname,
+                                 sizeof(nsname), argv);
             k = 4;
         }
-        argv[k++] = L->dsnode;
-        argv[k++] = "run";
-        argv[k++] = "--config";
-        argv[k++] = nd->conf;
-        argv[k] = NULL;
-        pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
+        if (L->user_cmd) {
+            pid = spawn_user_cmd(L, nd, argv, k, err, sizeof(err));
+        } else {
+            argv[k++] = L->dsnode;
+            argv[k++] = "run";
+            argv[k++] = "--config";
+            argv[k++] = nd->conf;
+            argv[k] = NULL;
+            pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
+        }
     }
     if (pid < 0) {
         say(L, "%s: %s", nd->name, err);
@@ -1872,6 +1999,7 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
     bad = bad || ds_json_set(o, "listen", ds_json_text(listen)) < 0;
     if (L->hosts_mode)
         bad = bad || ds_json_set(o, "host", ds_json_text(L->hosts[nd->host])) < 0;
+    bad = bad || ds_json_set(o, "group", nd->group[0] ? ds_json_text(nd->group) : json_null()) < 0;
     bad = bad || ds_json_set(o, "log", ds_json_text(nd->logp)) < 0;
     if (bad) {
         json_decref(o);
@@ -1881,8 +2009,33 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
 }
 
 /* The --json report object (docs/dslaunch.md); NULL when out of memory. */
+/* --groups: the largest relative consensus distance among the members of
+ * one group (0 when members hold the same model); NAN without a group of
+ * two models. */
+static double intra_group_consensus(const struct launch *L, const char **paths)
+{
+    double worst = NAN;
+    for (int g = 0; L->groups && g < L->groups; g++) {
+        char name[16];
+        snprintf(name, sizeof(name), "g%d", g);
+        const char **gp = calloc((size_t)L->started + 1, sizeof(char *));
+        int *gst = calloc((size_t)L->started + 1, sizeof(int));
+        int k = 0;
+        for (int i = 0; gp && gst && i < L->started; i++)
+            if (!strcmp(L->nodes[i].group, name))
+                gp[k++] = paths[i];
+        ds_consensus c = {0, 0, NAN, NAN, NAN};
+        if (k >= 2 && gp && gst && ds_consensus_compute(gp, k, gst, &c, NULL) == 0 &&
+            c.n_models >= 2 && (isnan(worst) || c.rel > worst))
+            worst = c.rel;
+        free(gp);
+        free(gst);
+    }
+    return worst;
+}
+
 static json_t *report_json(const struct launch *L, const ds_consensus *cons, const int *mst,
-                           double mean_acc, double wall, int exit_status)
+                           double mean_acc, double wall, int exit_status, double intra)
 {
     json_t *nodes = json_object(), *o = json_object();
     int bad = !nodes || !o;
@@ -1907,6 +2060,12 @@ static json_t *report_json(const struct launch *L, const ds_consensus *cons, con
     bad = bad || ds_json_set(o, "consensus_distance_abs",
                              ds_json_number(cons->n_models >= 2 ? cons->abs : NAN)) < 0;
     bad = bad || ds_json_set(o, "consensus_models", json_integer(cons->n_models)) < 0;
+    bad = bad || ds_json_set(o, "intra_group_consensus", ds_json_number(intra)) < 0;
+    json_t *nsb = L->ns_out ? json_array() : json_null();
+    for (int i = 0; L->ns_out && nsb && i < ns_count(L); i++)
+        json_array_append_new(nsb, L->ns_out[i] == UINT64_MAX ? json_null()
+                                                              : json_integer((json_int_t)L->ns_out[i]));
+    bad = bad || !nsb || ds_json_set(o, "netns_out_bytes", nsb) < 0;
     bad = bad || ds_json_set(o, "mean_test_acc", ds_json_number(mean_acc)) < 0;
     bad = bad || ds_json_set(o, "wall_s", ds_json_number(wall)) < 0;
     bad = bad || ds_json_set(o, "out_dir", ds_json_text(L->dir)) < 0;
@@ -1963,6 +2122,10 @@ static int report(struct launch *L, int exit_status)
     else
         printf("consensus distance: not defined (%d final model%s readable)\n", cons.n_models,
                cons.n_models == 1 ? "" : "s");
+    const double intra = paths && mst ? intra_group_consensus(L, paths) : NAN;
+    if (L->groups && !isnan(intra))
+        printf("intra-group consensus distance (the largest over %d groups; 0: members hold "
+               "the same model): %.6g\n", L->groups, intra);
     if (acc_n)
         printf("mean test accuracy: %.4f over %d node%s\n", acc_sum / acc_n, acc_n,
                acc_n == 1 ? "" : "s");
@@ -1975,7 +2138,7 @@ static int report(struct launch *L, int exit_status)
 
     if (L->json) {
         json_t *j = report_json(L, &cons, mst, acc_n ? acc_sum / acc_n : NAN, wall,
-                                exit_status);
+                                exit_status, intra);
         const int e = j ? ds_json_write_line(stdout, j, 0) : -ENOMEM;
         if (e < 0)
             fprintf(stderr, "dslaunch: cannot write the JSON report: %s\n", strerror(-e));
@@ -2035,7 +2198,7 @@ static int netns_up(struct launch *L)
 {
     char why[700];
     ds_netns_reap_stale(stderr);
-    if (ds_netns_init(&L->ns, getpid(), L->total, L->netns_rate, why, sizeof(why)) < 0 ||
+    if (ds_netns_init(&L->ns, getpid(), ns_count(L), L->netns_rate, why, sizeof(why)) < 0 ||
         ds_netns_setup(&L->ns, why, sizeof(why)) < 0) {
         fprintf(stderr, "dslaunch: cannot set up the network namespaces: %s\n", why);
         return -1;
@@ -2047,8 +2210,9 @@ static int netns_up(struct launch *L)
     }
     char first[48];
     ds_netns_addr(0, first, sizeof(first));
-    fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I) on bridge "
-            "%s, %s%s\n", L->total, L->total == 1 ? "" : "s", (int)getpid(), first,
+    fprintf(stderr, "dslaunch: %d network namespace%s (dsl-%d-nI, nI at %s + I%s) on bridge "
+            "%s, %s%s\n", ns_count(L), ns_count(L) == 1 ? "" : "s", (int)getpid(), first,
+            L->groups ? "; one per group, its members on one address" : "",
             L->ns.bridge, L->netns_rate ? "each link limited to " : "no rate limit",
             L->netns_rate ? L->netns_rate_text : "");
     return 0;
@@ -2331,7 +2495,12 @@ static int launch_main(int argc, char **argv, const char *self_exe_dir, int host
                 L->failed_self = 1;
             shipped[h] = 0;
         }
-    /* Every started node is reaped: nothing lives in the namespaces now. */
+    /* Every started node is reaped: nothing lives in the namespaces now.
+     * What each sent out (the traffic between them) goes in the report. */
+    if (L->netns && (L->ns_out = calloc((size_t)ns_count(L), sizeof(uint64_t))))
+        for (int i = 0; i < ns_count(L); i++)
+            if (ds_netns_link_bytes(&L->ns, i, &L->ns_out[i]) < 0)
+                L->ns_out[i] = UINT64_MAX;
     if (L->netns && ds_netns_teardown(&L->ns, stderr) < 0)
         L->failed_self = 1;
     status = report(L, final_status(L));
@@ -2364,6 +2533,7 @@ free_nodes:
                 close(L->nodes[i].fd[w]);
     }
     free(L->nodes);
+    free(L->ns_out);
 close_sigfd:
     close(L->sigfd);
 free_launch:

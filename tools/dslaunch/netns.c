@@ -293,6 +293,24 @@ void ds_netns_exec_prefix(const ds_netns *ns, int i, char *name, size_t name_len
     argv[3] = name;
 }
 
+int ds_netns_link_bytes(const ds_netns *ns, int i, uint64_t *out_bytes)
+{
+    char veth[32], path[96];
+    veth_name(ns, i, veth, sizeof(veth));
+    /* The root side receives what the namespace sends out. */
+    snprintf(path, sizeof(path), "/sys/class/net/%s/statistics/rx_bytes", veth);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -errno;
+    unsigned long long v;
+    const int ok = fscanf(f, "%llu", &v) == 1;
+    fclose(f);
+    if (!ok)
+        return -EIO;
+    *out_bytes = v;
+    return 0;
+}
+
 int ds_netns_teardown(ds_netns *ns, FILE *warn)
 {
     int failed = 0;

@@ -729,7 +729,7 @@ static const char *fill_for(const ds_viz_member *m)
         return "#fff5c2";
     if (!strcmp(m->state, "leaving"))
         return "#d6e6f7";
-    if (!strcmp(m->state, "done"))
+    if (!strcmp(m->state, "done") || !strcmp(m->state, "paused"))
         return "#e6e6e6";
     return "#f4b6b6"; /* stopped, failed, unknown */
 }

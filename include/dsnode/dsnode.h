@@ -1,0 +1,229 @@
+/*
+ * dsnode/dsnode.h: libdsnode, the engine of a dsnode node for any training
+ * loop. The program brings its model and its optimizer; the engine brings
+ * membership without a coordinator, the gossip rounds that mix the
+ * parameters with the peers' (sparsified, with error feedback, overlapped
+ * with the next step), the state transfer for joins, the authenticated
+ * transport and the status page. `dsnode run` is the same engine.
+ *
+ * The grammar. Every function is dsnode_<verb>; a program calls them in
+ * this order, each at most once unless marked:
+ *
+ *   dsnode_open        config file + overrides -> an engine (ABI checked)
+ *   dsnode_register    the parameters: one contiguous float buffer and its
+ *                      layer table (name, offset, length)
+ *   dsnode_join        listen, found or join the cluster, wait for
+ *                      cluster.min_members; a late joiner fetches the
+ *                      cluster's state into the buffer (the adopt callback)
+ *   per training step (repeated):
+ *     dsnode_ready     1: take this step; 0: not now (a joiner keeping the
+ *                      cluster's pace or shadowing it), ask again
+ *     (the program's forward, backward and optimizer step)
+ *     dsnode_step      this step's gossip round on the engine's thread,
+ *                      overlapped with the next step; the previous round's
+ *                      deltas applied to the buffer in place; state served
+ *                      to joiners that asked
+ *     dsnode_report    (optional) the numbers the status page and the log
+ *                      show: loss, accuracy, learning rate, samples/s
+ *   dsnode_settle      (any time after join, repeatable) finish the open
+ *                      round: the buffer is final until the next step
+ *   dsnode_leave       graceful leave; writes <node.data_dir>/model.bin
+ *                      and prints the summary line on stdout
+ *   dsnode_close       stop every thread, free everything
+ *
+ * Anywhere: dsnode_error (the last failure's message), dsnode_stats,
+ * dsnode_stop and dsnode_stopped (stop requests, as a signal handler makes
+ * them), dsnode_version.
+ *
+ * Errors. Functions that can fail return 0 (or a documented positive
+ * value) on success and a negative errno on failure; dsnode_error() then
+ * returns the one-line message that explains it (for a bad config:
+ * "FILE:LINE: section.key: expected ..., found ..."). A call in the wrong
+ * order returns -EINVAL ("dsnode_step: called before dsnode_register").
+ * After a failed dsnode_register or dsnode_join the engine only accepts
+ * dsnode_close (-EINVAL otherwise).
+ *
+ * Threads. One engine is driven by one thread at a time (the program's
+ * training thread); the engine runs its own threads (ds-gossip,
+ * ds-membership, ds-net, ds-transport, ds-status) and never calls the
+ * program from them. dsnode_stop and dsnode_stopped may be called from any
+ * thread and from a signal handler. dsnode_error, dsnode_version and
+ * dsnode_abi_version may be called from any thread. Several engines in one
+ * process are allowed (the tests run two); the log's node name and level
+ * are those of the first one opened.
+ *
+ * Buffers. The parameter buffer is the program's: borrowed from
+ * dsnode_register until dsnode_close. The engine reads and writes it only
+ * during dsnode_join, dsnode_ready, dsnode_step, dsnode_settle and
+ * dsnode_leave, on the calling thread; between those calls the program may
+ * read and write it freely (the optimizer step). Every other pointer
+ * argument is read during the call only and may be freed after it.
+ *
+ * Logging goes to stderr in dsnode's format (node.log_level). The summary
+ * line goes to stdout, as `dsnode run` prints it, so that `dslaunch local
+ * -- CMD` shows and collects it.
+ */
+#ifndef DSNODE_DSNODE_H
+#define DSNODE_DSNODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI this header describes. dsnode_open passes it to the library,
+ * which refuses a different one (-EPROTO) instead of misreading a struct. */
+#define DSNODE_ABI_VERSION 1
+
+/* The longest layer name kept (longer names are cut). */
+#define DSNODE_LAYER_NAME_MAX 15
+
+typedef struct dsnode dsnode;
+
+/* One row of the layer table: a gossip segment and a row of the status
+ * page's layer table. Rows lie inside the buffer, in order, without
+ * overlap. */
+typedef struct dsnode_layer {
+    const char *name;
+    size_t offset; /* in floats, from the start of the buffer */
+    size_t length; /* in floats, > 0 */
+} dsnode_layer;
+
+/* Called (on the calling thread, inside dsnode_join or dsnode_ready) when
+ * the engine replaced the buffer with the cluster's state, taken at the
+ * cluster's optimizer step `step`: the program continues from that step
+ * and resets its optimizer state (momentum). Return 0, or a negative errno
+ * to fail the call. */
+typedef int (*dsnode_adopt_fn)(void *ctx, int64_t step);
+
+/* How the training ended, for dsnode_leave. */
+enum dsnode_outcome {
+    DSNODE_DONE = 0,   /* finished its steps (or stopped: see dsnode_stop) */
+    DSNODE_FAILED = 1, /* the program failed; the summary says status=failed */
+};
+
+/* The numbers a native node logs and prints in its summary. */
+typedef struct dsnode_stats {
+    int64_t step;              /* optimizer steps taken (dsnode_step calls) */
+    uint64_t rounds;           /* gossip rounds taken part in */
+    uint32_t view_size;        /* members in the last round's view */
+    uint64_t exchanges_ok;
+    uint64_t exchanges_failed;
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    double wait_s;             /* time inside gossip exchanges (on the engine thread
+                                * with gossip.overlap) */
+    double max_round_s;        /* the longest exchange */
+} dsnode_stats;
+
+/* "0.1.0". Any thread. */
+const char *dsnode_version(void);
+
+/* DSNODE_ABI_VERSION of the library (not of the header compiled against). */
+unsigned dsnode_abi_version(void);
+
+/* The message of the last call that failed on this thread; "" when none
+ * did. Valid until the next dsnode call on this thread. Any thread. */
+const char *dsnode_error(void);
+
+/* Open an engine: defaults, then the config file at `config` (NULL: none),
+ * then each override "section.key=value" in order (as `dsnode run --set`),
+ * relative paths taken from the file's directory, and the whole checked.
+ * Keys, identity and allow-list are loaded; nothing listens yet. On success
+ * *out is the caller's (dsnode_close it); on failure *out is NULL.
+ * -EPROTO: abi is not the library's ABI; -EINVAL: the config is refused
+ * (dsnode_error names file, line, key, what was expected and found);
+ * -ENOENT, -EACCES...: a key file. Use the macro, which passes the ABI. */
+int dsnode_open_abi(dsnode **out, const char *config, const char *const *overrides,
+                    size_t n_overrides, unsigned abi) __attribute__((warn_unused_result));
+#define dsnode_open(out, config, overrides, n_overrides) \
+    dsnode_open_abi((out), (config), (overrides), (n_overrides), DSNODE_ABI_VERSION)
+
+/* node.name of the config. Valid until dsnode_close. */
+const char *dsnode_name(const dsnode *d);
+
+/* Register the parameters: `params`, n floats, borrowed until dsnode_close
+ * and mixed in place; the layer table (copied) cuts it into segments.
+ * adopt is required (see dsnode_adopt_fn); ctx is passed to it. Checks
+ * that node.data_dir can take model.bin. Once, after dsnode_open. -EINVAL:
+ * a bad table or order; -ENOTSUP: gossip.topology = allreduce (averages
+ * gradients, which this API does not take). */
+int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *layers,
+                    size_t n_layers, dsnode_adopt_fn adopt, void *ctx)
+    __attribute__((warn_unused_result));
+
+/* Listen (node.listen), start the status page, found the cluster or join
+ * it through cluster.seeds, wait for cluster.min_members, and agree on the
+ * first round (a late joiner fetches the cluster's state). Blocks. -EINTR:
+ * stopped (dsnode_stop); -EACCES: not admitted; -ETIMEDOUT: no seed let
+ * us in; -EADDRINUSE...: the endpoint. */
+int dsnode_join(dsnode *d) __attribute__((warn_unused_result));
+
+/* Before each training step: 1 when the program trains this step, 0 when
+ * not now (a joiner keeping the cluster's pace or shadowing it until its
+ * join round; it may have adopted a fresh state). Negative errno: order. */
+int dsnode_ready(dsnode *d);
+
+/* After the optimizer step: counts the step, finishes the round still
+ * open (its deltas added to the buffer) and starts this step's round
+ * (every gossip.every steps; on the engine's thread when gossip.overlap,
+ * else here, applied at once), serves our state to joiners that asked.
+ * 0, or -EINVAL (order). */
+int dsnode_step(dsnode *d);
+
+/* Finish the round still open, if any: the buffer is final until the next
+ * dsnode_step (evaluate, save). 0, or -EINVAL (order). */
+int dsnode_settle(dsnode *d);
+
+/* The training numbers for the status page (status.listen, status.file)
+ * and the log: loss (mean over the last steps), test_acc (last
+ * evaluation, -1 none), lr, samples_per_s. Logs the progress line every
+ * train.log_every steps, as `dsnode run` does. 0 or -EINVAL. */
+int dsnode_report(dsnode *d, double loss, double test_acc, double lr, double samples_per_s);
+
+/* Log an evaluation ("eval step=N test_loss=L test_acc=A", as dsnode run)
+ * and show test_acc on the status page. 0 or -EINVAL. */
+int dsnode_report_eval(dsnode *d, double test_loss, double test_acc);
+
+/* Fill *out. Any time after dsnode_open; same thread as the other calls. */
+int dsnode_stats_get(dsnode *d, dsnode_stats *out);
+
+/* Ask the engine to stop, as SIGINT does to `dsnode run`: waits end early
+ * (dsnode_join returns -EINTR), dsnode_leave does not linger; a second
+ * request ends any lingering at once. sig (> 0) is what dsnode_stopped
+ * returns and what the exit status reports (128 + sig). Async-signal-safe;
+ * any thread. */
+void dsnode_stop(dsnode *d, int sig);
+
+/* The first stop request's sig, 0 when none. Any thread. */
+int dsnode_stopped(const dsnode *d);
+
+/* Install SIGINT and SIGTERM handlers that call dsnode_stop(d, sig) (and
+ * ignore SIGPIPE), as `dsnode run` does; SIGHUP re-reads
+ * cluster.allowed_keys. One engine per process at a time (-EBUSY while
+ * another has them); dsnode_close puts back the handlers it replaced. */
+int dsnode_handle_signals(dsnode *d);
+
+/* After training: settle, announce the leave, keep taking part in rounds
+ * until it applies (not when stopped), let it spread; then write the
+ * buffer to <node.data_dir>/model.bin and print the summary line on
+ * stdout. Once. 0; -EIO: model.bin not written (the summary says
+ * status=failed); -EINVAL: order. */
+int dsnode_leave(dsnode *d, enum dsnode_outcome how);
+
+/* The exit status a program should end with, as `dsnode run`'s: 0 done,
+ * 1 failed, 128 + sig stopped. Before dsnode_leave: 1. */
+int dsnode_exit_status(const dsnode *d);
+
+/* Stop the engine's threads and free everything, secrets wiped. NULL-safe
+ * (also *d == NULL); clears *d, so a second close does nothing. Without
+ * dsnode_leave the peers see this node fail (they carry on). */
+void dsnode_close(dsnode **d);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

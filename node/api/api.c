@@ -1,0 +1,510 @@
+/*
+ * node/api/api.c: libdsnode, the public API (include/dsnode/dsnode.h) over
+ * the engine (node/runtime/engine.h). Nothing here is a second engine: each
+ * call checks its order and arguments, turns them into the engine's calls
+ * and hands back the engine's errors as a negative errno plus the message
+ * the engine logged (base/log.h keeps each thread's last error line).
+ *
+ * The handle moves through states in one direction:
+ *
+ *   OPEN -> REGISTERED -> JOINED -> LEFT          (FAILED: only close)
+ *
+ * and every call names the state it needs in its refusal, so a program
+ * that calls dsnode_step before dsnode_register learns just that.
+ */
+#include "config.h"
+
+#include <dsnode/dsnode.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "conf/conf.h"
+#include "node/runtime/engine.h"
+#include "node/runtime/preflight.h"
+#include "node/runtime/run.h"
+#include "node/runtime/summary.h"
+#include "node/status/status.h"
+#include "node/train/model.h"
+
+enum api_state { ST_OPEN, ST_REGISTERED, ST_JOINED, ST_LEFT, ST_FAILED };
+
+static const char *const state_need[] = {
+    [ST_OPEN] = "dsnode_open",         [ST_REGISTERED] = "dsnode_register",
+    [ST_JOINED] = "dsnode_join",       [ST_LEFT] = "dsnode_leave",
+    [ST_FAILED] = "(a failed call)",
+};
+
+struct dsnode {
+    ds_conf c;
+    ds_engine *e;
+    enum api_state state;
+    atomic_int stop_signal, stop_count, reload;
+    float *params;
+    size_t n;
+    ds_layer layers[DS_MODEL_MAX_LAYERS];
+    int n_layers;
+    dsnode_adopt_fn adopt;
+    void *adopt_ctx;
+    int64_t step;
+    ds_engine_report rep;
+    double test_loss;
+    uint64_t t_start;     /* ns, at open */
+    uint64_t t_step;      /* ns, the last dsnode_step: samples_per_s fallback */
+    int exit_status;
+};
+
+/* The log's node name and level are set once, by the first engine opened:
+ * base/log's setup is not meant to run while other threads log. */
+static pthread_mutex_t log_once = PTHREAD_MUTEX_INITIALIZER;
+static int log_set;
+
+/* The engine whose stop flags the signal handlers set. */
+static _Atomic(dsnode *) signal_owner;
+
+static _Thread_local char api_error[1024];
+
+/* Fail with e and a message of ours. */
+static int __attribute__((format(printf, 2, 3))) fail(int e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(api_error, sizeof(api_error), fmt, ap);
+    va_end(ap);
+    return e;
+}
+
+/* Fail with the engine's e and the error line it logged. */
+static int fail_logged(int e, const char *what)
+{
+    const char *m = ds_log_last_error();
+    return fail(e, "%s: %s", what, m[0] ? m : strerror(-e));
+}
+
+static void begin_call(void)
+{
+    api_error[0] = 0;
+    ds_log_error_clear();
+}
+
+/* The state a call needs, or the refusal that says which call is missing. */
+static int need(const dsnode *d, enum api_state want, const char *fn)
+{
+    begin_call();
+    if (!d)
+        return fail(-EINVAL, "%s: the engine is NULL", fn);
+    if (d->state == want)
+        return 0;
+    if (d->state == ST_FAILED)
+        return fail(-EINVAL, "%s: the engine failed earlier; only dsnode_close is allowed", fn);
+    if (d->state < want)
+        return fail(-EINVAL, "%s: called before %s", fn, state_need[want]);
+    return fail(-EINVAL, "%s: called after %s", fn, state_need[d->state]);
+}
+
+const char *dsnode_version(void)
+{
+    return DS_VERSION;
+}
+
+unsigned dsnode_abi_version(void)
+{
+    return DSNODE_ABI_VERSION;
+}
+
+const char *dsnode_error(void)
+{
+    return api_error;
+}
+
+/* ---- open --------------------------------------------------------------- */
+
+static int load_conf(ds_conf *c, const char *path, const char *const *sets, size_t n_sets)
+{
+    char err[1024];
+    ds_conf_defaults(c);
+    if (path && ds_conf_load(c, path, err, sizeof(err)) < 0)
+        return fail(-EINVAL, "%s", err);
+    for (size_t i = 0; i < n_sets; i++) {
+        if (!sets[i])
+            return fail(-EINVAL, "override %zu is NULL", i);
+        if (ds_conf_set(c, sets[i], err, sizeof(err)) < 0)
+            return fail(-EINVAL, "override '%s': %s", sets[i], err);
+    }
+    if (ds_conf_resolve_paths(c, err, sizeof(err)) < 0 || ds_conf_check(c, err, sizeof(err)) < 0)
+        return fail(-EINVAL, "%s", err);
+    return 0;
+}
+
+int dsnode_open_abi(dsnode **out, const char *config, const char *const *overrides,
+                    size_t n_overrides, unsigned abi)
+{
+    begin_call();
+    if (!out)
+        return fail(-EINVAL, "dsnode_open: out is NULL");
+    *out = NULL;
+    if (abi != DSNODE_ABI_VERSION)
+        return fail(-EPROTO, "dsnode_open: built for ABI %u, this libdsnode has ABI %u", abi,
+                    (unsigned)DSNODE_ABI_VERSION);
+    if (n_overrides && !overrides)
+        return fail(-EINVAL, "dsnode_open: %zu overrides but the list is NULL", n_overrides);
+    dsnode *d = calloc(1, sizeof(*d));
+    if (!d)
+        return fail(-ENOMEM, "dsnode_open: out of memory");
+    d->t_start = ds_now_ns();
+    d->exit_status = 1;
+    d->rep = (ds_engine_report){.phase = DS_STATUS_JOINING, .test_acc = -1};
+    d->test_loss = -1;
+    int e = load_conf(&d->c, config, overrides, n_overrides);
+    if (e < 0) {
+        free(d);
+        return e;
+    }
+    pthread_mutex_lock(&log_once);
+    if (!log_set)
+        ds_log_setup(d->c.node.name, d->c.node.log_level, NULL);
+    log_set = 1;
+    pthread_mutex_unlock(&log_once);
+    const ds_engine_stop stop = {.signal = &d->stop_signal, .count = &d->stop_count,
+                                 .reload = &d->reload};
+    if ((e = ds_engine_open(&d->e, &d->c, &stop)) < 0) {
+        free(d);
+        return fail_logged(e, "dsnode_open");
+    }
+    *out = d;
+    return 0;
+}
+
+const char *dsnode_name(const dsnode *d)
+{
+    return d ? d->c.node.name : "";
+}
+
+/* ---- register ------------------------------------------------------------ */
+
+static int adopt_hook(void *ctx, int64_t step)
+{
+    dsnode *d = ctx;
+    d->step = step;
+    return d->adopt(d->adopt_ctx, step);
+}
+
+static int check_table(dsnode *d, size_t n, const dsnode_layer *layers, size_t n_layers)
+{
+    if (n_layers == 0 || n_layers > DS_MODEL_MAX_LAYERS)
+        return fail(-EINVAL, "dsnode_register: %zu layers; expected 1 to %d", n_layers,
+                    DS_MODEL_MAX_LAYERS);
+    size_t end = 0;
+    for (size_t i = 0; i < n_layers; i++) {
+        const dsnode_layer *l = &layers[i];
+        if (l->length == 0 || l->offset < end || l->offset > n || l->length > n - l->offset)
+            return fail(-EINVAL, "dsnode_register: layer %zu ('%s'): offset %zu length %zu: "
+                        "expected a non-empty range after the previous layer (ends at %zu) "
+                        "inside the %zu floats", i, l->name ? l->name : "", l->offset,
+                        l->length, end, n);
+        end = l->offset + l->length;
+        ds_layer *o = &d->layers[i];
+        memset(o, 0, sizeof(*o));
+        if (l->name && l->name[0])
+            snprintf(o->name, sizeof(o->name), "%.*s", DSNODE_LAYER_NAME_MAX, l->name);
+        else
+            snprintf(o->name, sizeof(o->name), "layer%zu", i);
+        o->off = l->offset;
+        o->len = l->length;
+    }
+    d->n_layers = (int)n_layers;
+    return 0;
+}
+
+int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *layers,
+                    size_t n_layers, dsnode_adopt_fn adopt, void *ctx)
+{
+    int e = need(d, ST_OPEN, "dsnode_register");
+    if (e < 0)
+        return e;
+    if (!params || !n || !layers || !adopt)
+        return fail(-EINVAL, "dsnode_register: params, n, layers and adopt are required");
+    if (!ds_topo_gossips(d->c.gossip.topology))
+        return fail(-ENOTSUP, "dsnode_register: gossip.topology = %s averages gradients, which "
+                    "this API does not take; expected a gossip topology",
+                    ds_topo_name(d->c.gossip.topology));
+    if (d->c.node.group[0])
+        return fail(-ENOTSUP, "dsnode_register: node.group = %s: groups reduce gradients every "
+                    "step, which this API does not take yet; expected node.group empty",
+                    d->c.node.group);
+    if ((e = check_table(d, n, layers, n_layers)) < 0)
+        return e;
+    char err[1024];
+    if ((e = ds_preflight_outputs(&d->c, 16 + (uint64_t)n * sizeof(float), err, sizeof(err))) < 0)
+        return fail(e, "dsnode_register: %s", err);
+    d->params = params;
+    d->n = n;
+    d->adopt = adopt;
+    d->adopt_ctx = ctx;
+    /* The engine's grad buffer serves topology allreduce only, refused
+     * above: it is never read or written. */
+    const ds_engine_params p = {.n = n, .layers = d->layers, .n_layers = d->n_layers,
+                                .params = params, .grad = params, .ctx = d, .adopt = adopt_hook};
+    if ((e = ds_engine_register(d->e, &p)) < 0) {
+        d->state = ST_FAILED;
+        return fail_logged(e, "dsnode_register");
+    }
+    d->state = ST_REGISTERED;
+    return 0;
+}
+
+/* ---- join ------------------------------------------------------------------ */
+
+static void publish(dsnode *d, int force)
+{
+    ds_engine_report_set(d->e, &d->rep);
+    ds_engine_publish(d->e, force);
+}
+
+int dsnode_join(dsnode *d)
+{
+    int e = need(d, ST_REGISTERED, "dsnode_join");
+    if (e < 0)
+        return e;
+    char err[1024] = "";
+    if ((e = ds_engine_listen(d->e)) < 0) {
+        d->state = ST_FAILED;
+        return fail_logged(e, "dsnode_join");
+    }
+    publish(d, 1);
+    if ((e = ds_engine_join(d->e, err, sizeof(err))) < 0) {
+        d->state = ST_FAILED;
+        if (e == -EINTR)
+            return fail(e, "dsnode_join: stopped (signal %d) before training",
+                        (int)d->stop_signal);
+        ds_error("node", "%s", err);
+        return fail(e, "dsnode_join: %s", err);
+    }
+    if ((e = ds_engine_start(d->e)) < 0) {
+        d->state = ST_FAILED;
+        return e == -EINTR ? fail(e, "dsnode_join: stopped (signal %d) before training",
+                                  (int)d->stop_signal)
+                           : fail_logged(e, "dsnode_join");
+    }
+    d->state = ST_JOINED;
+    d->rep.phase = DS_STATUS_TRAINING;
+    d->t_step = ds_now_ns();
+    publish(d, 1);
+    return 0;
+}
+
+/* ---- steps ------------------------------------------------------------------ */
+
+int dsnode_ready(dsnode *d)
+{
+    int e = need(d, ST_JOINED, "dsnode_ready");
+    if (e < 0)
+        return e;
+    return ds_engine_before_step(d->e) ? 0 : 1;
+}
+
+int dsnode_step(dsnode *d)
+{
+    int e = need(d, ST_JOINED, "dsnode_step");
+    if (e < 0)
+        return e;
+    d->step++;
+    ds_engine_step(d->e, d->step);
+    publish(d, 0);
+    return 0;
+}
+
+int dsnode_settle(dsnode *d)
+{
+    int e = need(d, ST_JOINED, "dsnode_settle");
+    if (e < 0)
+        return e;
+    ds_engine_settle(d->e);
+    return 0;
+}
+
+int dsnode_report(dsnode *d, double loss, double test_acc, double lr, double samples_per_s)
+{
+    int e = need(d, ST_JOINED, "dsnode_report");
+    if (e < 0)
+        return e;
+    d->rep.loss = loss;
+    d->rep.test_acc = test_acc;
+    d->rep.lr = lr;
+    d->rep.samples_per_s = samples_per_s;
+    if (d->step > 0 && d->step % d->c.train.log_every == 0) {
+        /* The progress line of `dsnode run` (dslaunch follows it). */
+        ds_engine_info in;
+        ds_engine_info_get(d->e, &in);
+        ds_info("train", "step=%lld loss=%.4f samples_per_s=%.0f lr=%.4g rounds=%llu "
+                "exchanges_ok=%llu exchanges_failed=%llu view=%u",
+                (long long)d->step, loss, samples_per_s, lr, (unsigned long long)in.rounds,
+                (unsigned long long)in.gossip.exchanges_ok,
+                (unsigned long long)in.gossip.exchanges_failed, in.view_size);
+    }
+    publish(d, 0);
+    return 0;
+}
+
+int dsnode_report_eval(dsnode *d, double test_loss, double test_acc)
+{
+    int e = need(d, ST_JOINED, "dsnode_report_eval");
+    if (e < 0)
+        return e;
+    d->test_loss = test_loss;
+    d->rep.test_acc = test_acc;
+    ds_info("eval", "step=%lld test_loss=%.4f test_acc=%.4f", (long long)d->step, test_loss,
+            test_acc);
+    publish(d, 1);
+    return 0;
+}
+
+int dsnode_stats_get(dsnode *d, dsnode_stats *out)
+{
+    begin_call();
+    if (!d || !out)
+        return fail(-EINVAL, "dsnode_stats_get: engine and out are required");
+    ds_engine_info in;
+    ds_engine_info_get(d->e, &in);
+    *out = (dsnode_stats){
+        .step = d->step,
+        .rounds = in.rounds,
+        .view_size = in.view_size,
+        .exchanges_ok = in.gossip.exchanges_ok,
+        .exchanges_failed = in.gossip.exchanges_failed,
+        .bytes_sent = in.net.bytes_sent,
+        .bytes_received = in.net.bytes_recv,
+        .wait_s = (double)in.gossip.wait_ns * 1e-9,
+        .max_round_s = (double)in.gossip.max_wait_ns * 1e-9,
+    };
+    return 0;
+}
+
+/* ---- stopping ---------------------------------------------------------------- */
+
+void dsnode_stop(dsnode *d, int sig)
+{
+    if (!d)
+        return;
+    int zero = 0;
+    atomic_compare_exchange_strong(&d->stop_signal, &zero, sig > 0 ? sig : SIGTERM);
+    atomic_fetch_add(&d->stop_count, 1);
+}
+
+int dsnode_stopped(const dsnode *d)
+{
+    return d ? atomic_load(&d->stop_signal) : 0;
+}
+
+static void on_signal(int sig)
+{
+    dsnode_stop(atomic_load(&signal_owner), sig);
+}
+
+static void on_hup(int sig)
+{
+    (void)sig;
+    dsnode *d = atomic_load(&signal_owner);
+    if (d)
+        atomic_fetch_add(&d->reload, 1);
+}
+
+/* The handlers dsnode_handle_signals replaced, put back by dsnode_close. */
+static struct sigaction old_int, old_term, old_hup;
+
+static void set_handler(int sig, void (*fn)(int), int flags, struct sigaction *old)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = fn;
+    sa.sa_flags = flags;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, old);
+}
+
+int dsnode_handle_signals(dsnode *d)
+{
+    begin_call();
+    if (!d)
+        return fail(-EINVAL, "dsnode_handle_signals: the engine is NULL");
+    dsnode *none = NULL;
+    if (!atomic_compare_exchange_strong(&signal_owner, &none, d))
+        return fail(-EBUSY, "dsnode_handle_signals: another engine of this process handles "
+                    "the signals");
+    set_handler(SIGINT, on_signal, 0, &old_int);
+    set_handler(SIGTERM, on_signal, 0, &old_term);
+    set_handler(SIGHUP, on_hup, SA_RESTART, &old_hup);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+/* ---- leave and close ------------------------------------------------------------ */
+
+static void print_summary(dsnode *d, const char *status)
+{
+    ds_engine_info in;
+    ds_engine_info_get(d->e, &in);
+    const ds_run_summary sum = {.name = d->c.node.name, .status = status, .backend = "client",
+                                .steps = d->step, .loss = d->rep.loss,
+                                .test_acc = d->rep.test_acc,
+                                .samples_per_s = d->rep.samples_per_s,
+                                .wall_s = (double)(ds_now_ns() - d->t_start) * 1e-9};
+    ds_run_summary_print(&sum, &in);
+}
+
+int dsnode_leave(dsnode *d, enum dsnode_outcome how)
+{
+    int e = need(d, ST_JOINED, "dsnode_leave");
+    if (e < 0)
+        return e;
+    if (how != DSNODE_DONE && how != DSNODE_FAILED)
+        return fail(-EINVAL, "dsnode_leave: outcome %d: expected DSNODE_DONE or DSNODE_FAILED",
+                    (int)how);
+    ds_engine_settle(d->e);
+    ds_engine_leave(d->e);
+    d->state = ST_LEFT;
+    char err[1024];
+    int ret = 0;
+    if (ds_run_save_params(d->c.node.data_dir, d->params, d->n, err, sizeof(err)) < 0) {
+        ds_error("train", "final model not saved: %s", err);
+        ret = fail(-EIO, "dsnode_leave: final model not saved: %s", err);
+    }
+    const int sig = dsnode_stopped(d);
+    const int failed = ret < 0 || how == DSNODE_FAILED;
+    const char *status = failed ? "failed" : sig ? "stopped" : "done";
+    d->rep.phase = failed ? DS_STATUS_FAILED : sig ? DS_STATUS_STOPPED : DS_STATUS_DONE;
+    publish(d, 1);
+    print_summary(d, status);
+    d->exit_status = failed ? 1 : sig ? 128 + sig : 0;
+    return ret;
+}
+
+int dsnode_exit_status(const dsnode *d)
+{
+    return d ? d->exit_status : 1;
+}
+
+void dsnode_close(dsnode **dp)
+{
+    if (!dp || !*dp)
+        return;
+    dsnode *d = *dp;
+    dsnode *self = d;
+    if (atomic_load(&signal_owner) == self) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGHUP, &old_hup, NULL);
+        atomic_store(&signal_owner, NULL);
+    }
+    ds_engine_close(&d->e);
+    free(d);
+    *dp = NULL;
+}

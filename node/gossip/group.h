@@ -1,0 +1,95 @@
+/*
+ * node/gossip/group.h: the reduction inside a group (design §5,
+ * "Hierarchy"): every member ends with the same vector, the sum (or the
+ * mean) of the members' vectors, computed by one member per chunk.
+ *
+ * The algorithm is a direct reduce-scatter then all-gather: the vector is
+ * cut into G near-equal chunks and member c owns chunk c. Every member
+ * sends chunk c of its vector to member c (phase 0); member c adds what
+ * reached it, in member order, and sends the reduced chunk with the
+ * number of contributions to every member (phase 1). Bytes per member are
+ * those of a ring all-reduce, 2 (G-1)/G of the vector, in two message
+ * latencies instead of 2 (G-1); and a member that is dead or frozen costs
+ * only its own contribution and its own chunk, never the chain of a ring.
+ *
+ * Identity: every member receives each chunk from its one owner, so all
+ * members that complete hold the same bytes. A chunk whose owner did not
+ * answer by the deadline keeps the member's own values; the result then
+ * says the reduction was incomplete here (the group re-syncs, group.c's
+ * caller: node/runtime/rounds.c).
+ *
+ * Messages are DS_GMSG_ARED over an io of their own (the group's view:
+ * index = member), tagged with `tag`: round = tag, segment = phase.
+ * Messages of a later tag are kept (bounded); earlier ones are dropped
+ * and counted. The largest tag seen is reported: members that fell apart
+ * (a joiner, a reduction missed) meet again by taking the largest.
+ *
+ * A member whose contribution did not come by the first half of the
+ * deadline (and was waited for) is reported through io->peer_failed.
+ *
+ * Thread safety: one thread at a time per ds_greduce.
+ */
+#ifndef DS_NODE_GOSSIP_GROUP_H
+#define DS_NODE_GOSSIP_GROUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "node/gossip/gossip.h"
+
+typedef struct ds_greduce ds_greduce;
+
+/* A sparse list each member adds to the reduction: (idx, val) pairs
+ * gathered from every member (one message each way, sent with the chunks)
+ * and summed in member order into out (n_out floats, zeroed first), so
+ * every member that has every list holds the same sum. The pairs travel
+ * as 2 count floats: the indices' bits, then the values. */
+typedef struct ds_gsparse {
+    const uint32_t *idx;
+    const float *val;
+    uint32_t count;
+    float *out;
+    size_t n_out;
+} ds_gsparse;
+
+typedef struct ds_greduce_result {
+    uint32_t contributions;  /* in the chunk this member owns (itself included) */
+    uint32_t chunks_missing; /* chunks whose reduced values never came */
+    uint32_t lists_missing;  /* sparse lists that never came */
+    int complete;            /* every chunk (and list) from every member */
+    int stopped;             /* the io reported a stop: nobody to blame */
+    uint64_t max_tag;        /* the largest tag seen from a member (or tag) */
+} ds_greduce_result;
+
+/* The reducer's counters, cumulative. */
+typedef struct ds_greduce_stats {
+    uint64_t reductions, incomplete, late_dropped, kept;
+} ds_greduce_stats;
+
+/* max_n: the longest vector it will reduce. The caller owns *out. 0 or
+ * -ENOMEM. */
+int ds_greduce_create(ds_greduce **out, size_t max_n) __attribute__((warn_unused_result));
+
+/* NULL-safe; clears the caller's pointer. */
+void ds_greduce_destroy(ds_greduce **r);
+
+/* Reduce vec (n floats, n <= max_n) over G members, this one `me`:
+ * elements [0, n_mean) become the mean over the contributions that
+ * reached their chunk's owner, the rest their sum. sp (may be NULL):
+ * this member's sparse list, gathered and summed as ds_gsparse says (count
+ * at most max_n / 2). skip (G entries, may
+ * be NULL): members not waited for, neither their contribution nor their
+ * chunk (a chunk not waited for keeps this member's values). Waits until
+ * deadline_ns on io's clock at most. Returns 0 with *res filled, or
+ * -EINVAL. */
+int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
+                   uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
+                   uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res);
+
+void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st);
+
+/* Chunk c of n cut into G near-equal ranges (the one cut both the owner
+ * and the members use). */
+void ds_greduce_chunk(size_t n, uint32_t G, uint32_t c, size_t *off, size_t *len);
+
+#endif

@@ -1,0 +1,78 @@
+/*
+ * node/runtime/hier.h: groups (design §5, "Hierarchy"), as a pure module.
+ *
+ * Nodes with the same node.group form a group; a node without one is a
+ * group of its own. From one membership view every node derives the same
+ * groups, with no leader: entries sorted by (group, node id), groups
+ * numbered in that order (so by group name), members of a group numbered
+ * by node id. The gossip view's participants are then the groups, and
+ * segment s of group g is handled by its member s mod |g|.
+ */
+#ifndef DS_NODE_RUNTIME_HIER_H
+#define DS_NODE_RUNTIME_HIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/metric.h"
+#include "node/membership/membership.h"
+
+/* The group's counters (base/metric.h rows; /status "group"). */
+#define DS_GROUP_STATS(X) \
+    X(U32, size, "size", "dsnode_group_size", GAUGE, NULL, NULL, \
+      "Members of this node's group at the last step (1: no group).") \
+    X(U32, member, "member", "dsnode_group_member", GAUGE, NULL, NULL, \
+      "This node's index in its group (by node id).") \
+    X(U32, segments_owned, "segments_owned", "dsnode_group_segments_owned", GAUGE, NULL, NULL, \
+      "Gossip segments this member exchanges for its group (segment mod size).") \
+    X(U64, reductions, "reductions", "dsnode_group_reductions_total", COUNTER, NULL, NULL, \
+      "Reductions inside the group (one per step).") \
+    X(U64, incomplete, "incomplete", "dsnode_group_incomplete_total", COUNTER, NULL, NULL, \
+      "Reductions that ended at their deadline with a chunk missing here.") \
+    X(U64, steps_taken, "steps_taken", "dsnode_group_steps_taken_total", COUNTER, NULL, NULL, \
+      "Times this member took member 0's step count (it was apart in steps).") \
+    X(NS, reduce_ns, "reduce_s", "dsnode_group_reduce_seconds_total", COUNTER, NULL, NULL, \
+      "Time in the group's reductions, all exposed (the step waits for them).") \
+    X(NS, exchange_wait_ns, "exchange_wait_s", "dsnode_group_exchange_wait_seconds_total", \
+      COUNTER, NULL, NULL, \
+      "Exposed time waiting for the overlapped inter-group exchange to finish.") \
+    X(NS, exchange_ns, "exchange_s", "dsnode_group_exchange_seconds_total", COUNTER, NULL, \
+      NULL, "Time of the inter-group exchanges, hidden behind compute or not.") \
+    X(NS, max_wait_ns, "max_wait_s", "dsnode_group_max_wait_seconds", GAUGE, NULL, NULL, \
+      "Longest wait of one step on its group: exchange, reduction and re-sync.")
+
+/* Each reduction also averages 1/GROUP_SYNC_SLICES of the parameters and
+ * momentum, a slice in turn: members that differ are one model again
+ * after this many clean steps. */
+#define GROUP_SYNC_SLICES 16
+
+/* The longest vector a group reduces, for a model of n parameters:
+ * gradient, a slice of parameters and of momentum, 4 floats of position
+ * (node/runtime/rounds.c); the reducer's frames also carry a member's
+ * (index, value) pairs, 2 floats each, up to this length. */
+static inline size_t ds_hier_vec_len(size_t n)
+{
+    return n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 4;
+}
+
+typedef struct ds_group_stats {
+    DS_GROUP_STATS(DS_METRIC_FIELD)
+} ds_group_stats;
+
+typedef struct ds_hier {
+    uint32_t n_groups;
+    uint32_t group;   /* this node's group (its gossip view index) */
+    uint32_t member;  /* this node's index in its group */
+    uint32_t size;    /* its group's size */
+    uint32_t first;   /* order[first .. first + size): its group's members */
+    int any;          /* some group has more than one member */
+} ds_hier;
+
+/* Group the view v (G entries, any order) that holds node `self`: order
+ * (G entries) gets the view indices sorted by (group, id), gidx (G
+ * entries) each sorted entry's group. 0, or -EINVAL when self is not in
+ * v. */
+int ds_hier_form(const ds_member_info *v, uint32_t G, uint64_t self, uint32_t *order,
+                 uint32_t *gidx, ds_hier *out);
+
+#endif

@@ -1,0 +1,405 @@
+/*
+ * tests/test_api.c: libdsnode's public API (include/dsnode/dsnode.h),
+ * linked as a program would link it (the shared library), on the
+ * in-process transport (transport.provider = inproc).
+ *
+ * Suite "api" (meson suite unit):
+ *   - the ABI check at open, version strings;
+ *   - open: a config file with a bad value names file:line and key; a bad
+ *     override names itself; a missing file, a missing key file; a good
+ *     config without a file; close twice (the second does nothing);
+ *   - every call before its turn says which call is missing; every call
+ *     after a failure is refused; register refuses bad layer tables, NULL
+ *     buffers, topology allreduce, an unusable node.data_dir; leave
+ *     refuses an unknown outcome;
+ *   - join: stopped before it (-EINTR), a seed nobody runs (-ETIMEDOUT);
+ *   - dsnode_handle_signals: SIGTERM stops the engine, a second engine
+ *     is refused (-EBUSY), close puts the program's handler back;
+ *   - two engines in one process (two threads, as two programs): open,
+ *     register, join, 300 steps each drifting its own way, leave, close;
+ *     the gossip rounds keep the sum of the two models and hold them
+ *     together (under half the distance they drift apart alone); model.bin is written; the
+ *     stats count rounds and exchanges; the exit status is 0.
+ */
+#include <criterion/criterion.h>
+#include <dsnode/dsnode.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "node/sec/crypto.h"
+#include "node/sec/keys.h"
+
+static char g_dir[256];
+static char g_key[300];
+
+static void setup(void)
+{
+    snprintf(g_dir, sizeof(g_dir), "/tmp/ds_test_api.XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir));
+    snprintf(g_key, sizeof(g_key), "%s/cluster.key", g_dir);
+    cr_assert_eq(ds_crypto_init(), 0);
+    ds_cluster_key k;
+    char err[256];
+    cr_assert_eq(ds_cluster_key_generate(&k), 0);
+    cr_assert_eq(ds_cluster_key_save(&k, g_key, 0, err, sizeof(err)), 0, "%s", err);
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(api, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A node on the in-process transport: name, port, the founder's port,
+ * min_members, and extra overrides. */
+typedef struct node_sets {
+    char s[16][512];
+    const char *p[16];
+    size_t n;
+} node_sets;
+
+static void add(node_sets *ns, const char *key, const char *value)
+{
+    snprintf(ns->s[ns->n], sizeof(ns->s[0]), "%s=%s", key, value);
+    ns->p[ns->n] = ns->s[ns->n];
+    ns->n++;
+}
+
+static void node_sets_init(node_sets *ns, const char *name, int port, int seed_port, int min)
+{
+    char v[400];
+    ns->n = 0;
+    add(ns, "node.name", name);
+    snprintf(v, sizeof(v), "127.0.0.1:%d", port);
+    add(ns, "node.listen", v);
+    snprintf(v, sizeof(v), "127.0.0.1:%d", seed_port);
+    add(ns, "cluster.seeds", v);
+    snprintf(v, sizeof(v), "%d", min);
+    add(ns, "cluster.min_members", v);
+    snprintf(v, sizeof(v), "%s/%s", g_dir, name);
+    add(ns, "node.data_dir", v);
+    add(ns, "cluster.key_file", g_key);
+    add(ns, "transport.provider", "inproc");
+    add(ns, "cluster.id", "apitest");
+    add(ns, "node.log_level", "warn");
+    add(ns, "train.steps", "300");
+    add(ns, "train.warmup_steps", "0");
+    add(ns, "gossip.timeout_ms", "500");
+    add(ns, "sparsify.density", "0.1");
+}
+
+static int open_node(dsnode **d, const char *name, int port, int seed_port, int min)
+{
+    node_sets ns;
+    node_sets_init(&ns, name, port, seed_port, min);
+    return dsnode_open(d, NULL, ns.p, ns.n);
+}
+
+static int adopt_count;
+
+static int adopt_cb(void *ctx, int64_t step)
+{
+    (void)ctx;
+    (void)step;
+    adopt_count++;
+    return 0;
+}
+
+#define N 1000
+static const dsnode_layer two_layers[] = {{"fc1", 0, 600}, {"fc2", 600, 400}};
+
+Test(api, abi_and_version)
+{
+    cr_assert_eq(dsnode_abi_version(), DSNODE_ABI_VERSION);
+    cr_assert_str_not_empty(dsnode_version());
+    dsnode *d = (dsnode *)1;
+    cr_assert_eq(dsnode_open_abi(&d, NULL, NULL, 0, DSNODE_ABI_VERSION + 1), -EPROTO);
+    cr_assert_null(d);
+    cr_assert(strstr(dsnode_error(), "ABI"), "%s", dsnode_error());
+}
+
+Test(api, bad_config_file_names_file_line_and_key)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%s/bad.ini", g_dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "[node]\nname = x\n\n[gossip]\nweight = banana\n");
+    fclose(f);
+    dsnode *d = NULL;
+    cr_assert_eq(dsnode_open(&d, path, NULL, 0), -EINVAL);
+    cr_assert_null(d);
+    char want[320];
+    snprintf(want, sizeof(want), "%s:5", path);
+    cr_assert(strstr(dsnode_error(), want), "'%s' lacks '%s'", dsnode_error(), want);
+    cr_assert(strstr(dsnode_error(), "gossip.weight"), "%s", dsnode_error());
+    cr_assert(strstr(dsnode_error(), "banana"), "%s", dsnode_error());
+}
+
+Test(api, bad_override_and_missing_files)
+{
+    dsnode *d = NULL;
+    const char *bad[] = {"gossip.nosuchkey=1"};
+    cr_assert_eq(dsnode_open(&d, NULL, bad, 1), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "gossip.nosuchkey"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_open(&d, NULL, NULL, 1), -EINVAL);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/absent.ini", g_dir);
+    cr_assert_eq(dsnode_open(&d, path, NULL, 0), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "absent.ini"), "%s", dsnode_error());
+    const char *nokey[] = {"cluster.key_file=/nonexistent/cluster.key"};
+    cr_assert_lt(dsnode_open(&d, NULL, nokey, 1), 0);
+    cr_assert_null(d);
+    cr_assert(strstr(dsnode_error(), "cluster.key_file"), "%s", dsnode_error());
+}
+
+Test(api, open_close_twice)
+{
+    dsnode *d = NULL;
+    cr_assert_eq(open_node(&d, "solo", 7300, 7300, 1), 0, "%s", dsnode_error());
+    cr_assert_str_eq(dsnode_error(), "");
+    cr_assert_str_eq(dsnode_name(d), "solo");
+    cr_assert_eq(dsnode_stopped(d), 0);
+    cr_assert_eq(dsnode_exit_status(d), 1);
+    dsnode_close(&d);
+    cr_assert_null(d);
+    dsnode_close(&d); /* the second close does nothing */
+    dsnode_close(NULL);
+}
+
+static volatile sig_atomic_t own_handler_ran;
+
+static void own_handler(int sig)
+{
+    own_handler_ran = sig;
+}
+
+/* dsnode_handle_signals: SIGTERM stops the engine instead of the process;
+ * a second engine cannot take the signals; close puts our handler back. */
+Test(api, signals_stop_the_engine_and_close_restores_the_handler)
+{
+    signal(SIGTERM, own_handler);
+    dsnode *a = NULL, *b = NULL;
+    cr_assert_eq(open_node(&a, "siga", 7340, 7340, 1), 0, "%s", dsnode_error());
+    cr_assert_eq(open_node(&b, "sigb", 7341, 7341, 1), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_handle_signals(a), 0);
+    cr_assert_eq(dsnode_handle_signals(b), -EBUSY);
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_assert_eq(dsnode_stopped(a), SIGTERM);
+    cr_assert_eq(dsnode_stopped(b), 0);
+    cr_assert_eq(own_handler_ran, 0);
+    dsnode_close(&b); /* not the owner: changes nothing */
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_assert_eq(own_handler_ran, 0);
+    dsnode_close(&a);
+    cr_assert_eq(raise(SIGTERM), 0);
+    cr_assert_eq(own_handler_ran, SIGTERM);
+}
+
+Test(api, calls_out_of_order_say_what_is_missing)
+{
+    dsnode *d = NULL;
+    float p[N] = {0};
+    cr_assert_eq(open_node(&d, "order", 7310, 7310, 1), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_step(d), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "dsnode_step: called before dsnode_join"), "%s",
+              dsnode_error());
+    cr_assert_eq(dsnode_ready(d), -EINVAL);
+    cr_assert_eq(dsnode_settle(d), -EINVAL);
+    cr_assert_eq(dsnode_report(d, 1, -1, 0.1, 1), -EINVAL);
+    cr_assert_eq(dsnode_report_eval(d, 1, 0.5), -EINVAL);
+    cr_assert_eq(dsnode_leave(d, DSNODE_DONE), -EINVAL);
+    cr_assert_eq(dsnode_join(d), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called before dsnode_register"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_step(NULL), -EINVAL);
+    cr_assert_eq(dsnode_stats_get(d, NULL), -EINVAL);
+
+    /* Bad registrations change nothing. */
+    cr_assert_eq(dsnode_register(d, NULL, N, two_layers, 2, adopt_cb, NULL), -EINVAL);
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, NULL, NULL), -EINVAL);
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 0, adopt_cb, NULL), -EINVAL);
+    const dsnode_layer overlap[] = {{"a", 0, 600}, {"b", 500, 500}};
+    cr_assert_eq(dsnode_register(d, p, N, overlap, 2, adopt_cb, NULL), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "layer 1 ('b')"), "%s", dsnode_error());
+    const dsnode_layer outside[] = {{"a", 0, 600}, {"b", 600, 401}};
+    cr_assert_eq(dsnode_register(d, p, N, outside, 2, adopt_cb, NULL), -EINVAL);
+    const dsnode_layer empty[] = {{"a", 0, 0}};
+    cr_assert_eq(dsnode_register(d, p, N, empty, 1, adopt_cb, NULL), -EINVAL);
+
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called after dsnode_register"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_step(d), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called before dsnode_join"), "%s", dsnode_error());
+    dsnode_stats st;
+    cr_assert_eq(dsnode_stats_get(d, &st), 0);
+    cr_assert_eq(st.step, 0);
+    dsnode_close(&d);
+}
+
+Test(api, register_refuses_allreduce_and_a_bad_data_dir)
+{
+    dsnode *d = NULL;
+    float p[N] = {0};
+    node_sets ns;
+    node_sets_init(&ns, "ar", 7320, 7320, 1);
+    add(&ns, "gossip.topology", "allreduce");
+    cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), -ENOTSUP);
+    cr_assert(strstr(dsnode_error(), "allreduce"), "%s", dsnode_error());
+    dsnode_close(&d);
+
+    char file[300], dir[320];
+    snprintf(file, sizeof(file), "%s/a_file", g_dir);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    snprintf(dir, sizeof(dir), "%s/sub", file);
+    node_sets_init(&ns, "dd", 7321, 7321, 1);
+    add(&ns, "node.data_dir", dir);
+    cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_lt(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), 0);
+    cr_assert(strstr(dsnode_error(), "node.data_dir"), "%s", dsnode_error());
+    dsnode_close(&d);
+}
+
+Test(api, join_stopped_and_join_timeout_then_only_close)
+{
+    dsnode *d = NULL;
+    float p[N] = {0};
+    cr_assert_eq(open_node(&d, "stopped", 7330, 7330, 2), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    dsnode_stop(d, 15);
+    cr_assert_eq(dsnode_stopped(d), 15);
+    cr_assert_eq(dsnode_join(d), -EINTR);
+    cr_assert(strstr(dsnode_error(), "stopped"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_step(d), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "only dsnode_close"), "%s", dsnode_error());
+    dsnode_close(&d);
+
+    /* A seed nobody runs: membership gives up after join_timeout_s. */
+    node_sets ns;
+    node_sets_init(&ns, "lonely", 7331, 7339, 1);
+    add(&ns, "cluster.join_timeout_s", "1");
+    cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    cr_assert_eq(dsnode_join(d), -ETIMEDOUT);
+    cr_assert(strstr(dsnode_error(), "cannot join cluster 'apitest'"), "%s", dsnode_error());
+    dsnode_close(&d);
+}
+
+/* ---- two engines ------------------------------------------------------------------- */
+
+#define STEPS 300
+
+typedef struct peer {
+    const char *name;
+    int port;
+    float init; /* its drift per step */
+    float p[N];
+    dsnode_stats st;
+    int rc_join, rc_leave, exit_status, steps_ready, bad_calls;
+    char err[1024];
+} peer;
+
+/* Criterion's asserts belong to the test's thread: a peer counts. */
+#define CHECK(pe, cond) ((pe)->bad_calls += !(cond))
+
+static void *peer_main(void *arg)
+{
+    peer *pe = arg;
+    dsnode *d = NULL;
+    for (int i = 0; i < N; i++)
+        pe->p[i] = (float)(1 + i % 7);
+    pe->rc_join = -1;
+    if (open_node(&d, pe->name, pe->port, 7400, 2) < 0 ||
+        dsnode_register(d, pe->p, N, two_layers, 2, adopt_cb, NULL) < 0 ||
+        (pe->rc_join = dsnode_join(d)) < 0) {
+        snprintf(pe->err, sizeof(pe->err), "%s", dsnode_error());
+        dsnode_close(&d);
+        return NULL;
+    }
+    for (int s = 0; s < STEPS; s++) {
+        if (dsnode_ready(d) != 1)
+            continue;
+        pe->steps_ready++;
+        /* The "optimizer step": a drift of this node's own. */
+        for (int i = 0; i < N; i++)
+            pe->p[i] += pe->init * (float)(1 + i % 5);
+        CHECK(pe, dsnode_step(d) == 0);
+        CHECK(pe, dsnode_report(d, 1.0, -1, 0.1, 100) == 0);
+    }
+    CHECK(pe, dsnode_settle(d) == 0);
+    CHECK(pe, dsnode_report_eval(d, 0.5, 0.9) == 0);
+    pe->rc_leave = dsnode_leave(d, DSNODE_DONE);
+    pe->exit_status = dsnode_exit_status(d);
+    dsnode_stats_get(d, &pe->st);
+    CHECK(pe, dsnode_step(d) == -EINVAL); /* after leave */
+    dsnode_close(&d);
+    dsnode_close(&d);
+    return NULL;
+}
+
+static double dist(const float *a, const float *b)
+{
+    double s = 0;
+    for (int i = 0; i < N; i++)
+        s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(s);
+}
+
+Test(api, two_engines_gossip_conserve_the_sum_and_converge, .timeout = 180)
+{
+    static peer a = {.name = "alpha", .port = 7400, .init = 0.01f};
+    static peer b = {.name = "beta", .port = 7401, .init = -0.02f};
+    /* Where the two would be without gossip, and their sum either way. */
+    static float a0[N], b0[N];
+    double sum0 = 0;
+    for (int i = 0; i < N; i++) {
+        a0[i] = (float)(1 + i % 7) + STEPS * a.init * (float)(1 + i % 5);
+        b0[i] = (float)(1 + i % 7) + STEPS * b.init * (float)(1 + i % 5);
+        sum0 += (double)a0[i] + b0[i];
+    }
+    pthread_t ta, tb;
+    cr_assert_eq(pthread_create(&ta, NULL, peer_main, &a), 0);
+    cr_assert_eq(pthread_create(&tb, NULL, peer_main, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_assert_eq(a.rc_join, 0, "alpha: %s", a.err);
+    cr_assert_eq(b.rc_join, 0, "beta: %s", b.err);
+    cr_assert_eq(a.bad_calls + b.bad_calls, 0);
+    cr_assert_eq(a.rc_leave, 0);
+    cr_assert_eq(b.rc_leave, 0);
+    cr_assert_eq(a.exit_status, 0);
+    cr_assert_eq(a.steps_ready, STEPS);
+    cr_assert_eq(a.st.step, STEPS);
+    cr_assert_gt(a.st.rounds, 100, "rounds %llu", (unsigned long long)a.st.rounds);
+    cr_assert_gt(a.st.exchanges_ok, 0);
+    cr_assert_gt(a.st.bytes_sent, 0);
+
+    double sum = 0;
+    for (int i = 0; i < N; i++)
+        sum += (double)a.p[i] + b.p[i];
+    cr_assert_lt(fabs(sum - sum0), 1e-3 * fabs(sum0), "sum %g, was %g", sum, sum0);
+    const double d0 = dist(a0, b0), d1 = dist(a.p, b.p);
+    cr_assert_lt(d1, 0.5 * d0, "distance %g, was %g", d1, d0);
+
+    char path[400];
+    struct stat sb;
+    snprintf(path, sizeof(path), "%s/alpha/model.bin", g_dir);
+    cr_assert_eq(stat(path, &sb), 0, "%s missing", path);
+    cr_assert_eq(sb.st_size, 16 + N * 4);
+}

@@ -1,0 +1,295 @@
+/*
+ * tests/test_group.c: the hierarchy's parts on the fake network
+ * (node/gossip/fake.h) and as pure functions: the group reduction
+ * (node/gossip/group.h) leaves every member with the same bytes, the mean
+ * of the gradient part and the sum of the rest, and a dead member costs
+ * the others at most the deadline; groups form the same on every node
+ * (node/runtime/hier.h); a member handles only its share of the gossip
+ * segments (ds_gossip_set_share).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/gossip/fake.h"
+#include "node/gossip/gossip.h"
+#include "node/gossip/group.h"
+#include "node/runtime/hier.h"
+#include "testutil.h"
+
+#define N 1003      /* odd: chunks of unequal length */
+#define N_MEAN 500  /* the "gradient" part */
+#define MAXG 5
+
+struct member {
+    ds_fakenet *net;
+    uint32_t G, me;
+    float vec[N];
+    uint64_t deadline;
+    ds_greduce_result res;
+    int ret;
+    int rounds;
+    const ds_gsparse *sp; /* NULL: no list */
+};
+
+static void *member_main(void *p)
+{
+    struct member *m = p;
+    ds_greduce *r;
+    m->ret = ds_greduce_create(&r, N);
+    for (int k = 0; k < m->rounds && m->ret == 0; k++)
+        m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->vec, N, N_MEAN, m->G, m->me,
+                                NULL, (uint64_t)k, m->deadline, m->sp, &m->res);
+    ds_greduce_destroy(&r);
+    return NULL;
+}
+
+/* G members reduce seeded vectors `rounds` times (the result of one
+ * reduction feeding the next). */
+static void run_group(struct member *m, uint32_t G, int rounds, int dead)
+{
+    ds_fakenet *net = ds_fakenet_create(G);
+    if (dead >= 0)
+        ds_fakenet_set_dead(net, (uint32_t)dead, 1);
+    pthread_t th[MAXG];
+    for (uint32_t i = 0; i < G; i++) {
+        m[i].net = net;
+        m[i].G = G;
+        m[i].me = i;
+        m[i].rounds = rounds;
+        m[i].deadline = 2000000000ull; /* 2 s on the fake clock */
+        ds_t_fill(m[i].vec, N, 100 + i, -1.0f, 1.0f);
+    }
+    for (uint32_t i = 0; i < G; i++)
+        if ((int)i != dead)
+            pthread_create(&th[i], NULL, member_main, &m[i]);
+    for (uint32_t i = 0; i < G; i++)
+        if ((int)i != dead)
+            pthread_join(th[i], NULL);
+    ds_fakenet_destroy(net);
+}
+
+Test(group, members_end_with_the_same_bytes_mean_and_sum)
+{
+    for (uint32_t G = 2; G <= MAXG; G++) {
+        static struct member m[MAXG];
+        run_group(m, G, 1, -1);
+        /* The reference, in double. */
+        float in[MAXG][N];
+        for (uint32_t i = 0; i < G; i++)
+            ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+        for (size_t j = 0; j < N; j++) {
+            double sum = 0;
+            for (uint32_t i = 0; i < G; i++)
+                sum += in[i][j];
+            const double want = j < N_MEAN ? sum / G : sum;
+            cr_assert(fabs(m[0].vec[j] - want) < 1e-5, "G=%u element %zu: %g, want %g", G, j,
+                      (double)m[0].vec[j], want);
+        }
+        for (uint32_t i = 0; i < G; i++) {
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(m[i].res.complete, "G=%u member %u incomplete", G, i);
+            cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0,
+                         "G=%u: member %u differs from member 0", G, i);
+        }
+    }
+}
+
+/* Each member's sparse list, gathered and summed in member order: every
+ * member ends with the same sum, equal to the sum of the lists; an empty
+ * list counts. */
+Test(group, sparse_lists_are_summed_alike)
+{
+    enum { G = 4, K = 40, NO = 300 };
+    static struct member m[G];
+    static uint32_t idx[G][K];
+    static float val[G][K], out[G][NO];
+    static ds_gsparse sp[G];
+    double want[NO] = {0};
+    uint64_t seed = 42;
+    for (uint32_t i = 0; i < G; i++) {
+        const uint32_t k = i == 2 ? 0 : K; /* member 2: nothing to send */
+        for (uint32_t j = 0; j < k; j++) {
+            idx[i][j] = (uint32_t)(ds_t_next(&seed) % NO);
+            val[i][j] = (float)(ds_t_next(&seed) % 1000) / 100.0f - 5.0f;
+            want[idx[i][j]] += val[i][j];
+        }
+        sp[i] = (ds_gsparse){.idx = idx[i], .val = val[i], .count = k, .out = out[i], .n_out = NO};
+        m[i].sp = &sp[i];
+    }
+    run_group(m, G, 1, -1);
+    for (uint32_t i = 0; i < G; i++) {
+        cr_assert(m[i].res.complete, "member %u incomplete", i);
+        cr_assert_eq(memcmp(out[i], out[0], sizeof(out[0])), 0, "member %u's sum differs", i);
+    }
+    for (uint32_t j = 0; j < NO; j++)
+        cr_assert(fabs(out[0][j] - want[j]) < 1e-4, "index %u: %g, want %g", j, (double)out[0][j],
+                  want[j]);
+    for (uint32_t i = 0; i < G; i++)
+        m[i].sp = NULL;
+}
+
+Test(group, many_reductions_in_a_row_stay_identical)
+{
+    static struct member m[4];
+    run_group(m, 4, 20, -1);
+    for (uint32_t i = 0; i < 4; i++) {
+        cr_assert(m[i].res.complete);
+        cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0, "member %u", i);
+    }
+}
+
+/* A dead member: the others end at the deadline, not later; its chunk is
+ * missing, every other chunk is the same on every survivor and averages
+ * the survivors only. */
+Test(group, dead_member_costs_the_deadline_and_only_its_chunk)
+{
+    static struct member m[4];
+    const uint32_t dead = 2;
+    run_group(m, 4, 1, (int)dead);
+    float in[4][N];
+    for (uint32_t i = 0; i < 4; i++)
+        ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+    size_t doff, dlen;
+    ds_greduce_chunk(N, 4, dead, &doff, &dlen);
+    for (uint32_t i = 0; i < 4; i++) {
+        if (i == dead)
+            continue;
+        cr_assert_eq(m[i].ret, 0);
+        cr_assert(!m[i].res.complete, "member %u: complete without member %u", i, dead);
+        cr_assert_eq(m[i].res.chunks_missing, 1);
+        cr_assert_eq(m[i].res.contributions, 3);
+        for (size_t j = 0; j < N; j++) {
+            if (j >= doff && j < doff + dlen) {
+                cr_assert_eq(m[i].vec[j], in[i][j], "the dead member's chunk keeps our own");
+                continue;
+            }
+            cr_assert_eq(m[i].vec[j], m[0].vec[j], "member %u element %zu", i, j);
+            const double sum = (double)in[0][j] + in[1][j] + in[3][j];
+            const double want = j < N_MEAN ? sum / 3 : sum;
+            cr_assert(fabs(m[i].vec[j] - want) < 1e-5, "element %zu", j);
+        }
+    }
+}
+
+Test(group, skipped_member_is_not_waited_for)
+{
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_fakenet_set_dead(net, 1, 1);
+    ds_greduce *r;
+    cr_assert_eq(ds_greduce_create(&r, N), 0);
+    float v[N];
+    ds_t_fill(v, N, 7, -1, 1);
+    const uint8_t skip[2] = {0, 1};
+    ds_greduce_result res;
+    cr_assert_eq(ds_greduce_run(r, ds_fakenet_io(net, 0), v, N, N_MEAN, 2, 0, skip, 0,
+                                5000000000ull, NULL, &res), 0);
+    cr_expect_eq(ds_fakenet_now_ns(net), 0, "nobody waited: the fake clock did not move");
+    cr_expect(!res.complete);
+    cr_expect_eq(ds_greduce_run(r, ds_fakenet_io(net, 0), v, N, N + 1, 2, 0, skip, 1,
+                                5000000000ull, NULL, &res), -EINVAL, "n_mean over n");
+    ds_greduce_destroy(&r);
+    ds_fakenet_destroy(net);
+}
+
+/* Members a step ahead: the laggard sees their tag and meets them. */
+Test(group, reports_the_largest_tag_seen)
+{
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_fakenet_set_instant(net, 1);
+    ds_greduce *a, *b;
+    cr_assert_eq(ds_greduce_create(&a, N), 0);
+    cr_assert_eq(ds_greduce_create(&b, N), 0);
+    float va[N], vb[N];
+    ds_t_fill(va, N, 1, -1, 1);
+    ds_t_fill(vb, N, 2, -1, 1);
+    ds_greduce_result ra, rb;
+    /* b runs reduction 7 alone (a is not there yet): it times out. */
+    cr_assert_eq(ds_greduce_run(b, ds_fakenet_io(net, 1), vb, N, 0, 2, 1, NULL, 7, 1000, NULL, &rb), 0);
+    cr_expect(!rb.complete);
+    /* a, at reduction 3, finds b's messages of 7 and says so. */
+    cr_assert_eq(ds_greduce_run(a, ds_fakenet_io(net, 0), va, N, 0, 2, 0, NULL, 3,
+                                ds_fakenet_now_ns(net) + 1000, NULL, &ra), 0);
+    cr_expect_eq(ra.max_tag, 7);
+    ds_greduce_destroy(&a);
+    ds_greduce_destroy(&b);
+    ds_fakenet_destroy(net);
+}
+
+static ds_member_info mi(uint64_t id, const char *group)
+{
+    ds_member_info m;
+    memset(&m, 0, sizeof(m));
+    m.id = id;
+    snprintf(m.name, sizeof(m.name), "n%llu", (unsigned long long)id);
+    snprintf(m.group, sizeof(m.group), "%s", group);
+    return m;
+}
+
+Test(group, groups_form_alike_on_every_node)
+{
+    /* The view in membership's order (by name): groups b, a, and two
+     * nodes of no group. */
+    const ds_member_info v[] = {mi(50, "b"), mi(10, "a"), mi(40, ""), mi(30, "b"),
+                                mi(20, "a"), mi(60, "b"), mi(5, "")};
+    const uint32_t G = sizeof(v) / sizeof(v[0]);
+    uint32_t order[8], gidx[8];
+    ds_hier h;
+    /* Sorted by (group, id): "" 5, "" 40, a 10, a 20, b 30, b 50, b 60. */
+    const uint64_t want_ids[] = {5, 40, 10, 20, 30, 50, 60};
+    const uint32_t want_g[] = {0, 1, 2, 2, 3, 3, 3};
+    for (uint32_t self = 0; self < G; self++) {
+        cr_assert_eq(ds_hier_form(v, G, v[self].id, order, gidx, &h), 0);
+        cr_assert_eq(h.n_groups, 4);
+        cr_assert(h.any);
+        for (uint32_t k = 0; k < G; k++) {
+            cr_assert_eq(v[order[k]].id, want_ids[k], "entry %u", k);
+            cr_assert_eq(gidx[k], want_g[k], "entry %u", k);
+        }
+        cr_assert_eq(v[order[h.first + h.member]].id, v[self].id);
+    }
+    cr_assert_eq(ds_hier_form(v, G, 60, order, gidx, &h), 0);
+    cr_expect(h.group == 3 && h.member == 2 && h.size == 3 && h.first == 4);
+    cr_assert_eq(ds_hier_form(v, G, 40, order, gidx, &h), 0);
+    cr_expect(h.group == 1 && h.member == 0 && h.size == 1, "no group: a group of one");
+    cr_expect_eq(ds_hier_form(v, G, 99, order, gidx, &h), -EINVAL);
+    /* Nobody in a group: no hierarchy. */
+    const ds_member_info flat[] = {mi(3, ""), mi(1, ""), mi(2, "")};
+    cr_assert_eq(ds_hier_form(flat, 3, 1, order, gidx, &h), 0);
+    cr_expect(!h.any && h.n_groups == 3 && h.size == 1);
+}
+
+/* Member m of a group of size 3 initiates only in segments s with
+ * s mod 3 == m, and forgets its drift in the others. */
+Test(group, a_member_handles_its_share_of_segments)
+{
+    const ds_layer layer = {.name = "fc1", .off = 0, .len = 64, .in = 63, .out = 1};
+    ds_gossip_cfg cfg = {.topology = DS_TOPO_CROSSOVER, .mix = DS_MIX_PAIRWISE, .weight = 0.5f,
+                         .segments = 8, .method = DS_SPARSIFY_TOPK, .density = 0.25,
+                         .error_feedback = 1, .seed = 1, .timeout_ms = 100};
+    float theta[64] = {0}, moved[64];
+    for (int i = 0; i < 64; i++)
+        moved[i] = (float)(i + 1);
+    for (uint32_t m = 0; m < 3; m++) {
+        ds_gossip *g;
+        cr_assert_eq(ds_gossip_create(&g, &cfg, &layer, 1, 64, theta), 0);
+        cr_assert_eq(ds_gossip_set_view(g, 2, 0, 1), 0);
+        cr_assert_eq(ds_gossip_set_share(g, m, 3), 0);
+        cr_assert_eq(ds_gossip_begin(g, moved, 1), 0);
+        for (int s = 0; s < ds_gossip_n_segments(g); s++) {
+            const ds_gseg *sg = ds_gossip_segment(g, s);
+            const int mine = (uint32_t)s % 3 == m;
+            cr_expect_eq(ds_gossip_target(g, s) != 0, mine, "member %u segment %d", m, s);
+            float drift = 0;
+            for (size_t i = 0; i < sg->len; i++)
+                drift += fabsf(ds_gossip_acc(g)[sg->off + i]);
+            if (!mine)
+                cr_expect_eq(drift, 0, "member %u segment %d: drift kept", m, s);
+        }
+        cr_expect_eq(ds_gossip_set_share(g, 3, 3), -EINVAL);
+        ds_gossip_destroy(&g);
+    }
+}

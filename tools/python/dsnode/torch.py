@@ -1,0 +1,181 @@
+"""dsnode.torch: dsnode gossip for a PyTorch model and optimizer.
+
+    opt = dsnode.torch.GossipOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                       model)          # config: $DSNODE_CONFIG
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()                 # the optimizer step, then this step's round
+        if opt.stopped: break      # SIGINT/SIGTERM: leave without lingering
+    opt.settle()                   # before evaluating: the last round applied
+    sys.exit(opt.finish())         # leave, model.bin, summary line; exit status
+
+The model's CPU float32 parameters are copied once into one contiguous
+buffer, and every parameter becomes a view into it (param.data), so the
+engine mixes the model in place; the optimizer's references stay valid.
+Build the optimizer before or after: its state is keyed by the parameter
+objects, which do not change. Every process must start from the same
+parameters (seed torch the same everywhere): the engine mixes what each
+process changed since it registered, as `dsnode run` does.
+"""
+import time
+
+import torch
+
+import dsnode
+
+# libdsnode's layer table holds at most this many rows (DS_MODEL_MAX_LAYERS).
+MAX_LAYERS = 16
+
+
+def layer_table(model):
+    """[(name, offset, length)] in floats: one row per module (its weight
+    and bias together, as dsnode's own layers), merged pairwise when there
+    are more than MAX_LAYERS."""
+    rows = []
+    off = 0
+    for pname, p in model.named_parameters():
+        mod = pname.rsplit(".", 1)[0] if "." in pname else pname
+        if rows and rows[-1][0] == mod and rows[-1][1] + rows[-1][2] == off:
+            rows[-1][2] += p.numel()
+        else:
+            rows.append([mod, off, p.numel()])
+        off += p.numel()
+    while len(rows) > MAX_LAYERS:
+        merged = []
+        for i in range(0, len(rows), 2):
+            if i + 1 < len(rows):
+                a, b = rows[i], rows[i + 1]
+                merged.append([a[0] + "+" + b[0], a[1], a[2] + b[2]])
+            else:
+                merged.append(rows[i])
+        rows = merged
+    return [(name[:15], o, n) for name, o, n in rows]
+
+
+def flatten_(model):
+    """Copy the parameters into one new float32 buffer and make each a view
+    of it. Returns the buffer (1-D, contiguous)."""
+    params = list(model.parameters())
+    for name, p in model.named_parameters():
+        if p.device.type != "cpu":
+            raise dsnode.Error(95, f"parameter {name} is on {p.device}: this binding mixes "
+                               "CPU parameters only (the CUDA path is not built yet)")
+        if p.dtype != torch.float32:
+            raise dsnode.Error(22, f"parameter {name} is {p.dtype}: expected torch.float32")
+    n = sum(p.numel() for p in params)
+    flat = torch.empty(n, dtype=torch.float32)
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            k = p.numel()
+            flat[off:off + k].copy_(p.reshape(-1))
+            p.data = flat[off:off + k].view_as(p)
+            off += k
+    return flat
+
+
+class GossipOptimizer:
+    """Wraps `optimizer` (any torch.optim.Optimizer over `model`'s
+    parameters): step() runs the optimizer step, then the engine's step.
+    config/overrides as dsnode.Engine; the engine joins the cluster here
+    (blocks until cluster.min_members). handle_signals: SIGINT/SIGTERM stop
+    the engine (see .stopped) instead of raising KeyboardInterrupt."""
+
+    def __init__(self, optimizer, model, config=None, overrides=None, handle_signals=True):
+        self.optimizer = optimizer
+        self.model = model
+        self.engine = dsnode.Engine(config=config, overrides=overrides,
+                                    handle_signals=handle_signals)
+        try:
+            self.flat = flatten_(model)
+            self.layers = layer_table(model)
+            self.steps_taken = 0
+            self.engine_s = 0.0  # time in the engine's calls on this thread
+            self.engine.register(self.flat, self.layers, self._adopt)
+            self.engine.join()
+        except BaseException:
+            self.engine.close()
+            raise
+
+    def _adopt(self, step):
+        # The buffer holds the cluster's model at its step `step`: start
+        # over from there, without our momentum.
+        self.optimizer.state.clear()
+        self.steps_taken = step
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def stopped(self):
+        return self.engine.stopped
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def ready(self):
+        """False while a joiner keeps the cluster's pace or shadows it:
+        do not train now (step() would skip the update)."""
+        return self.engine.ready()
+
+    def step(self, closure=None):
+        """The optimizer step, then the engine's (this step's round, the
+        last round's deltas applied in place). Returns the closure's loss;
+        None when the engine said not now (the gradient is not applied)."""
+        t0 = time.perf_counter()
+        ready = self.engine.ready()
+        self.engine_s += time.perf_counter() - t0
+        if not ready:
+            return None
+        loss = self.optimizer.step(closure)
+        t1 = time.perf_counter()
+        self.engine.step()
+        self.engine_s += time.perf_counter() - t1
+        self.steps_taken += 1
+        return loss
+
+    def settle(self):
+        """Finish the open round: the parameters are final until the next
+        step (evaluate after this)."""
+        self.engine.settle()
+
+    def report(self, loss, test_acc=-1.0, samples_per_s=0.0):
+        t0 = time.perf_counter()
+        lr = self.optimizer.param_groups[0].get("lr", 0.0)
+        self.engine.report(float(loss), test_acc, float(lr), samples_per_s)
+        self.engine_s += time.perf_counter() - t0
+
+    def crossing_us(self, calls=20000):
+        """The cost of one call into libdsnode through ctypes (a call that
+        does nothing but read a flag), in microseconds."""
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            self.engine.stopped
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    def report_eval(self, test_loss, test_acc):
+        self.engine.report_eval(float(test_loss), float(test_acc))
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, sd):
+        self.optimizer.load_state_dict(sd)
+
+    def finish(self, failed=False):
+        """Leave the cluster, write model.bin, print the summary line, close
+        the engine. Returns the process exit status (0 done, 1 failed,
+        128 + signal stopped)."""
+        try:
+            self.engine.leave(failed=failed)
+        except dsnode.Error:
+            pass  # the summary already says status=failed
+        status = self.engine.exit_status
+        self.engine.close()
+        return status

@@ -1,0 +1,240 @@
+"""tools/python/tests/test_dsnode.py: the dsnode Python package over
+libdsnode, with real processes over libfabric's tcp provider on loopback
+(meson suite `python`; run alone: python3 -m pytest tools/python/tests).
+
+- a bad config raises dsnode.Error carrying FILE:LINE and the key;
+- two processes (sum_node.py) conserve the sum of their models and hold
+  them together;
+- killing one of three processes mid-run leaves the other two to finish
+  (status=done, exit 0);
+- a third process that joins two already training takes the cluster's
+  state through the adopt callback and finishes with them;
+- four PyTorch processes through `dslaunch local -n 4 -- python3
+  fashion_mlp.py --steps 1500` each reach 85% with a relative consensus
+  distance under 0.01 (slow: about a minute on a quiet machine).
+
+Every process has a hard timeout and is killed at the end of its test.
+The build tree is found from $DSNODE_BUILD (meson sets it), else build/.
+"""
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+BUILD = os.environ.get("DSNODE_BUILD", os.path.join(ROOT, "build"))
+os.environ.setdefault("DSNODE_LIB", os.path.join(BUILD, "node", "api", "libdsnode.so"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import dsnode  # noqa: E402
+from sum_node import drift  # noqa: E402
+
+DSNODE = os.path.join(BUILD, "node", "dsnode")
+DSLAUNCH = os.path.join(BUILD, "tools", "dslaunch", "dslaunch")
+PY = "/usr/bin/python3"
+
+
+def free_ports(k):
+    socks, ports = [], []
+    for _ in range(k):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def read_model(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"DSMODEL1"
+    (n,) = struct.unpack("<Q", data[8:16])
+    return np.frombuffer(data, dtype="<f4", offset=16, count=n)
+
+
+class Cluster:
+    """Processes of sum_node.py, each with its own name, port, data_dir and
+    status file, sharing a cluster key."""
+
+    def __init__(self, tmp, n, extra=(), min_members=None):
+        self.tmp = tmp
+        key = os.path.join(tmp, "cluster.key")
+        subprocess.run([DSNODE, "keygen", "--cluster", "--out", key], check=True,
+                       capture_output=True, timeout=30)
+        self.ports = free_ports(n)
+        self.sets = []
+        for i in range(n):
+            self.sets.append([
+                f"node.name=p{i}", f"node.listen=127.0.0.1:{self.ports[i]}",
+                f"cluster.seeds=127.0.0.1:{self.ports[0]}", f"cluster.key_file={key}",
+                f"cluster.min_members={min_members or n}", f"node.data_dir={tmp}/p{i}",
+                f"status.file={tmp}/p{i}.json", "status.file_interval_ms=50",
+                "node.log_level=warn", "gossip.timeout_ms=500", *extra])
+        self.procs = []
+
+    def start(self, args, only=None):
+        for i, sets in enumerate(self.sets):
+            if only is not None and i not in only:
+                continue
+            argv = [PY, os.path.join(HERE, "sum_node.py"), *args]
+            for s in sets:
+                argv += ["--set", s]
+            env = dict(os.environ, DSNODE_RANK=str(i))
+            self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True))
+
+    def status(self, i):
+        try:
+            with open(os.path.join(self.tmp, f"p{i}.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def wait(self, timeout):
+        out = []
+        for p in self.procs:
+            try:
+                o, e = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                o, e = p.communicate()
+            out.append((p.returncode, o, e))
+        return out
+
+    def kill_all(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = []
+
+    def make(n, extra=(), min_members=None):
+        c = Cluster(str(tmp_path), n, extra, min_members)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.kill_all()
+
+
+def test_bad_config_raises_with_file_and_line(tmp_path):
+    ini = tmp_path / "bad.ini"
+    ini.write_text("[node]\nname = x\n[gossip]\nweight = banana\n")
+    with pytest.raises(dsnode.Error) as ex:
+        dsnode.Engine(config=str(ini))
+    assert f"{ini}:4" in str(ex.value)
+    assert "gossip.weight" in str(ex.value)
+    assert ex.value.errno == 22
+    with pytest.raises(dsnode.Error) as ex:
+        dsnode.Engine(config=None, overrides={"gossip.nosuchkey": 1})
+    assert "gossip.nosuchkey" in str(ex.value)
+
+
+def test_order_and_buffers_are_checked():
+    e = dsnode.Engine(config=None, overrides={"node.data_dir": "/tmp"})
+    with pytest.raises(dsnode.Error) as ex:
+        e.step()
+    assert "called before dsnode_join" in str(ex.value)
+    with pytest.raises(dsnode.Error) as ex:  # float64: not the engine's type
+        e.register(np.zeros(10), [("a", 0, 10)], adopt=lambda s: None)
+    assert "float32" in str(ex.value)
+    with pytest.raises(dsnode.Error) as ex:  # a strided view
+        e.register(np.zeros(20, dtype=np.float32)[::2], [("a", 0, 10)], adopt=lambda s: None)
+    with pytest.raises(dsnode.Error) as ex:  # a layer past the end
+        e.register(np.zeros(10, dtype=np.float32), [("a", 0, 11)], adopt=lambda s: None)
+    assert "layer 0 ('a')" in str(ex.value)
+    e.close()
+    e.close()
+    with pytest.raises(dsnode.Error):
+        e.step()
+
+
+def test_two_processes_conserve_the_sum(cluster, tmp_path):
+    n, steps = 10000, 300
+    c = cluster(2)
+    c.start(["--steps", str(steps), "--n", str(n)])
+    res = c.wait(120)
+    for rc, out, err in res:
+        assert rc == 0, err[-2000:]
+        assert "status=done" in out
+    m = [read_model(f"{tmp_path}/p{i}/model.bin") for i in range(2)]
+    init = (1 + np.arange(n) % 7).astype(np.float64)
+    alone = [init + steps * drift(i, n).astype(np.float64) for i in range(2)]
+    total = m[0].astype(np.float64) + m[1]
+    want = alone[0] + alone[1]
+    assert abs(total.sum() - want.sum()) < 1e-4 * abs(want.sum())
+    assert np.abs(total - want).max() < 1e-2
+    # Gossip holds the two together: far closer than they drift alone.
+    assert np.linalg.norm(m[0] - m[1]) < 0.5 * np.linalg.norm(alone[0] - alone[1])
+
+
+def test_killing_one_process_leaves_the_others_to_finish(cluster):
+    c = cluster(3)
+    c.start(["--steps", "600", "--n", "10000", "--pause", "0.01"])
+    deadline = time.monotonic() + 120
+    while c.status(2).get("train", {}).get("step", 0) < 100:
+        assert time.monotonic() < deadline, "p2 never reached step 100"
+        assert c.procs[2].poll() is None, c.procs[2].communicate()[1][-2000:]
+        time.sleep(0.05)
+    c.procs[2].send_signal(signal.SIGKILL)
+    res = c.wait(180)
+    assert res[2][0] == -signal.SIGKILL
+    for rc, out, err in res[:2]:
+        assert rc == 0, err[-2000:]
+        assert "status=done steps=600" in out
+
+
+def test_a_late_joiner_takes_the_clusters_state(cluster):
+    c = cluster(3, min_members=2)
+    args = ["--steps", "1500", "--n", "10000", "--pause", "0.005"]
+    c.start(args, only=(0, 1))
+    deadline = time.monotonic() + 120
+    while c.status(0).get("train", {}).get("step", 0) < 200:
+        assert time.monotonic() < deadline, "p0 never reached step 200"
+        assert c.procs[0].poll() is None, c.procs[0].communicate()[1][-2000:]
+        time.sleep(0.05)
+    c.start(args, only=(2,))
+    res = c.wait(180)
+    for rc, out, err in res:
+        assert rc == 0, err[-2000:]
+        assert "status=done steps=1500" in out
+    joiner_err = res[2][2]
+    assert "sum_node: adopted step=" in joiner_err, joiner_err[-2000:]
+    step = int(joiner_err.split("sum_node: adopted step=")[1].split()[0])
+    assert 200 <= step < 1500
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),
+                    reason="Fashion-MNIST is not installed (dataset-fashion-mnist)")
+def test_fashion_mlp_4_torch_processes_under_dslaunch(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    argv = [DSLAUNCH, "local", "-n", "4", "--config",
+            os.path.join(ROOT, "conf", "examples", "cluster.ini"), "--out", str(out),
+            "--json", "--timeout", "900", "--",
+            PY, os.path.join(ROOT, "tools", "python", "examples", "fashion_mlp.py"),
+            "--steps", "1500"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=960)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout.strip().splitlines()[-1])
+    for name, nd in rep["nodes"].items():
+        assert nd["status"] == "done", name
+        assert nd["steps"] == 1500, name
+        assert nd["test_acc"] >= 0.85, (name, nd["test_acc"])
+    assert rep["consensus_distance"] < 0.01

@@ -12,6 +12,7 @@
  *   security.mode      DS_SEC_MODES     enum ds_sec_mode     node/sec
  *   train.model        DS_MODELS        enum ds_model_kind   node/runtime -> node/train
  *   train.lr_schedule  DS_LR_SCHEDULES  enum ds_lr_schedule  node/runtime -> node/train
+ *   sparsify.value_format DS_VALUE_FORMATS enum ds_value_format node/gossip -> node/wire
  *
  * Every list has the same form, X(enumerator, value, name), in the order
  * the config's help and its errors list the names. The value is written
@@ -51,11 +52,20 @@
     X(DS_LR_CONSTANT, 0, "constant") \
     X(DS_LR_COSINE, 1, "cosine")
 
+/* sparsify.value_format: how exchanged values go on the wire
+ * (docs/sparsify.md). The values are the header's value-format bits
+ * (docs/protocol.md; node/wire's enum ds_wire_vfmt). */
+#define DS_VALUE_FORMATS(X) \
+    X(DS_VALUE_F32, 0, "f32") \
+    X(DS_VALUE_F16, 1, "f16") \
+    X(DS_VALUE_BF16, 2, "bf16")
+
 #define DS_CHOICE_ENUMERATOR_(e, v, name) e = v,
 enum ds_mix { DS_MIXES(DS_CHOICE_ENUMERATOR_) };
 enum ds_sec_mode { DS_SEC_MODES(DS_CHOICE_ENUMERATOR_) };
 enum ds_model_kind { DS_MODELS(DS_CHOICE_ENUMERATOR_) };
 enum ds_lr_schedule { DS_LR_SCHEDULES(DS_CHOICE_ENUMERATOR_) };
+enum ds_value_format { DS_VALUE_FORMATS(DS_CHOICE_ENUMERATOR_) };
 #undef DS_CHOICE_ENUMERATOR_
 
 /* The name of a gossip.mix value, or "?" for one not in DS_MIXES. */

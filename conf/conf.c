@@ -1515,6 +1515,14 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
                   choice_name("sparsify", "method", (int)c->sparsify.method));
         goto out_free;
     }
+    if (c->sparsify.value_format != DS_VALUE_F32 && c->gossip.topology == DS_TOPO_ALLREDUCE) {
+        rc = fail(err, err_len, NULL,
+                  "sparsify.value_format = %s requires a gossip topology (the allreduce baseline "
+                  "sends f32), found gossip.topology = %s",
+                  choice_name("sparsify", "value_format", (int)c->sparsify.value_format),
+                  choice_name("gossip", "topology", (int)c->gossip.topology));
+        goto out_free;
+    }
     if (c->node.group[0] && c->gossip.topology == DS_TOPO_ALLREDUCE) {
         rc = fail(err, err_len, NULL,
                   "node.group = %s requires a gossip topology between the groups, found "

@@ -142,6 +142,9 @@
       "fraction of a segment's values sent per exchange") \
     X(BOOL, sparsify, error_feedback, "true", \
       "keep what was not sent and send it later") \
+    X(ENUM, sparsify, value_format, "f32", enum ds_value_format, DS_VALUE_FORMATS, \
+      "how exchanged values go on the wire: f32, or f16 / bf16 (half the value bytes; the " \
+      "rounding stays in the sender's model)") \
     X(FLOAT, sparsify, threshold, "0", 0, DBL_MAX, "[]", \
       "starting threshold; 0 = automatic (exact k-th largest |v| of the first call)")
 

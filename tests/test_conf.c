@@ -234,6 +234,8 @@ static const key_case cases[] = {
      "sparsify.error_feedback: expected " BOOL_WHAT ", found '2'"},
     {"sparsify.threshold", "1e-3", "0.001", "-1",
      "sparsify.threshold: expected a number >= 0, found '-1'"},
+    {"sparsify.value_format", "bf16", "bf16", "fp16",
+     "sparsify.value_format: expected one of f32|f16|bf16, found 'fp16'"},
     {"gossip.topology", "ring", "ring", "star",
      "gossip.topology: expected one of crossover|ring|exponential|random|allreduce, found 'star'"},
     {"gossip.mix", "crossover", "crossover", "average",
@@ -1108,6 +1110,18 @@ Test(conf, cross_key_crossover_is_dense_only)
     expect_check(&c, "gossip.mix = crossover requires sparsify.method = none (crossover mixing "
                      "is dense only), found sparsify.method = micro");
     c = with((const char *const[]){"gossip.mix=crossover", "sparsify.method=none", NULL});
+    expect_check(&c, NULL);
+}
+
+Test(conf, cross_key_value_format_needs_gossip)
+{
+    ds_conf c = with((const char *const[]){"gossip.topology=allreduce", "sparsify.value_format=f16",
+                                           NULL});
+    expect_check(&c, "sparsify.value_format = f16 requires a gossip topology (the allreduce "
+                     "baseline sends f32), found gossip.topology = allreduce");
+    c = with((const char *const[]){"gossip.topology=allreduce", NULL});
+    expect_check(&c, NULL);
+    c = with((const char *const[]){"sparsify.value_format=bf16", NULL});
     expect_check(&c, NULL);
 }
 

@@ -32,6 +32,7 @@
 #include "node/gossip/gossip.h"
 #include "node/runtime/run.h"
 #include "node/sec/crypto.h"
+#include "node/wire/values.h"
 #include "node/train/model.h"
 #include "sparsify/sparsify.h"
 #include "topology/topology.h"
@@ -175,8 +176,8 @@ static void take_topology(const ds_conf *c, const char *name, int value)
     cr_expect_str_eq(ds_topo_name(c->gossip.topology), name);
 }
 
-/* node/gossip: an engine is created with that mixing rule. */
-static void take_mix(const ds_conf *c, const char *name, int value)
+/* 0 when a gossip engine is created from c's keys (one 64-value layer). */
+static int gossip_created(const ds_conf *c)
 {
     ds_layer layer = {.name = "fc1", .off = 0, .len = 64, .in = 7, .out = 8};
     float theta[64] = {0};
@@ -188,13 +189,48 @@ static void take_mix(const ds_conf *c, const char *name, int value)
         .method = c->sparsify.method,
         .density = c->sparsify.density,
         .error_feedback = c->sparsify.error_feedback,
+        .value_format = c->sparsify.value_format,
         .seed = (uint64_t)c->cluster.seed,
         .timeout_ms = (int)c->gossip.timeout_ms,
     };
     ds_gossip *g = NULL;
-    cr_expect_eq(ds_gossip_create(&g, &gc, &layer, 1, 64, theta), 0, "gossip.mix %s", name);
+    const int r = ds_gossip_create(&g, &gc, &layer, 1, 64, theta);
     ds_gossip_destroy(&g);
+    return r;
+}
+
+/* node/gossip: an engine is created with that mixing rule. */
+static void take_mix(const ds_conf *c, const char *name, int value)
+{
+    cr_expect_eq(gossip_created(c), 0, "gossip.mix %s", name);
     cr_expect_str_eq(ds_mix_name(c->gossip.mix), name);
+}
+
+/* node/gossip and node/wire: an engine is created with that value format,
+ * and a REQ in that format carries its values in the format's width and
+ * decodes to what the engine rounds them to. */
+static void take_value_format(const ds_conf *c, const char *name, int value)
+{
+    cr_expect_eq(gossip_created(c), 0, "value_format %s", name);
+    float v[3] = {1.0f / 3.0f, -2.5f, 1e-3f}, q[3];
+    memcpy(q, v, sizeof(q));
+    ds_wire_values_round((unsigned)c->sparsify.value_format, q, 3);
+    ds_wire_msg m = {.h = {.type = DS_MSG_GOSSIP_RESP, .count = 3,
+                           .flags = (uint16_t)((unsigned)value << DS_WF_VAL_SHIFT)},
+                     .u.values = {.val = v}};
+    uint8_t f[256];
+    size_t len = 0;
+    cr_assert_eq(ds_wire_encode(f, sizeof(f), &m, &len), 0, "value_format %s", name);
+    cr_expect_eq(len, DS_WIRE_HDR_SIZE + 8 + 3 * ds_wire_vfmt_width((unsigned)value));
+    float got[3];
+    ds_wire_limits lim;
+    ds_wire_limits_default(&lim);
+    ds_wire_msg out;
+    cr_assert_eq(ds_wire_decode(f, len, &lim, &(ds_wire_bufs){.val = got, .val_cap = 3}, &out,
+                                NULL),
+                 DS_DROP_NONE);
+    cr_expect_eq(memcmp(got, q, sizeof(q)), 0, "value_format %s", name);
+    cr_expect_str_eq(ds_wire_vfmt_name((unsigned)c->sparsify.value_format), name);
 }
 
 /* node/sec: a session in that mode is set up, and the mode's name is the
@@ -220,6 +256,7 @@ static const consumer consumers[] = {
     /* crossover mixing is dense only (ds_conf_check). */
     {"gossip.mix", "sparsify.method=none", NULL, take_mix, false},
     {"security.mode", NULL, NULL, take_sec_mode, false},
+    {"sparsify.value_format", NULL, NULL, take_value_format, false},
 };
 #define NCONSUMERS (sizeof(consumers) / sizeof(consumers[0]))
 

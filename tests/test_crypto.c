@@ -915,6 +915,111 @@ Test(crypto, seal_ref_matches_seal_byte_for_byte, .timeout = 120)
     free(joined);
 }
 
+/* The two libraries that run the AEAD (ds_aead_lib): for seeded random
+ * frames of random sizes, in modes auth and encrypt with each AEAD, libsodium
+ * and OpenSSL seal the same bytes (same keys, same seq), and so does
+ * ds_session_seal_from with the data left where it is (each library), each
+ * opens the other's frames, and a frame with one byte flipped where only
+ * the tag guards it (round, epoch, segment; payload; tag) fails to open
+ * with BAD_TAG on the other library, the genuine frame opening afterwards. */
+Test(crypto, libraries_open_each_others_frames, .timeout = 120)
+{
+    const size_t maxn = (3u << 20) + 11;
+    uint8_t *data = malloc(maxn), *fs = malloc(maxn + 256), *fo = malloc(maxn + 256),
+            *bad = malloc(maxn + 256);
+    cr_assert(data && fs && fo && bad);
+    const size_t hl = DS_WIRE_HDR_SIZE + DS_WIRE_CHUNK_PREFIX;
+    const unsigned have = ds_aead_available();
+    uint64_t rng = 0x17a11b5;
+    for (int mode = DS_SEC_AUTH; mode <= DS_SEC_ENCRYPT; mode++) {
+        for (unsigned aead = DS_AEAD_AES256GCM; aead <= DS_AEAD_XCHACHA20; aead <<= 1) {
+            if (!(have & aead))
+                continue;
+            ds_session ts, rs, to, ro, ts2, to2; /* *2: seal_from, in step */
+            const uint64_t seed = 77u * (unsigned)mode + aead;
+            ds_aead_lib_set(DS_AEAD_LIB_SODIUM);
+            session_trio(&ts, &ts2, &rs, (enum ds_sec_mode)mode, aead, seed);
+            ds_aead_lib_set(DS_AEAD_LIB_OPENSSL);
+            session_trio(&to, &to2, &ro, (enum ds_sec_mode)mode, aead, seed);
+            cr_assert_eq(ts.lib, DS_AEAD_LIB_SODIUM);
+            cr_assert_eq(to.lib, DS_AEAD_LIB_OPENSSL);
+            memset(&drops_b, 0, sizeof(drops_b));
+            for (int i = 0; i < 40; i++) {
+                const uint64_t x = ds_t_next(&rng);
+                const size_t n = i % 8 == 7 ? x % maxn : i % 2 ? x % 70000 : x % 300;
+                uint8_t s32[randombytes_SEEDBYTES] = {(uint8_t)i, (uint8_t)mode, (uint8_t)aead};
+                randombytes_buf_deterministic(data, n, s32);
+                ds_wire_msg m;
+                memset(&m, 0, sizeof(m));
+                m.h.type = DS_MSG_STATE_CHUNK;
+                m.h.round = (uint32_t)x;
+                m.h.count = (uint32_t)n;
+                m.u.chunk.total = n;
+                m.u.chunk.data = data;
+                size_t len = 0, ls = 0, lo = 0;
+                cr_assert_eq(ds_wire_encode(fs, maxn + 256, &m, &len), 0);
+                memcpy(fo, fs, len);
+                cr_assert_eq(ds_session_seal(&ts, fs, len, maxn + 256, &ls), 0);
+                cr_assert_eq(ds_session_seal(&to, fo, len, maxn + 256, &lo), 0);
+                cr_assert_eq(ls, lo);
+                cr_assert_eq(memcmp(fs, fo, ls), 0, "%s %s n=%zu: the libraries' frames differ",
+                             ds_sec_mode_name(mode), ds_aead_name(aead), n);
+                /* The data sealed from where it is, by each library. */
+                for (int w = 0; w < 2; w++) {
+                    size_t h = 0, lf = 0;
+                    cr_assert_eq(ds_wire_encode_head(bad, maxn + 256, &m, &h), 0);
+                    cr_assert_eq(h, hl);
+                    cr_assert_eq(ds_session_seal_from(w ? &to2 : &ts2, bad, h, data, n,
+                                                      maxn + 256, &lf),
+                                 0);
+                    cr_assert_eq(lf, ls);
+                    cr_assert_eq(memcmp(bad, fs, ls), 0, "%s %s n=%zu: seal_from (%s) differs",
+                                 ds_sec_mode_name(mode), ds_aead_name(aead), n,
+                                 w ? "openssl" : "libsodium");
+                }
+                /* A flip the tag alone catches, opened by the other library. */
+                for (int w = 0; w < 2; w++) {
+                    const uint8_t *f = w ? fo : fs;
+                    ds_session *rx = w ? &rs : &ro;
+                    const uint64_t y = ds_t_next(&rng);
+                    const size_t span = 16 + (ls - DS_WIRE_HDR_SIZE);
+                    size_t off = (size_t)(y % span);
+                    off = off < 16 ? 32 + off : DS_WIRE_HDR_SIZE + off - 16;
+                    memcpy(bad, f, ls);
+                    bad[off] ^= (uint8_t)(1u << (y >> 32) % 8);
+                    const uint64_t before = ds_drop_total(&drops_b);
+                    cr_assert_eq(ds_session_open(rx, bad, ls), DS_DROP_BAD_TAG,
+                                 "%s %s n=%zu byte %zu", ds_sec_mode_name(mode),
+                                 ds_aead_name(aead), n, off);
+                    cr_assert_eq(ds_drop_total(&drops_b), before + 1);
+                }
+                /* Each library opens the other's genuine frame. */
+                cr_assert_eq(ds_session_open(&ro, fs, ls), DS_DROP_NONE, "openssl opens n=%zu", n);
+                cr_assert_eq(ds_session_open(&rs, fo, lo), DS_DROP_NONE, "libsodium opens n=%zu",
+                             n);
+                for (int w = 0; w < 2; w++) {
+                    ds_wire_msg got;
+                    cr_assert_eq(ds_wire_decode(w ? fo : fs, ls, &rs.lim, &(ds_wire_bufs){0}, &got,
+                                                NULL),
+                                 DS_DROP_NONE);
+                    cr_assert_eq(got.h.count, n);
+                    cr_assert(n == 0 || memcmp(got.u.chunk.data, data, n) == 0);
+                }
+            }
+            ds_session_wipe(&ts);
+            ds_session_wipe(&rs);
+            ds_session_wipe(&to);
+            ds_session_wipe(&ro);
+            ds_session_wipe(&ts2);
+            ds_session_wipe(&to2);
+        }
+    }
+    free(data);
+    free(fs);
+    free(fo);
+    free(bad);
+}
+
 Test(crypto, replayed_and_too_old_sealed_frames)
 {
     ds_session sa, sb;

@@ -288,6 +288,43 @@ Test(gossip, pairwise_conserves_sum_every_method)
         }
 }
 
+/* sparsify.value_format f16 and bf16: values go out rounded, and both
+ * halves of an exchange are computed from the two values as sent, so the
+ * sum of all models holds exactly as with f32 (the rounding residual stays
+ * in the sender's own model), for sparse and dense exchanges; and dense
+ * mixing still drives the models together (to within the format's
+ * resolution). */
+Test(gossip, narrow_values_conserve_sum_and_mix)
+{
+    for (int vf = DS_VALUE_F16; vf <= DS_VALUE_BF16; vf++)
+        for (int dense = 0; dense <= 1; dense++) {
+            cluster c = {.G = 6, .rounds = 20, .noise = !dense, .cfg = base_cfg()};
+            c.cfg.value_format = (enum ds_value_format)vf;
+            c.cfg.method = dense ? DS_SPARSIFY_NONE : DS_SPARSIFY_MICRO;
+            run_cluster(&c);
+            cr_expect_lt(c.max_sum_err, 1.0, "%s %s: sum drifted %.2f rounding units",
+                         vf == DS_VALUE_F16 ? "f16" : "bf16", dense ? "dense" : "micro",
+                         c.max_sum_err);
+            const ds_gossip_stats *st = ds_gossip_get_stats(c.g[0]);
+            cr_expect_gt(st->exchanges_ok, 0);
+            cr_expect_eq(st->exchanges_failed, 0);
+            /* Every REQ answered: over all nodes, a value went out once in a
+             * REQ with its 4-byte index and once in a RESP, 2 bytes each
+             * time (f32: 8 and 4). */
+            uint64_t bytes = 0, values = 0;
+            for (uint32_t i = 0; i < c.G; i++) {
+                bytes += ds_gossip_get_stats(c.g[i])->bytes_sent;
+                values += ds_gossip_get_stats(c.g[i])->values_sent;
+            }
+            cr_expect_eq(bytes, values / 2 * (4 + 2 + 2), "%llu bytes for %llu values",
+                         (unsigned long long)bytes, (unsigned long long)values);
+            if (dense)
+                cr_expect_lt(c.dist[19], 1e-2 * c.dist[0], "%s: consensus %.3g -> %.3g",
+                             vf == DS_VALUE_F16 ? "f16" : "bf16", c.dist[0], c.dist[19]);
+            free_cluster(&c);
+        }
+}
+
 Test(gossip, dense_pairwise_and_crossover_shrink_consensus_geometrically)
 {
     for (int mix = 0; mix < 2; mix++) {

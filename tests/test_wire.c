@@ -5,7 +5,9 @@
  * message type, every sparse encoding on seeded index sets of odd sizes
  * (and the exact-size choice), each malformed class asserted by its drop
  * reason and counted, every truncation of every message type, and seeded
- * garbage (ASan catches any out-of-bounds read).
+ * garbage (ASan catches any out-of-bounds read). Value formats (f16, bf16):
+ * the conversion kernels against their references and independent
+ * oracles, the residual's exactness, and frames in each format.
  * Run: meson test -C build wire --verbose
  */
 #include <criterion/criterion.h>
@@ -81,7 +83,7 @@ Test(wire, header_bytes_at_pinned_offsets)
     uint8_t b[DS_WIRE_HDR_SIZE];
     ds_wire_hdr_encode(&h, b);
     static const uint8_t want[DS_WIRE_HDR_SIZE] = {
-        'd', 's', 'n', 'w', 2, 16, 0x06, 0x01,
+        'd', 's', 'n', 'w', 3, 16, 0x06, 0x01,
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,
         0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11,
         0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21,
@@ -701,7 +703,9 @@ Test(wire, drop_header_classes)
     f[0] ^= 1;
     f[DS_WH_VERSION] = 1; /* before GOSSIP_RESP carried held_us */
     EXPECT_DROP(f, len, DS_DROP_BAD_VERSION);
-    f[DS_WH_VERSION] = 3;
+    f[DS_WH_VERSION] = 2; /* before value formats */
+    EXPECT_DROP(f, len, DS_DROP_BAD_VERSION);
+    f[DS_WH_VERSION] = 4;
     EXPECT_DROP(f, len, DS_DROP_BAD_VERSION);
     f[DS_WH_VERSION] = DS_WIRE_VERSION;
     f[DS_WH_TYPE] = 99;
@@ -715,6 +719,10 @@ Test(wire, drop_header_classes)
     EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS); /* MORE on a REQ */
     ds_put16(f + DS_WH_FLAGS, fl | DS_WF_PROT_MASK);
     EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS); /* protection 3 */
+    ds_put16(f + DS_WH_FLAGS, fl | DS_WF_VAL_MASK);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS); /* value format 3 */
+    ds_put16(f + DS_WH_FLAGS, fl | (DS_VF_F16 << DS_WF_VAL_SHIFT));
+    EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH); /* f16: 2 bytes a value, not 4 */
     ds_put16(f + DS_WH_FLAGS, fl);
 
     EXPECT_DROP(f, len - 1, DS_DROP_LENGTH_MISMATCH);
@@ -1117,4 +1125,262 @@ Test(wire, hello_reject_round_trip_and_malformed)
     EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
     f[DS_WIRE_HDR_SIZE + 32] = 250;
     EXPECT_DROP(f, len, DS_DROP_BAD_FIELD);
+}
+
+/* ---- value formats (node/wire/values.h) ----------------------------------------- */
+
+#include "node/wire/values.h"
+
+static uint32_t fbits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static float bitsf(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* bfloat16 nearest by exact comparison in double (ties to even), saturated:
+ * an oracle written apart from the reference's integer trick. */
+static uint16_t bf16_oracle(float x)
+{
+    const uint32_t t = fbits(x) & 0xffff0000u;
+    const uint32_t up = t + 0x10000u; /* the next bfloat16 away from zero */
+    const double d = fabs((double)x), dt = fabs((double)bitsf(t));
+    uint32_t pick = t; /* t the largest finite: saturate */
+    if ((up & 0x7f800000u) != 0x7f800000u) {
+        const double du = fabs((double)bitsf(up));
+        pick = d - dt < du - d ? t : d - dt > du - d ? up : ((t >> 16) & 1u) ? up : t;
+    }
+    return (uint16_t)(pick >> 16);
+}
+
+/* Edge values of each format, by their bits. */
+Test(wire, values_scalar_edges)
+{
+    static const struct {
+        float x;
+        uint16_t h;
+    } f16[] = {
+        {0.0f, 0x0000},          {-0.0f, 0x8000},           {1.0f, 0x3c00},
+        {-2.0f, 0xc000},         {65504.0f, 0x7bff},        {65519.0f, 0x7bff},
+        {65520.0f, 0x7bff},      {1e9f, 0x7bff},            {-1e30f, 0xfbff},
+        {0x1p-14f, 0x0400},      {0x1p-24f, 0x0001},        {0x1p-25f, 0x0000},
+        {0x1.0002p-25f, 0x0001}, {0x3p-25f, 0x0002},        {0x5p-25f, 0x0002},
+        {0x1.ff8p-15f, 0x03ff},  {0x1.ffcp-15f, 0x0400},    {1.0f + 0x1p-11f, 0x3c00},
+        {1.0f + 0x3p-11f, 0x3c02}, {0x1p-30f, 0x0000},      {-0x1p-24f, 0x8001},
+    };
+    for (size_t i = 0; i < sizeof(f16) / sizeof(f16[0]); i++)
+        cr_expect_eq(ds_f32_to_f16_ref(f16[i].x), f16[i].h, "f16(%a) = %04x, want %04x", f16[i].x,
+                     ds_f32_to_f16_ref(f16[i].x), f16[i].h);
+    static const struct {
+        float x;
+        uint16_t b;
+    } bf[] = {
+        {0.0f, 0x0000},      {-0.0f, 0x8000},           {1.0f, 0x3f80},
+        {3.4028235e38f, 0x7f7f}, {-3.4028235e38f, 0xff7f}, {1.0f + 0x1p-8f, 0x3f80},
+        {1.0f + 0x3p-8f, 0x3f82}, {0x1p-149f, 0x0000},    {0x1p-133f, 0x0001},
+    };
+    for (size_t i = 0; i < sizeof(bf) / sizeof(bf[0]); i++)
+        cr_expect_eq(ds_f32_to_bf16_ref(bf[i].x), bf[i].b, "bf16(%a) = %04x, want %04x", bf[i].x,
+                     ds_f32_to_bf16_ref(bf[i].x), bf[i].b);
+    /* Every binary16 widens exactly and narrows back to itself. */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00)
+            continue;
+        cr_assert_eq(ds_f32_to_f16_ref(ds_f16_to_f32_ref((uint16_t)h)), h, "f16 %04x", h);
+        cr_assert_eq(ds_f32_to_bf16_ref(ds_bf16_to_f32_ref((uint16_t)h)), h, "bf16 %04x", h);
+    }
+    cr_expect_str_eq(ds_wire_vfmt_name(DS_VF_BF16), "bf16");
+    cr_expect_eq(ds_wire_vfmt_width(3), 0);
+}
+
+/* Seeded finite binary32 values: a third any bits, a third model-sized,
+ * a third around binary16's edges (its top, its subnormals). */
+static void fill_values(float *v, size_t n, uint64_t seed)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t x = ds_t_next(&s);
+        float f;
+        switch (i % 3) {
+        case 0: f = bitsf((uint32_t)x); break;
+        case 1: f = (float)((int64_t)(x >> 11) - (1ll << 52)) * 0x1p-52f; break;
+        default: f = bitsf((uint32_t)(x >> 32) % 0x00ffffffu + ((x & 1) ? 0x33000000u : 0x47700000u));
+        }
+        if ((fbits(f) & 0x7f800000u) == 0x7f800000u)
+            f = (float)(x & 0xffff);
+        v[i] = (x >> 63) ? -f : f;
+    }
+}
+
+/* The references against independent oracles (the compiler's _Float16
+ * where it has one; exact comparison in double for bfloat16), and the
+ * kernels (F16C here when the CPU has it) against the references, bit for
+ * bit, on seeded inputs of every length mod 8. */
+Test(wire, values_kernels_match_reference, .timeout = 60)
+{
+    enum { N = 1 << 19 };
+    float *v = malloc(N * sizeof(float)), *a = malloc(N * sizeof(float)),
+          *b = malloc(N * sizeof(float));
+    uint8_t *pa = malloc(2 * N), *pb = malloc(2 * N);
+    cr_assert(v && a && b && pa && pb);
+    fill_values(v, N, 0x17f16);
+    for (size_t i = 0; i < N; i++) {
+#ifdef __FLT16_MAX__
+        if (fabsf(v[i]) < 65520.0f) {
+            const _Float16 h = (_Float16)v[i];
+            uint16_t hb;
+            memcpy(&hb, &h, 2);
+            cr_assert_eq(ds_f32_to_f16_ref(v[i]), hb, "f16(%a): %04x, _Float16 %04x", v[i],
+                         ds_f32_to_f16_ref(v[i]), hb);
+        }
+#endif
+        cr_assert_eq(ds_f32_to_bf16_ref(v[i]), bf16_oracle(v[i]), "bf16(%a): %04x, want %04x",
+                     v[i], ds_f32_to_bf16_ref(v[i]), bf16_oracle(v[i]));
+    }
+    for (size_t n = N - 9; n <= N; n++) {
+        ds_wire_f16_pack(pa, v, n);
+        ds_wire_f16_pack_ref(pb, v, n);
+        cr_assert_eq(memcmp(pa, pb, 2 * n), 0, "f16 pack, n=%zu (fast=%d)", n, ds_wire_f16_fast());
+        ds_wire_f16_unpack(pa, n, a);
+        ds_wire_f16_unpack_ref(pb, n, b);
+        cr_assert_eq(memcmp(a, b, 4 * n), 0, "f16 unpack, n=%zu", n);
+        ds_wire_bf16_pack(pa, v, n);
+        ds_wire_bf16_pack_ref(pb, v, n);
+        cr_assert_eq(memcmp(pa, pb, 2 * n), 0, "bf16 pack, n=%zu", n);
+        ds_wire_bf16_unpack(pa, n, a);
+        ds_wire_bf16_unpack_ref(pb, n, b);
+        cr_assert_eq(memcmp(a, b, 4 * n), 0, "bf16 unpack, n=%zu", n);
+    }
+    /* Every binary16 bit pattern, infinities and NaNs included. */
+    for (uint32_t h = 0; h < 0x10000; h++)
+        ds_put16(pa + 2 * h, (uint16_t)h);
+    ds_wire_f16_unpack(pa, 0x10000, a);
+    ds_wire_f16_unpack_ref(pa, 0x10000, b);
+    for (uint32_t h = 0; h < 0x10000; h++)
+        cr_assert(fbits(a[h]) == fbits(b[h]) || (isnan(a[h]) && isnan(b[h])), "f16 %04x", h);
+    free(v);
+    free(a);
+    free(b);
+    free(pa);
+    free(pb);
+}
+
+/* Error feedback's invariant: for every finite x (binary16: |x| < 65520,
+ * beyond which it saturates), r = x - round(x) computed in binary32 is
+ * exact, so round(x) + r == x, and round(x) is what a peer decodes (put
+ * then get). */
+Test(wire, values_residual_exact)
+{
+    enum { N = 1 << 18 };
+    float *v = malloc(N * sizeof(float)), *q = malloc(N * sizeof(float)),
+          *got = malloc(N * sizeof(float));
+    uint8_t *p = malloc(4 * N);
+    cr_assert(v && q && got && p);
+    fill_values(v, N, 0xef);
+    for (unsigned f = DS_VF_F32; f <= DS_VF_BF16; f++) {
+        memcpy(q, v, N * sizeof(float));
+        ds_wire_values_round(f, q, N);
+        cr_assert_eq(ds_wire_values_put(p, f, v, N), 0);
+        cr_assert_eq(ds_wire_values_get(p, f, N, got), 1);
+        cr_assert_eq(memcmp(q, got, N * sizeof(float)), 0, "%s: round != decode(encode)",
+                     ds_wire_vfmt_name(f));
+        for (size_t i = 0; i < N; i++) {
+            if (f == DS_VF_F16 && fabsf(v[i]) >= 65520.0f) {
+                /* Saturated: the statement holds within the format's range only. */
+                cr_assert_eq(fabsf(q[i]), 65504.0f, "f16 %a saturates", v[i]);
+                continue;
+            }
+            const float r = v[i] - q[i];
+            /* Bit for bit, but for the sign of a zero (-0 - -0 = +0). */
+            cr_assert(v[i] == 0.0f ? q[i] + r == 0.0f : fbits(q[i] + r) == fbits(v[i]),
+                      "%s: %a = %a + %a", ds_wire_vfmt_name(f), v[i], q[i], r);
+            cr_assert_eq((double)q[i] + (double)r, (double)v[i], "%s: %a", ds_wire_vfmt_name(f),
+                         v[i]);
+        }
+    }
+    free(v);
+    free(q);
+    free(got);
+    free(p);
+}
+
+/* GOSSIP_REQ and GOSSIP_RESP in each format: 2 bytes a value on the wire,
+ * the decoded values are the sender's rounded ones; a frame whose bytes
+ * disagree with its format, or with a non-finite binary16 / bfloat16, or
+ * the format on a type without values, is dropped and counted. */
+Test(wire, values_formats_on_the_wire)
+{
+    enum { N = 300 };
+    float v[N], q[N];
+    uint32_t ix[N];
+    ds_t_fill(v, N, 42, -3.0f, 3.0f);
+    for (uint32_t k = 0; k < N; k++)
+        ix[k] = 7 * k + 3;
+    static uint8_t f[CAP];
+    for (unsigned vf = DS_VF_F32; vf <= DS_VF_BF16; vf++) {
+        memcpy(q, v, sizeof(q));
+        ds_wire_values_round(vf, q, N);
+        for (int resp = 0; resp <= 1; resp++) {
+            ds_wire_msg m;
+            memset(&m, 0, sizeof(m));
+            m.h.type = resp ? DS_MSG_GOSSIP_RESP : DS_MSG_GOSSIP_REQ;
+            m.h.count = N;
+            m.h.flags = (uint16_t)(vf << DS_WF_VAL_SHIFT);
+            if (resp)
+                m.u.values = (ds_wire_values){.held_us = 5, .val = v};
+            else
+                m.u.sparse = (ds_wire_sparse){.seg_len = 7 * N + 3, .enc = DS_IDX_RAW, .idx = ix,
+                                              .val = v};
+            size_t len;
+            cr_assert_eq(ds_wire_encode(f, CAP, &m, &len), 0);
+            const size_t want = DS_WIRE_HDR_SIZE + (resp ? 8 : 16 + 4 * N) +
+                                ds_wire_vfmt_width(vf) * N;
+            cr_assert_eq(len, want, "%s %s: %zu bytes, want %zu", ds_wire_vfmt_name(vf),
+                         resp ? "RESP" : "REQ", len, want);
+            ds_wire_msg out;
+            cr_assert_eq(dec(f, len, &out), DS_DROP_NONE);
+            const float *got = resp ? out.u.values.val : out.u.sparse.val;
+            cr_assert_eq(memcmp(got, q, sizeof(q)), 0, "%s: decoded != rounded",
+                         ds_wire_vfmt_name(vf));
+            cr_assert_eq((out.h.flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT, vf);
+            if (vf == DS_VF_F32)
+                continue;
+            /* A non-finite value in the narrow format. */
+            const size_t at = len - 2 * 5;
+            uint8_t keep[2] = {f[at], f[at + 1]};
+            ds_put16(f + at, vf == DS_VF_F16 ? 0x7c00 : 0x7f80);
+            EXPECT_DROP(f, len, DS_DROP_NON_FINITE);
+            ds_put16(f + at, vf == DS_VF_F16 ? 0xfe01 : 0xffc1);
+            EXPECT_DROP(f, len, DS_DROP_NON_FINITE);
+            f[at] = keep[0];
+            f[at + 1] = keep[1];
+            /* The same bytes claimed as f32: lengths disagree. */
+            const uint16_t fl = ds_le16(f + DS_WH_FLAGS);
+            ds_put16(f + DS_WH_FLAGS, (uint16_t)(fl & ~DS_WF_VAL_MASK));
+            EXPECT_DROP(f, len, DS_DROP_LENGTH_MISMATCH);
+            ds_put16(f + DS_WH_FLAGS, (uint16_t)(fl | DS_WF_VAL_MASK));
+            EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS);
+            ds_put16(f + DS_WH_FLAGS, fl);
+            cr_assert_eq(dec(f, len, &out), DS_DROP_NONE);
+        }
+    }
+    /* Formats only where there are model values; the encoder refuses
+     * what the decoder would drop. */
+    ds_wire_msg s;
+    memset(&s, 0, sizeof(s));
+    s.h.type = DS_MSG_GOSSIP_STALE;
+    s.h.flags = DS_VF_F16 << DS_WF_VAL_SHIFT;
+    size_t len;
+    cr_assert_eq(ds_wire_encode(f, CAP, &s, &len), -EINVAL);
+    s.h.flags = 0;
+    cr_assert_eq(ds_wire_encode(f, CAP, &s, &len), 0);
+    ds_put16(f + DS_WH_FLAGS, DS_VF_BF16 << DS_WF_VAL_SHIFT);
+    EXPECT_DROP(f, len, DS_DROP_BAD_FLAGS);
 }

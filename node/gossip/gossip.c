@@ -41,6 +41,7 @@
 #include "kernels/cpu.h"
 #include "node/gossip/gossip.h"
 #include "node/gossip/latency.h"
+#include "node/wire/values.h"
 #include "base/log.h"
 
 enum { OUT_NONE = 0, OUT_PENDING, OUT_OK, OUT_FAILED, OUT_SKIPPED };
@@ -283,6 +284,8 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     if (cfg->mix != DS_MIX_PAIRWISE && cfg->mix != DS_MIX_CROSSOVER)
         return -EINVAL;
     if (cfg->mix == DS_MIX_CROSSOVER && cfg->method != DS_SPARSIFY_NONE)
+        return -EINVAL;
+    if (!ds_wire_vfmt_width((unsigned)cfg->value_format))
         return -EINVAL;
     if (cfg->segments < 0 || (size_t)cfg->segments > n_params)
         return -EINVAL; /* more segments than parameters: refused, not reserved */
@@ -640,6 +643,8 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
             g->sel.gather(o->val, snap + sg->off, o->idx, o->count);
             g->sel.zero_at(acc + sg->off, o->idx, o->count);
         }
+        /* What the peer will decode: our half uses it too (answer_req). */
+        ds_wire_values_round(g->cfg.value_format, o->val, o->count);
         o->state = OUT_PENDING;
     }
     publish(g);
@@ -681,7 +686,7 @@ void ds_gossip_apply(ds_gossip *g, float *theta)
 
 static uint64_t payload_bytes(const ds_gmsg *m)
 {
-    return (uint64_t)m->count * (m->idx ? 8u : 4u);
+    return (uint64_t)m->count * ((m->idx ? 4u : 0u) + ds_wire_vfmt_width(m->vfmt));
 }
 
 static int send_msg(ds_gossip *g, const ds_gossip_io *io, ds_gmsg *m, uint64_t deadline)
@@ -689,6 +694,9 @@ static int send_msg(ds_gossip *g, const ds_gossip_io *io, ds_gmsg *m, uint64_t d
     m->from = g->me;
     m->epoch = g->epoch;
     m->round_now = g->round;
+    m->vfmt = m->type == DS_GMSG_REQ || m->type == DS_GMSG_RESP || m->type == DS_GMSG_CROSS
+                  ? (uint8_t)g->cfg.value_format
+                  : (uint8_t)DS_VALUE_F32;
     int r = io->send(io->ctx, m, deadline);
     if (r == 0) {
         g->st.bytes_sent += payload_bytes(m);
@@ -803,6 +811,9 @@ static void answer_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     const float w = g->cfg.weight;
     for (uint32_t j = 0; j < m->count; j++)
         g->resp[j] = mine[m->idx[j]];
+    /* Both halves from the two values as sent (sparsify.value_format):
+     * the pair's sum stays exact, our rounding residual stays in theta. */
+    ds_wire_values_round(g->cfg.value_format, g->resp, m->count);
     const uint64_t held_us = g->held_ns / 1000u;
     ds_gmsg r = {.type = DS_GMSG_RESP, .to = m->from, .round = m->round,
                  .segment = m->segment, .count = m->count, .val = g->resp,
@@ -813,7 +824,7 @@ static void answer_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     }
     for (uint32_t j = 0; j < m->count; j++) {
         const uint32_t i = m->idx[j];
-        d[i] += w * (m->val[j] - mine[i]);
+        d[i] += w * (m->val[j] - g->resp[j]);
         acc[i] = 0.0f;
     }
     g->st.answered++;

@@ -72,6 +72,9 @@ typedef struct ds_gmsg {
     uint32_t held_us;   /* RESP: how long its REQ waited, queued at the
                          * responder, while the responder itself waited on
                          * other partners (docs/gossip.md, slow partners) */
+    uint8_t vfmt;       /* REQ, RESP, CROSS: enum ds_value_format the values
+                         * go on the wire in (set by the engine; val already
+                         * holds exactly what that format carries) */
     const uint32_t *idx;
     const float *val;
 } ds_gmsg;
@@ -111,6 +114,7 @@ typedef struct ds_gossip_cfg {
     enum ds_sparsify_method method;
     double density;
     int error_feedback;         /* 0: acc restarts from zero every round */
+    enum ds_value_format value_format; /* sparsify.value_format: values on the wire */
     float threshold;            /* sparsify.threshold (0 = automatic) */
     uint64_t seed;              /* cluster seed: topology and sparsifier streams */
     uint64_t node_seed;         /* this node's own streams (random sparsifier) */

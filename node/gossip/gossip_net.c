@@ -1,6 +1,7 @@
 /* node/gossip/gossip_net.c: see gossip_net.h. */
 #include "config.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 
 #include "node/gossip/gossip_net.h"
+#include "node/wire/values.h"
 #include "base/log.h"
 
 struct gq {
@@ -95,6 +97,11 @@ static uint8_t from_wire_type(unsigned t)
     }
 }
 
+/* sparsify.value_format's values are the header's value-format bits. */
+static_assert((int)DS_VALUE_F32 == (int)DS_VF_F32 && (int)DS_VALUE_F16 == (int)DS_VF_F16 &&
+                  (int)DS_VALUE_BF16 == (int)DS_VF_BF16,
+              "conf/choices.h DS_VALUE_FORMATS = node/wire enum ds_wire_vfmt");
+
 static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
 {
     ds_gnet *g = ctx;
@@ -124,6 +131,8 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
     w.h.epoch = (uint32_t)m->epoch;
     w.h.segment = m->segment;
     w.h.count = m->count;
+    if (m->type == DS_GMSG_REQ || m->type == DS_GMSG_RESP || m->type == DS_GMSG_CROSS)
+        w.h.flags = (uint16_t)((unsigned)m->vfmt << DS_WF_VAL_SHIFT);
     switch (m->type) {
     case DS_GMSG_REQ:
     case DS_GMSG_CROSS:
@@ -348,6 +357,7 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
     q->m.held_us = type == DS_GMSG_RESP ? w.u.values.held_us : 0;
     q->m.segment = type == DS_GMSG_ARED ? w.u.ar.step : w.h.segment;
     q->m.count = count;
+    q->m.vfmt = (uint8_t)((w.h.flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT);
     uint8_t *p = (uint8_t *)(q + 1);
     if (idx) {
         memcpy(p, idx, (size_t)count * 4);

@@ -193,8 +193,10 @@ int ds_net_send_msg(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
  * this returns 0, on a net or transport thread, after done or (a send that
  * timed out while libfabric still holds it) long after, at the latest when
  * the transport resets its endpoint or the net closes (docs/transport.md:
- * a send to a killed peer may never complete). Where the data is copied
- * after all (modes auth and encrypt, below DS_NET_REF_MIN, no session yet: the frame
+ * a send to a killed peer may never complete). In mode encrypt, with a
+ * session up, the data is sealed from where it is into the frame (one
+ * pass: ds_session_seal_from). Where the data is sealed from or copied
+ * (modes auth and encrypt, below DS_NET_REF_MIN, no session yet: the frame
  * waits for the handshake) release runs before this returns, on the
  * calling thread. When this returns an error, release does not run and
  * the data is the caller's again at once. The bytes on the wire are the

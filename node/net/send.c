@@ -14,7 +14,9 @@
  * ds_net_send_msg_ref lends a STATE_CHUNK's data to the transport instead
  * of copying it (mode none, a session up, DS_NET_REF_MIN bytes or more):
  * header and chunk prefix travel as the transport's `head`, the data from
- * the caller's memory. Every other case copies and releases at once.
+ * the caller's memory. In mode encrypt it seals the data from the
+ * caller's memory into the frame (one pass, ds_session_seal_from) and
+ * releases it at once. Every other case copies and releases at once.
  *
  * The test hooks (ds_net_seal_for_test, ds_net_send_raw) are here too: they
  * seal and send exactly as the real paths do, for the attacker process of
@@ -60,18 +62,11 @@ static void release_frame(void *arg, void *buf)
     ds_transport_buf_put(arg, buf);
 }
 
-/* Seal buf[0..len) (cap len + tag) with s and hand it to the transport,
- * which takes buf. On failure buf is freed and done is NOT called. */
-int net_seal_and_send(ds_net *n, struct net_sess *s, ds_transport_peer tp, uint8_t *buf,
-                         size_t len, uint64_t deadline_ms, ds_transport_done_fn done,
-                         void *done_arg)
+/* Hand the sealed frame buf[0..out_len) to the transport, which takes
+ * buf. On failure buf is freed and done is NOT called. */
+static int send_sealed(ds_net *n, ds_transport_peer tp, uint8_t *buf, size_t out_len,
+                       uint64_t deadline_ms, ds_transport_done_fn done, void *done_arg)
 {
-    size_t out_len = 0;
-    int r = ds_session_seal(&s->s, buf, len, len + DS_WIRE_TAG_SIZE, &out_len);
-    if (r) {
-        free(buf);
-        return r;
-    }
     struct send_ctx *c = malloc(sizeof(*c));
     if (!c) {
         free(buf);
@@ -89,7 +84,7 @@ int net_seal_and_send(ds_net *n, struct net_sess *s, ds_transport_peer tp, uint8
         .done = send_done,
         .done_arg = c,
     };
-    r = ds_transport_send(n->tp, tp, &a);
+    int r = ds_transport_send(n->tp, tp, &a);
     if (r) {
         free(c);
         free(buf);
@@ -98,6 +93,21 @@ int net_seal_and_send(ds_net *n, struct net_sess *s, ds_transport_peer tp, uint8
     ADD(n, frames_sent, 1);
     ADD(n, bytes_sent, out_len);
     return 0;
+}
+
+/* Seal buf[0..len) (cap len + tag) with s and hand it to the transport,
+ * which takes buf. On failure buf is freed and done is NOT called. */
+int net_seal_and_send(ds_net *n, struct net_sess *s, ds_transport_peer tp, uint8_t *buf,
+                         size_t len, uint64_t deadline_ms, ds_transport_done_fn done,
+                         void *done_arg)
+{
+    size_t out_len = 0;
+    int r = ds_session_seal(&s->s, buf, len, len + DS_WIRE_TAG_SIZE, &out_len);
+    if (r) {
+        free(buf);
+        return r;
+    }
+    return send_sealed(n, tp, buf, out_len, deadline_ms, done, done_arg);
 }
 
 int net_send_hs_frame(ds_net *n, struct net_peer *p, const uint8_t *frame, size_t len)
@@ -369,6 +379,36 @@ static int send_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
     return 0;
 }
 
+/* The one-pass path of ds_net_send_msg_ref in mode encrypt: the frame's
+ * head is encoded into a transport buffer and the chunk's data sealed from
+ * the caller's memory straight behind it (ds_session_seal_from: encrypted
+ * on the way, no separate copy). The data is not lent past the return.
+ * -EAGAIN, with nothing consumed, when there is no direct session. */
+static int send_from(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
+                     const ds_net_send_opts *o)
+{
+    size_t size;
+    int r = stamp(n, to, m, &size);
+    if (r)
+        return r;
+    ds_transport_peer tp = 0;
+    struct net_sess *s = direct_sess(n, to, to_addr, &tp);
+    if (!s)
+        return -EAGAIN;
+    uint8_t *buf = ds_transport_buf_get(n->tp, size + DS_WIRE_TAG_SIZE);
+    size_t hl = 0, out_len = 0;
+    r = buf ? ds_wire_encode_head(buf, size + DS_WIRE_TAG_SIZE, m, &hl) : -ENOMEM;
+    if (!r)
+        r = ds_session_seal_from(&s->s, buf, hl, m->u.chunk.data, m->h.count,
+                                 size + DS_WIRE_TAG_SIZE, &out_len);
+    net_sess_unref(s);
+    if (r) {
+        free(buf);
+        return r;
+    }
+    return send_sealed(n, tp, buf, out_len, o->deadline_ms, o->done, o->done_arg);
+}
+
 int ds_net_send_msg_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
                         const ds_net_send_opts *o, ds_transport_release_fn release,
                         void *release_arg)
@@ -382,6 +422,14 @@ int ds_net_send_msg_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg
         int r = send_ref(n, to, to_addr, m, o, release, release_arg);
         if (r != -EAGAIN)
             return r;
+    }
+    if (m->h.count >= DS_NET_REF_MIN && n->cfg.mode == DS_SEC_ENCRYPT) {
+        int r = send_from(n, to, to_addr, m, o);
+        if (r != -EAGAIN) {
+            if (!r)
+                release(release_arg, (void *)data); /* sealed from it: lent no longer */
+            return r;
+        }
     }
     int r = ds_net_send_msg(n, to, to_addr, m, o);
     if (!r)

@@ -62,6 +62,7 @@ static void settings_from_conf(rt *r)
         .segments = (int)c->gossip.segments,
         .density = c->sparsify.density,
         .error_feedback = c->sparsify.error_feedback,
+        .value_format = c->sparsify.value_format,
         .threshold = (float)c->sparsify.threshold,
         .seed = (uint64_t)c->cluster.seed,
         .node_seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x73707273ull, c->node.name),

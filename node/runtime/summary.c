@@ -11,12 +11,12 @@ void ds_run_summary_print(const ds_run_summary *s, const ds_engine_info *in)
     const ds_gossip_stats *gs = &in->gossip;
     ds_info("train", "summary status=%s steps=%lld test_acc=%.4f rounds=%llu exchanges_ok=%llu "
             "exchanges_failed=%llu stale=%llu late=%llu dropped=%llu wait_s=%.2f "
-            "max_round_s=%.3f",
+            "max_round_s=%.3f values_sent=%llu",
             s->status, (long long)s->steps, s->test_acc, (unsigned long long)in->rounds,
             (unsigned long long)gs->exchanges_ok, (unsigned long long)gs->exchanges_failed,
             (unsigned long long)gs->stale_received, (unsigned long long)gs->late,
             (unsigned long long)gs->dropped, (double)gs->wait_ns * 1e-9,
-            (double)gs->max_wait_ns * 1e-9);
+            (double)gs->max_wait_ns * 1e-9, (unsigned long long)gs->values_sent);
     printf("summary node=%s status=%s steps=%lld loss=%.4f test_acc=%.4f samples_per_s=%.0f "
            "wall_s=%.1f backend=%s bytes_sent=%llu bytes_received=%llu rounds=%llu "
            "max_round_s=%.3f group_max_wait_s=%.3f\n",

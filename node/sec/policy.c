@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <string.h>
 
 int ds_crypto_init(void)
@@ -55,4 +56,30 @@ const char *ds_aead_name(unsigned aead)
 unsigned ds_aead_available(void)
 {
     return DS_AEAD_XCHACHA20 | (crypto_aead_aes256gcm_is_available() ? DS_AEAD_AES256GCM : 0);
+}
+
+static _Atomic int aead_lib = DS_AEAD_LIB_OPENSSL;
+
+void ds_aead_lib_set(enum ds_aead_lib lib)
+{
+    atomic_store(&aead_lib, (int)lib);
+}
+
+enum ds_aead_lib ds_aead_lib_get(void)
+{
+    return (enum ds_aead_lib)atomic_load(&aead_lib);
+}
+
+const char *ds_aead_lib_name(enum ds_aead_lib lib)
+{
+    return lib == DS_AEAD_LIB_SODIUM ? "libsodium" : lib == DS_AEAD_LIB_OPENSSL ? "openssl" : "?";
+}
+
+int ds_aead_lib_parse(const char *s)
+{
+    if (s && !strcmp(s, "openssl"))
+        return DS_AEAD_LIB_OPENSSL;
+    if (s && !strcmp(s, "libsodium"))
+        return DS_AEAD_LIB_SODIUM;
+    return -EINVAL;
 }

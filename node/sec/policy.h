@@ -33,6 +33,24 @@ const char *ds_aead_name(unsigned aead);
 /* The AEADs this CPU runs (needs ds_crypto_init first). */
 unsigned ds_aead_available(void);
 
+/* The library that runs the bulk AEAD of sealed sessions (seal and open;
+ * identities, key exchange and the handshake are always libsodium's). The
+ * algorithms and the frame format are the same, so frames sealed by one
+ * open with the other. OpenSSL's EVP (3.0) is the default: it measured
+ * faster (docs/benchmarks.md, issue 17); libsodium stays as the plain
+ * reference, chosen by benches and tests with ds_aead_lib_set. */
+enum ds_aead_lib {
+    DS_AEAD_LIB_OPENSSL = 0,
+    DS_AEAD_LIB_SODIUM = 1,
+};
+/* The process-wide choice that ds_session_init reads (sessions keep what
+ * they were made with). Thread-safe. */
+void ds_aead_lib_set(enum ds_aead_lib lib);
+enum ds_aead_lib ds_aead_lib_get(void);
+/* "openssl", "libsodium"; -EINVAL for another name. */
+const char *ds_aead_lib_name(enum ds_aead_lib lib);
+int ds_aead_lib_parse(const char *s) DS_WUR;
+
 /* Admission bits (sent in HELLO: both peers must use the same). */
 #define DS_ADMIT_CLUSTER_KEY 1
 #define DS_ADMIT_ALLOWLIST 2

@@ -19,8 +19,12 @@
  * repeats under one key; an AES-256-GCM key is retired well before its
  * bounds (DS_SESSION_AESGCM_MAX_BYTES).
  *
+ * The AEAD runs on OpenSSL's EVP or on libsodium (ds_aead_lib_set,
+ * policy.h): the same algorithms, so the bytes are the same either way.
+ *
  * Ownership: ds_session is the caller's storage; ds_session_wipe erases
- * its keys. Threads: ds_session_seal and ds_session_seal_ref may be called
+ * its keys and frees its OpenSSL contexts (every initialised session must
+ * be wiped). Threads: ds_session_seal and ds_session_seal_ref may be called
  * from several threads at once (the seq and byte counters are atomic);
  * ds_session_open must be serialised per session by the caller (it moves
  * the replay window).
@@ -57,9 +61,20 @@ typedef struct ds_session_params {
     uint64_t peer_id;
 } ds_session_params;
 
+struct evp_cipher_ctx_st; /* OpenSSL's EVP_CIPHER_CTX, kept out of this header */
+
+/* Sealing contexts per session with OpenSSL (an EVP context holds one
+ * frame's state, so concurrent sealers each take one; a sealer that finds
+ * all taken makes a temporary one). */
+#define DS_SESSION_TX_CTXS 4
+
 typedef struct ds_session {
     crypto_aead_aes256gcm_state tx_aes; /* 16-byte aligned by its type */
     crypto_aead_aes256gcm_state rx_aes;
+    unsigned lib; /* enum ds_aead_lib: who runs the AEAD */
+    struct evp_cipher_ctx_st *tx_ctx[DS_SESSION_TX_CTXS]; /* OpenSSL: AES key set */
+    atomic_flag tx_busy[DS_SESSION_TX_CTXS];
+    struct evp_cipher_ctx_st *rx_ctx; /* OpenSSL: open is serialised per session */
     uint8_t tx_key[DS_SESSION_KEY_BYTES];
     uint8_t rx_key[DS_SESSION_KEY_BYTES];
     enum ds_sec_mode mode;
@@ -74,7 +89,8 @@ typedef struct ds_session {
 
 /* Set up s from p (copied; wipe p afterwards) and lim (copied; NULL means
  * defaults). drops is borrowed for the session's life. -EINVAL for an
- * unknown mode or an AEAD this CPU cannot run. */
+ * unknown mode or an AEAD this CPU cannot run; -ENOMEM when OpenSSL could
+ * not make its contexts. */
 int ds_session_init(ds_session *s, const ds_session_params *p, const ds_wire_limits *lim,
                     ds_drop_counters *drops) DS_WUR;
 
@@ -87,6 +103,7 @@ size_t ds_session_overhead(const ds_session *s);
  * need not), encrypts the payload (encrypt) and appends the tag. Returns 0
  * and *out_len; -ENOSPC; -EINVAL if frame is not a well-formed unsealed
  * data frame; -EKEYEXPIRED when this key must be retired (re-handshake);
+ * -ENOMEM when OpenSSL failed (the frame's seq is spent);
  * -EOVERFLOW when seq would wrap. Thread-safe against other seals. */
 int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap,
                     size_t *out_len) DS_WUR;
@@ -105,6 +122,18 @@ int ds_session_seal(ds_session *s, uint8_t *frame, size_t len, size_t cap,
 int ds_session_seal_ref(ds_session *s, uint8_t *head, size_t head_len, const uint8_t *body,
                         size_t body_len, uint8_t tag[DS_WIRE_TAG_SIZE], size_t *tag_len) DS_WUR;
 
+/* Seal a frame whose payload's end is elsewhere, copying it in as part of
+ * sealing: frame[0..head_len) holds the header and the first payload bytes
+ * as ds_wire_encode_head wrote them (payload_len counts body too), body is
+ * read and never written, and cap >= head_len + body_len + overhead. The
+ * sealed frame, frame[0..*out_len), is byte for byte what ds_session_seal
+ * makes of the contiguous frame with the same seq. In mode encrypt with
+ * AES-256-GCM on OpenSSL the body is encrypted from where it is into the
+ * frame (one pass over it instead of a copy and a pass); otherwise it is
+ * copied and the frame sealed in place (what measured faster for each). Returns what ds_session_seal returns. Thread-safe
+ * against other seals. */
+int ds_session_seal_from(ds_session *s, uint8_t *frame, size_t head_len, const uint8_t *body,
+                         size_t body_len, size_t cap, size_t *out_len) DS_WUR;
 /* Open one received frame in place: checks the header (ds_wire_hdr_decode
  * under the session's limits), its protection against the session mode,
  * cluster, sender == peer, receiver == self, the replay window, then the

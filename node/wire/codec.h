@@ -30,11 +30,22 @@ typedef struct ds_wire_rule {
     uint8_t kind, cnt;
     uint8_t more_ok;   /* DS_WF_MORE allowed */
     uint8_t handshake; /* never sealed */
+    uint8_t vals;      /* carries model values: flags bits 5-6 pick their
+                        * format, and unit is that format's width */
     uint32_t base, unit;
 } ds_wire_rule;
 
 /* Fills *r; returns 0 for an unknown type. */
 int ds_wire_rule_of(unsigned type, ds_wire_rule *r);
+/* The value format of flags under rule r (DS_VF_F32 for a type without
+ * model values), or -1 when the flags name one the type cannot carry. */
+static inline int ds_wire_rule_vfmt(const ds_wire_rule *r, uint16_t flags)
+{
+    const unsigned f = (flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT;
+    if (f && (!r->vals || f > DS_VF_BF16))
+        return -1;
+    return (int)f;
+}
 
 /* ---- fields ---------------------------------------------------------------------- */
 

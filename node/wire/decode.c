@@ -22,6 +22,7 @@
 #include "config.h"
 
 #include "node/wire/codec.h"
+#include "node/wire/values.h"
 
 #include <inttypes.h>
 
@@ -37,13 +38,15 @@ static enum ds_drop_reason sparse_read(const uint8_t *p, const ds_wire_hdr *h,
     const uint32_t seg_len = ds_le32(p);
     const uint32_t ib = ds_le32(p + 4);
     const enum ds_idx_enc enc = (enum ds_idx_enc)(h->flags & DS_WF_IDX_MASK);
+    const unsigned vf = (h->flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT; /* checked: gate 1 */
+    const uint64_t vb = (uint64_t)n * ds_wire_vfmt_width(vf);
     if (ds_le32(p + 12) != 0)
         return DS_DROP_BAD_FIELD;
     if (seg_len > lim->max_segment)
         return DS_DROP_SIZE_LIMIT;
     if (n > seg_len || n > b->val_cap || (b->idx_cap < n && (enc != DS_IDX_DENSE || b->idx)))
         return DS_DROP_COUNT_LIMIT;
-    if ((uint64_t)DS_WIRE_SPARSE_PREFIX + ib + (uint64_t)n * 4 != h->payload_len)
+    if ((uint64_t)DS_WIRE_SPARSE_PREFIX + ib + vb != h->payload_len)
         return DS_DROP_LENGTH_MISMATCH;
     int ok;
     switch (enc) {
@@ -61,7 +64,7 @@ static enum ds_drop_reason sparse_read(const uint8_t *p, const ds_wire_hdr *h,
         ds_wire_idx_read(p + DS_WIRE_SPARSE_PREFIX, ib, enc, seg_len, n, b->idx);
     if (r != DS_DROP_NONE)
         return r;
-    if (!ds_wire_values_read(p + DS_WIRE_SPARSE_PREFIX + ib, n, b->val))
+    if (!ds_wire_values_get(p + DS_WIRE_SPARSE_PREFIX + ib, vf, n, b->val))
         return DS_DROP_NON_FINITE;
     s->seg_len = seg_len;
     s->aux = ds_le32(p + 8);
@@ -175,7 +178,7 @@ static enum ds_drop_reason payload_read(const uint8_t *f, const ds_wire_limits *
         m->u.values.held_us = ds_le32(p);
         if (ds_le32(p + 4) != 0)
             return DS_DROP_BAD_FIELD;
-        if (!ds_wire_values_read(p + 8, n, b->val))
+        if (!ds_wire_values_get(p + 8, (h->flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT, n, b->val))
             return DS_DROP_NON_FINITE;
         m->u.values.val = b->val;
         return DS_DROP_NONE;

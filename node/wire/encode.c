@@ -15,6 +15,7 @@
 #include "config.h"
 
 #include "node/wire/codec.h"
+#include "node/wire/values.h"
 
 /* Payload length of m; resolves DS_IDX_AUTO into *enc. 0 + -errno in *err on
  * failure. */
@@ -26,10 +27,14 @@ static size_t payload_size(const ds_wire_msg *m, enum ds_idx_enc *enc, int *err)
         *err = -EINVAL;
         return 0;
     }
-    if ((r.cnt == DS_WC_ZERO && m->h.count != 0) || ((m->h.flags & DS_WF_MORE) && !r.more_ok)) {
+    const int vf = ds_wire_rule_vfmt(&r, m->h.flags);
+    if ((r.cnt == DS_WC_ZERO && m->h.count != 0) || ((m->h.flags & DS_WF_MORE) && !r.more_ok) ||
+        vf < 0) {
         *err = -EINVAL;
         return 0;
     }
+    if (r.vals)
+        r.unit = (uint32_t)ds_wire_vfmt_width((unsigned)vf);
     if (r.kind != DS_WR_SPARSE)
         return (size_t)r.base + (size_t)r.unit * m->h.count;
 
@@ -46,7 +51,7 @@ static size_t payload_size(const ds_wire_msg *m, enum ds_idx_enc *enc, int *err)
         return 0;
     }
     *enc = e;
-    return DS_WIRE_SPARSE_PREFIX + sizes[e] + (size_t)m->h.count * 4;
+    return DS_WIRE_SPARSE_PREFIX + sizes[e] + (size_t)m->h.count * r.unit;
 }
 
 size_t ds_wire_encoded_size(const ds_wire_msg *m)
@@ -67,14 +72,15 @@ static int sparse_write(uint8_t *p, ds_wire_msg *m, size_t plen, enum ds_idx_enc
 {
     ds_wire_sparse *s = &m->u.sparse;
     const uint32_t n = m->h.count;
-    const size_t ib = plen - DS_WIRE_SPARSE_PREFIX - (size_t)n * 4;
+    const unsigned vf = (m->h.flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT;
+    const size_t vb = (size_t)n * ds_wire_vfmt_width(vf);
+    const size_t ib = plen - DS_WIRE_SPARSE_PREFIX - vb;
     ds_put32(p, s->seg_len);
     ds_put32(p + 4, (uint32_t)ib);
     ds_put32(p + 8, s->aux);
     ds_put32(p + 12, 0);
-    ds_wire_idx_write(p + DS_WIRE_SPARSE_PREFIX, ib, ib + (size_t)n * 4, enc, s->seg_len, s->idx,
-                      n);
-    int rc = n ? ds_wire_values_write(p + DS_WIRE_SPARSE_PREFIX + ib, s->val, n) : 0;
+    ds_wire_idx_write(p + DS_WIRE_SPARSE_PREFIX, ib, ib + vb, enc, s->seg_len, s->idx, n);
+    int rc = n ? ds_wire_values_put(p + DS_WIRE_SPARSE_PREFIX + ib, vf, s->val, n) : 0;
     s->enc = (uint8_t)enc;
     m->h.flags |= (uint16_t)enc;
     return rc;
@@ -167,7 +173,9 @@ static int payload_write(uint8_t *p, ds_wire_msg *m, size_t plen, enum ds_idx_en
     case DS_MSG_GOSSIP_RESP:
         ds_put32(p, m->u.values.held_us);
         ds_put32(p + 4, 0);
-        return h->count ? ds_wire_values_write(p + 8, m->u.values.val, h->count) : 0;
+        return h->count ? ds_wire_values_put(p + 8, (h->flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT,
+                                             m->u.values.val, h->count)
+                        : 0;
     case DS_MSG_GOSSIP_STALE:
         ds_put64(p, m->u.stale.round_now);
         return 0;
@@ -221,7 +229,7 @@ static int encode(uint8_t *out, size_t cap, ds_wire_msg *m, size_t *len, int spl
     h->version = DS_WIRE_VERSION;
     h->payload_len = (uint32_t)plen;
     h->seq = 0;
-    h->flags &= (uint16_t)DS_WF_MORE;
+    h->flags &= (uint16_t)(DS_WF_MORE | DS_WF_VAL_MASK);
     int rc = payload_write(out + DS_WIRE_HDR_SIZE, m, plen, enc, split);
     if (rc)
         return rc;

@@ -16,6 +16,7 @@
 #include "config.h"
 
 #include "node/wire/codec.h"
+#include "node/wire/values.h"
 
 #include <inttypes.h>
 
@@ -28,7 +29,9 @@
 int ds_wire_rule_of(unsigned type, ds_wire_rule *r)
 {
 #define RULE(kind, cnt, more_ok, handshake, base, unit) \
-    (*r = (ds_wire_rule){DS_WR_##kind, DS_WC_##cnt, more_ok, handshake, base, unit}, 1)
+    (*r = (ds_wire_rule){DS_WR_##kind, DS_WC_##cnt, more_ok, handshake, 0, base, unit}, 1)
+#define VALS(kind, base) \
+    (*r = (ds_wire_rule){DS_WR_##kind, DS_WC_ELEMS, 0, 0, 1, base, 4}, 1)
     switch (type) {
     case DS_MSG_HELLO: return RULE(FIXED, ZERO, 0, 1, DS_WIRE_HELLO_SIZE, 0);
     case DS_MSG_HELLO_ACK: return RULE(FIXED, ZERO, 0, 1, DS_WIRE_HELLO_ACK_SIZE, 0);
@@ -37,8 +40,8 @@ int ds_wire_rule_of(unsigned type, ds_wire_rule *r)
     case DS_MSG_GOSSIP_REQ:
     case DS_MSG_GOSSIP_PUSH:
     case DS_MSG_GROUP_REDUCE:
-    case DS_MSG_GROUP_BCAST: return RULE(SPARSE, ELEMS, 0, 0, DS_WIRE_SPARSE_PREFIX, 4);
-    case DS_MSG_GOSSIP_RESP: return RULE(COUNT, ELEMS, 0, 0, 8, 4);
+    case DS_MSG_GROUP_BCAST: return VALS(SPARSE, DS_WIRE_SPARSE_PREFIX);
+    case DS_MSG_GOSSIP_RESP: return VALS(COUNT, 8);
     case DS_MSG_GOSSIP_STALE: return RULE(FIXED, ZERO, 0, 0, 8, 0);
     case DS_MSG_PING:
     case DS_MSG_ACK: return RULE(COUNT, RECORDS, 0, 0, 8, DS_WIRE_MEMBER_SIZE);
@@ -53,6 +56,7 @@ int ds_wire_rule_of(unsigned type, ds_wire_rule *r)
     default: return 0;
     }
 #undef RULE
+#undef VALS
 }
 
 /* ---- header ------------------------------------------------------------------- */
@@ -116,6 +120,11 @@ static enum ds_drop_reason hdr_check(const uint8_t *f, size_t len, const ds_wire
         ((h->flags & DS_WF_IDX_MASK) && r.kind != DS_WR_SPARSE) ||
         ((h->flags & DS_WF_MORE) && !r.more_ok) || (r.handshake && prot != DS_PROT_NONE))
         return DS_DROP_BAD_FLAGS;
+    const int vf = ds_wire_rule_vfmt(&r, h->flags);
+    if (vf < 0)
+        return DS_DROP_BAD_FLAGS;
+    if (r.vals)
+        r.unit = (uint32_t)ds_wire_vfmt_width((unsigned)vf);
 
     if (h->payload_len > lim->max_payload)
         return DS_DROP_SIZE_LIMIT;

@@ -27,7 +27,8 @@
  *    t        u8   message type (enum ds_msg_type)
  *    flg      u16  flags: bits 0-1 index encoding (sparse types only),
  *                  bits 2-3 protection (0 none, 1 auth, 2 encrypt),
- *                  bit 4 MORE (another chunk follows), bits 5-15 zero
+ *                  bit 4 MORE (another chunk follows), bits 5-6 value
+ *                  format (sparse types and GOSSIP_RESP), bits 7-15 zero
  *    cluster  u64  ds_wire_cluster_id(cluster name)
  *    sender   u64  ds_wire_node_id(sender's Ed25519 public key)
  *    receiver u64  same for the receiver; 0 in a HELLO to an unknown peer
@@ -55,7 +56,7 @@
 #include <stdint.h>
 
 #define DS_WIRE_MAGIC 0x776e7364u /* "dsnw" as bytes on the wire */
-#define DS_WIRE_VERSION 2u /* 2: GOSSIP_RESP carries held_us */
+#define DS_WIRE_VERSION 3u /* 2: GOSSIP_RESP carries held_us; 3: value formats */
 #define DS_WIRE_HDR_SIZE 64u
 #define DS_WIRE_TAG_SIZE 16u
 
@@ -110,7 +111,9 @@ static_assert(DS_WH_SEQ + DS_WH_SEQ_SIZE == DS_WIRE_HDR_SIZE, "header has no tai
 #define DS_WF_PROT_SHIFT 2
 #define DS_WF_PROT_MASK 0x000cu
 #define DS_WF_MORE 0x0010u
-#define DS_WF_KNOWN 0x001fu
+#define DS_WF_VAL_SHIFT 5
+#define DS_WF_VAL_MASK 0x0060u
+#define DS_WF_KNOWN 0x007fu
 
 /* Index-set encodings of sparse payloads (flags bits 0-1). */
 enum ds_idx_enc {
@@ -126,6 +129,16 @@ enum ds_wire_prot {
     DS_PROT_NONE = 0,
     DS_PROT_AUTH = 1,    /* payload in clear, 16-byte tag over header+payload */
     DS_PROT_ENCRYPT = 2, /* payload encrypted, tag over header (AD) + payload */
+};
+
+/* How the values of a frame are written (flags bits 5-6; only the types
+ * that carry model values: the sparse ones and GOSSIP_RESP; 3 is refused).
+ * node/wire/values.h converts; the values equal conf/choices.h's enum
+ * ds_value_format (sparsify.value_format). */
+enum ds_wire_vfmt {
+    DS_VF_F32 = 0,  /* IEEE-754 binary32 */
+    DS_VF_F16 = 1,  /* IEEE-754 binary16 */
+    DS_VF_BF16 = 2, /* bfloat16: binary32's upper half */
 };
 
 /* String fields: a length byte plus a zero-padded array on the wire; the

@@ -37,8 +37,13 @@ static inline void fz_identity(ds_identity *id, uint8_t seedbyte)
 
 /* Session variant v (0..3): auth/encrypt x AES-GCM/XChaCha, falling back
  * to XChaCha where the CPU lacks AES-NI. tx = 1 for A's sending side. */
+/* Sets up *s afresh (wiping what it held: static storage starts zeroed)
+ * for variant v: bit 0 encrypt/auth, bit 1 XChaCha20/AES-GCM, bit 2 the
+ * AEAD run by libsodium instead of OpenSSL (the bytes are the same). */
 static inline void fz_session(ds_session *s, unsigned v, int a_side)
 {
+    ds_session_wipe(s);
+    ds_aead_lib_set((v & 4) ? DS_AEAD_LIB_SODIUM : DS_AEAD_LIB_OPENSSL);
     static ds_identity a, b; /* derived once: keypairs are slow under ASan */
     if (!a.id) {
         fz_identity(&a, 0xa1);

@@ -1,7 +1,7 @@
 /*
  * tests/fuzz/fuzz_session.c: libFuzzer harness for ds_session_open (and
  * seal). The first byte picks a session variant (auth/encrypt x AES-GCM /
- * XChaCha20), the rest is a frame.
+ * XChaCha20 x OpenSSL / libsodium), the rest is a frame.
  *
  * 1. Open the frame as received by B from A: any reason, no crash. The
  *    committed seeds are genuinely sealed frames, so mutations of them
@@ -19,7 +19,7 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static ds_session tx[4], rx[4];
+static ds_session tx[8], rx[8];
 static uint32_t idx[FZ_CAP];
 static float val[FZ_CAP];
 static ds_wire_member mem[64];
@@ -38,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    const unsigned v = data[0] & 3;
+    const unsigned v = data[0] & 7;
     data++;
     size--;
     ds_wire_limits lim;

@@ -137,6 +137,23 @@ int main(int argc, char **argv)
     hdr(&m, DS_MSG_GOSSIP_RESP, 12);
     m.u.values.val = v;
     add("resp", &m);
+    /* Values in binary16 and bfloat16 (flags bits 5-6). */
+    hdr(&m, DS_MSG_GOSSIP_REQ, 20);
+    m.h.flags = DS_VF_F16 << DS_WF_VAL_SHIFT;
+    m.u.sparse = (ds_wire_sparse){.seg_len = 4000, .enc = DS_IDX_VARINT, .idx = ix, .val = v};
+    add("req_f16", &m);
+    hdr(&m, DS_MSG_GOSSIP_PUSH, 8);
+    m.h.flags = DS_VF_BF16 << DS_WF_VAL_SHIFT;
+    m.u.sparse = (ds_wire_sparse){.seg_len = 8, .enc = DS_IDX_AUTO, .val = v};
+    add("push_bf16", &m);
+    hdr(&m, DS_MSG_GOSSIP_RESP, 12);
+    m.h.flags = DS_VF_F16 << DS_WF_VAL_SHIFT;
+    m.u.values.val = v;
+    add("resp_f16", &m);
+    hdr(&m, DS_MSG_GOSSIP_RESP, 13);
+    m.h.flags = DS_VF_BF16 << DS_WF_VAL_SHIFT;
+    m.u.values.val = v;
+    add("resp_bf16", &m);
     hdr(&m, DS_MSG_GOSSIP_STALE, 0);
     m.u.stale.round_now = 6;
     add("stale", &m);
@@ -180,6 +197,7 @@ int main(int argc, char **argv)
     /* session: sealed under each variant (for open), and plain (for seal) */
     for (unsigned var = 0; var < 4; var++) {
         ds_session tx;
+        memset(&tx, 0, sizeof(tx)); /* fz_session wipes what it was given */
         fz_session(&tx, var, 1);
         for (int k = 0; k < nframes; k += (var == 0 ? 1 : 5)) {
             uint8_t s[8192];
@@ -191,6 +209,7 @@ int main(int argc, char **argv)
             snprintf(name, sizeof(name), "sealed%u_%s", var, names[k]);
             put("session", name, (uint8_t)var, 1, s, sl);
         }
+        ds_session_wipe(&tx);
     }
     for (int k = 0; k < nframes; k += 6) {
         char name[64];

@@ -13,7 +13,8 @@
  * Variants (every one on 4 nodes, each net): allreduce-dense (gossip.topology
  * = allreduce: dense ring all-reduce of gradients every step), crossover-dense
  * (gossip.mix = crossover, dense), and pairwise mixing on the crossover
- * topology with micro, sage, topk and random at 1% density. Then
+ * topology with micro, sage, topk and random at 1% density, and micro with
+ * its values on the wire as f16 and bf16 (sparsify.value_format). Then
  * pairwise-micro-1% (and, as a control with an exactly constant selection
  * count, pairwise-topk-1%) on loopback at each --scale node count, for the
  * bytes a node sends per round as the cluster grows. The base config is
@@ -33,6 +34,10 @@
  *                 log_every = eval_every).
  *   final_acc     mean over nodes of the summary's test_acc (after the last
  *                 step).
+ *   value_bytes_per_node_per_round  mean over nodes of the gossip values
+ *                 sent (the log's train summary line) x the width of
+ *                 sparsify.value_format (4, or 2 for f16 and bf16) / rounds:
+ *                 the values alone, without indices, headers and tags
  *   bytes_per_node_per_round  mean over nodes of summary bytes_sent / rounds
  *                 (everything the node's net layer sent: gossip, membership,
  *                 handshakes, AEAD overhead; all-reduce: one round per step).
@@ -88,6 +93,9 @@ static const variant all_variants[] = {
     {"pairwise-sage-1%", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=sage", NULL}},
     {"pairwise-topk-1%", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=topk", NULL}},
     {"pairwise-random-1%", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=random", NULL}},
+    /* Values on the wire as binary16 / bfloat16 (sparsify.value_format). */
+    {"pairwise-micro-1%-f16", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro", "sparsify.value_format=f16", NULL}},
+    {"pairwise-micro-1%-bf16", {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro", "sparsify.value_format=bf16", NULL}},
 };
 #define N_VARIANTS (int)(sizeof(all_variants) / sizeof(all_variants[0]))
 #define MICRO 2   /* index of pairwise-micro-1% */
@@ -116,6 +124,8 @@ typedef struct result {
     int reached;        /* nodes that reached the target */
     double t85, train85, steps85; /* means over nodes; NAN unless all reached */
     double final_acc, bytes_per_round, consensus, wall_s;
+    double value_bytes_per_round; /* gossip values x their width / rounds */
+    int value_width;              /* bytes a value: sparsify.value_format's */
     double samples_per_s; /* the cluster's, from the first step to the last eval */
     int runs;             /* the row is the best of this many runs */
     /* dsbench torch: fashion_mlp.py's "binding" line, means over nodes (ms
@@ -147,6 +157,7 @@ typedef struct node_figures {
     double t_start, t85, train85, steps85;
     double t_last, last_step; /* the last eval line: time from the start, step */
     double test_acc, bytes_sent, rounds, samples_per_s;
+    double values_sent; /* gossip values sent (the log's train summary line) */
     int have_binding;
     double step_ms, engine_ms, crossing_us;
 } node_figures;
@@ -189,7 +200,11 @@ static int read_node_log(const char *path, double target, node_figures *f)
         ds_logline ll;
         if (!isfinite(t) || ds_logline_split(line, &ll) < 0)
             continue;
-        if (!strcmp(ll.component, "gossip") && !strncmp(ll.msg, "training starts", 15)) {
+        if (!strcmp(ll.component, "train") && !strncmp(ll.msg, "summary ", 8)) {
+            ds_kv_parse(ll.msg + 8, &kv);
+            if (ds_kv_get_double(&kv, "values_sent", &f->values_sent) < 0)
+                f->values_sent = NAN;
+        } else if (!strcmp(ll.component, "gossip") && !strncmp(ll.msg, "training starts", 15)) {
             f->have_start = 1;
             f->t_start = t;
         } else if (!strcmp(ll.component, "train") && ds_kv_parse(ll.msg, &kv) > 0 &&
@@ -242,9 +257,9 @@ static void tail_lines(const char *text, int n)
 static void collect_figures(const opts *o, const ds_conf *c, const char *dir, int nodes,
                             result *r)
 {
-    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0, mps = 0,
+    double t85 = 0, tr85 = 0, st85 = 0, acc = 0, bpr = 0, sps = 0, mps = 0, vbpr = 0,
            bind[3] = {0, 0, 0};
-    int n_acc = 0, n_bpr = 0, n_sps = 0, n_bind = 0;
+    int n_acc = 0, n_bpr = 0, n_sps = 0, n_bind = 0, n_vbpr = 0;
     const char **models = calloc((size_t)nodes, sizeof(char *));
     char(*mpath)[PATH_MAX + 192] = calloc((size_t)nodes, sizeof(*mpath));
     for (int i = 0; i < nodes; i++) {
@@ -270,6 +285,10 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
         if (f.have_summary && isfinite(f.bytes_sent) && f.rounds > 0) {
             bpr += f.bytes_sent / f.rounds;
             n_bpr++;
+            if (isfinite(f.values_sent)) {
+                vbpr += f.values_sent * r->value_width / f.rounds;
+                n_vbpr++;
+            }
         }
         /* Samples per second the way DDP's is measured: steps done over
          * the time from the first step to the last evaluation. */
@@ -301,6 +320,7 @@ static void collect_figures(const opts *o, const ds_conf *c, const char *dir, in
     }
     r->final_acc = n_acc ? acc / n_acc : NAN;
     r->bytes_per_round = n_bpr ? bpr / n_bpr : NAN;
+    r->value_bytes_per_round = n_vbpr ? vbpr / n_vbpr : NAN;
     r->samples_per_s = n_sps == nodes ? sps : NAN; /* the cluster's total */
     r->ms_per_step = n_sps == nodes ? mps / nodes : NAN;
     ds_consensus cons = {0, 0, NAN, NAN, NAN};
@@ -341,6 +361,12 @@ static int run_cluster(const opts *o, const ds_conf *c, const variant *v, const 
     snprintf(r->net, sizeof(r->net), "%s", net);
     r->nodes = nodes;
     r->t85 = r->train85 = r->steps85 = r->final_acc = r->bytes_per_round = r->consensus = NAN;
+    r->value_bytes_per_round = NAN;
+    r->value_width = 4;
+    for (int k = 0; v->sets[k]; k++)
+        if (!strcmp(v->sets[k], "sparsify.value_format=f16") ||
+            !strcmp(v->sets[k], "sparsify.value_format=bf16"))
+            r->value_width = 2;
     r->samples_per_s = r->step_ms = r->engine_ms = r->crossing_us = NAN;
     r->inter_bytes_per_step = r->ms_per_step = NAN;
 
@@ -481,6 +507,7 @@ static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
     snprintf(r->net, sizeof(r->net), "loopback");
     r->nodes = nodes;
     r->t85 = r->train85 = r->steps85 = r->final_acc = r->bytes_per_round = r->consensus = NAN;
+    r->value_bytes_per_round = NAN;
     r->samples_per_s = r->step_ms = r->engine_ms = r->crossing_us = NAN;
     char script[PATH_MAX], hidden[160] = "";
     snprintf(script, sizeof(script), "%s/torch_ddp.py", ds_bench_tools_dir());
@@ -836,6 +863,7 @@ static void row_out(ds_row *row, const result *r, const result *ddp)
                ddp && ddp->ok && isfinite(ddp->t85) ? ddp->t85 / r->t85 : NAN, 2);
     ds_row_num(row, "final_acc", r->final_acc, 4);
     ds_row_num(row, "bytes_per_node_per_round", r->bytes_per_round, 0);
+    ds_row_num(row, "value_bytes_per_node_per_round", r->value_bytes_per_round, 0);
     ds_row_num(row, "consensus_distance", r->consensus, 4);
     ds_row_num(row, "samples_per_s", r->samples_per_s, 0);
     ds_row_num(row, "wall_s", r->wall_s, 1);

@@ -24,8 +24,12 @@
  * between a fi_pingpong run and a burst of ours, and reports the best of
  * each: both see the same spells of load.
  *
+ * Modes auth and encrypt run once per AEAD library (--libs, default
+ * libsodium then openssl: ds_aead_lib, both ends the same), column `lib`.
+ *
  *   nice dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M]
  *                          [--modes transport,none,auth,encrypt] [--no-pingpong] [--copy]
+ *                          [--libs libsodium,openssl]
  */
 #include "config.h"
 
@@ -468,10 +472,11 @@ static const char *mode_name(int mode)
 /* What the command line asked for (--chunk and --copy go to g_chunk and
  * g_copy, which the receiving child reads too). */
 typedef struct tp_opts {
-    int json, do_pp, reps, nsizes, nmodes;
+    int json, do_pp, reps, nsizes, nmodes, nlibs;
     double seconds;
     size_t sizes[8];
     int modes[8]; /* -1: "transport", else an enum ds_sec_mode */
+    int libs[2];  /* enum ds_aead_lib, for auth and encrypt */
 } tp_opts;
 
 /* --sizes: the sizes that parse (at most 8), in order; arg is cut up. */
@@ -495,6 +500,15 @@ static void parse_modes(tp_opts *o, char *arg)
     }
 }
 
+/* --libs: the AEAD libraries that parse (at most 2), in order. */
+static void parse_libs(tp_opts *o, char *arg)
+{
+    o->nlibs = 0;
+    for (char *tok = strtok(arg, ","); tok && o->nlibs < 2; tok = strtok(NULL, ","))
+        if (ds_aead_lib_parse(tok) >= 0)
+            o->libs[o->nlibs++] = ds_aead_lib_parse(tok);
+}
+
 /* getopt_long over argv into o, g_chunk and g_copy. 0, or 2 (the usage
  * said). A --reps below 1 counts as 1, a --seconds not above 0 as 1. */
 static int read_opts(tp_opts *o, int argc, char **argv)
@@ -508,11 +522,13 @@ static int read_opts(tp_opts *o, int argc, char **argv)
         {"seconds", required_argument, NULL, 's'},
         {"sizes", required_argument, NULL, 'S'},
         {"modes", required_argument, NULL, 'm'},
+        {"libs", required_argument, NULL, 'l'},
         {NULL, 0, NULL, 0},
     };
     *o = (tp_opts){.do_pp = 1, .reps = 3, .seconds = 1.0,
                    .sizes = {64u << 10, 1u << 20, 16u << 20}, .nsizes = 3,
-                   .modes = {-1, DS_SEC_NONE, DS_SEC_AUTH, DS_SEC_ENCRYPT}, .nmodes = 4};
+                   .modes = {-1, DS_SEC_NONE, DS_SEC_AUTH, DS_SEC_ENCRYPT}, .nmodes = 4,
+                   .libs = {DS_AEAD_LIB_SODIUM, DS_AEAD_LIB_OPENSSL}, .nlibs = 2};
     g_chunk = 0;
     g_copy = 0;
     int bad = 0, opt;
@@ -528,12 +544,14 @@ static int read_opts(tp_opts *o, int argc, char **argv)
         case 's': o->seconds = atof(optarg) <= 0 ? 1.0 : atof(optarg); break;
         case 'S': parse_sizes(o, optarg); break;
         case 'm': parse_modes(o, optarg); break;
+        case 'l': parse_libs(o, optarg); break;
         default: bad = 1; /* an unknown option or a missing value */
         }
     }
-    if (bad || optind < argc) {
+    if (bad || optind < argc || !o->nlibs) {
         fprintf(stderr, "usage: dsbench transport [--json] [--seconds S] [--reps R] [--sizes 64K,1M,16M] "
-                        "[--modes transport,none,auth,encrypt] [--no-pingpong] [--copy]\n");
+                        "[--modes transport,none,auth,encrypt] [--no-pingpong] [--copy] "
+                        "[--libs libsodium,openssl]\n");
         return 2;
     }
     return 0;
@@ -663,6 +681,9 @@ static int measure_size(tp_run *t, tx_side *s, int mode, ds_transport_peer peer,
         return -1;
     }
     ds_row_str(&t->row, "mode", mode_name(mode));
+    ds_row_str(&t->row, "lib", mode == DS_SEC_AUTH || mode == DS_SEC_ENCRYPT
+                                   ? ds_aead_lib_name(ds_aead_lib_get())
+                                   : "-");
     ds_row_int(&t->row, "bytes", (int64_t)bytes);
     ds_row_num(&t->row, "mb_per_s", mbs, 0);
     ds_row_num(&t->row, "pingpong_mb_per_s", pp_best > 0 ? pp_best : NAN, 0);
@@ -745,14 +766,21 @@ int ds_bench_transport(int argc, char **argv)
         goto out_wipe;
     ds_row_table(&t.row, o.json);
     status = 0;
-    for (int mi = 0; mi < o.nmodes; mi++) {
-        const int r = run_mode(&t, o.modes[mi]);
-        if (r < 0) {
-            status = 1;
-            break;
+    for (int mi = 0; mi < o.nmodes && status >= 0; mi++) {
+        const int aead = o.modes[mi] == DS_SEC_AUTH || o.modes[mi] == DS_SEC_ENCRYPT;
+        for (int li = 0; li < (aead ? o.nlibs : 1); li++) {
+            /* Set before the receiver forks: both ends use it. */
+            ds_aead_lib_set(aead ? (enum ds_aead_lib)o.libs[li] : DS_AEAD_LIB_OPENSSL);
+            const int r = run_mode(&t, o.modes[mi]);
+            if (r < 0) {
+                status = -1;
+                break;
+            }
+            status |= r;
         }
-        status |= r;
     }
+    if (status < 0)
+        status = 1;
     free(t.data);
 out_wipe:
     ds_identity_wipe(&t.id_tx);

@@ -10,7 +10,11 @@
  *
  * Table 2, sealing: seal and open of one frame with a 1 KiB, 64 KiB and
  * 1 MiB payload for none, auth and encrypt, with AES-256-GCM and with
- * XChaCha20-Poly1305, beside memcpy of the frame. Open is measured as
+ * XChaCha20-Poly1305, each run by libsodium and by OpenSSL's EVP
+ * (ds_aead_lib; `lib`, with ratios against libsodium's row), beside memcpy
+ * of the frame; and the frame's data sealed from another buffer, copied in
+ * then sealed (copy_seal_us) or by ds_session_seal_from (seal_from_us).
+ * Open is measured as
  * (seal + open) minus seal, since opening decrypts in place and a frame
  * can be opened only once. Mode none costs the same at every size (it
  * only writes and checks the header), so its MB/s columns are null.
@@ -181,8 +185,14 @@ out_free:
 
 /* ---- table 2 ------------------------------------------------------------------ */
 
+/* Two libraries run the AEAD (ds_aead_lib); rows put them side by side,
+ * their reps interleaved so both see the same load. */
+static const enum ds_aead_lib libs[] = {DS_AEAD_LIB_SODIUM, DS_AEAD_LIB_OPENSSL};
+#define NLIBS (sizeof(libs) / sizeof(libs[0]))
+
 typedef struct seal_ctx {
-    ds_session tx, rx;
+    ds_session txs[NLIBS], rxs[NLIBS];
+    ds_session *tx, *rx; /* the library being timed */
     uint8_t *frame, *copy;
     size_t len, cap, sealed;
     int failed;
@@ -192,7 +202,7 @@ static void do_seal(void *p)
 {
     seal_ctx *c = p;
     ds_put16(c->frame + DS_WH_FLAGS, 0); /* unsealed again (payload bytes don't matter) */
-    if (ds_session_seal(&c->tx, c->frame, c->len, c->cap, &c->sealed) != 0)
+    if (ds_session_seal(c->tx, c->frame, c->len, c->cap, &c->sealed) != 0)
         c->failed = 1;
 }
 
@@ -200,7 +210,7 @@ static void do_seal_open(void *p)
 {
     seal_ctx *c = p;
     do_seal(c);
-    if (ds_session_open(&c->rx, c->frame, c->sealed) != DS_DROP_NONE)
+    if (ds_session_open(c->rx, c->frame, c->sealed) != DS_DROP_NONE)
         c->failed = 1;
 }
 
@@ -209,6 +219,27 @@ static void do_copy(void *p)
     seal_ctx *c = p;
     memcpy(c->copy, c->frame, c->len);
     sink += c->copy[c->len - 1];
+}
+
+/* A STATE_CHUNK's data sealed from elsewhere (c->copy's bytes): copied
+ * into the frame then sealed in place, as the copying send path does, or
+ * sealed from where it is (ds_session_seal_from, the encrypt send path). */
+#define CHUNK_HEAD (DS_WIRE_HDR_SIZE + DS_WIRE_CHUNK_PREFIX)
+
+static void do_copy_seal(void *p)
+{
+    seal_ctx *c = p;
+    memcpy(c->frame + CHUNK_HEAD, c->copy, c->len - CHUNK_HEAD);
+    do_seal(c);
+}
+
+static void do_seal_from(void *p)
+{
+    seal_ctx *c = p;
+    ds_put16(c->frame + DS_WH_FLAGS, 0);
+    if (ds_session_seal_from(c->tx, c->frame, CHUNK_HEAD, c->copy, c->len - CHUNK_HEAD, c->cap,
+                             &c->sealed) != 0)
+        c->failed = 1;
 }
 
 static int table_seal(int json, int reps, int quick)
@@ -277,41 +308,78 @@ static int table_seal(int json, int reps, int quick)
             memset(p.tx_key, 1, 32);
             memset(p.rx_key, 1, 32);
             p.cluster_id = p.self_id = p.peer_id = 7;
-            if (ds_session_init(&c->tx, &p, NULL, NULL) || ds_session_init(&c->rx, &p, NULL, NULL)) {
+            /* Mode none has no AEAD: one row. */
+            const size_t nl = cases[k].mode == DS_SEC_NONE ? 1 : NLIBS;
+            size_t made = 0;
+            for (; made < nl; made++) {
+                ds_aead_lib_set(libs[made]);
+                if (ds_session_init(&c->txs[made], &p, NULL, NULL))
+                    break;
+                if (ds_session_init(&c->rxs[made], &p, NULL, NULL)) {
+                    ds_session_wipe(&c->txs[made]);
+                    break;
+                }
+            }
+            ds_aead_lib_set(DS_AEAD_LIB_OPENSSL);
+            if (made < nl)
                 rc = 1;
-                break;
-            }
             c->failed = 0;
-            double t_seal = 1e30, t_both = 1e30;
-            for (int r = 0; r < reps; r++) {
-                double t = best_of(1, iters, do_seal, c);
-                t_seal = t < t_seal ? t : t_seal;
-                t = best_of(1, iters, do_seal_open, c);
-                t_both = t < t_both ? t : t_both;
-            }
-            if (c->failed) {
+            double t_seal[NLIBS], t_both[NLIBS], t_cs[NLIBS], t_sf[NLIBS];
+            for (size_t l = 0; l < nl; l++)
+                t_seal[l] = t_both[l] = t_cs[l] = t_sf[l] = 1e30;
+            for (int r = 0; !rc && r < reps; r++)
+                for (size_t l = 0; l < nl; l++) {
+                    c->tx = &c->txs[l];
+                    c->rx = &c->rxs[l];
+                    double t = best_of(1, iters, do_seal, c);
+                    t_seal[l] = t < t_seal[l] ? t : t_seal[l];
+                    t = best_of(1, iters, do_seal_open, c);
+                    t_both[l] = t < t_both[l] ? t : t_both[l];
+                    t = best_of(1, iters, do_copy_seal, c);
+                    t_cs[l] = t < t_cs[l] ? t : t_cs[l];
+                    t = best_of(1, iters, do_seal_from, c);
+                    t_sf[l] = t < t_sf[l] ? t : t_sf[l];
+                }
+            if (!rc && c->failed) {
                 fprintf(stderr, "dsbench wire: seal/open failed (%s %s)\n",
                         ds_sec_mode_name(cases[k].mode), ds_aead_name(cases[k].aead));
                 rc = 1;
-                break;
             }
-            double t_open = t_both - t_seal;
-            if (t_open < 0)
-                t_open = 0;
-            /* Mode none touches only the header: its cost does not grow
-             * with the payload, so MB/s would be meaningless (null). */
-            const double mb = cases[k].mode == DS_SEC_NONE ? NAN : (double)c->len / 1e6;
-            ds_row_int(&row, "payload_bytes", (int64_t)(c->len - DS_WIRE_HDR_SIZE));
-            ds_row_str(&row, "mode", ds_sec_mode_name(cases[k].mode));
-            ds_row_str(&row, "aead", ds_aead_name(cases[k].aead));
-            ds_row_num(&row, "seal_mb_per_s", mb / t_seal, 0);
-            ds_row_num(&row, "open_mb_per_s", mb / t_open, 0);
-            ds_row_num(&row, "seal_us", t_seal * 1e6, 2);
-            ds_row_num(&row, "open_us", t_open * 1e6, 2);
-            ds_row_num(&row, "memcpy_mb_per_s", (double)c->len / 1e6 / t_copy, 0);
-            ds_row_end(&row);
-            ds_session_wipe(&c->tx);
-            ds_session_wipe(&c->rx);
+            for (size_t l = 0; !rc && l < nl; l++) {
+                double t_open = t_both[l] - t_seal[l];
+                if (t_open < 0)
+                    t_open = 0;
+                double t_open0 = t_both[0] - t_seal[0];
+                /* Mode none touches only the header: its cost does not
+                 * grow with the payload, so MB/s would be meaningless. */
+                const double mb =
+                    cases[k].mode == DS_SEC_NONE ? NAN : (double)c->len / 1e6;
+                ds_row_int(&row, "payload_bytes", (int64_t)(c->len - DS_WIRE_HDR_SIZE));
+                ds_row_str(&row, "mode", ds_sec_mode_name(cases[k].mode));
+                ds_row_str(&row, "aead", ds_aead_name(cases[k].aead));
+                ds_row_str(&row, "lib", cases[k].mode == DS_SEC_NONE ? "-"
+                                                                      : ds_aead_lib_name(libs[l]));
+                ds_row_num(&row, "seal_mb_per_s", mb / t_seal[l], 0);
+                ds_row_num(&row, "open_mb_per_s", mb / t_open, 0);
+                ds_row_num(&row, "seal_us", t_seal[l] * 1e6, 2);
+                ds_row_num(&row, "open_us", t_open * 1e6, 2);
+                /* Against libsodium's row of the same case and size. */
+                ds_row_num(&row, "seal_vs_libsodium",
+                           cases[k].mode == DS_SEC_NONE ? NAN : t_seal[0] / t_seal[l], 2);
+                ds_row_num(&row, "open_vs_libsodium",
+                           cases[k].mode == DS_SEC_NONE || t_open <= 0 ? NAN : t_open0 / t_open,
+                           2);
+                ds_row_num(&row, "memcpy_mb_per_s", (double)c->len / 1e6 / t_copy, 0);
+                ds_row_num(&row, "copy_seal_us", t_cs[l] * 1e6, 2);
+                ds_row_num(&row, "seal_from_us", t_sf[l] * 1e6, 2);
+                ds_row_end(&row);
+            }
+            for (size_t l = 0; l < made; l++) {
+                ds_session_wipe(&c->txs[l]);
+                ds_session_wipe(&c->rxs[l]);
+            }
+            if (rc)
+                break;
         }
         if (rc)
             break;

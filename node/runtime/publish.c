@@ -14,7 +14,9 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -226,6 +228,55 @@ static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src,
                 snprintf(x->answer_from[k], sizeof(x->answer_from[k]), "%s",
                          peer_of(src, from[k], s)->name);
     }
+}
+
+void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
+{
+    static const uint8_t outcome[] = {
+        [DS_GOUT_NONE] = DS_XCHG_NONE,
+        /* still pending when the round closed: it did not complete */
+        [DS_GOUT_PENDING] = DS_XCHG_FAILED,
+        [DS_GOUT_OK] = DS_XCHG_OK,
+        [DS_GOUT_FAILED] = DS_XCHG_FAILED,
+        [DS_GOUT_SKIPPED] = DS_XCHG_SKIPPED,
+    };
+    if (!sn || !src->gossip)
+        return;
+    ds_status_round *h = malloc(sizeof(*h)); /* ~1 KiB, not on the round's stack */
+    if (!h)
+        return; /* the history skips a round; the histogram too */
+    memset(h, 0, sizeof(*h));
+    const uint64_t now = ds_now_ns();
+    h->round = src->round;
+    h->epoch = src->epoch;
+    h->view_size = src->view_size;
+    h->me = src->me;
+    h->duration_ns = now > src->begin_ns ? now - src->begin_ns : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    h->end_unix_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    const int nseg = ds_gossip_n_segments(src->gossip);
+    h->n_segments = nseg > 0 ? (uint32_t)nseg : 0;
+    h->n_listed = h->n_segments < DS_STATUS_HIST_SEGMENTS ? h->n_segments : DS_STATUS_HIST_SEGMENTS;
+    for (uint32_t s = 0; s < h->n_listed; s++) {
+        ds_status_seg_done *d = &h->seg[s];
+        ds_gossip_xinfo xi;
+        d->target = src->me;
+        d->outcome = DS_XCHG_NONE;
+        if (ds_gossip_xinfo_get(src->gossip, (int)s, &xi) < 0)
+            continue;
+        d->target = xi.target;
+        d->n_in = xi.n_in;
+        d->bytes = xi.bytes;
+        d->outcome = (unsigned)xi.outcome < sizeof(outcome) ? outcome[xi.outcome]
+                                                            : (uint8_t)DS_XCHG_FAILED;
+        if (xi.target < src->view_size && xi.target != src->me)
+            d->target_id = src->vids[xi.target];
+        else
+            d->outcome = DS_XCHG_NONE;
+    }
+    ds_status_history_add(&sn->hist, h);
+    free(h);
 }
 
 /* The counters, read from the modules through their getters (gossip's

@@ -47,6 +47,9 @@
 #define DS_STATUS_MAX_VALUES 512  /* metric values in all groups */
 #define DS_STATUS_MAX_LAYERS 16   /* the model's layer table (all of it:
                                    * node/train's DS_MODEL_MAX_LAYERS) */
+#define DS_STATUS_HISTORY 32      /* completed rounds kept (a ring) */
+#define DS_STATUS_HIST_SEGMENTS 32 /* segments kept per completed round */
+#define DS_STATUS_ROUND_BUCKETS 12 /* round duration histogram buckets */
 
 /* Text fields, terminator included (the wire's limits + 1; the runtime
  * checks they agree). */
@@ -107,6 +110,49 @@ typedef struct ds_status_exchange {
                                           * this node initiated; 0 = unknown */
 } ds_status_exchange;
 
+/* One segment of a completed round, as this node saw it. */
+typedef struct ds_status_seg_done {
+    uint32_t target;   /* view index this node initiated to; == me: none */
+    uint32_t n_in;     /* initiators that reached this node */
+    uint64_t target_id; /* node id of target; 0: none */
+    uint64_t bytes;    /* payload bytes of the exchange this node initiated */
+    uint8_t outcome;   /* enum ds_status_outcome, final (never unknown) */
+} ds_status_seg_done;
+
+/* One completed round (node/runtime records it at the round's end, so a
+ * round in flight is never shown). The schedule is not copied: it is a
+ * pure function of (topology, seed, epoch, round, segment, view size)
+ * that a reader computes with topology/; `me` and the targets' ids map
+ * the view's indices to nodes. */
+typedef struct ds_status_round {
+    uint64_t round, epoch;
+    uint32_t view_size, me;      /* this node's index in that view */
+    uint64_t end_unix_ms;        /* wall clock at the round's end */
+    uint64_t duration_ns;        /* begin to end */
+    uint32_t n_segments, n_listed; /* segments in the round / kept below */
+    ds_status_seg_done seg[DS_STATUS_HIST_SEGMENTS];
+} ds_status_round;
+
+/* The last completed rounds: a ring of DS_STATUS_HISTORY, plus every
+ * round's duration in a histogram (cumulative since the start). */
+typedef struct ds_status_history {
+    uint32_t n;                  /* rounds held (<= DS_STATUS_HISTORY) */
+    uint32_t next;               /* slot the next round goes to */
+    ds_status_round r[DS_STATUS_HISTORY];
+    uint64_t dur_count, dur_sum_ns;
+    uint64_t dur_bucket[DS_STATUS_ROUND_BUCKETS]; /* not cumulative: by slot */
+} ds_status_history;
+
+/* Upper bounds (seconds) of the round duration buckets; the last is
+ * +Inf. */
+extern const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS];
+
+/* Add a completed round to h: the oldest is dropped when full. */
+void ds_status_history_add(ds_status_history *h, const ds_status_round *r);
+
+/* The i-th newest completed round (0 = newest), NULL when i >= h->n. */
+const ds_status_round *ds_status_history_get(const ds_status_history *h, uint32_t i);
+
 /* One layer with parameters of the model (node/train's layer table). */
 typedef struct ds_status_layer {
     char name[16];           /* "conv1", "fc1", ... */
@@ -148,6 +194,15 @@ typedef struct ds_status_snapshot {
     /* this round's exchanges: n_segments in the model, n_exchanges listed */
     uint32_t n_segments, n_exchanges;
     ds_status_exchange exchanges[DS_STATUS_MAX_SEGMENTS];
+
+    /* the schedule's inputs besides the view (any reader recomputes every
+     * round's pairs from them with topology/) */
+    char topology[16];               /* gossip.topology's name */
+    uint64_t seed;                   /* cluster.seed */
+    char version[32], backend[16];   /* build info */
+
+    /* the last completed rounds */
+    ds_status_history hist;
 
     /* the other modules' counters, group by group in page order (filled by
      * ds_status_add_group; the descriptor tables are of static storage,

@@ -25,6 +25,7 @@
 #include "node/runtime/publish.h"
 #include "node/status/status.h"
 #include "tools/dsviz/viz.h"
+#include "topology/topology.h"
 
 static void setup_log(void)
 {
@@ -347,7 +348,7 @@ Test(dsviz, dot_output)
     const int n0 = ds_viz_find(&v, "n0"), n1 = ds_viz_find(&v, "n1");
     char want[128];
     snprintf(want, sizeof(want), "m%d -> m%d [color=\"#1f77b4\", fontcolor=\"#1f77b4\", "
-                                 "label=\"s0 400 B\"];",
+                                 "label=\"s0 400 B\", tooltip=\"n0 \u2192 n1: s0 400 B\"];",
              n0, n1);
     cr_expect_not_null(strstr(dot, want), "no '%s' in\n%s", want, dot);
     cr_expect_not_null(strstr(dot, "label=\"s1 failed\", style=dashed"));
@@ -687,4 +688,120 @@ Test(dsviz, program_reports_bad_sources)
     free(out);
     free(err);
     rm_rf(dir);
+}
+
+/* A node of a 5-member view whose history holds rounds 100..104 of
+ * topology `kind`, each segment initiated as the schedule says (bytes
+ * 100 * i + s, outcome ok), except node 2's segment 1 of round 102. */
+static ds_status_snapshot *history_snapshot(int i, enum ds_topo_kind kind)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    snprintf(s->name, sizeof(s->name), "n%d", i);
+    s->id = 0xb0u + (uint64_t)i;
+    s->state = DS_STATUS_TRAINING;
+    s->round = 105;
+    s->epoch = 3;
+    snprintf(s->topology, sizeof(s->topology), "%s", ds_topo_name(kind));
+    s->seed = 7;
+    s->view_size = s->n_view = 5;
+    s->view_me = (uint32_t)i;
+    for (int k = 0; k < 5; k++) {
+        snprintf(s->view[k].name, sizeof(s->view[k].name), "n%d", k);
+        s->view[k].id = 0xb0u + (uint64_t)k;
+        s->view[k].state = k == 4 && i == 0 ? DS_STATUS_MEMBER_LEFT : DS_STATUS_MEMBER_ALIVE;
+    }
+    for (uint64_t r = 100; r < 105; r++) {
+        ds_status_round h;
+        memset(&h, 0, sizeof(h));
+        h.round = r;
+        h.epoch = 3;
+        h.view_size = 5;
+        h.me = (uint32_t)i;
+        h.n_segments = h.n_listed = 3;
+        for (uint32_t seg = 0; seg < 3; seg++) {
+            uint32_t perm[5];
+            const ds_topo_key key = {.seed = 7, .epoch = 3, .round = r, .segment = seg};
+            cr_assert_eq(ds_topo_targets(kind, &key, 5, perm), 0);
+            ds_status_seg_done *d = &h.seg[seg];
+            d->target = perm[i];
+            d->target_id = perm[i] == (uint32_t)i ? 0 : 0xb0u + perm[i];
+            d->outcome = perm[i] == (uint32_t)i ? DS_XCHG_NONE : DS_XCHG_OK;
+            if (r == 102 && i == 2 && seg == 1)
+                d->outcome = DS_XCHG_FAILED;
+            d->bytes = 100u * (uint64_t)i + seg;
+        }
+        ds_status_history_add(&s->hist, &h);
+    }
+    return s;
+}
+
+/* The round drawn is the schedule of that round, computed by dsviz with
+ * topology/, for every topology that gossips: every pair, each with the
+ * outcome and bytes its initiator reported; a node that did not report
+ * still has its pairs (named through the target ids the others report). */
+Test(dsviz, draws_a_round_from_the_schedule)
+{
+    for (int kind = 0; kind < DS_TOPO_KIND_COUNT; kind++) {
+        if (!ds_topo_gossips((enum ds_topo_kind)kind))
+            continue;
+        ds_viz v = {0};
+        for (int i = 0; i < 4; i++) { /* n4 does not report */
+            ds_status_snapshot *s = history_snapshot(i, (enum ds_topo_kind)kind);
+            char *text, err[256];
+            size_t len;
+            cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
+            cr_assert_eq(ds_viz_add_json(&v, text, len, "doc", err, sizeof(err)), 0, "%s", err);
+            free(text);
+            free(s);
+        }
+        v.round_set = 1;
+        v.want_round = 102;
+        cr_assert_eq(ds_viz_build(&v), 0);
+        cr_expect(v.from_schedule);
+        cr_expect_eq(v.round, 102);
+        cr_expect_eq(v.rounds_min, 100);
+        cr_expect_eq(v.rounds_max, 104);
+        cr_expect_eq(v.n_mismatch, 0);
+        size_t want = 0;
+        for (uint32_t seg = 0; seg < 3; seg++) {
+            uint32_t perm[5];
+            const ds_topo_key key = {.seed = 7, .epoch = 3, .round = 102, .segment = seg};
+            cr_assert_eq(ds_topo_targets((enum ds_topo_kind)kind, &key, 5, perm), 0);
+            for (uint32_t a = 0; a < 5; a++) {
+                if (perm[a] == a)
+                    continue;
+                want++;
+                char from[8], to[8];
+                snprintf(from, sizeof(from), "n%u", a);
+                snprintf(to, sizeof(to), "n%u", perm[a]);
+                const int k = find_edge(&v, from, to, seg);
+                cr_assert_geq(k, 0, "%s: no %s -> %s s%u", ds_topo_name(kind), from, to, seg);
+                const ds_viz_edge *e = &v.e[k];
+                if (a == 4) {
+                    cr_expect_str_eq(e->outcome, "unreported");
+                } else {
+                    cr_expect_str_eq(e->outcome, a == 2 && seg == 1 ? "failed" : "ok");
+                    cr_expect_eq(e->bytes, 100.0 * a + seg);
+                }
+            }
+        }
+        cr_expect_eq(v.n_e, want, "%s: %zu edges, want %zu", ds_topo_name(kind), v.n_e, want);
+
+        /* One segment alone; the default round is the newest every node holds. */
+        v.round_set = 0;
+        v.segment_set = 1;
+        v.want_segment = 2;
+        cr_assert_eq(ds_viz_build(&v), 0);
+        cr_expect_eq(v.round, 104);
+        for (size_t k = 0; k < v.n_e; k++)
+            cr_expect_eq(v.e[k].segment, 2);
+        cr_expect_gt(v.n_e, 0);
+        /* n4 left: it says so, not "suspect". */
+        char *dot = write_mem(ds_viz_write_dot, &v);
+        cr_expect_not_null(strstr(dot, "n4\\nleft (no status)"), "%s", dot);
+        free(dot);
+        ds_viz_free(&v);
+    }
 }

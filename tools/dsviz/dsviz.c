@@ -33,12 +33,13 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: dsviz [--out PREFIX] [--format dot|svg|html|all] [--timeout-ms N] "
-          "SOURCE...\n"
+    fputs("usage: dsviz [--out PREFIX] [--format dot|svg|html|all] [--timeout-ms N]\n"
+          "             [--round R] [--segment S] SOURCE...\n"
           "\n"
           "Draw the cluster's topology from its nodes' status: members grouped by\n"
-          "node.group, this round's exchanges per segment (edge colour = segment),\n"
-          "traffic per node.\n"
+          "node.group and one completed round's exchanges per segment (edge colour =\n"
+          "segment), computed from the schedule with the outcomes and bytes the\n"
+          "nodes report for that round laid over them.\n"
           "\n"
           "  SOURCE             a status.json file; a directory (DIR/status.json and\n"
           "                     DIR/*/status.json, e.g. a dslaunch run directory); or\n"
@@ -48,6 +49,9 @@ static void usage(FILE *f)
           "  --format F         dot, svg (needs Graphviz), html, or all (default; the\n"
           "                     .svg is skipped with a note when Graphviz is missing)\n"
           "  --timeout-ms N     per host:port source (default 5000)\n"
+          "  --round R          the round to draw (default: the newest completed round\n"
+          "                     every node's history holds)\n"
+          "  --segment S        draw segment S only (default: every segment)\n"
           "\n"
           "Environment: DSVIZ_DOT names the Graphviz program (default 'dot').\n"
           "Exit status: 0; 1 when a source or an output failed (what loaded is still\n"
@@ -131,6 +135,9 @@ struct args {
     int what;        /* F_* bits */
     int timeout_ms;
     int first_src;   /* argv index of the first SOURCE */
+    int round_set, segment_set;
+    double round;
+    unsigned segment;
 };
 
 /* getopt_long over argv: options first, then SOURCE... ("+": the first
@@ -139,12 +146,14 @@ struct args {
  * the exit status (0 after --help, 2 on a usage error, said). */
 static int parse_args(int argc, char **argv, struct args *a)
 {
-    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT };
+    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT, O_ROUND, O_SEGMENT };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
         {"out", required_argument, NULL, O_OUT},
         {"format", required_argument, NULL, O_FORMAT},
         {"timeout-ms", required_argument, NULL, O_TIMEOUT},
+        {"round", required_argument, NULL, O_ROUND},
+        {"segment", required_argument, NULL, O_SEGMENT},
         {NULL, 0, NULL, 0},
     };
     const char *format = "all";
@@ -176,6 +185,26 @@ static int parse_args(int argc, char **argv, struct args *a)
             }
             a->timeout_ms = (int)t;
             break;
+        case O_ROUND:
+        case O_SEGMENT: {
+            errno = 0;
+            const unsigned long long u = strtoull(optarg, &end, 10);
+            if (!optarg[0] || *end || optarg[0] == '-' || errno ||
+                (c == O_SEGMENT && u > 65535) || (c == O_ROUND && u > (1ull << 53))) {
+                fprintf(stderr, "dsviz: %s: expected 0..%s, found '%s'\n",
+                        c == O_ROUND ? "--round" : "--segment",
+                        c == O_ROUND ? "2^53" : "65535", optarg);
+                return 2;
+            }
+            if (c == O_ROUND) {
+                a->round_set = 1;
+                a->round = (double)u;
+            } else {
+                a->segment_set = 1;
+                a->segment = (unsigned)u;
+            }
+            break;
+        }
         case ':':
             fprintf(stderr, "dsviz: %s needs a value\n", argv[at]);
             return 2;
@@ -257,6 +286,10 @@ static int write_outputs(const struct args *a, const ds_viz *v, const char *svg)
 static int draw(const struct args *a, int argc, char **argv)
 {
     ds_viz v = {0};
+    v.round_set = a->round_set;
+    v.want_round = a->round;
+    v.segment_set = a->segment_set;
+    v.want_segment = a->segment;
     int status = 0;
     for (int i = a->first_src; i < argc; i++) {
         char err[600];
@@ -278,6 +311,13 @@ static int draw(const struct args *a, int argc, char **argv)
         ds_viz_free(&v);
         return 1;
     }
+    if (v.from_schedule && v.n_e == 0)
+        fprintf(stderr, "dsviz: round %.0f: no node's history holds it (rounds %.0f..%.0f)\n",
+                v.round, v.rounds_min, v.rounds_max);
+    if (v.n_mismatch)
+        fprintf(stderr,
+                "dsviz: round %.0f: %zu exchanges reported a target other than the schedule's\n",
+                v.round, v.n_mismatch);
     const char *dot_prog = getenv("DSVIZ_DOT");
     if (!dot_prog || !dot_prog[0])
         dot_prog = "dot";

@@ -40,6 +40,7 @@
 #include <curl/curl.h>
 
 #include "base/hostport.h"
+#include "topology/topology.h"
 #include "tools/dsviz/viz.h"
 
 extern char **environ;
@@ -676,6 +677,175 @@ static int build_edges(ds_viz *v, size_t *mcap)
     return 0;
 }
 
+/* The history entry of round `round` in document d, NULL when none. */
+static const json_t *hist_entry(const json_t *root, double round)
+{
+    const json_t *h = jget(root, "history");
+    for (size_t i = 0; i < json_array_size(h); i++) {
+        const json_t *e = json_array_get(h, i);
+        if (jnum(e, "round", -1) == round)
+            return e;
+    }
+    return NULL;
+}
+
+/* The round to draw: the one asked for, else the newest completed round
+ * every reporting node with a history holds, else the newest any holds.
+ * -1 when no document has a history. */
+static double pick_round(ds_viz *v)
+{
+    double newest = -1, common = -1;
+    int any = 0;
+    v->rounds_min = -1;
+    v->rounds_max = -1;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *h = jget(v->docs[d].doc, "history");
+        if (!json_array_size(h))
+            continue;
+        double lo = -1, hi = -1;
+        for (size_t i = 0; i < json_array_size(h); i++) {
+            const double r = jnum(json_array_get(h, i), "round", -1);
+            if (r < 0)
+                continue;
+            if (lo < 0 || r < lo)
+                lo = r;
+            if (r > hi)
+                hi = r;
+        }
+        if (hi < 0)
+            continue;
+        if (v->rounds_min < 0 || lo < v->rounds_min)
+            v->rounds_min = lo;
+        if (hi > v->rounds_max)
+            v->rounds_max = hi;
+        newest = hi > newest ? hi : newest;
+        common = !any ? hi : (hi < common ? hi : common);
+        any = 1;
+    }
+    if (!any)
+        return -1;
+    if (v->round_set)
+        return v->want_round;
+    /* The common newest round, when every history still holds it. */
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *h = jget(v->docs[d].doc, "history");
+        if (json_array_size(h) && !hist_entry(v->docs[d].doc, common))
+            return newest;
+    }
+    return common;
+}
+
+/* Member index of view index `idx` of round R's view (epoch, G): a node
+ * whose history says it was `me`, a target id some node reported, or
+ * the current view of a document at the same epoch and size. -1: not
+ * known. */
+static int view_index_member(ds_viz *v, double R, double epoch, double G, unsigned idx,
+                             size_t *mcap)
+{
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *e = hist_entry(v->docs[d].doc, R);
+        if (e && jnum(e, "me", -1) == idx)
+            return ds_viz_find(v, v->docs[d].name);
+    }
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *e = hist_entry(v->docs[d].doc, R);
+        const json_t *list = jget(e, "list");
+        for (size_t k = 0; k < json_array_size(list); k++) {
+            const json_t *x = json_array_get(list, k);
+            const char *id = jstr(x, "target_id", NULL);
+            if (!id || jnum(x, "target", -1) != idx)
+                continue;
+            for (size_t i = 0; i < v->n_m; i++)
+                if (!strcmp(v->m[i].id, id))
+                    return (int)i;
+        }
+    }
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *root = v->docs[d].doc;
+        const json_t *view = jget(root, "view");
+        const json_t *members = jget(view, "members");
+        if (jnum(root, "epoch", -1) != epoch || jnum(view, "size", -1) != G ||
+            idx >= json_array_size(members))
+            continue;
+        const char *name = jstr(json_array_get(members, idx), "name", "");
+        if (name[0])
+            return member(v, name, mcap);
+    }
+    return -1;
+}
+
+/* Round R's exchanges, computed: the schedule is a pure function of
+ * (topology, seed, epoch, round, segment, view size), so every pair is
+ * drawn, and each initiator's reported outcome and bytes laid over it. */
+static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
+{
+    const json_t *e0 = NULL, *sched = NULL;
+    for (size_t d = 0; d < v->n_docs && !e0; d++)
+        if ((e0 = hist_entry(v->docs[d].doc, R)))
+            sched = jget(v->docs[d].doc, "schedule");
+    if (!e0)
+        return 0; /* no node holds that round: nothing to draw */
+    enum ds_topo_kind kind;
+    if (ds_topo_parse(jstr(sched, "topology", ""), &kind) < 0 || !ds_topo_gossips(kind))
+        return 0;
+    const double epoch = jnum(e0, "epoch", 0), G = jnum(e0, "view_size", 0);
+    const double seed = jnum(sched, "seed", 0);
+    if (!(G >= 2 && G <= DS_VIZ_MAX_MEMBERS))
+        return 0;
+    unsigned nseg = 0;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *e = hist_entry(v->docs[d].doc, R);
+        const unsigned n = (unsigned)json_array_size(jget(e, "list"));
+        nseg = n > nseg ? n : nseg;
+    }
+    const uint32_t g = (uint32_t)G;
+    uint32_t *perm = malloc(g * sizeof(*perm));
+    int *who = malloc(g * sizeof(*who));
+    if (!perm || !who) {
+        free(perm);
+        free(who);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    for (uint32_t i = 0; i < g && rc == 0; i++)
+        if ((who[i] = view_index_member(v, R, epoch, G, i, mcap)) == -E2BIG ||
+            who[i] == -ENOMEM)
+            rc = who[i];
+    size_t ecap = 0;
+    for (unsigned s = 0; s < nseg && rc == 0; s++) {
+        if (v->segment_set && s != v->want_segment)
+            continue;
+        const ds_topo_key key = {.seed = (uint64_t)seed, .epoch = (uint64_t)epoch,
+                                 .round = (uint64_t)R, .segment = s};
+        if (ds_topo_targets(kind, &key, g, perm) < 0)
+            break;
+        for (uint32_t a = 0; a < g && rc == 0; a++) {
+            if (perm[a] == a || who[a] < 0 || who[perm[a]] < 0)
+                continue;
+            ds_viz_edge ed;
+            memset(&ed, 0, sizeof(ed));
+            ed.from = who[a];
+            ed.to = who[perm[a]];
+            ed.segment = s;
+            ed.round = R;
+            copy_str(ed.outcome, sizeof(ed.outcome), "unreported");
+            const ds_viz_member *m = &v->m[who[a]];
+            const json_t *e = m->doc >= 0 ? hist_entry(v->docs[m->doc].doc, R) : NULL;
+            const json_t *x = json_array_get(jget(e, "list"), s);
+            if (x) {
+                copy_str(ed.outcome, sizeof(ed.outcome), jstr(x, "outcome", "unknown"));
+                ed.bytes = jnum(x, "bytes", 0);
+                if (jnum(x, "target", -1) != perm[a])
+                    v->n_mismatch++;
+            }
+            rc = edge(v, &ecap, &ed);
+        }
+    }
+    free(perm);
+    free(who);
+    return rc;
+}
+
 int ds_viz_build(ds_viz *v)
 {
     size_t mcap = 0;
@@ -685,6 +855,8 @@ int ds_viz_build(ds_viz *v)
     v->e = NULL;
     v->n_m = v->n_e = 0;
     v->n_segments = 0;
+    v->n_mismatch = 0;
+    v->from_schedule = 0;
     /* Sorted by name: the output does not depend on the order of sources. */
     if (v->n_docs > 1)
         qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);
@@ -693,8 +865,15 @@ int ds_viz_build(ds_viz *v)
     int e = build_reporting(v, &mcap);
     if (e == 0)
         e = build_view_members(v, &mcap);
-    if (e == 0)
-        e = build_edges(v, &mcap);
+    if (e == 0) {
+        v->round = pick_round(v);
+        if (v->round >= 0) {
+            v->from_schedule = 1;
+            e = build_schedule_edges(v, v->round, &mcap);
+        } else {
+            e = build_edges(v, &mcap);
+        }
+    }
     if (e < 0)
         return e;
     v->built = 1;
@@ -795,11 +974,10 @@ static void member_label(const ds_viz_member *m, char *buf, size_t n)
         snprintf(acc, sizeof(acc), "%.3f", m->test_acc);
     else
         snprintf(acc, sizeof(acc), "-");
-    snprintf(buf, n, "%s\n%s step %.0f/%.0f round %.0f\nloss %.4g acc %s\nsent %s recv %s%s",
+    snprintf(buf, n, "%s\n%s step %.0f/%.0f round %.0f\nloss %.4g acc %s\nsent %s recv %s%s%s",
              m->name, m->state, m->step, m->steps, m->round, m->loss, acc, sent, recv,
-             strcmp(m->seen_state, "alive") ? (!strcmp(m->seen_state, "dead") ? "\nseen dead"
-                                                                              : "\nseen suspect")
-                                            : "");
+             strcmp(m->seen_state, "alive") ? "\nseen " : "",
+             strcmp(m->seen_state, "alive") ? m->seen_state : "");
 }
 
 static void edge_label(const ds_viz_edge *e, char *buf, size_t n)
@@ -837,17 +1015,24 @@ static void dot_node(FILE *f, const ds_viz *v, size_t i, const char *indent)
     else if (!strcmp(m->seen_state, "suspect"))
         fputs(", color=\"#e08000\", penwidth=2", f);
     fputs(", tooltip=\"", f);
-    dot_text(f, m->addr[0] ? m->addr : m->name);
+    dot_text(f, m->name);
+    if (m->addr[0]) {
+        fputs(" at ", f);
+        dot_text(f, m->addr);
+    }
     fputs("\"];\n", f);
 }
 
 int ds_viz_write_dot(const ds_viz *v, FILE *f)
 {
     fputs("digraph dsviz {\n", f);
+    char what[96] = "";
+    if (v->from_schedule)
+        snprintf(what, sizeof(what), " of round %.0f (from the schedule)", v->round);
     fprintf(f, "  graph [fontname=\"Helvetica\", labelloc=t, label=\"dsviz: %zu members, %zu "
-               "reporting, %zu exchanges (edge colour = segment)\", rankdir=LR, nodesep=0.4, "
+               "reporting, %zu exchanges%s (edge colour = segment)\", rankdir=LR, nodesep=0.4, "
                "ranksep=1.0];\n",
-            v->n_m, v->n_docs, v->n_e);
+            v->n_m, v->n_docs, v->n_e, what);
     fputs("  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", "
           "fontsize=10];\n",
           f);
@@ -887,7 +1072,14 @@ int ds_viz_write_dot(const ds_viz *v, FILE *f)
         fputs("\"", f);
         if (edge_dashed(e))
             fputs(", style=dashed", f);
-        fputs("];\n", f);
+        /* Graphviz's own tooltip would be the DOT ids (m0->m1). */
+        fputs(", tooltip=\"", f);
+        dot_text(f, v->m[e->from].name);
+        fputs(" \u2192 ", f);
+        dot_text(f, v->m[e->to].name);
+        fputs(": ", f);
+        dot_text(f, label);
+        fputs("\"];\n", f);
     }
     fputs("}\n", f);
     return ferror(f) ? -EIO : 0;
@@ -964,9 +1156,15 @@ int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
         xml_text(f, v->m[ed->to].name);
         fputs(": ", f);
         xml_text(f, label);
+        /* The label sits on the curve at a point that depends on the
+         * segment, so the labels of one pair's segments do not overlap. */
+        const double t = 0.25 + 0.5 * (double)(ed->segment % 5) / 4.0;
+        const double lx = (1 - t) * (1 - t) * x1 + 2 * (1 - t) * t * qx + t * t * ex;
+        const double ly = (1 - t) * (1 - t) * y1 + 2 * (1 - t) * t * qy + t * t * ey;
         fprintf(f, "</title></path>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-size=\"9\" "
-                   "text-anchor=\"middle\">",
-                (mx + qx) / 2, (my + qy) / 2, seg_color(ed->segment));
+                   "text-anchor=\"middle\" stroke=\"#ffffff\" stroke-width=\"3\" "
+                   "paint-order=\"stroke\">",
+                lx, ly, seg_color(ed->segment));
         xml_text(f, label);
         fputs("</text>\n", f);
     }
@@ -976,7 +1174,11 @@ int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
                              : !strcmp(m->seen_state, "suspect") ? "#e08000"
                                                                  : "#444444";
         fprintf(f, "<g><title>");
-        xml_text(f, m->addr[0] ? m->addr : m->name);
+        xml_text(f, m->name);
+        if (m->addr[0]) {
+            fputs(" at ", f);
+            xml_text(f, m->addr);
+        }
         fprintf(f, "</title><rect x=\"%.1f\" y=\"%.1f\" width=\"120\" height=\"44\" rx=\"8\" "
                    "fill=\"%s\" stroke=\"%s\"%s/>\n",
                 px[i] - 60, py[i] - 22, fill_for(m), stroke,

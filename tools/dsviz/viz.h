@@ -67,6 +67,20 @@ typedef struct ds_viz {
     size_t n_e;
     unsigned n_segments;    /* largest segment index + 1 among edges */
     int built;
+    /* what to draw (set before ds_viz_build) */
+    int round_set;          /* 0: the newest completed round every
+                             * history holds (else the newest any holds) */
+    double want_round;      /* with round_set: this round */
+    int segment_set;        /* 0: every segment */
+    unsigned want_segment;  /* with segment_set: only this one */
+    /* what was drawn (after build) */
+    int from_schedule;      /* 1: round `round` computed with topology/ from
+                             * the documents' history; 0: no document has a
+                             * history, edges from each one's "exchanges" */
+    double round;           /* the round drawn (from_schedule) */
+    double rounds_min, rounds_max; /* completed rounds in the histories */
+    size_t n_mismatch;      /* nodes whose reported target differs from the
+                             * schedule (a bug, or a different view) */
 } ds_viz;
 
 /* Zero-initialise a ds_viz (= {0}) before use; ds_viz_free releases it. */

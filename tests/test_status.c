@@ -678,10 +678,28 @@ Test(status, serves_status_and_metrics)
     cr_expect_not_null(strstr(r.body, "dsnode_status_responses_total{node=\"n0\",code=\"200\"}"));
     resp_free(&r);
 
+    /* The page at /: HTML linking the other two, the view, escaped. */
+    snprintf(s->view[1].name, sizeof(s->view[1].name), "<b>evil</b>");
+    ds_status_round h = {.round = 11, .view_size = 2, .me = 0, .n_segments = 1, .n_listed = 1};
+    h.seg[0] = (ds_status_seg_done){.target = 1, .target_id = s->view[1].id, .bytes = 77,
+                                    .outcome = DS_XCHG_OK, .n_in = 1};
+    ds_status_history_add(&s->hist, &h);
+    ds_status_publish(st, s);
+    r = get(port, "/");
+    cr_assert_eq(r.code, 200);
+    cr_expect_not_null(strstr(r.raw, "Content-Type: text/html; charset=utf-8\r\n"));
+    cr_expect_not_null(strstr(r.body, "<a href=\"/status\">"));
+    cr_expect_not_null(strstr(r.body, "<a href=\"/metrics\">"));
+    cr_expect_not_null(strstr(r.body, "&lt;b&gt;evil&lt;/b&gt;"));
+    cr_expect_null(strstr(r.body, "<b>evil"));
+    cr_expect_not_null(strstr(r.body, "Last completed round: 11"), "%s", r.body);
+    cr_expect_not_null(strstr(r.body, "<td>ok</td><td>77</td>"), "%s", r.body);
+    resp_free(&r);
+
     ds_status_stats ss;
     ds_status_stats_get(st, &ss);
-    cr_expect_eq(ss.resp_200, 5);
-    cr_expect_eq(ss.publishes, 2);
+    cr_expect_eq(ss.resp_200, 6);
+    cr_expect_eq(ss.publishes, 3);
     free(s);
     ds_status_destroy(&st);
     cr_expect_null(st);
@@ -732,7 +750,7 @@ Test(status, refuses_what_it_does_not_serve)
         int code;
     } cases[] = {
         {"GET /nope HTTP/1.1\r\n\r\n", 404},
-        {"GET / HTTP/1.1\r\n\r\n", 404},
+        {"GET /index.html HTTP/1.1\r\n\r\n", 404},
         {"GET /statusx HTTP/1.1\r\n\r\n", 404},
         {"POST /status HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405},
         {"PUT /status HTTP/1.1\r\n\r\n", 405},

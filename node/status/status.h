@@ -19,7 +19,7 @@
  * request per connection (Connection: close), bounded request size,
  * bounded connections in all and per client address, a deadline per
  * connection for the whole request and one for the answer. Answers: 200
- * for /status and /metrics; 404 for another path; 405 for another method;
+ * for / (an HTML page), /status and /metrics; 404 for another path; 405 for another method;
  * 400 for a malformed request; 414 or 431 for a request line or headers
  * over max_request; 505 for a version other than HTTP/1.x; 503 for a
  * connection over max_conns. The file is written to PATH.tmp and renamed
@@ -251,6 +251,11 @@ int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, cha
 /* The /metrics page for s (without the server's own counters), like
  * ds_status_render_json. */
 int ds_status_render_metrics(const ds_status_snapshot *s, char **out, size_t *len)
+    __attribute__((warn_unused_result));
+
+/* The page at `/` for s (HTML: identity, links to /status and /metrics,
+ * the view and the last completed round), like ds_status_render_metrics. */
+int ds_status_render_html(const ds_status_snapshot *s, char **out, size_t *len)
     __attribute__((warn_unused_result));
 
 /* The Markdown table docs/status.md shows for group g (one row per

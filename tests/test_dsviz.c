@@ -805,3 +805,60 @@ Test(dsviz, draws_a_round_from_the_schedule)
         ds_viz_free(&v);
     }
 }
+
+/* dsviz --serve's server, in this process: the live page over a run
+ * directory of nodes with round histories: a slider over the history, the
+ * round and segment asked for, and the traffic heatmap's sums. */
+Test(dsviz, live_page_served)
+{
+    char dir[] = "/tmp/dsviz-live-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    for (int i = 0; i < 4; i++) {
+        ds_status_snapshot *s = history_snapshot(i, DS_TOPO_RING);
+        char *text, p[128];
+        size_t len;
+        cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
+        snprintf(p, sizeof(p), "%s/n%d", dir, i);
+        cr_assert_eq(mkdir(p, 0700), 0);
+        snprintf(p, sizeof(p), "%s/n%d/status.json", dir, i);
+        FILE *f = fopen(p, "w");
+        cr_assert_not_null(f);
+        cr_assert_eq(fwrite(text, 1, len, f), len);
+        cr_assert_eq(fclose(f), 0);
+        free(text);
+        free(s);
+    }
+    char *srcs[] = {dir};
+    ds_viz_server *sv = NULL;
+    char err[600], addr[80];
+    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 5, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_assert_eq(ds_viz_serve_addr(sv, addr, sizeof(addr)), 0);
+    char *body;
+    size_t len;
+    cr_assert_eq(ds_viz_http_get(addr, "/", 10000, 1 << 24, &body, &len, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_not_null(strstr(body, "<meta http-equiv=\"refresh\" content=\"5\">"));
+    cr_expect_not_null(strstr(body, "type=\"range\" name=\"round\" min=\"100\" max=\"104\" "
+                                    "value=\"104\""), "%s", body);
+    cr_expect_not_null(strstr(body, "round 104, every segment"));
+    /* Ring: n1 initiates to n2 in every round and segment: 5 rounds x
+     * (100 + 101 + 102) bytes. */
+    cr_expect_not_null(strstr(body, "n1 &rarr; n2: 1515 bytes"), "%s", body);
+    cr_expect_not_null(strstr(body, "<h2>Membership"));
+    free(body);
+    cr_assert_eq(ds_viz_http_get(addr, "/?round=102&segment=1", 10000, 1 << 24, &body, &len, err,
+                                 sizeof(err)),
+                 0, "%s", err);
+    cr_expect_not_null(strstr(body, "round 102, segment 1"), "%s", body);
+    cr_expect_not_null(strstr(body, "<option value=\"1\" selected>"));
+    cr_expect_null(strstr(body, "<td><span class=\"sw\" style=\"background:#1f77b4\"></span>0"));
+    free(body);
+    cr_expect_eq(ds_viz_http_get(addr, "/nope", 10000, 1 << 20, &body, &len, err, sizeof(err)),
+                 -EPROTO);
+    ds_viz_serve_stop(&sv);
+    cr_expect_null(sv);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}

@@ -20,6 +20,8 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,7 @@ static void usage(FILE *f)
 {
     fputs("usage: dsviz [--out PREFIX] [--format dot|svg|html|all] [--timeout-ms N]\n"
           "             [--round R] [--segment S] SOURCE...\n"
+          "       dsviz --serve HOST:PORT [--refresh-s N] [--timeout-ms N] SOURCE...\n"
           "\n"
           "Draw the cluster's topology from its nodes' status: members grouped by\n"
           "node.group and one completed round's exchanges per segment (edge colour =\n"
@@ -52,6 +55,10 @@ static void usage(FILE *f)
           "  --round R          the round to draw (default: the newest completed round\n"
           "                     every node's history holds)\n"
           "  --segment S        draw segment S only (default: every segment)\n"
+          "  --serve HOST:PORT  serve a live page at http://HOST:PORT/ until SIGINT or\n"
+          "                     SIGTERM: the sources are read again at each request;\n"
+          "                     round slider, segment filter, traffic heatmap, membership\n"
+          "  --refresh-s N      the live page reloads itself every N s (default 5; 0: never)\n"
           "\n"
           "Environment: DSVIZ_DOT names the Graphviz program (default 'dot').\n"
           "Exit status: 0; 1 when a source or an output failed (what loaded is still\n"
@@ -138,6 +145,8 @@ struct args {
     int round_set, segment_set;
     double round;
     unsigned segment;
+    const char *serve;
+    int refresh_s;
 };
 
 /* getopt_long over argv: options first, then SOURCE... ("+": the first
@@ -146,7 +155,7 @@ struct args {
  * the exit status (0 after --help, 2 on a usage error, said). */
 static int parse_args(int argc, char **argv, struct args *a)
 {
-    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT, O_ROUND, O_SEGMENT };
+    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT, O_ROUND, O_SEGMENT, O_SERVE, O_REFRESH };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
         {"out", required_argument, NULL, O_OUT},
@@ -154,11 +163,14 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"timeout-ms", required_argument, NULL, O_TIMEOUT},
         {"round", required_argument, NULL, O_ROUND},
         {"segment", required_argument, NULL, O_SEGMENT},
+        {"serve", required_argument, NULL, O_SERVE},
+        {"refresh-s", required_argument, NULL, O_REFRESH},
         {NULL, 0, NULL, 0},
     };
     const char *format = "all";
     a->out = "dsviz";
     a->timeout_ms = 5000;
+    a->refresh_s = 5;
     opterr = 0; /* the messages are ours */
     for (;;) {
         const int at = optind; /* the element being read */
@@ -184,6 +196,17 @@ static int parse_args(int argc, char **argv, struct args *a)
                 return 2;
             }
             a->timeout_ms = (int)t;
+            break;
+        case O_SERVE:
+            a->serve = optarg;
+            break;
+        case O_REFRESH:
+            t = strtol(optarg, &end, 10);
+            if (!optarg[0] || *end || t < 0 || t > 3600) {
+                fprintf(stderr, "dsviz: --refresh-s: expected 0..3600, found '%s'\n", optarg);
+                return 2;
+            }
+            a->refresh_s = (int)t;
             break;
         case O_ROUND:
         case O_SEGMENT: {
@@ -340,6 +363,30 @@ static int draw(const struct args *a, int argc, char **argv)
     return status;
 }
 
+/* dsviz --serve: until SIGINT or SIGTERM. */
+static int serve(const struct args *a, int argc, char **argv)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* before the server's thread */
+    ds_viz_server *s = NULL;
+    char err[600];
+    if (ds_viz_serve_start(&s, a->serve, argv + a->first_src, argc - a->first_src,
+                           a->timeout_ms, a->refresh_s, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsviz: %s\n", err);
+        return 1;
+    }
+    char addr[80];
+    if (ds_viz_serve_addr(s, addr, sizeof(addr)) == 0)
+        fprintf(stderr, "dsviz: serving http://%s/\n", addr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    ds_viz_serve_stop(&s);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct args a;
@@ -351,7 +398,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "dsviz: cannot initialise libcurl\n");
         return 1;
     }
-    const int status = draw(&a, argc, argv);
+    const int status = a.serve ? serve(&a, argc, argv) : draw(&a, argc, argv);
     curl_global_cleanup();
     return status;
 }

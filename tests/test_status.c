@@ -1493,6 +1493,14 @@ Test(status, file_write_failures_are_counted)
     free(s);
 }
 
+static int count_str(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
 /* The history of completed rounds is a ring: 10,000 rounds leave the last
  * DS_STATUS_HISTORY, newest first in /status, and the duration histogram
  * counts every one with a fixed set of series. */
@@ -1517,8 +1525,11 @@ Test(status, history_is_bounded)
         h.seg[0] = (ds_status_seg_done){.target = 1, .target_id = 42, .bytes = r,
                                         .outcome = DS_XCHG_OK};
         h.seg[1] = (ds_status_seg_done){.target = 0, .outcome = DS_XCHG_NONE};
+        if (r % 2) /* 20 more peers, one byte each time */
+            h.seg[1] = (ds_status_seg_done){.target = 1, .target_id = 100 + r % 40, .bytes = 1,
+                                            .outcome = DS_XCHG_OK};
         ds_status_history_add(&s->hist, &h);
-        if (r == 10) {
+        if (r == 50) {
             char *t;
             size_t l;
             cr_assert_eq(ds_status_render_metrics(s, &t, &l), 0);
@@ -1532,8 +1543,14 @@ Test(status, history_is_bounded)
                  10000 - DS_STATUS_HISTORY);
     cr_assert_null(ds_status_history_get(&s->hist, DS_STATUS_HISTORY));
     cr_assert_eq(s->hist.dur_count, 10000);
+    /* Bytes by peer: 8 series and "other", and nothing lost. */
+    cr_assert_eq(s->hist.n_peers, DS_STATUS_PEER_SERIES);
+    uint64_t sum = s->hist.other_bytes;
+    for (uint32_t p = 0; p < s->hist.n_peers; p++)
+        sum += s->hist.peer_bytes[p];
+    cr_expect_eq(sum, 9999ull * 10000 / 2 + 5000);
 
-    /* /metrics: as many lines after 10,000 rounds as after 11. */
+    /* /metrics: as many lines after 10,000 rounds as after 51. */
     char *text;
     size_t len;
     cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
@@ -1544,6 +1561,8 @@ Test(status, history_is_bounded)
         lines_b += text[i] == '\n';
     cr_expect_eq(lines_a, lines_b);
     cr_expect_not_null(strstr(text, "dsnode_round_duration_seconds_count{node=\"\"} 10000\n"));
+    cr_expect_not_null(strstr(text, "dsnode_gossip_peer_bytes_total{node=\"\",peer=\"other\"} "));
+    cr_expect_eq(count_str(text, "dsnode_gossip_peer_bytes_total{"), DS_STATUS_PEER_SERIES + 1);
     free(text);
     free(first);
 
@@ -1560,6 +1579,9 @@ Test(status, history_is_bounded)
     cr_expect_str_eq(json_string_value(json_object_get(x, "outcome")), "ok");
     cr_expect_eq(json_integer_value(json_object_get(x, "bytes")), 9999);
     x = json_array_get(json_object_get(h0, "list"), 1);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "outcome")), "ok");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "peer")), "", "not in the view");
+    x = json_array_get(json_object_get(json_array_get(hist, 1), "list"), 1);
     cr_expect_str_eq(json_string_value(json_object_get(x, "outcome")), "none");
     cr_expect(json_is_null(json_object_get(x, "target_id")));
     json_decref(doc);

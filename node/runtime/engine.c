@@ -769,6 +769,7 @@ void ds_engine_publish(ds_engine *r, int force)
         .test_acc = r->st_acc,
         .lr = r->st_lr,
         .samples_per_s = r->st_sps,
+        .samples = r->steps_here * (uint64_t)r->c->train.batch_size,
         .view = r->vbuf,
         .view_len = G,
         .view_size = r->last_nodes,
@@ -808,6 +809,7 @@ void ds_rt_round_ended(rt *r)
         .view_size = G,
         .me = me,
         .vids = r->vids,
+        .view = r->vbuf,
         .begin_ns = r->hist_t0_ns,
         .gossip = r->gossip,
     };

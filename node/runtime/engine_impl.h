@@ -130,6 +130,7 @@ struct ds_engine {
     uint32_t last_nodes;       /* nodes in the last round's view */
     ds_group_stats gst;
     uint64_t hist_round, hist_t0_ns; /* the round in progress, for the status history */
+    uint64_t steps_here;  /* ds_engine_step calls: steps this process trained */
 };
 
 /* The name the runtime's functions have always used for it. */

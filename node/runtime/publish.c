@@ -275,7 +275,11 @@ void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
         else
             d->outcome = DS_XCHG_NONE;
     }
-    ds_status_history_add(&sn->hist, h);
+    const char *names[DS_STATUS_HIST_SEGMENTS] = {0};
+    for (uint32_t s = 0; src->view && s < h->n_listed; s++)
+        if (h->seg[s].target_id && h->seg[s].target < src->view_size)
+            names[s] = src->view[h->seg[s].target].name;
+    ds_status_history_add_named(&sn->hist, h, names);
     free(h);
 }
 
@@ -325,6 +329,7 @@ void ds_publish_status(ds_status *st, ds_status_snapshot *sn, uint64_t *last_ms,
     sn->test_acc = src->test_acc;
     sn->lr = src->lr;
     sn->samples_per_s = src->samples_per_s;
+    sn->samples = src->samples;
     fill_view(sn, src);
     sn->n_layers = 0;
     for (int i = 0; src->layers && i < src->n_layers && i < DS_STATUS_MAX_LAYERS; i++) {

@@ -826,6 +826,7 @@ void ds_engine_step(ds_engine *r, int64_t step)
 {
     const int64_t every = r->c->gossip.every;
     r->step = step;
+    r->steps_here++;
     ds_engine_settle(r);
     if (ds_topo_gossips(r->topo) && step % every == 0 &&
         round_begin(r, r->round0 + (uint64_t)(step / every)) == 0) {

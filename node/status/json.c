@@ -158,6 +158,7 @@ static json_t *train_obj(jb *b, const ds_status_snapshot *s)
     put(b, o, "test_acc", jd(s->test_acc < 0 ? NAN : s->test_acc));
     put(b, o, "lr", jd(s->lr));
     put(b, o, "samples_per_s", jd(s->samples_per_s));
+    put(b, o, "samples", ju(s->samples));
     return o;
 }
 

@@ -65,6 +65,35 @@ const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS] = {
 
 void ds_status_history_add(ds_status_history *h, const ds_status_round *r)
 {
+    ds_status_history_add_named(h, r, NULL);
+}
+
+void ds_status_history_add_named(ds_status_history *h, const ds_status_round *r,
+                                 const char *const *names)
+{
+    const uint32_t nl = r->n_listed < DS_STATUS_HIST_SEGMENTS ? r->n_listed
+                                                              : DS_STATUS_HIST_SEGMENTS;
+    for (uint32_t k = 0; k < nl; k++) {
+        const ds_status_seg_done *d = &r->seg[k];
+        if (!d->target_id || !d->bytes)
+            continue;
+        uint32_t p = 0;
+        while (p < h->n_peers && h->peer_id[p] != d->target_id)
+            p++;
+        if (p == h->n_peers && p < DS_STATUS_PEER_SERIES) {
+            h->peer_id[p] = d->target_id;
+            snprintf(h->peer_name[p], sizeof(h->peer_name[p]), "%s",
+                     names && names[k] ? names[k] : "");
+            if (!h->peer_name[p][0])
+                snprintf(h->peer_name[p], sizeof(h->peer_name[p]), "%016llx",
+                         (unsigned long long)d->target_id);
+            h->n_peers++;
+        }
+        if (p < h->n_peers)
+            h->peer_bytes[p] += d->bytes;
+        else
+            h->other_bytes += d->bytes;
+    }
     h->r[h->next] = *r;
     h->next = (h->next + 1) % DS_STATUS_HISTORY;
     if (h->n < DS_STATUS_HISTORY)

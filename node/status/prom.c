@@ -182,6 +182,9 @@ static void node_part(FILE *f, const ds_status_snapshot *s)
     }
     one_d(f, s, "dsnode_learning_rate", "gauge", "Current learning rate.", s->lr);
     one_d(f, s, "dsnode_samples_per_second", "gauge", "Training throughput.", s->samples_per_s);
+    one_u(f, s, "dsnode_samples_total", "counter",
+          "Training samples this process trained on (its steps times train.batch_size).",
+          s->samples);
     one_u(f, s, "dsnode_segments", "gauge", "Segments the model is cut into for gossip.",
           s->n_segments);
 }
@@ -223,6 +226,17 @@ static void history_part(FILE *f, const ds_status_snapshot *s)
     value_d(f, (double)h->dur_sum_ns * 1e-9);
     open_sample(f, "dsnode_round_duration_seconds_count", F(s->name));
     value_u(f, h->dur_count);
+    family(f, "dsnode_gossip_peer_bytes_total", "counter",
+           "Gossip payload bytes this node initiated, by peer: the first 8 peers by name, "
+           "later ones as other.");
+    for (uint32_t p = 0; p < h->n_peers && p < DS_STATUS_PEER_SERIES; p++) {
+        open_sample(f, "dsnode_gossip_peer_bytes_total", F(s->name));
+        label(f, "peer", F(h->peer_name[p]));
+        value_u(f, h->peer_bytes[p]);
+    }
+    open_sample(f, "dsnode_gossip_peer_bytes_total", F(s->name));
+    label(f, "peer", "other", 8);
+    value_u(f, h->other_bytes);
 }
 
 /* Close the stream (which sets *buf and *blen, as open_memstream was

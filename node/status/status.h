@@ -50,6 +50,7 @@
 #define DS_STATUS_HISTORY 32      /* completed rounds kept (a ring) */
 #define DS_STATUS_HIST_SEGMENTS 32 /* segments kept per completed round */
 #define DS_STATUS_ROUND_BUCKETS 12 /* round duration histogram buckets */
+#define DS_STATUS_PEER_SERIES 8    /* peers with their own bytes series */
 
 /* Text fields, terminator included (the wire's limits + 1; the runtime
  * checks they agree). */
@@ -141,14 +142,26 @@ typedef struct ds_status_history {
     ds_status_round r[DS_STATUS_HISTORY];
     uint64_t dur_count, dur_sum_ns;
     uint64_t dur_bucket[DS_STATUS_ROUND_BUCKETS]; /* not cumulative: by slot */
+    /* payload bytes this node initiated, by peer: the first
+     * DS_STATUS_PEER_SERIES peers get a slot for the node's life, every
+     * later one counts in other_bytes (so every series only grows) */
+    uint32_t n_peers;
+    uint64_t peer_id[DS_STATUS_PEER_SERIES];
+    char peer_name[DS_STATUS_PEER_SERIES][DS_STATUS_NAME_LEN];
+    uint64_t peer_bytes[DS_STATUS_PEER_SERIES];
+    uint64_t other_bytes;
 } ds_status_history;
 
 /* Upper bounds (seconds) of the round duration buckets; the last is
  * +Inf. */
 extern const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS];
 
-/* Add a completed round to h: the oldest is dropped when full. */
+/* Add a completed round to h: the oldest is dropped when full. names
+ * (may be NULL) gives the name of each segment's target, for the bytes
+ * by peer. */
 void ds_status_history_add(ds_status_history *h, const ds_status_round *r);
+void ds_status_history_add_named(ds_status_history *h, const ds_status_round *r,
+                                 const char *const *names);
 
 /* The i-th newest completed round (0 = newest), NULL when i >= h->n. */
 const ds_status_round *ds_status_history_get(const ds_status_history *h, uint32_t i);
@@ -181,6 +194,9 @@ typedef struct ds_status_snapshot {
     double test_acc;                 /* last evaluation; -1 = none yet */
     double lr;
     double samples_per_s;
+    uint64_t samples;                /* training samples this process trained on
+                                      * (its steps x train.batch_size; a joiner's
+                                      * adopted steps are not counted) */
 
     /* the view at `round`: view_size members, the first n_view listed */
     uint32_t view_size, n_view;

@@ -809,10 +809,9 @@ Test(dsviz, draws_a_round_from_the_schedule)
 /* dsviz --serve's server, in this process: the live page over a run
  * directory of nodes with round histories: a slider over the history, the
  * round and segment asked for, and the traffic heatmap's sums. */
-Test(dsviz, live_page_served)
+/* dir/nI/status.json for n0..n3 of history_snapshot (ring). */
+static void write_history_dir(const char *dir)
 {
-    char dir[] = "/tmp/dsviz-live-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
     for (int i = 0; i < 4; i++) {
         ds_status_snapshot *s = history_snapshot(i, DS_TOPO_RING);
         char *text, p[128];
@@ -828,6 +827,13 @@ Test(dsviz, live_page_served)
         free(text);
         free(s);
     }
+}
+
+Test(dsviz, live_page_served)
+{
+    char dir[] = "/tmp/dsviz-live-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    write_history_dir(dir);
     char *srcs[] = {dir};
     ds_viz_server *sv = NULL;
     char err[600], addr[80];
@@ -858,6 +864,47 @@ Test(dsviz, live_page_served)
                  -EPROTO);
     ds_viz_serve_stop(&sv);
     cr_expect_null(sv);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* The live page in a real browser: Debian's chromium, headless, renders
+ * round 102 with every pair of the schedule drawn (ring over 5 members,
+ * 3 segments: 15 arrows) and the slider at 102; a screenshot is left in
+ * the working directory (dsviz-live.png) as the test's artifact. Skipped
+ * when chromium is not installed (ds.sh TEST_PKGS has it). */
+Test(dsviz, live_page_in_chromium)
+{
+    if (access("/usr/bin/chromium", X_OK) != 0)
+        cr_skip_test("chromium is not installed");
+    char dir[] = "/tmp/dsviz-chromium-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    write_history_dir(dir);
+    char *srcs[] = {dir};
+    ds_viz_server *sv = NULL;
+    char err[600], addr[80], url[160], prof[128], shot[300], cwd[200];
+    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 0, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_assert_eq(ds_viz_serve_addr(sv, addr, sizeof(addr)), 0);
+    snprintf(url, sizeof(url), "http://%s/?round=102", addr);
+    snprintf(prof, sizeof(prof), "--user-data-dir=%s/profile", dir);
+    cr_assert_not_null(getcwd(cwd, sizeof(cwd)));
+    snprintf(shot, sizeof(shot), "--screenshot=%s/dsviz-live.png", cwd);
+    char *dom_argv[] = {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                        prof, "--dump-dom", url, NULL};
+    char *out = NULL, *errs = NULL;
+    const int code = run(dir, NULL, dom_argv, &out, &errs);
+    cr_assert_eq(code, 0, "chromium exit %d: %s", code, errs);
+    cr_expect_not_null(strstr(out, "round 102, every segment"), "%s", out);
+    cr_expect_not_null(strstr(out, "value=\"102\""), "%s", out);
+    cr_expect_eq(count(out, "marker-end=\"url(#arrow"), 15, "%s", out);
+    free(out);
+    free(errs);
+    char *shot_argv[] = {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                         prof, "--window-size=1400,1800", shot, url, NULL};
+    cr_expect_eq(run(dir, NULL, shot_argv, NULL, NULL), 0);
+    ds_viz_serve_stop(&sv);
     char cmd[200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     cr_expect_eq(system(cmd), 0);

@@ -23,7 +23,7 @@ PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
 # Debian's packages also enable and start the system services where systemd
 # runs, so `run` does not install them. python3-pytest runs the Python
 # package's tests (meson suite python).
-TEST_PKGS=(openssh-server slurmctld slurmd munge slurm-client python3-pytest)
+TEST_PKGS=(openssh-server slurmctld slurmd munge slurm-client python3-pytest prometheus chromium)
 
 # nvcc lives outside PATH on Debian's CUDA install.
 if [ -x /usr/local/cuda/bin/nvcc ]; then

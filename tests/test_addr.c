@@ -546,9 +546,9 @@ Test(addr, wildcard_without_route_fails)
 
 /* ---- IPv6 loopback cluster ---------------------------------------------------------- */
 
-/* GET /status from [::1]:port over an IPv6 socket, the body parsed; NULL
- * when there is no answer (the node is not serving yet). */
-static json_t *get_status6(int port)
+/* The body of GET path from [::1]:port over an IPv6 socket (asserts a
+ * 200), malloc'd; NULL when there is no answer (not serving yet). */
+static char *get_body6(int port, const char *path)
 {
     const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
     cr_assert_geq(fd, 0);
@@ -562,7 +562,7 @@ static json_t *get_status6(int port)
     }
     char req[128];
     const int rn = snprintf(req, sizeof(req),
-                            "GET /status HTTP/1.0\r\nHost: [::1]:%d\r\n\r\n", port);
+                            "GET %s HTTP/1.0\r\nHost: [::1]:%d\r\n\r\n", path, port);
     cr_assert_eq(write(fd, req, (size_t)rn), rn);
     size_t cap = 1 << 20, len = 0;
     char *buf = malloc(cap);
@@ -575,10 +575,22 @@ static json_t *get_status6(int port)
     const char *body = strstr(buf, "\r\n\r\n");
     cr_assert_not_null(body, "no HTTP answer from [::1]:%d: %.200s", port, buf);
     cr_assert_not_null(strstr(buf, " 200 "), "[::1]:%d: %.200s", port, buf);
-    json_error_t e;
-    json_t *doc = json_loads(body + 4, 0, &e);
-    cr_assert_not_null(doc, "[::1]:%d: not JSON: %s", port, e.text);
+    char *out = strdup(body + 4);
+    cr_assert_not_null(out);
     free(buf);
+    return out;
+}
+
+/* GET /status, the body parsed; NULL when there is no answer. */
+static json_t *get_status6(int port)
+{
+    char *body = get_body6(port, "/status");
+    if (!body)
+        return NULL;
+    json_error_t e;
+    json_t *doc = json_loads(body, 0, &e);
+    cr_assert_not_null(doc, "[::1]:%d: not JSON: %s", port, e.text);
+    free(body);
     return doc;
 }
 
@@ -687,11 +699,39 @@ Test(addr, ipv6_loopback_cluster)
         char q[64];
         snprintf(q, sizeof(q), "label=\"n%d\\n", i);
         cr_expect_not_null(strstr(vout, q), "dsviz's dot lacks %s:\n%s", q, vout);
-        snprintf(q, sizeof(q), "tooltip=\"[::1]:%d\"", g_node_port[i]);
+        snprintf(q, sizeof(q), "tooltip=\"n%d at [::1]:%d\"", i, g_node_port[i]);
         cr_expect_not_null(strstr(vout, q), "dsviz's dot lacks %s:\n%s", q, vout);
     }
+    /* The round is drawn from the schedule (the nodes publish their
+     * completed rounds), and every node's reported targets agree with it. */
+    cr_expect_not_null(strstr(vout, "(from the schedule)"), "dsviz:\n%s", vout);
+    cr_expect_null(strstr(verr, "other than the schedule"), "%s", verr);
     free(vout);
     free(verr);
+
+    /* The page at / links the others; /metrics passes promtool's check
+     * (Debian's prometheus package, ds.sh TEST_PKGS). */
+    char *html = get_body6(s.port[0], "/");
+    cr_assert_not_null(html);
+    cr_expect_not_null(strstr(html, "<a href=\"/metrics\">"), "%s", html);
+    free(html);
+    char *metrics = get_body6(s.port[0], "/metrics");
+    cr_assert_not_null(metrics);
+    const char *mpath = tmp_path("metrics.txt");
+    FILE *mf = fopen(mpath, "w");
+    cr_assert_not_null(mf);
+    cr_assert_eq(fputs(metrics, mf) >= 0 && fclose(mf) == 0, 1);
+    free(metrics);
+    char shcmd[700];
+    snprintf(shcmd, sizeof(shcmd), "promtool check metrics < '%s'", mpath);
+    char *pc[] = {"/bin/sh", "-c", shcmd, NULL};
+    char *pout = NULL, *perr = NULL;
+    int pcode = -1;
+    cr_assert_eq(ds_proc_capture(pc, 30000, &pout, &perr, &pcode, err, sizeof(err)), 0, "%s",
+                 err);
+    cr_expect_eq(pcode, 0, "promtool check metrics (exit %d):\n%s%s", pcode, pout, perr);
+    free(pout);
+    free(perr);
 
     cr_assert_eq(kill(l.pid, SIGINT), 0);
     const int code = live_end(&l, 60000);

@@ -892,6 +892,14 @@ Test(dslaunch_run, two_nodes_train_and_report)
     cr_assert_str_eq(seeds[0], want, "n0 is seeded with itself first, then n1");
     cr_assert_str_eq(seeds[1], listen[0], "n1 is seeded with n0");
     cr_assert_str_neq(sl[0], sl[1]);
+    /* dslaunch says where each status page is; its progress has an ETA. */
+    for (int i = 0; i < 2; i++) {
+        char line[224];
+        snprintf(line, sizeof(line), "dslaunch: %s: status page http://%s/\n", names[i], sl[i]);
+        cr_expect_not_null(strstr(r.err, line), "stderr lacks '%s':\n%s", line, r.err);
+    }
+    if (strstr(r.err, " samples/s in all"))
+        cr_expect_not_null(strstr(r.err, "  eta "), "stderr:\n%s", r.err);
     json_decref(j);
     result_free(&r);
 }

@@ -25,6 +25,7 @@
 #include "node/runtime/publish.h"
 #include "node/status/status.h"
 #include "tools/dsviz/viz.h"
+#include "topology/topology.h"
 
 static void setup_log(void)
 {
@@ -347,7 +348,7 @@ Test(dsviz, dot_output)
     const int n0 = ds_viz_find(&v, "n0"), n1 = ds_viz_find(&v, "n1");
     char want[128];
     snprintf(want, sizeof(want), "m%d -> m%d [color=\"#1f77b4\", fontcolor=\"#1f77b4\", "
-                                 "label=\"s0 400 B\"];",
+                                 "label=\"s0 400 B\", tooltip=\"n0 \u2192 n1: s0 400 B\"];",
              n0, n1);
     cr_expect_not_null(strstr(dot, want), "no '%s' in\n%s", want, dot);
     cr_expect_not_null(strstr(dot, "label=\"s1 failed\", style=dashed"));
@@ -687,4 +688,224 @@ Test(dsviz, program_reports_bad_sources)
     free(out);
     free(err);
     rm_rf(dir);
+}
+
+/* A node of a 5-member view whose history holds rounds 100..104 of
+ * topology `kind`, each segment initiated as the schedule says (bytes
+ * 100 * i + s, outcome ok), except node 2's segment 1 of round 102. */
+static ds_status_snapshot *history_snapshot(int i, enum ds_topo_kind kind)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    snprintf(s->name, sizeof(s->name), "n%d", i);
+    s->id = 0xb0u + (uint64_t)i;
+    s->state = DS_STATUS_TRAINING;
+    s->round = 105;
+    s->epoch = 3;
+    snprintf(s->topology, sizeof(s->topology), "%s", ds_topo_name(kind));
+    s->seed = 7;
+    s->view_size = s->n_view = 5;
+    s->view_me = (uint32_t)i;
+    for (int k = 0; k < 5; k++) {
+        snprintf(s->view[k].name, sizeof(s->view[k].name), "n%d", k);
+        s->view[k].id = 0xb0u + (uint64_t)k;
+        s->view[k].state = k == 4 && i == 0 ? DS_STATUS_MEMBER_LEFT : DS_STATUS_MEMBER_ALIVE;
+    }
+    for (uint64_t r = 100; r < 105; r++) {
+        ds_status_round h;
+        memset(&h, 0, sizeof(h));
+        h.round = r;
+        h.epoch = 3;
+        h.view_size = 5;
+        h.me = (uint32_t)i;
+        h.n_segments = h.n_listed = 3;
+        for (uint32_t seg = 0; seg < 3; seg++) {
+            uint32_t perm[5];
+            const ds_topo_key key = {.seed = 7, .epoch = 3, .round = r, .segment = seg};
+            cr_assert_eq(ds_topo_targets(kind, &key, 5, perm), 0);
+            ds_status_seg_done *d = &h.seg[seg];
+            d->target = perm[i];
+            d->target_id = perm[i] == (uint32_t)i ? 0 : 0xb0u + perm[i];
+            d->outcome = perm[i] == (uint32_t)i ? DS_XCHG_NONE : DS_XCHG_OK;
+            if (r == 102 && i == 2 && seg == 1)
+                d->outcome = DS_XCHG_FAILED;
+            d->bytes = 100u * (uint64_t)i + seg;
+        }
+        ds_status_history_add(&s->hist, &h);
+    }
+    return s;
+}
+
+/* The round drawn is the schedule of that round, computed by dsviz with
+ * topology/, for every topology that gossips: every pair, each with the
+ * outcome and bytes its initiator reported; a node that did not report
+ * still has its pairs (named through the target ids the others report). */
+Test(dsviz, draws_a_round_from_the_schedule)
+{
+    for (int kind = 0; kind < DS_TOPO_KIND_COUNT; kind++) {
+        if (!ds_topo_gossips((enum ds_topo_kind)kind))
+            continue;
+        ds_viz v = {0};
+        for (int i = 0; i < 4; i++) { /* n4 does not report */
+            ds_status_snapshot *s = history_snapshot(i, (enum ds_topo_kind)kind);
+            char *text, err[256];
+            size_t len;
+            cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
+            cr_assert_eq(ds_viz_add_json(&v, text, len, "doc", err, sizeof(err)), 0, "%s", err);
+            free(text);
+            free(s);
+        }
+        v.round_set = 1;
+        v.want_round = 102;
+        cr_assert_eq(ds_viz_build(&v), 0);
+        cr_expect(v.from_schedule);
+        cr_expect_eq(v.round, 102);
+        cr_expect_eq(v.rounds_min, 100);
+        cr_expect_eq(v.rounds_max, 104);
+        cr_expect_eq(v.n_mismatch, 0);
+        size_t want = 0;
+        for (uint32_t seg = 0; seg < 3; seg++) {
+            uint32_t perm[5];
+            const ds_topo_key key = {.seed = 7, .epoch = 3, .round = 102, .segment = seg};
+            cr_assert_eq(ds_topo_targets((enum ds_topo_kind)kind, &key, 5, perm), 0);
+            for (uint32_t a = 0; a < 5; a++) {
+                if (perm[a] == a)
+                    continue;
+                want++;
+                char from[8], to[8];
+                snprintf(from, sizeof(from), "n%u", a);
+                snprintf(to, sizeof(to), "n%u", perm[a]);
+                const int k = find_edge(&v, from, to, seg);
+                cr_assert_geq(k, 0, "%s: no %s -> %s s%u", ds_topo_name(kind), from, to, seg);
+                const ds_viz_edge *e = &v.e[k];
+                if (a == 4) {
+                    cr_expect_str_eq(e->outcome, "unreported");
+                } else {
+                    cr_expect_str_eq(e->outcome, a == 2 && seg == 1 ? "failed" : "ok");
+                    cr_expect_eq(e->bytes, 100.0 * a + seg);
+                }
+            }
+        }
+        cr_expect_eq(v.n_e, want, "%s: %zu edges, want %zu", ds_topo_name(kind), v.n_e, want);
+
+        /* One segment alone; the default round is the newest every node holds. */
+        v.round_set = 0;
+        v.segment_set = 1;
+        v.want_segment = 2;
+        cr_assert_eq(ds_viz_build(&v), 0);
+        cr_expect_eq(v.round, 104);
+        for (size_t k = 0; k < v.n_e; k++)
+            cr_expect_eq(v.e[k].segment, 2);
+        cr_expect_gt(v.n_e, 0);
+        /* n4 left: it says so, not "suspect". */
+        char *dot = write_mem(ds_viz_write_dot, &v);
+        cr_expect_not_null(strstr(dot, "n4\\nleft (no status)"), "%s", dot);
+        free(dot);
+        ds_viz_free(&v);
+    }
+}
+
+/* dsviz --serve's server, in this process: the live page over a run
+ * directory of nodes with round histories: a slider over the history, the
+ * round and segment asked for, and the traffic heatmap's sums. */
+/* dir/nI/status.json for n0..n3 of history_snapshot (ring). */
+static void write_history_dir(const char *dir)
+{
+    for (int i = 0; i < 4; i++) {
+        ds_status_snapshot *s = history_snapshot(i, DS_TOPO_RING);
+        char *text, p[128];
+        size_t len;
+        cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
+        snprintf(p, sizeof(p), "%s/n%d", dir, i);
+        cr_assert_eq(mkdir(p, 0700), 0);
+        snprintf(p, sizeof(p), "%s/n%d/status.json", dir, i);
+        FILE *f = fopen(p, "w");
+        cr_assert_not_null(f);
+        cr_assert_eq(fwrite(text, 1, len, f), len);
+        cr_assert_eq(fclose(f), 0);
+        free(text);
+        free(s);
+    }
+}
+
+Test(dsviz, live_page_served)
+{
+    char dir[] = "/tmp/dsviz-live-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    write_history_dir(dir);
+    char *srcs[] = {dir};
+    ds_viz_server *sv = NULL;
+    char err[600], addr[80];
+    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 5, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_assert_eq(ds_viz_serve_addr(sv, addr, sizeof(addr)), 0);
+    char *body;
+    size_t len;
+    cr_assert_eq(ds_viz_http_get(addr, "/", 10000, 1 << 24, &body, &len, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_not_null(strstr(body, "<meta http-equiv=\"refresh\" content=\"5\">"));
+    cr_expect_not_null(strstr(body, "type=\"range\" name=\"round\" min=\"100\" max=\"104\" "
+                                    "value=\"104\""), "%s", body);
+    cr_expect_not_null(strstr(body, "round 104, every segment"));
+    /* Ring: n1 initiates to n2 in every round and segment: 5 rounds x
+     * (100 + 101 + 102) bytes. */
+    cr_expect_not_null(strstr(body, "n1 &rarr; n2: 1515 bytes"), "%s", body);
+    cr_expect_not_null(strstr(body, "<h2>Membership"));
+    free(body);
+    cr_assert_eq(ds_viz_http_get(addr, "/?round=102&segment=1", 10000, 1 << 24, &body, &len, err,
+                                 sizeof(err)),
+                 0, "%s", err);
+    cr_expect_not_null(strstr(body, "round 102, segment 1"), "%s", body);
+    cr_expect_not_null(strstr(body, "<option value=\"1\" selected>"));
+    cr_expect_null(strstr(body, "<td><span class=\"sw\" style=\"background:#1f77b4\"></span>0"));
+    free(body);
+    cr_expect_eq(ds_viz_http_get(addr, "/nope", 10000, 1 << 20, &body, &len, err, sizeof(err)),
+                 -EPROTO);
+    ds_viz_serve_stop(&sv);
+    cr_expect_null(sv);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* The live page in a real browser: Debian's chromium, headless, renders
+ * round 102 with every pair of the schedule drawn (ring over 5 members,
+ * 3 segments: 15 arrows) and the slider at 102; a screenshot is left in
+ * the working directory (dsviz-live.png) as the test's artifact. Skipped
+ * when chromium is not installed (ds.sh TEST_PKGS has it). */
+Test(dsviz, live_page_in_chromium)
+{
+    if (access("/usr/bin/chromium", X_OK) != 0)
+        cr_skip_test("chromium is not installed");
+    char dir[] = "/tmp/dsviz-chromium-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    write_history_dir(dir);
+    char *srcs[] = {dir};
+    ds_viz_server *sv = NULL;
+    char err[600], addr[80], url[160], prof[128], shot[300], cwd[200];
+    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 0, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_assert_eq(ds_viz_serve_addr(sv, addr, sizeof(addr)), 0);
+    snprintf(url, sizeof(url), "http://%s/?round=102", addr);
+    snprintf(prof, sizeof(prof), "--user-data-dir=%s/profile", dir);
+    cr_assert_not_null(getcwd(cwd, sizeof(cwd)));
+    snprintf(shot, sizeof(shot), "--screenshot=%s/dsviz-live.png", cwd);
+    char *dom_argv[] = {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                        prof, "--dump-dom", url, NULL};
+    char *out = NULL, *errs = NULL;
+    const int code = run(dir, NULL, dom_argv, &out, &errs);
+    cr_assert_eq(code, 0, "chromium exit %d: %s", code, errs);
+    cr_expect_not_null(strstr(out, "round 102, every segment"), "%s", out);
+    cr_expect_not_null(strstr(out, "value=\"102\""), "%s", out);
+    cr_expect_eq(count(out, "marker-end=\"url(#arrow"), 15, "%s", out);
+    free(out);
+    free(errs);
+    char *shot_argv[] = {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                         prof, "--window-size=1400,1800", shot, url, NULL};
+    cr_expect_eq(run(dir, NULL, shot_argv, NULL, NULL), 0);
+    ds_viz_serve_stop(&sv);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
 }

@@ -482,7 +482,8 @@ Test(status, json_escapes_hostile_text)
 }
 
 /* Every line of a Prometheus text page: "# HELP name text", "# TYPE name
- * counter|gauge", or "name{labels} value" of a family declared before. */
+ * counter|gauge|histogram", or "name{labels} value" of a family declared
+ * before (a histogram's samples: name_bucket, name_sum, name_count). */
 static int check_prom(const char *text, char *why, size_t n)
 {
     char family[128] = "";
@@ -512,7 +513,8 @@ static int check_prom(const char *text, char *why, size_t n)
         }
         if (!strncmp(buf, "# TYPE ", 7)) {
             if (sscanf(buf + 7, "%127s %31s", name, type) != 2 ||
-                (strcmp(type, "counter") && strcmp(type, "gauge"))) {
+                (strcmp(type, "counter") && strcmp(type, "gauge") &&
+                 strcmp(type, "histogram"))) {
                 snprintf(why, n, "bad TYPE: %s", buf);
                 return -1;
             }
@@ -521,7 +523,11 @@ static int check_prom(const char *text, char *why, size_t n)
         }
         /* A sample: name{k="v",...} value */
         const char *b = strchr(buf, '{');
-        if (!b || (size_t)(b - buf) != strlen(family) || strncmp(buf, family, strlen(family))) {
+        const size_t fl = strlen(family);
+        const int hsuffix = b && (size_t)(b - buf) > fl && !strncmp(buf, family, fl) &&
+                            (!strncmp(buf + fl, "_bucket{", 8) || !strncmp(buf + fl, "_sum{", 5) ||
+                             !strncmp(buf + fl, "_count{", 7));
+        if (!b || (!hsuffix && ((size_t)(b - buf) != fl || strncmp(buf, family, fl)))) {
             snprintf(why, n, "sample outside its family (%s): %s", family, buf);
             return -1;
         }
@@ -577,6 +583,9 @@ Test(status, metrics_are_prometheus_text)
     ds_status_snapshot *s = sample_snapshot();
     snprintf(s->view[1].name, sizeof(s->view[1].name), "evil");
     snprintf(s->exchanges[1].initiate_to, sizeof(s->exchanges[1].initiate_to), "q\"\\\n\x02z");
+    snprintf(s->version, sizeof(s->version), "q\"\\\n\x02z");
+    snprintf(s->backend, sizeof(s->backend), "cpu");
+    snprintf(s->topology, sizeof(s->topology), "crossover");
     char *text;
     size_t len;
     cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
@@ -598,8 +607,8 @@ Test(status, metrics_are_prometheus_text)
         "dsnode_transport_drops_total{node=\"n0\",reason=\"late\"} 5\n",
         "dsnode_members{node=\"n0\",state=\"suspect\"} 1\n",
         "dsnode_membership_drops_total{node=\"n0\",reason=\"forged\"} 6\n",
-        "dsnode_exchange{node=\"n0\",segment=\"0\",peer=\"n1\",outcome=\"ok\"} 1\n",
-        "dsnode_exchange{node=\"n0\",segment=\"1\",peer=\"q\\\"\\\\\\n?z\",outcome=\"failed\"} 1\n",
+        "dsnode_round_duration_seconds_bucket{node=\"n0\",le=\"+Inf\"} 0\n",
+        "dsnode_build_info{node=\"n0\",version=\"q\\\"\\\\\\n?z\",backend=\"cpu\",topology=\"crossover\"} 1\n",
         "dsnode_segment_length{node=\"n0\",segment=\"1\"} 10\n",
         "# TYPE dsnode_drops_total counter\n",
         "# TYPE dsnode_round gauge\n",
@@ -669,10 +678,28 @@ Test(status, serves_status_and_metrics)
     cr_expect_not_null(strstr(r.body, "dsnode_status_responses_total{node=\"n0\",code=\"200\"}"));
     resp_free(&r);
 
+    /* The page at /: HTML linking the other two, the view, escaped. */
+    snprintf(s->view[1].name, sizeof(s->view[1].name), "<b>evil</b>");
+    ds_status_round h = {.round = 11, .view_size = 2, .me = 0, .n_segments = 1, .n_listed = 1};
+    h.seg[0] = (ds_status_seg_done){.target = 1, .target_id = s->view[1].id, .bytes = 77,
+                                    .outcome = DS_XCHG_OK, .n_in = 1};
+    ds_status_history_add(&s->hist, &h);
+    ds_status_publish(st, s);
+    r = get(port, "/");
+    cr_assert_eq(r.code, 200);
+    cr_expect_not_null(strstr(r.raw, "Content-Type: text/html; charset=utf-8\r\n"));
+    cr_expect_not_null(strstr(r.body, "<a href=\"/status\">"));
+    cr_expect_not_null(strstr(r.body, "<a href=\"/metrics\">"));
+    cr_expect_not_null(strstr(r.body, "&lt;b&gt;evil&lt;/b&gt;"));
+    cr_expect_null(strstr(r.body, "<b>evil"));
+    cr_expect_not_null(strstr(r.body, "Last completed round: 11"), "%s", r.body);
+    cr_expect_not_null(strstr(r.body, "<td>ok</td><td>77</td>"), "%s", r.body);
+    resp_free(&r);
+
     ds_status_stats ss;
     ds_status_stats_get(st, &ss);
-    cr_expect_eq(ss.resp_200, 5);
-    cr_expect_eq(ss.publishes, 2);
+    cr_expect_eq(ss.resp_200, 6);
+    cr_expect_eq(ss.publishes, 3);
     free(s);
     ds_status_destroy(&st);
     cr_expect_null(st);
@@ -723,7 +750,7 @@ Test(status, refuses_what_it_does_not_serve)
         int code;
     } cases[] = {
         {"GET /nope HTTP/1.1\r\n\r\n", 404},
-        {"GET / HTTP/1.1\r\n\r\n", 404},
+        {"GET /index.html HTTP/1.1\r\n\r\n", 404},
         {"GET /statusx HTTP/1.1\r\n\r\n", 404},
         {"POST /status HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405},
         {"PUT /status HTTP/1.1\r\n\r\n", 405},
@@ -1463,5 +1490,101 @@ Test(status, file_write_failures_are_counted)
     cr_expect_geq(ss.file_errors, 1);
     cr_expect_eq(ss.file_writes, 1);
     ds_status_destroy(&st);
+    free(s);
+}
+
+static int count_str(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* The history of completed rounds is a ring: 10,000 rounds leave the last
+ * DS_STATUS_HISTORY, newest first in /status, and the duration histogram
+ * counts every one with a fixed set of series. */
+Test(status, history_is_bounded)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    s->n_view = 2;
+    s->view[1].id = 42;
+    snprintf(s->view[1].name, sizeof(s->view[1].name), "n1");
+    char *first = NULL;
+    size_t first_len = 0;
+    for (uint64_t r = 0; r < 10000; r++) {
+        ds_status_round h;
+        memset(&h, 0, sizeof(h));
+        h.round = r;
+        h.view_size = 2;
+        h.me = 0;
+        h.duration_ns = (r % 7) * 1000000u;
+        h.n_segments = h.n_listed = 2;
+        h.seg[0] = (ds_status_seg_done){.target = 1, .target_id = 42, .bytes = r,
+                                        .outcome = DS_XCHG_OK};
+        h.seg[1] = (ds_status_seg_done){.target = 0, .outcome = DS_XCHG_NONE};
+        if (r % 2) /* 20 more peers, one byte each time */
+            h.seg[1] = (ds_status_seg_done){.target = 1, .target_id = 100 + r % 40, .bytes = 1,
+                                            .outcome = DS_XCHG_OK};
+        ds_status_history_add(&s->hist, &h);
+        if (r == 50) {
+            char *t;
+            size_t l;
+            cr_assert_eq(ds_status_render_metrics(s, &t, &l), 0);
+            first = t;
+            first_len = l;
+        }
+    }
+    cr_assert_eq(s->hist.n, DS_STATUS_HISTORY);
+    cr_assert_eq(ds_status_history_get(&s->hist, 0)->round, 9999);
+    cr_assert_eq(ds_status_history_get(&s->hist, DS_STATUS_HISTORY - 1)->round,
+                 10000 - DS_STATUS_HISTORY);
+    cr_assert_null(ds_status_history_get(&s->hist, DS_STATUS_HISTORY));
+    cr_assert_eq(s->hist.dur_count, 10000);
+    /* Bytes by peer: 8 series and "other", and nothing lost. */
+    cr_assert_eq(s->hist.n_peers, DS_STATUS_PEER_SERIES);
+    uint64_t sum = s->hist.other_bytes;
+    for (uint32_t p = 0; p < s->hist.n_peers; p++)
+        sum += s->hist.peer_bytes[p];
+    cr_expect_eq(sum, 9999ull * 10000 / 2 + 5000);
+
+    /* /metrics: as many lines after 10,000 rounds as after 51. */
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
+    size_t lines_a = 0, lines_b = 0;
+    for (size_t i = 0; i < first_len; i++)
+        lines_a += first[i] == '\n';
+    for (size_t i = 0; i < len; i++)
+        lines_b += text[i] == '\n';
+    cr_expect_eq(lines_a, lines_b);
+    cr_expect_not_null(strstr(text, "dsnode_round_duration_seconds_count{node=\"\"} 10000\n"));
+    cr_expect_not_null(strstr(text, "dsnode_gossip_peer_bytes_total{node=\"\",peer=\"other\"} "));
+    cr_expect_eq(count_str(text, "dsnode_gossip_peer_bytes_total{"), DS_STATUS_PEER_SERIES + 1);
+    free(text);
+    free(first);
+
+    cr_assert_eq(ds_status_render_json(s, 1, &text, &len), 0);
+    json_error_t je;
+    json_t *doc = json_loads(text, 0, &je);
+    cr_assert_not_null(doc, "%s", je.text);
+    json_t *hist = json_object_get(doc, "history");
+    cr_assert_eq(json_array_size(hist), DS_STATUS_HISTORY);
+    json_t *h0 = json_array_get(hist, 0);
+    cr_expect_eq(json_integer_value(json_object_get(h0, "round")), 9999);
+    json_t *x = json_array_get(json_object_get(h0, "list"), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "peer")), "n1");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "outcome")), "ok");
+    cr_expect_eq(json_integer_value(json_object_get(x, "bytes")), 9999);
+    x = json_array_get(json_object_get(h0, "list"), 1);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "outcome")), "ok");
+    cr_expect_str_eq(json_string_value(json_object_get(x, "peer")), "", "not in the view");
+    x = json_array_get(json_object_get(json_array_get(hist, 1), "list"), 1);
+    cr_expect_str_eq(json_string_value(json_object_get(x, "outcome")), "none");
+    cr_expect(json_is_null(json_object_get(x, "target_id")));
+    json_decref(doc);
+    free(text);
     free(s);
 }

@@ -131,7 +131,9 @@ typedef struct ds_gseg {
 #define DS_GOSSIP_HELP_XCHG "Exchanges this node initiated, by outcome."
 #define DS_GOSSIP_HELP_STALE "STALE replies."
 #define DS_GOSSIP_HELP_VALUES "Parameter values exchanged."
-#define DS_GOSSIP_HELP_BYTES "Gossip payload bytes (indices and values)."
+#define DS_GOSSIP_HELP_BYTES \
+    "Gossip payload counted as raw u32 indices and f32 values, before the wire codes the " \
+    "indices (so it can exceed the transport's bytes)."
 #define DS_GOSSIP_STATS(X) \
     X(U64, rounds, "rounds", "dsnode_gossip_rounds_total", COUNTER, NULL, NULL, \
       "Gossip rounds taken part in.") \

@@ -35,6 +35,8 @@
 #include "node/runtime/engine_impl.h"
 #include "node/runtime/preflight.h"
 #include "node/runtime/publish.h"
+#include "kernels/kernels.h"
+#include "topology/topology.h"
 
 /* Neither stop request made: for a client that passes none. */
 static const atomic_int never;
@@ -572,6 +574,12 @@ static int open_status(rt *r)
         return -ENOMEM;
     }
     ds_status_snapshot_init(r->snap);
+    snprintf(r->snap->topology, sizeof(r->snap->topology), "%s",
+             ds_topo_name(c->gossip.topology));
+    r->snap->seed = (uint64_t)c->cluster.seed;
+    snprintf(r->snap->version, sizeof(r->snap->version), "%s", DS_VERSION);
+    snprintf(r->snap->backend, sizeof(r->snap->backend), "%s",
+             ds_ops_backend_name(c->train.backend));
     int e = ds_publish_open(&r->status, c->status.listen, c->status.file,
                             (int)c->status.file_interval_ms, r->snap);
     if (e < 0) {
@@ -762,6 +770,7 @@ void ds_engine_publish(ds_engine *r, int force)
         .test_acc = r->st_acc,
         .lr = r->st_lr,
         .samples_per_s = r->st_sps,
+        .samples = r->steps_here * (uint64_t)r->c->train.batch_size,
         .view = r->vbuf,
         .view_len = G,
         .view_size = r->last_nodes,
@@ -776,6 +785,36 @@ void ds_engine_publish(ds_engine *r, int force)
         .n_layers = r->registered ? r->p.n_layers : 0,
     };
     ds_publish_status(r->status, r->snap, &r->last_publish_ms, force, &src);
+}
+
+void ds_rt_round_began(rt *r, uint64_t round)
+{
+    r->hist_round = round;
+    r->hist_t0_ns = ds_now_ns();
+}
+
+void ds_rt_round_ended(rt *r)
+{
+    /* A round between groups has groups as its participants: not in the
+     * history yet (its drawing is the hierarchy's, still to come). */
+    if (!r->snap || r->grouped)
+        return;
+    const uint32_t G = r->last_G < r->vcap ? r->last_G : r->vcap;
+    uint32_t me = G;
+    for (uint32_t i = 0; i < G; i++)
+        if (r->vids[i] == r->id.id)
+            me = i;
+    const ds_publish_round_src src = {
+        .round = r->hist_round,
+        .epoch = r->last_epoch,
+        .view_size = G,
+        .me = me,
+        .vids = r->vids,
+        .view = r->vbuf,
+        .begin_ns = r->hist_t0_ns,
+        .gossip = r->gossip,
+    };
+    ds_publish_round(r->snap, &src);
 }
 
 void ds_engine_info_get(ds_engine *r, ds_engine_info *out)

@@ -129,10 +129,18 @@ struct ds_engine {
                                 * group, vgidx each entry's */
     uint32_t last_nodes;       /* nodes in the last round's view */
     ds_group_stats gst;
+    uint64_t hist_round, hist_t0_ns; /* the round in progress, for the status history */
+    uint64_t steps_here;  /* ds_engine_step calls: steps this process trained */
 };
 
 /* The name the runtime's functions have always used for it. */
 typedef struct ds_engine rt;
+
+/* The status page's history of completed rounds (engine.c): mark a
+ * round's begin, then record it once it has ended (the round's thread,
+ * after ds_gossip_end). */
+void ds_rt_round_began(rt *r, uint64_t round);
+void ds_rt_round_ended(rt *r);
 
 /* The client's stop requests (ds_engine_stop). */
 static inline int ds_rt_stop_signal(const rt *r)

@@ -14,7 +14,9 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -228,6 +230,59 @@ static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src,
     }
 }
 
+void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
+{
+    static const uint8_t outcome[] = {
+        [DS_GOUT_NONE] = DS_XCHG_NONE,
+        /* still pending when the round closed: it did not complete */
+        [DS_GOUT_PENDING] = DS_XCHG_FAILED,
+        [DS_GOUT_OK] = DS_XCHG_OK,
+        [DS_GOUT_FAILED] = DS_XCHG_FAILED,
+        [DS_GOUT_SKIPPED] = DS_XCHG_SKIPPED,
+    };
+    if (!sn || !src->gossip)
+        return;
+    ds_status_round *h = malloc(sizeof(*h)); /* ~1 KiB, not on the round's stack */
+    if (!h)
+        return; /* the history skips a round; the histogram too */
+    memset(h, 0, sizeof(*h));
+    const uint64_t now = ds_now_ns();
+    h->round = src->round;
+    h->epoch = src->epoch;
+    h->view_size = src->view_size;
+    h->me = src->me;
+    h->duration_ns = now > src->begin_ns ? now - src->begin_ns : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    h->end_unix_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    const int nseg = ds_gossip_n_segments(src->gossip);
+    h->n_segments = nseg > 0 ? (uint32_t)nseg : 0;
+    h->n_listed = h->n_segments < DS_STATUS_HIST_SEGMENTS ? h->n_segments : DS_STATUS_HIST_SEGMENTS;
+    for (uint32_t s = 0; s < h->n_listed; s++) {
+        ds_status_seg_done *d = &h->seg[s];
+        ds_gossip_xinfo xi;
+        d->target = src->me;
+        d->outcome = DS_XCHG_NONE;
+        if (ds_gossip_xinfo_get(src->gossip, (int)s, &xi) < 0)
+            continue;
+        d->target = xi.target;
+        d->n_in = xi.n_in;
+        d->bytes = xi.bytes;
+        d->outcome = (unsigned)xi.outcome < sizeof(outcome) ? outcome[xi.outcome]
+                                                            : (uint8_t)DS_XCHG_FAILED;
+        if (xi.target < src->view_size && xi.target != src->me)
+            d->target_id = src->vids[xi.target];
+        else
+            d->outcome = DS_XCHG_NONE;
+    }
+    const char *names[DS_STATUS_HIST_SEGMENTS] = {0};
+    for (uint32_t s = 0; src->view && s < h->n_listed; s++)
+        if (h->seg[s].target_id && h->seg[s].target < src->view_size)
+            names[s] = src->view[h->seg[s].target].name;
+    ds_status_history_add_named(&sn->hist, h, names);
+    free(h);
+}
+
 /* The counters, read from the modules through their getters (gossip's
  * from the report copy: gst). */
 static void fill_metrics(ds_status_snapshot *sn, const ds_publish_src *src,
@@ -274,6 +329,7 @@ void ds_publish_status(ds_status *st, ds_status_snapshot *sn, uint64_t *last_ms,
     sn->test_acc = src->test_acc;
     sn->lr = src->lr;
     sn->samples_per_s = src->samples_per_s;
+    sn->samples = src->samples;
     fill_view(sn, src);
     sn->n_layers = 0;
     for (int i = 0; src->layers && i < src->n_layers && i < DS_STATUS_MAX_LAYERS; i++) {

@@ -59,6 +59,7 @@ typedef struct ds_publish_src {
     int64_t step, steps;
     uint64_t round, epoch;
     double loss, test_acc, lr, samples_per_s;
+    uint64_t samples;                /* steps this process trained x batch size */
     const ds_member_info *view;      /* the view of `round`: view_len entries */
     uint32_t view_len;               /* those in `view` (at most view_size) */
     uint32_t view_size;              /* the view's real size */
@@ -81,5 +82,19 @@ typedef struct ds_publish_src {
  * Does nothing when st or sn is NULL. */
 void ds_publish_status(ds_status *st, ds_status_snapshot *sn, uint64_t *last_ms, int force,
                        const ds_publish_src *src);
+
+/* A round that has just ended, for the status page's history. */
+typedef struct ds_publish_round_src {
+    uint64_t round, epoch;
+    uint32_t view_size, me;   /* me == view_size: not in the view */
+    const uint64_t *vids;     /* the view's node ids: view_size of them */
+    const ds_member_info *view; /* their records (names), or NULL */
+    uint64_t begin_ns;        /* ds_now_ns() at the round's begin */
+    ds_gossip *gossip;        /* after ds_gossip_end: the outcomes are final */
+} ds_publish_round_src;
+
+/* Add the round to sn's history (the round's thread: it reads gossip's
+ * live per-segment outcomes). */
+void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src);
 
 #endif

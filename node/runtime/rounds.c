@@ -238,6 +238,8 @@ static int round_begin(rt *r, uint64_t round)
     int e = set_round_view(r, round);
     if (e == 0)
         e = ds_gossip_begin(r->gossip, params_host(r), round);
+    if (e == 0)
+        ds_rt_round_began(r, round);
     if (e < 0)
         ds_error("gossip", "round %llu cannot start: %s", (unsigned long long)round, strerror(-e));
     return e;
@@ -246,6 +248,7 @@ static int round_begin(rt *r, uint64_t round)
 static void round_end(rt *r)
 {
     ds_gossip_end(r->gossip, params_host(r));
+    ds_rt_round_ended(r);
     params_push(r);
     r->rounds++;
 }
@@ -823,6 +826,7 @@ void ds_engine_step(ds_engine *r, int64_t step)
 {
     const int64_t every = r->c->gossip.every;
     r->step = step;
+    r->steps_here++;
     ds_engine_settle(r);
     if (ds_topo_gossips(r->topo) && step % every == 0 &&
         round_begin(r, r->round0 + (uint64_t)(step / every)) == 0) {

@@ -332,6 +332,26 @@ static enum MHD_Result answer_metrics(ds_status *st, struct MHD_Connection *c)
     return e;
 }
 
+static enum MHD_Result answer_html(ds_status *st, struct MHD_Connection *c)
+{
+    char *body = NULL;
+    size_t len = 0;
+    if (ds_status_cached_metrics(st) < 0) /* takes the newest snapshot */
+        return MHD_NO;
+    if (ds_status_render_html(st->cur, &body, &len) < 0)
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    enum MHD_Result e = MHD_NO;
+    if (common_headers(r, "text/html; charset=utf-8") == 0)
+        e = queue(st, c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return e;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **req_ctx)
@@ -366,7 +386,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return answer_status(st, c);
     if (plen == 8 && !memcmp(url, "/metrics", 8))
         return answer_metrics(st, c);
-    return answer_text(st, c, MHD_HTTP_NOT_FOUND, "not found: try /status or /metrics\n");
+    if (plen == 1 && url[0] == '/')
+        return answer_html(st, c);
+    return answer_text(st, c, MHD_HTTP_NOT_FOUND, "not found: try /, /status or /metrics\n");
 }
 
 /* ---- the listener ---- */

@@ -144,6 +144,8 @@ static json_t *node_obj(jb *b, const ds_status_snapshot *s)
     put(b, o, "group", jstr(F(s->group)));
     put(b, o, "id", jid(s->id));
     put(b, o, "state", json_string(ds_status_state_name((enum ds_status_state)s->state)));
+    put(b, o, "version", jstr(F(s->version)));
+    put(b, o, "backend", jstr(F(s->backend)));
     return o;
 }
 
@@ -156,6 +158,7 @@ static json_t *train_obj(jb *b, const ds_status_snapshot *s)
     put(b, o, "test_acc", jd(s->test_acc < 0 ? NAN : s->test_acc));
     put(b, o, "lr", jd(s->lr));
     put(b, o, "samples_per_s", jd(s->samples_per_s));
+    put(b, o, "samples", ju(s->samples));
     return o;
 }
 
@@ -237,6 +240,60 @@ static json_t *exchanges_obj(jb *b, const ds_status_snapshot *s)
     return o;
 }
 
+/* The name of the view member with node id `id`, "" when none. */
+static const char *view_name(const ds_status_snapshot *s, uint64_t id)
+{
+    const uint32_t n_view = s->n_view < DS_STATUS_MAX_VIEW ? s->n_view : DS_STATUS_MAX_VIEW;
+    for (uint32_t i = 0; id && i < n_view; i++)
+        if (s->view[i].id == id)
+            return s->view[i].name;
+    return "";
+}
+
+/* The last completed rounds, newest first. */
+static json_t *history_arr(jb *b, const ds_status_snapshot *s)
+{
+    json_t *list = json_array();
+    for (uint32_t i = 0; i < s->hist.n && i < DS_STATUS_HISTORY; i++) {
+        const ds_status_round *r = ds_status_history_get(&s->hist, i);
+        json_t *o = json_object();
+        put(b, o, "round", ju(r->round));
+        put(b, o, "epoch", ju(r->epoch));
+        put(b, o, "view_size", ju(r->view_size));
+        put(b, o, "me", ju(r->me));
+        put(b, o, "end_unix_ms", ju(r->end_unix_ms));
+        put(b, o, "duration_s", jd((double)r->duration_ns * 1e-9));
+        put(b, o, "segments", ju(r->n_segments));
+        json_t *segs = json_array();
+        const uint32_t nl =
+            r->n_listed < DS_STATUS_HIST_SEGMENTS ? r->n_listed : DS_STATUS_HIST_SEGMENTS;
+        for (uint32_t k = 0; k < nl; k++) {
+            const ds_status_seg_done *d = &r->seg[k];
+            json_t *e = json_object();
+            put(b, e, "segment", ju(k));
+            put(b, e, "target", ju(d->target));
+            put(b, e, "target_id", d->target_id ? jid(d->target_id) : json_null());
+            put(b, e, "peer", jstr(view_name(s, d->target_id), DS_STATUS_NAME_LEN));
+            put(b, e, "outcome",
+                json_string(ds_status_outcome_name((enum ds_status_outcome)d->outcome)));
+            put(b, e, "bytes", ju(d->bytes));
+            put(b, e, "answered", ju(d->n_in));
+            push(b, segs, e);
+        }
+        put(b, o, "list", segs);
+        push(b, list, o);
+    }
+    return list;
+}
+
+static json_t *schedule_obj(jb *b, const ds_status_snapshot *s)
+{
+    json_t *o = json_object();
+    put(b, o, "topology", jstr(F(s->topology)));
+    put(b, o, "seed", ju(s->seed));
+    return o;
+}
+
 /* The metric groups: each an object of its JSON rows, at the top or in
  * its parent's object, with its total beside it when it has one. */
 static void groups(jb *b, json_t *root, const ds_status_snapshot *s)
@@ -290,6 +347,8 @@ int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, cha
     put(&b, root, "view", view_obj(&b, s));
     put(&b, root, "model", model_obj(&b, s));
     put(&b, root, "exchanges", exchanges_obj(&b, s));
+    put(&b, root, "schedule", schedule_obj(&b, s));
+    put(&b, root, "history", history_arr(&b, s));
     groups(&b, root, s);
     char *text = b.bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(REAL_DIGITS));
     json_decref(root);

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "node/status/internal.h"
@@ -54,6 +55,63 @@ void ds_status_snapshot_init(ds_status_snapshot *s)
     s->state = DS_STATUS_JOINING;
     s->test_acc = -1;
     s->view_me = UINT32_MAX;
+}
+
+/* ---- the history of completed rounds ---- */
+
+const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, INFINITY,
+};
+
+void ds_status_history_add(ds_status_history *h, const ds_status_round *r)
+{
+    ds_status_history_add_named(h, r, NULL);
+}
+
+void ds_status_history_add_named(ds_status_history *h, const ds_status_round *r,
+                                 const char *const *names)
+{
+    const uint32_t nl = r->n_listed < DS_STATUS_HIST_SEGMENTS ? r->n_listed
+                                                              : DS_STATUS_HIST_SEGMENTS;
+    for (uint32_t k = 0; k < nl; k++) {
+        const ds_status_seg_done *d = &r->seg[k];
+        if (!d->target_id || !d->bytes)
+            continue;
+        uint32_t p = 0;
+        while (p < h->n_peers && h->peer_id[p] != d->target_id)
+            p++;
+        if (p == h->n_peers && p < DS_STATUS_PEER_SERIES) {
+            h->peer_id[p] = d->target_id;
+            snprintf(h->peer_name[p], sizeof(h->peer_name[p]), "%s",
+                     names && names[k] ? names[k] : "");
+            if (!h->peer_name[p][0])
+                snprintf(h->peer_name[p], sizeof(h->peer_name[p]), "%016llx",
+                         (unsigned long long)d->target_id);
+            h->n_peers++;
+        }
+        if (p < h->n_peers)
+            h->peer_bytes[p] += d->bytes;
+        else
+            h->other_bytes += d->bytes;
+    }
+    h->r[h->next] = *r;
+    h->next = (h->next + 1) % DS_STATUS_HISTORY;
+    if (h->n < DS_STATUS_HISTORY)
+        h->n++;
+    const double sec = (double)r->duration_ns * 1e-9;
+    uint32_t b = 0;
+    while (b + 1 < DS_STATUS_ROUND_BUCKETS && sec > ds_status_round_bounds[b])
+        b++;
+    h->dur_bucket[b]++;
+    h->dur_count++;
+    h->dur_sum_ns += r->duration_ns;
+}
+
+const ds_status_round *ds_status_history_get(const ds_status_history *h, uint32_t i)
+{
+    if (i >= h->n)
+        return NULL;
+    return &h->r[(h->next + DS_STATUS_HISTORY - 1 - i) % DS_STATUS_HISTORY];
 }
 
 void ds_status_clear_groups(ds_status_snapshot *s)

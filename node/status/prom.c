@@ -150,6 +150,13 @@ static void node_part(FILE *f, const ds_status_snapshot *s)
     label(f, "id", F(id));
     value_u(f, 1);
 
+    family(f, "dsnode_build_info", "gauge",
+           "Constant 1, labelled with the build: version and compute backend.");
+    open_sample(f, "dsnode_build_info", F(s->name));
+    label(f, "version", F(s->version));
+    label(f, "backend", F(s->backend));
+    label(f, "topology", F(s->topology));
+    value_u(f, 1);
     family(f, "dsnode_state", "gauge", "1 for the node's current state, 0 for the others.");
     for (int i = 0; i < DS_STATUS__COUNT; i++) {
         open_sample(f, "dsnode_state", F(s->name));
@@ -175,6 +182,9 @@ static void node_part(FILE *f, const ds_status_snapshot *s)
     }
     one_d(f, s, "dsnode_learning_rate", "gauge", "Current learning rate.", s->lr);
     one_d(f, s, "dsnode_samples_per_second", "gauge", "Training throughput.", s->samples_per_s);
+    one_u(f, s, "dsnode_samples_total", "counter",
+          "Training samples this process trained on (its steps times train.batch_size).",
+          s->samples);
     one_u(f, s, "dsnode_segments", "gauge", "Segments the model is cut into for gossip.",
           s->n_segments);
 }
@@ -192,20 +202,41 @@ static void exchange_part(FILE *f, const ds_status_snapshot *s)
         label(f, "segment", F(seg));
         value_u(f, s->exchanges[i].length);
     }
-    family(f, "dsnode_exchange", "gauge",
-           "1 per segment this node initiates an exchange of this round, by peer and outcome.");
-    for (uint32_t i = 0; i < n_x; i++) {
-        const ds_status_exchange *x = &s->exchanges[i];
-        if (!x->initiate_to[0])
-            continue;
-        char seg[16];
-        snprintf(seg, sizeof(seg), "%u", x->segment);
-        open_sample(f, "dsnode_exchange", F(s->name));
-        label(f, "segment", F(seg));
-        label(f, "peer", F(x->initiate_to));
-        label(f, "outcome", ds_status_outcome_name((enum ds_status_outcome)x->outcome), 16);
-        value_u(f, 1);
+}
+
+/* Round durations, every completed round since the start. */
+static void history_part(FILE *f, const ds_status_snapshot *s)
+{
+    const ds_status_history *h = &s->hist;
+    family(f, "dsnode_round_duration_seconds", "histogram",
+           "Completed gossip rounds by duration, begin to end.");
+    uint64_t cum = 0;
+    for (uint32_t b = 0; b < DS_STATUS_ROUND_BUCKETS; b++) {
+        char le[32];
+        cum += h->dur_bucket[b];
+        if (isinf(ds_status_round_bounds[b]))
+            snprintf(le, sizeof(le), "+Inf");
+        else
+            snprintf(le, sizeof(le), "%g", ds_status_round_bounds[b]);
+        open_sample(f, "dsnode_round_duration_seconds_bucket", F(s->name));
+        label(f, "le", F(le));
+        value_u(f, cum);
     }
+    open_sample(f, "dsnode_round_duration_seconds_sum", F(s->name));
+    value_d(f, (double)h->dur_sum_ns * 1e-9);
+    open_sample(f, "dsnode_round_duration_seconds_count", F(s->name));
+    value_u(f, h->dur_count);
+    family(f, "dsnode_gossip_peer_bytes_total", "counter",
+           "Gossip payload bytes this node initiated, by peer: the first 8 peers by name, "
+           "later ones as other.");
+    for (uint32_t p = 0; p < h->n_peers && p < DS_STATUS_PEER_SERIES; p++) {
+        open_sample(f, "dsnode_gossip_peer_bytes_total", F(s->name));
+        label(f, "peer", F(h->peer_name[p]));
+        value_u(f, h->peer_bytes[p]);
+    }
+    open_sample(f, "dsnode_gossip_peer_bytes_total", F(s->name));
+    label(f, "peer", "other", 8);
+    value_u(f, h->other_bytes);
 }
 
 /* Close the stream (which sets *buf and *blen, as open_memstream was
@@ -234,6 +265,7 @@ int ds_status_render_metrics(const ds_status_snapshot *s, char **out, size_t *le
         return -ENOMEM;
     node_part(f, s);
     exchange_part(f, s);
+    history_part(f, s);
     const uint32_t ng = s->n_groups < DS_STATUS_MAX_GROUPS ? s->n_groups : DS_STATUS_MAX_GROUPS;
     for (uint32_t gi = 0; gi < ng; gi++)
         ds_status_prom_rows(f, F(s->name), s->groups[gi]->desc, s->groups[gi]->n,

@@ -19,7 +19,7 @@
  * request per connection (Connection: close), bounded request size,
  * bounded connections in all and per client address, a deadline per
  * connection for the whole request and one for the answer. Answers: 200
- * for /status and /metrics; 404 for another path; 405 for another method;
+ * for / (an HTML page), /status and /metrics; 404 for another path; 405 for another method;
  * 400 for a malformed request; 414 or 431 for a request line or headers
  * over max_request; 505 for a version other than HTTP/1.x; 503 for a
  * connection over max_conns. The file is written to PATH.tmp and renamed
@@ -47,6 +47,10 @@
 #define DS_STATUS_MAX_VALUES 512  /* metric values in all groups */
 #define DS_STATUS_MAX_LAYERS 16   /* the model's layer table (all of it:
                                    * node/train's DS_MODEL_MAX_LAYERS) */
+#define DS_STATUS_HISTORY 32      /* completed rounds kept (a ring) */
+#define DS_STATUS_HIST_SEGMENTS 32 /* segments kept per completed round */
+#define DS_STATUS_ROUND_BUCKETS 12 /* round duration histogram buckets */
+#define DS_STATUS_PEER_SERIES 8    /* peers with their own bytes series */
 
 /* Text fields, terminator included (the wire's limits + 1; the runtime
  * checks they agree). */
@@ -107,6 +111,61 @@ typedef struct ds_status_exchange {
                                           * this node initiated; 0 = unknown */
 } ds_status_exchange;
 
+/* One segment of a completed round, as this node saw it. */
+typedef struct ds_status_seg_done {
+    uint32_t target;   /* view index this node initiated to; == me: none */
+    uint32_t n_in;     /* initiators that reached this node */
+    uint64_t target_id; /* node id of target; 0: none */
+    uint64_t bytes;    /* payload bytes of the exchange this node initiated */
+    uint8_t outcome;   /* enum ds_status_outcome, final (never unknown) */
+} ds_status_seg_done;
+
+/* One completed round (node/runtime records it at the round's end, so a
+ * round in flight is never shown). The schedule is not copied: it is a
+ * pure function of (topology, seed, epoch, round, segment, view size)
+ * that a reader computes with topology/; `me` and the targets' ids map
+ * the view's indices to nodes. */
+typedef struct ds_status_round {
+    uint64_t round, epoch;
+    uint32_t view_size, me;      /* this node's index in that view */
+    uint64_t end_unix_ms;        /* wall clock at the round's end */
+    uint64_t duration_ns;        /* begin to end */
+    uint32_t n_segments, n_listed; /* segments in the round / kept below */
+    ds_status_seg_done seg[DS_STATUS_HIST_SEGMENTS];
+} ds_status_round;
+
+/* The last completed rounds: a ring of DS_STATUS_HISTORY, plus every
+ * round's duration in a histogram (cumulative since the start). */
+typedef struct ds_status_history {
+    uint32_t n;                  /* rounds held (<= DS_STATUS_HISTORY) */
+    uint32_t next;               /* slot the next round goes to */
+    ds_status_round r[DS_STATUS_HISTORY];
+    uint64_t dur_count, dur_sum_ns;
+    uint64_t dur_bucket[DS_STATUS_ROUND_BUCKETS]; /* not cumulative: by slot */
+    /* payload bytes this node initiated, by peer: the first
+     * DS_STATUS_PEER_SERIES peers get a slot for the node's life, every
+     * later one counts in other_bytes (so every series only grows) */
+    uint32_t n_peers;
+    uint64_t peer_id[DS_STATUS_PEER_SERIES];
+    char peer_name[DS_STATUS_PEER_SERIES][DS_STATUS_NAME_LEN];
+    uint64_t peer_bytes[DS_STATUS_PEER_SERIES];
+    uint64_t other_bytes;
+} ds_status_history;
+
+/* Upper bounds (seconds) of the round duration buckets; the last is
+ * +Inf. */
+extern const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS];
+
+/* Add a completed round to h: the oldest is dropped when full. names
+ * (may be NULL) gives the name of each segment's target, for the bytes
+ * by peer. */
+void ds_status_history_add(ds_status_history *h, const ds_status_round *r);
+void ds_status_history_add_named(ds_status_history *h, const ds_status_round *r,
+                                 const char *const *names);
+
+/* The i-th newest completed round (0 = newest), NULL when i >= h->n. */
+const ds_status_round *ds_status_history_get(const ds_status_history *h, uint32_t i);
+
 /* One layer with parameters of the model (node/train's layer table). */
 typedef struct ds_status_layer {
     char name[16];           /* "conv1", "fc1", ... */
@@ -135,6 +194,9 @@ typedef struct ds_status_snapshot {
     double test_acc;                 /* last evaluation; -1 = none yet */
     double lr;
     double samples_per_s;
+    uint64_t samples;                /* training samples this process trained on
+                                      * (its steps x train.batch_size; a joiner's
+                                      * adopted steps are not counted) */
 
     /* the view at `round`: view_size members, the first n_view listed */
     uint32_t view_size, n_view;
@@ -148,6 +210,15 @@ typedef struct ds_status_snapshot {
     /* this round's exchanges: n_segments in the model, n_exchanges listed */
     uint32_t n_segments, n_exchanges;
     ds_status_exchange exchanges[DS_STATUS_MAX_SEGMENTS];
+
+    /* the schedule's inputs besides the view (any reader recomputes every
+     * round's pairs from them with topology/) */
+    char topology[16];               /* gossip.topology's name */
+    uint64_t seed;                   /* cluster.seed */
+    char version[32], backend[16];   /* build info */
+
+    /* the last completed rounds */
+    ds_status_history hist;
 
     /* the other modules' counters, group by group in page order (filled by
      * ds_status_add_group; the descriptor tables are of static storage,
@@ -196,6 +267,11 @@ int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, cha
 /* The /metrics page for s (without the server's own counters), like
  * ds_status_render_json. */
 int ds_status_render_metrics(const ds_status_snapshot *s, char **out, size_t *len)
+    __attribute__((warn_unused_result));
+
+/* The page at `/` for s (HTML: identity, links to /status and /metrics,
+ * the view and the last completed round), like ds_status_render_metrics. */
+int ds_status_render_html(const ds_status_snapshot *s, char **out, size_t *len)
     __attribute__((warn_unused_result));
 
 /* The Markdown table docs/status.md shows for group g (one row per

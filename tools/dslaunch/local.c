@@ -114,6 +114,7 @@ struct node {
     int in_w;             /* dslaunch hosts: write end of ssh's stdin; -1 when closed */
     int host_lost;        /* dslaunch hosts: ssh itself failed (255) before a summary */
     int port, status_port;
+    char status_url[96];  /* http://HOST:PORT/ of its status page; "" none */
     int64_t added_at;     /* the --add-at STEP that started it; -1 for the first N */
     char conf[PATH_MAX];  /* DIR/nI.ini */
     char key[PATH_MAX];   /* DIR/nI.key (+ .pub) */
@@ -353,6 +354,34 @@ static const char *node_state_text(const struct node *nd, char *buf, size_t len)
     return buf;
 }
 
+/* Seconds until the slowest running node reaches train.steps at its
+ * average pace since it started; -1 when not known (no steps configured,
+ * no node past step 0). */
+static double eta_s(const struct launch *L, int64_t t)
+{
+    double worst = -1;
+    for (int i = 0; i < L->started && L->steps > 0; i++) {
+        const struct node *nd = &L->nodes[i];
+        if (nd->state == NODE_DONE || nd->step <= 0 || t <= nd->t_start)
+            continue;
+        const double rate = (double)nd->step / ((double)(t - nd->t_start) / 1e3);
+        const double left = nd->step < L->steps ? (double)(L->steps - nd->step) / rate : 0;
+        worst = left > worst ? left : worst;
+    }
+    return worst;
+}
+
+static void eta_text(const struct launch *L, int64_t t, char *buf, size_t n)
+{
+    const double e = eta_s(L, t);
+    if (e < 0)
+        snprintf(buf, n, "eta -");
+    else if (e < 120)
+        snprintf(buf, n, "eta %.0fs", e);
+    else
+        snprintf(buf, n, "eta %.0fm%02.0fs", floor(e / 60), fmod(e, 60));
+}
+
 static void draw_block(struct launch *L)
 {
     const int64_t t = now_ms();
@@ -369,8 +398,11 @@ static void draw_block(struct launch *L)
             done++;
         else
             running++;
-    snprintf(line, sizeof(line), "dslaunch: %.0fs  %d running  %d exited  %s%s", (t - L->t0) / 1e3,
-             running, done, L->stopping ? "stopping: " : "", L->stopping ? L->stop_reason : "");
+    char eta[32];
+    eta_text(L, t, eta, sizeof(eta));
+    snprintf(line, sizeof(line), "dslaunch: %.0fs  %s  %d running  %d exited  %s%s",
+             (t - L->t0) / 1e3, eta, running, done, L->stopping ? "stopping: " : "",
+             L->stopping ? L->stop_reason : "");
     fprintf(stderr, "%.*s\033[K\n", w, line);
     lines++;
     for (int i = 0; fits && i < L->started; i++) {
@@ -386,8 +418,9 @@ static void draw_block(struct launch *L)
         }
         if (nd->have_eval)
             snprintf(accbuf, sizeof(accbuf), "%.4f", nd->test_acc);
-        snprintf(line, sizeof(line), "  %-5s %-13s step %-11s loss %-7s acc %-7s %s/s",
-                 nd->name, node_state_text(nd, st, sizeof(st)), stepbuf, lossbuf, accbuf, spsbuf);
+        snprintf(line, sizeof(line), "  %-5s %-13s step %-11s loss %-7s acc %-7s %s/s  %s",
+                 nd->name, node_state_text(nd, st, sizeof(st)), stepbuf, lossbuf, accbuf, spsbuf,
+                 nd->status_url);
         fprintf(stderr, "%.*s\033[K\n", w, line);
         lines++;
     }
@@ -429,11 +462,13 @@ static void status_line(struct launch *L)
         snprintf(loss_s, sizeof(loss_s), "%.4f", loss / ntrain);
     if (!running)
         smin = smax = 0;
+    char eta[32];
+    eta_text(L, now_ms(), eta, sizeof(eta));
     fprintf(stderr,
-            "dslaunch: %.0fs  running %d  exited %d  step %lld..%lld/%lld  loss %s  acc %s  "
+            "dslaunch: %.0fs  running %d  exited %d  step %lld..%lld/%lld  %s  loss %s  acc %s  "
             "%.0f samples/s in all\n",
             (now_ms() - L->t0) / 1e3, running, done, (long long)smin, (long long)smax,
-            (long long)L->steps, loss_s, acc_s, sps);
+            (long long)L->steps, eta, loss_s, acc_s, sps);
     L->last_status = now_ms();
 }
 
@@ -1421,6 +1456,12 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
             snprintf(shp, sizeof(shp), "?");
         snprintf(s_slisten, sizeof(s_slisten), "status.listen=%s", shp);
         extra[ne++] = s_slisten;
+        if (!nd->status_url[0]) {
+            snprintf(nd->status_url, sizeof(nd->status_url), "http://%s/", shp);
+            say(L, "%s: status page %s%s%s", nd->name, nd->status_url,
+                L->netns ? " (inside its network namespace)" : L->hosts_mode ? " (on " : "",
+                L->netns ? "" : L->hosts_mode ? "its host)" : "");
+        }
     }
     if (L->status_file) {
         snprintf(s_sfile, sizeof(s_sfile), "status.file=%s/status.json", data);

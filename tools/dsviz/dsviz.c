@@ -20,6 +20,8 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,12 +35,14 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: dsviz [--out PREFIX] [--format dot|svg|html|all] [--timeout-ms N] "
-          "SOURCE...\n"
+    fputs("usage: dsviz [--out PREFIX] [--format dot|svg|html|all] [--timeout-ms N]\n"
+          "             [--round R] [--segment S] SOURCE...\n"
+          "       dsviz --serve HOST:PORT [--refresh-s N] [--timeout-ms N] SOURCE...\n"
           "\n"
           "Draw the cluster's topology from its nodes' status: members grouped by\n"
-          "node.group, this round's exchanges per segment (edge colour = segment),\n"
-          "traffic per node.\n"
+          "node.group and one completed round's exchanges per segment (edge colour =\n"
+          "segment), computed from the schedule with the outcomes and bytes the\n"
+          "nodes report for that round laid over them.\n"
           "\n"
           "  SOURCE             a status.json file; a directory (DIR/status.json and\n"
           "                     DIR/*/status.json, e.g. a dslaunch run directory); or\n"
@@ -48,6 +52,13 @@ static void usage(FILE *f)
           "  --format F         dot, svg (needs Graphviz), html, or all (default; the\n"
           "                     .svg is skipped with a note when Graphviz is missing)\n"
           "  --timeout-ms N     per host:port source (default 5000)\n"
+          "  --round R          the round to draw (default: the newest completed round\n"
+          "                     every node's history holds)\n"
+          "  --segment S        draw segment S only (default: every segment)\n"
+          "  --serve HOST:PORT  serve a live page at http://HOST:PORT/ until SIGINT or\n"
+          "                     SIGTERM: the sources are read again at each request;\n"
+          "                     round slider, segment filter, traffic heatmap, membership\n"
+          "  --refresh-s N      the live page reloads itself every N s (default 5; 0: never)\n"
           "\n"
           "Environment: DSVIZ_DOT names the Graphviz program (default 'dot').\n"
           "Exit status: 0; 1 when a source or an output failed (what loaded is still\n"
@@ -131,6 +142,11 @@ struct args {
     int what;        /* F_* bits */
     int timeout_ms;
     int first_src;   /* argv index of the first SOURCE */
+    int round_set, segment_set;
+    double round;
+    unsigned segment;
+    const char *serve;
+    int refresh_s;
 };
 
 /* getopt_long over argv: options first, then SOURCE... ("+": the first
@@ -139,17 +155,22 @@ struct args {
  * the exit status (0 after --help, 2 on a usage error, said). */
 static int parse_args(int argc, char **argv, struct args *a)
 {
-    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT };
+    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT, O_ROUND, O_SEGMENT, O_SERVE, O_REFRESH };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
         {"out", required_argument, NULL, O_OUT},
         {"format", required_argument, NULL, O_FORMAT},
         {"timeout-ms", required_argument, NULL, O_TIMEOUT},
+        {"round", required_argument, NULL, O_ROUND},
+        {"segment", required_argument, NULL, O_SEGMENT},
+        {"serve", required_argument, NULL, O_SERVE},
+        {"refresh-s", required_argument, NULL, O_REFRESH},
         {NULL, 0, NULL, 0},
     };
     const char *format = "all";
     a->out = "dsviz";
     a->timeout_ms = 5000;
+    a->refresh_s = 5;
     opterr = 0; /* the messages are ours */
     for (;;) {
         const int at = optind; /* the element being read */
@@ -176,6 +197,37 @@ static int parse_args(int argc, char **argv, struct args *a)
             }
             a->timeout_ms = (int)t;
             break;
+        case O_SERVE:
+            a->serve = optarg;
+            break;
+        case O_REFRESH:
+            t = strtol(optarg, &end, 10);
+            if (!optarg[0] || *end || t < 0 || t > 3600) {
+                fprintf(stderr, "dsviz: --refresh-s: expected 0..3600, found '%s'\n", optarg);
+                return 2;
+            }
+            a->refresh_s = (int)t;
+            break;
+        case O_ROUND:
+        case O_SEGMENT: {
+            errno = 0;
+            const unsigned long long u = strtoull(optarg, &end, 10);
+            if (!optarg[0] || *end || optarg[0] == '-' || errno ||
+                (c == O_SEGMENT && u > 65535) || (c == O_ROUND && u > (1ull << 53))) {
+                fprintf(stderr, "dsviz: %s: expected 0..%s, found '%s'\n",
+                        c == O_ROUND ? "--round" : "--segment",
+                        c == O_ROUND ? "2^53" : "65535", optarg);
+                return 2;
+            }
+            if (c == O_ROUND) {
+                a->round_set = 1;
+                a->round = (double)u;
+            } else {
+                a->segment_set = 1;
+                a->segment = (unsigned)u;
+            }
+            break;
+        }
         case ':':
             fprintf(stderr, "dsviz: %s needs a value\n", argv[at]);
             return 2;
@@ -257,6 +309,10 @@ static int write_outputs(const struct args *a, const ds_viz *v, const char *svg)
 static int draw(const struct args *a, int argc, char **argv)
 {
     ds_viz v = {0};
+    v.round_set = a->round_set;
+    v.want_round = a->round;
+    v.segment_set = a->segment_set;
+    v.want_segment = a->segment;
     int status = 0;
     for (int i = a->first_src; i < argc; i++) {
         char err[600];
@@ -278,6 +334,13 @@ static int draw(const struct args *a, int argc, char **argv)
         ds_viz_free(&v);
         return 1;
     }
+    if (v.from_schedule && v.n_e == 0)
+        fprintf(stderr, "dsviz: round %.0f: no node's history holds it (rounds %.0f..%.0f)\n",
+                v.round, v.rounds_min, v.rounds_max);
+    if (v.n_mismatch)
+        fprintf(stderr,
+                "dsviz: round %.0f: %zu exchanges reported a target other than the schedule's\n",
+                v.round, v.n_mismatch);
     const char *dot_prog = getenv("DSVIZ_DOT");
     if (!dot_prog || !dot_prog[0])
         dot_prog = "dot";
@@ -300,6 +363,30 @@ static int draw(const struct args *a, int argc, char **argv)
     return status;
 }
 
+/* dsviz --serve: until SIGINT or SIGTERM. */
+static int serve(const struct args *a, int argc, char **argv)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* before the server's thread */
+    ds_viz_server *s = NULL;
+    char err[600];
+    if (ds_viz_serve_start(&s, a->serve, argv + a->first_src, argc - a->first_src,
+                           a->timeout_ms, a->refresh_s, err, sizeof(err)) < 0) {
+        fprintf(stderr, "dsviz: %s\n", err);
+        return 1;
+    }
+    char addr[80];
+    if (ds_viz_serve_addr(s, addr, sizeof(addr)) == 0)
+        fprintf(stderr, "dsviz: serving http://%s/\n", addr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    ds_viz_serve_stop(&s);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct args a;
@@ -311,7 +398,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "dsviz: cannot initialise libcurl\n");
         return 1;
     }
-    const int status = draw(&a, argc, argv);
+    const int status = a.serve ? serve(&a, argc, argv) : draw(&a, argc, argv);
     curl_global_cleanup();
     return status;
 }

@@ -37,9 +37,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <curl/curl.h>
+#include <microhttpd.h>
 
 #include "base/hostport.h"
+#include "topology/topology.h"
 #include "tools/dsviz/viz.h"
 
 extern char **environ;
@@ -171,6 +178,8 @@ int ds_viz_parse_json(const char *text, size_t len, json_t **out, char *err, siz
 
 void ds_viz_free(ds_viz *v)
 {
+    free(v->heat);
+    v->heat = NULL;
     for (size_t i = 0; i < v->n_docs; i++)
         json_decref(v->docs[i].doc);
     free(v->docs);
@@ -676,6 +685,205 @@ static int build_edges(ds_viz *v, size_t *mcap)
     return 0;
 }
 
+/* The history entry of round `round` in document d, NULL when none. */
+static const json_t *hist_entry(const json_t *root, double round)
+{
+    const json_t *h = jget(root, "history");
+    for (size_t i = 0; i < json_array_size(h); i++) {
+        const json_t *e = json_array_get(h, i);
+        if (jnum(e, "round", -1) == round)
+            return e;
+    }
+    return NULL;
+}
+
+/* The round to draw: the one asked for, else the newest completed round
+ * every reporting node with a history holds, else the newest any holds.
+ * -1 when no document has a history. */
+static double pick_round(ds_viz *v)
+{
+    double newest = -1, common = -1;
+    int any = 0;
+    v->rounds_min = -1;
+    v->rounds_max = -1;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *h = jget(v->docs[d].doc, "history");
+        if (!json_array_size(h))
+            continue;
+        double lo = -1, hi = -1;
+        for (size_t i = 0; i < json_array_size(h); i++) {
+            const double r = jnum(json_array_get(h, i), "round", -1);
+            if (r < 0)
+                continue;
+            if (lo < 0 || r < lo)
+                lo = r;
+            if (r > hi)
+                hi = r;
+        }
+        if (hi < 0)
+            continue;
+        if (v->rounds_min < 0 || lo < v->rounds_min)
+            v->rounds_min = lo;
+        if (hi > v->rounds_max)
+            v->rounds_max = hi;
+        newest = hi > newest ? hi : newest;
+        common = !any ? hi : (hi < common ? hi : common);
+        any = 1;
+    }
+    if (!any)
+        return -1;
+    if (v->round_set)
+        return v->want_round;
+    /* The common newest round, when every history still holds it. */
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *h = jget(v->docs[d].doc, "history");
+        if (json_array_size(h) && !hist_entry(v->docs[d].doc, common))
+            return newest;
+    }
+    return common;
+}
+
+/* Member index of view index `idx` of round R's view (epoch, G): a node
+ * whose history says it was `me`, a target id some node reported, or
+ * the current view of a document at the same epoch and size. -1: not
+ * known. */
+static int view_index_member(ds_viz *v, double R, double epoch, double G, unsigned idx,
+                             size_t *mcap)
+{
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *e = hist_entry(v->docs[d].doc, R);
+        if (e && jnum(e, "me", -1) == idx)
+            return ds_viz_find(v, v->docs[d].name);
+    }
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *e = hist_entry(v->docs[d].doc, R);
+        const json_t *list = jget(e, "list");
+        for (size_t k = 0; k < json_array_size(list); k++) {
+            const json_t *x = json_array_get(list, k);
+            const char *id = jstr(x, "target_id", NULL);
+            if (!id || jnum(x, "target", -1) != idx)
+                continue;
+            for (size_t i = 0; i < v->n_m; i++)
+                if (!strcmp(v->m[i].id, id))
+                    return (int)i;
+        }
+    }
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *root = v->docs[d].doc;
+        const json_t *view = jget(root, "view");
+        const json_t *members = jget(view, "members");
+        if (jnum(root, "epoch", -1) != epoch || jnum(view, "size", -1) != G ||
+            idx >= json_array_size(members))
+            continue;
+        const char *name = jstr(json_array_get(members, idx), "name", "");
+        if (name[0])
+            return member(v, name, mcap);
+    }
+    return -1;
+}
+
+/* Round R's exchanges, computed: the schedule is a pure function of
+ * (topology, seed, epoch, round, segment, view size), so every pair is
+ * drawn, and each initiator's reported outcome and bytes laid over it. */
+static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
+{
+    const json_t *e0 = NULL, *sched = NULL;
+    for (size_t d = 0; d < v->n_docs && !e0; d++)
+        if ((e0 = hist_entry(v->docs[d].doc, R)))
+            sched = jget(v->docs[d].doc, "schedule");
+    if (!e0)
+        return 0; /* no node holds that round: nothing to draw */
+    enum ds_topo_kind kind;
+    if (ds_topo_parse(jstr(sched, "topology", ""), &kind) < 0 || !ds_topo_gossips(kind))
+        return 0;
+    const double epoch = jnum(e0, "epoch", 0), G = jnum(e0, "view_size", 0);
+    const double seed = jnum(sched, "seed", 0);
+    if (!(G >= 2 && G <= DS_VIZ_MAX_MEMBERS))
+        return 0;
+    unsigned nseg = 0;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *e = hist_entry(v->docs[d].doc, R);
+        const unsigned n = (unsigned)json_array_size(jget(e, "list"));
+        nseg = n > nseg ? n : nseg;
+    }
+    v->n_round_segments = nseg;
+    const uint32_t g = (uint32_t)G;
+    uint32_t *perm = malloc(g * sizeof(*perm));
+    int *who = malloc(g * sizeof(*who));
+    if (!perm || !who) {
+        free(perm);
+        free(who);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    for (uint32_t i = 0; i < g && rc == 0; i++)
+        if ((who[i] = view_index_member(v, R, epoch, G, i, mcap)) == -E2BIG ||
+            who[i] == -ENOMEM)
+            rc = who[i];
+    size_t ecap = 0;
+    for (unsigned s = 0; s < nseg && rc == 0; s++) {
+        if (v->segment_set && s != v->want_segment)
+            continue;
+        const ds_topo_key key = {.seed = (uint64_t)seed, .epoch = (uint64_t)epoch,
+                                 .round = (uint64_t)R, .segment = s};
+        if (ds_topo_targets(kind, &key, g, perm) < 0)
+            break;
+        for (uint32_t a = 0; a < g && rc == 0; a++) {
+            if (perm[a] == a || who[a] < 0 || who[perm[a]] < 0)
+                continue;
+            ds_viz_edge ed;
+            memset(&ed, 0, sizeof(ed));
+            ed.from = who[a];
+            ed.to = who[perm[a]];
+            ed.segment = s;
+            ed.round = R;
+            copy_str(ed.outcome, sizeof(ed.outcome), "unreported");
+            const ds_viz_member *m = &v->m[who[a]];
+            const json_t *e = m->doc >= 0 ? hist_entry(v->docs[m->doc].doc, R) : NULL;
+            const json_t *x = json_array_get(jget(e, "list"), s);
+            if (x) {
+                copy_str(ed.outcome, sizeof(ed.outcome), jstr(x, "outcome", "unknown"));
+                ed.bytes = jnum(x, "bytes", 0);
+                if (jnum(x, "target", -1) != perm[a])
+                    v->n_mismatch++;
+            }
+            rc = edge(v, &ecap, &ed);
+        }
+    }
+    free(perm);
+    free(who);
+    return rc;
+}
+
+/* The traffic matrix from every reporting node's history: bytes it
+ * initiated to each target (named by target_id). */
+static int build_heat(ds_viz *v)
+{
+    free(v->heat);
+    v->heat = calloc(v->n_m ? v->n_m * v->n_m : 1, sizeof(*v->heat));
+    if (!v->heat)
+        return -ENOMEM;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const int from = ds_viz_find(v, v->docs[d].name);
+        const json_t *h = jget(v->docs[d].doc, "history");
+        for (size_t i = 0; from >= 0 && i < json_array_size(h); i++) {
+            const json_t *list = jget(json_array_get(h, i), "list");
+            for (size_t k = 0; k < json_array_size(list); k++) {
+                const json_t *x = json_array_get(list, k);
+                const char *id = jstr(x, "target_id", NULL);
+                if (!id)
+                    continue;
+                for (size_t t = 0; t < v->n_m; t++)
+                    if (!strcmp(v->m[t].id, id)) {
+                        v->heat[(size_t)from * v->n_m + t] += jnum(x, "bytes", 0);
+                        break;
+                    }
+            }
+        }
+    }
+    return 0;
+}
+
 int ds_viz_build(ds_viz *v)
 {
     size_t mcap = 0;
@@ -685,6 +893,8 @@ int ds_viz_build(ds_viz *v)
     v->e = NULL;
     v->n_m = v->n_e = 0;
     v->n_segments = 0;
+    v->n_mismatch = 0;
+    v->from_schedule = 0;
     /* Sorted by name: the output does not depend on the order of sources. */
     if (v->n_docs > 1)
         qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);
@@ -693,8 +903,18 @@ int ds_viz_build(ds_viz *v)
     int e = build_reporting(v, &mcap);
     if (e == 0)
         e = build_view_members(v, &mcap);
+    v->n_round_segments = 0;
+    if (e == 0) {
+        v->round = pick_round(v);
+        if (v->round >= 0) {
+            v->from_schedule = 1;
+            e = build_schedule_edges(v, v->round, &mcap);
+        } else {
+            e = build_edges(v, &mcap);
+        }
+    }
     if (e == 0)
-        e = build_edges(v, &mcap);
+        e = build_heat(v);
     if (e < 0)
         return e;
     v->built = 1;
@@ -795,11 +1015,10 @@ static void member_label(const ds_viz_member *m, char *buf, size_t n)
         snprintf(acc, sizeof(acc), "%.3f", m->test_acc);
     else
         snprintf(acc, sizeof(acc), "-");
-    snprintf(buf, n, "%s\n%s step %.0f/%.0f round %.0f\nloss %.4g acc %s\nsent %s recv %s%s",
+    snprintf(buf, n, "%s\n%s step %.0f/%.0f round %.0f\nloss %.4g acc %s\nsent %s recv %s%s%s",
              m->name, m->state, m->step, m->steps, m->round, m->loss, acc, sent, recv,
-             strcmp(m->seen_state, "alive") ? (!strcmp(m->seen_state, "dead") ? "\nseen dead"
-                                                                              : "\nseen suspect")
-                                            : "");
+             strcmp(m->seen_state, "alive") ? "\nseen " : "",
+             strcmp(m->seen_state, "alive") ? m->seen_state : "");
 }
 
 static void edge_label(const ds_viz_edge *e, char *buf, size_t n)
@@ -837,17 +1056,24 @@ static void dot_node(FILE *f, const ds_viz *v, size_t i, const char *indent)
     else if (!strcmp(m->seen_state, "suspect"))
         fputs(", color=\"#e08000\", penwidth=2", f);
     fputs(", tooltip=\"", f);
-    dot_text(f, m->addr[0] ? m->addr : m->name);
+    dot_text(f, m->name);
+    if (m->addr[0]) {
+        fputs(" at ", f);
+        dot_text(f, m->addr);
+    }
     fputs("\"];\n", f);
 }
 
 int ds_viz_write_dot(const ds_viz *v, FILE *f)
 {
     fputs("digraph dsviz {\n", f);
+    char what[96] = "";
+    if (v->from_schedule)
+        snprintf(what, sizeof(what), " of round %.0f (from the schedule)", v->round);
     fprintf(f, "  graph [fontname=\"Helvetica\", labelloc=t, label=\"dsviz: %zu members, %zu "
-               "reporting, %zu exchanges (edge colour = segment)\", rankdir=LR, nodesep=0.4, "
+               "reporting, %zu exchanges%s (edge colour = segment)\", rankdir=LR, nodesep=0.4, "
                "ranksep=1.0];\n",
-            v->n_m, v->n_docs, v->n_e);
+            v->n_m, v->n_docs, v->n_e, what);
     fputs("  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", "
           "fontsize=10];\n",
           f);
@@ -887,7 +1113,14 @@ int ds_viz_write_dot(const ds_viz *v, FILE *f)
         fputs("\"", f);
         if (edge_dashed(e))
             fputs(", style=dashed", f);
-        fputs("];\n", f);
+        /* Graphviz's own tooltip would be the DOT ids (m0->m1). */
+        fputs(", tooltip=\"", f);
+        dot_text(f, v->m[e->from].name);
+        fputs(" \u2192 ", f);
+        dot_text(f, v->m[e->to].name);
+        fputs(": ", f);
+        dot_text(f, label);
+        fputs("\"];\n", f);
     }
     fputs("}\n", f);
     return ferror(f) ? -EIO : 0;
@@ -964,9 +1197,15 @@ int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
         xml_text(f, v->m[ed->to].name);
         fputs(": ", f);
         xml_text(f, label);
+        /* The label sits on the curve at a point that depends on the
+         * segment, so the labels of one pair's segments do not overlap. */
+        const double t = 0.25 + 0.5 * (double)(ed->segment % 5) / 4.0;
+        const double lx = (1 - t) * (1 - t) * x1 + 2 * (1 - t) * t * qx + t * t * ex;
+        const double ly = (1 - t) * (1 - t) * y1 + 2 * (1 - t) * t * qy + t * t * ey;
         fprintf(f, "</title></path>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-size=\"9\" "
-                   "text-anchor=\"middle\">",
-                (mx + qx) / 2, (my + qy) / 2, seg_color(ed->segment));
+                   "text-anchor=\"middle\" stroke=\"#ffffff\" stroke-width=\"3\" "
+                   "paint-order=\"stroke\">",
+                lx, ly, seg_color(ed->segment));
         xml_text(f, label);
         fputs("</text>\n", f);
     }
@@ -976,7 +1215,11 @@ int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
                              : !strcmp(m->seen_state, "suspect") ? "#e08000"
                                                                  : "#444444";
         fprintf(f, "<g><title>");
-        xml_text(f, m->addr[0] ? m->addr : m->name);
+        xml_text(f, m->name);
+        if (m->addr[0]) {
+            fputs(" at ", f);
+            xml_text(f, m->addr);
+        }
         fprintf(f, "</title><rect x=\"%.1f\" y=\"%.1f\" width=\"120\" height=\"44\" rx=\"8\" "
                    "fill=\"%s\" stroke=\"%s\"%s/>\n",
                 px[i] - 60, py[i] - 22, fill_for(m), stroke,
@@ -1064,19 +1307,157 @@ static void model_table(const ds_viz *v, FILE *f)
             total);
 }
 
+/* The live page's controls: a GET form on / with the round slider and
+ * the segment filter (submitted on change; the one script of the page is
+ * that attribute). */
+static void live_controls(const ds_viz *v, FILE *f, const ds_viz_live *o)
+{
+    fputs("<form method=\"get\" action=\"/\">\n", f);
+    if (v->from_schedule && v->rounds_max >= v->rounds_min && v->rounds_min >= 0)
+        fprintf(f, "<label>round <input type=\"range\" name=\"round\" min=\"%.0f\" "
+                   "max=\"%.0f\" value=\"%.0f\" onchange=\"this.form.submit()\"> %.0f</label> "
+                   "(history %.0f..%.0f)\n",
+                v->rounds_min, v->rounds_max, v->round, v->round, v->rounds_min,
+                v->rounds_max);
+    else
+        fputs("<span>no round history in the documents</span>\n", f);
+    fputs("<label>segment <select name=\"segment\" onchange=\"this.form.submit()\">"
+          "<option value=\"\">all</option>",
+          f);
+    for (unsigned sgi = 0; sgi < v->n_round_segments; sgi++)
+        fprintf(f, "<option value=\"%u\"%s>%u</option>", sgi,
+                v->segment_set && v->want_segment == sgi ? " selected" : "", sgi);
+    fputs("</select></label>\n<noscript><input type=\"submit\" value=\"show\"></noscript>\n"
+          "</form>\n",
+          f);
+    if (o->refresh_s > 0)
+        fprintf(f, "<p>This page reloads every %d s%s.</p>\n", o->refresh_s,
+                v->round_set ? " (the round stays as chosen)" : " (newest round)");
+}
+
+/* Node x node payload bytes over the histories, one cell per pair. */
+static void heat_table(const ds_viz *v, FILE *f)
+{
+    if (!v->heat)
+        return;
+    double max = 0;
+    for (size_t i = 0; i < v->n_m * v->n_m; i++)
+        max = v->heat[i] > max ? v->heat[i] : max;
+    fputs("<h2>Traffic: initiator (row) to target (column)</h2>\n", f);
+    if (max <= 0) {
+        fputs("<p>No bytes in the round histories.</p>\n", f);
+        return;
+    }
+    fputs("<p>Payload bytes each node initiated to each other over the completed rounds its "
+          "history holds; darker is more.</p>\n<table class=\"heat\"><tr><th></th>",
+          f);
+    for (size_t j = 0; j < v->n_m; j++) {
+        fputs("<th>", f);
+        xml_text(f, v->m[j].name);
+        fputs("</th>", f);
+    }
+    fputs("<th>sum</th></tr>\n", f);
+    for (size_t i = 0; i < v->n_m; i++) {
+        fputs("<tr><th>", f);
+        xml_text(f, v->m[i].name);
+        fputs("</th>", f);
+        double row = 0;
+        for (size_t j = 0; j < v->n_m; j++) {
+            const double b = v->heat[i * v->n_m + j];
+            row += b;
+            char hb[32] = "";
+            if (b > 0)
+                human_bytes(b, hb, sizeof(hb));
+            const int shade = (int)(255 - 175 * (b / max));
+            fprintf(f, "<td style=\"background:rgb(%d,%d,255)\" title=\"", shade, shade);
+            xml_text(f, v->m[i].name);
+            fputs(" &rarr; ", f);
+            xml_text(f, v->m[j].name);
+            fprintf(f, ": %.0f bytes\">%s</td>", b, hb);
+        }
+        char rb[32];
+        human_bytes(row, rb, sizeof(rb));
+        fprintf(f, "<td>%s</td></tr>\n", rb);
+    }
+    fputs("</table>\n", f);
+}
+
+/* Each member's state as each reporting node's current view gives it. */
+static void membership_table(const ds_viz *v, FILE *f)
+{
+    fputs("<h2>Membership: each member as each reporting node sees it now</h2>\n"
+          "<table><tr><th>member</th>",
+          f);
+    for (size_t d = 0; d < v->n_docs; d++) {
+        fputs("<th>", f);
+        xml_text(f, v->docs[d].name);
+        fputs("</th>", f);
+    }
+    fputs("<th>its history</th></tr>\n", f);
+    for (size_t i = 0; i < v->n_m; i++) {
+        fputs("<tr><td class=\"l\">", f);
+        xml_text(f, v->m[i].name);
+        fputs("</td>", f);
+        for (size_t d = 0; d < v->n_docs; d++) {
+            const json_t *members = jget(jget(v->docs[d].doc, "view"), "members");
+            const char *st = "-";
+            for (size_t k = 0; k < json_array_size(members); k++) {
+                const json_t *mv = json_array_get(members, k);
+                if (!strcmp(jstr(mv, "name", ""), v->m[i].name))
+                    st = jstr(mv, "state", "?");
+            }
+            fputs("<td class=\"l\">", f);
+            xml_text(f, st);
+            fputs("</td>", f);
+        }
+        const json_t *h =
+            v->m[i].doc >= 0 ? jget(v->docs[v->m[i].doc].doc, "history") : NULL;
+        const size_t nh = json_array_size(h);
+        if (nh)
+            fprintf(f, "<td>rounds %.0f..%.0f</td></tr>\n",
+                    jnum(json_array_get(h, nh - 1), "round", 0),
+                    jnum(json_array_get(h, 0), "round", 0));
+        else
+            fputs("<td>-</td></tr>\n", f);
+    }
+    fputs("</table>\n", f);
+}
+
+static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_live *live);
+
 int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
 {
-    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-          "<title>dsviz</title>\n<style>\n"
+    return write_page(v, f, svg, NULL);
+}
+
+int ds_viz_write_live(const ds_viz *v, FILE *f, const ds_viz_live *o)
+{
+    return write_page(v, f, NULL, o);
+}
+
+static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_live *live)
+{
+    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n", f);
+    if (live && live->refresh_s > 0)
+        fprintf(f, "<meta http-equiv=\"refresh\" content=\"%d\">\n", live->refresh_s);
+    fputs("<title>dsviz</title>\n<style>\n"
           "body{font-family:Helvetica,Arial,sans-serif;margin:1.5em;color:#222}\n"
           "table{border-collapse:collapse;margin:0.5em 0 1.5em}\n"
           "th,td{border:1px solid #ccc;padding:2px 8px;text-align:right;font-size:13px}\n"
           "th{background:#f0f0f0}td.l{text-align:left}\n"
           ".graph{overflow:auto;border:1px solid #ddd;padding:4px}\n"
           ".sw{display:inline-block;width:1.6em;height:0.7em;margin-right:0.3em}\n"
+          "table.heat td{min-width:3.5em}\n"
           "</style></head><body>\n",
           f);
-    fprintf(f, "<h1>dsviz: %zu members, %zu reporting</h1>\n", v->n_m, v->n_docs);
+    fprintf(f, "<h1>dsviz: %zu members, %zu reporting", v->n_m, v->n_docs);
+    if (v->from_schedule)
+        fprintf(f, ", round %.0f%s", v->round, v->segment_set ? "" : ", every segment");
+    if (v->from_schedule && v->segment_set)
+        fprintf(f, ", segment %u", v->want_segment);
+    fputs("</h1>\n", f);
+    if (live)
+        live_controls(v, f, live);
     fputs("<p>Sources:", f);
     for (size_t d = 0; d < v->n_docs; d++) {
         fputs(d ? ", " : " ", f);
@@ -1128,8 +1509,10 @@ int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
         }
     }
     fputs("</table>\n", f);
+    heat_table(v, f);
+    membership_table(v, f);
     model_table(v, f);
-    fputs("<h2>Exchanges this round</h2>\n<table><tr><th>segment</th><th>from</th>"
+    fputs("<h2>Exchanges of the round drawn</h2>\n<table><tr><th>segment</th><th>from</th>"
           "<th>to</th><th>round</th><th>outcome</th><th>bytes</th></tr>\n",
           f);
     for (size_t k = 0; k < v->n_e; k++) {
@@ -1151,7 +1534,10 @@ int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
     }
     fputs("</table>\n<p>Edges: initiator &rarr; target, one per segment, coloured by segment; "
           "dashed when the exchange did not succeed or is known only from the answering "
-          "side. Dashed boxes: members listed in a view that did not report.</p>\n"
+          "side. Dashed boxes: members listed in a view that did not report. With round "
+          "histories, the pairs are the round's schedule, computed: per segment a fresh "
+          "random derangement (crossover) in which every node initiates exactly one exchange "
+          "and answers exactly one.</p>\n"
           "</body></html>\n",
           f);
     return ferror(f) ? -EIO : 0;
@@ -1189,4 +1575,206 @@ int ds_viz_run_dot(const char *dot_prog, const char *dot_path, const char *svg_p
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
         return -ENOENT;
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
+}
+
+/* ---- dsviz --serve ------------------------------------------------------------------- */
+
+static int listen_fd(int fd)
+{
+    return listen(fd, 64);
+}
+
+struct ds_viz_server {
+    struct MHD_Daemon *d;
+    int fd;
+    char *const *sources;
+    int n, timeout_ms, refresh_s;
+    char addr[80];
+};
+
+/* A query value as a whole number 0..max; -1 when absent or not one. */
+static double query_num(struct MHD_Connection *c, const char *key, double max)
+{
+    const char *q = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, key);
+    if (!q || !q[0] || strlen(q) > 16)
+        return -1;
+    for (const char *p = q; *p; p++)
+        if (*p < '0' || *p > '9')
+            return -1;
+    const double x = strtod(q, NULL);
+    return x <= max ? x : -1;
+}
+
+static enum MHD_Result serve_text(struct MHD_Connection *c, unsigned code, const char *type,
+                                  char *body, size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    const enum MHD_Result e = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return e;
+}
+
+static enum MHD_Result serve_request(void *cls, struct MHD_Connection *c, const char *url,
+                                     const char *method, const char *version,
+                                     const char *upload, size_t *upload_size, void **ctx)
+{
+    ds_viz_server *s = cls;
+    (void)version;
+    (void)upload;
+    if (*ctx) { /* a body: ignored */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    *ctx = s;
+    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
+        return serve_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
+                          strdup("only GET and HEAD\n"), 18);
+    if (strcmp(url, "/"))
+        return serve_text(c, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8",
+                          strdup("not found: try /\n"), 17);
+    ds_viz v = {0};
+    const double r = query_num(c, "round", 9007199254740992.0);
+    const double sg = query_num(c, "segment", 65535);
+    v.round_set = r >= 0;
+    v.want_round = r;
+    v.segment_set = sg >= 0;
+    v.want_segment = sg >= 0 ? (unsigned)sg : 0;
+    char *errs = NULL;
+    size_t errs_len = 0;
+    FILE *ef = open_memstream(&errs, &errs_len);
+    for (int i = 0; i < s->n; i++) {
+        char err[600];
+        if (ds_viz_load(&v, s->sources[i], s->timeout_ms, err, sizeof(err)) < 0 && ef) {
+            xml_text(ef, err);
+            fputs("<br>\n", ef);
+        }
+    }
+    if (ef)
+        fclose(ef);
+    char *body = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&body, &len);
+    int e = f ? 0 : -ENOMEM;
+    if (e == 0 && v.n_docs && (e = ds_viz_build(&v)) == 0) {
+        const ds_viz_live o = {.refresh_s = s->refresh_s};
+        e = ds_viz_write_live(&v, f, &o);
+        if (errs && errs[0])
+            fprintf(f, "<p>Sources that failed:<br>\n%s</p>\n", errs);
+    } else if (e == 0) {
+        if (s->refresh_s > 0)
+            fprintf(f, "<!DOCTYPE html>\n<html><head><meta http-equiv=\"refresh\" "
+                       "content=\"%d\"><title>dsviz</title></head><body>",
+                    s->refresh_s);
+        else
+            fputs("<!DOCTYPE html>\n<html><head><title>dsviz</title></head><body>", f);
+        fprintf(f, "<p>No status document loaded yet.</p><p>%s</p></body></html>\n",
+                errs ? errs : "");
+    }
+    free(errs);
+    ds_viz_free(&v);
+    if (f && fclose(f) != 0)
+        e = -ENOMEM;
+    if (e < 0) {
+        free(body);
+        return serve_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
+                          strdup("could not draw\n"), 15);
+    }
+    return serve_text(c, MHD_HTTP_OK, "text/html; charset=utf-8", body, len);
+}
+
+int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sources, int n,
+                       int timeout_ms, int refresh_s, char *err, size_t err_len)
+{
+    *out = NULL;
+    ds_hostport hp;
+    if (ds_hostport_parse(listen, &hp) < 0) {
+        snprintf(err, err_len, "--serve: expected host:port, found '%s'", listen);
+        return -EINVAL;
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    char port[8];
+    snprintf(port, sizeof(port), "%u", (unsigned)hp.port);
+    const int g = getaddrinfo(hp.host, port, &hints, &ai);
+    if (g != 0) {
+        snprintf(err, err_len, "--serve %s: %s", listen, gai_strerror(g));
+        return -EHOSTUNREACH;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen_fd(fd) < 0) {
+        const int e = -errno;
+        snprintf(err, err_len, "--serve %s: %s", listen, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return e;
+    }
+    freeaddrinfo(ai);
+    ds_viz_server *s = calloc(1, sizeof(*s));
+    if (!s) {
+        close(fd);
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
+    s->fd = fd;
+    s->sources = sources;
+    s->n = n;
+    s->timeout_ms = timeout_ms;
+    s->refresh_s = refresh_s;
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof(sa);
+    char host[64] = "?";
+    unsigned bound = 0;
+    if (getsockname(fd, (struct sockaddr *)&sa, &sl) == 0) {
+        if (sa.ss_family == AF_INET6) {
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&sa)->sin6_addr, host, sizeof(host));
+            bound = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+        } else {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&sa)->sin_addr, host, sizeof(host));
+            bound = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+        }
+    }
+    if (ds_hostport_format(host, (uint16_t)bound, s->addr, sizeof(s->addr)) < 0)
+        snprintf(s->addr, sizeof(s->addr), "?");
+    /* One internal thread serves every connection: the handler needs no
+     * lock, and a slow source costs the page time, never the nodes. */
+    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+                            serve_request, s, MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    if (!s->d) {
+        close(fd);
+        free(s);
+        snprintf(err, err_len, "--serve %s: libmicrohttpd did not start", listen);
+        return -EIO;
+    }
+    *out = s;
+    return 0;
+}
+
+int ds_viz_serve_addr(const ds_viz_server *s, char *buf, size_t n)
+{
+    if ((size_t)snprintf(buf, n, "%s", s->addr) >= n)
+        return -ENOSPC;
+    return 0;
+}
+
+void ds_viz_serve_stop(ds_viz_server **ps)
+{
+    ds_viz_server *s = *ps;
+    if (!s)
+        return;
+    MHD_stop_daemon(s->d);
+    close(s->fd);
+    free(s);
+    *ps = NULL;
 }

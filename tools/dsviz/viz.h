@@ -67,7 +67,30 @@ typedef struct ds_viz {
     size_t n_e;
     unsigned n_segments;    /* largest segment index + 1 among edges */
     int built;
+    /* what to draw (set before ds_viz_build) */
+    int round_set;          /* 0: the newest completed round every
+                             * history holds (else the newest any holds) */
+    double want_round;      /* with round_set: this round */
+    int segment_set;        /* 0: every segment */
+    unsigned want_segment;  /* with segment_set: only this one */
+    /* what was drawn (after build) */
+    int from_schedule;      /* 1: round `round` computed with topology/ from
+                             * the documents' history; 0: no document has a
+                             * history, edges from each one's "exchanges" */
+    double round;           /* the round drawn (from_schedule) */
+    double rounds_min, rounds_max; /* completed rounds in the histories */
+    size_t n_mismatch;      /* nodes whose reported target differs from the
+                             * schedule (a bug, or a different view) */
+    unsigned n_round_segments; /* segments of the round drawn (from_schedule) */
+    /* traffic: heat[i * n_m + j] = payload bytes member i initiated to
+     * member j over every completed round of the histories (after build) */
+    double *heat;
 } ds_viz;
+
+/* What the live page shows besides the drawing (dsviz --serve). */
+typedef struct ds_viz_live {
+    int refresh_s;          /* the page reloads itself this often; 0: never */
+} ds_viz_live;
 
 /* Zero-initialise a ds_viz (= {0}) before use; ds_viz_free releases it. */
 void ds_viz_free(ds_viz *v);
@@ -118,6 +141,25 @@ int ds_viz_write_dot(const ds_viz *v, FILE *f);
 /* svg: the SVG from Graphviz (its <svg> element is inlined), or NULL:
  * dsviz draws its own circle layout. */
 int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg);
+/* The live page of dsviz --serve: the HTML page with a round slider over
+ * the histories, a segment filter (a GET form on `/`: ?round=R&segment=S),
+ * auto-refresh, the node x node traffic heatmap and the membership table;
+ * dsviz's own drawing. */
+int ds_viz_write_live(const ds_viz *v, FILE *f, const ds_viz_live *o);
+
+/* The server of dsviz --serve: libmicrohttpd on listen ("host:port",
+ * base/hostport.h; port 0: any free port), one thread; each GET / loads
+ * the n sources (ds_viz_load, timeout_ms each) afresh and answers the
+ * live page for ?round= and ?segment=; another path is 404. Sources are
+ * borrowed for the server's life. 0 and *out, or -errno (said in err). */
+typedef struct ds_viz_server ds_viz_server;
+int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sources, int n,
+                       int timeout_ms, int refresh_s, char *err, size_t err_len)
+    __attribute__((warn_unused_result));
+/* "host:port" actually bound. */
+int ds_viz_serve_addr(const ds_viz_server *s, char *buf, size_t n);
+void ds_viz_serve_stop(ds_viz_server **s);
+
 /* dsviz's own SVG drawing (used by the HTML page without Graphviz). */
 int ds_viz_write_own_svg(const ds_viz *v, FILE *f);
 

@@ -404,7 +404,10 @@ Test(slurm, second_job_joins_and_leaves)
 {
     need_slurm();
     slurm_up();
-    const int steps = 3000;
+    /* Long enough that job a still trains when b's tasks have joined and
+     * trained (4 tasks on 2 cores did 3000 steps in about 27 s, less than a
+     * join under load took). */
+    const int steps = 8000;
     const long a = submit("", "", node_port(0), steps, "--set cluster.min_members=4");
     struct view_want wa = {a, 100, {NULL}, "alive"};
     char an[32];

@@ -140,7 +140,7 @@ static pid_t start_node(const char *data_dir, const char *status_file, const cha
         if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
             _exit(127);
         execl(bin("DSNODE"), "dsnode", "run", "--config", SINGLE, "--set", data, "--set", st,
-              "--set", listen, "--set", "train.steps=400", "--set",
+              "--set", listen, "--set", "train.steps=5000", "--set",
               "train.eval_every=0", "--set", "train.log_every=10", (char *)NULL);
         _exit(127);
     }
@@ -188,6 +188,9 @@ Test(results, data_dir_full_at_the_end_fails_the_run)
     }
     cr_assert_lt(t, RUN_MS, "no step published");
     fill(dir);
+    /* The disk must be full before the node's last step: 5000 steps take
+     * seconds (400 took 0.4 s once the node got fast: it ended first). */
+    cr_assert_lt(file_step(sf), 5000, "the node finished before the disk was full");
     const int ws = wait_child(RUN_MS);
     char *out = read_text(tmp_path("out")), *err = read_text(tmp_path("err"));
     cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 1, "wait status %d\n%s", ws, err);

@@ -594,6 +594,8 @@ Test(crypto, handshake_flip_every_byte_of_every_frame, .timeout = 120)
         cr_expect_eq(ds_drop_total(&drops_a), 2 * (DS_WIRE_HDR_SIZE + DS_WIRE_HELLO_ACK_SIZE));
         cr_expect_eq(ds_drop_total(&drops_b), 2 * (2 * DS_WIRE_HDR_SIZE + DS_WIRE_HELLO_SIZE +
                                                    DS_WIRE_HELLO_FIN_SIZE));
+        ds_session_wipe(&si);
+        ds_session_wipe(&sr);
         ds_hs_wipe(&hi);
         ds_hs_wipe(&hr);
     }
@@ -680,6 +682,10 @@ Test(crypto, replayed_handshake_makes_no_session)
     uint8_t g[4096];
     size_t gl = seal_req(&s2a, g, sizeof(g), 32, 2, v);
     cr_expect_eq(open_req(&s2b, g, gl, v, 32), DS_DROP_NONE, "a good message right after");
+    ds_session_wipe(&s1a);
+    ds_session_wipe(&s1b);
+    ds_session_wipe(&s2a);
+    ds_session_wipe(&s2b);
 }
 
 /* ---- sealed frames ---------------------------------------------------------------------- */
@@ -782,7 +788,11 @@ Test(crypto, sealed_payload_visibility_per_mode)
             memset(&drops_b, 0, sizeof(drops_b));
             cr_expect_eq(ds_session_open(&sb, g, gl), DS_DROP_POLICY_MISMATCH);
             cr_expect_eq(ds_drop_get(&drops_b, DS_DROP_POLICY_MISMATCH), 1);
+            ds_session_wipe(&na);
+            ds_session_wipe(&nb);
         }
+        ds_session_wipe(&sa);
+        ds_session_wipe(&sb);
     }
 }
 
@@ -1061,6 +1071,8 @@ Test(crypto, replayed_and_too_old_sealed_frames)
     memcpy(c, f[80], len[80]);
     cr_expect_eq(open_req(&sb, c, len[80], v[80], 8), DS_DROP_NONE,
                  "seq 81 still inside the window");
+    ds_session_wipe(&sa);
+    ds_session_wipe(&sb);
 }
 
 Test(crypto, forged_sender_and_third_party_frames)
@@ -1106,6 +1118,9 @@ Test(crypto, forged_sender_and_third_party_frames)
 
     cr_expect_eq(open_req(&ab_b, f, len, v, 16), DS_DROP_NONE, "the genuine frame");
     cr_expect_eq(ds_drop_total(&drops_b), 4);
+    ds_session_wipe(&ab_a);
+    ds_session_wipe(&ab_b);
+    ds_session_wipe(&cb_c);
 }
 
 Test(crypto, seal_errors_and_key_retirement)
@@ -1140,6 +1155,8 @@ Test(crypto, seal_errors_and_key_retirement)
     p.mode = DS_SEC_ENCRYPT;
     p.aead = 4;
     cr_expect_eq(ds_session_init(&s, &p, NULL, NULL), -EINVAL);
+    ds_session_wipe(&sa);
+    ds_session_wipe(&sb);
 }
 
 Test(crypto, replay_window_unit)

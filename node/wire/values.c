@@ -15,6 +15,7 @@
 #include "node/wire/codec.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/le.h"
@@ -152,8 +153,10 @@ __attribute__((target("avx,f16c"))) static void f16_unpack_f16c(const uint8_t *p
 
 int ds_wire_f16_fast(void)
 {
-    static int have = -1; /* a benign race: every thread computes the same */
-    if (have < 0) {
+    /* Every thread computes the same; atomic, so that the first ones to
+     * ask may do it at once without a data race. */
+    static _Atomic int have = -1;
+    if (atomic_load_explicit(&have, memory_order_relaxed) < 0) {
         /* CPUID.1:ECX: OSXSAVE (27), AVX (28), F16C (29); the OS saves
          * the YMM state (XCR0 bits 1-2). clang 14's __builtin_cpu_supports
          * does not know "f16c". */
@@ -164,9 +167,9 @@ int ds_wire_f16_fast(void)
             __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
             ok = (lo & 6u) == 6u;
         }
-        have = ok;
+        atomic_store_explicit(&have, ok, memory_order_relaxed);
     }
-    return have;
+    return atomic_load_explicit(&have, memory_order_relaxed);
 }
 #else
 int ds_wire_f16_fast(void)

@@ -6,7 +6,9 @@
 # ds-gossip thread exchanges while main trains), ds-membership, ds-net,
 # ds-transport, and ds-status writing status.json; a fourth node added at
 # step 30 takes the join path (state served between steps, shadowing), and
-# n1 gets SIGTERM at step 50 (the stop flags, read by every thread).
+# n1 gets SIGTERM at step 50 (the stop flags, read by every thread). 300
+# steps: with 100 the others had finished before the added node, slow to
+# start under TSan, could join.
 # halt_on_error=1: a node's first report ends it with status 66; the check
 # wants every node done with 0, n1 stopped with 143, and no report in any
 # log (the reports are printed).
@@ -31,7 +33,7 @@ trap cleanup EXIT
 export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
 
 "$dslaunch" local -n 3 --config "$config" --out "$out/run" --timeout 420 --json \
-  --set train.backend=cpu --set train.steps=100 --set train.eval_every=0 \
+  --set train.backend=cpu --set train.steps=300 --set train.eval_every=0 \
   --set train.log_every=50 --set gossip.overlap=true \
   --set status.file=status.json --add-at 30:1 > "$out/stdout" &
 dl=$!

@@ -499,10 +499,12 @@ static void group_reduce(rt *r, int64_t step)
         /* Alone: what waits is ours to apply. */
         memcpy(ds_gossip_delta(r->gossip), r->gcarry, n * sizeof(float));
         memset(r->gcarry, 0, n * sizeof(float));
-        if (r->gpending)
+        if (r->gpending) {
             round_end(r);
-        else
-            ds_gossip_apply(r->gossip, params_host(r)), params_push(r);
+        } else {
+            ds_gossip_apply(r->gossip, params_host(r));
+            params_push(r);
+        }
         r->gpending = 0;
         return;
     }
@@ -528,8 +530,11 @@ static void group_reduce(rt *r, int64_t step)
         /* Not sent: what the list held waits for the next step. */
         for (uint32_t j = 0; j < sp.count; j++)
             r->gcarry[sp.idx[j]] += sp.val[j];
-        if (r->gpending)
-            ds_gossip_end(r->gossip, params_host(r)), params_push(r), r->rounds++;
+        if (r->gpending) {
+            ds_gossip_end(r->gossip, params_host(r));
+            params_push(r);
+            r->rounds++;
+        }
         r->gpending = 0;
         return;
     }

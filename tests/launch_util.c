@@ -90,6 +90,12 @@ void tmp_fini(void)
         for (int i = 0; i < n; i++)
             kill(left[i], SIGKILL);
     }
+    /* DS_TEST_KEEP=1: leave the directory (logs, outputs) to read. */
+    const char *keep = getenv("DS_TEST_KEEP");
+    if (tmpdir[0] && keep && *keep && strcmp(keep, "0") != 0) {
+        fprintf(stderr, "launch_util: kept %s (DS_TEST_KEEP)\n", tmpdir);
+        return;
+    }
     if (tmpdir[0] && nftw(tmpdir, remove_one, 8, FTW_DEPTH | FTW_PHYS) != 0)
         fprintf(stderr, "launch_util: could not remove %s\n", tmpdir);
 }

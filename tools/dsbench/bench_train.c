@@ -8,7 +8,11 @@
  * machine load; the best round of each is reported, and the ratio of the
  * two.
  *
- *   dsbench train [--model mlp|cnn] [--steps N] [--rounds R] [--batch B] [--no-torch] [--json]
+ *   dsbench train [--model mlp|cnn] [--steps N] [--rounds R] [--batch B] [--lr LR]
+ *                 [--no-torch] [--json]
+ *
+ * --lr: the peak learning rate of both (default the node's, 0.05; the CNN
+ * does best at about 0.03, docs/benchmarks.md).
  */
 #include "config.h"
 
@@ -29,7 +33,7 @@ typedef struct run_result {
     double samples_per_s, test_acc, train_s;
 } run_result;
 
-static int run_dsnode(int cnn, int steps, int batch, run_result *r)
+static int run_dsnode(int cnn, int steps, int batch, double lr, run_result *r)
 {
     ds_train_cfg c;
     ds_trainer t;
@@ -40,6 +44,8 @@ static int run_dsnode(int cnn, int steps, int batch, run_result *r)
     c.batch = batch;
     c.threads = 1;
     c.total_steps = steps;
+    if (lr > 0)
+        c.lr = lr;
     if (ds_trainer_init(&t, &c, err, sizeof(err)) < 0) {
         fprintf(stderr, "dsbench train: %s\n", err);
         return -1;
@@ -63,12 +69,14 @@ static int run_dsnode(int cnn, int steps, int batch, run_result *r)
     return 0;
 }
 
-static int run_torch(int cnn, int steps, int batch, run_result *r)
+static int run_torch(int cnn, int steps, int batch, double lr, run_result *r)
 {
-    char cmd[1024], line[1024];
+    char cmd[1024], line[1024], lr_arg[64] = "";
+    if (lr > 0)
+        snprintf(lr_arg, sizeof(lr_arg), " --lr %.17g", lr);
     snprintf(cmd, sizeof(cmd),
-             "/usr/bin/python3 %s/torch_mlp.py --model %s --steps %d --batch %d --threads 1",
-             ds_bench_tools_dir(), cnn ? "cnn" : "mlp", steps, batch);
+             "/usr/bin/python3 %s/torch_mlp.py --model %s --steps %d --batch %d --threads 1%s",
+             ds_bench_tools_dir(), cnn ? "cnn" : "mlp", steps, batch, lr_arg);
     FILE *p = popen(cmd, "r");
     if (!p)
         return -1;
@@ -103,9 +111,12 @@ int ds_bench_train(int argc, char **argv)
         {"batch", required_argument, NULL, 'b'},
         {"no-torch", no_argument, NULL, 'T'},
         {"model", required_argument, NULL, 'm'},
+        {"lr", required_argument, NULL, 'l'},
         {NULL, 0, NULL, 0},
     };
     int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1, cnn = 0, bad = 0, opt;
+    double lr = 0;
+    char *end;
     optind = 0; /* start afresh on this argv; messages are ours */
     opterr = 0;
     while (!bad && (opt = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
@@ -115,6 +126,10 @@ int ds_bench_train(int argc, char **argv)
         case 'r': rounds = atoi(optarg); break;
         case 'b': batch = atoi(optarg); break;
         case 'T': torch = 0; break;
+        case 'l':
+            lr = strtod(optarg, &end);
+            bad = end == optarg || *end || !(lr > 0 && lr < 10);
+            break;
         case 'm':
             if (!strcmp(optarg, "cnn"))
                 cnn = 1;
@@ -126,7 +141,7 @@ int ds_bench_train(int argc, char **argv)
     }
     if (bad || optind < argc) {
         fprintf(stderr, "usage: dsbench train [--model mlp|cnn] [--steps N] [--rounds R] [--batch B] "
-                        "[--no-torch] [--json]\n");
+                        "[--lr LR (0 < LR < 10)] [--no-torch] [--json]\n");
         return 2;
     }
     if (steps < 1 || rounds < 1 || batch < 1) {
@@ -138,12 +153,12 @@ int ds_bench_train(int argc, char **argv)
     run_result best_ds = {0}, best_pt = {0};
     for (int r = 0; r < rounds; r++) {
         run_result a, b = {0};
-        if (run_dsnode(cnn, steps, batch, &a) < 0)
+        if (run_dsnode(cnn, steps, batch, lr, &a) < 0)
             return 1;
         if (a.samples_per_s > best_ds.samples_per_s)
             best_ds = a;
         if (torch) {
-            if (run_torch(cnn, steps, batch, &b) < 0)
+            if (run_torch(cnn, steps, batch, lr, &b) < 0)
                 return 1;
             if (b.samples_per_s > best_pt.samples_per_s)
                 best_pt = b;

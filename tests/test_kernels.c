@@ -333,6 +333,51 @@ Test(kernels, maxpool_values_and_gradient_routing)
     cr_expect(ds_t_close("maxpool dx", 0, dx, want_dx, 31, 0, 0));
 }
 
+/* Each variant's max-pool against the reference, bit for bit, on seeded
+ * random planes of odd and even sizes: values drawn from 7 levels so that
+ * windows tie often (the first maximum must win), a NaN in some windows,
+ * and a canary past each output. dx is prefilled with garbage: every
+ * element must be written. */
+Test(kernels, maxpool_variants_match_reference)
+{
+    ds_ops ops[3];
+    const char *names[3];
+    const int nv = variants(ops, names);
+    const int shapes[][3] = {{1, 1, 1}, {1, 2, 2}, {3, 3, 5}, {2, 28, 28}, {5, 14, 14},
+                             {4, 7, 33}, {2, 35, 9}, {64, 6, 6}};
+    for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
+        const int planes = shapes[t][0], h = shapes[t][1], w = shapes[t][2];
+        const size_t nx = (size_t)planes * h * w, ny = (size_t)planes * (h / 2) * (w / 2);
+        const uint64_t seed = 900 + t;
+        float *x = fbuf(nx), *dy = fbuf(ny), *y0 = fbuf(ny), *dx0 = fbuf(nx);
+        ds_t_fill(x, nx, seed, -3.5, 3.5);
+        for (size_t i = 0; i < nx; i++)
+            x[i] = (float)(int)x[i]; /* 7 levels: many ties */
+        for (size_t i = 0; i < nx; i += 37)
+            x[i] = NAN;
+        ds_t_fill(dy, ny, seed + 1, -1, 1);
+        ds_maxpool_fwd_c(y0, x, planes, h, w);
+        ds_maxpool_bwd_c(dx0, dy, x, planes, h, w);
+        for (int v = 0; v < nv; v++) {
+            float *y1 = fbuf(ny), *dx1 = fbuf(nx);
+            for (size_t i = 0; i < nx; i++)
+                dx1[i] = 777.0f;
+            ops[v].maxpool_fwd(y1, x, planes, h, w);
+            ops[v].maxpool_bwd(dx1, dy, x, planes, h, w);
+            cr_expect_eq(memcmp(y1, y0, (ny + 1) * sizeof(float)), 0,
+                         "%s maxpool y differs, shape %zu", names[v], t);
+            cr_expect_eq(memcmp(dx1, dx0, (nx + 1) * sizeof(float)), 0,
+                         "%s maxpool dx differs, shape %zu", names[v], t);
+            free(y1);
+            free(dx1);
+        }
+        free(x);
+        free(dy);
+        free(y0);
+        free(dx0);
+    }
+}
+
 Test(kernels, image_ops_in_tables)
 {
     ds_ops o;
@@ -345,6 +390,8 @@ Test(kernels, image_ops_in_tables)
         ds_ops_fill_cpu(&o, ds_cpu_detect());
         cr_expect_eq(o.conv2d_fwd, ds_conv2d_fwd_blas);
         cr_expect_eq(o.conv2d_bwd, ds_conv2d_bwd_blas);
+        cr_expect_neq(o.maxpool_fwd, ds_maxpool_fwd_c);
+        cr_expect_neq(o.maxpool_bwd, ds_maxpool_bwd_c);
     }
 }
 

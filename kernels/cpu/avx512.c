@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
 

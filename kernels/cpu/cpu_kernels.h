@@ -29,8 +29,9 @@ DS_DECL_CONV2D_FWD(ds_conv2d_fwd_c);
 DS_DECL_CONV2D_FWD(ds_conv2d_fwd_blas);
 DS_DECL_CONV2D_BWD(ds_conv2d_bwd_c);
 DS_DECL_CONV2D_BWD(ds_conv2d_bwd_blas);
-/* Max-pool has the plain C version only (memory-bound, a small share of a
- * CNN step); it is the reference and the production op. */
+/* Max-pool: the plain C reference; the branch-free variants below are
+ * the production ops (about a tenth of a CNN step was the reference's
+ * backward, its window compares mispredicted). */
 DS_DECL_MAXPOOL_FWD(ds_maxpool_fwd_c);
 DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c);
 
@@ -44,7 +45,9 @@ DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c);
     DS_DECL_SCALE(ds_scale_##sfx); \
     DS_DECL_DOT(ds_dot_##sfx); \
     DS_DECL_NRM2(ds_nrm2_##sfx); \
-    DS_DECL_SUM(ds_sum_##sfx)
+    DS_DECL_SUM(ds_sum_##sfx); \
+    DS_DECL_MAXPOOL_FWD(ds_maxpool_fwd_##sfx); \
+    DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_##sfx)
 
 DS_DECL_SIMD_VARIANTS(avx2);
 DS_DECL_SIMD_VARIANTS(avx512);

@@ -344,6 +344,8 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
         ops->dot = ds_dot_##sfx; \
         ops->nrm2 = ds_nrm2_##sfx; \
         ops->sum = ds_sum_##sfx; \
+        ops->maxpool_fwd = ds_maxpool_fwd_##sfx; \
+        ops->maxpool_bwd = ds_maxpool_bwd_##sfx; \
     } while (0)
 
 #if ARCH_X86_64

@@ -166,6 +166,73 @@ DS_DECL_SUM(FN(ds_sum))
     return s;
 }
 
+
+/* 2x2 max-pool, row pair by row pair. The window's maximum is chosen by
+ * the reference's sequence of strict comparisons (first maximum in
+ * row-major order; a NaN is never chosen over a number before it), written
+ * as selects, without branches, so the compiler vectorizes the loop over
+ * the windows of a row pair with this file's ISA. */
+DS_DECL_MAXPOOL_FWD(FN(ds_maxpool_fwd))
+{
+    const int oh = h / 2, ow = w / 2;
+    for (int p = 0; p < planes; p++) {
+        const float *xp = x + (size_t)p * h * w;
+        float *yp = y + (size_t)p * oh * ow;
+        for (int oy = 0; oy < oh; oy++) {
+            const float *r0 = xp + (size_t)(2 * oy) * w, *r1 = r0 + w;
+            float *yr = yp + (size_t)oy * ow;
+            for (int ox = 0; ox < ow; ox++) {
+                float m = r0[2 * ox];
+                const float b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
+                m = b > m ? b : m;
+                m = c > m ? c : m;
+                m = d > m ? d : m;
+                yr[ox] = m;
+            }
+        }
+    }
+}
+
+/* Every element of dx written once, in order: the window's chosen element
+ * gets dy, the other three 0, and a dropped odd last row or column 0; no
+ * memset and no scattered stores. */
+DS_DECL_MAXPOOL_BWD(FN(ds_maxpool_bwd))
+{
+    const int oh = h / 2, ow = w / 2;
+    for (int p = 0; p < planes; p++) {
+        const float *xp = x + (size_t)p * h * w;
+        const float *dyp = dy + (size_t)p * oh * ow;
+        float *dxp = dx + (size_t)p * h * w;
+        for (int oy = 0; oy < oh; oy++) {
+            const float *r0 = xp + (size_t)(2 * oy) * w, *r1 = r0 + w;
+            float *d0 = dxp + (size_t)(2 * oy) * w, *d1 = d0 + w;
+            const float *g = dyp + (size_t)oy * ow;
+            for (int ox = 0; ox < ow; ox++) {
+                const float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox],
+                            d = r1[2 * ox + 1];
+                float m = a;
+                int k = 0;
+                k = b > m ? 1 : k;
+                m = b > m ? b : m;
+                k = c > m ? 2 : k;
+                m = c > m ? c : m;
+                k = d > m ? 3 : k;
+                const float v = g[ox];
+                d0[2 * ox] = k == 0 ? v : 0.0f;
+                d0[2 * ox + 1] = k == 1 ? v : 0.0f;
+                d1[2 * ox] = k == 2 ? v : 0.0f;
+                d1[2 * ox + 1] = k == 3 ? v : 0.0f;
+            }
+            if (w & 1) {
+                d0[w - 1] = 0.0f;
+                d1[w - 1] = 0.0f;
+            }
+        }
+        if (h & 1)
+            memset(dxp + (size_t)(h - 1) * w, 0, (size_t)w * sizeof(float));
+    }
+}
+
 #undef FN
 #undef CAT
 #undef CAT_

@@ -1522,7 +1522,9 @@ Test(status, history_is_bounded)
         h.me = 0;
         h.duration_ns = (r % 7) * 1000000u;
         h.n_segments = h.n_listed = 2;
+        /* latencies 0.03, 0.23, ... 1.83 ms (no value on a bucket bound) */
         h.seg[0] = (ds_status_seg_done){.target = 1, .target_id = 42, .bytes = r,
+                                        .latency_ns = (r % 10) * 200000u + 30000u,
                                         .outcome = DS_XCHG_OK};
         h.seg[1] = (ds_status_seg_done){.target = 0, .outcome = DS_XCHG_NONE};
         if (r % 2) /* 20 more peers, one byte each time */
@@ -1549,6 +1551,15 @@ Test(status, history_is_bounded)
     for (uint32_t p = 0; p < s->hist.n_peers; p++)
         sum += s->hist.peer_bytes[p];
     cr_expect_eq(sum, 9999ull * 10000 / 2 + 5000);
+    /* Exchange latencies: every ok exchange (10,000 of segment 0, 5,000
+     * of segment 1 at 0 ns), each in its bucket. */
+    cr_expect_eq(s->hist.lat_count, 15000);
+    cr_expect_eq(s->hist.lat_sum_ns, 1000ull * (45u * 200000u + 10u * 30000u));
+    cr_expect_eq(s->hist.lat_bucket[0], 5000 + 1000); /* <= 100 us: 0 ns, 0.03 ms */
+    cr_expect_eq(s->hist.lat_bucket[1], 1000);        /* 0.23 ms */
+    cr_expect_eq(s->hist.lat_bucket[2], 1000);        /* 0.43 ms */
+    cr_expect_eq(s->hist.lat_bucket[3], 2000);        /* 0.63, 0.83 ms */
+    cr_expect_eq(s->hist.lat_bucket[4], 5000);        /* 1.03 .. 1.83 ms */
 
     /* /metrics: as many lines after 10,000 rounds as after 51. */
     char *text;
@@ -1561,6 +1572,10 @@ Test(status, history_is_bounded)
         lines_b += text[i] == '\n';
     cr_expect_eq(lines_a, lines_b);
     cr_expect_not_null(strstr(text, "dsnode_round_duration_seconds_count{node=\"\"} 10000\n"));
+    cr_expect_not_null(strstr(text, "dsnode_exchange_latency_seconds_count{node=\"\"} 15000\n"));
+    cr_expect_not_null(strstr(text, "dsnode_exchange_latency_seconds_bucket{node=\"\",le=\"0.001\"} 10000\n"));
+    cr_expect_not_null(strstr(text, "dsnode_exchange_latency_seconds_bucket{node=\"\",le=\"+Inf\"} 15000\n"));
+    cr_expect_eq(count_str(text, "dsnode_exchange_latency_seconds_bucket{"), DS_STATUS_XCHG_BUCKETS);
     cr_expect_not_null(strstr(text, "dsnode_gossip_peer_bytes_total{node=\"\",peer=\"other\"} "));
     cr_expect_eq(count_str(text, "dsnode_gossip_peer_bytes_total{"), DS_STATUS_PEER_SERIES + 1);
     free(text);

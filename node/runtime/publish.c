@@ -268,6 +268,7 @@ void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
         d->target = xi.target;
         d->n_in = xi.n_in;
         d->bytes = xi.bytes;
+        d->latency_ns = xi.latency_ns;
         d->outcome = (unsigned)xi.outcome < sizeof(outcome) ? outcome[xi.outcome]
                                                             : (uint8_t)DS_XCHG_FAILED;
         if (xi.target < src->view_size && xi.target != src->me)

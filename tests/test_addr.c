@@ -721,6 +721,13 @@ Test(addr, ipv6_loopback_cluster)
     FILE *mf = fopen(mpath, "w");
     cr_assert_not_null(mf);
     cr_assert_eq(fputs(metrics, mf) >= 0 && fclose(mf) == 0, 1);
+    /* The rounds drawn above had exchanges that completed over the real
+     * transport: the latency histogram counted them, and they took time. */
+    const char *lc = strstr(metrics, "dsnode_exchange_latency_seconds_count{node=\"n0\"} ");
+    const char *ls = strstr(metrics, "dsnode_exchange_latency_seconds_sum{node=\"n0\"} ");
+    cr_assert(lc && ls, "%s", metrics);
+    cr_expect_gt(strtoull(strchr(lc, '}') + 2, NULL, 10), 0, "%s", metrics);
+    cr_expect_gt(strtod(strchr(ls, '}') + 2, NULL), 0, "%s", metrics);
     free(metrics);
     char shcmd[700];
     snprintf(shcmd, sizeof(shcmd), "promtool check metrics < '%s'", mpath);

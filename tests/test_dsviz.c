@@ -22,6 +22,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "node/runtime/hier.h"
 #include "node/runtime/publish.h"
 #include "node/status/status.h"
 #include "tools/dsviz/viz.h"
@@ -908,4 +909,98 @@ Test(dsviz, live_page_in_chromium)
     char cmd[200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     cr_expect_eq(system(cmd), 0);
+}
+
+/* Groups: 7 members in two groups and two of their own, ids not in name
+ * order. Each node's document carries its group size and index as the
+ * runtime computes them (ds_hier_form); the member dsviz names for each
+ * group and segment is the one the product routes the segment to:
+ * ds_hier_form's order, member ds_topo_hier_owner(s, size) of the group. */
+Test(dsviz, group_members_handle_segments_as_the_node_computes)
+{
+    enum { G = 7, NSEG = 8 };
+    static const char *const grp[G] = {"rackB", "rackA", "rackB", "rackA", "rackB", "", ""};
+    static const uint64_t ids[G] = {0x50, 0x20, 0x10, 0x60, 0x30, 0x40, 0x70};
+    ds_member_info mi[G];
+    memset(mi, 0, sizeof(mi));
+    for (int k = 0; k < G; k++) {
+        mi[k].id = ids[k];
+        snprintf(mi[k].name, sizeof(mi[k].name), "n%d", k);
+        snprintf(mi[k].group, sizeof(mi[k].group), "%s", grp[k]);
+    }
+    ds_viz v = {0};
+    uint32_t order[G], gidx[G];
+    for (int i = 0; i < G; i++) {
+        ds_hier h;
+        cr_assert_eq(ds_hier_form(mi, G, ids[i], order, gidx, &h), 0);
+        ds_status_snapshot *s = calloc(1, sizeof(*s));
+        cr_assert_not_null(s);
+        ds_status_snapshot_init(s);
+        snprintf(s->name, sizeof(s->name), "n%d", i);
+        snprintf(s->group, sizeof(s->group), "%s", grp[i]);
+        s->id = ids[i];
+        s->state = DS_STATUS_TRAINING;
+        s->view_size = s->n_view = G;
+        s->view_me = (uint32_t)i;
+        for (int k = 0; k < G; k++) {
+            snprintf(s->view[k].name, sizeof(s->view[k].name), "n%d", k);
+            snprintf(s->view[k].group, sizeof(s->view[k].group), "%s", grp[k]);
+            s->view[k].id = ids[k];
+        }
+        s->n_segments = s->n_exchanges = NSEG;
+        for (uint32_t seg = 0; seg < NSEG; seg++) {
+            s->exchanges[seg].segment = seg;
+            snprintf(s->exchanges[seg].initiate_to, sizeof(s->exchanges[seg].initiate_to),
+                     "n%d", (i + 1) % G);
+            s->exchanges[seg].outcome = DS_XCHG_OK;
+        }
+        ds_publish_stats ps;
+        memset(&ps, 0, sizeof(ps));
+        ps.group.size = h.size;
+        ps.group.member = h.member;
+        cr_assert_eq(ds_publish_metrics(s, &ps), 0);
+        char *text, err[256];
+        size_t len;
+        cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
+        cr_assert_eq(ds_viz_add_json(&v, text, len, "doc", err, sizeof(err)), 0, "%s", err);
+        free(text);
+        free(s);
+    }
+    cr_assert_eq(ds_viz_build(&v), 0);
+    int checked = 0;
+    for (uint32_t k = 0; k < G; k++) {
+        const char *g = mi[order[k]].group;
+        if (!g[0] || (k > 0 && gidx[k] == gidx[k - 1]))
+            continue; /* the first entry of each named group */
+        uint32_t size = 0;
+        while (k + size < G && gidx[k + size] == gidx[k])
+            size++;
+        for (uint32_t seg = 0; seg < NSEG; seg++) {
+            uint32_t owner;
+            cr_assert_eq(ds_topo_hier_owner(seg, size, &owner), 0);
+            const char *want = mi[order[k + owner]].name;
+            const int h = ds_viz_group_handler(&v, g, seg);
+            cr_assert_geq(h, 0, "group %s segment %u: no handler", g, seg);
+            cr_expect_str_eq(v.m[h].name, want, "group %s segment %u", g, seg);
+            checked++;
+        }
+    }
+    cr_expect_eq(checked, 2 * NSEG);
+    cr_expect_eq(ds_viz_group_handler(&v, "", 0), -1, "no group, no handler");
+    cr_expect_eq(ds_viz_group_handler(&v, "rackC", 0), -1);
+
+    /* The page (static and live share it) draws the table. */
+    char *page = NULL;
+    size_t plen = 0;
+    FILE *f = open_memstream(&page, &plen);
+    cr_assert_not_null(f);
+    cr_assert_eq(ds_viz_write_html(&v, f, NULL), 0);
+    fclose(f);
+    cr_expect_not_null(strstr(page, "<h2>Groups: the member that handles each segment</h2>"));
+    /* rackA is n1 (0x20) and n3 (0x60): segment 0 n1, segment 1 n3. */
+    cr_expect_not_null(strstr(page, "<tr><td class=\"l\">rackA</td><td>2</td>"
+                                    "<td class=\"l\">n1</td><td class=\"l\">n3</td>"),
+                       "%s", page);
+    free(page);
+    ds_viz_free(&v);
 }

@@ -45,6 +45,7 @@
 
 #include "launch_util.h"
 #include "tools/dslaunch/dslaunch.h"
+#include "topology/topology.h"
 
 static const char *const node_names[] = {"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"};
 
@@ -754,6 +755,7 @@ static void run_groups(int groups, int steps)
                           "--set", "train.backend=cpu", "--set", "train.threads=1",
                           "--set", "gossip.segments=8", "--set", "sparsify.method=micro",
                           "--set", "sparsify.density=0.01", "--set", "gossip.timeout_ms=2000",
+                          "--set", "status.file=status.json",
                           "--out", tmp_path(name), "--json", "--timeout", "400",
                           "--dsnode", bin("DSNODE"), NULL};
     struct result r = run_dslaunch(420000, args);
@@ -770,6 +772,37 @@ static void run_groups(int groups, int steps)
         const json_t *n = jnode(j, nn);
         cr_assert_eq(jnum(n, "steps"), steps);
         cr_assert_str_eq(json_string_value(json_object_get(n, "group")), want, "%s's group", nn);
+        /* Its last /status: a segment names a peer only when this member
+         * handles it for its group (topology/'s owner of the segment is
+         * its index), and the peer is in another group. */
+        char sp[512];
+        snprintf(sp, sizeof(sp), "%s/%s/status.json", tmp_path(name), nn);
+        json_error_t je;
+        json_t *st = json_load_file(sp, 0, &je);
+        cr_assert_not_null(st, "%s: %s", sp, je.text);
+        const json_t *grp = json_object_get(st, "group");
+        const uint32_t gsize = (uint32_t)json_integer_value(json_object_get(grp, "size"));
+        const uint32_t gmem = (uint32_t)json_integer_value(json_object_get(grp, "member"));
+        const json_t *xl = json_object_get(json_object_get(st, "exchanges"), "list");
+        cr_assert_eq(json_array_size(xl), 8, "%s: 8 segments listed", nn);
+        int named = 0;
+        for (size_t k = 0; k < json_array_size(xl); k++) {
+            const json_t *x = json_array_get(xl, k);
+            const char *to = json_string_value(json_object_get(x, "initiate_to"));
+            uint32_t owner;
+            cr_assert_eq(ds_topo_hier_owner((uint32_t)k, gsize, &owner), 0);
+            if (!to || !to[0])
+                continue;
+            named++;
+            cr_expect_eq(owner, gmem, "%s names %s for segment %zu, which member %u handles",
+                         nn, to, k, owner);
+            const int ti = to[0] == 'n' ? atoi(to + 1) : -1;
+            cr_expect(ti >= 0 && ti * groups / 8 != i * groups / 8,
+                      "%s (group %s) names %s for segment %zu: not another group", nn, want, to,
+                      k);
+        }
+        cr_expect_leq(named, (8 + gsize - 1) / gsize, "%s names %d peers", nn, named);
+        json_decref(st);
     }
     const json_t *intra = json_object_get(j, "intra_group_consensus");
     cr_assert(json_is_number(intra), "intra_group_consensus present");

@@ -307,6 +307,16 @@ Test(net, many_frames_in_order_from_two_threads)
         cr_assert_eq(send_stale(&a, b.id.id, b.addr, r, dl, NULL), 0);
     for (uint64_t r = 1; r <= 2000; r++)
         expect_stale(&b, a.id.id, r, 5000);
+    /* The bytes by kind: all of them GOSSIP_STALE frames, so all gossip. */
+    ds_net_stats sa, sb;
+    ds_net_stats_get(a.n, &sa);
+    ds_net_stats_get(b.n, &sb);
+    cr_expect_gt(sa.bytes_sent, 2000 * DS_WIRE_HDR_SIZE);
+    cr_expect_eq(sa.sent_gossip, sa.bytes_sent);
+    cr_expect_eq(sa.sent_membership + sa.sent_state + sa.sent_group + sa.sent_other, 0);
+    cr_expect_eq(sb.recv_gossip, sb.bytes_recv);
+    cr_expect_eq(sb.recv_gossip, sa.sent_gossip, "every frame sent arrived");
+    cr_expect_eq(sb.recv_membership + sb.recv_state + sb.recv_group + sb.recv_other, 0);
     node_close(&a);
     node_close(&b);
 }

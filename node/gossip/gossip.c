@@ -59,6 +59,7 @@ struct gout {
     float *val;      /* snap[S]: what we sent */
     float *stash;    /* acc[S] before it was zeroed */
     uint64_t sent_ns; /* when the REQ went out (io clock) */
+    uint64_t latency_ns; /* sent to RESP (pairwise) or the CROSS's send; 0: not ok */
 };
 
 /* A pairwise exchange still open after its round ended (docs/gossip.md,
@@ -390,6 +391,7 @@ static void xinfo_fill(const ds_gossip *g, int s, ds_gossip_xinfo *out)
     out->bytes = o->state == OUT_NONE
                      ? 0
                      : (uint64_t)o->count * (g->cfg.mix == DS_MIX_CROSSOVER ? 4u : 8u);
+    out->latency_ns = o->state == OUT_OK ? o->latency_ns : 0;
     out->n_in = g->in_n ? g->in_n[s] : 0;
     out->in_from = g->in_from ? g->in_from + (size_t)s * g->max_in : NULL;
 }
@@ -606,6 +608,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
         struct gout *o = &g->out[s];
         const ds_gseg *sg = &g->seg[s];
         o->state = OUT_NONE;
+        o->latency_ns = 0;
         o->count = 0;
         o->target = g->me;
         g->in_n[s] = 0;
@@ -890,7 +893,8 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
         }
         for (size_t j = 0; j < o->count; j++)
             g->delta[sg->off + o->idx[j]] += w * (m->val[j] - o->val[j]);
-        ds_glat_peer(&g->lat, o->target, link_time(io->now_ns(io->ctx) - o->sent_ns, m));
+        o->latency_ns = io->now_ns(io->ctx) - o->sent_ns;
+        ds_glat_peer(&g->lat, o->target, link_time(o->latency_ns, m));
         o->state = OUT_OK;
         g->st.exchanges_ok++;
         g->st.values_received += m->count;
@@ -1126,6 +1130,7 @@ static void send_requests(ds_gossip *g, const ds_gossip_io *io, uint64_t deadlin
         }
         if (g->cfg.mix == DS_MIX_CROSSOVER) {
             /* Nothing comes back for a CROSS: it is done once sent. */
+            o->latency_ns = io->now_ns(io->ctx) - o->sent_ns;
             o->state = OUT_OK;
             g->st.exchanges_ok++;
         }

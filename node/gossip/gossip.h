@@ -289,6 +289,8 @@ typedef struct ds_gossip_xinfo {
     uint32_t target;            /* view index; == me: none */
     enum ds_gossip_outcome outcome;
     uint64_t bytes;             /* payload of our REQ (indices + values) */
+    uint64_t latency_ns;        /* ok only (else 0): REQ sent to RESP received
+                                 * (pairwise), or the CROSS's send (crossover) */
     uint32_t n_in;              /* initiators to us */
     const uint32_t *in_from;    /* their view indices; valid until begin() */
 } ds_gossip_xinfo;

@@ -104,6 +104,16 @@ struct send_ctx {
     void *done_arg;
 };
 
+/* Message kinds for the bytes by kind, in ds_net_stats' order. */
+enum net_kind {
+    NET_KIND_GOSSIP,     /* GOSSIP_* */
+    NET_KIND_MEMBERSHIP, /* PING .. LEAVE */
+    NET_KIND_STATE,      /* STATE_REQ, STATE_CHUNK */
+    NET_KIND_GROUP,      /* GROUP_REDUCE, GROUP_BCAST, ALLREDUCE */
+    NET_KIND_OTHER,
+    NET_KINDS
+};
+
 struct ds_net {
     ds_net_cfg cfg;
     uint64_t reject_window_ms;   /* HELLO_REJECT rate limit (under lock) */
@@ -131,6 +141,8 @@ struct ds_net {
     int worker_started;
 
     _Atomic uint64_t frames_sent, bytes_sent, frames_recv, bytes_recv;
+    /* bytes_sent / bytes_recv split by message kind (enum net_kind) */
+    _Atomic uint64_t kind_sent[NET_KINDS], kind_recv[NET_KINDS];
     _Atomic uint64_t hs_ok, hs_failed, send_failures;
 
     /* The allow-list (allow.c). hs_cfg.allow is cfg.allow until a reload,
@@ -142,6 +154,20 @@ struct ds_net {
 };
 
 #define ADD(n, f, v) atomic_fetch_add_explicit(&(n)->f, (uint64_t)(v), memory_order_relaxed)
+
+/* The kind of a message type (ds_net_stats' bytes by kind). */
+static inline enum net_kind net_kind_of(unsigned type)
+{
+    if (type >= DS_MSG_GOSSIP_REQ && type <= DS_MSG_GOSSIP_PUSH)
+        return NET_KIND_GOSSIP;
+    if (type >= DS_MSG_PING && type <= DS_MSG_LEAVE)
+        return NET_KIND_MEMBERSHIP;
+    if (type == DS_MSG_STATE_REQ || type == DS_MSG_STATE_CHUNK)
+        return NET_KIND_STATE;
+    if (type >= DS_MSG_GROUP_REDUCE && type <= DS_MSG_ALLREDUCE)
+        return NET_KIND_GROUP;
+    return NET_KIND_OTHER;
+}
 
 /* ---- peers.c ----------------------------------------------------------- */
 

@@ -215,6 +215,14 @@ void ds_net_stats_get(ds_net *n, ds_net_stats *st)
     st->allow_reloads = atomic_load(&n->allow_reloads);
     st->allow_reload_errors = atomic_load(&n->allow_reload_errors);
     st->sessions_revoked = atomic_load(&n->sessions_revoked);
+    uint64_t *const ks[NET_KINDS] = {&st->sent_gossip, &st->sent_membership, &st->sent_state,
+                                     &st->sent_group, &st->sent_other};
+    uint64_t *const kr[NET_KINDS] = {&st->recv_gossip, &st->recv_membership, &st->recv_state,
+                                     &st->recv_group, &st->recv_other};
+    for (int k = 0; k < NET_KINDS; k++) {
+        *ks[k] = atomic_load(&n->kind_sent[k]);
+        *kr[k] = atomic_load(&n->kind_recv[k]);
+    }
     pthread_mutex_lock(&n->lock);
     for (struct net_peer *p = n->peers; p; p = p->next) {
         st->sessions += p->sess != NULL;

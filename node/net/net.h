@@ -249,6 +249,9 @@ ds_drop_counters *ds_net_drops(ds_net *n);
  * row). The transport's own counters follow as .transport. */
 #define DS_NET_HELP_HS "Handshakes by result."
 #define DS_NET_HELP_RELOAD "Allow-list reloads by result (an error keeps the old list)."
+#define DS_NET_HELP_KSENT "Bytes of sealed frames sent, by message kind (they sum to bytes_sent)."
+#define DS_NET_HELP_KRECV \
+    "Bytes of frames received, by message kind (they sum to bytes_received)."
 #define DS_NET_STATS(X) \
     X(U64, frames_sent, "frames_sent", "dsnode_frames_sent_total", COUNTER, NULL, NULL, \
       "Sealed frames handed to the transport.") \
@@ -273,7 +276,27 @@ ds_drop_counters *ds_net_drops(ds_net *n);
     X(U64, allow_reload_errors, "allow_reload_errors", "dsnode_allow_reloads_total", COUNTER, \
       "result", "error", DS_NET_HELP_RELOAD) \
     X(U64, sessions_revoked, "sessions_revoked", "dsnode_sessions_revoked_total", COUNTER, NULL, \
-      NULL, "Sessions closed because their key left the allow-list.")
+      NULL, "Sessions closed because their key left the allow-list.") \
+    X(U64, sent_gossip, "bytes_sent_gossip", "dsnode_bytes_sent_by_kind_total", COUNTER, \
+      "kind", "gossip", DS_NET_HELP_KSENT) \
+    X(U64, sent_membership, "bytes_sent_membership", "dsnode_bytes_sent_by_kind_total", \
+      COUNTER, "kind", "membership", DS_NET_HELP_KSENT) \
+    X(U64, sent_state, "bytes_sent_state", "dsnode_bytes_sent_by_kind_total", COUNTER, "kind", \
+      "state", DS_NET_HELP_KSENT) \
+    X(U64, sent_group, "bytes_sent_group", "dsnode_bytes_sent_by_kind_total", COUNTER, "kind", \
+      "group", DS_NET_HELP_KSENT) \
+    X(U64, sent_other, "bytes_sent_other", "dsnode_bytes_sent_by_kind_total", COUNTER, "kind", \
+      "other", DS_NET_HELP_KSENT) \
+    X(U64, recv_gossip, "bytes_received_gossip", "dsnode_bytes_received_by_kind_total", \
+      COUNTER, "kind", "gossip", DS_NET_HELP_KRECV) \
+    X(U64, recv_membership, "bytes_received_membership", "dsnode_bytes_received_by_kind_total", \
+      COUNTER, "kind", "membership", DS_NET_HELP_KRECV) \
+    X(U64, recv_state, "bytes_received_state", "dsnode_bytes_received_by_kind_total", COUNTER, \
+      "kind", "state", DS_NET_HELP_KRECV) \
+    X(U64, recv_group, "bytes_received_group", "dsnode_bytes_received_by_kind_total", COUNTER, \
+      "kind", "group", DS_NET_HELP_KRECV) \
+    X(U64, recv_other, "bytes_received_other", "dsnode_bytes_received_by_kind_total", COUNTER, \
+      "kind", "other", DS_NET_HELP_KRECV)
 
 typedef struct ds_net_stats {
     DS_NET_STATS(DS_METRIC_FIELD)

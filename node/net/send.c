@@ -37,6 +37,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "node/net/internal.h"
+#include "node/wire/header.h"
 
 /* Tests only: show a handshake frame to cfg.hs_tap ('S' sent, 'R' received). */
 void net_tap(ds_net *n, char dir, const uint8_t *frame, size_t len)
@@ -67,6 +68,8 @@ static void release_frame(void *arg, void *buf)
 static int send_sealed(ds_net *n, ds_transport_peer tp, uint8_t *buf, size_t out_len,
                        uint64_t deadline_ms, ds_transport_done_fn done, void *done_arg)
 {
+    /* read before the transport takes buf */
+    const unsigned buf_type = out_len > DS_WH_TYPE ? buf[DS_WH_TYPE] : 0;
     struct send_ctx *c = malloc(sizeof(*c));
     if (!c) {
         free(buf);
@@ -92,6 +95,7 @@ static int send_sealed(ds_net *n, ds_transport_peer tp, uint8_t *buf, size_t out
     }
     ADD(n, frames_sent, 1);
     ADD(n, bytes_sent, out_len);
+    ADD(n, kind_sent[net_kind_of(buf_type)], out_len);
     return 0;
 }
 
@@ -376,6 +380,7 @@ static int send_ref(ds_net *n, uint64_t to, const char *to_addr, ds_wire_msg *m,
     }
     ADD(n, frames_sent, 1);
     ADD(n, bytes_sent, head_len + data_len + tag_len);
+    ADD(n, kind_sent[net_kind_of(head[DS_WH_TYPE])], head_len + data_len + tag_len);
     return 0;
 }
 

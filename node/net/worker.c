@@ -66,6 +66,7 @@ static void on_data_frame(ds_net *n, struct rxitem *it, const ds_wire_hdr *h)
     };
     ADD(n, frames_recv, 1);
     ADD(n, bytes_recv, it->len);
+    ADD(n, kind_recv[net_kind_of(h->type)], it->len);
     n->cfg.on_recv(n->cfg.cb_ctx, &rx);
     if (rx.taken_)
         it->base = NULL;

@@ -21,6 +21,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "node/runtime/publish.h"
+#include "topology/topology.h"
 
 #define PUBLISH_EVERY_MS 200
 
@@ -189,7 +190,10 @@ static const ds_member_info *peer_of(const ds_publish_src *src, uint32_t i, uint
     uint32_t size = 0;
     while (first + size < G && src->view_group[first + size] == i)
         size++;
-    return size ? &src->view[first + s % size] : NULL;
+    uint32_t owner;
+    if (ds_topo_hier_owner(s, size, &owner) < 0)
+        return NULL; /* size 0: no such group */
+    return &src->view[first + owner];
 }
 
 /* This round's exchange of each segment, named by view members, from
@@ -218,7 +222,11 @@ static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src,
         x->outcome = (unsigned)xi->outcome < sizeof(outcome) ? outcome[xi->outcome]
                                                              : (uint8_t)DS_XCHG_UNKNOWN;
         x->bytes = xi->bytes;
-        const ds_member_info *to = peer_of(src, xi->target, s);
+        /* Nothing initiated (outcome none): the target is this node's own
+         * gossip index, with groups its own group, whose handler of s
+         * (peer_of) is a group mate, not a peer. */
+        const ds_member_info *to =
+            xi->outcome != DS_GOUT_NONE ? peer_of(src, xi->target, s) : NULL;
         if (to && to->id != src->self_id)
             snprintf(x->initiate_to, sizeof(x->initiate_to), "%s", to->name);
         x->n_answer_from = xi->n_in;
@@ -268,6 +276,7 @@ void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
         d->target = xi.target;
         d->n_in = xi.n_in;
         d->bytes = xi.bytes;
+        d->latency_ns = xi.latency_ns;
         d->outcome = (unsigned)xi.outcome < sizeof(outcome) ? outcome[xi.outcome]
                                                             : (uint8_t)DS_XCHG_FAILED;
         if (xi.target < src->view_size && xi.target != src->me)

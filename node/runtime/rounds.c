@@ -31,6 +31,7 @@
 #include "node/runtime/engine_impl.h"
 #include "node/runtime/leave.h"
 #include "node/runtime/shadow.h"
+#include "topology/topology.h"
 
 /* ---- views ------------------------------------------------------------------ */
 
@@ -122,8 +123,10 @@ static uint32_t segments_owned(const rt *r, uint32_t m, uint32_t size)
 {
     const int n = ds_gossip_n_segments(r->gossip);
     uint32_t k = 0;
-    for (int s = 0; s < n; s++)
-        k += (uint32_t)s % size == m;
+    for (int s = 0; s < n; s++) {
+        uint32_t owner;
+        k += ds_topo_hier_owner((uint32_t)s, size, &owner) == 0 && owner == m;
+    }
     return k;
 }
 

@@ -277,6 +277,7 @@ static json_t *history_arr(jb *b, const ds_status_snapshot *s)
             put(b, e, "outcome",
                 json_string(ds_status_outcome_name((enum ds_status_outcome)d->outcome)));
             put(b, e, "bytes", ju(d->bytes));
+            put(b, e, "latency_s", jd((double)d->latency_ns * 1e-9));
             put(b, e, "answered", ju(d->n_in));
             push(b, segs, e);
         }

@@ -63,6 +63,20 @@ const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, INFINITY,
 };
 
+const double ds_status_xchg_bounds[DS_STATUS_XCHG_BUCKETS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05,   0.1,     0.25,   0.5,   1,      2.5,   INFINITY,
+};
+
+/* The bucket of sec among bounds[0..n-1] (the last is +Inf). */
+static uint32_t bucket_of(const double *bounds, uint32_t n, double sec)
+{
+    uint32_t b = 0;
+    while (b + 1 < n && sec > bounds[b])
+        b++;
+    return b;
+}
+
 void ds_status_history_add(ds_status_history *h, const ds_status_round *r)
 {
     ds_status_history_add_named(h, r, NULL);
@@ -75,6 +89,12 @@ void ds_status_history_add_named(ds_status_history *h, const ds_status_round *r,
                                                               : DS_STATUS_HIST_SEGMENTS;
     for (uint32_t k = 0; k < nl; k++) {
         const ds_status_seg_done *d = &r->seg[k];
+        if (d->outcome == DS_XCHG_OK && d->target_id) {
+            h->lat_bucket[bucket_of(ds_status_xchg_bounds, DS_STATUS_XCHG_BUCKETS,
+                                    (double)d->latency_ns * 1e-9)]++;
+            h->lat_count++;
+            h->lat_sum_ns += d->latency_ns;
+        }
         if (!d->target_id || !d->bytes)
             continue;
         uint32_t p = 0;
@@ -98,11 +118,8 @@ void ds_status_history_add_named(ds_status_history *h, const ds_status_round *r,
     h->next = (h->next + 1) % DS_STATUS_HISTORY;
     if (h->n < DS_STATUS_HISTORY)
         h->n++;
-    const double sec = (double)r->duration_ns * 1e-9;
-    uint32_t b = 0;
-    while (b + 1 < DS_STATUS_ROUND_BUCKETS && sec > ds_status_round_bounds[b])
-        b++;
-    h->dur_bucket[b]++;
+    h->dur_bucket[bucket_of(ds_status_round_bounds, DS_STATUS_ROUND_BUCKETS,
+                            (double)r->duration_ns * 1e-9)]++;
     h->dur_count++;
     h->dur_sum_ns += r->duration_ns;
 }

@@ -204,28 +204,48 @@ static void exchange_part(FILE *f, const ds_status_snapshot *s)
     }
 }
 
-/* Round durations, every completed round since the start. */
-static void history_part(FILE *f, const ds_status_snapshot *s)
+/* One histogram family: name's _bucket (cumulative), _sum and _count
+ * from the by-slot counts of the n buckets bounded by bounds. */
+static void histogram(FILE *f, const ds_status_snapshot *s, const char *name,
+                      const char *help, const double *bounds, const uint64_t *slot,
+                      uint32_t n, uint64_t sum_ns, uint64_t count)
 {
-    const ds_status_history *h = &s->hist;
-    family(f, "dsnode_round_duration_seconds", "histogram",
-           "Completed gossip rounds by duration, begin to end.");
+    char sample[96];
+    family(f, name, "histogram", help);
     uint64_t cum = 0;
-    for (uint32_t b = 0; b < DS_STATUS_ROUND_BUCKETS; b++) {
+    for (uint32_t b = 0; b < n; b++) {
         char le[32];
-        cum += h->dur_bucket[b];
-        if (isinf(ds_status_round_bounds[b]))
+        cum += slot[b];
+        if (isinf(bounds[b]))
             snprintf(le, sizeof(le), "+Inf");
         else
-            snprintf(le, sizeof(le), "%g", ds_status_round_bounds[b]);
-        open_sample(f, "dsnode_round_duration_seconds_bucket", F(s->name));
+            snprintf(le, sizeof(le), "%g", bounds[b]);
+        snprintf(sample, sizeof(sample), "%s_bucket", name);
+        open_sample(f, sample, F(s->name));
         label(f, "le", F(le));
         value_u(f, cum);
     }
-    open_sample(f, "dsnode_round_duration_seconds_sum", F(s->name));
-    value_d(f, (double)h->dur_sum_ns * 1e-9);
-    open_sample(f, "dsnode_round_duration_seconds_count", F(s->name));
-    value_u(f, h->dur_count);
+    snprintf(sample, sizeof(sample), "%s_sum", name);
+    open_sample(f, sample, F(s->name));
+    value_d(f, (double)sum_ns * 1e-9);
+    snprintf(sample, sizeof(sample), "%s_count", name);
+    open_sample(f, sample, F(s->name));
+    value_u(f, count);
+}
+
+/* Round durations and exchange latencies, every completed round since the
+ * start; bytes by peer. */
+static void history_part(FILE *f, const ds_status_snapshot *s)
+{
+    const ds_status_history *h = &s->hist;
+    histogram(f, s, "dsnode_round_duration_seconds",
+              "Completed gossip rounds by duration, begin to end.", ds_status_round_bounds,
+              h->dur_bucket, DS_STATUS_ROUND_BUCKETS, h->dur_sum_ns, h->dur_count);
+    histogram(f, s, "dsnode_exchange_latency_seconds",
+              "Exchanges this node initiated that completed, by latency: REQ sent to RESP "
+              "received (pairwise), or the CROSS's send (crossover).",
+              ds_status_xchg_bounds, h->lat_bucket, DS_STATUS_XCHG_BUCKETS, h->lat_sum_ns,
+              h->lat_count);
     family(f, "dsnode_gossip_peer_bytes_total", "counter",
            "Gossip payload bytes this node initiated, by peer: the first 8 peers by name, "
            "later ones as other.");

@@ -50,6 +50,7 @@
 #define DS_STATUS_HISTORY 32      /* completed rounds kept (a ring) */
 #define DS_STATUS_HIST_SEGMENTS 32 /* segments kept per completed round */
 #define DS_STATUS_ROUND_BUCKETS 12 /* round duration histogram buckets */
+#define DS_STATUS_XCHG_BUCKETS 15  /* exchange latency histogram buckets */
 #define DS_STATUS_PEER_SERIES 8    /* peers with their own bytes series */
 
 /* Text fields, terminator included (the wire's limits + 1; the runtime
@@ -117,6 +118,7 @@ typedef struct ds_status_seg_done {
     uint32_t n_in;     /* initiators that reached this node */
     uint64_t target_id; /* node id of target; 0: none */
     uint64_t bytes;    /* payload bytes of the exchange this node initiated */
+    uint64_t latency_ns; /* that exchange's latency (ds_gossip_xinfo); 0 unless ok */
     uint8_t outcome;   /* enum ds_status_outcome, final (never unknown) */
 } ds_status_seg_done;
 
@@ -142,6 +144,9 @@ typedef struct ds_status_history {
     ds_status_round r[DS_STATUS_HISTORY];
     uint64_t dur_count, dur_sum_ns;
     uint64_t dur_bucket[DS_STATUS_ROUND_BUCKETS]; /* not cumulative: by slot */
+    /* the latency of every ok exchange this node initiated, same way */
+    uint64_t lat_count, lat_sum_ns;
+    uint64_t lat_bucket[DS_STATUS_XCHG_BUCKETS];
     /* payload bytes this node initiated, by peer: the first
      * DS_STATUS_PEER_SERIES peers get a slot for the node's life, every
      * later one counts in other_bytes (so every series only grows) */
@@ -155,6 +160,9 @@ typedef struct ds_status_history {
 /* Upper bounds (seconds) of the round duration buckets; the last is
  * +Inf. */
 extern const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS];
+/* Upper bounds (seconds) of the exchange latency buckets; the last is
+ * +Inf. */
+extern const double ds_status_xchg_bounds[DS_STATUS_XCHG_BUCKETS];
 
 /* Add a completed round to h: the oldest is dropped when full. names
  * (may be NULL) gives the name of each segment's target, for the bytes

@@ -594,6 +594,8 @@ static int build_reporting(ds_viz *v, size_t *mcap)
         m->time_unix_ms = jnum(root, "time_unix_ms", 0);
         m->exchanges_ok = jnum(gossip, "exchanges_ok", 0);
         m->exchanges_failed = jnum(gossip, "exchanges_failed", 0);
+        m->group_size = jnum(jget(root, "group"), "size", -1);
+        m->group_member = jnum(jget(root, "group"), "member", -1);
     }
     return 0;
 }
@@ -1336,6 +1338,73 @@ static void live_controls(const ds_viz *v, FILE *f, const ds_viz_live *o)
 }
 
 /* Node x node payload bytes over the histories, one cell per pair. */
+int ds_viz_group_handler(const ds_viz *v, const char *group, unsigned segment)
+{
+    if (!group[0])
+        return -1;
+    for (size_t i = 0; i < v->n_m; i++) {
+        const ds_viz_member *m = &v->m[i];
+        uint32_t owner;
+        if (!m->reported || strcmp(m->group, group) || !(m->group_size >= 1) ||
+            m->group_size > UINT32_MAX ||
+            ds_topo_hier_owner(segment, (uint32_t)m->group_size, &owner) < 0)
+            continue;
+        for (size_t j = 0; j < v->n_m; j++)
+            if (v->m[j].reported && !strcmp(v->m[j].group, group) &&
+                v->m[j].group_member == (double)owner)
+                return (int)j;
+    }
+    return -1;
+}
+
+/* Groups (node.group): which member handles which segment. */
+static void groups_table(const ds_viz *v, FILE *f)
+{
+    unsigned nseg = v->from_schedule ? v->n_round_segments : v->n_segments;
+    if (nseg > 64)
+        nseg = 64;
+    int any = 0;
+    for (size_t i = 0; i < v->n_m && !any; i++)
+        any = v->m[i].group[0] && v->m[i].group_size > 1;
+    if (!any || !nseg)
+        return;
+    fputs("<h2>Groups: the member that handles each segment</h2>\n"
+          "<p>Segment s of a group is exchanged with the other groups by its member s mod "
+          "(group size), numbered by node id, which then shares the result inside the "
+          "group.</p>\n<table><tr><th>group</th><th>size</th>",
+          f);
+    for (unsigned s = 0; s < nseg; s++)
+        fprintf(f, "<th><span class=\"sw\" style=\"background:%s\"></span>%u</th>",
+                seg_color(s), s);
+    fputs("</tr>\n", f);
+    for (size_t i = 0; i < v->n_m; i++) {
+        const char *g = v->m[i].group;
+        int first = g[0] != 0;
+        for (size_t k = 0; first && k < i; k++)
+            first = strcmp(v->m[k].group, g) != 0;
+        if (!first)
+            continue;
+        double size = -1;
+        for (size_t k = 0; k < v->n_m; k++)
+            if (v->m[k].reported && !strcmp(v->m[k].group, g) && v->m[k].group_size > size)
+                size = v->m[k].group_size;
+        fputs("<tr><td class=\"l\">", f);
+        xml_text(f, g);
+        if (size >= 1)
+            fprintf(f, "</td><td>%.0f</td>", size);
+        else
+            fputs("</td><td>?</td>", f);
+        for (unsigned s = 0; s < nseg; s++) {
+            const int h = ds_viz_group_handler(v, g, s);
+            fputs("<td class=\"l\">", f);
+            xml_text(f, h >= 0 ? v->m[h].name : "?");
+            fputs("</td>", f);
+        }
+        fputs("</tr>\n", f);
+    }
+    fputs("</table>\n", f);
+}
+
 static void heat_table(const ds_viz *v, FILE *f)
 {
     if (!v->heat)
@@ -1509,6 +1578,7 @@ static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_li
         }
     }
     fputs("</table>\n", f);
+    groups_table(v, f);
     heat_table(v, f);
     membership_table(v, f);
     model_table(v, f);

@@ -40,6 +40,9 @@ typedef struct ds_viz_member {
     double step, steps, round, epoch, loss, test_acc, lr, samples_per_s;
     double bytes_sent, bytes_received, drops_total, view_size, time_unix_ms;
     double exchanges_ok, exchanges_failed;
+    double group_size, group_member; /* its /status "group": size, member
+                                      * (its index in the group, as the node
+                                      * numbered it); -1 when not given */
 } ds_viz_member;
 
 typedef struct ds_viz_edge {
@@ -135,6 +138,13 @@ int ds_viz_build(ds_viz *v) __attribute__((warn_unused_result));
 
 /* Index of the member named `name`, -1 if none (after build). */
 int ds_viz_find(const ds_viz *v, const char *name);
+
+/* The member that handles segment `segment` for group `group` (a
+ * node.group name, not ""): topology/'s ds_topo_hier_owner of the group's
+ * size gives the member index, and the member is the reporting node of
+ * that group whose /status "group" gives that index (the node's own
+ * numbering). -1 when no node of the group reported one (after build). */
+int ds_viz_group_handler(const ds_viz *v, const char *group, unsigned segment);
 
 /* Writers (after build). Return 0 or -EIO. */
 int ds_viz_write_dot(const ds_viz *v, FILE *f);

@@ -73,5 +73,7 @@ int ds_bench_torch(int argc, char **argv);
 /* dsbench hier (bench_cluster.c): 2 hosts x 4 nodes, flat vs groups. */
 int ds_bench_hier(int argc, char **argv);
 int ds_bench_status(int argc, char **argv);
+/* dsbench scale (bench_scale_cmd.c, simulation in bench_scale.c): issue 18. */
+int ds_bench_scale(int argc, char **argv);
 
 #endif

@@ -25,6 +25,7 @@ static const struct {
     {"wire", ds_bench_wire, "sparse index encodings by density, seal/open MB/s per mode and cipher, handshake"},
     {"elastic", ds_bench_elastic, "membership (--fake: simulated network): detection, dissemination, slow nodes"},
     {"transport", ds_bench_transport, "loopback goodput through node/net (none, auth, encrypt) and the bare transport vs fi_pingpong"},
+    {"scale", ds_bench_scale, "8-64 simulated nodes in one process (real model, gossip engine, fake network): each variant's accuracy, consensus, bytes, selection time; sparsifiers vs workers"},
     {"status", ds_bench_status, "scrapes from one address while another floods the status server with idle connections"},
     {"cluster", ds_bench_cluster, "4-node clusters per variant on loopback and rate-limited namespaces vs PyTorch DDP; bytes/node/round at 2-8 nodes"},
     {"hier", ds_bench_hier, "8 nodes as 2 hosts x 4 (namespaces, rate-limited link between hosts): flat gossip vs one group per host vs flat all-reduce"},

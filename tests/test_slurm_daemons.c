@@ -527,3 +527,55 @@ Test(slurm, stopped_job_resumed_by_a_new_job)
               "ended at step %lld, stopped at %lld and %lld", ended[0], stopped[0], stopped[1]);
     cr_expect_eq(allowed_of(b), 0, "job %ld's keys still in the allow-list after it ended", b);
 }
+
+/* A job stopped by its real time limit: --time=1 (Slurm's smallest) with
+ * --signal=TERM@30 (overriding the script's TERM@60, longer than the job):
+ * slurmctld itself sends SIGTERM to the tasks 30 s before the limit (it
+ * checks limits on a 30 s timer, so between 0 and 60 s into the job), and
+ * each task checkpoints, leaves gracefully and prints its summary before
+ * the limit. A new job with DSNODE_RESUME continues from the checkpoints. */
+Test(slurm, job_stopped_by_its_time_limit_resumed_by_a_new_job)
+{
+    need_slurm();
+    slurm_up();
+    const int steps = 100000;
+    const long a = submit("", "--ntasks=2 --time=1 --signal=TERM@30", node_port(0), steps,
+                          "--set cluster.min_members=2");
+    char state[32], code[32];
+    /* The limit is 60 s; slurmctld ends a job over it on its timer (30 s)
+     * plus KillWait (10 s): bounded by 180 s. */
+    job_wait(a, 180000, state, sizeof(state), code, sizeof(code));
+    cr_log_info("job %ld ended %s, exit code %s", a, state, code);
+    check_summaries(a, 2, "stopped", -1);
+    cr_expect_eq(allowed_of(a), 0, "job %ld's keys still in the allow-list after it ended", a);
+    long long stopped[2];
+    for (int i = 0; i < 2; i++) {
+        char ck[700];
+        snprintf(ck, sizeof(ck), "%s/job-%ld/%d/checkpoint.bin", tmp_path("dsdir"), a, i);
+        cr_assert_eq(access(ck, R_OK), 0, "no %s", ck);
+        json_t *doc = task_status(a, i);
+        cr_assert_not_null(doc);
+        stopped[i] = status_step(doc);
+        json_decref(doc);
+        cr_assert_gt(stopped[i], 0);
+    }
+
+    char env[64];
+    snprintf(env, sizeof(env), "DSNODE_RESUME=%ld", a);
+    const long b = submit(env, "--ntasks=2", node_port(1), steps,
+                          "--set cluster.min_members=2 --set train.stop_after=50");
+    job_wait(b, 240000, state, sizeof(state), code, sizeof(code));
+    cr_assert_str_eq(state, "COMPLETED", "job %ld ended %s, exit code %s", b, state, code);
+    cr_assert_str_eq(code, "0:0");
+    check_summaries(b, 2, "paused", -1);
+    long long ended[2];
+    for (int i = 0; i < 2; i++) {
+        json_t *doc = task_status(b, i);
+        cr_assert_not_null(doc);
+        ended[i] = status_step(doc);
+        json_decref(doc);
+    }
+    cr_expect_eq(ended[0], ended[1], "tasks ended at steps %lld and %lld", ended[0], ended[1]);
+    cr_expect(ended[0] == stopped[0] + 50 || ended[0] == stopped[1] + 50,
+              "ended at step %lld, stopped at %lld and %lld", ended[0], stopped[0], stopped[1]);
+}

@@ -278,13 +278,27 @@ static void job_state(long id, char *state, size_t sn, char *exit_code, size_t e
     free(out);
 }
 
+/* Whether JobState is a final one. A positive list: a running job shows
+ * more states than PENDING and RUNNING (CONFIGURING, COMPLETING, and
+ * SIGNALING while slurmctld delivers a --signal before the time limit,
+ * the tasks still running). */
+static int job_state_final(const char *state)
+{
+    static const char *const final[] = {"COMPLETED", "FAILED",    "CANCELLED",
+                                        "TIMEOUT",   "NODE_FAIL", "OUT_OF_MEMORY",
+                                        "PREEMPTED", "BOOT_FAIL", "DEADLINE"};
+    for (size_t i = 0; i < sizeof(final) / sizeof(final[0]); i++)
+        if (!strcmp(state, final[i]))
+            return 1;
+    return 0;
+}
+
 /* Waits up to ms for the job to end; its final state. */
 static void job_wait(long id, int ms, char *state, size_t sn, char *exit_code, size_t en)
 {
     for (int t = 0; t < ms / 200; t++) {
         job_state(id, state, sn, exit_code, en);
-        if (strcmp(state, "PENDING") && strcmp(state, "RUNNING") && strcmp(state, "CONFIGURING") &&
-            strcmp(state, "COMPLETING") && state[0])
+        if (job_state_final(state))
             return;
         usleep(200000);
     }
@@ -470,6 +484,55 @@ static int task_steps_at_least(void *arg)
     return ok;
 }
 
+/* After job `a` (2 tasks) was stopped by SIGTERM: a "stopped" summary
+ * and a checkpoint per task, its keys out of the allow-list; each task's
+ * step (>= min_step) into stopped. */
+static void check_stopped(long a, long long min_step, long long stopped[2])
+{
+    check_summaries(a, 2, "stopped", -1);
+    cr_expect_eq(allowed_of(a), 0, "job %ld's keys still in the allow-list after it ended", a);
+    for (int i = 0; i < 2; i++) {
+        char ck[700];
+        snprintf(ck, sizeof(ck), "%s/job-%ld/%d/checkpoint.bin", tmp_path("dsdir"), a, i);
+        cr_assert_eq(access(ck, R_OK), 0, "no %s", ck);
+        json_t *doc = task_status(a, i);
+        cr_assert_not_null(doc);
+        stopped[i] = status_step(doc);
+        json_decref(doc);
+        cr_assert_geq(stopped[i], min_step);
+    }
+}
+
+/* A new job with DSNODE_RESUME=a continues each task from its checkpoint
+ * and pauses 50 steps later (train.stop_after): COMPLETED, exit 0, status
+ * paused, keys out of the allow-list. Both tasks run on one Slurm node, so
+ * they are one group (node.group = the node's name), and a group trains at
+ * one step: the SIGTERM can reach them a step apart, and on resuming the
+ * member behind takes member 0's step. So each ends 50 steps past one of
+ * the checkpoints, both at the same step. */
+static void check_resumed(long a, const long long stopped[2], int steps)
+{
+    char env[64], state[32], code[32];
+    snprintf(env, sizeof(env), "DSNODE_RESUME=%ld", a);
+    const long b = submit(env, "--ntasks=2", node_port(1), steps,
+                          "--set cluster.min_members=2 --set train.stop_after=50");
+    job_wait(b, 240000, state, sizeof(state), code, sizeof(code));
+    cr_assert_str_eq(state, "COMPLETED", "job %ld ended %s, exit code %s", b, state, code);
+    cr_assert_str_eq(code, "0:0");
+    check_summaries(b, 2, "paused", -1);
+    long long ended[2];
+    for (int i = 0; i < 2; i++) {
+        json_t *doc = task_status(b, i);
+        cr_assert_not_null(doc);
+        ended[i] = status_step(doc);
+        json_decref(doc);
+    }
+    cr_expect_eq(ended[0], ended[1], "tasks ended at steps %lld and %lld", ended[0], ended[1]);
+    cr_expect(ended[0] == stopped[0] + 50 || ended[0] == stopped[1] + 50,
+              "ended at step %lld, stopped at %lld and %lld", ended[0], stopped[0], stopped[1]);
+    cr_expect_eq(allowed_of(b), 0, "job %ld's keys still in the allow-list after it ended", b);
+}
+
 /* A job stopped as by its time limit (`scancel --signal=TERM`: SIGTERM to
  * the tasks, what `#SBATCH --signal=TERM@60` sends before the limit)
  * leaves a checkpoint per task and its keys leave the allow-list; a new
@@ -488,42 +551,35 @@ Test(slurm, stopped_job_resumed_by_a_new_job)
     cr_assert_eq(sh(NULL, "scancel --signal=TERM %ld", a), 0);
     char state[32], code[32];
     job_wait(a, 120000, state, sizeof(state), code, sizeof(code));
-    check_summaries(a, 2, "stopped", -1);
-    cr_expect_eq(allowed_of(a), 0, "job %ld's keys still in the allow-list after it ended", a);
     long long stopped[2];
-    for (int i = 0; i < 2; i++) {
-        char ck[700];
-        snprintf(ck, sizeof(ck), "%s/job-%ld/%d/checkpoint.bin", tmp_path("dsdir"), a, i);
-        cr_assert_eq(access(ck, R_OK), 0, "no %s", ck);
-        json_t *doc = task_status(a, i);
-        cr_assert_not_null(doc);
-        stopped[i] = status_step(doc);
-        json_decref(doc);
-        cr_assert_geq(stopped[i], 100);
-    }
+    check_stopped(a, 100, stopped);
+    check_resumed(a, stopped, steps);
+}
 
-    char env[64];
-    snprintf(env, sizeof(env), "DSNODE_RESUME=%ld", a);
-    const long b = submit(env, "--ntasks=2", node_port(1), steps,
-                          "--set cluster.min_members=2 --set train.stop_after=50");
-    job_wait(b, 240000, state, sizeof(state), code, sizeof(code));
-    cr_assert_str_eq(state, "COMPLETED", "job %ld ended %s, exit code %s", b, state, code);
-    cr_assert_str_eq(code, "0:0");
-    check_summaries(b, 2, "paused", -1);
-    /* Both tasks run on one Slurm node, so they are one group (node.group
-     * = the node's name), and a group trains at one step: the SIGTERM can
-     * reach them a step apart, and on resuming the member behind takes
-     * member 0's step. So each ends 50 steps past one of the checkpoints,
-     * both at the same step. */
-    long long ended[2];
-    for (int i = 0; i < 2; i++) {
-        json_t *doc = task_status(b, i);
-        cr_assert_not_null(doc);
-        ended[i] = status_step(doc);
-        json_decref(doc);
-    }
-    cr_expect_eq(ended[0], ended[1], "tasks ended at steps %lld and %lld", ended[0], ended[1]);
-    cr_expect(ended[0] == stopped[0] + 50 || ended[0] == stopped[1] + 50,
-              "ended at step %lld, stopped at %lld and %lld", ended[0], stopped[0], stopped[1]);
-    cr_expect_eq(allowed_of(b), 0, "job %ld's keys still in the allow-list after it ended", b);
+/* A job stopped by its real time limit: --time=1 (Slurm's smallest) with
+ * --signal=TERM@15 (overriding the script's TERM@60, as long as the job):
+ * slurmctld itself sends SIGTERM to the tasks 15 s before the limit, or up
+ * to 30 s earlier (it checks on a 30 s timer and sends early rather than
+ * late): 15 to 45 s into the job, while the tasks train. Each task
+ * checkpoints, leaves gracefully and prints its summary before the limit.
+ * A new job with DSNODE_RESUME continues from the checkpoints. While the
+ * signal is delivered the job shows JobState=SIGNALING (job_state_final). */
+Test(slurm, job_stopped_by_its_time_limit_resumed_by_a_new_job)
+{
+    need_slurm();
+    slurm_up();
+    const int steps = 100000;
+    const long a = submit("", "--ntasks=2 --time=1 --signal=TERM@15", node_port(0), steps,
+                          "--set cluster.min_members=2");
+    char state[32], code[32];
+    /* The limit is 60 s; slurmctld ends a job over it on its timer (30 s)
+     * plus KillWait (10 s): bounded by 180 s. */
+    job_wait(a, 180000, state, sizeof(state), code, sizeof(code));
+    /* Ended by its tasks (srun passes on their 143, the SIGTERM status),
+     * not by Slurm at the limit (TIMEOUT). */
+    cr_expect_str_eq(state, "FAILED", "job %ld ended %s, exit code %s", a, state, code);
+    cr_expect_str_eq(code, "143:0");
+    long long stopped[2];
+    check_stopped(a, 1, stopped);
+    check_resumed(a, stopped, steps);
 }

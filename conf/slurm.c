@@ -257,6 +257,23 @@ int ds_slurm_derive(const ds_conf *c, ds_slurm_getenv_fn env, ds_slurm_hosts_fn 
     snprintf(out->set[2], sizeof(out->set[2]), "node.listen=%s", listen);
     snprintf(out->set[3], sizeof(out->set[3]), "cluster.seeds=%s", seeds);
     out->n = 4;
+    /* The task's GPU: its local id among the devices Slurm shows it
+     * (CUDA_VISIBLE_DEVICES, set by its GPU gres). A per-task binding
+     * (--gpus-per-task, --gpu-bind) shows each task one device: device 0,
+     * its own; a step that shows every task all of a host's GPUs
+     * (--gres=gpu:N) spreads the tasks over them by local id. Without
+     * CUDA_VISIBLE_DEVICES Slurm manages no GPU here and train.device is
+     * left as configured. */
+    const char *cvd = env("CUDA_VISIBLE_DEVICES");
+    long long visible = 0;
+    if (cvd && *cvd && strcmp(cvd, "NoDevFiles") != 0) {
+        visible = 1;
+        for (const char *p = cvd; *p; p++)
+            visible += *p == ',';
+    }
+    if (visible > 0)
+        snprintf(out->set[out->n++], sizeof(out->set[0]), "train.device=%lld",
+                 localid % visible);
     if (c->node.advertise[0]) {
         ds_hostport ahp;
         char adv[DS_HOSTPORT_MAX + 1];

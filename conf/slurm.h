@@ -31,7 +31,7 @@
 #include "conf/conf.h"
 
 #define DS_SLURM_HOSTS_MAX 16 /* the most hosts a derivation looks at */
-#define DS_SLURM_SETS_MAX 6 /* name, group, listen, seeds, advertise, status.listen */
+#define DS_SLURM_SETS_MAX 7 /* name, group, listen, seeds, device, advertise, status.listen */
 
 typedef char ds_slurm_host[DS_HOST_MAX + 1];
 

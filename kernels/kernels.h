@@ -203,14 +203,17 @@ const char *ds_ops_backend_name(enum ds_ops_backend b);
 /* The backend named s (exactly, lower case), or -EINVAL (also for NULL). */
 int ds_ops_backend_parse(const char *s);
 
-/* Fill *ops with the backend b asks for. Returns 0, -ENODEV when cuda was
- * asked for and is not available, -EINVAL for a value not in
- * DS_OPS_BACKENDS; `why` receives a one-line note for the log either way
- * (e.g. why auto chose the CPU). */
-int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, char *why, size_t why_len);
+/* Fill *ops with the backend b asks for; cuda (and auto, when it takes
+ * CUDA) on CUDA device `device` (train.device). Returns 0, -ENODEV when
+ * cuda was asked for and is not available (that device included), -EINVAL
+ * for a value not in DS_OPS_BACKENDS; `why` receives a one-line note for
+ * the log either way (e.g. why auto chose the CPU). */
+int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, int device, char *why,
+                        size_t why_len);
 
 /* ds_ops_init_backend() for the backend named `backend` ("auto", "cpu" or
- * "cuda"); an unknown name is -EINVAL with the choices in `why`. */
+ * "cuda"), on CUDA device 0; an unknown name is -EINVAL with the choices
+ * in `why`. */
 int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len);
 
 /* Threads OpenBLAS may use for the CPU GEMM (1 = the caller's thread). */

@@ -57,7 +57,8 @@ int ds_ops_backend_parse(const char *s)
     return -EINVAL;
 }
 
-int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, char *why, size_t why_len)
+int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, int device, char *why,
+                        size_t why_len)
 {
     char cuda_why[160] = "";
     switch (b) {
@@ -66,7 +67,7 @@ int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, char *why, size_t wh
         snprintf(why, why_len, "backend=%s (asked for cpu)", ops->name);
         return 0;
     case DS_OPS_CUDA: {
-        int ret = ds_ops_init_cuda(ops, 0, cuda_why, sizeof(cuda_why));
+        int ret = ds_ops_init_cuda(ops, device, cuda_why, sizeof(cuda_why));
         if (ret < 0)
             snprintf(why, why_len, "cuda asked for but not available: %s", cuda_why);
         else
@@ -74,7 +75,7 @@ int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, char *why, size_t wh
         return ret;
     }
     case DS_OPS_AUTO:
-        if (ds_ops_init_cuda(ops, 0, cuda_why, sizeof(cuda_why)) == 0) {
+        if (ds_ops_init_cuda(ops, device, cuda_why, sizeof(cuda_why)) == 0) {
             snprintf(why, why_len, "backend=%s (auto: a CUDA device answered)", ops->name);
             return 0;
         }
@@ -90,7 +91,7 @@ int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len)
 {
     const int b = ds_ops_backend_parse(backend);
     if (b >= 0)
-        return ds_ops_init_backend(ops, (enum ds_ops_backend)b, why, why_len);
+        return ds_ops_init_backend(ops, (enum ds_ops_backend)b, 0, why, why_len);
     /* "unknown backend 'x' (expected auto, cpu or cuda)", from the list. */
     size_t o = (size_t)snprintf(why, why_len, "unknown backend '%s' (expected",
                                 backend ? backend : "(null)");

@@ -195,6 +195,7 @@ static const key_case cases[] = {
      "cluster.join_timeout_s: expected an integer in 1..86400, found '0'"},
     {"train.backend", "cpu", "cpu", "gpu",
      "train.backend: expected one of auto|cpu|cuda, found 'gpu'"},
+    {"train.device", "3", "3", "1024", "train.device: expected an integer in 0..1023, found '1024'"},
     {"train.model", "CNN", "cnn", "resnet",
      "train.model: expected one of mlp|cnn|custom, found 'resnet'"},
     {"train.hidden", "512, 128,10", "512, 128, 10", "64,0",

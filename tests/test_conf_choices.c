@@ -88,11 +88,11 @@ static void take_backend(const ds_conf *c, const char *name, int value)
     char why[256] = "";
     ds_run_train_cfg(c, &t);
     cr_expect_eq(t.backend, c->train.backend);
-    int r = ds_ops_init_backend(&ops, t.backend, why, sizeof(why));
+    int r = ds_ops_init_backend(&ops, t.backend, t.device, why, sizeof(why));
     cr_expect(r == 0 || r == -ENODEV, "backend %s: %d %s", name, r, why);
     if (r == 0)
         ds_ops_fini(&ops);
-    r = ds_ops_init_backend(&ops, c->train.backend, why, sizeof(why));
+    r = ds_ops_init_backend(&ops, c->train.backend, (int)c->train.device, why, sizeof(why));
     cr_expect(r == 0 || r == -ENODEV, "backend %s: %d %s", name, r, why);
     if (r == 0)
         ds_ops_fini(&ops);

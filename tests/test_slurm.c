@@ -147,7 +147,9 @@ static void expect_sets(const char *const *env, const char *const *conf_sets,
         cr_assert_eq(ds_conf_set(&c, conf_sets[i], err, sizeof(err)), 0, "%s", err);
     ds_slurm_sets d;
     cr_assert_eq(derive(env, &c, &d, err, sizeof(err)), 0, "%s", err);
-    const int n = !want[4] ? 4 : !want[5] ? 5 : 6;
+    int n = 0;
+    while (n < DS_SLURM_SETS_MAX && want[n])
+        n++;
     cr_assert_eq(d.n, n);
     for (int i = 0; i < n; i++)
         cr_expect_str_eq(d.set[i], want[i]);
@@ -176,7 +178,8 @@ Test(slurm, derive_task_on_a_later_host)
                            "node.listen=0.0.0.0:7001",
                            "cluster.seeds=10.0.0.1:7000",
                            "node.advertise=gw.example:7001",
-                           "status.listen=127.0.0.1:9101"};
+                           "status.listen=127.0.0.1:9101",
+                           NULL};
     expect_sets(env, seta, wanta);
     expect_sets(env, sets, want3);
 }
@@ -195,6 +198,38 @@ Test(slurm, derive_first_seed_starts_the_cluster)
     const char *want1[] = {"node.name=77-1", "node.group=node01", "node.listen=127.0.0.1:7001",
                            "cluster.seeds=10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000", NULL};
     expect_sets(env1, sets, want1);
+}
+
+/* train.device: the local id among the GPUs Slurm shows the task
+ * (CUDA_VISIBLE_DEVICES): all four of a host's, one bound to the task, or
+ * none ("NoDevFiles", or no variable: train.device left as configured). */
+Test(slurm, derive_device_from_local_id)
+{
+    const char *all4[] = {BASE_ENV, "SLURM_PROCID", "5", "SLURM_LOCALID", "1", "SLURM_NODEID",
+                          "2", "SLURMD_NODENAME", "node03", "CUDA_VISIBLE_DEVICES", "0,1,2,3",
+                          NULL};
+    const char *want[] = {"node.name=77-5", "node.group=node03", "node.listen=127.0.0.1:7001",
+                          "cluster.seeds=10.0.0.1:7000", "train.device=1", NULL};
+    expect_sets(all4, NULL, want);
+    const char *wrap[] = {BASE_ENV, "SLURM_PROCID", "5", "SLURM_LOCALID", "5", "SLURM_NODEID",
+                          "2", "SLURMD_NODENAME", "node03", "CUDA_VISIBLE_DEVICES", "4,5,6",
+                          NULL};
+    const char *want_wrap[] = {"node.name=77-5", "node.group=node03",
+                               "node.listen=127.0.0.1:7005", "cluster.seeds=10.0.0.1:7000",
+                               "train.device=2", NULL};
+    expect_sets(wrap, NULL, want_wrap);
+    const char *bound[] = {BASE_ENV, "SLURM_PROCID", "5", "SLURM_LOCALID", "3", "SLURM_NODEID",
+                           "2", "SLURMD_NODENAME", "node03", "CUDA_VISIBLE_DEVICES", "7", NULL};
+    const char *want_bound[] = {"node.name=77-5", "node.group=node03",
+                                "node.listen=127.0.0.1:7003", "cluster.seeds=10.0.0.1:7000",
+                                "train.device=0", NULL};
+    expect_sets(bound, NULL, want_bound);
+    const char *none[] = {BASE_ENV, "SLURM_PROCID", "5", "SLURM_LOCALID", "3", "SLURM_NODEID",
+                          "2", "SLURMD_NODENAME", "node03", "CUDA_VISIBLE_DEVICES", "NoDevFiles",
+                          NULL};
+    const char *want_none[] = {"node.name=77-5", "node.group=node03",
+                               "node.listen=127.0.0.1:7003", "cluster.seeds=10.0.0.1:7000", NULL};
+    expect_sets(none, NULL, want_none);
 }
 
 Test(slurm, derive_a_seed_is_not_its_own_seed)

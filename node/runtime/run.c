@@ -99,6 +99,7 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
 {
     ds_train_cfg_defaults(t);
     t->backend = c->train.backend;
+    t->device = (int)c->train.device;
     snprintf(t->dataset_dir, sizeof(t->dataset_dir), "%s", c->train.dataset_dir);
     t->model = c->train.model == DS_MODEL_CNN      ? DS_TRAIN_CNN
                : c->train.model == DS_MODEL_CUSTOM ? DS_TRAIN_CUSTOM

@@ -88,7 +88,7 @@ int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t er
         snprintf(err, err_len, "train.dataset_dir: %.*s", (int)(sizeof(what) - 32), what);
         return ret;
     }
-    if ((ret = ds_ops_init_backend(&t->ops, cfg->backend, t->backend_note, sizeof(t->backend_note))) < 0) {
+    if ((ret = ds_ops_init_backend(&t->ops, cfg->backend, cfg->device, t->backend_note, sizeof(t->backend_note))) < 0) {
         snprintf(err, err_len, "%s", t->backend_note);
         goto fail_data;
     }

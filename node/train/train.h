@@ -29,6 +29,7 @@ enum ds_train_model {
 
 typedef struct ds_train_cfg {
     enum ds_ops_backend backend; /* kernels/kernels.h: auto, cpu, cuda */
+    int device;                  /* CUDA device index (cuda, auto) */
     char dataset_dir[1024];
     enum ds_train_model model;
     int hidden[DS_TRAIN_MAX_HIDDEN]; /* mlp */

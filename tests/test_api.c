@@ -248,17 +248,43 @@ Test(api, calls_out_of_order_say_what_is_missing)
     dsnode_close(&d);
 }
 
-Test(api, register_refuses_allreduce_and_a_bad_data_dir)
+Test(api, register_wants_a_gradient_buffer_when_gradients_are_averaged_and_a_good_data_dir)
 {
     dsnode *d = NULL;
-    float p[N] = {0};
+    static float p[N], g[N];
     node_sets ns;
     node_sets_init(&ns, "ar", 7320, 7320, 1);
     add(&ns, "gossip.topology", "allreduce");
     cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
-    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), -ENOTSUP);
-    cr_assert(strstr(dsnode_error(), "allreduce"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_reduces(d), 1);
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "gossip.topology = allreduce averages gradients"), "%s",
+              dsnode_error());
+    cr_assert(strstr(dsnode_error(), "dsnode_register_grad"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_grad(d, NULL, NULL), -EINVAL);
+    cr_assert_eq(dsnode_register_grad(d, g, g), -EINVAL);
+    cr_assert_eq(dsnode_register_grad(d, g, NULL), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_grad(d, g, NULL), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "twice"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_register(d, g, N, two_layers, 2, adopt_cb, NULL), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "three distinct"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    cr_assert_eq(dsnode_register_grad(d, g, NULL), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called after dsnode_register"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_reduce(d), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called before dsnode_join"), "%s", dsnode_error());
     dsnode_close(&d);
+
+    node_sets_init(&ns, "gr", 7322, 7322, 1);
+    add(&ns, "node.group", "g0");
+    cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_reduces(d), 1);
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "node.group = g0 averages gradients"), "%s",
+              dsnode_error());
+    dsnode_close(&d);
+    cr_assert_eq(dsnode_reduces(NULL), -EINVAL);
 
     char file[300], dir[320];
     snprintf(file, sizeof(file), "%s/a_file", g_dir);
@@ -336,6 +362,7 @@ static void *peer_main(void *arg)
         if (dsnode_ready(d) != 1)
             continue;
         pe->steps_ready++;
+        CHECK(pe, dsnode_reduces(d) == 0 && dsnode_reduce(d) == 0); /* nothing to average */
         /* The "optimizer step": a drift of this node's own. */
         for (int i = 0; i < N; i++)
             pe->p[i] += pe->init * (float)(1 + i % 5);
@@ -402,4 +429,103 @@ Test(api, two_engines_gossip_conserve_the_sum_and_converge, .timeout = 180)
     snprintf(path, sizeof(path), "%s/alpha/model.bin", g_dir);
     cr_assert_eq(stat(path, &sb), 0, "%s missing", path);
     cr_assert_eq(sb.st_size, 16 + N * 4);
+}
+
+/* ---- a group of two, and allreduce --------------------------------------------------- */
+
+#define GSTEPS 200
+
+typedef struct member {
+    const char *name;
+    int port, seed;
+    const char *key, *value; /* what makes the config average gradients */
+    float sign;              /* this member's own gradient: sign * (1 + i % 3) / 64 */
+    float p[N], g[N];
+    int rc_join, rc_leave, bad_calls, steps, no_reduce_refused;
+    dsnode_stats st;
+    char err[1024];
+} member;
+
+static void *member_main(void *arg)
+{
+    member *m = arg;
+    dsnode *d = NULL;
+    for (int i = 0; i < N; i++)
+        m->p[i] = (float)(1 + i % 7);
+    node_sets ns;
+    node_sets_init(&ns, m->name, m->port, m->seed, 2);
+    add(&ns, m->key, m->value);
+    m->rc_join = -1;
+    if (dsnode_open(&d, NULL, ns.p, ns.n) < 0 || dsnode_register_grad(d, m->g, NULL) < 0 ||
+        dsnode_register(d, m->p, N, two_layers, 2, adopt_cb, NULL) < 0 ||
+        (m->rc_join = dsnode_join(d)) < 0) {
+        snprintf(m->err, sizeof(m->err), "%s", dsnode_error());
+        dsnode_close(&d);
+        return NULL;
+    }
+    CHECK(m, dsnode_reduces(d) == 1);
+    for (int s = 0; s < GSTEPS; s++) {
+        if (dsnode_ready(d) != 1)
+            continue;
+        /* "backward": this member's own gradient, apart from the other's. */
+        for (int i = 0; i < N; i++)
+            m->g[i] = m->sign * (float)(1 + i % 3) / 64.0f;
+        if (s == 0) {
+            /* The optimizer step may not come before the reduction. */
+            m->no_reduce_refused = dsnode_step(d) == -EINVAL &&
+                                   strstr(dsnode_error(), "expected dsnode_reduce");
+        }
+        CHECK(m, dsnode_reduce(d) == 0);
+        CHECK(m, dsnode_reduce(d) == -EINVAL); /* once a step */
+        /* The optimizer: plain SGD, lr 0.5, on the averaged gradient. */
+        for (int i = 0; i < N; i++)
+            m->p[i] -= 0.5f * m->g[i];
+        CHECK(m, dsnode_step(d) == 0);
+        m->steps++;
+    }
+    m->rc_leave = dsnode_leave(d, DSNODE_DONE);
+    dsnode_stats_get(d, &m->st);
+    dsnode_close(&d);
+    return NULL;
+}
+
+/* Two members whose own gradients are opposite (+1 and -1 times one
+ * pattern, and 3 times it): after every reduction both hold the mean, so
+ * both take the same steps and end bit for bit alike, where they would be
+ * without the reduction is far apart. */
+static void two_members_average(const char *key, const char *value, int port)
+{
+    static member a, b;
+    a = (member){.name = "ma", .port = port, .seed = port, .key = key, .value = value, .sign = 1.0f};
+    b = (member){.name = "mb", .port = port + 1, .seed = port, .key = key, .value = value, .sign = 3.0f};
+    pthread_t ta, tb;
+    cr_assert_eq(pthread_create(&ta, NULL, member_main, &a), 0);
+    cr_assert_eq(pthread_create(&tb, NULL, member_main, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_assert_eq(a.rc_join, 0, "ma: %s", a.err);
+    cr_assert_eq(b.rc_join, 0, "mb: %s", b.err);
+    cr_assert_eq(a.bad_calls + b.bad_calls, 0);
+    cr_assert(a.no_reduce_refused && b.no_reduce_refused);
+    cr_assert_eq(a.rc_leave, 0);
+    cr_assert_eq(b.rc_leave, 0);
+    cr_assert_eq(a.steps, GSTEPS);
+    cr_assert_eq(b.steps, GSTEPS);
+    cr_assert_eq(memcmp(a.p, b.p, sizeof(a.p)), 0, "the members' parameters differ");
+    /* The mean of sign 1 and 3 is 2: each step took 0.5 * 2 * pattern / 64
+     * (exact in binary, whatever the order of the sums). */
+    for (int i = 0; i < N; i++) {
+        const float want = (float)(1 + i % 7) - GSTEPS * 0.5f * 2.0f * (float)(1 + i % 3) / 64.0f;
+        cr_assert_float_eq(a.p[i], want, 1e-4f, "p[%d] = %g, want %g", i, a.p[i], want);
+    }
+}
+
+Test(api, a_group_of_two_reduces_to_one_model, .timeout = 180)
+{
+    two_members_average("node.group", "g0", 7410);
+}
+
+Test(api, allreduce_averages_the_gradients, .timeout = 180)
+{
+    two_members_average("gossip.topology", "allreduce", 7420);
 }

@@ -10,6 +10,9 @@
  * this order, each at most once unless marked:
  *
  *   dsnode_open        config file + overrides -> an engine (ABI checked)
+ *   dsnode_register_grad  (when dsnode_reduces says 1) the gradient buffer,
+ *                      and optionally the optimizer's momentum, beside the
+ *                      parameters
  *   dsnode_register    the parameters: one contiguous float buffer and its
  *                      layer table (name, offset, length)
  *   dsnode_join        listen, found or join the cluster, wait for
@@ -18,7 +21,11 @@
  *   per training step (repeated):
  *     dsnode_ready     1: take this step; 0: not now (a joiner keeping the
  *                      cluster's pace or shadowing it), ask again
- *     (the program's forward, backward and optimizer step)
+ *     (the program's forward and backward)
+ *     dsnode_reduce    (when dsnode_reduces says 1) the gradient averaged
+ *                      over the group (node.group) or the view (topology
+ *                      allreduce), in place
+ *     (the program's optimizer step)
  *     dsnode_step      this step's gossip round on the engine's thread,
  *                      overlapped with the next step; the previous round's
  *                      deltas applied to the buffer in place; state served
@@ -54,8 +61,10 @@
  *
  * Buffers. The parameter buffer is the program's: borrowed from
  * dsnode_register until dsnode_close. The engine reads and writes it only
- * during dsnode_join, dsnode_ready, dsnode_step, dsnode_settle and
- * dsnode_leave, on the calling thread; between those calls the program may
+ * during dsnode_join, dsnode_ready, dsnode_reduce, dsnode_step,
+ * dsnode_settle and dsnode_leave, on the calling thread (the gradient and
+ * momentum buffers of dsnode_register_grad likewise, from that call until
+ * dsnode_close); between those calls the program may
  * read and write it freely (the optimizer step). Every other pointer
  * argument is read during the call only and may be freed after it.
  *
@@ -144,12 +153,31 @@ int dsnode_open_abi(dsnode **out, const char *config, const char *const *overrid
 /* node.name of the config. Valid until dsnode_close. */
 const char *dsnode_name(const dsnode *d);
 
+/* 1 when the config averages gradients every step (node.group set, or
+ * gossip.topology = allreduce): the program then calls
+ * dsnode_register_grad before dsnode_register, and dsnode_reduce between
+ * its backward and its optimizer step. 0 otherwise (pure gossip: both are
+ * then allowed and do nothing). -EINVAL: d is NULL. Any time after open. */
+int dsnode_reduces(const dsnode *d);
+
+/* The gradient buffer `grad` and, optionally, the optimizer's momentum
+ * `opt` (NULL: none), each as long as the parameter buffer of the coming
+ * dsnode_register (n floats, in the same layout), borrowed until
+ * dsnode_close. dsnode_reduce averages grad in place. In a group, members
+ * stay bit-identical when they start alike and take the same optimizer
+ * step on the same averaged gradient; a member that missed a reduction or
+ * joined late is re-synced a slice of the parameters (and of opt, when
+ * given) per step; without opt its momentum is reset by adopt and differs
+ * from the others' until it decays. Once, after dsnode_open and before
+ * dsnode_register. -EINVAL: grad NULL, grad == opt, or order. */
+int dsnode_register_grad(dsnode *d, float *grad, float *opt) __attribute__((warn_unused_result));
+
 /* Register the parameters: `params`, n floats, borrowed until dsnode_close
  * and mixed in place; the layer table (copied) cuts it into segments.
  * adopt is required (see dsnode_adopt_fn); ctx is passed to it. Checks
  * that node.data_dir can take model.bin. Once, after dsnode_open. -EINVAL:
- * a bad table or order; -ENOTSUP: gossip.topology = allreduce (averages
- * gradients, which this API does not take). */
+ * a bad table or order, or dsnode_reduces says 1 and no
+ * dsnode_register_grad came first. */
 int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *layers,
                     size_t n_layers, dsnode_adopt_fn adopt, void *ctx)
     __attribute__((warn_unused_result));
@@ -166,11 +194,24 @@ int dsnode_join(dsnode *d) __attribute__((warn_unused_result));
  * join round; it may have adopted a fresh state). Negative errno: order. */
 int dsnode_ready(dsnode *d);
 
+/* After backward and before the optimizer step, when dsnode_reduces says
+ * 1: this step's reduction. node.group: waits for the open round, then
+ * one reduction with the group's members; grad becomes the members' mean
+ * gradient, and the round deltas of the members' exchanges with other
+ * groups, a re-synced slice of the parameters (and of opt) are applied,
+ * so that every member takes the same optimizer step; may call adopt (a
+ * member apart takes member 0's step). gossip.topology = allreduce: grad
+ * becomes the mean over the view. Bounded by gossip.timeout_ms; a
+ * reduction that did not complete leaves the local gradient (logged,
+ * counted). dsnode_reduces 0: nothing. 0, or -EINVAL (order). */
+int dsnode_reduce(dsnode *d);
+
 /* After the optimizer step: counts the step, finishes the round still
  * open (its deltas added to the buffer) and starts this step's round
  * (every gossip.every steps; on the engine's thread when gossip.overlap,
  * else here, applied at once), serves our state to joiners that asked.
- * 0, or -EINVAL (order). */
+ * 0, or -EINVAL (order; also when dsnode_reduces says 1 and this step had
+ * no dsnode_reduce). */
 int dsnode_step(dsnode *d);
 
 /* Finish the round still open, if any: the buffer is final until the next

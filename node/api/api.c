@@ -49,6 +49,8 @@ struct dsnode {
     enum api_state state;
     atomic_int stop_signal, stop_count, reload;
     float *params;
+    float *grad, *opt;    /* dsnode_register_grad; NULL: none */
+    int reduced;          /* dsnode_reduce ran since the last dsnode_step */
     size_t n;
     ds_layer layers[DS_MODEL_MAX_LAYERS];
     int n_layers;
@@ -224,6 +226,45 @@ static int check_table(dsnode *d, size_t n, const dsnode_layer *layers, size_t n
     return 0;
 }
 
+/* The config averages gradients every step. */
+static int reduces(const dsnode *d)
+{
+    return d->c.node.group[0] != 0 || !ds_topo_gossips(d->c.gossip.topology);
+}
+
+/* What averages the gradients, for messages. */
+static void reducer_text(const dsnode *d, char *buf, size_t len)
+{
+    if (d->c.node.group[0])
+        snprintf(buf, len, "node.group = %s", d->c.node.group);
+    else
+        snprintf(buf, len, "gossip.topology = %s", ds_topo_name(d->c.gossip.topology));
+}
+
+int dsnode_reduces(const dsnode *d)
+{
+    begin_call();
+    if (!d)
+        return fail(-EINVAL, "dsnode_reduces: the engine is NULL");
+    return reduces(d);
+}
+
+int dsnode_register_grad(dsnode *d, float *grad, float *opt)
+{
+    int e = need(d, ST_OPEN, "dsnode_register_grad");
+    if (e < 0)
+        return e;
+    if (!grad)
+        return fail(-EINVAL, "dsnode_register_grad: grad is required");
+    if (grad == opt)
+        return fail(-EINVAL, "dsnode_register_grad: grad and opt are one buffer; expected two");
+    if (d->grad)
+        return fail(-EINVAL, "dsnode_register_grad: called twice");
+    d->grad = grad;
+    d->opt = opt;
+    return 0;
+}
+
 int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *layers,
                     size_t n_layers, dsnode_adopt_fn adopt, void *ctx)
 {
@@ -232,14 +273,15 @@ int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *laye
         return e;
     if (!params || !n || !layers || !adopt)
         return fail(-EINVAL, "dsnode_register: params, n, layers and adopt are required");
-    if (!ds_topo_gossips(d->c.gossip.topology))
-        return fail(-ENOTSUP, "dsnode_register: gossip.topology = %s averages gradients, which "
-                    "this API does not take; expected a gossip topology",
-                    ds_topo_name(d->c.gossip.topology));
-    if (d->c.node.group[0])
-        return fail(-ENOTSUP, "dsnode_register: node.group = %s: groups reduce gradients every "
-                    "step, which this API does not take yet; expected node.group empty",
-                    d->c.node.group);
+    if (reduces(d) && !d->grad) {
+        char what[320];
+        reducer_text(d, what, sizeof(what));
+        return fail(-EINVAL, "dsnode_register: %s averages gradients every step; expected "
+                    "dsnode_register_grad (the gradient buffer) before dsnode_register", what);
+    }
+    if (d->grad == params || (d->opt && d->opt == params))
+        return fail(-EINVAL, "dsnode_register: params is the buffer given as grad or opt; "
+                    "expected three distinct buffers");
     if ((e = check_table(d, n, layers, n_layers)) < 0)
         return e;
     char err[1024];
@@ -249,10 +291,12 @@ int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *laye
     d->n = n;
     d->adopt = adopt;
     d->adopt_ctx = ctx;
-    /* The engine's grad buffer serves topology allreduce only, refused
-     * above: it is never read or written. */
+    /* Without a reduction the engine never reads or writes grad (gossip
+     * topologies outside a group): params stands in. */
+    const int red = reduces(d);
     const ds_engine_params p = {.n = n, .layers = d->layers, .n_layers = d->n_layers,
-                                .params = params, .grad = params, .ctx = d, .adopt = adopt_hook};
+                                .params = params, .grad = red ? d->grad : params,
+                                .opt = red ? d->opt : NULL, .ctx = d, .adopt = adopt_hook};
     if ((e = ds_engine_register(d->e, &p)) < 0) {
         d->state = ST_FAILED;
         return fail_logged(e, "dsnode_register");
@@ -311,11 +355,33 @@ int dsnode_ready(dsnode *d)
     return ds_engine_before_step(d->e) ? 0 : 1;
 }
 
+int dsnode_reduce(dsnode *d)
+{
+    int e = need(d, ST_JOINED, "dsnode_reduce");
+    if (e < 0)
+        return e;
+    if (!reduces(d))
+        return 0;
+    if (d->reduced)
+        return fail(-EINVAL, "dsnode_reduce: called twice for one step; expected dsnode_step "
+                    "in between");
+    ds_engine_reduce(d->e, d->step);
+    d->reduced = 1;
+    return 0;
+}
+
 int dsnode_step(dsnode *d)
 {
     int e = need(d, ST_JOINED, "dsnode_step");
     if (e < 0)
         return e;
+    if (reduces(d) && !d->reduced) {
+        char what[320];
+        reducer_text(d, what, sizeof(what));
+        return fail(-EINVAL, "dsnode_step: %s averages gradients every step; expected "
+                    "dsnode_reduce before the optimizer step", what);
+    }
+    d->reduced = 0;
     d->step++;
     ds_engine_step(d->e, d->step);
     publish(d, 0);

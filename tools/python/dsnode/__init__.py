@@ -2,10 +2,11 @@
 
     import dsnode
     e = dsnode.Engine(config="node.ini", overrides={"node.name": "n0"})
+    if e.reduces: e.register_grad(grad)   # node.group or topology allreduce
     e.register(flat, [("fc1", 0, 200960), ...], adopt=on_adopt)  # float32 array
     e.join()
     for ...:
-        if e.ready(): optimizer step on flat; e.step()
+        if e.ready(): backward into grad; e.reduce(); optimizer step on flat; e.step()
     e.leave(); sys.exit(e.exit_status)
 
 The calls are those of include/dsnode/dsnode.h (docs/api.md), through
@@ -98,6 +99,9 @@ def _declare(lib):
                                            ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
                                            ctypes.c_uint]),
         "dsnode_name": (ctypes.c_char_p, [P]),
+        "dsnode_reduces": (ctypes.c_int, [P]),
+        "dsnode_register_grad": (ctypes.c_int, [P, P, P]),
+        "dsnode_reduce": (ctypes.c_int, [P]),
         "dsnode_register": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.POINTER(_Layer),
                                            ctypes.c_size_t, _ADOPT, P]),
         "dsnode_join": (ctypes.c_int, [P]),
@@ -143,18 +147,18 @@ def _check(rc):
     return rc
 
 
-def _float_buffer(buf):
+def _float_buffer(buf, what="register"):
     """(address, count) of a contiguous float32 CPU numpy array or torch
     tensor; dsnode.Error otherwise."""
     if hasattr(buf, "data_ptr"):  # torch.Tensor
         if buf.device.type != "cpu" or str(buf.dtype) != "torch.float32" or \
                 not buf.is_contiguous():
-            raise Error(_errno.EINVAL, f"register: expected a contiguous float32 CPU tensor, "
+            raise Error(_errno.EINVAL, f"{what}: expected a contiguous float32 CPU tensor, "
                         f"found {buf.dtype} on {buf.device}")
         return buf.data_ptr(), buf.numel()
     ai = getattr(buf, "__array_interface__", None)
     if ai is None or ai["typestr"] != "<f4" or ai.get("strides") is not None:
-        raise Error(_errno.EINVAL, "register: expected a contiguous float32 numpy array or "
+        raise Error(_errno.EINVAL, f"{what}: expected a contiguous float32 numpy array or "
                     "torch tensor")
     n = 1
     for k in ai["shape"]:
@@ -180,6 +184,7 @@ class Engine:
                                     len(sets), ABI_VERSION))
         self._h = h
         self._keep = None
+        self._keep_grad = None
         if handle_signals:
             _check(_lib.dsnode_handle_signals(self._h))
 
@@ -192,6 +197,31 @@ class Engine:
     def name(self):
         return _lib.dsnode_name(self._handle()).decode()
 
+    @property
+    def reduces(self):
+        """True when the config averages gradients every step (node.group,
+        or gossip.topology = allreduce): register_grad() before
+        register(), and reduce() between backward and the optimizer step."""
+        return _check(_lib.dsnode_reduces(self._handle())) == 1
+
+    def register_grad(self, grad, opt=None):
+        """grad (and opt, the optimizer's momentum, or None): contiguous
+        float32 CPU arrays as long as the coming register()'s buffer, in
+        its layout; kept alive by the engine until close()."""
+        gptr, gn = _float_buffer(grad, "register_grad")
+        optr, on = _float_buffer(opt, "register_grad") if opt is not None else (None, 0)
+        if opt is not None and on != gn:
+            raise Error(_errno.EINVAL, f"register_grad: grad has {gn} floats and opt {on}; "
+                        "expected the same length")
+        _check(_lib.dsnode_register_grad(self._handle(), ctypes.c_void_p(gptr),
+                                         ctypes.c_void_p(optr) if optr else None))
+        self._keep_grad = (grad, opt, gn)
+
+    def reduce(self):
+        """After backward, before the optimizer step: the gradient buffer
+        becomes the group's (or the view's) mean, in place."""
+        _check(_lib.dsnode_reduce(self._handle()))
+
     def register(self, buffer, layers, adopt):
         """buffer: the parameters, one contiguous float32 array on the CPU
         (a numpy array or a torch tensor), mixed in place and kept alive by
@@ -199,6 +229,9 @@ class Engine:
         floats; adopt(step): the buffer now holds the cluster's state at
         optimizer step `step` (reset the optimizer's state)."""
         ptr, n = _float_buffer(buffer)
+        if self._keep_grad is not None and self._keep_grad[2] != n:
+            raise Error(_errno.EINVAL, f"register: {n} floats, but register_grad's buffer has "
+                        f"{self._keep_grad[2]}; expected the same length")
         table = (_Layer * len(layers))(*[_Layer(str(nm).encode(), off, ln)
                                           for nm, off, ln in layers])
 

@@ -13,6 +13,12 @@
 The model's CPU float32 parameters are copied once into one contiguous
 buffer, and every parameter becomes a view into it (param.data), so the
 engine mixes the model in place; the optimizer's references stay valid.
+When the config averages gradients (node.group, or gossip.topology =
+allreduce), step() first copies the parameters' gradients into one buffer
+of the same layout, has the engine average it (the group's mean), and
+copies the mean back before the optimizer step: every member of a group
+then takes the same step (the optimizer's momentum is not shared: a member
+that adopted a state starts it over).
 Build the optimizer before or after: its state is keyed by the parameter
 objects, which do not change. Every process must start from the same
 parameters (seed torch the same everywhere): the engine mixes what each
@@ -92,6 +98,10 @@ class GossipOptimizer:
             self.layers = layer_table(model)
             self.steps_taken = 0
             self.engine_s = 0.0  # time in the engine's calls on this thread
+            self.grad = None
+            if self.engine.reduces:
+                self.grad = torch.zeros_like(self.flat)
+                self.engine.register_grad(self.grad)
             self.engine.register(self.flat, self.layers, self._adopt)
             self.engine.join()
         except BaseException:
@@ -133,12 +143,48 @@ class GossipOptimizer:
         self.engine_s += time.perf_counter() - t0
         if not ready:
             return None
-        loss = self.optimizer.step(closure)
+        if closure is not None and self.grad is not None:
+            # The closure computes the gradient that must be averaged first.
+            with torch.enable_grad():
+                loss = closure()
+            closure = None
+        else:
+            loss = None
+        if self.grad is not None:
+            t2 = time.perf_counter()
+            self._reduce()
+            self.engine_s += time.perf_counter() - t2
+        out = self.optimizer.step(closure)
+        loss = out if out is not None else loss
         t1 = time.perf_counter()
         self.engine.step()
         self.engine_s += time.perf_counter() - t1
         self.steps_taken += 1
         return loss
+
+    def _reduce(self):
+        """The parameters' gradients into self.grad (zeros for a parameter
+        without one), the engine's mean, and back."""
+        off = 0
+        params = list(self.model.parameters())
+        with torch.no_grad():
+            for p in params:
+                k = p.numel()
+                if p.grad is None:
+                    self.grad[off:off + k].zero_()
+                else:
+                    self.grad[off:off + k].copy_(p.grad.reshape(-1))
+                off += k
+            self.engine.reduce()
+            off = 0
+            for p in params:
+                k = p.numel()
+                g = self.grad[off:off + k].view_as(p)
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+                off += k
 
     def settle(self):
         """Finish the open round: the parameters are final until the next

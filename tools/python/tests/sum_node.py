@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """sum_node.py: a dsnode program without a model, for the tests: N floats
 that start equal on every process, each step drifting by this process's
-own pattern (rank-dependent), mixed by the engine. Writes model.bin at the
-end (dsnode_leave) and exits with the engine's exit status.
+own pattern (rank-dependent), mixed by the engine. When the config
+averages gradients (node.group, or topology allreduce) the drift is the
+"gradient": the engine averages it over the group before it is applied.
+Writes model.bin at the end (dsnode_leave) and exits with the engine's exit
+status.
 
     sum_node.py --steps S --n N [--pause SECONDS] [--set KEY=VALUE]...
 Config: $DSNODE_CONFIG (or --config).
@@ -41,12 +44,20 @@ def main():
     def adopt(step):  # a late joiner took the cluster's state at `step`
         print(f"sum_node: adopted step={step}", file=sys.stderr, flush=True)
 
+    grad = np.zeros(a.n, dtype=np.float32) if e.reduces else None
+    if grad is not None:
+        e.register_grad(grad)
     e.register(buf, [("a", 0, half), ("b", half, a.n - half)], adopt=adopt)
     e.join()
     while e.stats()["step"] < a.steps and not e.stopped:
         if not e.ready():
             continue
-        buf += d
+        if grad is not None:
+            grad[:] = d
+            e.reduce()  # the group's mean drift
+            buf += grad
+        else:
+            buf += d
         if a.pause:
             time.sleep(a.pause)
         e.step()

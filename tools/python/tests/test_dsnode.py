@@ -5,6 +5,8 @@ libdsnode, with real processes over libfabric's tcp provider on loopback
 - a bad config raises dsnode.Error carrying FILE:LINE and the key;
 - two processes (sum_node.py) conserve the sum of their models and hold
   them together;
+- four processes in two groups (node.group) end with each group's two
+  models bit for bit alike, and the sum over all four conserved;
 - killing one of three processes mid-run leaves the other two to finish
   (status=done, exit 0);
 - a third process that joins two already training takes the cluster's
@@ -184,6 +186,28 @@ def test_two_processes_conserve_the_sum(cluster, tmp_path):
     assert np.linalg.norm(m[0] - m[1]) < 0.5 * np.linalg.norm(alone[0] - alone[1])
 
 
+def test_two_groups_of_two_hold_one_model_each_and_conserve_the_sum(cluster, tmp_path):
+    n, steps = 10000, 300
+    c = cluster(4)
+    for i in range(4):
+        c.sets[i].append(f"node.group=g{i // 2}")
+    c.start(["--steps", str(steps), "--n", str(n)])
+    res = c.wait(180)
+    for rc, out, err in res:
+        assert rc == 0, err[-2000:]
+        assert f"status=done steps={steps}" in out
+    m = [read_model(f"{tmp_path}/p{i}/model.bin") for i in range(4)]
+    assert np.array_equal(m[0], m[1]), "group g0's members differ"
+    assert np.array_equal(m[2], m[3]), "group g1's members differ"
+    init = (1 + np.arange(n) % 7).astype(np.float64)
+    want = sum(init + steps * drift(i, n).astype(np.float64) for i in range(4))
+    total = sum(x.astype(np.float64) for x in m)
+    assert abs(total.sum() - want.sum()) < 1e-4 * abs(want.sum())
+    # The groups gossip: closer than the groups' own drifts alone.
+    alone = [init + steps * (drift(2 * g, n) + drift(2 * g + 1, n)) / 2 for g in range(2)]
+    assert np.linalg.norm(m[0] - m[2]) < 0.5 * np.linalg.norm(alone[0] - alone[1])
+
+
 def test_killing_one_process_leaves_the_others_to_finish(cluster):
     c = cluster(3)
     c.start(["--steps", "600", "--n", "10000", "--pause", "0.01"])
@@ -238,3 +262,26 @@ def test_fashion_mlp_4_torch_processes_under_dslaunch(tmp_path):
         assert nd["steps"] == 1500, name
         assert nd["test_acc"] >= 0.85, (name, nd["test_acc"])
     assert rep["consensus_distance"] < 0.01
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),
+                    reason="Fashion-MNIST is not installed (dataset-fashion-mnist)")
+def test_fashion_mlp_torch_in_two_groups_under_dslaunch(tmp_path):
+    """GossipOptimizer averages the gradients inside each group: the members
+    of a group end with one model (intra_group_consensus 0)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    argv = [DSLAUNCH, "local", "-n", "4", "--groups", "2", "--config",
+            os.path.join(ROOT, "conf", "examples", "cluster.ini"), "--out", str(out),
+            "--json", "--timeout", "600", "--",
+            PY, os.path.join(ROOT, "tools", "python", "examples", "fashion_mlp.py"),
+            "--steps", "400", "--eval-every", "400"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=660)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout.strip().splitlines()[-1])
+    for name, nd in rep["nodes"].items():
+        assert nd["status"] == "done", name
+        assert nd["steps"] == 400, name
+        assert nd["test_acc"] >= 0.84, (name, nd["test_acc"])
+    assert rep["intra_group_consensus"] == 0.0
+    assert rep["consensus_models"] == 4

@@ -16,6 +16,13 @@ data loading and process-group setup), to the END of an evaluation, as for
 dsnode's eval lines; the evaluation time itself is also summed so that it
 can be taken out.
 
+--netns NAME,NAME,... puts rank r in network namespace NAME[r] (the
+namespaces dsbench made, as dslaunch --netns makes them for dsnode, each
+behind its rate-limited link): the worker enters it (setns) before it
+creates any socket, rank 0's store listens at --master-addr, and gloo
+uses the namespace's --ifname (eth0). So DDP crosses the same links as
+the dsnode rows it is compared with.
+
 Prints one JSON object on stdout:
   {"nodes", "steps", "batch", "time_to_target_s", "train_to_target_s",
    "steps_to_target", "final_acc", "samples_per_s", "wall_s", "eval_s",
@@ -25,6 +32,7 @@ reached. Exits non-zero when a worker fails (the others are then stopped).
 Comparison script only (Debian's python3-torch); dsnode itself has no Python.
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -67,9 +75,29 @@ def lr_factor(s, warmup, total):
     return 1.0
 
 
+CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(name):
+    """Move this thread (the process's only one so far that matters: the
+    store's and gloo's threads are made after this) into the named network
+    namespace, as `ip netns exec` would."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(os.path.join("/run/netns", name), os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def worker(rank, a, port, out):
     try:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        if a.netns:
+            enter_netns(a.netns.split(",")[rank])
+            os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
+        os.environ["MASTER_ADDR"] = a.master_addr
         os.environ["MASTER_PORT"] = str(port)
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=a.nodes)
@@ -150,9 +178,14 @@ def main():
     ap.add_argument("--port", type=int, default=0, help="0: a free one")
     ap.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--netns", default="", help="NAME,NAME,...: rank r runs in namespace NAME[r]")
+    ap.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
+    ap.add_argument("--ifname", default="eth0", help="gloo's interface inside --netns")
     a = ap.parse_args()
     if a.nodes < 1 or a.steps < 1 or a.batch < 1 or a.eval_every < 1:
         ap.error("--nodes, --steps, --batch and --eval-every must be >= 1")
+    if a.netns and len(a.netns.split(",")) != a.nodes:
+        ap.error("--netns needs one namespace name per rank (--nodes)")
     port = a.port or free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -500,15 +500,62 @@ static json_t *last_json_line(const char *out)
     return doc;
 }
 
-static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
+/* The namespaces of a DDP run on a rate-limited net: one per rank, or
+ * `hosts` with the ranks in contiguous blocks (rank i in namespace
+ * i * hosts / nodes), made as dslaunch --netns makes them for dsnode (the
+ * same addresses, bridge and tbf on both ends of every link). names gets
+ * "NAME,NAME,..." (one per rank), master rank 0's address. 0, or -1
+ * (said; what was made is torn down). */
+static int ddp_netns(ds_netns *ns, const char *net, int nodes, int hosts, char *names,
+                     size_t names_len, char *master, size_t master_len)
+{
+    uint64_t bps;
+    char err[512];
+    const int n_ns = hosts > 0 ? hosts : nodes;
+    if (ds_netns_rate_parse(net, &bps) < 0 ||
+        ds_netns_init(ns, getpid(), n_ns, bps, err, sizeof(err)) < 0) {
+        fprintf(stderr, "FAILED (%s: %s)\n", net, err);
+        return -1;
+    }
+    if (ds_netns_setup(ns, err, sizeof(err)) < 0) {
+        fprintf(stderr, "FAILED (namespaces: %s)\n", err);
+        ds_netns_teardown(ns, stderr);
+        return -1;
+    }
+    names[0] = 0;
+    for (int i = 0; i < nodes; i++) {
+        char name[64];
+        ds_netns_name(ns, hosts > 0 ? (int)((int64_t)i * hosts / nodes) : i, name, sizeof(name));
+        snprintf(names + strlen(names), names_len - strlen(names), "%s%s", i ? "," : "", name);
+    }
+    ds_netns_addr(0, master, master_len);
+    return 0;
+}
+
+/* PyTorch DDP (gloo), tools/torch_ddp.py, with `nodes` ranks: on loopback,
+ * or on `net` (a rate such as 100mbit) with every rank in a namespace of
+ * its own, or the ranks in `hosts` namespaces (dsbench hier), so that its
+ * gradients cross the links the dsnode rows beside it cross. */
+static int run_ddp(const opts *o, const ds_conf *c, int nodes, const char *net, int hosts,
+                   result *r)
 {
     memset(r, 0, sizeof(*r));
     snprintf(r->variant, sizeof(r->variant), "pytorch-ddp-gloo");
-    snprintf(r->net, sizeof(r->net), "loopback");
+    snprintf(r->net, sizeof(r->net), "%s", net);
     r->nodes = nodes;
     r->t85 = r->train85 = r->steps85 = r->final_acc = r->bytes_per_round = r->consensus = NAN;
     r->value_bytes_per_round = NAN;
     r->samples_per_s = r->step_ms = r->engine_ms = r->crossing_us = NAN;
+    r->inter_bytes_per_step = r->ms_per_step = NAN;
+    const int netns = strcmp(net, "loopback") != 0;
+    ds_netns ns;
+    char names[DS_NETNS_MAX * 40], master[64] = "127.0.0.1";
+    memset(&ns, 0, sizeof(ns));
+    fprintf(stderr, "dsbench cluster: %-20s %-9s %d procs ... ", r->variant, r->net, nodes);
+    fflush(stderr);
+    if (netns && ddp_netns(&ns, net, nodes, hosts, names, sizeof(names), master,
+                           sizeof(master)) < 0)
+        return -1;
     char script[PATH_MAX], hidden[160] = "";
     snprintf(script, sizeof(script), "%s/torch_ddp.py", ds_bench_tools_dir());
     for (int i = 0; i < c->train.hidden_count; i++)
@@ -531,15 +578,25 @@ static int run_ddp(const opts *o, const ds_conf *c, int nodes, result *r)
                     "--batch", a_batch, "--hidden", hidden, "--lr", a_lr, "--momentum", a_mom,
                     "--weight-decay", a_wd, "--warmup", a_warm, "--eval-every", a_eval,
                     "--target", a_target, "--seed", a_seed, "--timeout", a_timeout,
-                    "--data", (char *)c->train.dataset_dir, NULL};
-    fprintf(stderr, "dsbench cluster: %-20s %-9s %d procs ... ", r->variant, r->net, nodes);
-    fflush(stderr);
+                    "--data", (char *)c->train.dataset_dir, "--master-addr", master,
+                    netns ? "--netns" : NULL, names, NULL};
     const double t0 = ds_bench_now();
     char *out = NULL, *etext = NULL, err[512];
     int code = 0;
     int ret = ds_proc_capture(argv, (RUN_TIMEOUT_S + 60) * 1000, &out, &etext, &code, err,
                               sizeof(err));
     r->wall_s = ds_bench_now() - t0;
+    if (netns) {
+        /* What the namespaces sent one another: with hosts, the traffic
+         * between hosts (ranks on one host talk inside its namespace). */
+        double sum = 0;
+        for (int i = 0; i < ns.made; i++) {
+            uint64_t b;
+            sum = ds_netns_link_bytes(&ns, i, &b) == 0 ? sum + (double)b : NAN;
+        }
+        r->inter_bytes_per_step = sum / o->steps;
+        ds_netns_teardown(&ns, stderr);
+    }
     json_t *doc = ret < 0 || code != 0 ? NULL : last_json_line(out);
     if (!doc || !json_object_get(doc, "final_acc")) {
         fprintf(stderr, "FAILED (%s)\n", ret < 0 ? err : "torch_ddp.py said:");
@@ -1000,7 +1057,7 @@ int ds_bench_cluster(int argc, char **argv)
     for (int round = 0; round < o.rounds; round++) {
         result t;
         if (o.torch) {
-            if (run_ddp(&o, &c, 4, &t) < 0)
+            if (run_ddp(&o, &c, 4, "loopback", 0, &t) < 0)
                 failed = 1;
             keep_best(&ddp, &t, round);
         }
@@ -1013,9 +1070,16 @@ int ds_bench_cluster(int argc, char **argv)
     if (o.rounds > 1)
         fprintf(stderr, "dsbench cluster: best of %d: DDP %.2f s, pairwise-micro-1%% %.2f s to "
                         "%.0f%%\n", o.rounds, ddp.t85, micro_best.t85, o.target * 100);
+    /* DDP on each rate-limited net too, its ranks in namespaces behind the
+     * same links as the nodes of the rows beside it. */
+    result ddp_net[MAX_NETS];
     for (int k = 0; k < o.n_nets; k++) {
+        ddp_net[k] = ddp;
         if (strcmp(o.nets[k], "loopback") && !netns_ok)
             continue;
+        if (o.torch && strcmp(o.nets[k], "loopback") && run_ddp(&o, &c, 4, o.nets[k], 0,
+                                                                  &ddp_net[k]) < 0)
+            failed = 1;
         for (int j = 0; j < o.n_variants && n_rows < MAX_ROWS; j++) {
             if (o.variants[j] == MICRO && !strcmp(o.nets[k], "loopback")) {
                 rows[n_rows++] = micro_best;
@@ -1054,15 +1118,42 @@ int ds_bench_cluster(int argc, char **argv)
                o.steps, o.eval_every, o.target);
     }
     ds_row_table(&row, o.json);
-    if (o.torch)
-        row_out(&row, &ddp, &ddp);
-    for (int i = 0; i < n_rows; i++)
-        row_out(&row, &rows[i], o.torch ? &ddp : NULL);
+    for (int k = 0; o.torch && k < o.n_nets; k++)
+        if (!strcmp(o.nets[k], "loopback") || netns_ok)
+            row_out(&row, &ddp_net[k], &ddp_net[k]);
+    for (int i = 0; i < n_rows; i++) {
+        const result *d = NULL;
+        for (int k = 0; o.torch && k < o.n_nets; k++)
+            if (!strcmp(o.nets[k], rows[i].net))
+                d = &ddp_net[k];
+        row_out(&row, &rows[i], d);
+    }
     if (!o.json)
         printf("\n");
     double lo, hi;
     scale_table(&o, scale_rows, n_scale_rows, &lo, &hi);
     goals_table(&o, rows, n_rows, &ddp, lo, hi);
+    /* Issue 17's goals on the links: pairwise-micro-1% against DDP on the
+     * same net, >= 3x at 1 Gbit/s and >= 5x at 100 Mbit/s. */
+    for (int k = 0; o.torch && netns_ok && k < o.n_nets; k++) {
+        const double want = !strcmp(o.nets[k], "1gbit") ? 3 : !strcmp(o.nets[k], "100mbit") ? 5
+                                                                                               : 0;
+        if (want == 0)
+            continue;
+        const result *m = NULL;
+        for (int i = 0; i < n_rows; i++)
+            if (!strcmp(rows[i].net, o.nets[k]) && !strcmp(rows[i].variant, all_variants[MICRO].name))
+                m = &rows[i];
+        const result *d = &ddp_net[k];
+        const int known = m && d->ok && isfinite(m->t85) && isfinite(d->t85);
+        const double sp = known ? d->t85 / m->t85 : NAN;
+        char goal[128], w[16];
+        snprintf(goal, sizeof(goal), "%s: pairwise-micro-1%% time to 85%% vs DDP (x faster)",
+                 o.nets[k]);
+        snprintf(w, sizeof(w), ">= %.0f", want);
+        ds_row_table(&row, o.json);
+        goal_out(&row, goal, sp, w, known, known && sp >= want);
+    }
     if (!o.keep)
         remove_tree(o.dir);
     else
@@ -1080,8 +1171,9 @@ int ds_bench_cluster(int argc, char **argv)
  * PyTorch processes with DDP (gloo; tools/torch_ddp.py), and 4 native
  * dsnode processes with the same gossip. The three loopback runs alternate
  * --rounds times and the best of each is kept, as in `dsbench cluster`.
- * --nets adds rate-limited namespaces for the two gossip rows (root; DDP
- * runs on loopback only). Columns as in `dsbench cluster`, plus, for the
+ * --nets adds rate-limited namespaces, one per process, for the three
+ * (root; DDP's ranks enter the namespaces made for them, torch_ddp.py
+ * --netns). Columns as in `dsbench cluster`, plus, for the
  * PyTorch gossip row, fashion_mlp.py's "binding" line: step_ms (a training
  * step's wall time, evaluation excluded), engine_ms (time in libdsnode's
  * calls on the training thread, waiting for the previous round and the
@@ -1224,13 +1316,13 @@ int ds_bench_torch(int argc, char **argv)
         return 2;
 
     const variant *native = &all_variants[MICRO];
-    result ddp, nat, tor, t, rows[2 * MAX_NETS];
+    result ddp, nat, tor, t, rows[3 * MAX_NETS];
     int n_rows = 0, idx = 0, failed = 0;
     memset(&ddp, 0, sizeof(ddp));
     memset(&nat, 0, sizeof(nat));
     memset(&tor, 0, sizeof(tor));
     for (int round = 0; round < o.rounds; round++) {
-        if (run_ddp(&o, &c, 4, &t) < 0)
+        if (run_ddp(&o, &c, 4, "loopback", 0, &t) < 0)
             failed = 1;
         keep_best(&ddp, &t, round);
         if (run_cluster(&o, &c, native, "loopback", 4, idx++, &t) < 0)
@@ -1243,6 +1335,8 @@ int ds_bench_torch(int argc, char **argv)
     for (int k = 0; k < o.n_nets && netns_ok; k++) {
         if (!strcmp(o.nets[k], "loopback"))
             continue;
+        if (run_ddp(&o, &c, 4, o.nets[k], 0, &rows[n_rows++]) < 0)
+            failed = 1;
         if (run_cluster(&o, &c, native, o.nets[k], 4, idx++, &rows[n_rows++]) < 0)
             failed = 1;
         if (run_cluster(&o, &c, &torch_gossip, o.nets[k], 4, idx++, &rows[n_rows++]) < 0)
@@ -1261,9 +1355,10 @@ int ds_bench_torch(int argc, char **argv)
     torch_row(&row, &ddp, &ddp, NULL);
     torch_row(&row, &nat, &ddp, NULL);
     torch_row(&row, &tor, &ddp, &nat);
-    for (int i = 0; i < n_rows; i += 2) {
-        torch_row(&row, &rows[i], &ddp, NULL);
-        torch_row(&row, &rows[i + 1], &ddp, &rows[i]);
+    for (int i = 0; i < n_rows; i += 3) {
+        torch_row(&row, &rows[i], &rows[i], NULL);
+        torch_row(&row, &rows[i + 1], &rows[i], NULL);
+        torch_row(&row, &rows[i + 2], &rows[i], &rows[i + 1]);
     }
     if (!o.json)
         printf("\n");
@@ -1279,8 +1374,15 @@ int ds_bench_torch(int argc, char **argv)
     const double d = k3 ? (tor.final_acc - nat.final_acc) * 100 : NAN;
     goal_out(&row, "torch+dsnode final acc minus native dsnode (pt)", d, ">= -0.5", k3,
              k3 && d >= -0.5);
-    goal_out(&row, "torch+dsnode vs DDP at 100mbit (DDP not run in namespaces)", NAN, ">= 5",
-             0, 0);
+    for (int i = 0; i < n_rows; i += 3) {
+        if (strcmp(rows[i].net, "100mbit"))
+            continue;
+        const result *dd = &rows[i], *tg = &rows[i + 2];
+        const int k4 = dd->ok && tg->ok && isfinite(dd->t85) && isfinite(tg->t85);
+        const double s4 = k4 ? dd->t85 / tg->t85 : NAN;
+        goal_out(&row, "torch+dsnode time to 85% vs DDP, 100mbit (x faster)", s4, ">= 5", k4,
+                 k4 && s4 >= 5);
+    }
     if (!o.keep)
         remove_tree(o.dir);
     else
@@ -1330,7 +1432,7 @@ static int hier_opts(opts *o, int argc, char **argv)
     return small_opts(o, argc, argv, "hier", hier_usage, 0, &nets);
 }
 
-static void hier_row(ds_row *row, const result *r, const result *flat)
+static void hier_row(ds_row *row, const result *r, const result *flat, const result *ddp)
 {
     ds_row_str(row, "variant", r->variant);
     ds_row_str(row, "net", r->net);
@@ -1340,6 +1442,8 @@ static void hier_row(ds_row *row, const result *r, const result *flat)
     ds_row_num(row, "time_to_85_s", r->t85, 2);
     ds_row_num(row, "speedup_vs_flat",
                flat->ok && isfinite(flat->t85) ? flat->t85 / r->t85 : NAN, 2);
+    ds_row_num(row, "speedup_vs_ddp", ddp->ok && isfinite(ddp->t85) ? ddp->t85 / r->t85 : NAN,
+               2);
     ds_row_num(row, "final_acc", r->final_acc, 4);
     ds_row_num(row, "inter_host_bytes_per_step", r->inter_bytes_per_step, 0);
     ds_row_num(row, "ms_per_step", r->ms_per_step, 1);
@@ -1363,12 +1467,16 @@ int ds_bench_hier(int argc, char **argv)
         fprintf(stderr, "dsbench hier: needs network namespaces (root)\n");
         return 2;
     }
-    result rows[MAX_NETS][N_HIER];
+    result rows[MAX_NETS][N_HIER], ddp[MAX_NETS];
     int idx = 0, failed = 0;
-    for (int k = 0; k < o.n_nets; k++)
+    for (int k = 0; k < o.n_nets; k++) {
         for (int v = 0; v < N_HIER; v++)
             if (run_cluster(&o, &c, &hier_variants[v], o.nets[k], 8, idx++, &rows[k][v]) < 0)
                 failed = 1;
+        /* DDP's 8 ranks as 2 hosts x 4, the hosts' link as the rows'. */
+        if (run_ddp(&o, &c, 8, o.nets[k], hier_variants[0].hosts, &ddp[k]) < 0)
+            failed = 1;
+    }
     if (!o.json) {
         printf("\nCommand: dsbench");
         for (int i = 0; i < argc; i++)
@@ -1378,9 +1486,11 @@ int ds_bench_hier(int argc, char **argv)
     }
     ds_row row;
     ds_row_table(&row, o.json);
-    for (int k = 0; k < o.n_nets; k++)
+    for (int k = 0; k < o.n_nets; k++) {
         for (int v = 0; v < N_HIER; v++)
-            hier_row(&row, &rows[k][v], &rows[k][0]);
+            hier_row(&row, &rows[k][v], &rows[k][0], &ddp[k]);
+        hier_row(&row, &ddp[k], &rows[k][0], &ddp[k]);
+    }
     if (!o.json)
         printf("\n");
     ds_row_table(&row, o.json);
@@ -1402,8 +1512,15 @@ int ds_bench_hier(int argc, char **argv)
         snprintf(goal, sizeof(goal), "%s: hier final acc minus flat gossip's (pt)", o.nets[k]);
         goal_out(&row, goal, d, ">= 0", k3, k3 && d >= 0);
     }
-    goal_out(&row, "hier vs PyTorch DDP at 100mbit (DDP not run in namespaces here)", NAN, ">= 5",
-             0, 0);
+    for (int k = 0; k < o.n_nets; k++) {
+        if (strcmp(o.nets[k], "100mbit"))
+            continue;
+        const result *hier = &rows[k][1], *d = &ddp[k];
+        const int k4 = hier->ok && d->ok && isfinite(hier->t85) && isfinite(d->t85);
+        const double s4 = k4 ? d->t85 / hier->t85 : NAN;
+        goal_out(&row, "100mbit: hier time to 85% vs PyTorch DDP (x faster)", s4, ">= 5", k4,
+                 k4 && s4 >= 5);
+    }
     if (!o.keep)
         remove_tree(o.dir);
     else

@@ -348,7 +348,8 @@ int ds_netns_teardown(ds_netns *ns, FILE *warn)
     return failed ? -EIO : 0;
 }
 
-/* 1 when pid is a running dslaunch (then its namespaces are in use). */
+/* 1 when pid is a running dslaunch or dsbench (then its namespaces are in
+ * use: dsbench makes the namespaces of its PyTorch DDP rows itself). */
 static int owner_alive(long pid)
 {
     if (pid <= 0 || pid > INT_MAX)
@@ -364,7 +365,7 @@ static int owner_alive(long pid)
         comm[0] = '\0';
     fclose(f);
     comm[strcspn(comm, "\n")] = '\0';
-    if (!strcmp(comm, "dslaunch"))
+    if (!strcmp(comm, "dslaunch") || !strcmp(comm, "dsbench"))
         return 1;
     /* Started through a link of another name: its argv[0] still says. */
     char argv0[PATH_MAX] = "";
@@ -375,7 +376,8 @@ static int owner_alive(long pid)
     fclose(f);
     argv0[n] = '\0'; /* the first NUL ends argv[0] */
     const char *base = strrchr(argv0, '/');
-    return strstr(base ? base + 1 : argv0, "dslaunch") != NULL;
+    base = base ? base + 1 : argv0;
+    return strstr(base, "dslaunch") != NULL || strstr(base, "dsbench") != NULL;
 }
 
 int ds_netns_stale_owner(const char *name, long *pid)

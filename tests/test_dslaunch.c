@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1293,6 +1294,39 @@ Test(dslaunch_netns, sigint_and_stale_leftovers_are_cleaned_up)
         cr_assert_fail("cannot make the stale namespace: %s", err);
     }
     cr_assert_eq(netns_left(dead), 2, "the stale namespace and bridge exist");
+    /* And namespaces of a running dsbench (its DDP rows make their own):
+     * not stale, they stay. The "dsbench" is sleep(1) copied under that
+     * name, so that both its comm and its argv[0] say dsbench. */
+    char fake[600], cmd[1300];
+    snprintf(fake, sizeof(fake), "%s", tmp_path("dsbench"));
+    snprintf(cmd, sizeof(cmd), "cp /bin/sleep '%s'", fake);
+    cr_assert_eq(system(cmd), 0);
+    const pid_t bench = fork();
+    cr_assert_geq(bench, 0);
+    if (bench == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(fake, fake, "600", (char *)NULL);
+        _exit(127);
+    }
+    char comm_path[64], comm[32] = "";
+    snprintf(comm_path, sizeof(comm_path), "/proc/%d/comm", (int)bench);
+    for (int tries = 0; tries < 1000 && strcmp(comm, "dsbench\n"); tries++) {
+        FILE *cf = fopen(comm_path, "r");
+        if (cf) {
+            if (!fgets(comm, sizeof(comm), cf))
+                comm[0] = 0;
+            fclose(cf);
+        }
+        usleep(10000);
+    }
+    cr_assert_str_eq(comm, "dsbench\n", "the stand-in dsbench did not start");
+    ds_netns live_ns;
+    cr_assert_eq(ds_netns_init(&live_ns, bench, 1, 0, err, sizeof(err)), 0, "%s", err);
+    if (ds_netns_setup(&live_ns, err, sizeof(err)) < 0) {
+        ds_netns_teardown(&live_ns, NULL);
+        kill(bench, SIGKILL);
+        cr_assert_fail("cannot make the dsbench namespace: %s", err);
+    }
 
     const char *out = tmp_path("run");
     const char *args[] = {"local", "-n", "2", "--config", BASE_CONFIG,
@@ -1307,6 +1341,11 @@ Test(dslaunch_netns, sigint_and_stale_leftovers_are_cleaned_up)
     /* (Any dslaunch --netns starting meanwhile may be the one that removes
      * them and says so: only their absence is checked.) */
     cr_assert_eq(netns_left(dead), 0, "the stale leftovers were removed at start");
+    const int bench_left = netns_left(bench);
+    ds_netns_teardown(&live_ns, NULL);
+    kill(bench, SIGKILL);
+    waitpid(bench, NULL, 0);
+    cr_assert_eq(bench_left, 2, "a running dsbench's namespace and bridge were removed");
     cr_assert_eq(netns_left(owner), 3, "two namespaces and a bridge while running");
     cr_assert_eq(kill(l.pid, SIGINT), 0);
     int code = live_end(&l, 60000);

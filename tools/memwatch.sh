@@ -12,11 +12,15 @@
 # stops the run. Writes DIR/mem.csv (seconds, node, rss_kb, hwm_kb) and
 # prints one line per node:
 #   node first_mb max_mb last_mb half_mb growth_2nd_half_mb steps stuck_logs
+#        resets deaths_seen exit
 # half_mb is the RSS at half time; growth_2nd_half_mb = last - half: a node
 # whose memory grows without bound keeps growing in the second half, after
 # the buffers and caches of a normal run have reached their size. steps is
 # the last step the node's status file showed; stuck_logs counts its log's
-# "stuck" lines (receive buffers replaced), whose buffers must be released.
+# "stuck" lines (receive buffers replaced), whose buffers must be released;
+# resets counts its transport's endpoint resets (sends stuck past the
+# bound), deaths_seen the members its membership declared dead, and exit is
+# how dslaunch saw it end (stopped(143) by the timeout is the normal end).
 #
 # --set passes an override on to dslaunch (repeatable), e.g.
 # sparsify.method=none: dense rounds of the whole model, which a slow link
@@ -91,17 +95,22 @@ trap - EXIT
 
 ok=0
 echo "memwatch: $nodes nodes, $rate, max_inflight_mb=${inflight:-config default}, $minutes min; samples in $out/mem.csv"
-echo "node first_mb max_mb last_mb half_mb growth_2nd_half_mb steps stuck_logs"
+echo "node first_mb max_mb last_mb half_mb growth_2nd_half_mb steps stuck_logs resets deaths_seen exit"
 for ((i = 0; i < nodes; i++)); do
     n=n$i
     steps=$(grep -o '"step":[0-9]*' "$run/$n/status.json" 2>/dev/null | head -1 | cut -d: -f2 || true)
     stuck=$(grep -c "stuck" "$run/$n.log" 2>/dev/null || true)
-    awk -F, -v n="$n" -v half=$((secs / 2)) -v steps="${steps:-?}" -v stuck="${stuck:-0}" '
+    resets=$(grep -c "resetting endpoint" "$run/$n.log" 2>/dev/null || true)
+    deaths=$(grep -c "membership member dead" "$run/$n.log" 2>/dev/null || true)
+    how=$(grep -o "dslaunch: $n exited: [a-z]*([0-9]*)" "$out/dslaunch.err" | head -1 | sed 's/.*exited: //' || true)
+    awk -F, -v n="$n" -v half=$((secs / 2)) -v steps="${steps:-?}" -v stuck="${stuck:-0}" \
+        -v resets="${resets:-0}" -v deaths="${deaths:-0}" -v how="${how:-?}" '
         $2 == n { if (!seen) { first = $3; seen = 1 } if ($3 > max) max = $3; last = $3
                   if ($1 <= half) h = $3 }
         END { if (!seen) { print n, "no samples"; exit 1 }
-              printf "%s %.1f %.1f %.1f %.1f %+.1f %s %s\n", n, first / 1024, max / 1024,
-                     last / 1024, h / 1024, (last - h) / 1024, steps, stuck }' "$out/mem.csv" || ok=1
-    [ "${last_seen[$n]:-0}" -ge $((secs - 2 * every - 30)) ] || { echo "memwatch: $n was not sampled to the end" >&2; ok=1; }
+              printf "%s %.1f %.1f %.1f %.1f %+.1f %s %s %s %s %s\n", n, first / 1024,
+                     max / 1024, last / 1024, h / 1024, (last - h) / 1024, steps, stuck,
+                     resets, deaths, how }' "$out/mem.csv" || ok=1
+    [ "${last_seen[$n]:-0}" -ge $((secs - 2 * every - 30)) ] || { echo "memwatch: $n was not sampled to the end (it exited early: $how)" >&2; ok=1; }
 done
 exit $ok

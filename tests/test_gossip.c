@@ -15,7 +15,8 @@
  *   - the time a partner held our REQ on its own waits for others is not
  *     counted as its link's (held_us);
  *   - the adaptive deadline and the slow-partner rule (latency.h) on
- *     seeded latencies; pacing to the view's median round;
+ *     seeded latencies; pacing to the view's median round, where a
+ *     partner last heard rounds ago, in step then, is still in step;
  *   - the all-reduce baseline gives every node the mean gradient.
  * Run: meson test -C build gossip --verbose
  */

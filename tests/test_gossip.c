@@ -15,7 +15,8 @@
  *   - the time a partner held our REQ on its own waits for others is not
  *     counted as its link's (held_us);
  *   - the adaptive deadline and the slow-partner rule (latency.h) on
- *     seeded latencies; pacing to the view's median round;
+ *     seeded latencies; pacing to the view's median round, where a
+ *     partner last heard rounds ago, in step then, is still in step;
  *   - the all-reduce baseline gives every node the mean gradient.
  * Run: meson test -C build gossip --verbose
  */
@@ -1065,6 +1066,122 @@ Test(gossip, node_far_ahead_of_its_view_holds)
         }
         ds_fakenet_destroy(net);
     }
+}
+
+/* An io over the fake network whose waits last until their message comes
+ * (up to PATIENT_MS of real time), whatever the engine's deadline: a
+ * partner thread that the machine has not scheduled yet is not a wait
+ * run out. As in dsbench scale, the fake clock moves only when such a
+ * wait runs out. */
+#define PATIENT_MS 2000u
+#define STEP_G 32
+
+static int patient_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
+{
+    const ds_gossip_io *in = ctx;
+    return in->send(in->ctx, m, deadline_ns);
+}
+
+static int patient_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
+{
+    const ds_gossip_io *in = ctx;
+    const uint64_t now = in->now_ns(in->ctx);
+    if (deadline_ns > now)
+        deadline_ns = now + (uint64_t)PATIENT_MS * 1000000u;
+    return in->recv(in->ctx, m, deadline_ns);
+}
+
+static uint64_t patient_now(void *ctx)
+{
+    const ds_gossip_io *in = ctx;
+    return in->now_ns(in->ctx);
+}
+
+typedef struct lockstep {
+    uint32_t G;
+    int rounds;
+    ds_gossip *g[STEP_G];
+    float *x[STEP_G];
+    ds_gossip_io io[STEP_G];
+    pthread_barrier_t bar;
+} lockstep;
+
+typedef struct lockstep_arg {
+    lockstep *l;
+    uint32_t me;
+} lockstep_arg;
+
+static void *lockstep_work(void *p)
+{
+    lockstep_arg *a = p;
+    lockstep *l = a->l;
+    uint64_t seed = 300 + a->me;
+    for (int r = 0; r < l->rounds; r++) {
+        for (size_t j = 0; j < n_params; j++) /* drift: REQs that are not empty */
+            l->x[a->me][j] += 0.01f * (float)((int64_t)(ds_t_next(&seed) >> 40) - (1 << 23)) /
+                              (1 << 23);
+        pthread_barrier_wait(&l->bar);
+        cr_assert_eq(ds_gossip_round(l->g[a->me], l->x[a->me], (uint64_t)r, &l->io[a->me]), 0);
+    }
+    return NULL;
+}
+
+/* 32 nodes in lock-step (a barrier before every round), one segment: a
+ * node exchanges with two partners a round and hears from the others
+ * only now and then. A partner last heard rounds ago, in step then, is
+ * still in step: no node is ahead of its view, none holds a round and no
+ * wait runs out. Before, a partner counted at the round it was last heard
+ * in for a whole timeout, so after some 16 rounds most of a node's view
+ * looked over 8 rounds behind and nodes held their rounds to the deadline
+ * for partners that were not behind at all (dsbench scale's waits that
+ * ran out, crossover with one segment at 64 nodes: docs/benchmarks.md,
+ * "Issue 18"). */
+Test(gossip, partners_heard_rounds_ago_in_step_are_not_behind)
+{
+    make_layers();
+    lockstep l = {.G = STEP_G, .rounds = 24};
+    ds_fakenet *net = ds_fakenet_create(l.G);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.segments = 1;
+    cfg.timeout_ms = 60000; /* partners stay heard-from the whole test */
+    for (uint32_t i = 0; i < l.G; i++) {
+        l.x[i] = malloc(n_params * sizeof(float));
+        ds_t_fill(l.x[i], n_params, 700 + i, -1, 1);
+        cfg.node_seed = 900 + i;
+        cr_assert_eq(ds_gossip_create(&l.g[i], &cfg, layers, NL, n_params, l.x[i]), 0);
+        cr_assert_eq(ds_gossip_set_view(l.g[i], l.G, i, 1), 0);
+        l.io[i] = (ds_gossip_io){.ctx = (void *)ds_fakenet_io(net, i), .send = patient_send,
+                                 .recv = patient_recv, .now_ns = patient_now};
+    }
+    pthread_barrier_init(&l.bar, NULL, l.G);
+    pthread_t th[STEP_G];
+    lockstep_arg arg[STEP_G];
+    for (uint32_t i = 0; i < l.G; i++) {
+        arg[i] = (lockstep_arg){&l, i};
+        cr_assert_eq(pthread_create(&th[i], NULL, lockstep_work, &arg[i]), 0);
+    }
+    for (uint32_t i = 0; i < l.G; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&l.bar);
+    uint64_t paced = 0, failed = 0, ok = 0;
+    for (uint32_t i = 0; i < l.G; i++) {
+        const ds_gossip_stats *st = ds_gossip_get_stats(l.g[i]);
+        paced += st->paced;
+        failed += st->exchanges_failed;
+        ok += st->exchanges_ok;
+    }
+    cr_expect_eq(paced, 0, "%llu rounds held for partners in step", (unsigned long long)paced);
+    cr_expect_eq(ds_fakenet_timeouts(net), 0, "%llu waits ran out",
+                 (unsigned long long)ds_fakenet_timeouts(net));
+    cr_expect_eq(ds_fakenet_now_ns(net), 0, "%d rounds took %llu ms of the fake clock", l.rounds,
+                 (unsigned long long)(ds_fakenet_now_ns(net) / 1000000u));
+    cr_expect_eq(failed, 0);
+    cr_expect_eq(ok, (uint64_t)l.G * (uint64_t)l.rounds, "one exchange a node and round");
+    for (uint32_t i = 0; i < l.G; i++) {
+        ds_gossip_destroy(&l.g[i]);
+        free(l.x[i]);
+    }
+    ds_fakenet_destroy(net);
 }
 
 Test(gossip, latency_bad_config_refused)

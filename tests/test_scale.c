@@ -56,6 +56,8 @@ static void twice_same(ds_scale_cfg c)
     cr_assert_eq(ds_scale_run(&c, &train, &test, &b, tb), 0);
     cr_expect_eq(a.diverged_step, -1);
     cr_expect_eq(a.waits_out, 0, "%llu waits ran out", (unsigned long long)a.waits_out);
+    cr_expect_eq(a.late, 0, "%llu replies late, deferred or STALE in lock-step",
+                 (unsigned long long)a.late);
     cr_expect_eq(memcmp(ta, tb, a.n_params * sizeof(float)), 0, "%s: same seed, other bits",
                  ds_scale_variant_name(c.variant));
     cr_expect_eq(a.acc_avg, b.acc_avg);

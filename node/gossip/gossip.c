@@ -103,7 +103,8 @@ struct ds_gossip {
     uint8_t *ahead;      /* G entries: peers seen past this round already */
     uint8_t *slow;       /* G entries: partners too slow to wait for (latency.h) */
     uint64_t *peer_round; /* G entries: the latest round each partner was in */
-    uint64_t *peer_seen;  /* G entries: when that was heard (io clock; 0: never) */
+    uint64_t *peer_at;    /* G entries: our round when that was last heard */
+    uint64_t *peer_seen;  /* G entries: when a message last came (io clock; 0: never) */
     uint64_t *pace_buf;   /* G entries: the view's rounds, for their median */
     uint32_t *chk_in;    /* max_in entries: a past round's initiators */
     float *resp;         /* max_len: values of a reply */
@@ -231,6 +232,7 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->ahead);
     free(g->slow);
     free(g->peer_round);
+    free(g->peer_at);
     free(g->peer_seen);
     free(g->pace_buf);
     free(g->chk_in);
@@ -474,6 +476,11 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
             return -ENOMEM;
         g->peer_round = pr;
         memset(pr, 0, (size_t)G * sizeof(uint64_t));
+        uint64_t *pa = realloc(g->peer_at, (size_t)G * sizeof(uint64_t));
+        if (!pa)
+            return -ENOMEM;
+        g->peer_at = pa;
+        memset(pa, 0, (size_t)G * sizeof(uint64_t));
         uint64_t *ps = realloc(g->peer_seen, (size_t)G * sizeof(uint64_t));
         if (!ps)
             return -ENOMEM;
@@ -587,6 +594,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
         g->lat_G = g->G;
         g->lat_epoch = g->epoch;
         memset(g->peer_round, 0, (size_t)g->G * sizeof(uint64_t));
+        memset(g->peer_at, 0, (size_t)g->G * sizeof(uint64_t));
         memset(g->peer_seen, 0, (size_t)g->G * sizeof(uint64_t));
     }
 
@@ -1037,8 +1045,13 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     if (m->from < g->G && (m->round_now > g->round || m->epoch > g->epoch))
         g->ahead[m->from] = 1;
     if (m->from < g->G && m->epoch == g->epoch) {
-        if (m->round_now > g->peer_round[m->from])
+        /* The partner's latest round and ours when we heard it: how far
+         * behind or ahead of us it was then (ahead_of_view). An older
+         * round arriving late says nothing newer. */
+        if (m->round_now >= g->peer_round[m->from]) {
             g->peer_round[m->from] = m->round_now;
+            g->peer_at[m->from] = g->round;
+        }
         g->peer_seen[m->from] = io->now_ns(io->ctx) + 1;
     }
     const int answer = m->type == DS_GMSG_RESP || m->type == DS_GMSG_STALE;
@@ -1164,7 +1177,14 @@ static void serve_queued(ds_gossip *g, const ds_gossip_io *io)
 }
 
 /* Pacing (latency.h, ds_glat_ahead): over this node's round and those of
- * the partners heard from within a timeout and not skipped. */
+ * the partners heard from within a timeout and not skipped. A partner
+ * counts at the round it was last heard in moved on by the rounds we took
+ * since: as far behind (or ahead) as it was then, not further behind
+ * with every round we take without hearing from it. A node hears from
+ * only its few partners of each round: with one segment among 64 nodes,
+ * two a round, so most of its view was last heard rounds ago, and
+ * counted as it was then, nodes in lock-step looked over 8 rounds behind
+ * and held rounds to their deadline for them (issue 18). */
 static int ahead_of_view(ds_gossip *g, uint64_t now)
 {
     const uint64_t fresh = (uint64_t)g->cfg.timeout_ms * 1000000u;
@@ -1174,7 +1194,8 @@ static int ahead_of_view(ds_gossip *g, uint64_t now)
     for (uint32_t p = 0; p < g->G; p++)
         if (p != g->me && g->skip[p] != SKIP_ALL && g->peer_seen[p] &&
             now + 1 - g->peer_seen[p] <= fresh)
-            v[k++] = g->peer_round[p];
+            v[k++] = g->peer_round[p] +
+                     (g->round > g->peer_at[p] ? g->round - g->peer_at[p] : 0);
     return ds_glat_ahead(g->round, v, k, PACE_ROUNDS);
 }
 

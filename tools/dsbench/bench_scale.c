@@ -332,6 +332,7 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
                  ds_scale_result *out, float *theta0_out)
 {
     const ds_scale_cfg *c = cfg;
+    memset(out, 0, sizeof(*out)); /* late is a sum over the nodes */
     if (c->N < 2 || c->N > SCALE_MAX_N || c->batch % c->N || c->steps < 1 || c->hidden < 1)
         return -EINVAL;
     sim s = {.c = *cfg, .train = train, .b = c->batch / c->N, .size = 1};

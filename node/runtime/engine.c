@@ -515,6 +515,11 @@ static int open_group(rt *r)
                    !(r->glist_idx = malloc(r->glist_cap * sizeof(uint32_t))) ||
                    !(r->glist_val = malloc(r->glist_cap * sizeof(float)))))
         e = -ENOMEM;
+    if (e == 0 && r->c->group.sparsify != DS_GROUP_SPARSIFY_NONE &&
+        ((e = ds_hier_sparsifier_create(r->c->group.sparsify, r->p.n, &r->gsp)) < 0 ||
+         !(r->gres = calloc(r->p.n, sizeof(float))) ||
+         !(r->gsout = malloc(2 * r->p.n * sizeof(float)))))
+        e = e < 0 ? e : -ENOMEM;
     if (e < 0) {
         ds_error("node", "cannot start: out of memory");
         return e;
@@ -854,6 +859,9 @@ void ds_engine_close(ds_engine **ep)
     free(r->gcarry);
     free(r->glist_idx);
     free(r->glist_val);
+    ds_sparsifier_destroy(&r->gsp);
+    free(r->gres);
+    free(r->gsout);
     free(r->vorder);
     free(r->vgidx);
     free(r->gmembers);

@@ -811,8 +811,9 @@ static void run_groups(int groups, int steps, const char *mode)
     cr_expect_eq(json_number_value(intra), 0.0, "--groups %d: members differ (%g)", groups,
                  json_number_value(intra));
     cr_expect_lt(jnum(j, "consensus_distance"), 0.1);
-    cr_log_info("--groups %d, %d steps: mean test_acc %.4f, consensus distance %.4f, intra-group "
-                "%g", groups, steps, jnum(j, "mean_test_acc"), jnum(j, "consensus_distance"),
+    cr_log_info("--groups %d, group.sparsify %s, %d steps: mean test_acc %.4f, consensus "
+                "distance %.4f, intra-group %g", groups, mode, steps, jnum(j, "mean_test_acc"),
+                jnum(j, "consensus_distance"),
                 json_number_value(intra));
     json_decref(j);
     result_free(&r);

@@ -524,6 +524,9 @@ static int open_group(rt *r)
         ds_error("node", "cannot start: out of memory");
         return e;
     }
+    if (r->gsp)
+        ds_info("group", "group.sparsify micro: gradients sparse inside the group, density %g",
+                r->c->group.density);
     ds_gnet_set_heard_hook(r->gn_grp, heard_hook, r);
     ds_gnet_set_failure_hook(r->gn_grp, gossip_failed_hook, r);
     ds_gnet_set_stop(r->gn_grp, r->stop.signal);

@@ -13,6 +13,7 @@
  *   train.model        DS_MODELS        enum ds_model_kind   node/runtime -> node/train
  *   train.lr_schedule  DS_LR_SCHEDULES  enum ds_lr_schedule  node/runtime -> node/train
  *   sparsify.value_format DS_VALUE_FORMATS enum ds_value_format node/gossip -> node/wire
+ *   group.sparsify     DS_GROUP_SPARSIFIERS enum ds_group_sparsify node/runtime (rounds.c)
  *
  * Every list has the same form, X(enumerator, value, name), in the order
  * the config's help and its errors list the names. The value is written
@@ -60,12 +61,21 @@
     X(DS_VALUE_F16, 1, "f16") \
     X(DS_VALUE_BF16, 2, "bf16")
 
+/* group.sparsify: what a group's members send of their gradients inside
+ * the group (docs/gossip.md, "Hierarchy"): none = the dense mean; micro =
+ * MiCRO's rotating owned chunks with error feedback. DEFT is not built
+ * for groups yet, so it is no choice. */
+#define DS_GROUP_SPARSIFIERS(X) \
+    X(DS_GROUP_SPARSIFY_NONE, 0, "none") \
+    X(DS_GROUP_SPARSIFY_MICRO, 1, "micro")
+
 #define DS_CHOICE_ENUMERATOR_(e, v, name) e = v,
 enum ds_mix { DS_MIXES(DS_CHOICE_ENUMERATOR_) };
 enum ds_sec_mode { DS_SEC_MODES(DS_CHOICE_ENUMERATOR_) };
 enum ds_model_kind { DS_MODELS(DS_CHOICE_ENUMERATOR_) };
 enum ds_lr_schedule { DS_LR_SCHEDULES(DS_CHOICE_ENUMERATOR_) };
 enum ds_value_format { DS_VALUE_FORMATS(DS_CHOICE_ENUMERATOR_) };
+enum ds_group_sparsify { DS_GROUP_SPARSIFIERS(DS_CHOICE_ENUMERATOR_) };
 #undef DS_CHOICE_ENUMERATOR_
 
 /* The name of a gossip.mix value, or "?" for one not in DS_MIXES. */

@@ -59,6 +59,7 @@
     S(train, X) \
     S(sparsify, X) \
     S(gossip, X) \
+    S(group, X) \
     S(transport, X) \
     S(security, X) \
     S(status, X) \
@@ -165,6 +166,13 @@
       "longest wait for a peer in a round (the adaptive deadline is shorter)") \
     X(BOOL, gossip, overlap, "false", \
       "overlap a round's exchanges with the next step's computation")
+
+#define DS_CONF_KEYS_group(X) \
+    X(ENUM, group, sparsify, "none", enum ds_group_sparsify, DS_GROUP_SPARSIFIERS, \
+      "what members of a group send of their gradients each step; none = the dense mean, " \
+      "micro = MiCRO: rotating owned chunks, threshold and error feedback per member") \
+    X(FLOAT, group, density, "0.01", 0, 1, "(]", \
+      "group.sparsify's target: fraction of the gradient the whole group sends per step")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

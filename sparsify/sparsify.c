@@ -652,6 +652,37 @@ int ds_micro_select_owned(ds_sparsifier *s, const float *v, size_t n, unsigned G
     return run(s, v + off, len, (uint32_t)off, density, idx, val, cap, res);
 }
 
+int ds_micro_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n, unsigned G,
+                     unsigned r, uint64_t t, double density, uint32_t *idx, float *val,
+                     size_t cap, ds_sparsify_result *res)
+{
+    /* As ds_ef_step: everything the selection would refuse is checked
+     * before the residual is touched. */
+    int ret = ds_sp_check(s, residual, n, density, idx, val);
+    if (!ret && ((n > 0 && !g) || G == 0 || r >= G || s->cfg.method == DS_SPARSIFY_DEFT))
+        ret = -EINVAL;
+    if (!ret) {
+        size_t off, len;
+        ds_micro_chunk(n, G, r, t, &off, &len);
+        if (cap < ds_sparsify_capacity(s, len, density))
+            ret = -ENOBUFS;
+    }
+    if (ret < 0) {
+        if (s)
+            s->totals.rejected++;
+        return ret;
+    }
+    ds_ef_accumulate(residual, g, n);
+    ds_sparsify_result rr;
+    ret = ds_micro_select_owned(s, residual, n, G, r, t, density, idx, val, cap, &rr);
+    if (ret < 0)
+        return ret;
+    s->ops.zero_at(residual, idx, rr.count);
+    if (res)
+        *res = rr;
+    return 0;
+}
+
 void ds_micro_feedback(ds_sparsifier *s, size_t group_count)
 {
     if (!s)

@@ -225,6 +225,18 @@ int ds_micro_select_owned(ds_sparsifier *s, const float *v, size_t n, unsigned G
                           uint64_t t, double density, uint32_t *idx, float *val, size_t cap,
                           ds_sparsify_result *res) __attribute__((warn_unused_result));
 
+/* One member's MiCRO step with error feedback (the paper's EF, one
+ * member's part): residual += g over the whole vector, select with s
+ * inside the chunk member r owns at step t only (ds_micro_select_owned),
+ * zero the residual at the selection. val receives the values sent, so
+ * sent + new residual == g + old residual, bit for bit; what the member
+ * holds outside its chunk stays in its residual until it owns that chunk.
+ * Arguments and returns as ds_micro_select_owned (cap >= the capacity of
+ * the owned chunk's length); a refused call changes nothing. */
+int ds_micro_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n, unsigned G,
+                     unsigned r, uint64_t t, double density, uint32_t *idx, float *val,
+                     size_t cap, ds_sparsify_result *res) __attribute__((warn_unused_result));
+
 /* MiCRO steers by the group's count, not the member's: pass the total
  * number of entries the whole group selected at the last step, and the
  * next call compares it with k of the whole vector, as the authors' code

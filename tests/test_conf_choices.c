@@ -30,6 +30,7 @@
 #include "helpers/conf_enum_keys.h"
 #include "kernels/kernels.h"
 #include "node/gossip/gossip.h"
+#include "node/runtime/hier.h"
 #include "node/runtime/run.h"
 #include "node/sec/crypto.h"
 #include "node/wire/values.h"
@@ -233,6 +234,29 @@ static void take_value_format(const ds_conf *c, const char *name, int value)
     cr_expect_str_eq(ds_wire_vfmt_name((unsigned)c->sparsify.value_format), name);
 }
 
+/* node/runtime: the group's sparsifier of that mode is made (none: no
+ * sparsifier, the dense mean) and a MiCRO member step runs with it. */
+static void take_group_sparsify(const ds_conf *c, const char *name, int value)
+{
+    ds_sparsifier *sp = NULL;
+    cr_assert_eq(ds_hier_sparsifier_create(c->group.sparsify, 64, &sp), 0, "%s", name);
+    if (value == DS_GROUP_SPARSIFY_NONE) {
+        cr_expect_null(sp, "group.sparsify none makes no sparsifier");
+        return;
+    }
+    cr_assert_not_null(sp);
+    cr_expect_eq(ds_sparsifier_method(sp), DS_SPARSIFY_MICRO);
+    float g[64], res[64] = {0}, val[64];
+    uint32_t idx[64];
+    for (int i = 0; i < 64; i++)
+        g[i] = (float)((i * 37) % 64) - 31.5f;
+    ds_sparsify_result r;
+    cr_expect_eq(ds_micro_ef_step(sp, res, g, 64, 2, 1, 0, c->group.density, idx, val, 64, &r), 0,
+                 "%s", name);
+    cr_expect_gt(r.count, 0);
+    ds_sparsifier_destroy(&sp);
+}
+
 /* node/sec: a session in that mode is set up, and the mode's name is the
  * one logs and tools use. */
 static void take_sec_mode(const ds_conf *c, const char *name, int value)
@@ -257,6 +281,7 @@ static const consumer consumers[] = {
     {"gossip.mix", "sparsify.method=none", NULL, take_mix, false},
     {"security.mode", NULL, NULL, take_sec_mode, false},
     {"sparsify.value_format", NULL, NULL, take_value_format, false},
+    {"group.sparsify", NULL, NULL, take_group_sparsify, false},
 };
 #define NCONSUMERS (sizeof(consumers) / sizeof(consumers[0]))
 

@@ -293,3 +293,139 @@ Test(group, a_member_handles_its_share_of_segments)
         ds_gossip_destroy(&g);
     }
 }
+
+/* ---- group.sparsify = micro: MiCRO inside a group ------------------------ */
+
+#define MN 20000   /* the model's length */
+#define MD 0.01    /* density: k = 200 for the whole group */
+#define MSTEPS 400
+#define MMAXG 8
+#define MV 8       /* the dense part: the count at v[0], summed */
+
+struct mmember {
+    ds_fakenet *net;
+    uint32_t G, me;
+    float theta[MN], res[MN], g[MN], sum[MN], val[MN];
+    uint32_t idx[MN];
+    uint64_t hash[MSTEPS];    /* FNV-1a of theta after each step */
+    uint32_t total[MSTEPS];   /* the group's count, as the reduction summed it */
+    int outside;              /* selections outside the owned chunk */
+    int not_owner_value;      /* own pairs whose sum differs from the value sent */
+    int incomplete;
+    int ret;
+};
+
+static uint64_t fnv(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* One member's training loop as node/runtime/rounds.c's group_reduce
+ * does it with group.sparsify = micro: its own gradient (depends on the
+ * shared theta and on its own seeded noise) joins its residual, it selects
+ * inside its owned chunk, the lists are gathered and summed, every member
+ * applies sum / G, the summed count steers its threshold. */
+static void *mmember_main(void *p)
+{
+    struct mmember *m = p;
+    ds_greduce *r = NULL;
+    ds_sparsifier *sp = NULL;
+    m->ret = ds_greduce_create(&r, MN + MV);
+    if (m->ret == 0)
+        m->ret = ds_hier_sparsifier_create(DS_GROUP_SPARSIFY_MICRO, MN, &sp);
+    for (int t = 0; t < MSTEPS && m->ret == 0; t++) {
+        uint64_t seed = 1000u * (m->me + 1) + (uint64_t)t;
+        for (size_t i = 0; i < MN; i++)
+            m->g[i] = 0.05f * m->theta[i] +
+                      ((float)(ds_t_next(&seed) % 2001) / 1000.0f - 1.0f) * (1.0f + (float)(i % 7));
+        ds_sparsify_result sr;
+        m->ret = ds_micro_ef_step(sp, m->res, m->g, MN, m->G, m->me, (uint64_t)t, MD, m->idx,
+                                  m->val, MN, &sr);
+        if (m->ret < 0)
+            break;
+        size_t off, len;
+        ds_micro_chunk(MN, m->G, m->me, (uint64_t)t, &off, &len);
+        for (size_t j = 0; j < sr.count; j++)
+            m->outside += m->idx[j] < off || m->idx[j] >= off + len;
+        float v[MV] = {(float)sr.count};
+        const ds_gsparse gs = {.idx = m->idx, .val = m->val, .count = (uint32_t)sr.count,
+                               .out = m->sum, .n_out = MN};
+        ds_greduce_result gr;
+        m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), v, MV, 0, m->G, m->me, NULL,
+                                (uint64_t)t, ds_fakenet_now_ns(m->net) + 2000000000ull, &gs, &gr);
+        m->incomplete += !gr.complete;
+        for (size_t j = 0; j < sr.count; j++)
+            m->not_owner_value += memcmp(&m->sum[m->idx[j]], &m->val[j], sizeof(float)) != 0;
+        for (size_t i = 0; i < MN; i++)
+            m->theta[i] -= 0.1f * (m->sum[i] / (float)m->G);
+        ds_micro_feedback(sp, (size_t)v[0]);
+        m->total[t] = (uint32_t)v[0];
+        m->hash[t] = fnv(m->theta, sizeof(m->theta));
+    }
+    ds_sparsifier_destroy(&sp);
+    ds_greduce_destroy(&r);
+    return NULL;
+}
+
+static double micro_group(uint32_t G)
+{
+    static struct mmember m[MMAXG];
+    ds_fakenet *net = ds_fakenet_create(G);
+    pthread_t th[MMAXG];
+    memset(m, 0, sizeof(m));
+    for (uint32_t i = 0; i < G; i++) {
+        m[i].net = net;
+        m[i].G = G;
+        m[i].me = i;
+        ds_t_fill(m[i].theta, MN, 7, -1.0f, 1.0f); /* the same start on every member */
+        pthread_create(&th[i], NULL, mmember_main, &m[i]);
+    }
+    for (uint32_t i = 0; i < G; i++)
+        pthread_join(th[i], NULL);
+    ds_fakenet_destroy(net);
+    for (uint32_t i = 0; i < G; i++) {
+        cr_assert_eq(m[i].ret, 0, "G=%u member %u: %d", G, i, m[i].ret);
+        cr_expect_eq(m[i].incomplete, 0, "G=%u member %u", G, i);
+        cr_expect_eq(m[i].outside, 0, "G=%u member %u selected outside its chunk", G, i);
+        cr_expect_eq(m[i].not_owner_value, 0, "G=%u member %u: a sum is not the owner's value",
+                     G, i);
+        for (int t = 0; t < MSTEPS; t++) {
+            cr_assert_eq(m[i].hash[t], m[0].hash[t],
+                         "G=%u step %d: member %u's parameters differ from member 0's", G, t, i);
+            cr_assert_eq(m[i].total[t], m[0].total[t]);
+        }
+    }
+    cr_assert_eq(memcmp(m[G - 1].theta, m[0].theta, sizeof(m[0].theta)), 0);
+    /* The group's count per step over the last 100 steps: the threshold
+     * moves by at most 0.5% a step, so it needs a few hundred steps to
+     * follow the residuals' growth from their start at zero. */
+    double mean = 0;
+    for (int t = MSTEPS - 100; t < MSTEPS; t++)
+        mean += m[0].total[t];
+    return mean / 100;
+}
+
+/* MiCRO inside a group: members end every step with byte-identical
+ * parameters, each selects only inside the chunk it owns, every sum is the
+ * owner's value (chunks are disjoint), and the group's count per step stays
+ * at k of the whole vector as the group grows 2 -> 4 -> 8: no gradient
+ * build-up. */
+Test(group, micro_members_identical_owned_chunks_and_flat_k, .timeout = 60)
+{
+    const double k = (double)ds_sparsify_k(MN, MD);
+    double c[3];
+    const uint32_t Gs[3] = {2, 4, 8};
+    for (int i = 0; i < 3; i++) {
+        c[i] = micro_group(Gs[i]);
+        cr_expect(c[i] > 0.7 * k && c[i] < 1.3 * k, "G=%u: %.1f selected per step, k = %.0f",
+                  Gs[i], c[i], k);
+    }
+    cr_expect(c[2] < 1.3 * c[0] && c[2] > 0.7 * c[0], "k grows with G: %.1f (G=2) %.1f (G=8)",
+              c[0], c[2]);
+    cr_log_info("MiCRO in a group: selected per step %.1f (G=2) %.1f (G=4) %.1f (G=8), k = %.0f",
+                c[0], c[1], c[2], k);
+}

@@ -950,6 +950,55 @@ Test(sparsify, error_feedback_conserves_mass_bit_for_bit)
     free(idx);
 }
 
+/* A member's MiCRO step (ds_micro_ef_step): sent + new residual == g +
+ * old residual bit for bit, the selection inside the owned chunk only,
+ * and a refused call changes nothing. */
+Test(sparsify, micro_ef_step_conserves_mass_inside_its_chunk)
+{
+    const size_t n = 20011;
+    const unsigned G = 4, me = 1;
+    float *g = malloc(n * sizeof(float)), *res = calloc(n, sizeof(float)), *old = malloc(n * sizeof(float));
+    float *val = malloc(n * sizeof(float)), *sent = malloc(n * sizeof(float));
+    uint32_t *idx = malloc(n * sizeof(uint32_t));
+    ds_sparsifier *s = make(DS_SPARSIFY_MICRO, n, NULL);
+    for (int step = 0; step < 20; step++) {
+        fill_grad(g, n, 300 + step, 0);
+        memcpy(old, res, n * sizeof(float));
+        ds_sparsify_result r;
+        size_t off, len;
+        ds_micro_chunk(n, G, me, (uint64_t)step, &off, &len);
+        cr_assert_eq(ds_micro_ef_step(s, res, g, n, G, me, (uint64_t)step, 0.02, idx, val, len,
+                                      &r), 0);
+        cr_assert_gt(r.count, 0);
+        memset(sent, 0, n * sizeof(float));
+        size_t outside = 0, bad = 0;
+        for (size_t j = 0; j < r.count; j++) {
+            sent[idx[j]] = val[j];
+            outside += idx[j] < off || idx[j] >= off + len;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const float want = g[i] + old[i];
+            const float got = sent[i] + res[i];
+            bad += memcmp(&got, &want, sizeof(float)) != 0 || (sent[i] != 0.0f && res[i] != 0.0f);
+        }
+        cr_expect_eq(outside, 0u, "step %d: %zu outside chunk [%zu, +%zu)", step, outside, off, len);
+        cr_expect_eq(bad, 0u, "step %d: %zu entries break sent + residual == g + old", step, bad);
+    }
+    memcpy(old, res, n * sizeof(float));
+    cr_expect_eq(ds_micro_ef_step(s, res, g, n, G, G, 0, 0.02, idx, val, n, NULL), -EINVAL);
+    cr_expect_eq(ds_micro_ef_step(s, res, g, n, 0, 0, 0, 0.02, idx, val, n, NULL), -EINVAL);
+    cr_expect_eq(ds_micro_ef_step(s, res, g, n, G, me, 0, 0.02, idx, val, 10, NULL), -ENOBUFS);
+    cr_expect_eq(ds_micro_ef_step(s, res, NULL, n, G, me, 0, 0.02, idx, val, n, NULL), -EINVAL);
+    cr_expect_eq(memcmp(old, res, n * sizeof(float)), 0, "a refused call changed the residual");
+    ds_sparsifier_destroy(&s);
+    free(g);
+    free(res);
+    free(old);
+    free(val);
+    free(sent);
+    free(idx);
+}
+
 Test(sparsify, ef_zero_checks_its_indices)
 {
     float r[8] = {1, 2, 3, 4, 5, 6, 7, 8};

@@ -515,10 +515,18 @@ static int open_group(rt *r)
                    !(r->glist_idx = malloc(r->glist_cap * sizeof(uint32_t))) ||
                    !(r->glist_val = malloc(r->glist_cap * sizeof(float)))))
         e = -ENOMEM;
+    if (e == 0 && r->c->group.sparsify != DS_GROUP_SPARSIFY_NONE &&
+        ((e = ds_hier_sparsifier_create(r->c->group.sparsify, r->p.n, &r->gsp)) < 0 ||
+         !(r->gres = calloc(r->p.n, sizeof(float))) ||
+         !(r->gsout = malloc(2 * r->p.n * sizeof(float)))))
+        e = e < 0 ? e : -ENOMEM;
     if (e < 0) {
         ds_error("node", "cannot start: out of memory");
         return e;
     }
+    if (r->gsp)
+        ds_info("group", "group.sparsify micro: gradients sparse inside the group, density %g",
+                r->c->group.density);
     ds_gnet_set_heard_hook(r->gn_grp, heard_hook, r);
     ds_gnet_set_failure_hook(r->gn_grp, gossip_failed_hook, r);
     ds_gnet_set_stop(r->gn_grp, r->stop.signal);
@@ -854,6 +862,9 @@ void ds_engine_close(ds_engine **ep)
     free(r->gcarry);
     free(r->glist_idx);
     free(r->glist_val);
+    ds_sparsifier_destroy(&r->gsp);
+    free(r->gres);
+    free(r->gsout);
     free(r->vorder);
     free(r->vgidx);
     free(r->gmembers);

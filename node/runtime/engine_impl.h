@@ -118,6 +118,12 @@ struct ds_engine {
     uint32_t *glist_idx;       /* glist_cap: this step's (index, value) pairs */
     float *glist_val;
     uint32_t glist_cap;
+    /* group.sparsify = micro (rounds.c, group_reduce): the sparsifier,
+     * this member's error-feedback residual (n) and the gathered sums,
+     * [gradient (n) | round deltas (n)]. NULL: the dense mean. */
+    ds_sparsifier *gsp;
+    float *gres;
+    float *gsout;
     uint32_t *vorder, *vgidx;  /* vcap each: the view sorted by group */
     uint64_t *gmembers;        /* vcap: the step's group, by member index */
     uint8_t *gskip;            /* vcap: members not waited for this step */

@@ -53,3 +53,18 @@ int ds_hier_form(const ds_member_info *v, uint32_t G, uint64_t self, uint32_t *o
         out->size++;
     return 0;
 }
+
+int ds_hier_sparsifier_create(enum ds_group_sparsify mode, size_t n, ds_sparsifier **out)
+{
+    *out = NULL;
+    switch (mode) {
+    case DS_GROUP_SPARSIFY_NONE:
+        return 0;
+    case DS_GROUP_SPARSIFY_MICRO: {
+        ds_sparsify_cfg sc;
+        ds_sparsify_cfg_defaults(&sc, DS_SPARSIFY_MICRO);
+        return ds_sparsifier_create(out, &sc, n, NULL);
+    }
+    }
+    return -EINVAL;
+}

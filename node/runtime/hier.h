@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "base/metric.h"
+#include "conf/choices.h"
+#include "sparsify/sparsify.h"
 #include "node/membership/membership.h"
 
 /* The group's counters (base/metric.h rows; /status "group"). */
@@ -74,5 +76,13 @@ typedef struct ds_hier {
  * v. */
 int ds_hier_form(const ds_member_info *v, uint32_t G, uint64_t self, uint32_t *order,
                  uint32_t *gidx, ds_hier *out);
+
+/* group.sparsify's sparsifier for a model of n parameters: *out = NULL
+ * for none (the dense mean), a MiCRO sparsifier for micro (its threshold
+ * starts at the exact k-th largest |v| of its first chunk, then follows the
+ * group's count, ds_micro_feedback). 0, -EINVAL (an unknown mode) or
+ * -ENOMEM. */
+int ds_hier_sparsifier_create(enum ds_group_sparsify mode, size_t n, ds_sparsifier **out)
+    __attribute__((warn_unused_result));
 
 #endif

@@ -448,21 +448,44 @@ static void take_position(rt *r, const float *v, int64_t step)
     r->round0 = round0;
 }
 
-/* This step's sparse list: the nonzeros of the carry (the round deltas
- * not yet sent), at most r->glist_cap of them; those go, the rest wait
- * for the next step (no member applies them before then, so members stay
- * alike, and nothing is lost). */
-static uint32_t take_list(rt *r)
+/* This step's sparse list from glist[from]: the nonzeros of the carry
+ * (the round deltas not yet sent), their indices plus `base`, up to
+ * r->glist_cap pairs in all; those go, the rest wait for the next step (no
+ * member applies them before then, so members stay alike, and nothing is
+ * lost). Returns how many it took. */
+static uint32_t take_list(rt *r, uint32_t from, size_t base)
 {
     float *carry = r->gcarry;
-    uint32_t k = 0;
+    uint32_t k = from;
     for (size_t i = 0; i < r->p.n && k < r->glist_cap; i++)
         if (carry[i] != 0.0f) {
-            r->glist_idx[k] = (uint32_t)i;
+            r->glist_idx[k] = (uint32_t)(i + base);
             r->glist_val[k++] = carry[i];
             carry[i] = 0.0f;
         }
-    return k;
+    return k - from;
+}
+
+/* group.sparsify = micro: this member's MiCRO step (docs/gossip.md,
+ * "Hierarchy"): its gradient joins its residual, it selects inside the
+ * chunk it owns at this reduction (ds_micro_chunk: (gseq + member) mod G)
+ * into glist[0..), and those entries leave its residual. Returns the
+ * count; 0 when the selection was refused (the gradient then waits in
+ * the residual, or was not added). */
+static uint32_t micro_select(rt *r)
+{
+    if (r->p.pull)
+        r->p.pull(r->p.ctx, DS_ENGINE_GRAD);
+    ds_sparsify_result res;
+    int e = ds_micro_ef_step(r->gsp, r->gres, r->p.grad, r->p.n, r->gsize, r->gmember, r->gseq,
+                             r->c->group.density, r->glist_idx, r->glist_val, r->glist_cap,
+                             &res);
+    if (e < 0) {
+        ds_log_rl(DS_LOG_WARN, "group", "MiCRO selection refused (%s): nothing sent this step",
+                  strerror(-e));
+        return 0;
+    }
+    return (uint32_t)res.count;
 }
 
 /* Every step of a node in a group: wait for the round's exchange, then
@@ -478,7 +501,19 @@ static uint32_t take_list(rt *r)
  * and momentum: members stay identical, and members that differ (a missed
  * chunk, a joiner) are identical again after GROUP_SYNC_SLICES clean
  * steps. One reduction of one length per step: members pair reductions by
- * their count alone. Bounded by gossip.timeout_ms. */
+ * their count alone. Bounded by gossip.timeout_ms.
+ *
+ * group.sparsify = micro drops the dense gradient from the vector:
+ *
+ *   [params slice | momentum slice | position (4) | count (1)]
+ *    mean           mean             member 0's     summed
+ *
+ * and the gathered list carries, before the member's deltas (indices
+ * shifted by n), its MiCRO selection (micro_select): the members' chunks
+ * are disjoint, so the sum over members is each owner's value, and every
+ * member applies that sum / G as the gradient. The summed count steers
+ * every member's threshold by the group's total (ds_micro_feedback). Still
+ * one reduction of one length per step. */
 static void group_reduce(rt *r, int64_t step)
 {
     const uint64_t t0 = ds_now_ns();
@@ -511,11 +546,17 @@ static void group_reduce(rt *r, int64_t step)
         r->gpending = 0;
         return;
     }
+    const int sparse = r->gsp != NULL;
+    const size_t gn = sparse ? 0 : n; /* the dense gradient's floats */
     size_t soff, slen;
     sync_slice(r, &soff, &slen);
     const size_t mlen = r->p.opt ? slen : 0;
-    float *v = r->gvec, *ps = v + n, *ms = ps + slen, *pos = ms + mlen;
-    pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
+    float *v = r->gvec, *ps = v + gn, *ms = ps + slen, *pos = ms + mlen;
+    uint32_t gk = 0;
+    if (sparse)
+        gk = micro_select(r);
+    else
+        pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
     memcpy(ps, params_host(r) + soff, slen * sizeof(float));
     if (mlen) {
         if (r->p.pull)
@@ -523,16 +564,30 @@ static void group_reduce(rt *r, int64_t step)
         memcpy(ms, r->p.opt + soff, mlen * sizeof(float));
     }
     put_position(r, pos, step);
-    const ds_gsparse sp = {.idx = r->glist_idx, .val = r->glist_val, .count = take_list(r),
-                           .out = ds_gossip_delta(r->gossip), .n_out = n};
+    if (sparse)
+        pos[4] = (float)gk;
+    const ds_gsparse sp = {.idx = r->glist_idx, .val = r->glist_val,
+                           .count = gk + take_list(r, gk, gn ? 0 : n),
+                           .out = sparse ? r->gsout : ds_gossip_delta(r->gossip),
+                           .n_out = sparse ? 2 * n : n};
     ds_greduce_result res;
     uint64_t deadline = t0 + timeout_ns;
     if (deadline < t1 + 100000000u)
         deadline = t1 + 100000000u;
-    if (group_run(r, n + slen + mlen + 4, n + slen + mlen, round, deadline, &sp, &res) < 0) {
-        /* Not sent: what the list held waits for the next step. */
-        for (uint32_t j = 0; j < sp.count; j++)
-            r->gcarry[sp.idx[j]] += sp.val[j];
+    if (group_run(r, gn + slen + mlen + 4 + (size_t)sparse, gn + slen + mlen, round, deadline,
+                  &sp, &res) < 0) {
+        /* Not sent: what the list held waits for the next step (a
+         * selected gradient entry back in the residual, where it was
+         * zeroed; the step then applies no gradient: all of it waits). */
+        for (uint32_t j = 0; j < gk; j++)
+            r->gres[sp.idx[j]] = sp.val[j];
+        for (uint32_t j = gk; j < sp.count; j++)
+            r->gcarry[sp.idx[j] - (gn ? 0 : n)] += sp.val[j];
+        if (sparse) {
+            memset(r->p.grad, 0, n * sizeof(float));
+            if (r->p.push)
+                r->p.push(r->p.ctx, DS_ENGINE_GRAD);
+        }
         if (r->gpending) {
             ds_gossip_end(r->gossip, params_host(r));
             params_push(r);
@@ -541,7 +596,18 @@ static void group_reduce(rt *r, int64_t step)
         r->gpending = 0;
         return;
     }
-    push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
+    if (sparse) {
+        /* The same sum on every member, the same division. */
+        const float G = (float)r->gsize;
+        for (size_t i = 0; i < n; i++)
+            r->p.grad[i] = r->gsout[i] / G;
+        if (r->p.push)
+            r->p.push(r->p.ctx, DS_ENGINE_GRAD);
+        memcpy(ds_gossip_delta(r->gossip), r->gsout + n, n * sizeof(float));
+        ds_micro_feedback(r->gsp, (size_t)pos[4]);
+    } else {
+        push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
+    }
     take_position(r, pos, step);
     if (mlen) {
         if (r->p.pull)

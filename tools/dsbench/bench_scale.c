@@ -21,6 +21,11 @@
  *               group, the io routes it); then ds_greduce of the gradient
  *               (mean) with each member's round delta gathered as a sparse
  *               list and summed; end(theta) applies the group's delta
+ *   hier micro: as hier, but the gradient goes as group.sparsify = micro
+ *               makes node/runtime/rounds.c send it: each member's MiCRO
+ *               selection in its owned chunk (ds_micro_ef_step, its own
+ *               residual) gathered in the same list, sum / size applied,
+ *               the summed count steering every member's threshold
  *   theta, mom = sgd(theta, mom, grad)   lr: 5% warm-up, cosine to 0
  *
  * so x_{t+1} = x_t - lr g(x_t) + mix(x_t), the engine's snapshot semantics.
@@ -81,6 +86,7 @@ const char *ds_scale_variant_name(enum ds_scale_variant v)
     case DS_SCALE_EXPONENTIAL: return "exponential";
     case DS_SCALE_RANDOM: return "random";
     case DS_SCALE_HIER: return "hier-crossover";
+    case DS_SCALE_HIER_MICRO: return "hier-crossover-micro-intra";
     }
     return "?";
 }
@@ -169,8 +175,11 @@ typedef struct snode {
     ds_sampler sampler;
     ds_gossip *g;
     ds_greduce *gr;
-    uint32_t *lidx;  /* hier: the round delta's nonzeros */
+    uint32_t *lidx;  /* hier: the round delta's nonzeros (micro: after the
+                        selection, indices + n) */
     float *lval;
+    ds_sparsifier *gsp; /* hier micro: the member's sparsifier, residual, sums */
+    float *gres, *gsout;
     cio gio, rio;    /* gossip io, group-reduction io */
     uint64_t begin_ns;
     int err;
@@ -207,6 +216,46 @@ static float lr_at(const ds_scale_cfg *c, int step)
     return (float)(c->lr * 0.5 * (1.0 + cos(M_PI * p)));
 }
 
+/* hier micro: the group's step of group.sparsify = micro (rounds.c,
+ * group_reduce, less the slices and position that only failures need):
+ * the member's MiCRO selection then its round delta's nonzeros (indices
+ * + n) in one list, a vector of `size` floats whose first is the count
+ * (summed), one reduction; grad = sum / size, delta = the summed deltas. */
+static int hier_micro(snode *nd, int step)
+{
+    sim *s = nd->s;
+    const size_t n = s->n;
+    ds_sparsify_result sr;
+    int e = ds_micro_ef_step(nd->gsp, nd->gres, nd->grad, n, s->size, nd->me % s->size,
+                             (uint64_t)step, s->c.density, nd->lidx, nd->lval, n, &sr);
+    if (e < 0)
+        return e;
+    uint32_t k = (uint32_t)sr.count;
+    float *d = ds_gossip_delta(nd->g);
+    for (size_t i = 0; i < n; i++)
+        if (d[i] != 0.0f) {
+            nd->lidx[k] = (uint32_t)(i + n);
+            nd->lval[k++] = d[i];
+        }
+    float v[SCALE_MAX_N] = {(float)sr.count};
+    const ds_gsparse sp = {.idx = nd->lidx, .val = nd->lval, .count = k, .out = nd->gsout,
+                           .n_out = 2 * n};
+    ds_greduce_result res;
+    const uint64_t dl = nd->rio.io.now_ns(nd->rio.io.ctx) + (uint64_t)SCALE_TIMEOUT_MS * 1000000u;
+    e = ds_greduce_run(nd->gr, &nd->rio.io, v, s->size, 0, s->size, nd->me % s->size, NULL,
+                       (uint64_t)step, dl, &sp, &res);
+    if (e < 0)
+        return e;
+    if (!res.complete)
+        return -ETIMEDOUT;
+    const float G = (float)s->size;
+    for (size_t i = 0; i < n; i++)
+        nd->grad[i] = nd->gsout[i] / G;
+    memcpy(d, nd->gsout + n, n * sizeof(float));
+    ds_micro_feedback(nd->gsp, (size_t)v[0]);
+    return 0;
+}
+
 static int node_step(snode *nd, int step)
 {
     sim *s = nd->s;
@@ -233,7 +282,10 @@ static int node_step(snode *nd, int step)
         nd->begin_ns += thread_cpu_ns() - t0;
         if ((e = ds_gossip_exchange(nd->g, &nd->gio.io)) < 0)
             return e;
-        if (s->size > 1) {
+        if (s->size > 1 && nd->gsp) {
+            if ((e = hier_micro(nd, step)) < 0)
+                return e;
+        } else if (s->size > 1) {
             float *d = ds_gossip_delta(nd->g);
             uint32_t k = 0;
             for (size_t i = 0; i < s->n; i++)
@@ -295,6 +347,9 @@ static void node_free(snode *nd)
     ds_sampler_free(&nd->sampler);
     ds_gossip_destroy(&nd->g);
     ds_greduce_destroy(&nd->gr);
+    ds_sparsifier_destroy(&nd->gsp);
+    free(nd->gres);
+    free(nd->gsout);
     if (nd->model.ops)
         ds_model_fini(&nd->model);
 }
@@ -336,7 +391,7 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
     if (c->N < 2 || c->N > SCALE_MAX_N || c->batch % c->N || c->steps < 1 || c->hidden < 1)
         return -EINVAL;
     sim s = {.c = *cfg, .train = train, .b = c->batch / c->N, .size = 1};
-    if (c->variant == DS_SCALE_HIER) {
+    if (c->variant == DS_SCALE_HIER || c->variant == DS_SCALE_HIER_MICRO) {
         if (c->groups < 2 || c->N % c->groups)
             return -EINVAL;
         s.size = (uint32_t)(c->N / c->groups);
@@ -413,11 +468,25 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
                 break;
             }
             cio_init(&nd->rio, ds_fakenet_io(s.gnet[grp], i % s.size), 0);
-            nd->lidx = malloc(s.n * sizeof(uint32_t));
-            nd->lval = malloc(pb);
-            if (!nd->lidx || !nd->lval || (ret = ds_greduce_create(&nd->gr, 2 * s.n)) < 0) {
+            /* micro: the selection (a chunk) and the delta's nonzeros */
+            const size_t lists = c->variant == DS_SCALE_HIER_MICRO ? 2 : 1;
+            nd->lidx = malloc(lists * s.n * sizeof(uint32_t));
+            nd->lval = malloc(lists * pb);
+            if (!nd->lidx || !nd->lval ||
+                (ret = ds_greduce_create(&nd->gr, 2 * lists * s.n)) < 0) {
                 ret = ret < 0 ? ret : -ENOMEM;
                 break;
+            }
+            if (c->variant == DS_SCALE_HIER_MICRO) {
+                ds_sparsify_cfg sc;
+                ds_sparsify_cfg_defaults(&sc, DS_SPARSIFY_MICRO);
+                if ((ret = ds_sparsifier_create(&nd->gsp, &sc, s.n, NULL)) < 0)
+                    break;
+                if (!(nd->gres = calloc(s.n, sizeof(float))) ||
+                    !(nd->gsout = malloc(2 * pb))) {
+                    ret = -ENOMEM;
+                    break;
+                }
             }
         }
     }
@@ -501,6 +570,7 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
     for (uint32_t g = 0; g < SCALE_MAX_N; g++)
         if (s.gnet[g])
             out->waits_out += ds_fakenet_timeouts(s.gnet[g]);
+    out->late = 0; /* the caller's result is not zeroed */
     for (uint32_t i = 0; i < N; i++) {
         const ds_gossip_stats *st = ds_gossip_get_stats(s.nodes[i].g);
         out->late += st->late + st->deferred + st->stale_received;

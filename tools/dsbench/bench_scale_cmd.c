@@ -210,6 +210,16 @@ static int parse_list(const char *s, int *out, int max)
     return k;
 }
 
+/* name is one of the comma-separated items of list. */
+static int listed(const char *list, const char *name)
+{
+    const size_t len = strlen(name);
+    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, name, len) && (p[len] == ',' || p[len] == 0))
+            return 1;
+    return 0;
+}
+
 int ds_bench_scale(int argc, char **argv)
 {
     static const struct option options[] = {
@@ -250,7 +260,7 @@ int ds_bench_scale(int argc, char **argv)
     const int t_sparse = !strcmp(table, "all") || !strcmp(table, "sparsify");
     if (bad || optind < argc || !(t_train || t_batch || t_sparse)) {
         fprintf(stderr, "usage: dsbench scale [--quick] [--json] [--nodes 8,16,32,64] [--steps S] "
-                        "[--batch B] [--table all|nodes|batch|sparsify] [--seed X] [--dataset DIR] [--variant NAME]\n");
+                        "[--batch B] [--table all|nodes|batch|sparsify] [--seed X] [--dataset DIR] [--variant NAME[,NAME...]]\n");
         return 2;
     }
     for (int i = 0; i < n_nodes; i++)
@@ -277,7 +287,8 @@ int ds_bench_scale(int argc, char **argv)
         ds_row_table(&row, json);
         static const enum ds_scale_variant vs[] = {DS_SCALE_ALLREDUCE, DS_SCALE_CROSSOVER,
                                                    DS_SCALE_CROSSOVER_NOSEG, DS_SCALE_EXPONENTIAL,
-                                                   DS_SCALE_RANDOM, DS_SCALE_HIER};
+                                                   DS_SCALE_RANDOM, DS_SCALE_HIER,
+                                                   DS_SCALE_HIER_MICRO};
         for (int i = 0; i < n_nodes && rc == 0; i++)
             for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]) && rc == 0; v++)
                 for (int sp = 0; sp < 2 && rc == 0; sp++) {
@@ -285,11 +296,12 @@ int ds_bench_scale(int argc, char **argv)
                     c.N = nodes[i];
                     c.variant = vs[v];
                     c.method = sp ? DS_SPARSIFY_MICRO : DS_SPARSIFY_NONE;
-                    if (only && strcmp(only, ds_scale_variant_name(vs[v])))
+                    if (only && !listed(only, ds_scale_variant_name(vs[v])))
                         continue;
                     if (vs[v] == DS_SCALE_ALLREDUCE && sp)
                         continue; /* all-reduce is dense */
-                    if (vs[v] == DS_SCALE_HIER && c.N <= c.groups)
+                    if ((vs[v] == DS_SCALE_HIER || vs[v] == DS_SCALE_HIER_MICRO) &&
+                        c.N <= c.groups)
                         continue; /* groups of one: flat crossover */
                     if (quick && sp == 0 && vs[v] != DS_SCALE_ALLREDUCE &&
                         vs[v] != DS_SCALE_CROSSOVER)

@@ -23,6 +23,7 @@ enum ds_scale_variant {
     DS_SCALE_EXPONENTIAL,     /* SGP's one-peer exponential graph */
     DS_SCALE_RANDOM,          /* random unbalanced targets (no fairness) */
     DS_SCALE_HIER,            /* `groups` groups, crossover between them */
+    DS_SCALE_HIER_MICRO,      /* as HIER, MiCRO inside the groups (group.sparsify = micro) */
 };
 
 typedef struct ds_scale_cfg {

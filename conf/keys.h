@@ -179,7 +179,7 @@
       "libfabric provider: tcp, shm, verbs, efa, cxi, ...") \
     X(INT, transport, op_timeout_ms, "5000", 1, 600000, \
       "deadline of every transport operation") \
-    X(INT, transport, max_inflight_mb, "64", 1, 65536, \
+    X(INT, transport, max_inflight_mb, "8", 1, 65536, \
       "cap on bytes in flight to one peer, in MiB")
 
 #define DS_CONF_KEYS_security(X) \

@@ -411,7 +411,7 @@ Test(conf, defaults_are_the_documented_ones)
     cr_expect_eq(c.gossip.overlap, false);
     cr_expect_str_eq(c.transport.provider, "tcp");
     cr_expect_eq(c.transport.op_timeout_ms, 5000);
-    cr_expect_eq(c.transport.max_inflight_mb, 64);
+    cr_expect_eq(c.transport.max_inflight_mb, 8);
     cr_expect_eq(c.security.mode, DS_SEC_ENCRYPT);
     cr_expect_str_eq(c.status.listen, "");
     cr_expect_str_eq(c.status.file, "");

@@ -570,7 +570,6 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
     for (uint32_t g = 0; g < SCALE_MAX_N; g++)
         if (s.gnet[g])
             out->waits_out += ds_fakenet_timeouts(s.gnet[g]);
-    out->late = 0; /* the caller's result is not zeroed */
     for (uint32_t i = 0; i < N; i++) {
         const ds_gossip_stats *st = ds_gossip_get_stats(s.nodes[i].g);
         out->late += st->late + st->deferred + st->stale_received;

@@ -29,6 +29,13 @@ typedef __m256d vd;
 #define vd_lo(v) _mm256_cvtps_pd(_mm256_castps256_ps128(v))
 #define vd_hi(v) _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))
 
+/* Masked loads and stores of the first n lanes (0 < n <= W); the other
+ * lanes read as 0 and are not written, and are never touched in memory. */
+typedef __m256i vmask;
+#define vmask_n(n) _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define vload_m(p, m) _mm256_maskload_ps(p, m)
+#define vstore_m(p, m, v) _mm256_maskstore_ps(p, m, v)
+
 static inline double vd_hsum(__m256d v)
 {
     __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));

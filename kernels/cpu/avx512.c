@@ -30,5 +30,11 @@ typedef __m512d vd;
 #define vd_lo(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
 #define vd_hi(v) _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1))
 #define vd_hsum(v) _mm512_reduce_add_pd(v)
+/* Masked loads and stores of the first n lanes (0 < n <= W); the other
+ * lanes read as 0 and are not written, and are never touched in memory. */
+typedef __mmask16 vmask;
+#define vmask_n(n) ((__mmask16)((1u << (n)) - 1u))
+#define vload_m(p, m) _mm512_maskz_loadu_ps(m, p)
+#define vstore_m(p, m, v) _mm512_mask_storeu_ps(p, m, v)
 
 #include "kernels/cpu/simd_tmpl.c"

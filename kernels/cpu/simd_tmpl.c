@@ -167,6 +167,20 @@ DS_DECL_SUM(FN(ds_sum))
 }
 
 
+/* n lanes from p: a plain load for a full vector, a masked one for a tail. */
+static inline vf load_n(const float *p, int n, vmask m)
+{
+    return n == W ? vload(p) : vload_m(p, m);
+}
+
+static inline void store_n(float *p, int n, vmask m, vf v)
+{
+    if (n == W)
+        vstore(p, v);
+    else
+        vstore_m(p, m, v);
+}
+
 /* 2x2 max-pool, row pair by row pair. The window's maximum is chosen by
  * the reference's sequence of strict comparisons (first maximum in
  * row-major order; a NaN is never chosen over a number before it), written
@@ -195,7 +209,11 @@ DS_DECL_MAXPOOL_FWD(FN(ds_maxpool_fwd))
 
 /* Every element of dx written once, in order: the window's chosen element
  * gets dy, the other three 0, and a dropped odd last row or column 0; no
- * memset and no scattered stores. */
+ * memset and no scattered stores. The rows are worked on as loaded, pairs
+ * interleaved: each window's four values and its dy are spread over the
+ * window's two lanes (swap and blend within lane pairs), the reference's
+ * three strict comparisons made as compare masks, and the two output rows
+ * blended back; the last vector of a row is masked. */
 DS_DECL_MAXPOOL_BWD(FN(ds_maxpool_bwd))
 {
     const int oh = h / 2, ow = w / 2;
@@ -207,21 +225,23 @@ DS_DECL_MAXPOOL_BWD(FN(ds_maxpool_bwd))
             const float *r0 = xp + (size_t)(2 * oy) * w, *r1 = r0 + w;
             float *d0 = dxp + (size_t)(2 * oy) * w, *d1 = d0 + w;
             const float *g = dyp + (size_t)oy * ow;
-            for (int ox = 0; ox < ow; ox++) {
-                const float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox],
-                            d = r1[2 * ox + 1];
-                float m = a;
-                int k = 0;
-                k = b > m ? 1 : k;
-                m = b > m ? b : m;
-                k = c > m ? 2 : k;
-                m = c > m ? c : m;
-                k = d > m ? 3 : k;
-                const float v = g[ox];
-                d0[2 * ox] = k == 0 ? v : 0.0f;
-                d0[2 * ox + 1] = k == 1 ? v : 0.0f;
-                d1[2 * ox] = k == 2 ? v : 0.0f;
-                d1[2 * ox + 1] = k == 3 ? v : 0.0f;
+            for (int ox = 0; ox < ow; ox += W / 2) {
+                const int nw = ow - ox < W / 2 ? ow - ox : W / 2; /* windows */
+                const int cnt = 2 * nw;
+                const vmask m = vmask_n(cnt);
+                const vf u0 = load_n(r0 + 2 * ox, cnt, m), u1 = load_n(r1 + 2 * ox, cnt, m);
+                const vf s0 = vswap_pairs(u0), s1 = vswap_pairs(u1);
+                const vf a = vblend_odd(u0, s0), b = vblend_odd(s0, u0);
+                const vf c = vblend_odd(u1, s1), d = vblend_odd(s1, u1);
+                const vcm sb = vcmpgt(b, a);
+                const vf m1 = vblendm(sb, a, b);
+                const vcm sc = vcmpgt(c, m1);
+                const vf m2 = vblendm(sc, m1, c);
+                const vcm sd = vcmpgt(d, m2);
+                const vf v = vload_dup_n(g + ox, nw);
+                const vf not_d = vandn_m(sd, v), not_cd = vandn_m(sc, not_d);
+                store_n(d0 + 2 * ox, cnt, m, vblend_odd(vandn_m(sb, not_cd), vand_m(sb, not_cd)));
+                store_n(d1 + 2 * ox, cnt, m, vblend_odd(vand_m(sc, not_d), vand_m(sd, v)));
             }
             if (w & 1) {
                 d0[w - 1] = 0.0f;
@@ -249,20 +269,6 @@ static void pad_image(float *xp, const float *x, int c_in, int h, int w, int p)
         for (int y = 0; y < h; y++)
             memcpy(xp + ((size_t)ci * hp + y + p) * wp + p, x + ((size_t)ci * h + y) * w,
                    (size_t)w * sizeof(float));
-}
-
-/* n lanes from p: a plain load for a full vector, a masked one for a tail. */
-static inline vf load_n(const float *p, int n, vmask m)
-{
-    return n == W ? vload(p) : vload_m(p, m);
-}
-
-static inline void store_n(float *p, int n, vmask m, vf v)
-{
-    if (n == W)
-        vstore(p, v);
-    else
-        vstore_m(p, m, v);
 }
 
 static inline float hsum_f(vf v)

@@ -3,6 +3,8 @@
  * seeded random inputs of odd sizes, and the backend chooser.
  * Run: meson test -C build kernels --verbose
  */
+#include "config.h"
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -291,6 +293,98 @@ Test(kernels, conv2d_blas_matches_reference)
     }
 }
 
+/* Each ISA's conv ops (direct loops for few input channels, and the
+ * direct loops themselves on every shape) against the direct C reference:
+ * odd sizes, rows narrower and wider than a vector (masked tails), k 1, 3
+ * and 5, c_in 1 (the direct path) and more, garbage in the outputs and a
+ * canary past each. Sums are float in another order than the reference's
+ * double sums, hence the tolerance. */
+Test(kernels, conv2d_variants_match_reference)
+{
+    ds_ops ops[3];
+    const char *names[3];
+    const int nv = variants(ops, names);
+    const ds_conv_shape shapes[] = {
+        {.batch = 1, .c_in = 1, .h = 1, .w = 1, .c_out = 1, .k = 1},
+        {.batch = 3, .c_in = 1, .h = 28, .w = 28, .c_out = 32, .k = 3}, /* conv1 */
+        {.batch = 2, .c_in = 1, .h = 5, .w = 7, .c_out = 3, .k = 3},
+        {.batch = 2, .c_in = 1, .h = 9, .w = 17, .c_out = 5, .k = 5},
+        {.batch = 3, .c_in = 1, .h = 13, .w = 33, .c_out = 7, .k = 3},
+        {.batch = 1, .c_in = 1, .h = 2, .w = 2, .c_out = 2, .k = 5}, /* kernel > image */
+        {.batch = 2, .c_in = 3, .h = 9, .w = 4, .c_out = 5, .k = 5},
+        {.batch = 2, .c_in = 2, .h = 11, .w = 19, .c_out = 3, .k = 3},
+        {.batch = 3, .c_in = 32, .h = 13, .w = 13, .c_out = 17, .k = 3},
+    };
+    for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
+        const ds_conv_shape *s = &shapes[t];
+        const size_t nx = (size_t)s->batch * s->c_in * s->h * s->w;
+        const size_t ny = (size_t)s->batch * s->c_out * s->h * s->w;
+        const size_t nw = (size_t)s->c_out * s->c_in * s->k * s->k;
+        const size_t nb = (size_t)s->c_out;
+        const uint64_t seed = 1700 + t;
+        float *x = fbuf(nx), *w = fbuf(nw), *b = fbuf(nb), *dy = fbuf(ny);
+        float *y0 = fbuf(ny), *dx0 = fbuf(nx), *dw0 = fbuf(nw), *db0 = fbuf(nb);
+        ds_t_fill(x, nx, seed, -1, 1);
+        ds_t_fill(w, nw, seed + 1, -1, 1);
+        ds_t_fill(b, nb, seed + 2, -1, 1);
+        ds_t_fill(dy, ny, seed + 3, -1, 1);
+        ds_conv2d_fwd_c(y0, x, w, b, s, NULL);
+        ds_conv2d_bwd_c(dx0, dw0, db0, dy, x, w, s, NULL);
+        for (int v = 0; v < 2 * nv; v++) {
+            ds_conv2d_fwd_fn fwd = ops[v % nv].conv2d_fwd;
+            ds_conv2d_bwd_fn bwd = ops[v % nv].conv2d_bwd;
+            const char *how = "op";
+#if ARCH_X86_64
+            if (v >= nv) { /* the direct loops on every shape */
+                how = "direct";
+                if (!strcmp(names[v % nv], "avx2")) {
+                    fwd = ds_conv2d_fwd_direct_avx2;
+                    bwd = ds_conv2d_bwd_direct_avx2;
+                } else if (!strcmp(names[v % nv], "avx512")) {
+                    fwd = ds_conv2d_fwd_direct_avx512;
+                    bwd = ds_conv2d_bwd_direct_avx512;
+                } else {
+                    continue;
+                }
+            }
+#else
+            if (v >= nv)
+                continue;
+#endif
+            float *col = fbuf(ds_conv_col_floats(s));
+            float *y1 = fbuf(ny), *dx1 = fbuf(nx), *dw1 = fbuf(nw), *db1 = fbuf(nb);
+            ds_t_fill(y1, ny, seed + 4, -9, 9);
+            ds_t_fill(dx1, nx, seed + 5, -9, 9);
+            ds_t_fill(dw1, nw, seed + 6, -9, 9);
+            ds_t_fill(db1, nb, seed + 7, -9, 9);
+            fwd(y1, x, w, b, s, col);
+            cr_expect(ds_t_close("conv2d y", seed, y1, y0, ny + 1, 1e-4, 1e-4),
+                      "%s %s shape %zu", names[v % nv], how, t);
+            /* Without dx first (the first layer's case), then with it. */
+            bwd(NULL, dw1, db1, dy, x, w, s, col);
+            cr_expect(ds_t_close("conv2d dw", seed, dw1, dw0, nw + 1, 1e-4, 1e-4),
+                      "%s %s shape %zu", names[v % nv], how, t);
+            cr_expect(ds_t_close("conv2d db", seed, db1, db0, nb + 1, 1e-4, 1e-4),
+                      "%s %s shape %zu", names[v % nv], how, t);
+            ds_t_fill(dw1, nw, seed + 8, -9, 9);
+            ds_t_fill(db1, nb, seed + 9, -9, 9);
+            bwd(dx1, dw1, db1, dy, x, w, s, col);
+            cr_expect(ds_t_close("conv2d dx", seed, dx1, dx0, nx + 1, 1e-4, 1e-4),
+                      "%s %s shape %zu", names[v % nv], how, t);
+            cr_expect(ds_t_close("conv2d dw (dx)", seed, dw1, dw0, nw + 1, 1e-4, 1e-4),
+                      "%s %s shape %zu", names[v % nv], how, t);
+            cr_expect(ds_t_close("conv2d db (dx)", seed, db1, db0, nb + 1, 1e-4, 1e-4),
+                      "%s %s shape %zu", names[v % nv], how, t);
+            float *bufs[] = {col, y1, dx1, dw1, db1};
+            for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+                free(bufs[i]);
+        }
+        float *bufs[] = {x, w, b, dy, y0, dx0, dw0, db0};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            free(bufs[i]);
+    }
+}
+
 Test(kernels, conv2d_known_values)
 {
     /* A 3x3 box filter over a 3x3 image of ones with zero padding counts
@@ -388,8 +482,13 @@ Test(kernels, image_ops_in_tables)
     cr_expect_eq(o.maxpool_bwd, ds_maxpool_bwd_c);
     if (ds_cpu_detect()) {
         ds_ops_fill_cpu(&o, ds_cpu_detect());
-        cr_expect_eq(o.conv2d_fwd, ds_conv2d_fwd_blas);
-        cr_expect_eq(o.conv2d_bwd, ds_conv2d_bwd_blas);
+        cr_expect_neq(o.conv2d_fwd, ds_conv2d_fwd_c);
+        cr_expect_neq(o.conv2d_bwd, ds_conv2d_bwd_c);
+#if ARCH_X86_64
+        const int a512 = !!(ds_cpu_detect() & DS_CPU_AVX512);
+        cr_expect_eq(o.conv2d_fwd, a512 ? ds_conv2d_fwd_avx512 : ds_conv2d_fwd_avx2);
+        cr_expect_eq(o.conv2d_bwd, a512 ? ds_conv2d_bwd_avx512 : ds_conv2d_bwd_avx2);
+#endif
         cr_expect_neq(o.maxpool_fwd, ds_maxpool_fwd_c);
         cr_expect_neq(o.maxpool_bwd, ds_maxpool_bwd_c);
     }

@@ -52,10 +52,14 @@ static void im2col(float *col, const float *x, int c_in, int h, int w, int k)
                         memset(r, 0, (size_t)w * sizeof(float));
                         continue;
                     }
+                    /* An inline copy: the rows are short (14 floats for
+                     * the CNN's conv2), and a memcpy call per row cost more
+                     * than the copy. */
+                    const float *src = xp + (size_t)iy * w + kx - p;
                     for (int ox = 0; ox < lo; ox++)
                         r[ox] = 0.0f;
-                    memcpy(r + lo, xp + (size_t)iy * w + lo + kx - p,
-                           (size_t)(hi - lo) * sizeof(float));
+                    for (int ox = lo; ox < hi; ox++)
+                        r[ox] = src[ox];
                     for (int ox = hi; ox < w; ox++)
                         r[ox] = 0.0f;
                 }
@@ -109,12 +113,24 @@ DS_DECL_CONV2D_FWD(ds_conv2d_fwd_blas)
 DS_DECL_CONV2D_BWD(ds_conv2d_bwd_blas)
 {
     const int hw = s->h * s->w, ckk = s->c_in * s->k * s->k;
+    /* Bias sums: eight float partial sums per plane (the compiler keeps
+     * them in vector registers; one serial double sum was a chain of
+     * dependent adds), each plane's total added in double. */
     for (int co = 0; co < s->c_out; co++) {
         double sb = 0;
         for (int n = 0; n < s->batch; n++) {
             const float *r = dy + ((size_t)n * s->c_out + co) * hw;
-            for (int i = 0; i < hw; i++)
-                sb += r[i];
+            float part[8] = {0};
+            int i = 0;
+            for (; i + 8 <= hw; i += 8)
+                for (int j = 0; j < 8; j++)
+                    part[j] += r[i + j];
+            double t = 0;
+            for (int j = 0; j < 8; j++)
+                t += part[j];
+            for (; i < hw; i++)
+                t += r[i];
+            sb += t;
         }
         db[co] = (float)sb;
     }

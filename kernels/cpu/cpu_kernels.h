@@ -35,6 +35,13 @@ DS_DECL_CONV2D_BWD(ds_conv2d_bwd_blas);
 DS_DECL_MAXPOOL_FWD(ds_maxpool_fwd_c);
 DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c);
 
+/* Convolution per ISA (simd_tmpl.c): _direct_ is direct loops over a
+ * zero-padded image (any shape; the backward forms dx through the im2col
+ * path when asked); the plain-suffix op takes the direct loops when c_in
+ * <= DS_CONV_DIRECT_MAX_CIN (conv1 of the CNN, where im2col's GEMM has an
+ * inner size of 9) and im2col + OpenBLAS otherwise. */
+#define DS_CONV_DIRECT_MAX_CIN 1
+
 #define DS_DECL_SIMD_VARIANTS(sfx) \
     DS_DECL_BIAS_ADD(ds_bias_add_##sfx); \
     DS_DECL_BIAS_GRAD(ds_bias_grad_##sfx); \
@@ -47,7 +54,11 @@ DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c);
     DS_DECL_NRM2(ds_nrm2_##sfx); \
     DS_DECL_SUM(ds_sum_##sfx); \
     DS_DECL_MAXPOOL_FWD(ds_maxpool_fwd_##sfx); \
-    DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_##sfx)
+    DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_##sfx); \
+    DS_DECL_CONV2D_FWD(ds_conv2d_fwd_##sfx); \
+    DS_DECL_CONV2D_BWD(ds_conv2d_bwd_##sfx); \
+    DS_DECL_CONV2D_FWD(ds_conv2d_fwd_direct_##sfx); \
+    DS_DECL_CONV2D_BWD(ds_conv2d_bwd_direct_##sfx)
 
 DS_DECL_SIMD_VARIANTS(avx2);
 DS_DECL_SIMD_VARIANTS(avx512);

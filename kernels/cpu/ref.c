@@ -346,8 +346,19 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
         ops->sum = ds_sum_##sfx; \
         ops->maxpool_fwd = ds_maxpool_fwd_##sfx; \
         ops->maxpool_bwd = ds_maxpool_bwd_##sfx; \
+        ops->conv2d_fwd = ds_conv2d_fwd_##sfx; \
+        ops->conv2d_bwd = ds_conv2d_bwd_##sfx; \
     } while (0)
 
+    /* OpenBLAS is the production GEMM whenever SIMD is allowed at all; the
+     * "ref" mask keeps the plain loops (GEMM, direct convolution) so every
+     * result can be reproduced without any optimized code. The ISA's conv
+     * ops below then take the direct loops for few input channels. */
+    if (flags) {
+        ops->gemm = ds_gemm_blas;
+        ops->conv2d_fwd = ds_conv2d_fwd_blas;
+        ops->conv2d_bwd = ds_conv2d_bwd_blas;
+    }
 #if ARCH_X86_64
     if (flags & DS_CPU_AVX2)
         SET_SIMD(avx2);
@@ -355,13 +366,5 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
         SET_SIMD(avx512);
 #endif
 #undef SET_SIMD
-    /* OpenBLAS is the production GEMM whenever SIMD is allowed at all; the
-     * "ref" mask keeps the plain loops (GEMM, direct convolution) so every result can be reproduced
-     * without any optimized code. */
-    if (flags) {
-        ops->gemm = ds_gemm_blas;
-        ops->conv2d_fwd = ds_conv2d_fwd_blas;
-        ops->conv2d_bwd = ds_conv2d_bwd_blas;
-    }
     snprintf(ops->name, sizeof(ops->name), "cpu-%s", ds_cpu_flags_name(flags));
 }

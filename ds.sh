@@ -67,6 +67,7 @@ cmd_test() {
   # Sanitizer build: AddressSanitizer + UBSan over the unit suites.
   build build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp" \
     meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
   # ThreadSanitizer build: the suites whose code runs threads, then a real
   # cluster of TSan-built nodes; one test at a time (and one Criterion job),

@@ -628,21 +628,29 @@ int ds_sparsify_select(ds_sparsifier *s, const float *v, size_t n, double densit
 
 /* ---- group level: MiCRO (the pure chunk rule is in group.c) -------------- */
 
+/* What ds_micro_select_owned refuses, without counting it: 0 with the
+ * owned chunk in *off, *len, or a negative errno. */
+static int micro_owned_check(const ds_sparsifier *s, const float *v, size_t n, unsigned G,
+                             unsigned r, uint64_t t, double density, const uint32_t *idx,
+                             const float *val, size_t cap, size_t *off, size_t *len)
+{
+    int ret = ds_sp_check(s, v, n, density, idx, val);
+    if (ret < 0)
+        return ret;
+    if (G == 0 || r >= G)
+        return -EINVAL;
+    if (s->cfg.method == DS_SPARSIFY_DEFT)
+        return -EINVAL; /* deft's units span the whole segment */
+    ds_micro_chunk(n, G, r, t, off, len);
+    return cap < ds_sparsify_capacity(s, *len, density) ? -ENOBUFS : 0;
+}
+
 int ds_micro_select_owned(ds_sparsifier *s, const float *v, size_t n, unsigned G, unsigned r,
                           uint64_t t, double density, uint32_t *idx, float *val, size_t cap,
                           ds_sparsify_result *res)
 {
-    int ret = ds_sp_check(s, v, n, density, idx, val);
-    if (!ret && (G == 0 || r >= G))
-        ret = -EINVAL;
     size_t off = 0, len = 0;
-    if (!ret) {
-        ds_micro_chunk(n, G, r, t, &off, &len);
-        if (s->cfg.method == DS_SPARSIFY_DEFT)
-            ret = -EINVAL; /* deft's units span the whole segment */
-        else if (cap < ds_sparsify_capacity(s, len, density))
-            ret = -ENOBUFS;
-    }
+    const int ret = micro_owned_check(s, v, n, G, r, t, density, idx, val, cap, &off, &len);
     if (ret < 0) {
         if (s)
             s->totals.rejected++;
@@ -658,15 +666,12 @@ int ds_micro_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n
 {
     /* As ds_ef_step: everything the selection would refuse is checked
      * before the residual is touched. */
+    size_t off, len;
     int ret = ds_sp_check(s, residual, n, density, idx, val);
-    if (!ret && ((n > 0 && !g) || G == 0 || r >= G || s->cfg.method == DS_SPARSIFY_DEFT))
+    if (!ret && n > 0 && !g)
         ret = -EINVAL;
-    if (!ret) {
-        size_t off, len;
-        ds_micro_chunk(n, G, r, t, &off, &len);
-        if (cap < ds_sparsify_capacity(s, len, density))
-            ret = -ENOBUFS;
-    }
+    if (!ret)
+        ret = micro_owned_check(s, residual, n, G, r, t, density, idx, val, cap, &off, &len);
     if (ret < 0) {
         if (s)
             s->totals.rejected++;

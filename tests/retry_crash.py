@@ -11,6 +11,14 @@ is a known one; then the rerun's (of those tests only). A failed
 assertion is never retried, nor a crash of any other test, nor a second
 crash. Criterion's JSON report is read for each test's status (its
 messages are not valid JSON, so the statuses are matched, not parsed).
+
+A crash is what Criterion reports as ERRORED ("The test crashed."), or
+FAILED with no message at all: that is how it reports a worker that
+exited without a failed assertion, which is what a crash becomes where
+the environment installs its own SIGSEGV handler that prints a backtrace
+and exits (seen in CI: "boxfort-worker:PID terminated with signal 11",
+then "[FAIL] ... (0.00s)" and "Crashing: 0"). A failed assertion always
+carries its message, so it is never taken for a crash.
 """
 import argparse
 import os
@@ -19,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 
-STATUS = re.compile(r'"name": "([^"]+)",\s*"assertions": \d+,\s*"status": "([A-Z]+)"')
+STATUS = re.compile(r'"name": "([^"]+)",\s*"assertions": \d+,\s*"status": "([A-Z]+)"'
+                    r'(,\s*"messages": \[\s*\])?')
 SUITE = re.compile(r'\{\s*"name": "([^"]+)",\s*"passed"')
 
 
@@ -32,7 +41,10 @@ def statuses(path):
     for m in STATUS.finditer(text):
         owner = [name for at, name in suites if at < m.start()]
         if owner:
-            out[owner[-1] + "/" + m.group(1)] = m.group(2)
+            status = m.group(2)
+            if status == "FAILED" and m.group(3):
+                status = "EXITED"  # failed with no message: the worker died
+            out[owner[-1] + "/" + m.group(1)] = status
     return out
 
 
@@ -59,7 +71,7 @@ def main():
             print(f"retry_crash: no report ({e}): not retried", file=sys.stderr)
             return code
         bad = {t: s for t, s in st.items() if s not in ("PASSED", "SKIPPED")}
-        if not bad or any(s != "ERRORED" or t not in a.known for t, s in bad.items()):
+        if not bad or any(s not in ("ERRORED", "EXITED") or t not in a.known for t, s in bad.items()):
             return code
         for t in sorted(bad):
             print(f"retry_crash: {t} crashed; it is known to crash inside libfabric 1.17's "

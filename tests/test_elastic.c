@@ -743,7 +743,83 @@ Test(elastic, wrong_key_is_refused)
  * every group ends with one model, byte for byte: intra_group_consensus is
  * exactly 0. The groups still mix: the consensus distance over all nodes
  * stays small (a run of unmixed groups is ~1, see the flat runs above),
- * and every node trains (0.70: the bound of the flat variants above). */
+ * and every node trains (0.70: the bound of the flat variants above).
+ *
+ * Who exchanges for the group is read off each node's /status while the
+ * cluster runs, on its first document of mid-run (a step between 50 and
+ * steps - 50) that shows its whole group: a segment names a peer only
+ * when this member handles it for its group (topology/'s owner of the
+ * segment is its index), and the peer is in another group. Not on the
+ * last document: there, the exchanges are of the node's last gossip round,
+ * whose view may already lack members that finished first, beside the
+ * group of its last step (CI of 8bf897c: n5's last round, as a group of
+ * one, named a peer for all 8 segments beside "size": 4). */
+struct groups_watch {
+    const char *out;
+    int groups, steps;
+    int checked[8];
+    long long at[8];
+    char why[8][512];
+};
+
+static void groups_check_doc(struct groups_watch *w, int i, const json_t *st, long long step)
+{
+    const uint32_t full = 8u / (uint32_t)w->groups + (i * w->groups / 8 < 8 % w->groups);
+    const json_t *grp = json_object_get(st, "group");
+    const uint32_t gsize = (uint32_t)json_integer_value(json_object_get(grp, "size"));
+    const uint32_t gmem = (uint32_t)json_integer_value(json_object_get(grp, "member"));
+    const json_t *xl = json_object_get(json_object_get(st, "exchanges"), "list");
+    if (gsize != full || json_array_size(xl) != 8)
+        return;
+    w->checked[i] = 1;
+    w->at[i] = step;
+    int named = 0;
+    for (size_t k = 0; k < json_array_size(xl); k++) {
+        const json_t *x = json_array_get(xl, k);
+        const char *to = json_string_value(json_object_get(x, "initiate_to"));
+        uint32_t owner;
+        if (ds_topo_hier_owner((uint32_t)k, gsize, &owner) < 0) {
+            snprintf(w->why[i], sizeof(w->why[i]), "no owner of segment %zu in %u", k, gsize);
+            return;
+        }
+        if (!to || !to[0])
+            continue;
+        named++;
+        const int ti = to[0] == 'n' ? atoi(to + 1) : -1;
+        if (owner != gmem)
+            snprintf(w->why[i], sizeof(w->why[i]),
+                     "names %s for segment %zu, which member %u handles (it is %u)", to, k,
+                     owner, gmem);
+        else if (ti < 0 || ti * w->groups / 8 == i * w->groups / 8)
+            snprintf(w->why[i], sizeof(w->why[i]),
+                     "names %s for segment %zu: not another group", to, k);
+        if (w->why[i][0])
+            return;
+    }
+    if (named > (int)((8 + gsize - 1) / gsize))
+        snprintf(w->why[i], sizeof(w->why[i]), "names %d peers, as member %u of %u", named,
+                 gmem, gsize);
+}
+
+static int groups_owners_seen(void *arg)
+{
+    struct groups_watch *w = arg;
+    int done = 0;
+    for (int i = 0; i < 8; i++) {
+        if (!w->checked[i]) {
+            json_t *doc = status_load(w->out, node_names[i]);
+            if (doc) {
+                const long long step = status_step(doc);
+                if (step >= 50 && step <= w->steps - 50)
+                    groups_check_doc(w, i, doc, step);
+                json_decref(doc);
+            }
+        }
+        done += w->checked[i];
+    }
+    return done == 8;
+}
+
 static void run_groups(int groups, int steps, const char *mode, double min_acc)
 {
     char s_steps[64], s_groups[16], name[32], s_intra[64];
@@ -751,73 +827,42 @@ static void run_groups(int groups, int steps, const char *mode, double min_acc)
     snprintf(s_groups, sizeof(s_groups), "%d", groups);
     snprintf(name, sizeof(name), "groups%d-%s", groups, mode);
     snprintf(s_intra, sizeof(s_intra), "group.sparsify=%s", mode);
+    const char *out = tmp_path(name);
     const char *args[] = {"local", "-n", "8", "--groups", s_groups, "--config", BASE_CONFIG,
                           "--set", s_steps, "--set", "train.eval_every=0",
                           "--set", "train.backend=cpu", "--set", "train.threads=1",
                           "--set", "gossip.segments=8", "--set", "sparsify.method=micro",
                           "--set", "sparsify.density=0.01", "--set", "gossip.timeout_ms=2000",
-                          "--set", "status.file=status.json", "--set", s_intra,
+                          "--set", STATUS_FILE_ON, "--set", s_intra,
                           "--set", "group.density=0.01",
-                          "--out", tmp_path(name), "--json", "--timeout", "400",
+                          "--out", out, "--json", "--timeout", "400",
                           "--dsnode", bin("DSNODE"), NULL};
-    struct result r = run_dslaunch(420000, args);
-    cr_assert_eq(r.code, 0, "--groups %d: dslaunch exit %d\nstdout:\n%s\nstderr:\n%s", groups,
-                 r.code, r.out, r.err);
-    json_t *j = last_json(r.out);
+    struct live l;
+    live_start(&l, args);
+    struct groups_watch w = {.out = out, .groups = groups, .steps = steps};
+    live_wait(&l, 400000, groups_owners_seen, &w);
+    const int code = live_end(&l, 420000);
+    cr_assert_eq(code, 0, "--groups %d: dslaunch exit %d\nstdout:\n%s\nstderr:\n%s", groups,
+                 code, l.out, l.err);
+    for (int i = 0; i < 8; i++) {
+        cr_expect(w.checked[i], "%s: no mid-run status document showed its whole group",
+                  node_names[i]);
+        cr_expect(!w.why[i][0], "%s (group g%d) at step %lld %s", node_names[i],
+                  i * groups / 8, w.at[i], w.why[i]);
+    }
+    cr_log_info("owners checked at steps %lld %lld %lld %lld %lld %lld %lld %lld", w.at[0],
+                w.at[1], w.at[2], w.at[3], w.at[4], w.at[5], w.at[6], w.at[7]);
+    json_t *j = last_json(l.out);
     const json_t *nodes = json_object_get(j, "nodes");
     cr_assert(json_is_object(nodes) && json_object_size(nodes) == 8, "eight nodes in the JSON");
     for (int i = 0; i < 8; i++) {
-        char nn[8], want[8];
-        snprintf(nn, sizeof(nn), "n%d", i);
+        char want[8];
         snprintf(want, sizeof(want), "g%d", i * groups / 8);
-        check_node_ok(nodes, nn, min_acc);
-        const json_t *n = jnode(j, nn);
+        check_node_ok(nodes, node_names[i], min_acc);
+        const json_t *n = jnode(j, node_names[i]);
         cr_assert_eq(jnum(n, "steps"), steps);
-        cr_assert_str_eq(json_string_value(json_object_get(n, "group")), want, "%s's group", nn);
-        /* Its last /status: a segment names a peer only when this member
-         * handles it for its group (topology/'s owner of the segment is
-         * its index), and the peer is in another group. */
-        char sp[512];
-        snprintf(sp, sizeof(sp), "%s/%s/status.json", tmp_path(name), nn);
-        json_error_t je;
-        json_t *st = json_load_file(sp, 0, &je);
-        cr_assert_not_null(st, "%s: %s", sp, je.text);
-        const json_t *grp = json_object_get(st, "group");
-        const uint32_t gsize = (uint32_t)json_integer_value(json_object_get(grp, "size"));
-        const uint32_t gmem = (uint32_t)json_integer_value(json_object_get(grp, "member"));
-        const json_t *xl = json_object_get(json_object_get(st, "exchanges"), "list");
-        cr_assert_eq(json_array_size(xl), 8, "%s: 8 segments listed", nn);
-        /* The last document of a member whose mates left before it shows
-         * the smaller group of the end beside the exchanges of the last
-         * full round (it happened once in three runs): the owners are
-         * checked on documents of the whole group only. */
-        uint32_t full = 0;
-        for (int m = 0; m < 8; m++)
-            full += m * groups / 8 == i * groups / 8;
-        if (gsize != full) {
-            cr_log_info("%s: last status shows a group of %u of %u: owners not checked", nn,
-                        gsize, full);
-            json_decref(st);
-            continue;
-        }
-        int named = 0;
-        for (size_t k = 0; k < json_array_size(xl); k++) {
-            const json_t *x = json_array_get(xl, k);
-            const char *to = json_string_value(json_object_get(x, "initiate_to"));
-            uint32_t owner;
-            cr_assert_eq(ds_topo_hier_owner((uint32_t)k, gsize, &owner), 0);
-            if (!to || !to[0])
-                continue;
-            named++;
-            cr_expect_eq(owner, gmem, "%s names %s for segment %zu, which member %u handles",
-                         nn, to, k, owner);
-            const int ti = to[0] == 'n' ? atoi(to + 1) : -1;
-            cr_expect(ti >= 0 && ti * groups / 8 != i * groups / 8,
-                      "%s (group %s) names %s for segment %zu: not another group", nn, want, to,
-                      k);
-        }
-        cr_expect_leq(named, (8 + gsize - 1) / gsize, "%s names %d peers", nn, named);
-        json_decref(st);
+        cr_assert_str_eq(json_string_value(json_object_get(n, "group")), want, "%s's group",
+                         node_names[i]);
     }
     const json_t *intra = json_object_get(j, "intra_group_consensus");
     cr_assert(json_is_number(intra), "intra_group_consensus present");
@@ -829,7 +874,7 @@ static void run_groups(int groups, int steps, const char *mode, double min_acc)
                 jnum(j, "consensus_distance"),
                 json_number_value(intra));
     json_decref(j);
-    result_free(&r);
+    live_free(&l);
 }
 
 Test(cluster, groups_of_four_hold_one_model)

@@ -474,6 +474,12 @@ struct freeze_watch {
     const char *out;
     uint64_t t_stop, t_cont;
     long long first, last;
+    /* What n0's documents said meanwhile, for a failure's message: each
+     * new document's time (ms after the stop), step, group reductions and
+     * how many of them were incomplete. */
+    char trace[1024];
+    size_t tl;
+    uint64_t t_seen;
 };
 
 #define FREEZE_MS 5000
@@ -490,6 +496,15 @@ static int n0_went_on(void *arg)
             if (w->first < 0)
                 w->first = status_step(doc);
             w->last = status_step(doc);
+        }
+        if (t >= w->t_stop && t != w->t_seen && w->tl < sizeof(w->trace)) {
+            w->t_seen = t;
+            const int k = snprintf(w->trace + w->tl, sizeof(w->trace) - w->tl,
+                                   " %+lldms:step %lld red %.0f inc %.0f;",
+                                   (long long)(t - w->t_stop), status_step(doc),
+                                   status_num(doc, "group.reductions"),
+                                   status_num(doc, "group.incomplete"));
+            w->tl += k > 0 ? (size_t)k : 0;
         }
         json_decref(doc);
     }
@@ -527,8 +542,8 @@ Test(elastic, frozen_node_comes_back)
      * skipping, with a ninth of the fewest steps seen as margin for load. */
     cr_log_info("n0 while n3 was frozen: step %lld to %lld", fw.first, fw.last);
     cr_expect(fw.first >= 0 && fw.last - fw.first >= FREEZE_MIN_STEPS,
-              "n0 took %lld steps in the 5 s n3 was frozen (from step %lld)",
-              fw.first >= 0 ? fw.last - fw.first : -1, fw.first);
+              "n0 took %lld steps in the 5 s n3 was frozen (from step %lld); its documents:%s",
+              fw.first >= 0 ? fw.last - fw.first : -1, fw.first, fw.trace);
     /* It comes back and catches up: n3 reaches the step n0 had reached
      * when n3 was let go. */
     wait_for_step(&l, out, "n3", fw.last, 120000);
@@ -926,7 +941,10 @@ Test(elastic, group_member_killed_and_another_frozen)
     live_wait(&l, FREEZE_MS + 1000, n0_went_on, &fw);
     cr_assert_eq(kill(frozen, SIGCONT), 0);
     cr_expect_geq(fw.last - fw.first, FREEZE_MIN_STEPS,
-                  "n0 took %lld steps while n4 was frozen", fw.last - fw.first);
+                  "n0 took %lld steps while n4 was frozen; its documents:%s",
+                  fw.last - fw.first, fw.trace);
+    cr_log_info("n0 took %lld steps while n4 was frozen (from step %lld)", fw.last - fw.first,
+                fw.first);
     const int code = live_end(&l, 240000);
     cr_assert_eq(code, 1, "dslaunch reports the killed node: exit %d\n%s", code, l.err);
     json_t *j = last_json(l.out);

@@ -694,25 +694,47 @@ Test(dsviz, program_reports_bad_sources)
 /* A node of a 5-member view whose history holds rounds 100..104 of
  * topology `kind`, each segment initiated as the schedule says (bytes
  * 100 * i + s, outcome ok), except node 2's segment 1 of round 102. */
-static ds_status_snapshot *history_snapshot(int i, enum ds_topo_kind kind)
+/* Render s as its node would and load it into v; frees s. */
+static void viz_add_snapshot(ds_viz *v, ds_status_snapshot *s)
+{
+    char *text, err[256];
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
+    cr_assert_eq(ds_viz_add_json(v, text, len, "doc", err, sizeof(err)), 0, "%s", err);
+    free(text);
+    free(s);
+}
+
+/* Node i (named nI, id id0 + i) of a view of n members nK, training at
+ * `round` of `epoch` with topology `kind` and seed `seed`. */
+static ds_status_snapshot *view_snapshot(int i, int n, uint64_t id0, enum ds_topo_kind kind,
+                                         uint64_t round, uint64_t epoch, uint64_t seed)
 {
     ds_status_snapshot *s = calloc(1, sizeof(*s));
     cr_assert_not_null(s);
     ds_status_snapshot_init(s);
     snprintf(s->name, sizeof(s->name), "n%d", i);
-    s->id = 0xb0u + (uint64_t)i;
+    s->id = id0 + (uint64_t)i;
     s->state = DS_STATUS_TRAINING;
-    s->round = 105;
-    s->epoch = 3;
+    s->round = round;
+    s->epoch = epoch;
     snprintf(s->topology, sizeof(s->topology), "%s", ds_topo_name(kind));
-    s->seed = 7;
-    s->view_size = s->n_view = 5;
+    s->seed = seed;
+    s->view_size = s->n_view = (uint32_t)n;
     s->view_me = (uint32_t)i;
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < n; k++) {
         snprintf(s->view[k].name, sizeof(s->view[k].name), "n%d", k);
-        s->view[k].id = 0xb0u + (uint64_t)k;
-        s->view[k].state = k == 4 && i == 0 ? DS_STATUS_MEMBER_LEFT : DS_STATUS_MEMBER_ALIVE;
+        s->view[k].id = id0 + (uint64_t)k;
+        s->view[k].state = DS_STATUS_MEMBER_ALIVE;
     }
+    return s;
+}
+
+static ds_status_snapshot *history_snapshot(int i, enum ds_topo_kind kind)
+{
+    ds_status_snapshot *s = view_snapshot(i, 5, 0xb0u, kind, 105, 3, 7);
+    if (i == 0)
+        s->view[4].state = DS_STATUS_MEMBER_LEFT;
     for (uint64_t r = 100; r < 105; r++) {
         ds_status_round h;
         memset(&h, 0, sizeof(h));
@@ -748,15 +770,8 @@ Test(dsviz, draws_a_round_from_the_schedule)
         if (!ds_topo_gossips((enum ds_topo_kind)kind))
             continue;
         ds_viz v = {0};
-        for (int i = 0; i < 4; i++) { /* n4 does not report */
-            ds_status_snapshot *s = history_snapshot(i, (enum ds_topo_kind)kind);
-            char *text, err[256];
-            size_t len;
-            cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
-            cr_assert_eq(ds_viz_add_json(&v, text, len, "doc", err, sizeof(err)), 0, "%s", err);
-            free(text);
-            free(s);
-        }
+        for (int i = 0; i < 4; i++) /* n4 does not report */
+            viz_add_snapshot(&v, history_snapshot(i, (enum ds_topo_kind)kind));
         v.round_set = 1;
         v.want_round = 102;
         cr_assert_eq(ds_viz_build(&v), 0);
@@ -803,6 +818,106 @@ Test(dsviz, draws_a_round_from_the_schedule)
         char *dot = write_mem(ds_viz_write_dot, &v);
         cr_expect_not_null(strstr(dot, "n4\\nleft (no status)"), "%s", dot);
         free(dot);
+        ds_viz_free(&v);
+    }
+}
+
+/* Rounds between groups: n0..n5 in groups g0 = {n0, n1, n2}, g1 = {n3,
+ * n4}, g2 = {n5} (members numbered in that order). The history of node
+ * i holds rounds 200..202 of topology `kind` over the 3 groups, 4
+ * segments: the segments its member index owns in its group
+ * (ds_topo_hier_owner) initiated to the member of the target group that
+ * owns them (bytes 1000 * i + s, ok), the others not initiated. */
+static const int grp_of[6] = {0, 0, 0, 1, 1, 2}, grp_mem[6] = {0, 1, 2, 0, 1, 0},
+                 grp_size[3] = {3, 2, 1}, grp_first[3] = {0, 3, 5};
+
+static int grp_handler(int g, uint32_t seg)
+{
+    uint32_t owner;
+    cr_assert_eq(ds_topo_hier_owner(seg, (uint32_t)grp_size[g], &owner), 0);
+    return grp_first[g] + (int)owner;
+}
+
+static ds_status_snapshot *group_history_snapshot(int i, enum ds_topo_kind kind)
+{
+    ds_status_snapshot *s = view_snapshot(i, 6, 0xc0u, kind, 203, 9, 11);
+    snprintf(s->group, sizeof(s->group), "g%d", grp_of[i]);
+    for (int k = 0; k < 6; k++)
+        snprintf(s->view[k].group, sizeof(s->view[k].group), "g%d", grp_of[k]);
+    for (uint64_t r = 200; r < 203; r++) {
+        ds_status_round h;
+        memset(&h, 0, sizeof(h));
+        h.round = r;
+        h.epoch = 9;
+        h.view_size = h.groups = 3;
+        h.me = (uint32_t)grp_of[i];
+        h.group_member = (uint32_t)grp_mem[i];
+        h.group_size = (uint32_t)grp_size[grp_of[i]];
+        h.n_segments = h.n_listed = 4;
+        for (uint32_t seg = 0; seg < 4; seg++) {
+            uint32_t perm[3];
+            const ds_topo_key key = {.seed = 11, .epoch = 9, .round = r, .segment = seg};
+            cr_assert_eq(ds_topo_targets(kind, &key, 3, perm), 0);
+            ds_status_seg_done *d = &h.seg[seg];
+            const uint32_t g = h.me, t = perm[g];
+            d->target = g;
+            d->outcome = DS_XCHG_NONE;
+            if (grp_handler((int)g, seg) != i || t == g)
+                continue;
+            d->target = t;
+            d->target_id = 0xc0u + (uint64_t)grp_handler((int)t, seg);
+            d->outcome = DS_XCHG_OK;
+            d->bytes = 1000u * (uint64_t)i + seg;
+        }
+        ds_status_history_add(&s->hist, &h);
+    }
+    return s;
+}
+
+/* A round between groups is drawn from the schedule over the groups:
+ * each segment's pair of groups becomes an edge between the two members
+ * that handle the segment, with the initiator's outcome and bytes; n4
+ * does not report, and is still found through the target ids. */
+Test(dsviz, draws_a_round_between_groups)
+{
+    for (int kind = 0; kind < DS_TOPO_KIND_COUNT; kind++) {
+        if (!ds_topo_gossips((enum ds_topo_kind)kind))
+            continue;
+        ds_viz v = {0};
+        for (int i = 0; i < 6; i++) /* n4 does not report */
+            if (i != 4)
+                viz_add_snapshot(&v, group_history_snapshot(i, (enum ds_topo_kind)kind));
+        v.round_set = 1;
+        v.want_round = 201;
+        cr_assert_eq(ds_viz_build(&v), 0);
+        cr_expect(v.from_schedule);
+        cr_expect(v.grouped_round);
+        cr_expect_eq(v.round, 201);
+        cr_expect_eq(v.n_mismatch, 0);
+        size_t want = 0;
+        for (uint32_t seg = 0; seg < 4; seg++) {
+            uint32_t perm[3];
+            const ds_topo_key key = {.seed = 11, .epoch = 9, .round = 201, .segment = seg};
+            cr_assert_eq(ds_topo_targets((enum ds_topo_kind)kind, &key, 3, perm), 0);
+            for (uint32_t a = 0; a < 3; a++) {
+                if (perm[a] == a)
+                    continue;
+                want++;
+                const int hf = grp_handler((int)a, seg), ht = grp_handler((int)perm[a], seg);
+                char from[8], to[8];
+                snprintf(from, sizeof(from), "n%d", hf);
+                snprintf(to, sizeof(to), "n%d", ht);
+                const int k = find_edge(&v, from, to, seg);
+                cr_assert_geq(k, 0, "%s: no %s -> %s s%u", ds_topo_name(kind), from, to, seg);
+                if (hf == 4) {
+                    cr_expect_str_eq(v.e[k].outcome, "unreported");
+                } else {
+                    cr_expect_str_eq(v.e[k].outcome, "ok");
+                    cr_expect_eq(v.e[k].bytes, 1000.0 * hf + seg);
+                }
+            }
+        }
+        cr_expect_eq(v.n_e, want, "%s: %zu edges, want %zu", ds_topo_name(kind), v.n_e, want);
         ds_viz_free(&v);
     }
 }

@@ -811,9 +811,53 @@ static void groups_check_doc(struct groups_watch *w, int i, const json_t *st, lo
         if (w->why[i][0])
             return;
     }
-    if (named > (int)((8 + gsize - 1) / gsize))
+    if (named > (int)((8 + gsize - 1) / gsize)) {
         snprintf(w->why[i], sizeof(w->why[i]), "names %d peers, as member %u of %u", named,
                  gmem, gsize);
+        return;
+    }
+    /* Its history holds rounds between groups: the groups are the round's
+     * participants (view_size, me: group indices) and each segment this
+     * member initiated names a member of another group. */
+    const json_t *hist = json_object_get(st, "history");
+    const json_t *h0 = json_array_get(hist, 0);
+    const long long want_g = i * w->groups / 8;
+    if (!h0) {
+        snprintf(w->why[i], sizeof(w->why[i]), "no history");
+        return;
+    }
+    const json_t *hl = json_object_get(h0, "list");
+    if (json_integer_value(json_object_get(h0, "groups")) != w->groups ||
+        json_integer_value(json_object_get(h0, "view_size")) != w->groups ||
+        json_integer_value(json_object_get(h0, "me")) != want_g ||
+        json_integer_value(json_object_get(h0, "group_size")) != gsize ||
+        json_integer_value(json_object_get(h0, "group_member")) != gmem ||
+        json_array_size(hl) != 8) {
+        char *d = json_dumps(h0, JSON_COMPACT);
+        snprintf(w->why[i], sizeof(w->why[i]), "history entry not of group g%lld's round: %.300s",
+                 want_g, d ? d : "?");
+        free(d);
+        return;
+    }
+    for (size_t k = 0; k < 8; k++) {
+        const json_t *x = json_array_get(hl, k);
+        const char *oc = json_string_value(json_object_get(x, "outcome"));
+        const char *peer = json_string_value(json_object_get(x, "peer"));
+        uint32_t owner;
+        if (!oc || !strcmp(oc, "none") || ds_topo_hier_owner((uint32_t)k, gsize, &owner) < 0)
+            continue;
+        const long long tg = json_integer_value(json_object_get(x, "target"));
+        const int pi = peer && peer[0] == 'n' ? atoi(peer + 1) : -1;
+        if (owner != gmem || tg == want_g || tg >= w->groups || pi < 0 ||
+            pi * w->groups / 8 != tg) {
+            snprintf(w->why[i], sizeof(w->why[i]),
+                     "history round %lld segment %zu: %s to group %lld, peer %s (member %u of "
+                     "%u; segment's owner %u)",
+                     (long long)json_integer_value(json_object_get(h0, "round")), k, oc, tg,
+                     peer ? peer : "(none)", gmem, gsize, owner);
+            return;
+        }
+    }
 }
 
 static int groups_owners_seen(void *arg)

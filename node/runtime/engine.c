@@ -799,14 +799,57 @@ void ds_rt_round_began(rt *r, uint64_t round)
 {
     r->hist_round = round;
     r->hist_t0_ns = ds_now_ns();
+    r->hist_grouped = 0;
+    if (!r->snap || !r->grouped)
+        return;
+    /* Between groups: keep the round's nodes and their groups (vids and
+     * vgidx, sorted by group by set_group_view) until it ends. */
+    const uint32_t n = r->last_nodes < r->vcap ? r->last_nodes : r->vcap;
+    if (n > r->hist_cap) {
+        uint64_t *ids = realloc(r->hist_ids, n * sizeof(*ids));
+        if (ids)
+            r->hist_ids = ids;
+        uint32_t *gi = realloc(r->hist_gidx, n * sizeof(*gi));
+        if (gi)
+            r->hist_gidx = gi;
+        if (!ids || !gi)
+            return; /* the history skips this round */
+        r->hist_cap = n;
+    }
+    memcpy(r->hist_ids, r->vids, n * sizeof(*r->hist_ids));
+    memcpy(r->hist_gidx, r->vgidx, n * sizeof(*r->hist_gidx));
+    r->hist_n = n;
+    r->hist_grouped = 1;
 }
 
 void ds_rt_round_ended(rt *r)
 {
-    /* A round between groups has groups as its participants: not in the
-     * history yet (its drawing is the hierarchy's, still to come). */
-    if (!r->snap || r->grouped)
+    if (!r->snap)
         return;
+    if (r->hist_grouped) {
+        /* Between groups: the participants are the groups; each segment's
+         * target is the member of the target group that handles it. */
+        const ds_publish_round_src src = {
+            .round = r->hist_round,
+            .epoch = r->last_epoch,
+            .view_size = r->rg_groups,
+            .me = r->rg_group,
+            .view = r->vbuf,
+            .n_view = r->hist_n,
+            .begin_ns = r->hist_t0_ns,
+            .gossip = r->gossip,
+            .node_ids = r->hist_ids,
+            .node_group = r->hist_gidx,
+            .n_nodes = r->hist_n,
+            .group_member = r->rg_member,
+            .group_size = r->rg_size,
+        };
+        ds_publish_round(r->snap, &src);
+        return;
+    }
+    if (r->grouped)
+        return; /* began between groups without its copy (no memory), or
+                 * between nodes and the view has groups since: skipped */
     const uint32_t G = r->last_G < r->vcap ? r->last_G : r->vcap;
     uint32_t me = G;
     for (uint32_t i = 0; i < G; i++)
@@ -867,6 +910,8 @@ void ds_engine_close(ds_engine **ep)
     free(r->gsout);
     free(r->vorder);
     free(r->vgidx);
+    free(r->hist_ids);
+    free(r->hist_gidx);
     free(r->gmembers);
     free(r->gskip);
     ds_gossip_destroy(&r->gossip);

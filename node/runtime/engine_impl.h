@@ -136,6 +136,15 @@ struct ds_engine {
     uint32_t last_nodes;       /* nodes in the last round's view */
     ds_group_stats gst;
     uint64_t hist_round, hist_t0_ns; /* the round in progress, for the status history */
+    /* The round in progress between groups (set_group_view), for the
+     * history: its groups (rg_*: count, ours, our member index and group
+     * size) and, copied at its begin (the step's group_at may reload vbuf
+     * before it ends), its nodes sorted by group and each one's group. */
+    uint32_t rg_groups, rg_group, rg_member, rg_size;
+    int hist_grouped;
+    uint32_t hist_n, hist_cap;
+    uint64_t *hist_ids;
+    uint32_t *hist_gidx;
     uint64_t steps_here;  /* ds_engine_step calls: steps this process trained */
 };
 

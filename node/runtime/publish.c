@@ -177,6 +177,25 @@ static void fill_view(ds_status_snapshot *sn, const ds_publish_src *src)
     }
 }
 
+/* Nodes sorted by group (gidx: n entries, each one's group index): *at
+ * is the entry of group g that handles segment s (member s mod |g|,
+ * ds_topo_hier_owner). 0, or -ENOENT when g has no entry. */
+static int group_handler_at(const uint32_t *gidx, uint32_t n, uint32_t g, uint32_t s,
+                            uint32_t *at)
+{
+    uint32_t first = 0;
+    while (first < n && gidx[first] != g)
+        first++;
+    uint32_t size = 0;
+    while (first + size < n && gidx[first + size] == g)
+        size++;
+    uint32_t owner;
+    if (ds_topo_hier_owner(s, size, &owner) < 0)
+        return -ENOENT;
+    *at = first + owner;
+    return 0;
+}
+
 /* The node behind gossip's view index i for segment s: the view's entry
  * i, or with groups member s mod |i| of group i. NULL when out of range. */
 static const ds_member_info *peer_of(const ds_publish_src *src, uint32_t i, uint32_t s)
@@ -184,16 +203,10 @@ static const ds_member_info *peer_of(const ds_publish_src *src, uint32_t i, uint
     const uint32_t G = src->view ? src->view_len : 0;
     if (!src->view_group)
         return i < G ? &src->view[i] : NULL;
-    uint32_t first = 0;
-    while (first < G && src->view_group[first] != i)
-        first++;
-    uint32_t size = 0;
-    while (first + size < G && src->view_group[first + size] == i)
-        size++;
-    uint32_t owner;
-    if (ds_topo_hier_owner(s, size, &owner) < 0)
-        return NULL; /* size 0: no such group */
-    return &src->view[first + owner];
+    uint32_t at;
+    if (group_handler_at(src->view_group, G, i, s, &at) < 0)
+        return NULL; /* no such group */
+    return &src->view[at];
 }
 
 /* This round's exchange of each segment, named by view members, from
@@ -238,6 +251,16 @@ static void fill_exchanges(ds_status_snapshot *sn, const ds_publish_src *src,
     }
 }
 
+/* Between groups: the node of group g that handles segment s (member
+ * s mod |g| of g, ds_topo_hier_owner), from the round's nodes sorted by
+ * group. 0 when g has no members listed. */
+static uint64_t group_handler(const ds_publish_round_src *src, uint32_t g, uint32_t s)
+{
+    uint32_t at;
+    return group_handler_at(src->node_group, src->n_nodes, g, s, &at) < 0 ? 0
+                                                                           : src->node_ids[at];
+}
+
 void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
 {
     static const uint8_t outcome[] = {
@@ -259,6 +282,11 @@ void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
     h->epoch = src->epoch;
     h->view_size = src->view_size;
     h->me = src->me;
+    if (src->node_group) {
+        h->groups = src->view_size;
+        h->group_member = src->group_member;
+        h->group_size = src->group_size;
+    }
     h->duration_ns = now > src->begin_ns ? now - src->begin_ns : 0;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -280,14 +308,24 @@ void ds_publish_round(ds_status_snapshot *sn, const ds_publish_round_src *src)
         d->outcome = (unsigned)xi.outcome < sizeof(outcome) ? outcome[xi.outcome]
                                                             : (uint8_t)DS_XCHG_FAILED;
         if (xi.target < src->view_size && xi.target != src->me)
-            d->target_id = src->vids[xi.target];
-        else
+            d->target_id = src->node_group ? group_handler(src, xi.target, s)
+                                           : src->vids[xi.target];
+        if (!d->target_id)
             d->outcome = DS_XCHG_NONE;
     }
     const char *names[DS_STATUS_HIST_SEGMENTS] = {0};
-    for (uint32_t s = 0; src->view && s < h->n_listed; s++)
-        if (h->seg[s].target_id && h->seg[s].target < src->view_size)
-            names[s] = src->view[h->seg[s].target].name;
+    for (uint32_t s = 0; src->view && s < h->n_listed; s++) {
+        if (!h->seg[s].target_id)
+            continue;
+        if (!src->node_group) {
+            if (h->seg[s].target < src->view_size)
+                names[s] = src->view[h->seg[s].target].name;
+            continue;
+        }
+        for (uint32_t k = 0; k < src->n_view && !names[s]; k++)
+            if (src->view[k].id == h->seg[s].target_id)
+                names[s] = src->view[k].name;
+    }
     ds_status_history_add_named(&sn->hist, h, names);
     free(h);
 }

@@ -91,6 +91,16 @@ typedef struct ds_publish_round_src {
     const ds_member_info *view; /* their records (names), or NULL */
     uint64_t begin_ns;        /* ds_now_ns() at the round's begin */
     ds_gossip *gossip;        /* after ds_gossip_end: the outcomes are final */
+    /* A round between groups: view_size and me count groups, and
+     * node_ids / node_group (n_nodes each: the round's nodes sorted by
+     * group, and each one's group index) map a target group and segment to
+     * the member that handles it (ds_topo_hier_owner); vids is then unused
+     * and view (n_view records, any order) only names nodes. NULL: a
+     * round between nodes. */
+    const uint64_t *node_ids;
+    const uint32_t *node_group;
+    uint32_t n_nodes, n_view;
+    uint32_t group_member, group_size;
 } ds_publish_round_src;
 
 /* Add the round to sn's history (the round's thread: it reads gossip's

@@ -143,6 +143,10 @@ static int set_group_view(rt *r, uint64_t round, uint32_t G, uint64_t epoch, con
         return -ENOMEM;
     r->grouped = 1;
     r->last_nodes = G;
+    r->rg_groups = h->n_groups;
+    r->rg_group = h->group;
+    r->rg_member = h->member;
+    r->rg_size = h->size;
     for (uint32_t k = 0; k < G; k++) {
         const ds_member_info *m = &r->vbuf[k];
         r->vids[k] = m->id;
@@ -590,6 +594,7 @@ static void group_reduce(rt *r, int64_t step)
         }
         if (r->gpending) {
             ds_gossip_end(r->gossip, params_host(r));
+            ds_rt_round_ended(r);
             params_push(r);
             r->rounds++;
         }
@@ -621,6 +626,7 @@ static void group_reduce(rt *r, int64_t step)
     /* gossip's delta now holds the group's summed delta (sp.out). */
     if (r->gpending) {
         ds_gossip_end(r->gossip, theta);
+        ds_rt_round_ended(r);
         r->rounds++;
     } else {
         ds_gossip_apply(r->gossip, theta);

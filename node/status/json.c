@@ -261,6 +261,11 @@ static json_t *history_arr(jb *b, const ds_status_snapshot *s)
         put(b, o, "epoch", ju(r->epoch));
         put(b, o, "view_size", ju(r->view_size));
         put(b, o, "me", ju(r->me));
+        if (r->groups) {
+            put(b, o, "groups", ju(r->groups));
+            put(b, o, "group_member", ju(r->group_member));
+            put(b, o, "group_size", ju(r->group_size));
+        }
         put(b, o, "end_unix_ms", ju(r->end_unix_ms));
         put(b, o, "duration_s", jd((double)r->duration_ns * 1e-9));
         put(b, o, "segments", ju(r->n_segments));

@@ -130,6 +130,14 @@ typedef struct ds_status_seg_done {
 typedef struct ds_status_round {
     uint64_t round, epoch;
     uint32_t view_size, me;      /* this node's index in that view */
+    /* A round between groups (node.group, the hierarchy): its participants
+     * are the groups, so view_size counts groups, me and each segment's
+     * target are group indices, and target_id names the member of the
+     * target group that handles the segment. groups: 0 for a round between
+     * nodes, else the number of groups (== view_size); group_member and
+     * group_size: this node's index in its group and the group's size in
+     * that round (the member handles segments s with s mod size == member). */
+    uint32_t groups, group_member, group_size;
     uint64_t end_unix_ms;        /* wall clock at the round's end */
     uint64_t duration_ns;        /* begin to end */
     uint32_t n_segments, n_listed; /* segments in the round / kept below */

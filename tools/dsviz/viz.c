@@ -784,6 +784,38 @@ static int view_index_member(ds_viz *v, double R, double epoch, double G, unsign
     return -1;
 }
 
+/* A round between groups (its history entries carry "groups"): the
+ * member of group g that handles segment s in round R. A reporting node
+ * whose entry for R says it was in g (me) as the member that owns s
+ * (ds_topo_hier_owner over its group_size, the rule gossip routes by);
+ * else the target_id an initiator reported for target g and segment s.
+ * -1 when neither is known. */
+static int group_handler_member(const ds_viz *v, double R, unsigned g, unsigned s)
+{
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *e = hist_entry(v->docs[d].doc, R);
+        const double size = jnum(e, "group_size", 0);
+        uint32_t owner;
+        if (!e || jnum(e, "me", -1) != g || !(size >= 1 && size <= UINT32_MAX) ||
+            ds_topo_hier_owner(s, (uint32_t)size, &owner) < 0 ||
+            jnum(e, "group_member", -1) != owner)
+            continue;
+        const int i = ds_viz_find(v, v->docs[d].name);
+        if (i >= 0)
+            return i;
+    }
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *x = json_array_get(jget(hist_entry(v->docs[d].doc, R), "list"), s);
+        const char *id = jstr(x, "target_id", NULL);
+        if (!id || jnum(x, "target", -1) != g)
+            continue;
+        for (size_t i = 0; i < v->n_m; i++)
+            if (!strcmp(v->m[i].id, id))
+                return (int)i;
+    }
+    return -1;
+}
+
 /* Round R's exchanges, computed: the schedule is a pure function of
  * (topology, seed, epoch, round, segment, view size), so every pair is
  * drawn, and each initiator's reported outcome and bytes laid over it. */
@@ -817,8 +849,12 @@ static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
         free(who);
         return -ENOMEM;
     }
+    /* Between groups the participants are groups: who[] is then, per
+     * segment, the member of each group that handles it. */
+    const int grouped = jnum(e0, "groups", 0) > 0;
+    v->grouped_round = grouped;
     int rc = 0;
-    for (uint32_t i = 0; i < g && rc == 0; i++)
+    for (uint32_t i = 0; i < g && rc == 0 && !grouped; i++)
         if ((who[i] = view_index_member(v, R, epoch, G, i, mcap)) == -E2BIG ||
             who[i] == -ENOMEM)
             rc = who[i];
@@ -830,6 +866,8 @@ static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
                                  .round = (uint64_t)R, .segment = s};
         if (ds_topo_targets(kind, &key, g, perm) < 0)
             break;
+        for (uint32_t i = 0; i < g && grouped; i++)
+            who[i] = group_handler_member(v, R, i, s);
         for (uint32_t a = 0; a < g && rc == 0; a++) {
             if (perm[a] == a || who[a] < 0 || who[perm[a]] < 0)
                 continue;
@@ -897,6 +935,7 @@ int ds_viz_build(ds_viz *v)
     v->n_segments = 0;
     v->n_mismatch = 0;
     v->from_schedule = 0;
+    v->grouped_round = 0;
     /* Sorted by name: the output does not depend on the order of sources. */
     if (v->n_docs > 1)
         qsort(v->docs, v->n_docs, sizeof(*v->docs), cmp_docs);

@@ -80,6 +80,10 @@ typedef struct ds_viz {
     int from_schedule;      /* 1: round `round` computed with topology/ from
                              * the documents' history; 0: no document has a
                              * history, edges from each one's "exchanges" */
+    int grouped_round;      /* from_schedule: the round was between groups
+                             * (node.group): its schedule's participants are
+                             * the groups, each segment drawn between the
+                             * members that handle it */
     double round;           /* the round drawn (from_schedule) */
     double rounds_min, rounds_max; /* completed rounds in the histories */
     size_t n_mismatch;      /* nodes whose reported target differs from the

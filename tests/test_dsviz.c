@@ -918,6 +918,30 @@ Test(dsviz, draws_a_round_between_groups)
             }
         }
         cr_expect_eq(v.n_e, want, "%s: %zu edges, want %zu", ds_topo_name(kind), v.n_e, want);
+        /* Drawn compactly: one edge per ordered pair of groups that
+         * exchange in the round, box to box, and each group's reduction
+         * said once, in its box. */
+        int pairs[3][3] = {{0}};
+        for (uint32_t seg = 0; seg < 4; seg++) {
+            uint32_t perm[3];
+            const ds_topo_key key = {.seed = 11, .epoch = 9, .round = 201, .segment = seg};
+            cr_assert_eq(ds_topo_targets((enum ds_topo_kind)kind, &key, 3, perm), 0);
+            for (uint32_t a = 0; a < 3; a++)
+                if (perm[a] != a)
+                    pairs[a][perm[a]] = 1;
+        }
+        char *dot = write_mem(ds_viz_write_dot, &v);
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++) {
+                char want_attr[64];
+                snprintf(want_attr, sizeof(want_attr), "ltail=cluster_%d, lhead=cluster_%d", a, b);
+                cr_expect_eq(strstr(dot, want_attr) != NULL, pairs[a][b], "%s: g%d -> g%d\n%s",
+                             ds_topo_name(kind), a, b, dot);
+            }
+        cr_expect_not_null(strstr(dot, "group g0\\nall-reduce inside, every step (3 members)"),
+                           "%s", dot);
+        cr_expect_null(strstr(dot, "group g2\\nall-reduce"), "a group of one reduces nothing");
+        free(dot);
         ds_viz_free(&v);
     }
 }

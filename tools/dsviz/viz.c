@@ -1105,16 +1105,103 @@ static void dot_node(FILE *f, const ds_viz *v, size_t i, const char *indent)
     fputs("\"];\n", f);
 }
 
+/* Member i's cluster (its group's, numbered in order of first appearance
+ * as ds_viz_write_dot writes them), -1 for a member without a group. */
+static int cluster_of(const ds_viz *v, size_t i)
+{
+    if (!v->m[i].group[0])
+        return -1;
+    int cl = 0;
+    for (size_t j = 0; j < i; j++) {
+        if (!v->m[j].group[0])
+            continue;
+        size_t k = 0;
+        while (k < j && strcmp(v->m[k].group, v->m[j].group))
+            k++;
+        if (k < j)
+            continue; /* not its group's first member */
+        if (!strcmp(v->m[j].group, v->m[i].group))
+            return cl;
+        cl++;
+    }
+    return cl;
+}
+
+/* A round between groups, drawn compactly (no --segment): one edge per
+ * ordered pair of groups, between the two group boxes (compound edges),
+ * labelled with its segments and the bytes their initiators reported;
+ * the tooltip says which member handled which segment. Edges of members
+ * without a group are drawn as usual. */
+static void dot_group_edges(const ds_viz *v, FILE *f)
+{
+    char *done = calloc(v->n_e ? v->n_e : 1, 1);
+    if (!done)
+        return;
+    for (size_t k = 0; k < v->n_e; k++) {
+        if (done[k])
+            continue;
+        const ds_viz_edge *e = &v->e[k];
+        const int ca = cluster_of(v, (size_t)e->from), cb = cluster_of(v, (size_t)e->to);
+        char segs[128] = "", tip[1024] = "";
+        size_t sl = 0, tl = 0;
+        double bytes = 0;
+        int n = 0, bad = 0;
+        for (size_t j = k; j < v->n_e; j++) {
+            const ds_viz_edge *x = &v->e[j];
+            if (done[j] || cluster_of(v, (size_t)x->from) != ca ||
+                cluster_of(v, (size_t)x->to) != cb || (ca < 0 && j != k))
+                continue;
+            done[j] = 1;
+            n++;
+            bytes += x->bytes;
+            bad |= edge_dashed(x);
+            if (sl < sizeof(segs))
+                sl += (size_t)snprintf(segs + sl, sizeof(segs) - sl, "%ss%u", n > 1 ? "," : "",
+                                       x->segment);
+            if (tl < sizeof(tip))
+                tl += (size_t)snprintf(tip + tl, sizeof(tip) - tl, "%ss%u %s \u2192 %s %s",
+                                       n > 1 ? "; " : "", x->segment, v->m[x->from].name,
+                                       v->m[x->to].name, x->outcome);
+        }
+        char label[192];
+        if (bytes > 0) {
+            char b[32];
+            human_bytes(bytes, b, sizeof(b));
+            snprintf(label, sizeof(label), "%s %s", segs, b);
+        } else {
+            snprintf(label, sizeof(label), "%s", segs);
+        }
+        fprintf(f, "  m%d -> m%d [color=\"#444444\", penwidth=%d, label=\"", e->from, e->to,
+                n > 1 ? 2 : 1);
+        dot_text(f, label);
+        fputs("\"", f);
+        if (ca >= 0)
+            fprintf(f, ", ltail=cluster_%d", ca);
+        if (cb >= 0)
+            fprintf(f, ", lhead=cluster_%d", cb);
+        if (bad)
+            fputs(", style=dashed", f);
+        fputs(", tooltip=\"", f);
+        dot_text(f, tip);
+        fputs("\"];\n", f);
+    }
+    free(done);
+}
+
 int ds_viz_write_dot(const ds_viz *v, FILE *f)
 {
+    const int compact = v->from_schedule && v->grouped_round && !v->segment_set;
     fputs("digraph dsviz {\n", f);
     char what[96] = "";
     if (v->from_schedule)
         snprintf(what, sizeof(what), " of round %.0f (from the schedule)", v->round);
     fprintf(f, "  graph [fontname=\"Helvetica\", labelloc=t, label=\"dsviz: %zu members, %zu "
-               "reporting, %zu exchanges%s (edge colour = segment)\", rankdir=LR, nodesep=0.4, "
-               "ranksep=1.0];\n",
-            v->n_m, v->n_docs, v->n_e, what);
+               "reporting, %zu exchanges%s%s\", rankdir=LR, nodesep=0.4, "
+               "ranksep=1.0%s];\n",
+            v->n_m, v->n_docs, v->n_e, what,
+            compact ? " between groups (an edge: the segments one group sends another)"
+                    : " (edge colour = segment)",
+            compact ? ", compound=true" : "");
     fputs("  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", "
           "fontsize=10];\n",
           f);
@@ -1130,6 +1217,13 @@ int ds_viz_write_dot(const ds_viz *v, FILE *f)
             continue;
         fprintf(f, "  subgraph cluster_%d {\n    label=\"group ", cl++);
         dot_text(f, v->m[i].group);
+        if (compact) {
+            size_t size = 0;
+            for (size_t j = i; j < v->n_m; j++)
+                size += !strcmp(v->m[j].group, v->m[i].group);
+            if (size > 1)
+                fprintf(f, "\\nall-reduce inside, every step (%zu members)", size);
+        }
         fputs("\"; style=\"rounded,dashed\"; color=\"#888888\";\n", f);
         for (size_t j = i; j < v->n_m; j++) {
             if (done[j] || strcmp(v->m[j].group, v->m[i].group))
@@ -1144,6 +1238,11 @@ int ds_viz_write_dot(const ds_viz *v, FILE *f)
             dot_node(f, v, i, "  ");
     free(done);
 
+    if (compact) {
+        dot_group_edges(v, f);
+        fputs("}\n", f);
+        return ferror(f) ? -EIO : 0;
+    }
     for (size_t k = 0; k < v->n_e; k++) {
         const ds_viz_edge *e = &v->e[k];
         char label[96];

@@ -942,6 +942,22 @@ Test(dsviz, draws_a_round_between_groups)
                            "%s", dot);
         cr_expect_null(strstr(dot, "group g2\\nall-reduce"), "a group of one reduces nothing");
         free(dot);
+        /* dsviz's own drawing (no Graphviz): the same, group boxes with
+         * one arrow per pair of groups. */
+        int npairs = 0;
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++)
+                npairs += pairs[a][b];
+        char *svg = write_mem(ds_viz_write_own_svg, &v);
+        int arrows = 0;
+        for (const char *p = svg; (p = strstr(p, "url(#garrow)")); p++)
+            arrows++;
+        cr_expect_eq(arrows, npairs, "%s: %d arrows, %d pairs of groups", ds_topo_name(kind),
+                     arrows, npairs);
+        cr_expect_not_null(strstr(svg, "all-reduce inside, every step (3)"));
+        cr_expect_not_null(strstr(svg, "all-reduce inside, every step (2)"));
+        cr_expect_null(strstr(svg, "every step (1)"), "a group of one reduces nothing");
+        free(svg);
         ds_viz_free(&v);
     }
 }

@@ -1127,6 +1127,69 @@ static int cluster_of(const ds_viz *v, size_t i)
     return cl;
 }
 
+/* The edges of one ordered pair of clusters (groups), for the compact
+ * drawings of a round between groups. */
+struct group_edge {
+    int from, to;   /* the first edge's members */
+    int ca, cb;     /* their clusters (-1: a member without a group) */
+    int n, bad;     /* edges; some did not succeed */
+    double bytes;   /* reported by their initiators */
+    char segs[128]; /* "s0,s2" */
+    char tip[1024]; /* "s0 n1 -> n3 ok; ..." */
+};
+
+/* Edge k and every later edge not yet done between the same two clusters
+ * (edge k alone when its initiator has no group) into *g; marks them
+ * done. */
+static void group_edge_collect(const ds_viz *v, char *done, size_t k, struct group_edge *g)
+{
+    memset(g, 0, sizeof(*g));
+    g->from = v->e[k].from;
+    g->to = v->e[k].to;
+    g->ca = cluster_of(v, (size_t)g->from);
+    g->cb = cluster_of(v, (size_t)g->to);
+    size_t sl = 0, tl = 0;
+    for (size_t j = k; j < v->n_e; j++) {
+        const ds_viz_edge *x = &v->e[j];
+        if (done[j] || cluster_of(v, (size_t)x->from) != g->ca ||
+            cluster_of(v, (size_t)x->to) != g->cb || (g->ca < 0 && j != k))
+            continue;
+        done[j] = 1;
+        g->n++;
+        g->bytes += x->bytes;
+        g->bad |= edge_dashed(x);
+        if (sl < sizeof(g->segs))
+            sl += (size_t)snprintf(g->segs + sl, sizeof(g->segs) - sl, "%ss%u",
+                                   g->n > 1 ? "," : "", x->segment);
+        if (tl < sizeof(g->tip))
+            tl += (size_t)snprintf(g->tip + tl, sizeof(g->tip) - tl, "%ss%u %s \u2192 %s %s",
+                                   g->n > 1 ? "; " : "", x->segment, v->m[x->from].name,
+                                   v->m[x->to].name, x->outcome);
+    }
+}
+
+static void group_edge_label(const struct group_edge *g, char *label, size_t n)
+{
+    if (g->bytes > 0) {
+        char b[32];
+        human_bytes(g->bytes, b, sizeof(b));
+        snprintf(label, n, "%s %s", g->segs, b);
+    } else {
+        snprintf(label, n, "%s", g->segs);
+    }
+}
+
+/* Members of member i's group (1 without a group). */
+static size_t group_size_of(const ds_viz *v, size_t i)
+{
+    if (!v->m[i].group[0])
+        return 1;
+    size_t size = 0;
+    for (size_t j = 0; j < v->n_m; j++)
+        size += !strcmp(v->m[j].group, v->m[i].group);
+    return size;
+}
+
 /* A round between groups, drawn compactly (no --segment): one edge per
  * ordered pair of groups, between the two group boxes (compound edges),
  * labelled with its segments and the bytes their initiators reported;
@@ -1140,49 +1203,22 @@ static void dot_group_edges(const ds_viz *v, FILE *f)
     for (size_t k = 0; k < v->n_e; k++) {
         if (done[k])
             continue;
-        const ds_viz_edge *e = &v->e[k];
-        const int ca = cluster_of(v, (size_t)e->from), cb = cluster_of(v, (size_t)e->to);
-        char segs[128] = "", tip[1024] = "";
-        size_t sl = 0, tl = 0;
-        double bytes = 0;
-        int n = 0, bad = 0;
-        for (size_t j = k; j < v->n_e; j++) {
-            const ds_viz_edge *x = &v->e[j];
-            if (done[j] || cluster_of(v, (size_t)x->from) != ca ||
-                cluster_of(v, (size_t)x->to) != cb || (ca < 0 && j != k))
-                continue;
-            done[j] = 1;
-            n++;
-            bytes += x->bytes;
-            bad |= edge_dashed(x);
-            if (sl < sizeof(segs))
-                sl += (size_t)snprintf(segs + sl, sizeof(segs) - sl, "%ss%u", n > 1 ? "," : "",
-                                       x->segment);
-            if (tl < sizeof(tip))
-                tl += (size_t)snprintf(tip + tl, sizeof(tip) - tl, "%ss%u %s \u2192 %s %s",
-                                       n > 1 ? "; " : "", x->segment, v->m[x->from].name,
-                                       v->m[x->to].name, x->outcome);
-        }
+        struct group_edge g;
+        group_edge_collect(v, done, k, &g);
         char label[192];
-        if (bytes > 0) {
-            char b[32];
-            human_bytes(bytes, b, sizeof(b));
-            snprintf(label, sizeof(label), "%s %s", segs, b);
-        } else {
-            snprintf(label, sizeof(label), "%s", segs);
-        }
-        fprintf(f, "  m%d -> m%d [color=\"#444444\", penwidth=%d, label=\"", e->from, e->to,
-                n > 1 ? 2 : 1);
+        group_edge_label(&g, label, sizeof(label));
+        fprintf(f, "  m%d -> m%d [color=\"#444444\", penwidth=%d, label=\"", g.from, g.to,
+                g.n > 1 ? 2 : 1);
         dot_text(f, label);
         fputs("\"", f);
-        if (ca >= 0)
-            fprintf(f, ", ltail=cluster_%d", ca);
-        if (cb >= 0)
-            fprintf(f, ", lhead=cluster_%d", cb);
-        if (bad)
+        if (g.ca >= 0)
+            fprintf(f, ", ltail=cluster_%d", g.ca);
+        if (g.cb >= 0)
+            fprintf(f, ", lhead=cluster_%d", g.cb);
+        if (g.bad)
             fputs(", style=dashed", f);
         fputs(", tooltip=\"", f);
-        dot_text(f, tip);
+        dot_text(f, g.tip);
         fputs("\"];\n", f);
     }
     free(done);
@@ -1217,13 +1253,8 @@ int ds_viz_write_dot(const ds_viz *v, FILE *f)
             continue;
         fprintf(f, "  subgraph cluster_%d {\n    label=\"group ", cl++);
         dot_text(f, v->m[i].group);
-        if (compact) {
-            size_t size = 0;
-            for (size_t j = i; j < v->n_m; j++)
-                size += !strcmp(v->m[j].group, v->m[i].group);
-            if (size > 1)
-                fprintf(f, "\\nall-reduce inside, every step (%zu members)", size);
-        }
+        if (compact && group_size_of(v, i) > 1)
+            fprintf(f, "\\nall-reduce inside, every step (%zu members)", group_size_of(v, i));
         fputs("\"; style=\"rounded,dashed\"; color=\"#888888\";\n", f);
         for (size_t j = i; j < v->n_m; j++) {
             if (done[j] || strcmp(v->m[j].group, v->m[i].group))
@@ -1268,8 +1299,188 @@ int ds_viz_write_dot(const ds_viz *v, FILE *f)
 
 /* ---- own SVG (no Graphviz) ------------------------------------------------------------ */
 
+/* Member i's box (120 x 44) centred on (x, y). */
+static void svg_member(FILE *f, const ds_viz *v, size_t i, double x, double y)
+{
+    const ds_viz_member *m = &v->m[i];
+    const char *stroke = !strcmp(m->seen_state, "dead")      ? "#b00000"
+                         : !strcmp(m->seen_state, "suspect") ? "#e08000"
+                                                             : "#444444";
+    fprintf(f, "<g><title>");
+    xml_text(f, m->name);
+    if (m->addr[0]) {
+        fputs(" at ", f);
+        xml_text(f, m->addr);
+    }
+    fprintf(f, "</title><rect x=\"%.1f\" y=\"%.1f\" width=\"120\" height=\"44\" rx=\"8\" "
+               "fill=\"%s\" stroke=\"%s\"%s/>\n",
+            x - 60, y - 22, fill_for(m), stroke, m->reported ? "" : " stroke-dasharray=\"4,3\"");
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-weight=\"bold\">", x,
+            y - 6);
+    xml_text(f, m->name);
+    if (m->group[0]) {
+        fputs(" [", f);
+        xml_text(f, m->group);
+        fputs("]", f);
+    }
+    fprintf(f, "</text>\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
+               "font-size=\"9\">",
+            x, y + 10);
+    if (m->reported)
+        fprintf(f, "%s r%.0f s%.0f", strlen(m->state) < 12 ? m->state : "?", m->round, m->step);
+    else
+        xml_text(f, m->seen_state);
+    fputs("</text></g>\n", f);
+}
+
+/* A group's box in dsviz's own drawing: GBOX_W wide, a header of two
+ * lines, then its members' boxes (44 high) every 50. */
+#define GBOX_W 180.0
+#define GBOX_HEAD 32.0
+
+static double gbox_h(size_t members)
+{
+    return GBOX_HEAD + 50.0 * (double)members + 8;
+}
+
+/* The fraction of (dx, dy), from a group box's centre, at which the line
+ * leaves the box (half height hh); 0 when it never does within it. */
+static double box_exit(double dx, double dy, double hh)
+{
+    const double tx = fabs(dx) > 1e-9 ? GBOX_W / 2 / fabs(dx) : 1e9;
+    const double ty = fabs(dy) > 1e-9 ? hh / fabs(dy) : 1e9;
+    const double t = tx < ty ? tx : ty;
+    return t < 1 ? t : 0;
+}
+
+/* dsviz's own drawing of a round between groups (no --segment): each
+ * group a box on a circle, its members stacked inside and its reduction
+ * said once in its title; one arrow per ordered pair of groups that
+ * exchange, box to box, labelled with its segments and bytes. A member
+ * without a group is a box of its own. */
+static int own_svg_groups(const ds_viz *v, FILE *f)
+{
+    const size_t n = v->n_m;
+    int *slot = malloc((n ? n : 1) * sizeof(*slot));
+    size_t *rank = malloc((n ? n : 1) * sizeof(*rank));
+    size_t *first = malloc((n ? n : 1) * sizeof(*first));
+    double *sx = malloc((n ? n : 1) * sizeof(*sx)), *sy = malloc((n ? n : 1) * sizeof(*sy));
+    size_t *ssize = calloc(n ? n : 1, sizeof(*ssize));
+    char *done = calloc(v->n_e ? v->n_e : 1, 1);
+    int rc = 0;
+    if (!slot || !rank || !first || !sx || !sy || !ssize || !done) {
+        rc = -EIO;
+        goto out;
+    }
+    /* Slots: a group's members share one, in order of first appearance
+     * (the clusters' order); a member without a group has its own. */
+    size_t ns = 0, tallest = 1;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < i && (!v->m[i].group[0] || strcmp(v->m[j].group, v->m[i].group)))
+            j++;
+        if (j < i) {
+            slot[i] = slot[j];
+        } else {
+            slot[i] = (int)ns;
+            first[ns++] = i;
+        }
+        rank[i] = ssize[slot[i]]++;
+        tallest = ssize[slot[i]] > tallest ? ssize[slot[i]] : tallest;
+    }
+    const double bh = gbox_h(tallest); /* the tallest box */
+    double R = 90.0 * (double)ns / M_PI + bh / 2;
+    R = R < 200 ? 200 : R;
+    const double W = 2 * R + 360, H = 2 * R + bh + 120, cx = W / 2, cy = H / 2;
+    for (size_t k = 0; k < ns; k++) {
+        const double a = -M_PI / 2 + 2 * M_PI * (double)k / (double)ns;
+        sx[k] = ns == 1 ? cx : cx + R * cos(a);
+        sy[k] = ns == 1 ? cy : cy + R * sin(a);
+    }
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\" "
+               "font-size=\"11\">\n<defs><marker id=\"garrow\" viewBox=\"0 0 10 10\" "
+               "refX=\"10\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" "
+               "orient=\"auto\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"#444444\"/></marker>"
+               "</defs>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#ffffff\"/>\n",
+            W, H, W, H);
+    /* The group boxes, under everything. */
+    for (size_t k = 0; k < ns; k++) {
+        const size_t i = first[k];
+        if (!v->m[i].group[0])
+            continue;
+        const double h = gbox_h(ssize[k]);
+        fprintf(f, "<g><title>group ");
+        xml_text(f, v->m[i].group);
+        fprintf(f, "</title><rect x=\"%.1f\" y=\"%.1f\" width=\"%.0f\" height=\"%.1f\" "
+                   "rx=\"10\" fill=\"#f4f4f4\" stroke=\"#888888\" stroke-dasharray=\"6,3\"/>\n"
+                   "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\" "
+                   "font-weight=\"bold\">group ",
+                sx[k] - GBOX_W / 2, sy[k] - h / 2, GBOX_W, h, sx[k], sy[k] - h / 2 + 13);
+        xml_text(f, v->m[i].group);
+        fputs("</text>\n", f);
+        if (ssize[k] > 1)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"9\">"
+                       "all-reduce inside, every step (%zu)</text>\n",
+                    sx[k], sy[k] - h / 2 + 26, ssize[k]);
+        fputs("</g>\n", f);
+    }
+    /* One arrow per ordered pair of slots, centre to centre, bent so the
+     * two directions of a pair stay apart, stopped at the target's box. */
+    for (size_t k = 0; k < v->n_e; k++) {
+        if (done[k])
+            continue;
+        struct group_edge g;
+        group_edge_collect(v, done, k, &g);
+        const int a = slot[g.from], b = slot[g.to];
+        const double cx1 = sx[a], cy1 = sy[a], x2 = sx[b], y2 = sy[b];
+        const double mx = (cx1 + x2) / 2, my = (cy1 + y2) / 2;
+        const double qx = mx + (y2 - cy1) * 0.18, qy = my - (x2 - cx1) * 0.18;
+        /* From where the line to q leaves the source's box to where the
+         * line from q enters the target's. */
+        const double t1 = box_exit(qx - cx1, qy - cy1, gbox_h(ssize[a]) / 2);
+        const double x1 = cx1 + (qx - cx1) * t1, y1 = cy1 + (qy - cy1) * t1;
+        const double t2 = box_exit(x2 - qx, y2 - qy, gbox_h(ssize[b]) / 2);
+        const double ex = x2 - (x2 - qx) * t2, ey = y2 - (y2 - qy) * t2;
+        char label[192];
+        group_edge_label(&g, label, sizeof(label));
+        fprintf(f, "<path d=\"M%.1f,%.1f Q%.1f,%.1f %.1f,%.1f\" fill=\"none\" stroke=\"#444444\" "
+                   "stroke-width=\"%d\"%s marker-end=\"url(#garrow)\"><title>",
+                x1, y1, qx, qy, ex, ey, g.n > 1 ? 2 : 1,
+                g.bad ? " stroke-dasharray=\"5,3\"" : "");
+        xml_text(f, g.tip);
+        const double lx = 0.25 * x1 + 0.5 * qx + 0.25 * ex;
+        const double ly = 0.25 * y1 + 0.5 * qy + 0.25 * ey;
+        fprintf(f, "</title></path>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"#222222\" "
+                   "font-size=\"9\" text-anchor=\"middle\" stroke=\"#ffffff\" "
+                   "stroke-width=\"3\" paint-order=\"stroke\">",
+                lx, ly);
+        xml_text(f, label);
+        fputs("</text>\n", f);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const size_t k = (size_t)slot[i];
+        const double top = sy[k] - gbox_h(ssize[k]) / 2;
+        svg_member(f, v, i, sx[k],
+                   v->m[i].group[0] ? top + GBOX_HEAD + 22 + 50.0 * (double)rank[i] : sy[k]);
+    }
+    fputs("</svg>\n", f);
+    rc = ferror(f) ? -EIO : 0;
+out:
+    free(slot);
+    free(rank);
+    free(first);
+    free(sx);
+    free(sy);
+    free(ssize);
+    free(done);
+    return rc;
+}
+
 int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
 {
+    if (v->from_schedule && v->grouped_round && !v->segment_set)
+        return own_svg_groups(v, f);
     /* Members on a circle, grouped (members of a group next to each other,
      * in name order), edges as quadratic curves bent towards the centre by
      * an amount that depends on the segment, so segments between the same
@@ -1349,39 +1560,8 @@ int ds_viz_write_own_svg(const ds_viz *v, FILE *f)
         xml_text(f, label);
         fputs("</text>\n", f);
     }
-    for (size_t i = 0; i < n; i++) {
-        const ds_viz_member *m = &v->m[i];
-        const char *stroke = !strcmp(m->seen_state, "dead")      ? "#b00000"
-                             : !strcmp(m->seen_state, "suspect") ? "#e08000"
-                                                                 : "#444444";
-        fprintf(f, "<g><title>");
-        xml_text(f, m->name);
-        if (m->addr[0]) {
-            fputs(" at ", f);
-            xml_text(f, m->addr);
-        }
-        fprintf(f, "</title><rect x=\"%.1f\" y=\"%.1f\" width=\"120\" height=\"44\" rx=\"8\" "
-                   "fill=\"%s\" stroke=\"%s\"%s/>\n",
-                px[i] - 60, py[i] - 22, fill_for(m), stroke,
-                m->reported ? "" : " stroke-dasharray=\"4,3\"");
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-weight=\"bold\">",
-                px[i], py[i] - 6);
-        xml_text(f, m->name);
-        if (m->group[0]) {
-            fputs(" [", f);
-            xml_text(f, m->group);
-            fputs("]", f);
-        }
-        fprintf(f, "</text>\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
-                   "font-size=\"9\">",
-                px[i], py[i] + 10);
-        if (m->reported)
-            fprintf(f, "%s r%.0f s%.0f", strlen(m->state) < 12 ? m->state : "?", m->round,
-                    m->step);
-        else
-            xml_text(f, m->seen_state);
-        fputs("</text></g>\n", f);
-    }
+    for (size_t i = 0; i < n; i++)
+        svg_member(f, v, i, px[i], py[i]);
     fputs("</svg>\n", f);
     free(order);
     free(px);

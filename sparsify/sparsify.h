@@ -126,6 +126,8 @@ typedef struct ds_sparsify_totals {
     uint64_t calls_with_nonfinite; /* calls that saw at least one NaN / Inf */
     uint64_t starts;               /* threshold starts: first calls, and restarts
                                       after the threshold left the finite range */
+    uint64_t banded;               /* sage: calls whose rule landed outside
+                                      +-10% of k and were brought inside */
 } ds_sparsify_totals;
 
 typedef struct ds_sparsifier ds_sparsifier;

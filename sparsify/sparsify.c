@@ -32,9 +32,9 @@
  *   0.1%): on one array called again and again it lands at 0.4-1.5x its
  *   target (docs/sparsify.md), and issue 17 asks for +-10% at every size
  *   and density. So when the rule's count falls outside [0.9k, 1.1k], the
- *   call takes the k largest of its candidates (the entries over 0.8 of
- *   the lowest threshold the rule can reach, already compacted by the one
- *   pass: a radix select over about 2k entries) and keeps that threshold
+ *   call takes the k largest of its candidates (the entries over the
+ *   lowest threshold the rule can reach, already compacted by the one
+ *   pass: a radix select over a little more than k entries) and keeps that threshold
  *   for the next call; with fewer than 0.9k candidates (the rule aimed far
  *   too high: a jump of the vector's scale) it reads the vector once more
  *   for its exact k-th largest, as a threshold start does. Counted in
@@ -71,14 +71,6 @@
  * the same seed. */
 #define SP_RNG_DOMAIN 0x64732d7370617273ull
 #define SAGE_MAX_SAMPLES 400
-/* SAGE's candidates: the entries over this fraction of the lowest
- * threshold its rule can reach, so that a rule that aims too high still
- * has about k candidates to take the k largest from (the +-10% band, top
- * of the file) without a second read of the vector. On the drifting
- * stream of tests/test_sparsify.c (0.1%) the lowest call's candidates
- * were 0.24x k with 1.0, 0.88x with 0.8, 0.90x with 0.6; a lower floor
- * costs the writes of more candidates on every call. */
-#define SAGE_CAND_FLOOR 0.8
 
 #define METHOD_NAME_(e, v, name) [e] = name,
 static const char *const method_names[DS_SPARSIFY_N_METHODS] = {
@@ -506,11 +498,10 @@ static int m_sage(ds_sparsifier *s, call *c)
         return 0;
     }
 
-    /* One pass: compact over SAGE_CAND_FLOOR times the lowest delta_t can
-     * reach, count over delta*alpha (see the top of the file). cap >= n
-     * holds everything. */
+    /* One pass: compact over the lowest delta_t can reach, count over
+     * delta*alpha (see the top of the file). cap >= n holds everything. */
     const double d = c->d;
-    const double lo = (double)exam * 0.95 * 2.0 / (1.0 + exp(d)) * SAGE_CAND_FLOOR;
+    const double lo = (double)exam * 0.95 * 2.0 / (1.0 + exp(d));
     const uint32_t t_lo = key_floor(lo);
     s->ops.compact(c->v, c->n, t_lo, ds_sel_key(exam), c->base, c->idx, c->val, c->cap, &tl);
 

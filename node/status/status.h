@@ -415,10 +415,10 @@ void ds_status_publish(ds_status *st, const ds_status_snapshot *s);
  * publishes is otherwise never seen): *w is copied (borrowed for the
  * call) under the mutex, like publish, and shown as "waiting" by /status
  * and status.file until ds_status_clear_wait, whatever is published
- * meanwhile. The status thread takes it within 20 ms, rewrites the file
- * within file_interval_ms and keeps rewriting it while the wait lasts (at
- * most every max(file_interval_ms, DS_STATUS_WAIT_TICK_MS)), so for_s
- * grows. w->since_unix_ms = 0 stamps the call's wall clock. Calling it
+ * meanwhile. /status shows it at the next request; the status thread
+ * rewrites the file within file_interval_ms and keeps rewriting it while
+ * the wait lasts (at most every max(file_interval_ms,
+ * DS_STATUS_WAIT_TICK_MS)), so for_s grows. w->since_unix_ms = 0 stamps the call's wall clock. Calling it
  * again while waiting replaces the record (peers that answered meanwhile
  * drop out). Never does I/O and never renders. NULL-safe; any thread. */
 void ds_status_set_wait(ds_status *st, const ds_status_wait *w);

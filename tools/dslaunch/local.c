@@ -451,9 +451,13 @@ static void draw_block(struct launch *L)
         }
         if (nd->have_eval)
             snprintf(accbuf, sizeof(accbuf), "%.4f", nd->test_acc);
-        snprintf(line, sizeof(line), "  %-5s %-13s step %-11s loss %-7s acc %-7s %s/s  %s%s%s",
-                 nd->name, node_state_text(nd, st, sizeof(st)), stepbuf, lossbuf, accbuf, spsbuf,
-                 nd->waiting, nd->waiting[0] && nd->status_url[0] ? "  " : "", nd->status_url);
+        if (nd->waiting[0]) /* what it is blocked on says more than its last rates */
+            snprintf(line, sizeof(line), "  %-5s %-13s step %-11s %s  %s", nd->name,
+                     node_state_text(nd, st, sizeof(st)), stepbuf, nd->waiting, nd->status_url);
+        else
+            snprintf(line, sizeof(line), "  %-5s %-13s step %-11s loss %-7s acc %-7s %s/s  %s",
+                     nd->name, node_state_text(nd, st, sizeof(st)), stepbuf, lossbuf, accbuf,
+                     spsbuf, nd->status_url);
         fprintf(stderr, "%.*s\033[K\n", w, line);
         lines++;
     }

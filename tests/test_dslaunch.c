@@ -56,6 +56,7 @@
 
 #include "launch_util.h"
 #include "node/sec/crypto.h"
+#include "node/status/status.h"
 #include "testutil.h"
 #include "tools/dslaunch/dslaunch.h"
 
@@ -117,6 +118,62 @@ Test(dslaunch_parts, kv_parse)
     for (int i = 0; i < DS_KV_MAX + 10; i++)
         sprintf(many + strlen(many), "k%d=%d ", i, i);
     cr_assert_eq(ds_kv_parse(many, &l), DS_KV_MAX);
+}
+
+/* A node's /status document (rendered by node/status itself, so the two
+ * agree on the schema) with wait w, as dslaunch's progress text. */
+static void wait_text_of(const ds_status_wait *w, uint64_t now_unix_ms, char *buf, size_t n)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    s->wait = *w;
+    char *doc;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, now_unix_ms, &doc, &len), 0);
+    cr_assert_eq(ds_wait_text(doc, len, buf, n), 0);
+    free(doc);
+    free(s);
+}
+
+Test(dslaunch_parts, wait_text)
+{
+    char t[160];
+    ds_status_wait w = {.kind = DS_WAIT_ROUND, .since_unix_ms = 10000, .round = 57,
+                        .n_peers = 2};
+    snprintf(w.peers[0], sizeof(w.peers[0]), "n2");
+    snprintf(w.peers[1], sizeof(w.peers[1]), "n3");
+    wait_text_of(&w, 11400, t, sizeof(t));
+    cr_expect_str_eq(t, "waiting 1.4s on round 57: n2, n3");
+    wait_text_of(&w, 10300, t, sizeof(t));
+    cr_expect_str_eq(t, "", "a wait under DS_WAIT_SHOWN_S is not shown");
+    w.kind = DS_WAIT_GROUP;
+    w.n_peers = 11; /* 8 named */
+    for (int i = 0; i < DS_STATUS_WAIT_PEERS; i++)
+        snprintf(w.peers[i], sizeof(w.peers[i]), "m%d", i);
+    wait_text_of(&w, 12000, t, sizeof(t));
+    cr_expect_str_eq(t, "waiting 2.0s on group reduction with m0, m1, m2, m3, m4, m5, m6, m7 +3");
+    w = (ds_status_wait){.kind = DS_WAIT_MEMBERS, .since_unix_ms = 10000, .alive = 2,
+                         .want = 4};
+    wait_text_of(&w, 13000, t, sizeof(t));
+    cr_expect_str_eq(t, "waiting 3.0s for members: 2 of 4 alive");
+    /* A peer's name is text from the network: nothing but printable ASCII
+     * reaches the terminal. */
+    w = (ds_status_wait){.kind = DS_WAIT_ROUND, .since_unix_ms = 1, .round = 1, .n_peers = 1};
+    snprintf(w.peers[0], sizeof(w.peers[0]), "a\033[2Jb");
+    wait_text_of(&w, 1001, t, sizeof(t));
+    cr_expect_str_eq(t, "waiting 1.0s on round 1: a?[2Jb");
+    w.kind = DS_WAIT_NONE;
+    wait_text_of(&w, 5000, t, sizeof(t));
+    cr_expect_str_eq(t, "");
+    /* Small buffers cut; not a document: -EINVAL. */
+    w = (ds_status_wait){.kind = DS_WAIT_ROUND, .since_unix_ms = 1, .round = 1, .n_peers = 0};
+    wait_text_of(&w, 2001, t, 12);
+    cr_expect_str_eq(t, "waiting 2.0");
+    cr_expect_eq(ds_wait_text("{\"schema\":1", 12, t, sizeof(t)), -EINVAL);
+    cr_expect_str_eq(t, "");
+    cr_expect_eq(ds_wait_text("{}", 2, t, sizeof(t)), 0);
+    cr_expect_str_eq(t, "");
 }
 
 Test(dslaunch_parts, logline_split)

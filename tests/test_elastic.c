@@ -566,6 +566,85 @@ Test(elastic, frozen_node_comes_back)
     live_free(&l);
 }
 
+/* What frozen_member_is_named_while_waited_for sees: a document of
+ * another node, written during the freeze, saying it has waited a second
+ * or more on its group's reduction with n1. */
+struct named_watch {
+    const char *out;
+    uint64_t t_stop;
+    char seen[300];    /* the first such "waiting" object, as JSON */
+    char last[4][200]; /* each node's last "waiting" */
+};
+
+static int frozen_member_named(void *arg)
+{
+    struct named_watch *w = arg;
+    for (int i = 0; i < 4; i++) {
+        if (i == 1)
+            continue;
+        json_t *doc = status_load(w->out, node_names[i]);
+        if (!doc)
+            continue;
+        const json_t *wj = json_object_get(doc, "waiting");
+        char *text = json_dumps(wj, JSON_COMPACT | JSON_ENCODE_ANY);
+        snprintf(w->last[i], sizeof(w->last[i]), "%s", text ? text : "?");
+        const json_t *peers = json_object_get(wj, "peers");
+        const char *on = json_string_value(json_object_get(wj, "on"));
+        int named = 0;
+        for (size_t k = 0; k < json_array_size(peers); k++) {
+            const char *p = json_string_value(json_array_get(peers, k));
+            named |= p && !strcmp(p, "n1");
+        }
+        const uint64_t t = (uint64_t)status_num(doc, "time_unix_ms");
+        const double for_s = json_number_value(json_object_get(wj, "for_s"));
+        if (named && on && !strcmp(on, "group") && for_s >= 1.0 && t > w->t_stop &&
+            !w->seen[0])
+            snprintf(w->seen, sizeof(w->seen), "%s: %s", node_names[i], text ? text : "?");
+        free(text);
+        json_decref(doc);
+    }
+    return w->seen[0] != 0;
+}
+
+/* A group member frozen (SIGSTOP): its group's next reduction cannot
+ * complete without it and waits out its deadline (gossip.timeout_ms,
+ * 2 s). While that lasts, the waiting member's status.json says so
+ * ("waiting" on the group, naming n1, for a second or more; a reduction
+ * of this model otherwise takes milliseconds), written by the status
+ * thread without a publish (the training thread is blocked in the
+ * reduction). Once the run ends nobody waits. */
+Test(elastic, frozen_member_is_named_while_waited_for)
+{
+    const char *out = tmp_path("named");
+    const char *extra[] = {"--set", "train.steps=600", "--set", "train.eval_every=0",
+                           "--set", "status.file_interval_ms=100", "--groups", "2", NULL};
+    const char *args[40];
+    el_args(args, 4, out, extra);
+    struct live l;
+    live_start(&l, args);
+    wait_for_step(&l, out, "n0", 50, 200000);
+    const pid_t p = node_pid(out, "n1");
+    cr_assert_gt(p, 0);
+    struct named_watch nw = {.out = out};
+    nw.t_stop = now_unix_ms();
+    cr_assert_eq(kill(p, SIGSTOP), 0);
+    const int seen = live_wait(&l, FREEZE_MS, frozen_member_named, &nw);
+    cr_assert_eq(kill(p, SIGCONT), 0);
+    cr_expect(seen, "no document named n1 as waited for while it was frozen; last: n0 %s, "
+              "n2 %s, n3 %s", nw.last[0], nw.last[2], nw.last[3]);
+    cr_log_info("while n1 was frozen: %s", nw.seen);
+    const int code = live_end(&l, 240000);
+    cr_assert_eq(code, 0, "exit %d\n%s", code, l.err);
+    for (int i = 0; i < 4; i++) {
+        json_t *doc = status_load(out, node_names[i]);
+        cr_assert_not_null(doc);
+        cr_expect(json_is_null(json_object_get(doc, "waiting")), "%s still waits at its end",
+                  node_names[i]);
+        json_decref(doc);
+    }
+    live_free(&l);
+}
+
 /* What the leave test sees of n3 in the others' documents. A leave shows
  * as "left" in a view only until its effective round, the membership lag
  * later: 32 rounds while the lag is still at its floor, a third of a

@@ -244,6 +244,66 @@ Test(gossip, segments_per_layer_and_cut)
     cr_expect_eq(ds_gossip_segments(layers, NL, n_params, -1, seg), -EINVAL);
 }
 
+struct waiting_node {
+    ds_gossip *g;
+    float *theta;
+    const ds_gossip_io *io;
+    int ret;
+};
+
+static void *waiting_round(void *p)
+{
+    struct waiting_node *w = p;
+    w->ret = ds_gossip_round(w->g, w->theta, 0, w->io);
+    return NULL;
+}
+
+/* ds_gossip_waiting, read from another thread: while node 0's exchange
+ * waits for node 1 (which has not started its round), it names node 1;
+ * once node 1 has run its round and both exchanges ended, nobody. */
+Test(gossip, waiting_names_the_peers_still_awaited)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_gossip *g[2];
+    float *theta[2];
+    for (uint32_t i = 0; i < 2; i++) {
+        theta[i] = malloc(n_params * sizeof(float));
+        ds_t_fill(theta[i], n_params, 77 + i, -1, 1);
+        ds_gossip_cfg cfg = base_cfg();
+        cfg.timeout_ms = 60000; /* node 0 waits in real time until node 1 runs */
+        cfg.node_seed = 500 + i;
+        cr_assert_eq(ds_gossip_create(&g[i], &cfg, layers, NL, n_params, theta[i]), 0);
+        cr_assert_eq(ds_gossip_set_view(g[i], 2, i, 1), 0);
+    }
+    uint32_t peers[4] = {99, 99, 99, 99};
+    cr_expect_eq(ds_gossip_waiting(g[0], peers, 4), 0, "no exchange yet");
+    struct waiting_node w0 = {g[0], theta[0], ds_fakenet_io(net, 0), -1};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, waiting_round, &w0), 0);
+    int n = 0;
+    for (int k = 0; k < 1000 && n == 0; k++) {
+        n = ds_gossip_waiting(g[0], peers, 4);
+        if (n == 0) {
+            const struct timespec ts = {0, 5 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    cr_expect_eq(n, 1, "node 0 waits for %d peers", n);
+    cr_expect_eq(peers[0], 1);
+    cr_expect_eq(peers[1], 99, "only n entries written");
+    cr_assert_eq(ds_gossip_round(g[1], theta[1], 0, ds_fakenet_io(net, 1)), 0);
+    pthread_join(th, NULL);
+    cr_expect_eq(w0.ret, 0);
+    cr_expect_eq(ds_gossip_waiting(g[0], peers, 4), 0, "the wait ended");
+    cr_expect_eq(ds_gossip_waiting(g[1], peers, 4), 0);
+    for (uint32_t i = 0; i < 2; i++) {
+        ds_gossip_destroy(&g[i]);
+        free(theta[i]);
+    }
+    ds_fakenet_destroy(net);
+}
+
 Test(gossip, create_refuses_more_segments_than_parameters)
 {
     /* Issue 16: refused before anything is reserved for them. */

@@ -1269,6 +1269,152 @@ Test(status, file_is_written_atomically_and_rate_limited)
     rmdir(dir);
 }
 
+/* status.file's document, parsed; NULL when there is none yet. */
+static json_t *file_doc(const char *path)
+{
+    size_t len;
+    char *t = read_text(path, &len);
+    if (!t)
+        return NULL;
+    json_t *d = parse_or_fail(t, len);
+    free(t);
+    return d;
+}
+
+/* Wait (at most 5 s) until status.file's document satisfies ok; returns
+ * it (the caller decrefs), or fails with why. */
+static json_t *file_until(const char *path, int (*ok)(const json_t *d), const char *why)
+{
+    for (int k = 0; k < 500; k++) {
+        json_t *d = file_doc(path);
+        if (d && ok(d))
+            return d;
+        json_decref(d);
+        sleep_ms(10);
+    }
+    cr_assert_fail("status.file never showed %s", why);
+    return NULL;
+}
+
+static int shows_step1_not_waiting(const json_t *d)
+{
+    return num_at(d, "train", "step") == 1 && json_is_null(json_object_get(d, "waiting"));
+}
+
+static int shows_wait(const json_t *d)
+{
+    return json_is_object(json_object_get(d, "waiting"));
+}
+
+static int shows_wait_grown(const json_t *d)
+{
+    return jnum(json_object_get(d, "waiting"), "for_s", 0) >= 0.3;
+}
+
+static int shows_step2_waiting(const json_t *d)
+{
+    return num_at(d, "train", "step") == 2 && shows_wait(d);
+}
+
+static int shows_no_wait(const json_t *d)
+{
+    return json_is_null(json_object_get(d, "waiting"));
+}
+
+/* The wait record is shown by /status and status.file while it holds,
+ * with no publish: the status thread renders it and rewrites the file
+ * (for_s growing); a publish meanwhile does not hide it; a clear does. */
+Test(status, wait_is_shown_without_a_publish)
+{
+    char dir[] = "/tmp/ds-status-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/status.json", dir);
+    ds_status *st = serve(16, 5000, path);
+    const int port = port_of(st);
+    ds_status_snapshot *s = sample_snapshot();
+    s->step = 1;
+    ds_status_publish(st, s);
+    json_decref(file_until(path, shows_step1_not_waiting, "step 1 without a wait"));
+
+    ds_status_wait w = {.kind = DS_WAIT_ROUND, .round = 7, .n_peers = 9};
+    for (int i = 0; i < DS_STATUS_WAIT_PEERS; i++)
+        snprintf(w.peers[i], sizeof(w.peers[i]), "n%d", i + 2);
+    ds_status_stats before;
+    ds_status_stats_get(st, &before);
+    const uint64_t t0 = ds_now_ms();
+    ds_status_set_wait(st, &w);
+    json_t *d = file_until(path, shows_wait, "the wait");
+    cr_expect_leq(ds_now_ms() - t0, 100 + 1000, "the file took longer than its interval");
+    cr_expect_eq(num_at(d, "train", "step"), 1, "a publish happened?");
+    const json_t *wj = json_object_get(d, "waiting");
+    cr_expect_str_eq(jstr(wj, "on", ""), "round");
+    cr_expect_eq(jnum(wj, "round", -1), 7);
+    cr_expect_eq(jnum(wj, "n_peers", -1), 9);
+    const json_t *peers = json_object_get(wj, "peers");
+    cr_assert_eq(json_array_size(peers), DS_STATUS_WAIT_PEERS);
+    cr_expect_str_eq(json_string_value(json_array_get(peers, 0)), "n2");
+    cr_expect_str_eq(json_string_value(json_array_get(peers, 7)), "n9");
+    const double since = jnum(wj, "since_unix_ms", 0);
+    cr_expect_gt(since, 0);
+    cr_expect_geq(jnum(d, "time_unix_ms", 0), since);
+    json_decref(d);
+
+    /* /status has it too, without a publish. */
+    resp r = get(port, "/status");
+    cr_assert_eq(r.code, 200);
+    json_t *h = parse_or_fail(r.body, r.body_len);
+    cr_expect_str_eq(jstr(json_object_get(h, "waiting"), "on", ""), "round");
+    json_decref(h);
+    resp_free(&r);
+
+    /* While it lasts, the file is rewritten: for_s grows. */
+    d = file_until(path, shows_wait_grown, "the wait's for_s growing");
+    cr_expect_eq(jnum(json_object_get(d, "waiting"), "since_unix_ms", 0), since);
+    json_decref(d);
+    ds_status_stats mid;
+    ds_status_stats_get(st, &mid);
+    cr_expect_eq(mid.publishes, before.publishes, "the wait was published?");
+
+    /* A publish meanwhile (its snapshot says nothing of waits) keeps it. */
+    s->step = 2;
+    ds_status_publish(st, s);
+    json_decref(file_until(path, shows_step2_waiting, "step 2 still waiting"));
+
+    ds_status_clear_wait(st);
+    d = file_until(path, shows_no_wait, "the wait cleared");
+    cr_expect_eq(num_at(d, "train", "step"), 2);
+    json_decref(d);
+    r = get(port, "/status");
+    h = parse_or_fail(r.body, r.body_len);
+    cr_expect(json_is_null(json_object_get(h, "waiting")));
+    json_decref(h);
+    resp_free(&r);
+
+    /* The other kinds' own keys, rendered from a snapshot. */
+    s->wait = (ds_status_wait){.kind = DS_WAIT_MEMBERS, .alive = 2, .want = 4,
+                               .since_unix_ms = 1000};
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 3500, &text, &len), 0);
+    h = parse_or_fail(text, len);
+    wj = json_object_get(h, "waiting");
+    cr_expect_str_eq(jstr(wj, "on", ""), "members");
+    cr_expect_eq(jnum(wj, "alive", -1), 2);
+    cr_expect_eq(jnum(wj, "want", -1), 4);
+    cr_expect_eq(jnum(wj, "for_s", -1), 2.5);
+    cr_expect_eq(json_array_size(json_object_get(wj, "peers")), 0);
+    json_decref(h);
+    free(text);
+    cr_expect_str_eq(ds_status_wait_name(DS_WAIT_GROUP), "group");
+    cr_expect_str_eq(ds_status_wait_name(DS_WAIT__COUNT), "?");
+
+    ds_status_destroy(&st);
+    free(s);
+    unlink(path);
+    rmdir(dir);
+}
+
 Test(status, create_checks_its_arguments)
 {
     ds_status *st = (ds_status *)1;

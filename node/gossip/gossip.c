@@ -45,6 +45,8 @@
 #include "base/log.h"
 
 enum { OUT_NONE = 0, OUT_PENDING, OUT_OK, OUT_FAILED, OUT_SKIPPED };
+
+#define WAIT_NAMED 16 /* peers ds_gossip_waiting can name */
 enum { SKIP_NONE = 0, SKIP_NOWAIT, SKIP_ALL }; /* g->skip[] */
 #define NOWAIT_GRACE_NS 10000000u /* 10 ms: a reply from a peer back on time */
 #define LATE_SLOTS 4      /* exchanges kept open past their round, per segment */
@@ -139,6 +141,10 @@ struct ds_gossip {
     ds_gossip_xinfo *pub_x;   /* n_seg; in_from unset */
     uint32_t *pub_in;         /* n_seg x pub_max_in */
     uint32_t pub_max_in;
+    /* the peers the exchange in progress still waits for (view indices,
+     * the first WAIT_NAMED of pub_wait_n), as of its last message */
+    uint32_t pub_wait[WAIT_NAMED];
+    uint32_t pub_wait_n;
 };
 
 /* ---- segments ----------------------------------------------------------- */
@@ -562,6 +568,52 @@ static int outstanding(const ds_gossip *g)
             n += !g->in_done[k] && !g->skip[p] && !g->ahead[p] && !g->slow[p];
         }
     }
+    return n;
+}
+
+/* Hand ds_gossip_waiting the peers outstanding() counts, each once
+ * (clear: none). */
+static void note_waiting(ds_gossip *g, int clear)
+{
+    uint32_t p[WAIT_NAMED], n = 0;
+    for (int s = 0; !clear && s < g->n_seg; s++) {
+        const uint32_t t = g->out[s].target;
+        const uint32_t in_n = g->in_n[s];
+        for (uint32_t i = 0; i <= in_n; i++) {
+            uint32_t q;
+            if (i == in_n) {
+                if (g->out[s].state != OUT_PENDING || g->skip[t] || g->slow[t] || g->ahead[t])
+                    continue;
+                q = t;
+            } else {
+                const size_t k = (size_t)s * g->max_in + i;
+                q = g->in_from[k];
+                if (g->in_done[k] || g->skip[q] || g->ahead[q] || g->slow[q])
+                    continue;
+            }
+            uint32_t j = 0;
+            while (j < n && j < WAIT_NAMED && p[j] != q)
+                j++;
+            if (j < n && j < WAIT_NAMED)
+                continue; /* named already */
+            if (n < WAIT_NAMED)
+                p[n] = q;
+            n++;
+        }
+    }
+    pthread_mutex_lock(&g->pub_lock);
+    memcpy(g->pub_wait, p, (n < WAIT_NAMED ? n : WAIT_NAMED) * sizeof(*p));
+    g->pub_wait_n = n;
+    pthread_mutex_unlock(&g->pub_lock);
+}
+
+int ds_gossip_waiting(ds_gossip *g, uint32_t *peers, int cap)
+{
+    pthread_mutex_lock(&g->pub_lock);
+    const int n = (int)g->pub_wait_n;
+    for (int i = 0; i < n && i < cap && i < WAIT_NAMED; i++)
+        peers[i] = g->pub_wait[i];
+    pthread_mutex_unlock(&g->pub_lock);
     return n;
 }
 
@@ -1219,12 +1271,14 @@ static int wait_round(ds_gossip *g, const ds_gossip_io *io, uint64_t deadline)
     int stopped = 0;
     while (outstanding(g) > 0) {
         ds_gmsg m;
+        note_waiting(g, 0);
         int r = timed_recv(g, io, &m, deadline);
         stopped = r < 0;
         if (r <= 0)
             break;
         dispatch(g, io, &m);
     }
+    note_waiting(g, 1);
     if (!stopped)
         ds_glat_round(&g->lat, io->now_ns(io->ctx) - g->t0);
     /* Pacing: a node too far ahead of its view serves what comes until

@@ -306,6 +306,13 @@ int ds_gossip_xinfo_get(const ds_gossip *g, int s, ds_gossip_xinfo *out);
 void ds_gossip_report(ds_gossip *g, ds_gossip_stats *st, ds_gossip_xinfo *x, int max_x,
                       uint32_t *in_from, uint32_t in_cap);
 
+/* For a thread other than the round's (the status page, while the
+ * client waits for an overlapped round): how many peers the exchange in
+ * progress still waits for (those it waits for at all: not skipped, slow
+ * or ahead), as of its last message; their view indices, each once, into
+ * peers (the first min(n, cap, 16)). 0 when no exchange is waiting. */
+int ds_gossip_waiting(ds_gossip *g, uint32_t *peers, int cap);
+
 /* Read access for status and tests. */
 const float *ds_gossip_acc(const ds_gossip *g);
 /* For checkpoints (node/runtime/checkpoint.c), between rounds only (after

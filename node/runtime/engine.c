@@ -41,7 +41,7 @@
 /* Neither stop request made: for a client that passes none. */
 static const atomic_int never;
 
-static void timed_wait(rt *r, uint64_t until_ms)
+void ds_rt_timed_wait(rt *r, uint64_t until_ms)
 {
     const struct timespec ts = {(time_t)(until_ms / 1000), (long)(until_ms % 1000) * 1000000L};
     pthread_cond_timedwait(&r->cond, &r->lock, &ts);
@@ -325,7 +325,7 @@ static void *fd_main(void *arg)
             next = now + 50;
         pthread_mutex_lock(&r->lock);
         if (!r->stop_threads && next > ds_now_ms())
-            timed_wait(r, next);
+            ds_rt_timed_wait(r, next);
     }
     pthread_mutex_unlock(&r->lock);
     return NULL;
@@ -705,6 +705,7 @@ static int wait_for_cluster(rt *r, char *err, size_t err_len)
 {
     const int64_t want = r->c->cluster.min_members;
     uint64_t last_log = 0;
+    ds_status_wait wait = {0}; /* shown while too few are alive */
     pthread_mutex_lock(&r->lock);
     for (;;) {
         if (ds_rt_stop_signal(r)) {
@@ -735,8 +736,16 @@ static int wait_for_cluster(rt *r, char *err, size_t err_len)
                         (long long)want);
                 last_log = now;
             }
+            if (st.alive != wait.alive || !wait.kind) {
+                if (!wait.kind)
+                    wait.since_unix_ms = ds_unix_ms();
+                wait.kind = DS_WAIT_MEMBERS;
+                wait.alive = st.alive;
+                wait.want = (uint32_t)want;
+                ds_status_set_wait(r->status, &wait);
+            }
         }
-        timed_wait(r, ds_now_ms() + 50);
+        ds_rt_timed_wait(r, ds_now_ms() + 50);
     }
     pthread_mutex_unlock(&r->lock);
     return 0;
@@ -749,6 +758,7 @@ int ds_engine_join(ds_engine *r, char *err, size_t err_len)
     int e = start_membership(r, err, err_len);
     if (e == 0)
         e = wait_for_cluster(r, err, err_len);
+    ds_status_clear_wait(r->status); /* what wait_for_cluster showed */
     return e;
 }
 

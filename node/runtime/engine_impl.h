@@ -157,6 +157,9 @@ typedef struct ds_engine rt;
 void ds_rt_round_began(rt *r, uint64_t round);
 void ds_rt_round_ended(rt *r);
 
+/* Wait on r->cond (r->lock held) until woken or until_ms (ds_now_ms). */
+void ds_rt_timed_wait(rt *r, uint64_t until_ms);
+
 /* The client's stop requests (ds_engine_stop). */
 static inline int ds_rt_stop_signal(const rt *r)
 {

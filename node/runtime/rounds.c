@@ -291,12 +291,67 @@ static void comm_start(rt *r)
     pthread_mutex_unlock(&r->lock);
 }
 
+/* ---- what the status page says the node waits on ---------------------------- */
+
+/* How often a wait for the overlapped round looks at whom it still waits
+ * for; a shorter wait is never shown. Under the adaptive deadline's floor
+ * (100 ms, node/gossip/latency.c), so that a round held by a peer that
+ * stopped answering shows up even in a cluster whose rounds take
+ * milliseconds. A wake costs a mutex and a copy of a few names. */
+#define WAIT_LOOK_MS 50
+
+/* Member `id`'s name into out (DS_STATUS_NAME_LEN): its node id in hex
+ * when membership no longer knows it; id 0 is a group of several
+ * (gossip between groups: which member is not known there). */
+static void peer_name(rt *r, uint64_t id, char *out)
+{
+    ds_member_info mi;
+    if (id && ds_membership_member(atomic_load(&r->ms), id, &mi) == 0)
+        snprintf(out, DS_STATUS_NAME_LEN, "%s", mi.name);
+    else if (id)
+        snprintf(out, DS_STATUS_NAME_LEN, "%016llx", (unsigned long long)id);
+    else
+        snprintf(out, DS_STATUS_NAME_LEN, "(a group)");
+}
+
+/* Show the peers the overlapped round still waits for (the comm thread's
+ * exchange, ds_gossip_waiting), the wait having begun at since. */
+static void show_round_wait(rt *r, uint64_t since_unix_ms)
+{
+    ds_status_wait w = {.kind = DS_WAIT_ROUND, .since_unix_ms = since_unix_ms,
+                        .round = r->hist_round};
+    uint32_t idx[DS_STATUS_WAIT_PEERS];
+    const int n = ds_gossip_waiting(r->gossip, idx, DS_STATUS_WAIT_PEERS);
+    w.n_peers = n > 0 ? (uint32_t)n : 0;
+    for (uint32_t i = 0; i < w.n_peers && i < DS_STATUS_WAIT_PEERS; i++)
+        peer_name(r, ds_gnet_view_id(r->gn, idx[i]), w.peers[i]);
+    ds_status_set_wait(r->status, &w);
+}
+
+/* Wait for the comm thread's exchange. With a status page, wake every
+ * WAIT_LOOK_MS to show whom it still waits for (the training semantics
+ * are the same: the round is waited for to its end either way). */
 static void comm_wait(rt *r)
 {
+    const uint64_t since = r->status ? ds_unix_ms() : 0;
+    int shown = 0;
     pthread_mutex_lock(&r->lock);
-    while (!r->comm_done)
-        pthread_cond_wait(&r->cond, &r->lock);
+    while (!r->comm_done) {
+        if (!r->status) {
+            pthread_cond_wait(&r->cond, &r->lock);
+            continue;
+        }
+        ds_rt_timed_wait(r, ds_now_ms() + WAIT_LOOK_MS);
+        if (r->comm_done)
+            break;
+        pthread_mutex_unlock(&r->lock);
+        show_round_wait(r, since);
+        shown = 1;
+        pthread_mutex_lock(&r->lock);
+    }
     pthread_mutex_unlock(&r->lock);
+    if (shown)
+        ds_status_clear_wait(r->status);
 }
 
 static uint64_t current_round(const rt *r)
@@ -367,6 +422,24 @@ static int group_at(rt *r, uint64_t round)
     return 0;
 }
 
+/* Show the reduction about to run (ds_greduce_run blocks): the members
+ * it reduces with (not skipped). Which of them is late is not known from
+ * here; the reduction's time is in the group's counters. */
+static void show_group_wait(rt *r, const uint8_t *skip)
+{
+    if (!r->status || r->gsize < 2)
+        return;
+    ds_status_wait w = {.kind = DS_WAIT_GROUP};
+    for (uint32_t k = 0; k < r->gsize; k++) {
+        if (k == r->gmember || skip[k])
+            continue;
+        if (w.n_peers < DS_STATUS_WAIT_PEERS)
+            peer_name(r, r->gmembers[k], w.peers[w.n_peers]);
+        w.n_peers++;
+    }
+    ds_status_set_wait(r->status, &w);
+}
+
 /* One reduction of the group over r->gvec (n floats, the first n_mean
  * averaged) and the sparse lists sp, tagged with the group's count; until
  * deadline_ns. */
@@ -380,8 +453,10 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
                   ds_skip_check(&r->skip, r->gmembers[k], round) != DS_SKIP_WAIT;
     pthread_mutex_unlock(&r->skip_lock);
     const uint64_t t0 = ds_now_ns();
+    show_group_wait(r, skip);
     int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
                            r->gmember, skip, r->gseq, deadline_ns, sp, res);
+    ds_status_clear_wait(r->status);
     /* Tags: the next count, or a member's if it is ahead (a joiner, or
      * members apart after a miss, meet again so). */
     r->gseq = res->max_tag >= r->gseq + 1 ? res->max_tag : r->gseq + 1;

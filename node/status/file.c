@@ -91,15 +91,13 @@ int ds_status_file_write(ds_status *st)
         ds_info(DS_STATUS_COMP, "%s written again after %llu failed writes", st->file,
                 (unsigned long long)st->file_failing);
     st->file_failing = 0;
-    st->file_gen = st->cur_gen;
+    st->file_gen = st->view_gen;
     DS_STATUS_BUMP(st, file_writes);
     return 0;
 }
 
 int ds_status_file_dirty(ds_status *st)
 {
-    pthread_mutex_lock(&st->mu);
-    const int d = st->pub_gen != st->file_gen;
-    pthread_mutex_unlock(&st->mu);
-    return d;
+    ds_status_refresh(st);
+    return st->view_gen != st->file_gen;
 }

@@ -31,16 +31,24 @@ struct ds_status {
     pthread_t thread;
     int thread_up;
 
-    pthread_mutex_t mu;          /* guards pub, pub_gen, pub_unix_ms, stop, stats */
+    pthread_mutex_t mu;          /* guards pub, pub_gen, pub_unix_ms, wait, wait_gen,
+                                  * wait_unix_ms, stop, stats */
     ds_status_snapshot *pub;
     uint64_t pub_gen, pub_unix_ms;
+    ds_status_wait wait;         /* ds_status_set_wait's record */
+    uint64_t wait_gen, wait_unix_ms;
     int stop;
     ds_status_stats stats;
 
     /* status thread only */
     ds_status_snapshot *cur;     /* the last published snapshot, taken */
     uint64_t cur_gen, cur_unix_ms;
-    char *json, *metrics;        /* rendered from cur, once per generation */
+    uint64_t cur_wait_gen;       /* the wait record cur->wait holds */
+    uint64_t view_gen;           /* bumped when what cur renders to changes:
+                                  * a publish, a wait set or cleared, a shown
+                                  * wait's tick */
+    uint64_t view_unix_ms;       /* and the document's time_unix_ms */
+    char *json, *metrics;        /* rendered from cur, once per view_gen */
     size_t json_len, metrics_len;
     uint64_t json_gen, metrics_gen;
     uint64_t file_gen, file_last_ms;
@@ -58,6 +66,10 @@ struct ds_status {
     } while (0)
 
 /* ---- status.c: the caches (status thread) ---- */
+
+/* Take the newest published snapshot and wait record into cur (bumping
+ * view_gen when the document changes). */
+void ds_status_refresh(ds_status *st);
 
 /* Make st->json / st->metrics the rendering of the newest published
  * snapshot. 0 or -ENOMEM (the previous rendering is then gone). */
@@ -117,7 +129,8 @@ int ds_status_file_check(const ds_status *st);
  * failure (rate-limited). */
 /* 0, or the negative errno of a failed write (counted and logged). */
 int ds_status_file_write(ds_status *st);
-/* 1 when something was published since the file was last written. */
+/* 1 when the document changed since the file was last written (a
+ * publish, a wait set or cleared, a shown wait's tick). */
 int ds_status_file_dirty(ds_status *st);
 
 #endif

@@ -302,6 +302,33 @@ static json_t *schedule_obj(jb *b, const ds_status_snapshot *s)
 
 /* The metric groups: each an object of its JSON rows, at the top or in
  * its parent's object, with its total beside it when it has one. */
+/* What the node is blocked on now; null when nothing. for_s is as of
+ * time_unix_ms (the status thread restamps a shown wait's document). */
+static json_t *waiting_obj(jb *b, const ds_status_snapshot *s, uint64_t now_unix_ms)
+{
+    const ds_status_wait *w = &s->wait;
+    if (w->kind == DS_WAIT_NONE)
+        return json_null();
+    json_t *o = json_object();
+    put(b, o, "on", json_string(ds_status_wait_name((enum ds_status_wait_kind)w->kind)));
+    put(b, o, "since_unix_ms", ju(w->since_unix_ms));
+    put(b, o, "for_s",
+        jd(now_unix_ms > w->since_unix_ms ? (double)(now_unix_ms - w->since_unix_ms) / 1e3 : 0));
+    if (w->kind == DS_WAIT_ROUND)
+        put(b, o, "round", ju(w->round));
+    if (w->kind == DS_WAIT_MEMBERS) {
+        put(b, o, "alive", ju(w->alive));
+        put(b, o, "want", ju(w->want));
+    }
+    put(b, o, "n_peers", ju(w->n_peers));
+    json_t *list = json_array();
+    const uint32_t n = w->n_peers < DS_STATUS_WAIT_PEERS ? w->n_peers : DS_STATUS_WAIT_PEERS;
+    for (uint32_t i = 0; i < n; i++)
+        push(b, list, jstr(F(w->peers[i])));
+    put(b, o, "peers", list);
+    return o;
+}
+
 static void groups(jb *b, json_t *root, const ds_status_snapshot *s)
 {
     json_t *objs[DS_STATUS_MAX_GROUPS] = {0};
@@ -355,6 +382,7 @@ int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, cha
     put(&b, root, "exchanges", exchanges_obj(&b, s));
     put(&b, root, "schedule", schedule_obj(&b, s));
     put(&b, root, "history", history_arr(&b, s));
+    put(&b, root, "waiting", waiting_obj(&b, s, now_unix_ms));
     groups(&b, root, s);
     char *text = b.bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(REAL_DIGITS));
     json_decref(root);

@@ -31,6 +31,9 @@ static const char *const outcome_names[DS_XCHG__COUNT] = {
 static const char *const member_state_names[DS_STATUS_MEMBER__COUNT] = {
     "alive", "suspect", "dead", "left",
 };
+static const char *const wait_names[DS_WAIT__COUNT] = {
+    "none", "round", "group", "members",
+};
 
 const char *ds_status_state_name(enum ds_status_state st)
 {
@@ -45,6 +48,11 @@ const char *ds_status_outcome_name(enum ds_status_outcome o)
 const char *ds_status_member_state_name(unsigned member_state)
 {
     return member_state < DS_STATUS_MEMBER__COUNT ? member_state_names[member_state] : "?";
+}
+
+const char *ds_status_wait_name(enum ds_status_wait_kind k)
+{
+    return (unsigned)k < DS_WAIT__COUNT ? wait_names[k] : "?";
 }
 
 /* ---- the snapshot ----------------------------------------------------------- */

@@ -15,6 +15,12 @@
  * destroy writes to. publish does not wake it (publish must stay a
  * memcpy), so the thread looks for news at least every
  * max(file_interval_ms, 20 ms) while there is a file to keep current.
+ *
+ * The wait record (ds_status_set_wait) is news the same way, with its own
+ * generation: refresh puts it into the taken copy, and while one is shown
+ * restamps the document every DS_STATUS_WAIT_TICK_MS, so its for_s grows
+ * in the file and in /status (one render per tick, not per request)
+ * although nothing is published.
  */
 #include "config.h"
 
@@ -41,50 +47,61 @@ void ds_status_opts_default(ds_status_opts *o)
     o->file_interval_ms = 500;
 }
 
-static uint64_t unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* ---- the caches (status thread) ---- */
 
-/* Take the published snapshot when it is newer than ours. */
-static void refresh(ds_status *st)
+void ds_status_refresh(ds_status *st)
 {
+    const uint64_t now = ds_unix_ms();
+    int changed = 0;
     pthread_mutex_lock(&st->mu);
     if (st->pub_gen != st->cur_gen) {
         memcpy(st->cur, st->pub, sizeof(*st->cur));
         st->cur_gen = st->pub_gen;
         st->cur_unix_ms = st->pub_unix_ms;
+        changed = 1;
     }
+    if (changed || st->wait_gen != st->cur_wait_gen) {
+        st->cur->wait = st->wait; /* the record wins over a published one */
+        st->cur_wait_gen = st->wait_gen;
+        changed = 1;
+    }
+    const uint64_t wait_ms = st->wait_unix_ms;
     pthread_mutex_unlock(&st->mu);
+    const int waiting = st->cur->wait.kind != DS_WAIT_NONE;
+    if (waiting && now >= st->view_unix_ms + DS_STATUS_WAIT_TICK_MS)
+        changed = 1;
+    if (!changed)
+        return;
+    st->view_gen++;
+    uint64_t t = st->cur_unix_ms > wait_ms ? st->cur_unix_ms : wait_ms;
+    if (waiting && now > t)
+        t = now; /* for_s as of now */
+    st->view_unix_ms = t;
 }
 
 int ds_status_cached_json(ds_status *st)
 {
-    refresh(st);
-    if (st->json && st->json_gen == st->cur_gen)
+    ds_status_refresh(st);
+    if (st->json && st->json_gen == st->view_gen)
         return 0;
     free(st->json);
     st->json = NULL;
-    int e = ds_status_render_json(st->cur, st->cur_unix_ms, &st->json, &st->json_len);
+    int e = ds_status_render_json(st->cur, st->view_unix_ms, &st->json, &st->json_len);
     if (e == 0)
-        st->json_gen = st->cur_gen;
+        st->json_gen = st->view_gen;
     return e;
 }
 
 int ds_status_cached_metrics(ds_status *st)
 {
-    refresh(st);
-    if (st->metrics && st->metrics_gen == st->cur_gen)
+    ds_status_refresh(st);
+    if (st->metrics && st->metrics_gen == st->view_gen)
         return 0;
     free(st->metrics);
     st->metrics = NULL;
     int e = ds_status_render_metrics(st->cur, &st->metrics, &st->metrics_len);
     if (e == 0)
-        st->metrics_gen = st->cur_gen;
+        st->metrics_gen = st->view_gen;
     return e;
 }
 
@@ -223,7 +240,7 @@ int ds_status_create_opts(ds_status **out, const ds_status_opts *o)
     else
         ds_status_snapshot_init(st->pub);
     st->pub_gen = 1; /* the thread starts at generation 0: it copies this */
-    st->pub_unix_ms = unix_ms();
+    st->pub_unix_ms = ds_unix_ms();
     if ((e = take_opts(st, o, want_http, want_file)) < 0)
         goto fail_free;
     if (pipe2(st->wake, O_NONBLOCK | O_CLOEXEC) < 0) {
@@ -267,12 +284,40 @@ void ds_status_publish(ds_status *st, const ds_status_snapshot *s)
 {
     if (!st || !s)
         return;
-    const uint64_t t = unix_ms();
+    const uint64_t t = ds_unix_ms();
     pthread_mutex_lock(&st->mu);
     memcpy(st->pub, s, sizeof(*s));
     st->pub_gen++;
     st->pub_unix_ms = t;
     st->stats.publishes++;
+    pthread_mutex_unlock(&st->mu);
+}
+
+void ds_status_set_wait(ds_status *st, const ds_status_wait *w)
+{
+    if (!st || !w)
+        return;
+    const uint64_t t = ds_unix_ms();
+    pthread_mutex_lock(&st->mu);
+    st->wait = *w;
+    if (!st->wait.since_unix_ms)
+        st->wait.since_unix_ms = t;
+    st->wait_gen++;
+    st->wait_unix_ms = t;
+    pthread_mutex_unlock(&st->mu);
+}
+
+void ds_status_clear_wait(ds_status *st)
+{
+    if (!st)
+        return;
+    const uint64_t t = ds_unix_ms();
+    pthread_mutex_lock(&st->mu);
+    if (st->wait.kind != DS_WAIT_NONE) {
+        memset(&st->wait, 0, sizeof(st->wait));
+        st->wait_gen++;
+        st->wait_unix_ms = t;
+    }
     pthread_mutex_unlock(&st->mu);
 }
 

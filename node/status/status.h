@@ -14,6 +14,13 @@
  * other module of node/: the runtime (node/runtime/publish.h) hands it the
  * tables and the values.
  *
+ * A publish happens between steps, so a node blocked inside one (on an
+ * overlapped round, its group's reduction, min_members) would show
+ * nothing while blocked. ds_status_set_wait hands the server a small
+ * record of what it waits on (plain data too: a kind, names, times),
+ * again one copy under the mutex; the status thread shows it as
+ * "waiting" and keeps the file current while it lasts.
+ *
  * One thread per ds_status serves HTTP (libmicrohttpd, driven by that
  * thread) and rewrites the file. HTTP: GET and HEAD, HTTP/1.0 and 1.1, one
  * request per connection (Connection: close), bounded request size,
@@ -190,6 +197,30 @@ typedef struct ds_status_layer {
     uint64_t offset, length; /* floats into theta: weights, then biases */
 } ds_status_layer;
 
+/* What this node is blocked on now (ds_status_set_wait), shown as
+ * /status's "waiting". */
+enum ds_status_wait_kind {
+    DS_WAIT_NONE = 0,    /* not waiting: "waiting" is null */
+    DS_WAIT_ROUND = 1,   /* the overlapped gossip round's exchanges (peers:
+                          * those it still waits for) */
+    DS_WAIT_GROUP = 2,   /* the group's reduction (peers: the members it
+                          * reduces with) */
+    DS_WAIT_MEMBERS = 3, /* cluster.min_members at join (alive of want) */
+    DS_WAIT__COUNT
+};
+
+#define DS_STATUS_WAIT_PEERS 8 /* peers named; n_peers may be larger */
+
+typedef struct ds_status_wait {
+    uint8_t kind;            /* enum ds_status_wait_kind */
+    uint64_t since_unix_ms;  /* wall clock when the wait began */
+    uint64_t round;          /* DS_WAIT_ROUND: the round waited for */
+    uint32_t alive, want;    /* DS_WAIT_MEMBERS: members alive / needed */
+    uint32_t n_peers;        /* peers waited for in all; the first
+                              * DS_STATUS_WAIT_PEERS named */
+    char peers[DS_STATUS_WAIT_PEERS][DS_STATUS_NAME_LEN];
+} ds_status_wait;
+
 /*
  * Everything /status and /metrics show. About 100 KB: allocate it (calloc)
  * rather than putting it on a thread's stack, and keep one for the node's
@@ -236,6 +267,10 @@ typedef struct ds_status_snapshot {
     /* the last completed rounds */
     ds_status_history hist;
 
+    /* what the node is blocked on: the server shows the record of
+     * ds_status_set_wait here, whatever a published snapshot holds */
+    ds_status_wait wait;
+
     /* the other modules' counters, group by group in page order (filled by
      * ds_status_add_group; the descriptor tables are of static storage,
      * so the snapshot stays a plain copyable value) */
@@ -269,6 +304,8 @@ const char *ds_status_state_name(enum ds_status_state st);
 const char *ds_status_outcome_name(enum ds_status_outcome o);
 /* "alive", "suspect", "dead", "left"; "?" when out of range. */
 const char *ds_status_member_state_name(unsigned member_state);
+/* "none", "round", "group", "members"; "?" when out of range. */
+const char *ds_status_wait_name(enum ds_status_wait_kind k);
 
 /* ---- rendering (also used by tests and the file writer) ----------------------- */
 
@@ -381,6 +418,22 @@ int ds_status_create(ds_status **out, const char *listen, const char *file)
  * for one memcpy; never does I/O and never waits for a client. NULL-safe.
  * Any thread; one publisher at a time is the expected use. */
 void ds_status_publish(ds_status *st, const ds_status_snapshot *s);
+
+/* What the node is blocked on, for as long as it is (a wait between two
+ * publishes is otherwise never seen): *w is copied (borrowed for the
+ * call) under the mutex, like publish, and shown as "waiting" by /status
+ * and status.file until ds_status_clear_wait, whatever is published
+ * meanwhile. /status shows it at the next request; the status thread
+ * rewrites the file within file_interval_ms and keeps rewriting it while
+ * the wait lasts (at most every max(file_interval_ms,
+ * DS_STATUS_WAIT_TICK_MS)), so for_s grows. w->since_unix_ms = 0 stamps the call's wall clock. Calling it
+ * again while waiting replaces the record (peers that answered meanwhile
+ * drop out). Never does I/O and never renders. NULL-safe; any thread. */
+void ds_status_set_wait(ds_status *st, const ds_status_wait *w);
+/* Not waiting any more ("waiting": null). NULL-safe; any thread. */
+void ds_status_clear_wait(ds_status *st);
+
+#define DS_STATUS_WAIT_TICK_MS 100 /* a shown wait's for_s is this fresh */
 
 /* The bound HTTP address "host:port" (the real port when listen asked for
  * 0). 0, -ENOENT when there is no HTTP server, -ENOSPC when n is too small. */

@@ -95,6 +95,19 @@ int ds_json_set(json_t *obj, const char *key, json_t *val);
  * significant digits. 0, -ENOMEM or -EIO. */
 int ds_json_write_line(FILE *f, const json_t *v, int compact);
 
+/* ---- what a node waits on (its status.file) ------------------------------- */
+
+#define DS_WAIT_SHOWN_S 0.5 /* a shorter wait is not shown */
+
+/* The "waiting" object of a node's /status document (docs/status.md) as
+ * a progress text into buf (n bytes): "waiting 1.4s on round 57: n2, n3",
+ * "waiting 2.0s on group reduction with n3, n4", "waiting 3.0s for members:
+ * 2 of 4 alive"; "" when the document says it is not waiting, or for
+ * less than DS_WAIT_SHOWN_S. Bytes outside printable ASCII become '?'.
+ * 0 (buf set, maybe ""), or -EINVAL when doc is not a /status document
+ * (buf ""). */
+int ds_wait_text(const char *doc, size_t len, char *buf, size_t n);
+
 /* ---- final models ----------------------------------------------------------- */
 
 /* "DSMODEL1", u64 little-endian n, then n little-endian float32. */

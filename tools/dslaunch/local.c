@@ -89,6 +89,8 @@
 #define DRAIN_MS 2000        /* pipes kept open after a child is reaped */
 #define CMD_TIMEOUT_MS 60000 /* keygen, check-config */
 #define STATUS_EVERY_MS 5000 /* the status line when stderr is not a terminal */
+#define WAITS_EVERY_MS 500   /* the nodes' status.json read for their waits */
+#define WAIT_DOC_MAX (4 << 20) /* a larger status.json is not read */
 #define FORWARD_MAX 20       /* warn/error lines shown per node */
 #define LINE_MAX_ 8192
 
@@ -133,6 +135,8 @@ struct node {
     int have_train, have_eval;
     int64_t step;
     double loss, sps, test_acc;
+    /* what it waits on, from its status.file (ds_wait_text); "" none */
+    char waiting[160];
     /* the summary line */
     int have_summary;
     ds_kvline summary;
@@ -208,7 +212,7 @@ struct launch {
     int cols, rows;
     int drawn;           /* lines of the progress block on screen */
     int dirty;
-    int64_t t0, last_draw, last_status;
+    int64_t t0, last_draw, last_status, last_waits;
     int stopping;        /* 0, or why: */
     const char *stop_reason;
     int stop_signal;
@@ -382,6 +386,35 @@ static void eta_text(const struct launch *L, int64_t t, char *buf, size_t n)
         snprintf(buf, n, "eta %.0fm%02.0fs", floor(e / 60), fmod(e, 60));
 }
 
+/* Each running node's waiting reason, from its status.file (local runs
+ * with status.file on; a node's file is rewritten while it waits). */
+static void read_waits(struct launch *L)
+{
+    L->last_waits = now_ms();
+    for (int i = 0; i < L->started; i++) {
+        struct node *nd = &L->nodes[i];
+        char old[sizeof(nd->waiting)];
+        memcpy(old, nd->waiting, sizeof(old));
+        nd->waiting[0] = 0;
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof(path), "%s/status.json", nd->data);
+        FILE *f = nd->state == NODE_RUNNING && !nd->reaped ? fopen(path, "rb") : NULL;
+        struct stat sb;
+        char *doc = NULL;
+        size_t len = 0;
+        if (f && fstat(fileno(f), &sb) == 0 && sb.st_size > 0 && sb.st_size <= WAIT_DOC_MAX &&
+            (doc = malloc((size_t)sb.st_size)))
+            len = fread(doc, 1, (size_t)sb.st_size, f);
+        if (f)
+            fclose(f);
+        if (len)
+            (void)ds_wait_text(doc, len, nd->waiting, sizeof(nd->waiting));
+        free(doc);
+        if (strcmp(old, nd->waiting) != 0)
+            L->dirty = 1;
+    }
+}
+
 static void draw_block(struct launch *L)
 {
     const int64_t t = now_ms();
@@ -418,9 +451,13 @@ static void draw_block(struct launch *L)
         }
         if (nd->have_eval)
             snprintf(accbuf, sizeof(accbuf), "%.4f", nd->test_acc);
-        snprintf(line, sizeof(line), "  %-5s %-13s step %-11s loss %-7s acc %-7s %s/s  %s",
-                 nd->name, node_state_text(nd, st, sizeof(st)), stepbuf, lossbuf, accbuf, spsbuf,
-                 nd->status_url);
+        if (nd->waiting[0]) /* what it is blocked on says more than its last rates */
+            snprintf(line, sizeof(line), "  %-5s %-13s step %-11s %s  %s", nd->name,
+                     node_state_text(nd, st, sizeof(st)), stepbuf, nd->waiting, nd->status_url);
+        else
+            snprintf(line, sizeof(line), "  %-5s %-13s step %-11s loss %-7s acc %-7s %s/s  %s",
+                     nd->name, node_state_text(nd, st, sizeof(st)), stepbuf, lossbuf, accbuf,
+                     spsbuf, nd->status_url);
         fprintf(stderr, "%.*s\033[K\n", w, line);
         lines++;
     }
@@ -469,6 +506,9 @@ static void status_line(struct launch *L)
             "%.0f samples/s in all\n",
             (now_ms() - L->t0) / 1e3, running, done, (long long)smin, (long long)smax,
             (long long)L->steps, eta, loss_s, acc_s, sps);
+    for (int i = 0; i < L->started; i++)
+        if (L->nodes[i].waiting[0])
+            fprintf(stderr, "dslaunch:   %s %s\n", L->nodes[i].name, L->nodes[i].waiting);
     L->last_status = now_ms();
 }
 
@@ -1970,6 +2010,8 @@ static void loop(struct launch *L)
         }
         if (L->kill_at && !L->killed_hard && t2 >= L->kill_at)
             kill_hard(L);
+        if (L->status_file && !L->hosts_mode && t2 - L->last_waits >= WAITS_EVERY_MS)
+            read_waits(L);
         if (L->tty) {
             if (L->dirty && t2 - L->last_draw >= 200)
                 draw_block(L);

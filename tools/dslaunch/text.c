@@ -256,3 +256,60 @@ int ds_json_write_line(FILE *f, const json_t *v, int compact)
     free(text);
     return bad ? -EIO : 0;
 }
+
+/* ---- what a node waits on ------------------------------------------------ */
+
+/* Append s to buf (n bytes, at *o), printable ASCII only. */
+static void put_safe(char *buf, size_t n, size_t *o, const char *s)
+{
+    for (; *s && *o + 1 < n; s++)
+        buf[(*o)++] = *s >= 0x20 && *s < 0x7f ? *s : '?';
+    buf[*o] = 0;
+}
+
+int ds_wait_text(const char *doc, size_t len, char *buf, size_t n)
+{
+    buf[0] = 0;
+    json_t *d = json_loadb(doc, len, 0, NULL);
+    if (!json_is_object(d)) {
+        json_decref(d);
+        return -EINVAL;
+    }
+    const json_t *w = json_object_get(d, "waiting");
+    const char *on = json_string_value(json_object_get(w, "on"));
+    const double for_s = json_number_value(json_object_get(w, "for_s"));
+    if (!json_is_object(w) || !on || for_s < DS_WAIT_SHOWN_S) {
+        json_decref(d);
+        return 0;
+    }
+    char head[96];
+    const json_t *peers = json_object_get(w, "peers");
+    const size_t np = json_array_size(peers);
+    const json_int_t n_peers = json_integer_value(json_object_get(w, "n_peers"));
+    if (!strcmp(on, "members"))
+        snprintf(head, sizeof(head), "waiting %.1fs for members: %lld of %lld alive", for_s,
+                 (long long)json_integer_value(json_object_get(w, "alive")),
+                 (long long)json_integer_value(json_object_get(w, "want")));
+    else if (!strcmp(on, "round"))
+        snprintf(head, sizeof(head), "waiting %.1fs on round %lld%s", for_s,
+                 (long long)json_integer_value(json_object_get(w, "round")), np ? ":" : "");
+    else if (!strcmp(on, "group"))
+        snprintf(head, sizeof(head), "waiting %.1fs on group reduction%s", for_s,
+                 np ? " with" : "");
+    else
+        snprintf(head, sizeof(head), "waiting %.1fs on %.32s", for_s, on);
+    size_t o = 0;
+    put_safe(buf, n, &o, head);
+    for (size_t i = 0; i < np; i++) {
+        const char *p = json_string_value(json_array_get(peers, i));
+        put_safe(buf, n, &o, i ? ", " : " ");
+        put_safe(buf, n, &o, p ? p : "?");
+    }
+    if (n_peers > (json_int_t)np) {
+        char more[32];
+        snprintf(more, sizeof(more), " +%lld", (long long)(n_peers - (json_int_t)np));
+        put_safe(buf, n, &o, more);
+    }
+    json_decref(d);
+    return 0;
+}

@@ -414,7 +414,10 @@ Test(slurm, sbatch_trains)
  * the new keys), trains with it, and leaves when cancelled (SIGTERM, what
  * Slurm sends at a time limit): the first job sees it leave, not fail,
  * and finishes on its own. */
-Test(slurm, second_job_joins_and_leaves)
+/* 600 s, not the suite's 400: job a's 8000 steps (which must outlast b's
+ * join) took over 400 s in all at a load average of 15 (a CI run beside
+ * two other sessions' builds); about 100 s on a quiet machine. */
+Test(slurm, second_job_joins_and_leaves, .timeout = 600)
 {
     need_slurm();
     slurm_up();

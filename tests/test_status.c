@@ -1750,6 +1750,43 @@ Test(status, history_is_bounded)
     free(s);
 }
 
+/* A node in a group shows its steps' reduction and exchange times as
+ * histograms (cumulative buckets, sum, count); a node without a group
+ * shows none of them. */
+Test(status, group_times_are_histograms)
+{
+    ds_status_snapshot *s = sample_snapshot(); /* group rackA */
+    ds_status_times_add(&s->gtimes.reduce, 300000);     /* 0.3 ms: le 0.0005 */
+    ds_status_times_add(&s->gtimes.reduce, 40000000);   /* 40 ms: le 0.05 */
+    ds_status_times_add(&s->gtimes.exchange_exposed, 0);
+    ds_status_times_add(&s->gtimes.exchange_hidden, 3000000000ull); /* 3 s: +Inf */
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
+    const char *want[] = {
+        "# TYPE dsnode_group_reduce_seconds histogram\n",
+        "dsnode_group_reduce_seconds_bucket{node=\"n0\",le=\"0.00025\"} 0\n",
+        "dsnode_group_reduce_seconds_bucket{node=\"n0\",le=\"0.0005\"} 1\n",
+        "dsnode_group_reduce_seconds_bucket{node=\"n0\",le=\"0.025\"} 1\n",
+        "dsnode_group_reduce_seconds_bucket{node=\"n0\",le=\"0.05\"} 2\n",
+        "dsnode_group_reduce_seconds_sum{node=\"n0\"} 0.0403",
+        "dsnode_group_reduce_seconds_count{node=\"n0\"} 2\n",
+        "dsnode_group_exchange_exposed_seconds_bucket{node=\"n0\",le=\"0.0001\"} 1\n",
+        "dsnode_group_exchange_hidden_seconds_bucket{node=\"n0\",le=\"2.5\"} 0\n",
+        "dsnode_group_exchange_hidden_seconds_bucket{node=\"n0\",le=\"+Inf\"} 1\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_expect_not_null(strstr(text, want[i]), "no %s in:\n%s", want[i], text);
+    free(text);
+    s->group[0] = '\0';
+    cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
+    cr_expect_null(strstr(text, "# TYPE dsnode_group_reduce_seconds histogram"),
+                   "a node without a group");
+    cr_expect_null(strstr(text, "dsnode_group_exchange_hidden_seconds"), "a node without a group");
+    free(text);
+    free(s);
+}
+
 /* Every family /metrics can show is documented in docs/status.md: the
  * node's own families in the table under "## /metrics" (written by hand,
  * as prom.c writes them), the counter groups' in their generated tables.

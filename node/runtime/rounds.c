@@ -462,7 +462,10 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     r->gseq = res->max_tag >= r->gseq + 1 ? res->max_tag : r->gseq + 1;
     r->gst.reductions++;
     r->gst.incomplete += e == 0 && !res->complete;
-    r->gst.reduce_ns += ds_now_ns() - t0;
+    const uint64_t took = ds_now_ns() - t0;
+    r->gst.reduce_ns += took;
+    if (r->snap)
+        ds_status_times_add(&r->snap->gtimes.reduce, took);
     if (e == 0 && !res->complete && !res->stopped)
         ds_log_rl(DS_LOG_WARN, "group", "reduction %llu incomplete: %u chunk(s) missing "
                   "(the slices re-sync them)", (unsigned long long)r->gseq - 1,
@@ -604,6 +607,12 @@ static void group_reduce(rt *r, int64_t step)
     r->gst.exchange_wait_ns += t1 - t0;
     if (was_open)
         r->gst.exchange_ns += t1 - r->gexch_t0;
+    if (r->snap) {
+        ds_status_times_add(&r->snap->gtimes.exchange_exposed, t1 - t0);
+        if (was_open)
+            ds_status_times_add(&r->snap->gtimes.exchange_hidden,
+                                t1 - r->gexch_t0 > t1 - t0 ? (t0 - r->gexch_t0) : 0);
+    }
     const size_t n = r->p.n;
     if (r->gpending) {
         /* The round's delta joins what waits to be sent. */

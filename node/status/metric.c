@@ -85,6 +85,13 @@ static uint32_t bucket_of(const double *bounds, uint32_t n, double sec)
     return b;
 }
 
+void ds_status_times_add(ds_status_times *t, uint64_t ns)
+{
+    t->bucket[bucket_of(ds_status_xchg_bounds, DS_STATUS_XCHG_BUCKETS, (double)ns * 1e-9)]++;
+    t->count++;
+    t->sum_ns += ns;
+}
+
 void ds_status_history_add(ds_status_history *h, const ds_status_round *r)
 {
     ds_status_history_add_named(h, r, NULL);

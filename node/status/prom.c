@@ -246,6 +246,24 @@ static void history_part(FILE *f, const ds_status_snapshot *s)
               "received (pairwise), or the CROSS's send (crossover).",
               ds_status_xchg_bounds, h->lat_bucket, DS_STATUS_XCHG_BUCKETS, h->lat_sum_ns,
               h->lat_count);
+    if (s->group[0]) {
+        const ds_status_group_times *g = &s->gtimes;
+        histogram(f, s, "dsnode_group_reduce_seconds",
+                  "Group reductions, one per step, by duration: all exposed (the step waits "
+                  "for it).",
+                  ds_status_xchg_bounds, g->reduce.bucket, DS_STATUS_XCHG_BUCKETS,
+                  g->reduce.sum_ns, g->reduce.count);
+        histogram(f, s, "dsnode_group_exchange_exposed_seconds",
+                  "Per step, the time the step waited for the exchange between groups "
+                  "(exposed).",
+                  ds_status_xchg_bounds, g->exchange_exposed.bucket, DS_STATUS_XCHG_BUCKETS,
+                  g->exchange_exposed.sum_ns, g->exchange_exposed.count);
+        histogram(f, s, "dsnode_group_exchange_hidden_seconds",
+                  "Per exchange between groups, the part of it that ran behind the step's "
+                  "compute (hidden).",
+                  ds_status_xchg_bounds, g->exchange_hidden.bucket, DS_STATUS_XCHG_BUCKETS,
+                  g->exchange_hidden.sum_ns, g->exchange_hidden.count);
+    }
     family(f, "dsnode_gossip_peer_bytes_total", "counter",
            "Gossip payload bytes this node initiated, by peer: the first 8 peers by name, "
            "later ones as other.");

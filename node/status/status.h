@@ -172,6 +172,24 @@ typedef struct ds_status_history {
     uint64_t other_bytes;
 } ds_status_history;
 
+/* One histogram of durations, by slot (not cumulative), over the
+ * exchange latency buckets (ds_status_xchg_bounds: 100 us .. 2.5 s). */
+typedef struct ds_status_times {
+    uint64_t count, sum_ns;
+    uint64_t bucket[DS_STATUS_XCHG_BUCKETS];
+} ds_status_times;
+
+/* A node in a group, every step (node/runtime records them): the group
+ * reduction (all of it exposed: the step waits for it), and the exchange
+ * between groups, split into what the step waited for (exposed) and
+ * what ran behind its compute (hidden). */
+typedef struct ds_status_group_times {
+    ds_status_times reduce, exchange_exposed, exchange_hidden;
+} ds_status_group_times;
+
+/* Add one duration to t. */
+void ds_status_times_add(ds_status_times *t, uint64_t ns);
+
 /* Upper bounds (seconds) of the round duration buckets; the last is
  * +Inf. */
 extern const double ds_status_round_bounds[DS_STATUS_ROUND_BUCKETS];
@@ -266,6 +284,10 @@ typedef struct ds_status_snapshot {
 
     /* the last completed rounds */
     ds_status_history hist;
+
+    /* a node in a group (group[0] set): its steps' reduction and exchange
+     * times (shown on /metrics while group is set) */
+    ds_status_group_times gtimes;
 
     /* what the node is blocked on: the server shows the record of
      * ds_status_set_wait here, whatever a published snapshot holds */

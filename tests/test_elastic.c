@@ -451,6 +451,35 @@ Test(elastic, two_crashes_out_of_six)
         cr_expect(max_round >= 0 && max_round <= 2.0 + 1.0, "%s: a round took %.3f s",
                   node_names[i], max_round);
     }
+    /* Issue 15's membership timeline: each survivor's last document
+     * lists n4's and n5's deaths among its events, with their removal
+     * round, after each one's join. */
+    for (int i = 0; i < 4; i++) {
+        json_t *doc = status_load(out, node_names[i]);
+        cr_assert_not_null(doc);
+        const json_t *ev = json_object_get(doc, "events");
+        for (int d = 4; d < 6; d++) {
+            int dead = 0, joined = 0;
+            for (size_t k = 0; k < json_array_size(ev); k++) {
+                const json_t *e = json_array_get(ev, k);
+                const char *m = json_string_value(json_object_get(e, "member"));
+                const char *what = json_string_value(json_object_get(e, "event"));
+                if (!m || strcmp(m, node_names[d]) || !what)
+                    continue;
+                if (!strcmp(what, "dead") && json_is_integer(json_object_get(e, "effective_round")))
+                    dead = 1;
+                if (!strcmp(what, "joined") && dead)
+                    joined = 1; /* newest first: the join comes after the death */
+            }
+            cr_expect(dead, "%s's events list no death of %s: %s", node_names[i], node_names[d],
+                      json_dumps(ev, JSON_COMPACT));
+            cr_expect(joined || json_integer_value(json_object_get(doc, "events_total")) >
+                                    (json_int_t)json_array_size(ev),
+                      "%s's events list no join of %s before its death", node_names[i],
+                      node_names[d]);
+        }
+        json_decref(doc);
+    }
     cr_log_info("2 of 6 killed after step 150: survivors' accuracy %.4f, undisturbed %.4f", acc,
                 calm_acc);
     /* Issue 6's bound: within 1 pt of the undisturbed run. Both runs have

@@ -1750,6 +1750,45 @@ Test(status, history_is_bounded)
     free(s);
 }
 
+/* Membership's news: a ring of the newest 64, rendered newest first with
+ * the running total; a death names its removal round, a suspicion none. */
+Test(status, events_are_a_bounded_timeline)
+{
+    ds_status_snapshot *s = sample_snapshot();
+    for (uint32_t i = 0; i < 100; i++) {
+        ds_status_event e = {.kind = (uint8_t)(i % 2 ? DS_EV_SUSPECT : DS_EV_DEAD),
+                             .unix_ms = 1000 + i,
+                             .round = 10 + i,
+                             .effective_round = i % 2 ? UINT64_MAX : 40 + i};
+        snprintf(e.member, sizeof(e.member), "m%u", i);
+        ds_status_events_add(&s->events, &e);
+    }
+    cr_expect_eq(s->events.n, DS_STATUS_EVENTS);
+    cr_expect_eq(s->events.total, 100);
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_json(s, 0, &text, &len), 0);
+    json_error_t je;
+    json_t *doc = json_loads(text, 0, &je);
+    cr_assert_not_null(doc, "%s", je.text);
+    const json_t *ev = json_object_get(doc, "events");
+    cr_assert_eq(json_array_size(ev), DS_STATUS_EVENTS);
+    cr_expect_eq(json_integer_value(json_object_get(doc, "events_total")), 100);
+    const json_t *e0 = json_array_get(ev, 0), *e1 = json_array_get(ev, 1);
+    cr_expect_str_eq(json_string_value(json_object_get(e0, "member")), "m99");
+    cr_expect_str_eq(json_string_value(json_object_get(e0, "event")), "suspect");
+    cr_expect(json_is_null(json_object_get(e0, "effective_round")));
+    cr_expect_eq(json_integer_value(json_object_get(e0, "round")), 109);
+    cr_expect_str_eq(json_string_value(json_object_get(e1, "event")), "dead");
+    cr_expect_eq(json_integer_value(json_object_get(e1, "effective_round")), 138);
+    cr_expect_eq(json_integer_value(json_object_get(e1, "time_unix_ms")), 1098);
+    const json_t *last = json_array_get(ev, DS_STATUS_EVENTS - 1);
+    cr_expect_str_eq(json_string_value(json_object_get(last, "member")), "m36");
+    json_decref(doc);
+    free(text);
+    free(s);
+}
+
 /* A node in a group shows its steps' reduction and exchange times as
  * histograms (cumulative buckets, sum, count); a node without a group
  * shows none of them. */

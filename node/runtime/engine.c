@@ -242,10 +242,37 @@ static void ms_join_failed(rt *r, const ds_membership_event *ev)
     pthread_mutex_unlock(&r->lock);
 }
 
+/* Queue membership's news about a member for the status timeline
+ * (membership's thread; ds_engine_publish moves it into the snapshot). */
+static void note_event(rt *r, enum ds_status_event_kind kind, const ds_membership_event *ev,
+                       int with_round)
+{
+    if (!r->status)
+        return;
+    ds_status_event e = {.kind = (uint8_t)kind,
+                         .unix_ms = ds_unix_ms(),
+                         .round = atomic_load(&r->cur_round),
+                         .effective_round = with_round && ev->round != DS_MEMBERSHIP_NO_ROUND
+                                                ? ev->round
+                                                : UINT64_MAX};
+    snprintf(e.member, sizeof(e.member), "%s", ev->member.name);
+    pthread_mutex_lock(&r->ev_lock);
+    ds_status_events_add(&r->evq, &e);
+    pthread_mutex_unlock(&r->ev_lock);
+}
+
 static void ms_event(void *ctx, const ds_membership_event *ev)
 {
     rt *r = ctx;
     const ds_member_info *m = &ev->member;
+    static const uint8_t kinds[] = {
+        [DS_MEV_MEMBER_JOINED] = DS_EV_JOINED, [DS_MEV_MEMBER_SUSPECTED] = DS_EV_SUSPECT,
+        [DS_MEV_MEMBER_ALIVE] = DS_EV_ALIVE,   [DS_MEV_MEMBER_DEAD] = DS_EV_DEAD,
+        [DS_MEV_MEMBER_LEFT] = DS_EV_LEFT,
+    };
+    if ((unsigned)ev->kind < sizeof(kinds) && kinds[ev->kind])
+        note_event(r, (enum ds_status_event_kind)kinds[ev->kind], ev,
+                   ev->kind != DS_MEV_MEMBER_SUSPECTED && ev->kind != DS_MEV_MEMBER_ALIVE);
     switch (ev->kind) {
     case DS_MEV_MEMBER_JOINED:
         ds_info("membership", "member joined name=%s addr=%s round=%lld", m->name, m->addr,
@@ -431,6 +458,7 @@ int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop
     r->stop.reload = stop ? stop->reload : NULL;
     pthread_mutex_init(&r->lock, NULL);
     pthread_mutex_init(&r->skip_lock, NULL);
+    pthread_mutex_init(&r->ev_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -777,6 +805,14 @@ void ds_engine_publish(ds_engine *r, int force)
 {
     if (!r->status || !r->snap)
         return;
+    /* Membership's news since the last publish, oldest first. */
+    pthread_mutex_lock(&r->ev_lock);
+    for (uint32_t i = r->evq.n; i-- > 0;)
+        ds_status_events_add(&r->snap->events, ds_status_events_get(&r->evq, i));
+    r->snap->events.total += r->evq.total - r->evq.n; /* news the queue dropped */
+    r->evq.n = r->evq.next = 0;
+    r->evq.total = 0;
+    pthread_mutex_unlock(&r->ev_lock);
     const uint32_t G = r->last_nodes < r->vcap ? r->last_nodes : r->vcap;
     const ds_publish_src src = {
         .state = r->leaving && r->phase == DS_STATUS_TRAINING ? DS_STATUS_LEAVING : r->phase,
@@ -933,6 +969,7 @@ void ds_engine_close(ds_engine **ep)
     free(r->vaddrs);
     pthread_mutex_destroy(&r->lock);
     pthread_mutex_destroy(&r->skip_lock);
+    pthread_mutex_destroy(&r->ev_lock);
     pthread_cond_destroy(&r->cond);
     free(r);
     *ep = NULL;

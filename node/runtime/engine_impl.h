@@ -80,6 +80,11 @@ struct ds_engine {
 
     /* Peers not waited for (skip.h), under skip_lock. */
     pthread_mutex_t skip_lock;
+    /* Membership's news about members (its thread), for the status
+     * timeline: queued under ev_lock (a leaf lock), moved into the
+     * snapshot by the main thread when it publishes. */
+    pthread_mutex_t ev_lock;
+    ds_status_events evq;
     ds_skip_table skip;
     _Atomic uint64_t cur_round;
 

@@ -292,6 +292,25 @@ static json_t *history_arr(jb *b, const ds_status_snapshot *s)
     return list;
 }
 
+/* Membership's news, newest first. */
+static json_t *events_arr(jb *b, const ds_status_snapshot *s)
+{
+    json_t *list = json_array();
+    for (uint32_t i = 0; i < s->events.n && i < DS_STATUS_EVENTS; i++) {
+        const ds_status_event *e = ds_status_events_get(&s->events, i);
+        json_t *o = json_object();
+        put(b, o, "time_unix_ms", ju(e->unix_ms));
+        put(b, o, "round", ju(e->round));
+        put(b, o, "event",
+            json_string(ds_status_event_name((enum ds_status_event_kind)e->kind)));
+        put(b, o, "member", jstr(e->member, DS_STATUS_NAME_LEN));
+        put(b, o, "effective_round",
+            e->effective_round == UINT64_MAX ? json_null() : ju(e->effective_round));
+        push(b, list, o);
+    }
+    return list;
+}
+
 static json_t *schedule_obj(jb *b, const ds_status_snapshot *s)
 {
     json_t *o = json_object();
@@ -382,6 +401,8 @@ int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, cha
     put(&b, root, "exchanges", exchanges_obj(&b, s));
     put(&b, root, "schedule", schedule_obj(&b, s));
     put(&b, root, "history", history_arr(&b, s));
+    put(&b, root, "events", events_arr(&b, s));
+    put(&b, root, "events_total", ju(s->events.total));
     put(&b, root, "waiting", waiting_obj(&b, s, now_unix_ms));
     groups(&b, root, s);
     char *text = b.bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(REAL_DIGITS));

@@ -85,6 +85,32 @@ static uint32_t bucket_of(const double *bounds, uint32_t n, double sec)
     return b;
 }
 
+void ds_status_events_add(ds_status_events *e, const ds_status_event *ev)
+{
+    e->ev[e->next] = *ev;
+    e->ev[e->next].member[DS_STATUS_NAME_LEN - 1] = '\0';
+    e->next = (e->next + 1) % DS_STATUS_EVENTS;
+    if (e->n < DS_STATUS_EVENTS)
+        e->n++;
+    e->total++;
+}
+
+const ds_status_event *ds_status_events_get(const ds_status_events *e, uint32_t i)
+{
+    if (i >= e->n)
+        return NULL;
+    return &e->ev[(e->next + DS_STATUS_EVENTS - 1 - i) % DS_STATUS_EVENTS];
+}
+
+const char *ds_status_event_name(enum ds_status_event_kind k)
+{
+    static const char *const names[DS_EV__COUNT] = {
+        [DS_EV_JOINED] = "joined", [DS_EV_SUSPECT] = "suspect", [DS_EV_ALIVE] = "alive",
+        [DS_EV_DEAD] = "dead",     [DS_EV_LEFT] = "left",
+    };
+    return (unsigned)k < DS_EV__COUNT && names[k] ? names[k] : "?";
+}
+
 void ds_status_times_add(ds_status_times *t, uint64_t ns)
 {
     t->bucket[bucket_of(ds_status_xchg_bounds, DS_STATUS_XCHG_BUCKETS, (double)ns * 1e-9)]++;

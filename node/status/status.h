@@ -239,6 +239,44 @@ typedef struct ds_status_wait {
     char peers[DS_STATUS_WAIT_PEERS][DS_STATUS_NAME_LEN];
 } ds_status_wait;
 
+/* What membership told this node about a member, for the timeline
+ * (/status "events"). */
+enum ds_status_event_kind {
+    DS_EV_JOINED = 1,   /* appeared alive: new, or back after dead/left */
+    DS_EV_SUSPECT = 2,
+    DS_EV_ALIVE = 3,    /* a suspicion refuted */
+    DS_EV_DEAD = 4,
+    DS_EV_LEFT = 5,
+    DS_EV__COUNT
+};
+
+#define DS_STATUS_EVENTS 64 /* the newest kept (a ring) */
+
+typedef struct ds_status_event {
+    uint8_t kind;            /* enum ds_status_event_kind */
+    uint64_t unix_ms;        /* when this node learned it */
+    uint64_t round;          /* this node's round then */
+    uint64_t effective_round; /* joined: its join round; dead, left: its
+                              * removal round; UINT64_MAX: none given */
+    char member[DS_STATUS_NAME_LEN];
+} ds_status_event;
+
+/* The newest DS_STATUS_EVENTS events, and how many there were. */
+typedef struct ds_status_events {
+    uint32_t n, next;
+    uint64_t total;
+    ds_status_event ev[DS_STATUS_EVENTS];
+} ds_status_events;
+
+/* Add an event to the ring (the oldest is dropped when full). */
+void ds_status_events_add(ds_status_events *e, const ds_status_event *ev);
+
+/* The i-th newest event (0 = newest), NULL when i >= e->n. */
+const ds_status_event *ds_status_events_get(const ds_status_events *e, uint32_t i);
+
+/* "joined", "suspect", "alive", "dead", "left"; "?" otherwise. */
+const char *ds_status_event_name(enum ds_status_event_kind k);
+
 /*
  * Everything /status and /metrics show. About 100 KB: allocate it (calloc)
  * rather than putting it on a thread's stack, and keep one for the node's
@@ -284,6 +322,9 @@ typedef struct ds_status_snapshot {
 
     /* the last completed rounds */
     ds_status_history hist;
+
+    /* membership's news about other members, newest last */
+    ds_status_events events;
 
     /* a node in a group (group[0] set): its steps' reduction and exchange
      * times (shown on /metrics while group is set) */

@@ -1647,6 +1647,160 @@ int ds_viz_run_dot(const char *dot_prog, const char *dot_path, const char *svg_p
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
 }
 
+/* ---- dsviz --serve's history ----------------------------------------------------------- */
+
+typedef struct hist_node {
+    char name[64];
+    json_t *rounds; /* array, newest first, at most max entries */
+} hist_node;
+
+struct ds_viz_hist {
+    unsigned max;
+    hist_node *n;
+    size_t count, cap;
+};
+
+int ds_viz_hist_new(ds_viz_hist **out, unsigned max_rounds)
+{
+    *out = NULL;
+    if (max_rounds < 1 || max_rounds > DS_VIZ_HISTORY_MAX)
+        return -EINVAL;
+    ds_viz_hist *h = calloc(1, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    h->max = max_rounds;
+    *out = h;
+    return 0;
+}
+
+void ds_viz_hist_free(ds_viz_hist **ph)
+{
+    ds_viz_hist *h = *ph;
+    if (!h)
+        return;
+    for (size_t i = 0; i < h->count; i++)
+        json_decref(h->n[i].rounds);
+    free(h->n);
+    free(h);
+    *ph = NULL;
+}
+
+static hist_node *hist_find(const ds_viz_hist *h, const char *name)
+{
+    for (size_t i = 0; i < h->count; i++)
+        if (!strcmp(h->n[i].name, name))
+            return &h->n[i];
+    return NULL;
+}
+
+/* A history entry's round: a whole number >= 0, else -1. */
+static double hist_round(const json_t *e)
+{
+    const double r = jnum(e, "round", -1);
+    return r >= 0 && r <= 9007199254740992.0 && r == floor(r) ? r : -1;
+}
+
+typedef struct hist_item {
+    double round;
+    size_t order; /* the newer document's entries first among equal rounds */
+    json_t *e;
+} hist_item;
+
+static int cmp_items(const void *a, const void *b)
+{
+    const hist_item *x = a, *y = b;
+    if (x->round != y->round)
+        return x->round > y->round ? -1 : 1; /* newest first */
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* fresh (may be NULL) merged over old (may be NULL): a new array of at
+ * most max entries, newest first, one per round, fresh's entry kept for a
+ * round both hold. NULL on ENOMEM. */
+static json_t *hist_union(const json_t *fresh, const json_t *old, unsigned max)
+{
+    const size_t nf = json_array_size(fresh), no = json_array_size(old);
+    hist_item *it = malloc((nf + no + 1) * sizeof(*it));
+    json_t *out = json_array();
+    if (!it || !out) {
+        free(it);
+        json_decref(out);
+        return NULL;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < nf + no; i++) {
+        json_t *e = i < nf ? json_array_get(fresh, i) : json_array_get(old, i - nf);
+        const double r = hist_round(e);
+        if (r >= 0)
+            it[n++] = (hist_item){.round = r, .order = i, .e = e};
+    }
+    qsort(it, n, sizeof(*it), cmp_items);
+    size_t kept = 0;
+    for (size_t i = 0; i < n && kept < max; i++) {
+        if (i > 0 && it[i].round == it[i - 1].round)
+            continue;
+        if (json_array_append(out, it[i].e) < 0) {
+            free(it);
+            json_decref(out);
+            return NULL;
+        }
+        kept++;
+    }
+    free(it);
+    return out;
+}
+
+int ds_viz_hist_merge(ds_viz_hist *h, ds_viz *v)
+{
+    int rc = 0;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        json_t *doc = v->docs[d].doc;
+        const json_t *fresh = json_is_array(json_object_get(doc, "history"))
+                                  ? json_object_get(doc, "history")
+                                  : NULL;
+        hist_node *hn = hist_find(h, v->docs[d].name);
+        if (!fresh && !hn)
+            continue;
+        if (!hn) {
+            if (h->count >= DS_VIZ_MAX_DOCS) {
+                rc = -E2BIG;
+                continue;
+            }
+            if (h->count == h->cap) {
+                const size_t nc = h->cap ? h->cap * 2 : 64;
+                hist_node *nn = realloc(h->n, nc * sizeof(*nn));
+                if (!nn)
+                    return -ENOMEM;
+                h->n = nn;
+                h->cap = nc;
+            }
+            hn = &h->n[h->count++];
+            memset(hn, 0, sizeof(*hn));
+            copy_str(hn->name, sizeof(hn->name), v->docs[d].name);
+        }
+        json_t *merged = hist_union(fresh, hn->rounds, h->max);
+        if (!merged || json_object_set(doc, "history", merged) < 0) {
+            json_decref(merged);
+            return -ENOMEM;
+        }
+        json_decref(hn->rounds);
+        hn->rounds = merged; /* shared with the document until it is freed */
+        v->built = 0;
+    }
+    return rc;
+}
+
+size_t ds_viz_hist_held(const ds_viz_hist *h, const char *name, double *lo, double *hi)
+{
+    const hist_node *hn = hist_find(h, name);
+    const size_t n = hn ? json_array_size(hn->rounds) : 0;
+    if (lo)
+        *lo = n ? hist_round(json_array_get(hn->rounds, n - 1)) : -1;
+    if (hi)
+        *hi = n ? hist_round(json_array_get(hn->rounds, 0)) : -1;
+    return n;
+}
+
 /* ---- dsviz --serve ------------------------------------------------------------------- */
 
 static int listen_fd(int fd)
@@ -1659,6 +1813,7 @@ struct ds_viz_server {
     int fd;
     char *const *sources;
     int n, timeout_ms, refresh_s;
+    ds_viz_hist *hist; /* the rounds seen over the refreshes */
     char addr[80];
 };
 
@@ -1690,6 +1845,65 @@ static enum MHD_Result serve_text(struct MHD_Connection *c, unsigned code, const
     return e;
 }
 
+int ds_viz_live_page(ds_viz_hist *hist, char *const *sources, int n, int timeout_ms,
+                     int refresh_s, double r, double sg, char **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    ds_viz v = {0};
+    v.round_set = r >= 0;
+    v.want_round = r;
+    v.segment_set = sg >= 0;
+    v.want_segment = sg >= 0 ? (unsigned)sg : 0;
+    char *errs = NULL;
+    size_t errs_len = 0;
+    FILE *ef = open_memstream(&errs, &errs_len);
+    for (int i = 0; i < n; i++) {
+        char err[600];
+        if (ds_viz_load(&v, sources[i], timeout_ms, err, sizeof(err)) < 0 && ef) {
+            xml_text(ef, err);
+            fputs("<br>\n", ef);
+        }
+    }
+    if (ef)
+        fclose(ef);
+    char *body = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&body, &len);
+    int e = f ? 0 : -ENOMEM;
+    if (e == 0 && hist) {
+        e = ds_viz_hist_merge(hist, &v);
+        if (e == -E2BIG)
+            e = 0; /* past DS_VIZ_MAX_DOCS names: those keep their own */
+    }
+    if (e == 0 && v.n_docs && (e = ds_viz_build(&v)) == 0) {
+        const ds_viz_live o = {.refresh_s = refresh_s};
+        e = ds_viz_write_live(&v, f, &o);
+        if (errs && errs[0])
+            fprintf(f, "<p>Sources that failed:<br>\n%s</p>\n", errs);
+    } else if (e == 0) {
+        if (refresh_s > 0)
+            fprintf(f, "<!DOCTYPE html>\n<html><head><meta http-equiv=\"refresh\" "
+                       "content=\"%d\"><title>dsviz</title></head><body>",
+                    refresh_s);
+        else
+            fputs("<!DOCTYPE html>\n<html><head><title>dsviz</title></head><body>", f);
+        fprintf(f, "<p>No status document loaded yet.</p><p>%s</p></body></html>\n",
+                errs ? errs : "");
+    }
+    free(errs);
+    ds_viz_free(&v);
+    if (f && fclose(f) != 0)
+        e = -ENOMEM;
+    if (e < 0) {
+        free(body);
+        return e;
+    }
+    *out = body;
+    *out_len = len;
+    return 0;
+}
+
 static enum MHD_Result serve_request(void *cls, struct MHD_Connection *c, const char *url,
                                      const char *method, const char *version,
                                      const char *upload, size_t *upload_size, void **ctx)
@@ -1708,60 +1922,27 @@ static enum MHD_Result serve_request(void *cls, struct MHD_Connection *c, const 
     if (strcmp(url, "/"))
         return serve_text(c, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8",
                           strdup("not found: try /\n"), 17);
-    ds_viz v = {0};
     const double r = query_num(c, "round", 9007199254740992.0);
     const double sg = query_num(c, "segment", 65535);
-    v.round_set = r >= 0;
-    v.want_round = r;
-    v.segment_set = sg >= 0;
-    v.want_segment = sg >= 0 ? (unsigned)sg : 0;
-    char *errs = NULL;
-    size_t errs_len = 0;
-    FILE *ef = open_memstream(&errs, &errs_len);
-    for (int i = 0; i < s->n; i++) {
-        char err[600];
-        if (ds_viz_load(&v, s->sources[i], s->timeout_ms, err, sizeof(err)) < 0 && ef) {
-            xml_text(ef, err);
-            fputs("<br>\n", ef);
-        }
-    }
-    if (ef)
-        fclose(ef);
     char *body = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&body, &len);
-    int e = f ? 0 : -ENOMEM;
-    if (e == 0 && v.n_docs && (e = ds_viz_build(&v)) == 0) {
-        const ds_viz_live o = {.refresh_s = s->refresh_s};
-        e = ds_viz_write_live(&v, f, &o);
-        if (errs && errs[0])
-            fprintf(f, "<p>Sources that failed:<br>\n%s</p>\n", errs);
-    } else if (e == 0) {
-        if (s->refresh_s > 0)
-            fprintf(f, "<!DOCTYPE html>\n<html><head><meta http-equiv=\"refresh\" "
-                       "content=\"%d\"><title>dsviz</title></head><body>",
-                    s->refresh_s);
-        else
-            fputs("<!DOCTYPE html>\n<html><head><title>dsviz</title></head><body>", f);
-        fprintf(f, "<p>No status document loaded yet.</p><p>%s</p></body></html>\n",
-                errs ? errs : "");
-    }
-    free(errs);
-    ds_viz_free(&v);
-    if (f && fclose(f) != 0)
-        e = -ENOMEM;
-    if (e < 0) {
-        free(body);
+    if (ds_viz_live_page(s->hist, s->sources, s->n, s->timeout_ms, s->refresh_s, r, sg, &body,
+                         &len) < 0)
         return serve_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
                           strdup("could not draw\n"), 15);
-    }
     return serve_text(c, MHD_HTTP_OK, "text/html; charset=utf-8", body, len);
 }
 
 int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sources, int n,
-                       int timeout_ms, int refresh_s, char *err, size_t err_len)
+                       int timeout_ms, int refresh_s, unsigned history_rounds, char *err,
+                       size_t err_len)
 {
     *out = NULL;
+    if (history_rounds < 1 || history_rounds > DS_VIZ_HISTORY_MAX) {
+        snprintf(err, err_len, "--history: expected 1..%d, found %u", DS_VIZ_HISTORY_MAX,
+                 history_rounds);
+        return -EINVAL;
+    }
     ds_hostport hp;
     if (ds_hostport_parse(listen, &hp) < 0) {
         snprintf(err, err_len, "--serve: expected host:port, found '%s'", listen);
@@ -1795,6 +1976,12 @@ int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sou
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
+    if (ds_viz_hist_new(&s->hist, history_rounds) < 0) {
+        close(fd);
+        free(s);
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
     s->fd = fd;
     s->sources = sources;
     s->n = n;
@@ -1823,6 +2010,7 @@ int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sou
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (!s->d) {
         close(fd);
+        ds_viz_hist_free(&s->hist);
         free(s);
         snprintf(err, err_len, "--serve %s: libmicrohttpd did not start", listen);
         return -EIO;
@@ -1845,6 +2033,7 @@ void ds_viz_serve_stop(ds_viz_server **ps)
         return;
     MHD_stop_daemon(s->d);
     close(s->fd);
+    ds_viz_hist_free(&s->hist);
     free(s);
     *ps = NULL;
 }

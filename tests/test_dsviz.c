@@ -1059,6 +1059,45 @@ static const json_t *doc_history(const ds_viz *v, const char *name)
     return NULL;
 }
 
+/* The page of v (built from documents the server merged: rounds held and
+ * bytes per target read from its history) is the page the same documents
+ * give when read afresh (every history walked). */
+static void expect_same_page_unmerged(ds_viz *v)
+{
+    ds_viz w = {0};
+    for (size_t d = 0; d < v->n_docs; d++) {
+        char *text = json_dumps(v->docs[d].doc, JSON_COMPACT);
+        char err[256];
+        cr_assert_not_null(text);
+        cr_assert_eq(ds_viz_add_json(&w, text, strlen(text), v->docs[d].origin, err,
+                                     sizeof(err)), 0,
+                     "%s", err);
+        free(text);
+    }
+    cr_assert_eq(ds_viz_build(&w), 0);
+    cr_assert_null(w.hist);
+    cr_assert_not_null(v->hist);
+    cr_assert_eq(w.n_m, v->n_m);
+    for (size_t i = 0; i < v->n_m * v->n_m; i++)
+        cr_expect_eq(w.heat[i], v->heat[i], "cell %zu: %.0f read afresh, %.0f merged", i,
+                     w.heat[i], v->heat[i]);
+    const ds_viz_live o = {.refresh_s = 5};
+    char *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    FILE *f = open_memstream(&a, &la);
+    cr_assert_eq(ds_viz_write_live(v, f, &o), 0);
+    fclose(f);
+    f = open_memstream(&b, &lb);
+    cr_assert_eq(ds_viz_write_live(&w, f, &o), 0);
+    fclose(f);
+    cr_expect_eq(la, lb);
+    cr_expect(la == lb && !memcmp(a, b, la), "the merged page differs from the page read afresh");
+    cr_expect_not_null(strstr(a, "bytes\">"));
+    free(a);
+    free(b);
+    ds_viz_free(&w);
+}
+
 /* The server's own history (dsviz --serve --history N): documents that each
  * hold the node's last 32 rounds, 16 rounds apart (every round in two
  * documents), merged over five refreshes into at most N = 60 rounds per
@@ -1120,6 +1159,7 @@ Test(dsviz, serve_history_merges_bounded_newest)
         cr_assert_eq(ds_viz_build(&v), 0);
         cr_expect_eq(v.rounds_max, (double)(hi - 1));
         cr_expect_eq(v.rounds_min, (double)(hi - (hi < 60 ? hi : 60)));
+        expect_same_page_unmerged(&v);
         ds_viz_free(&v);
     }
     ds_viz_hist_free(&h);

@@ -687,6 +687,8 @@ static int build_edges(ds_viz *v, size_t *mcap)
     return 0;
 }
 
+static const struct hist_node *merged_of(const ds_viz *v, size_t d);
+
 /* The history entry of round `round` in document d, NULL when none. */
 static const json_t *hist_entry(const json_t *root, double round)
 {
@@ -713,7 +715,13 @@ static double pick_round(ds_viz *v)
         if (!json_array_size(h))
             continue;
         double lo = -1, hi = -1;
-        for (size_t i = 0; i < json_array_size(h); i++) {
+        /* merged by the server: valid rounds, newest first */
+        const size_t nh = merged_of(v, d) ? json_array_size(h) : 0;
+        if (nh) {
+            hi = jnum(json_array_get(h, 0), "round", -1);
+            lo = jnum(json_array_get(h, nh - 1), "round", -1);
+        }
+        for (size_t i = 0; !nh && i < json_array_size(h); i++) {
             const double r = jnum(json_array_get(h, i), "round", -1);
             if (r < 0)
                 continue;
@@ -736,6 +744,12 @@ static double pick_round(ds_viz *v)
         return -1;
     if (v->round_set)
         return v->want_round;
+    /* A node DS_VIZ_STALE_ROUNDS or more behind the newest (gone, or its
+     * file left over) does not hold the picture back: a node's own
+     * history (32 rounds) would not reach back to its rounds either, and
+     * dsviz --serve's longer one should not change the round shown. */
+    if (newest - common >= DS_VIZ_STALE_ROUNDS)
+        return newest;
     /* The common newest round, when every history still holds it. */
     for (size_t d = 0; d < v->n_docs; d++) {
         const json_t *h = jget(v->docs[d].doc, "history");
@@ -857,6 +871,8 @@ static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
     return rc;
 }
 
+static void merged_heat(ds_viz *v, const struct hist_node *hn, size_t from);
+
 /* The traffic matrix from every reporting node's history: bytes it
  * initiated to each target (named by target_id). */
 static int build_heat(ds_viz *v)
@@ -868,6 +884,11 @@ static int build_heat(ds_viz *v)
     for (size_t d = 0; d < v->n_docs; d++) {
         const int from = ds_viz_find(v, v->docs[d].name);
         const json_t *h = jget(v->docs[d].doc, "history");
+        const struct hist_node *hn = merged_of(v, d);
+        if (hn && from >= 0) {
+            merged_heat(v, hn, (size_t)from);
+            continue;
+        }
         for (size_t i = 0; from >= 0 && i < json_array_size(h); i++) {
             const json_t *list = jget(json_array_get(h, i), "list");
             for (size_t k = 0; k < json_array_size(list); k++) {
@@ -1649,9 +1670,17 @@ int ds_viz_run_dot(const char *dot_prog, const char *dot_path, const char *svg_p
 
 /* ---- dsviz --serve's history ----------------------------------------------------------- */
 
+/* Payload bytes a node initiated to one target id over the rounds held. */
+typedef struct hist_sum {
+    char id[17];
+    double bytes;
+} hist_sum;
+
 typedef struct hist_node {
     char name[64];
-    json_t *rounds; /* array, newest first, at most max entries */
+    json_t *rounds; /* array, newest first, one per round, at most max entries */
+    hist_sum *sum;  /* over `rounds`, kept as rounds come and go */
+    size_t n_sum, cap_sum;
 } hist_node;
 
 struct ds_viz_hist {
@@ -1678,8 +1707,10 @@ void ds_viz_hist_free(ds_viz_hist **ph)
     ds_viz_hist *h = *ph;
     if (!h)
         return;
-    for (size_t i = 0; i < h->count; i++)
+    for (size_t i = 0; i < h->count; i++) {
         json_decref(h->n[i].rounds);
+        free(h->n[i].sum);
+    }
     free(h->n);
     free(h);
     *ph = NULL;
@@ -1687,7 +1718,7 @@ void ds_viz_hist_free(ds_viz_hist **ph)
 
 static hist_node *hist_find(const ds_viz_hist *h, const char *name)
 {
-    for (size_t i = 0; i < h->count; i++)
+    for (size_t i = 0; h && i < h->count; i++)
         if (!strcmp(h->n[i].name, name))
             return &h->n[i];
     return NULL;
@@ -1698,6 +1729,55 @@ static double hist_round(const json_t *e)
 {
     const double r = jnum(e, "round", -1);
     return r >= 0 && r <= 9007199254740992.0 && r == floor(r) ? r : -1;
+}
+
+/* Add sign x the bytes of entry e to hn's sums (as build_heat reads them:
+ * target_id a string of at most 16 characters, bytes a number or 0).
+ * 0, 1 when a value is not a whole number 0..2^53 (sums in another order
+ * could differ: the caller sums again from scratch), or -ENOMEM. */
+static int sum_entry(hist_node *hn, const json_t *e, double sign)
+{
+    const json_t *list = jget(e, "list");
+    int inexact = 0;
+    for (size_t k = 0; k < json_array_size(list); k++) {
+        const json_t *x = json_array_get(list, k);
+        const char *id = jstr(x, "target_id", NULL);
+        if (!id || strlen(id) > 16)
+            continue;
+        const double b = jnum(x, "bytes", 0);
+        if (!(b >= 0 && b <= 9007199254740992.0 && b == floor(b)))
+            inexact = 1;
+        size_t i = 0;
+        while (i < hn->n_sum && strcmp(hn->sum[i].id, id))
+            i++;
+        if (i == hn->n_sum) {
+            if (hn->n_sum == hn->cap_sum) {
+                const size_t nc = hn->cap_sum ? hn->cap_sum * 2 : 16;
+                hist_sum *ns = realloc(hn->sum, nc * sizeof(*ns));
+                if (!ns)
+                    return -ENOMEM;
+                hn->sum = ns;
+                hn->cap_sum = nc;
+            }
+            copy_str(hn->sum[i].id, sizeof(hn->sum[i].id), id);
+            hn->sum[i].bytes = 0;
+            hn->n_sum++;
+        }
+        hn->sum[i].bytes += sign * b;
+    }
+    return inexact;
+}
+
+/* hn's sums from scratch over its rounds, in build_heat's order. */
+static int sum_all(hist_node *hn)
+{
+    hn->n_sum = 0;
+    for (size_t i = 0; i < json_array_size(hn->rounds); i++) {
+        const int e = sum_entry(hn, json_array_get(hn->rounds, i), 1);
+        if (e < 0)
+            return e;
+    }
+    return 0;
 }
 
 typedef struct hist_item {
@@ -1714,40 +1794,89 @@ static int cmp_items(const void *a, const void *b)
     return x->order < y->order ? -1 : x->order > y->order;
 }
 
-/* fresh (may be NULL) merged over old (may be NULL): a new array of at
- * most max entries, newest first, one per round, fresh's entry kept for a
- * round both hold. NULL on ENOMEM. */
-static json_t *hist_union(const json_t *fresh, const json_t *old, unsigned max)
+/* fresh (may be NULL) merged over hn's rounds into hn: at most max entries,
+ * newest first, one per round, fresh's entry kept for a round both hold;
+ * hn's sums follow (what came in added, what went out taken off). 0 or
+ * -ENOMEM (hn unchanged). */
+static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
 {
+    const json_t *old = hn->rounds;
     const size_t nf = json_array_size(fresh), no = json_array_size(old);
     hist_item *it = malloc((nf + no + 1) * sizeof(*it));
+    unsigned char *took = calloc(nf + no + 1, 1);
     json_t *out = json_array();
-    if (!it || !out) {
+    if (!it || !took || !out) {
         free(it);
+        free(took);
         json_decref(out);
-        return NULL;
+        return -ENOMEM;
     }
+    /* fresh's valid entries, then old's (valid, sorted, one per round) */
     size_t n = 0;
-    for (size_t i = 0; i < nf + no; i++) {
-        json_t *e = i < nf ? json_array_get(fresh, i) : json_array_get(old, i - nf);
+    int sorted = 1;
+    for (size_t i = 0; i < nf; i++) {
+        json_t *e = json_array_get(fresh, i);
+        const double r = hist_round(e);
+        if (r < 0)
+            continue;
+        if (n > 0 && !(r < it[n - 1].round))
+            sorted = 0;
+        it[n++] = (hist_item){.round = r, .order = i, .e = e};
+    }
+    const size_t nfv = n; /* fresh's valid entries: it[0..nfv) */
+    for (size_t i = 0; i < no; i++) {
+        json_t *e = json_array_get(old, i);
         const double r = hist_round(e);
         if (r >= 0)
-            it[n++] = (hist_item){.round = r, .order = i, .e = e};
+            it[n++] = (hist_item){.round = r, .order = nf + i, .e = e};
     }
-    qsort(it, n, sizeof(*it), cmp_items);
-    size_t kept = 0;
-    for (size_t i = 0; i < n && kept < max; i++) {
-        if (i > 0 && it[i].round == it[i - 1].round)
-            continue;
-        if (json_array_append(out, it[i].e) < 0) {
-            free(it);
-            json_decref(out);
-            return NULL;
+    int rc = 0;
+    if (sorted) {
+        /* Both newest first: one pass. */
+        size_t a = 0, b = nfv;
+        while ((a < nfv || b < n) && json_array_size(out) < max && rc == 0) {
+            size_t pick;
+            if (b >= n || (a < nfv && it[a].round >= it[b].round)) {
+                pick = a;
+                if (b < n && it[b].round == it[a].round)
+                    b++; /* fresh replaces old's entry of that round */
+                a++;
+            } else {
+                pick = b++;
+            }
+            took[pick] = 1;
+            rc = json_array_append(out, it[pick].e) < 0 ? -ENOMEM : 0;
         }
-        kept++;
+    } else {
+        qsort(it, n, sizeof(*it), cmp_items);
+        for (size_t i = 0; i < n && json_array_size(out) < max && rc == 0; i++) {
+            if (i > 0 && it[i].round == it[i - 1].round)
+                continue;
+            rc = json_array_append(out, it[i].e) < 0 ? -ENOMEM : 0;
+        }
+    }
+    if (rc < 0) {
+        free(it);
+        free(took);
+        json_decref(out);
+        return rc;
+    }
+    /* The sums: incrementally when the pass knew what came and went. */
+    int redo = !sorted;
+    for (size_t i = 0; i < n && !redo && rc >= 0; i++) {
+        if (i < nfv && took[i])
+            rc = sum_entry(hn, it[i].e, 1);
+        else if (i >= nfv && !took[i])
+            rc = sum_entry(hn, it[i].e, -1);
+        redo = rc == 1;
     }
     free(it);
-    return out;
+    free(took);
+    json_decref(hn->rounds);
+    hn->rounds = out;
+    if (rc < 0 || redo)
+        rc = sum_all(hn);
+    return rc < 0 ? rc : 0;
 }
 
 int ds_viz_hist_merge(ds_viz_hist *h, ds_viz *v)
@@ -1778,16 +1907,31 @@ int ds_viz_hist_merge(ds_viz_hist *h, ds_viz *v)
             memset(hn, 0, sizeof(*hn));
             copy_str(hn->name, sizeof(hn->name), v->docs[d].name);
         }
-        json_t *merged = hist_union(fresh, hn->rounds, h->max);
-        if (!merged || json_object_set(doc, "history", merged) < 0) {
-            json_decref(merged);
+        if (hist_union(hn, fresh, h->max) < 0 ||
+            json_object_set(doc, "history", hn->rounds) < 0)
             return -ENOMEM;
-        }
-        json_decref(hn->rounds);
-        hn->rounds = merged; /* shared with the document until it is freed */
         v->built = 0;
     }
+    v->hist = h;
     return rc;
+}
+
+/* Document d's history as the server merged it, NULL when it is not. */
+static const struct hist_node *merged_of(const ds_viz *v, size_t d)
+{
+    const hist_node *hn = hist_find(v->hist, v->docs[d].name);
+    return hn && json_object_get(v->docs[d].doc, "history") == hn->rounds ? hn : NULL;
+}
+
+/* build_heat's row `from` from the merged node's sums. */
+static void merged_heat(ds_viz *v, const struct hist_node *hn, size_t from)
+{
+    for (size_t i = 0; i < hn->n_sum; i++)
+        for (size_t t = 0; t < v->n_m; t++)
+            if (!strcmp(v->m[t].id, hn->sum[i].id)) {
+                v->heat[from * v->n_m + t] += hn->sum[i].bytes;
+                break;
+            }
 }
 
 size_t ds_viz_hist_held(const ds_viz_hist *h, const char *name, double *lo, double *hi)
@@ -2024,6 +2168,11 @@ int ds_viz_serve_addr(const ds_viz_server *s, char *buf, size_t n)
     if ((size_t)snprintf(buf, n, "%s", s->addr) >= n)
         return -ENOSPC;
     return 0;
+}
+
+const ds_viz_hist *ds_viz_serve_hist(const ds_viz_server *s)
+{
+    return s->hist;
 }
 
 void ds_viz_serve_stop(ds_viz_server **ps)

@@ -28,6 +28,10 @@
 #define DS_VIZ_MAX_DOCS 4096
 #define DS_VIZ_MAX_MEMBERS 4096
 #define DS_VIZ_MAX_EDGES 65536
+/* A node whose newest completed round is this far behind the newest any
+ * node reports does not hold back the round drawn by default (a node's own
+ * history holds 32 rounds: it would not reach back that far either). */
+#define DS_VIZ_STALE_ROUNDS 32
 #define DS_VIZ_MAX_FILE ((size_t)16 << 20) /* a status document, from a file or a page */
 
 typedef struct ds_viz_member {
@@ -88,6 +92,11 @@ typedef struct ds_viz {
     /* traffic: heat[i * n_m + j] = payload bytes member i initiated to
      * member j over every completed round of the histories (after build) */
     double *heat;
+    /* dsviz --serve's own history, once merged into the documents
+     * (ds_viz_hist_merge sets it; borrowed): build reads each merged
+     * node's rounds held and bytes per target from it instead of walking
+     * its whole history again. NULL: from the documents. */
+    const struct ds_viz_hist *hist;
 } ds_viz;
 
 /* What the live page shows besides the drawing (dsviz --serve). */
@@ -203,6 +212,9 @@ int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sou
 /* "host:port" actually bound. */
 int ds_viz_serve_addr(const ds_viz_server *s, char *buf, size_t n);
 void ds_viz_serve_stop(ds_viz_server **s);
+/* The server's own history (for ds_viz_hist_held; not while it serves a
+ * request on its thread: read it between requests). */
+const ds_viz_hist *ds_viz_serve_hist(const ds_viz_server *s);
 
 /* dsviz's own SVG drawing (used by the HTML page without Graphviz). */
 int ds_viz_write_own_svg(const ds_viz *v, FILE *f);

@@ -854,6 +854,11 @@ Test(dsviz, live_page_served)
      * (100 + 101 + 102) bytes. */
     cr_expect_not_null(strstr(body, "n1 &rarr; n2: 1515 bytes"), "%s", body);
     cr_expect_not_null(strstr(body, "<h2>Membership"));
+    /* n4 as each reporting node's view gives it (n0's: left) */
+    cr_expect_not_null(strstr(body, "<tr><td class=\"l\">n4</td><td class=\"l\">left</td>"
+                                    "<td class=\"l\">alive</td><td class=\"l\">alive</td>"
+                                    "<td class=\"l\">alive</td><td>-</td></tr>"),
+                       "%s", body);
     free(body);
     cr_assert_eq(ds_viz_http_get(addr, "/?round=102&segment=1", 10000, 1 << 24, &body, &len, err,
                                  sizeof(err)),

@@ -91,6 +91,8 @@ typedef struct ds_bench_viz_result {
     size_t page_bytes, direct_bytes; /* the last page, over HTTP and built directly */
     double median_ms, max_ms;      /* GET / over HTTP (libcurl to the server) */
     double page_median_ms, page_max_ms; /* ds_viz_live_page in this thread */
+    double page_cpu_median_ms;     /* its thread CPU time */
+    double max_rss_mb;             /* the process's peak after the case */
 } ds_bench_viz_result;
 /* 0 or -errno. *page (may be NULL): the last page timed (caller frees).
  * libcurl's global state must be set up (curl_global_init). */

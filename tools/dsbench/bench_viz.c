@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -197,13 +199,22 @@ static double get_page(const char *addr, size_t *bytes, char **page)
 
 /* The page GET / answers, built in this thread (ds_viz_live_page: the
  * sources read, merged into hist, built, written): ms, or -errno. */
-static double direct_page(ds_viz_hist *hist, char *const *srcs, size_t *bytes)
+static double thread_cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static double direct_page(ds_viz_hist *hist, char *const *srcs, size_t *bytes, double *cpu_ms)
 {
     char *body = NULL;
     size_t len = 0;
-    const double t0 = ds_bench_now();
+    const double t0 = ds_bench_now(), c0 = thread_cpu_ms();
     const int e = ds_viz_live_page(hist, srcs, 1, 60000, 5, -1, -1, &body, &len);
     const double ms = (ds_bench_now() - t0) * 1e3;
+    if (cpu_ms)
+        *cpu_ms = thread_cpu_ms() - c0;
     free(body);
     if (e < 0)
         return e;
@@ -289,14 +300,14 @@ int ds_bench_viz_case(const ds_bench_viz_opts *o, ds_bench_viz_result *res, char
         size_t bytes;
         if (rc == 0 && get_page(addr, &bytes, NULL) < 0)
             rc = -EIO;
-        if (rc == 0 && (rc = direct_page(hist, srcs, NULL)) > 0)
+        if (rc == 0 && (rc = direct_page(hist, srcs, NULL, NULL)) > 0)
             rc = 0;
         res->feeds++;
     }
     if (rc < 0)
         goto out_stop;
     const unsigned K = o->refreshes;
-    ms = calloc(2 * (size_t)K, sizeof(*ms));
+    ms = calloc(3 * (size_t)K, sizeof(*ms));
     if (!ms) {
         rc = -ENOMEM;
         goto out_stop;
@@ -305,19 +316,25 @@ int ds_bench_viz_case(const ds_bench_viz_opts *o, ds_bench_viz_result *res, char
     for (unsigned k = 0; k < K && rc == 0; k++) {
         if ((ms[k] = get_page(addr, &res->page_bytes, page)) < 0)
             rc = -EIO;
-        else if ((ms[K + k] = direct_page(hist, srcs, &res->direct_bytes)) < 0)
+        else if ((ms[K + k] = direct_page(hist, srcs, &res->direct_bytes, &ms[2 * K + k])) < 0)
             rc = (int)ms[K + k];
     }
     if (rc == 0) {
         qsort(ms, K, sizeof(*ms), cmp_dbl);
         qsort(ms + K, K, sizeof(*ms), cmp_dbl);
+        qsort(ms + 2 * K, K, sizeof(*ms), cmp_dbl);
         res->median_ms = K % 2 ? ms[K / 2] : (ms[K / 2 - 1] + ms[K / 2]) / 2;
         res->max_ms = ms[K - 1];
         const double *d = ms + K;
         res->page_median_ms = K % 2 ? d[K / 2] : (d[K / 2 - 1] + d[K / 2]) / 2;
         res->page_max_ms = d[K - 1];
+        const double *c = ms + 2 * K;
+        res->page_cpu_median_ms = K % 2 ? c[K / 2] : (c[K / 2 - 1] + c[K / 2]) / 2;
     }
     res->rounds = s.rounds_recorded;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        res->max_rss_mb = (double)ru.ru_maxrss / 1024.0;
     for (uint32_t i = 0; i < n; i++) {
         double lo, hi;
         const size_t held = ds_viz_hist_held(ds_viz_serve_hist(sv), s.snap[i]->name, &lo, &hi);
@@ -361,6 +378,8 @@ static void put_row(ds_row *row, const char *label, const ds_bench_viz_opts *o,
     ds_row_num(row, "get_max_ms", r->max_ms, 1);
     ds_row_num(row, "page_median_ms", r->page_median_ms, 1);
     ds_row_num(row, "page_max_ms", r->page_max_ms, 1);
+    ds_row_num(row, "page_cpu_median_ms", r->page_cpu_median_ms, 1);
+    ds_row_num(row, "max_rss_mb", r->max_rss_mb, 0);
     ds_row_num(row, "vs_baseline", ratio, 2);
     ds_row_end(row);
 }
@@ -434,8 +453,7 @@ int ds_bench_viz(int argc, char **argv)
     ds_row row;
     ds_row_table(&row, json);
     put_row(&row, "baseline", &base, &rb, 1.0);
-    put_row(&row, "measured", &o, &rm,
-            rb.page_median_ms > 0 ? rm.page_median_ms / rb.page_median_ms : 0);
+    put_row(&row, "measured", &o, &rm, rb.median_ms > 0 ? rm.median_ms / rb.median_ms : 0);
     curl_global_cleanup();
     return 0;
 }

@@ -1472,6 +1472,12 @@ static void heat_table(const ds_viz *v, FILE *f)
     fputs("</table>\n", f);
 }
 
+static int cmp_member_ptr(const void *a, const void *b)
+{
+    return strcmp((*(const ds_viz_member *const *)a)->name,
+                  (*(const ds_viz_member *const *)b)->name);
+}
+
 /* Each member's state as each reporting node's current view gives it. */
 static void membership_table(const ds_viz *v, FILE *f)
 {
@@ -1484,20 +1490,45 @@ static void membership_table(const ds_viz *v, FILE *f)
         fputs("</th>", f);
     }
     fputs("<th>its history</th></tr>\n", f);
+    /* st[i * n_docs + d]: member i's state in document d's view (the last
+     * entry naming it), "-" when that view does not list it; members found
+     * by name through a sorted index (names are unique among members). */
+    const size_t nd = v->n_docs;
+    const char **st = malloc((v->n_m * nd + 1) * sizeof(*st));
+    const ds_viz_member **by = malloc((v->n_m + 1) * sizeof(*by));
+    if (!st || !by) {
+        free(st);
+        free(by);
+        fputs("</table>\n", f);
+        return;
+    }
+    for (size_t i = 0; i < v->n_m; i++)
+        by[i] = &v->m[i];
+    qsort(by, v->n_m, sizeof(*by), cmp_member_ptr);
+    for (size_t i = 0; i < v->n_m * nd; i++)
+        st[i] = "-";
+    for (size_t d = 0; d < nd; d++) {
+        const json_t *members = jget(jget(v->docs[d].doc, "view"), "members");
+        for (size_t k = 0; k < json_array_size(members); k++) {
+            const json_t *mv = json_array_get(members, k);
+            const char *name = jstr(mv, "name", "");
+            ds_viz_member key;
+            const ds_viz_member *kp = &key;
+            if (strlen(name) >= sizeof(key.name))
+                continue; /* no member has a longer name */
+            copy_str(key.name, sizeof(key.name), name);
+            const ds_viz_member **hit = bsearch(&kp, by, v->n_m, sizeof(*by), cmp_member_ptr);
+            if (hit)
+                st[(size_t)(*hit - v->m) * nd + d] = jstr(mv, "state", "?");
+        }
+    }
     for (size_t i = 0; i < v->n_m; i++) {
         fputs("<tr><td class=\"l\">", f);
         xml_text(f, v->m[i].name);
         fputs("</td>", f);
-        for (size_t d = 0; d < v->n_docs; d++) {
-            const json_t *members = jget(jget(v->docs[d].doc, "view"), "members");
-            const char *st = "-";
-            for (size_t k = 0; k < json_array_size(members); k++) {
-                const json_t *mv = json_array_get(members, k);
-                if (!strcmp(jstr(mv, "name", ""), v->m[i].name))
-                    st = jstr(mv, "state", "?");
-            }
+        for (size_t d = 0; d < nd; d++) {
             fputs("<td class=\"l\">", f);
-            xml_text(f, st);
+            xml_text(f, st[i * nd + d]);
             fputs("</td>", f);
         }
         const json_t *h =
@@ -1511,6 +1542,8 @@ static void membership_table(const ds_viz *v, FILE *f)
             fputs("<td>-</td></tr>\n", f);
     }
     fputs("</table>\n", f);
+    free(st);
+    free(by);
 }
 
 static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_live *live);
@@ -1672,6 +1705,7 @@ int ds_viz_run_dot(const char *dot_prog, const char *dot_path, const char *svg_p
 
 /* Payload bytes a node initiated to one target id over the rounds held. */
 typedef struct hist_sum {
+    uint64_t key; /* FNV-1a of id: compared first */
     char id[17];
     double bytes;
 } hist_sum;
@@ -1679,6 +1713,7 @@ typedef struct hist_sum {
 typedef struct hist_node {
     char name[64];
     json_t *rounds; /* array, newest first, one per round, at most max entries */
+    double *r;      /* r[i]: the round of rounds[i] */
     hist_sum *sum;  /* over `rounds`, kept as rounds come and go */
     size_t n_sum, cap_sum;
 } hist_node;
@@ -1709,6 +1744,7 @@ void ds_viz_hist_free(ds_viz_hist **ph)
         return;
     for (size_t i = 0; i < h->count; i++) {
         json_decref(h->n[i].rounds);
+        free(h->n[i].r);
         free(h->n[i].sum);
     }
     free(h->n);
@@ -1747,8 +1783,11 @@ static int sum_entry(hist_node *hn, const json_t *e, double sign)
         const double b = jnum(x, "bytes", 0);
         if (!(b >= 0 && b <= 9007199254740992.0 && b == floor(b)))
             inexact = 1;
+        uint64_t key = 14695981039346656037ull;
+        for (const char *c = id; *c; c++)
+            key = (key ^ (unsigned char)*c) * 1099511628211ull;
         size_t i = 0;
-        while (i < hn->n_sum && strcmp(hn->sum[i].id, id))
+        while (i < hn->n_sum && (hn->sum[i].key != key || strcmp(hn->sum[i].id, id)))
             i++;
         if (i == hn->n_sum) {
             if (hn->n_sum == hn->cap_sum) {
@@ -1760,6 +1799,7 @@ static int sum_entry(hist_node *hn, const json_t *e, double sign)
                 hn->cap_sum = nc;
             }
             copy_str(hn->sum[i].id, sizeof(hn->sum[i].id), id);
+            hn->sum[i].key = key;
             hn->sum[i].bytes = 0;
             hn->n_sum++;
         }
@@ -1804,10 +1844,12 @@ static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
     const size_t nf = json_array_size(fresh), no = json_array_size(old);
     hist_item *it = malloc((nf + no + 1) * sizeof(*it));
     unsigned char *took = calloc(nf + no + 1, 1);
+    double *rr = malloc(((nf + no) < max ? nf + no : max) * sizeof(*rr) + sizeof(*rr));
     json_t *out = json_array();
-    if (!it || !took || !out) {
+    if (!it || !took || !rr || !out) {
         free(it);
         free(took);
+        free(rr);
         json_decref(out);
         return -ENOMEM;
     }
@@ -1824,12 +1866,8 @@ static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
         it[n++] = (hist_item){.round = r, .order = i, .e = e};
     }
     const size_t nfv = n; /* fresh's valid entries: it[0..nfv) */
-    for (size_t i = 0; i < no; i++) {
-        json_t *e = json_array_get(old, i);
-        const double r = hist_round(e);
-        if (r >= 0)
-            it[n++] = (hist_item){.round = r, .order = nf + i, .e = e};
-    }
+    for (size_t i = 0; i < no; i++) /* valid, from an earlier pass */
+        it[n++] = (hist_item){.round = hn->r[i], .order = nf + i, .e = json_array_get(old, i)};
     int rc = 0;
     if (sorted) {
         /* Both newest first: one pass. */
@@ -1845,6 +1883,7 @@ static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
                 pick = b++;
             }
             took[pick] = 1;
+            rr[json_array_size(out)] = it[pick].round;
             rc = json_array_append(out, it[pick].e) < 0 ? -ENOMEM : 0;
         }
     } else {
@@ -1852,12 +1891,14 @@ static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
         for (size_t i = 0; i < n && json_array_size(out) < max && rc == 0; i++) {
             if (i > 0 && it[i].round == it[i - 1].round)
                 continue;
+            rr[json_array_size(out)] = it[i].round;
             rc = json_array_append(out, it[i].e) < 0 ? -ENOMEM : 0;
         }
     }
     if (rc < 0) {
         free(it);
         free(took);
+        free(rr);
         json_decref(out);
         return rc;
     }
@@ -1874,6 +1915,8 @@ static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
     free(took);
     json_decref(hn->rounds);
     hn->rounds = out;
+    free(hn->r);
+    hn->r = rr;
     if (rc < 0 || redo)
         rc = sum_all(hn);
     return rc < 0 ? rc : 0;

@@ -1820,47 +1820,6 @@ static int sum_all(hist_node *hn)
     return 0;
 }
 
-/* The part of a history entry the page reads (round, epoch, view_size, me;
- * per segment target, target_id, outcome, bytes): the server keeps only
- * that, about half of an entry's parsed size. NULL on ENOMEM. */
-static json_t *slim_entry(json_t *e)
-{
-    static const char *const top[] = {"round", "epoch", "view_size", "me"};
-    static const char *const seg[] = {"target", "target_id", "outcome", "bytes"};
-    json_t *o = json_object();
-    int bad = !o;
-    for (size_t i = 0; !bad && i < sizeof(top) / sizeof(top[0]); i++) {
-        json_t *x = json_object_get(e, top[i]);
-        bad = x && json_object_set(o, top[i], x) < 0;
-    }
-    json_t *list = json_object_get(e, "list");
-    if (!bad && json_is_array(list)) {
-        json_t *nl = json_array();
-        bad = !nl || json_object_set_new(o, "list", nl) < 0;
-        for (size_t k = 0; !bad && k < json_array_size(list); k++) {
-            json_t *x = json_array_get(list, k), *nx = x;
-            if (json_is_object(x)) {
-                nx = json_object();
-                for (size_t i = 0; nx && i < sizeof(seg) / sizeof(seg[0]); i++) {
-                    json_t *y = json_object_get(x, seg[i]);
-                    if (y && json_object_set(nx, seg[i], y) < 0) {
-                        json_decref(nx);
-                        nx = NULL;
-                    }
-                }
-                bad = !nx || json_array_append_new(nl, nx) < 0;
-            } else {
-                bad = json_array_append(nl, nx) < 0;
-            }
-        }
-    }
-    if (bad) {
-        json_decref(o);
-        return NULL;
-    }
-    return o;
-}
-
 typedef struct hist_item {
     double round;
     size_t order; /* the newer document's entries first among equal rounds */
@@ -1873,16 +1832,6 @@ static int cmp_items(const void *a, const void *b)
     if (x->round != y->round)
         return x->round > y->round ? -1 : 1; /* newest first */
     return x->order < y->order ? -1 : x->order > y->order;
-}
-
-/* Append e to out, slimmed when it is fresh from a document. */
-static int append_slim(json_t *out, json_t *e, int fresh)
-{
-    json_t *x = fresh ? slim_entry(e) : e;
-    if (!x)
-        return -ENOMEM;
-    return (fresh ? json_array_append_new(out, x) : json_array_append(out, x)) < 0 ? -ENOMEM
-                                                                                   : 0;
 }
 
 /* fresh (may be NULL) merged over hn's rounds into hn: at most max entries,
@@ -1935,7 +1884,7 @@ static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
             }
             took[pick] = 1;
             rr[json_array_size(out)] = it[pick].round;
-            rc = append_slim(out, it[pick].e, pick < nfv);
+            rc = json_array_append(out, it[pick].e) < 0 ? -ENOMEM : 0;
         }
     } else {
         qsort(it, n, sizeof(*it), cmp_items);
@@ -1943,7 +1892,7 @@ static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
             if (i > 0 && it[i].round == it[i - 1].round)
                 continue;
             rr[json_array_size(out)] = it[i].round;
-            rc = append_slim(out, it[i].e, it[i].order < nf);
+            rc = json_array_append(out, it[i].e) < 0 ? -ENOMEM : 0;
         }
     }
     if (rc < 0) {

@@ -39,9 +39,10 @@ ARROWS = {
     'tools/dsviz': ['topology', 'base'],
     # dsbench is white-box by declaration (tools/dsbench/meson.build): it
     # measures internals, and links what it measures.
-    'tools/dsbench': ['tools/dslaunch', 'node/runtime', 'node/status', 'node/gossip',
-                      'node/train', 'node/membership', 'node/net', 'node/transport', 'node/sec',
-                      'node/wire', 'conf', 'sparsify', 'topology', 'kernels', 'base'],
+    'tools/dsbench': ['tools/dslaunch', 'tools/dsviz', 'node/runtime', 'node/status',
+                      'node/gossip', 'node/train', 'node/membership', 'node/net',
+                      'node/transport', 'node/sec', 'node/wire', 'conf', 'sparsify', 'topology',
+                      'kernels', 'base'],
     'tests': None,  # tests may include anything
 }
 

@@ -993,7 +993,8 @@ Test(dsviz, live_page_served)
     char *srcs[] = {dir};
     ds_viz_server *sv = NULL;
     char err[600], addr[80];
-    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 5, err, sizeof(err)), 0,
+    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 5, DS_VIZ_HISTORY_DEFAULT, err,
+                                    sizeof(err)), 0,
                  "%s", err);
     cr_assert_eq(ds_viz_serve_addr(sv, addr, sizeof(addr)), 0);
     char *body;
@@ -1008,6 +1009,11 @@ Test(dsviz, live_page_served)
      * (100 + 101 + 102) bytes. */
     cr_expect_not_null(strstr(body, "n1 &rarr; n2: 1515 bytes"), "%s", body);
     cr_expect_not_null(strstr(body, "<h2>Membership"));
+    /* n4 as each reporting node's view gives it (n0's: left) */
+    cr_expect_not_null(strstr(body, "<tr><td class=\"l\">n4</td><td class=\"l\">left</td>"
+                                    "<td class=\"l\">alive</td><td class=\"l\">alive</td>"
+                                    "<td class=\"l\">alive</td><td>-</td></tr>"),
+                       "%s", body);
     free(body);
     cr_assert_eq(ds_viz_http_get(addr, "/?round=102&segment=1", 10000, 1 << 24, &body, &len, err,
                                  sizeof(err)),
@@ -1040,7 +1046,8 @@ Test(dsviz, live_page_in_chromium)
     char *srcs[] = {dir};
     ds_viz_server *sv = NULL;
     char err[600], addr[80], url[160], prof[128], shot[300], cwd[200];
-    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 0, err, sizeof(err)), 0,
+    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 0, DS_VIZ_HISTORY_DEFAULT, err,
+                                    sizeof(err)), 0,
                  "%s", err);
     cr_assert_eq(ds_viz_serve_addr(sv, addr, sizeof(addr)), 0);
     snprintf(url, sizeof(url), "http://%s/?round=102", addr);
@@ -1158,4 +1165,217 @@ Test(dsviz, group_members_handle_segments_as_the_node_computes)
                        "%s", page);
     free(page);
     ds_viz_free(&v);
+}
+
+/* Node n<i>'s document at time t whose history holds rounds lo..hi-1 (its
+ * ring keeps the newest DS_STATUS_HISTORY of them); each segment's bytes
+ * say which document it came from (tag). */
+static char *ranged_json(int i, uint64_t lo, uint64_t hi, uint64_t t, uint64_t tag, size_t *len)
+{
+    ds_status_snapshot *s = calloc(1, sizeof(*s));
+    cr_assert_not_null(s);
+    ds_status_snapshot_init(s);
+    snprintf(s->name, sizeof(s->name), "n%d", i);
+    s->id = 0xc0u + (uint64_t)i;
+    s->state = DS_STATUS_TRAINING;
+    s->round = hi;
+    snprintf(s->topology, sizeof(s->topology), "ring");
+    s->view_size = s->n_view = 4;
+    s->view_me = (uint32_t)i;
+    for (int k = 0; k < 4; k++) {
+        snprintf(s->view[k].name, sizeof(s->view[k].name), "n%d", k);
+        s->view[k].id = 0xc0u + (uint64_t)k;
+    }
+    for (uint64_t r = lo; r < hi; r++) {
+        ds_status_round h;
+        memset(&h, 0, sizeof(h));
+        h.round = r;
+        h.view_size = 4;
+        h.me = (uint32_t)i;
+        h.n_segments = h.n_listed = 2;
+        for (uint32_t seg = 0; seg < 2; seg++) {
+            uint32_t perm[4];
+            const ds_topo_key key = {.round = r, .segment = seg};
+            cr_assert_eq(ds_topo_targets(DS_TOPO_RING, &key, 4, perm), 0);
+            h.seg[seg].target = perm[i];
+            h.seg[seg].target_id = 0xc0u + perm[i];
+            h.seg[seg].outcome = DS_XCHG_OK;
+            h.seg[seg].bytes = tag;
+        }
+        ds_status_history_add(&s->hist, &h);
+    }
+    char *text;
+    cr_assert_eq(ds_status_render_json(s, t, &text, len), 0);
+    free(s);
+    return text;
+}
+
+/* The doc of node `name` in v (after add), NULL when none. */
+static const json_t *doc_history(const ds_viz *v, const char *name)
+{
+    for (size_t d = 0; d < v->n_docs; d++)
+        if (!strcmp(v->docs[d].name, name))
+            return json_object_get(v->docs[d].doc, "history");
+    return NULL;
+}
+
+/* The page of v (built from documents the server merged: rounds held and
+ * bytes per target read from its history) is the page the same documents
+ * give when read afresh (every history walked). */
+static void expect_same_page_unmerged(ds_viz *v)
+{
+    ds_viz w = {0};
+    for (size_t d = 0; d < v->n_docs; d++) {
+        char *text = json_dumps(v->docs[d].doc, JSON_COMPACT);
+        char err[256];
+        cr_assert_not_null(text);
+        cr_assert_eq(ds_viz_add_json(&w, text, strlen(text), v->docs[d].origin, err,
+                                     sizeof(err)), 0,
+                     "%s", err);
+        free(text);
+    }
+    cr_assert_eq(ds_viz_build(&w), 0);
+    cr_assert_null(w.hist);
+    cr_assert_not_null(v->hist);
+    cr_assert_eq(w.n_m, v->n_m);
+    for (size_t i = 0; i < v->n_m * v->n_m; i++)
+        cr_expect_eq(w.heat[i], v->heat[i], "cell %zu: %.0f read afresh, %.0f merged", i,
+                     w.heat[i], v->heat[i]);
+    const ds_viz_live o = {.refresh_s = 5};
+    char *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    FILE *f = open_memstream(&a, &la);
+    cr_assert_eq(ds_viz_write_live(v, f, &o), 0);
+    fclose(f);
+    f = open_memstream(&b, &lb);
+    cr_assert_eq(ds_viz_write_live(&w, f, &o), 0);
+    fclose(f);
+    cr_expect_eq(la, lb);
+    cr_expect(la == lb && !memcmp(a, b, la), "the merged page differs from the page read afresh");
+    cr_expect_not_null(strstr(a, "bytes\">"));
+    free(a);
+    free(b);
+    ds_viz_free(&w);
+}
+
+/* The server's own history (dsviz --serve --history N): documents that each
+ * hold the node's last 32 rounds, 16 rounds apart (every round in two
+ * documents), merged over five refreshes into at most N = 60 rounds per
+ * node: one entry per round, newest first, no gap, the oldest dropped, a
+ * round both documents hold taken from the newer one; a node absent from a
+ * refresh keeps what was merged; the page's slider covers the merged
+ * rounds. */
+Test(dsviz, serve_history_merges_bounded_newest)
+{
+    ds_viz_hist *h = NULL;
+    cr_assert_eq(ds_viz_hist_new(&h, 0), -EINVAL);
+    cr_assert_eq(ds_viz_hist_new(&h, DS_VIZ_HISTORY_MAX + 1), -EINVAL);
+    cr_assert_eq(ds_viz_hist_new(&h, 60), 0);
+    for (uint64_t k = 0; k < 5; k++) {
+        const uint64_t lo = 16 * k, hi = lo + 32; /* rounds lo..hi-1 */
+        ds_viz v = {0};
+        for (int i = 0; i < 2; i++) {
+            if (k == 3 && i == 1)
+                continue; /* n1 did not answer this refresh */
+            size_t len;
+            char err[256];
+            char *text = ranged_json(i, lo, hi, 1000 + k, 1000 * (k + 1) + (uint64_t)i, &len);
+            cr_assert_eq(ds_viz_add_json(&v, text, len, "doc", err, sizeof(err)), 0, "%s", err);
+            free(text);
+        }
+        cr_assert_eq(ds_viz_hist_merge(h, &v), 0);
+        for (int i = 0; i < 2; i++) {
+            const char *name = i ? "n1" : "n0";
+            /* n1 missed refresh 3: it holds what refresh 2 left */
+            const uint64_t top = (k == 3 && i == 1) ? hi - 16 : hi;
+            const size_t want = top < 60 ? top : 60;
+            double rlo, rhi;
+            cr_expect_eq(ds_viz_hist_held(h, name, &rlo, &rhi), want, "refresh %lu %s",
+                         (unsigned long)k, name);
+            cr_expect_eq(rhi, (double)(top - 1));
+            cr_expect_eq(rlo, (double)(top - want));
+            const json_t *arr = doc_history(&v, name);
+            if (k == 3 && i == 1) {
+                cr_expect_null(arr);
+                continue;
+            }
+            cr_assert_eq(json_array_size(arr), want);
+            for (size_t j = 0; j < want; j++) {
+                const json_t *e = json_array_get(arr, j);
+                const double r = json_number_value(json_object_get(e, "round"));
+                cr_assert_eq(r, (double)(top - 1 - j), "refresh %lu %s entry %zu: round %.0f",
+                             (unsigned long)k, name, j, r);
+                /* the entry of the newest document that held round r */
+                const json_t *seg = json_array_get(json_object_get(e, "list"), 0);
+                const double b = json_number_value(json_object_get(seg, "bytes"));
+                uint64_t newest = (uint64_t)r / 16; /* the last document holding r */
+                if (newest > k)
+                    newest = k;
+                if (i == 1 && k >= 3 && newest == 3)
+                    newest = 2; /* n1 sent no document at refresh 3 */
+                cr_expect_eq(b, 1000.0 * (double)(newest + 1) + i, "round %.0f bytes %.0f", r, b);
+            }
+        }
+        cr_assert_eq(ds_viz_build(&v), 0);
+        cr_expect_eq(v.rounds_max, (double)(hi - 1));
+        cr_expect_eq(v.rounds_min, (double)(hi - (hi < 60 ? hi : 60)));
+        expect_same_page_unmerged(&v);
+        ds_viz_free(&v);
+    }
+    ds_viz_hist_free(&h);
+    cr_expect_null(h);
+}
+
+/* Entries without a whole round >= 0 are left out of the merged history;
+ * a document without a history and without merged rounds stays as it is. */
+Test(dsviz, serve_history_skips_bad_rounds)
+{
+    ds_viz_hist *h = NULL;
+    cr_assert_eq(ds_viz_hist_new(&h, 10), 0);
+    const char *doc = "{\"schema\": 1, \"node\": {\"name\": \"a\"}, \"history\": ["
+                      "{\"round\": 5}, {\"round\": -1}, {\"round\": 2.5}, {\"round\": \"3\"}, "
+                      "{}, 7, {\"round\": 4}, {\"round\": 5}]}";
+    const char *bare = "{\"schema\": 1, \"node\": {\"name\": \"b\"}}";
+    ds_viz v = {0};
+    char err[256];
+    cr_assert_eq(ds_viz_add_json(&v, doc, strlen(doc), "a", err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(ds_viz_add_json(&v, bare, strlen(bare), "b", err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(ds_viz_hist_merge(h, &v), 0);
+    double lo, hi;
+    cr_expect_eq(ds_viz_hist_held(h, "a", &lo, &hi), 2);
+    cr_expect_eq(lo, 4);
+    cr_expect_eq(hi, 5);
+    cr_expect_eq(ds_viz_hist_held(h, "b", NULL, NULL), 0);
+    cr_expect_null(doc_history(&v, "b"));
+    cr_expect_eq(json_array_size(doc_history(&v, "a")), 2);
+    ds_viz_free(&v);
+    ds_viz_hist_free(&h);
+}
+
+/* --history: a number of rounds 1..100000, for --serve only. */
+Test(dsviz, program_refuses_bad_history)
+{
+    char dir[] = "/tmp/ds-dsviz-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    const char *bad[] = {"0", "-5", "abc", "", "100001", "12x"};
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        char *argv[] = {(char *)dsviz_bin(), "--serve", "127.0.0.1:0", "--history",
+                        (char *)bad[k], dir, NULL};
+        char *err;
+        cr_expect_eq(run(dir, NULL, argv, NULL, &err), 2, "--history '%s'", bad[k]);
+        char want[128];
+        snprintf(want, sizeof(want), "--history: expected a number of rounds 1..100000, found '%s'",
+                 bad[k]);
+        cr_expect_not_null(strstr(err, want), "%s", err);
+        free(err);
+    }
+    char *argv[] = {(char *)dsviz_bin(), "--history", "50", "--out", "-", "--format", "dot", dir,
+                    NULL};
+    char *err;
+    cr_expect_eq(run(dir, NULL, argv, NULL, &err), 2);
+    cr_expect_not_null(strstr(err, "--history is for --serve"), "%s", err);
+    free(err);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
 }

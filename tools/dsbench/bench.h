@@ -76,4 +76,27 @@ int ds_bench_status(int argc, char **argv);
 /* dsbench scale (bench_scale_cmd.c, simulation in bench_scale.c): issue 18. */
 int ds_bench_scale(int argc, char **argv);
 
+/* dsbench viz (bench_viz.c): dsviz --serve's page with many members and a
+ * long history (issue 15). One case: members simulated (sim.h) for rounds
+ * rounds, served with history rounds kept, then refreshes timed GET /. */
+typedef struct ds_bench_viz_opts {
+    unsigned members, rounds, history, refreshes, segments;
+    uint64_t seed;
+} ds_bench_viz_opts;
+typedef struct ds_bench_viz_result {
+    unsigned joins, deaths, feeds; /* feeds: GET / while the rounds ran */
+    uint64_t rounds;               /* rounds recorded */
+    size_t held_max, docs;         /* most rounds the server holds for a node;
+                                    * nodes it holds rounds for */
+    size_t page_bytes, direct_bytes; /* the last page, over HTTP and built directly */
+    double median_ms, max_ms;      /* GET / over HTTP (libcurl to the server) */
+    double page_median_ms, page_max_ms; /* ds_viz_live_page in this thread */
+    double page_cpu_median_ms;     /* its thread CPU time */
+    double max_rss_mb;             /* the process's peak after the case */
+} ds_bench_viz_result;
+/* 0 or -errno. *page (may be NULL): the last page timed (caller frees).
+ * libcurl's global state must be set up (curl_global_init). */
+int ds_bench_viz_case(const ds_bench_viz_opts *o, ds_bench_viz_result *res, char **page);
+int ds_bench_viz(int argc, char **argv);
+
 #endif

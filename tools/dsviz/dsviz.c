@@ -37,7 +37,8 @@ static void usage(FILE *f)
 {
     fputs("usage: dsviz [--out PREFIX] [--format dot|svg|html|all] [--timeout-ms N]\n"
           "             [--round R] [--segment S] SOURCE...\n"
-          "       dsviz --serve HOST:PORT [--refresh-s N] [--timeout-ms N] SOURCE...\n"
+          "       dsviz --serve HOST:PORT [--refresh-s N] [--history N] [--timeout-ms N]\n"
+          "             SOURCE...\n"
           "\n"
           "Draw the cluster's topology from its nodes' status: members grouped by\n"
           "node.group and one completed round's exchanges per segment (edge colour =\n"
@@ -59,6 +60,8 @@ static void usage(FILE *f)
           "                     SIGTERM: the sources are read again at each request;\n"
           "                     round slider, segment filter, traffic heatmap, membership\n"
           "  --refresh-s N      the live page reloads itself every N s (default 5; 0: never)\n"
+          "  --history N        --serve keeps the newest N completed rounds of each node\n"
+          "                     it has seen over its refreshes (default 1000; 1..100000)\n"
           "\n"
           "Environment: DSVIZ_DOT names the Graphviz program (default 'dot').\n"
           "Exit status: 0; 1 when a source or an output failed (what loaded is still\n"
@@ -147,6 +150,8 @@ struct args {
     unsigned segment;
     const char *serve;
     int refresh_s;
+    int history_set;
+    unsigned history;
 };
 
 /* getopt_long over argv: options first, then SOURCE... ("+": the first
@@ -155,7 +160,7 @@ struct args {
  * the exit status (0 after --help, 2 on a usage error, said). */
 static int parse_args(int argc, char **argv, struct args *a)
 {
-    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT, O_ROUND, O_SEGMENT, O_SERVE, O_REFRESH };
+    enum { O_OUT = 256, O_FORMAT, O_TIMEOUT, O_ROUND, O_SEGMENT, O_SERVE, O_REFRESH, O_HISTORY };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
         {"out", required_argument, NULL, O_OUT},
@@ -165,12 +170,14 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"segment", required_argument, NULL, O_SEGMENT},
         {"serve", required_argument, NULL, O_SERVE},
         {"refresh-s", required_argument, NULL, O_REFRESH},
+        {"history", required_argument, NULL, O_HISTORY},
         {NULL, 0, NULL, 0},
     };
     const char *format = "all";
     a->out = "dsviz";
     a->timeout_ms = 5000;
     a->refresh_s = 5;
+    a->history = DS_VIZ_HISTORY_DEFAULT;
     opterr = 0; /* the messages are ours */
     for (;;) {
         const int at = optind; /* the element being read */
@@ -207,6 +214,16 @@ static int parse_args(int argc, char **argv, struct args *a)
                 return 2;
             }
             a->refresh_s = (int)t;
+            break;
+        case O_HISTORY:
+            t = strtol(optarg, &end, 10);
+            if (!optarg[0] || *end || t < 1 || t > DS_VIZ_HISTORY_MAX) {
+                fprintf(stderr, "dsviz: --history: expected a number of rounds 1..%d, found '%s'\n",
+                        DS_VIZ_HISTORY_MAX, optarg);
+                return 2;
+            }
+            a->history_set = 1;
+            a->history = (unsigned)t;
             break;
         case O_ROUND:
         case O_SEGMENT: {
@@ -257,6 +274,11 @@ static int parse_args(int argc, char **argv, struct args *a)
     }
     if (!strcmp(a->out, "-") && a->what == (F_DOT | F_SVG | F_HTML)) {
         fprintf(stderr, "dsviz: --out - writes one format: give --format dot, svg or html\n");
+        return 2;
+    }
+    if (a->history_set && !a->serve) {
+        fprintf(stderr, "dsviz: --history is for --serve (a drawing shows the documents' own "
+                        "history)\n");
         return 2;
     }
     if (!a->out[0]) {
@@ -374,7 +396,7 @@ static int serve(const struct args *a, int argc, char **argv)
     ds_viz_server *s = NULL;
     char err[600];
     if (ds_viz_serve_start(&s, a->serve, argv + a->first_src, argc - a->first_src,
-                           a->timeout_ms, a->refresh_s, err, sizeof(err)) < 0) {
+                           a->timeout_ms, a->refresh_s, a->history, err, sizeof(err)) < 0) {
         fprintf(stderr, "dsviz: %s\n", err);
         return 1;
     }

@@ -687,6 +687,8 @@ static int build_edges(ds_viz *v, size_t *mcap)
     return 0;
 }
 
+static const struct hist_node *merged_of(const ds_viz *v, size_t d);
+
 /* The history entry of round `round` in document d, NULL when none. */
 static const json_t *hist_entry(const json_t *root, double round)
 {
@@ -713,7 +715,13 @@ static double pick_round(ds_viz *v)
         if (!json_array_size(h))
             continue;
         double lo = -1, hi = -1;
-        for (size_t i = 0; i < json_array_size(h); i++) {
+        /* merged by the server: valid rounds, newest first */
+        const size_t nh = merged_of(v, d) ? json_array_size(h) : 0;
+        if (nh) {
+            hi = jnum(json_array_get(h, 0), "round", -1);
+            lo = jnum(json_array_get(h, nh - 1), "round", -1);
+        }
+        for (size_t i = 0; !nh && i < json_array_size(h); i++) {
             const double r = jnum(json_array_get(h, i), "round", -1);
             if (r < 0)
                 continue;
@@ -736,6 +744,12 @@ static double pick_round(ds_viz *v)
         return -1;
     if (v->round_set)
         return v->want_round;
+    /* A node DS_VIZ_STALE_ROUNDS or more behind the newest (gone, or its
+     * file left over) does not hold the picture back: a node's own
+     * history (32 rounds) would not reach back to its rounds either, and
+     * dsviz --serve's longer one should not change the round shown. */
+    if (newest - common >= DS_VIZ_STALE_ROUNDS)
+        return newest;
     /* The common newest round, when every history still holds it. */
     for (size_t d = 0; d < v->n_docs; d++) {
         const json_t *h = jget(v->docs[d].doc, "history");
@@ -895,6 +909,8 @@ static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
     return rc;
 }
 
+static void merged_heat(ds_viz *v, const struct hist_node *hn, size_t from);
+
 /* The traffic matrix from every reporting node's history: bytes it
  * initiated to each target (named by target_id). */
 static int build_heat(ds_viz *v)
@@ -906,6 +922,11 @@ static int build_heat(ds_viz *v)
     for (size_t d = 0; d < v->n_docs; d++) {
         const int from = ds_viz_find(v, v->docs[d].name);
         const json_t *h = jget(v->docs[d].doc, "history");
+        const struct hist_node *hn = merged_of(v, d);
+        if (hn && from >= 0) {
+            merged_heat(v, hn, (size_t)from);
+            continue;
+        }
         for (size_t i = 0; from >= 0 && i < json_array_size(h); i++) {
             const json_t *list = jget(json_array_get(h, i), "list");
             for (size_t k = 0; k < json_array_size(list); k++) {
@@ -1769,6 +1790,12 @@ static void heat_table(const ds_viz *v, FILE *f)
     fputs("</table>\n", f);
 }
 
+static int cmp_member_ptr(const void *a, const void *b)
+{
+    return strcmp((*(const ds_viz_member *const *)a)->name,
+                  (*(const ds_viz_member *const *)b)->name);
+}
+
 /* Each member's state as each reporting node's current view gives it. */
 static void membership_table(const ds_viz *v, FILE *f)
 {
@@ -1781,20 +1808,45 @@ static void membership_table(const ds_viz *v, FILE *f)
         fputs("</th>", f);
     }
     fputs("<th>its history</th></tr>\n", f);
+    /* st[i * n_docs + d]: member i's state in document d's view (the last
+     * entry naming it), "-" when that view does not list it; members found
+     * by name through a sorted index (names are unique among members). */
+    const size_t nd = v->n_docs;
+    const char **st = malloc((v->n_m * nd + 1) * sizeof(*st));
+    const ds_viz_member **by = malloc((v->n_m + 1) * sizeof(*by));
+    if (!st || !by) {
+        free(st);
+        free(by);
+        fputs("</table>\n", f);
+        return;
+    }
+    for (size_t i = 0; i < v->n_m; i++)
+        by[i] = &v->m[i];
+    qsort(by, v->n_m, sizeof(*by), cmp_member_ptr);
+    for (size_t i = 0; i < v->n_m * nd; i++)
+        st[i] = "-";
+    for (size_t d = 0; d < nd; d++) {
+        const json_t *members = jget(jget(v->docs[d].doc, "view"), "members");
+        for (size_t k = 0; k < json_array_size(members); k++) {
+            const json_t *mv = json_array_get(members, k);
+            const char *name = jstr(mv, "name", "");
+            ds_viz_member key;
+            const ds_viz_member *kp = &key;
+            if (strlen(name) >= sizeof(key.name))
+                continue; /* no member has a longer name */
+            copy_str(key.name, sizeof(key.name), name);
+            const ds_viz_member **hit = bsearch(&kp, by, v->n_m, sizeof(*by), cmp_member_ptr);
+            if (hit)
+                st[(size_t)(*hit - v->m) * nd + d] = jstr(mv, "state", "?");
+        }
+    }
     for (size_t i = 0; i < v->n_m; i++) {
         fputs("<tr><td class=\"l\">", f);
         xml_text(f, v->m[i].name);
         fputs("</td>", f);
-        for (size_t d = 0; d < v->n_docs; d++) {
-            const json_t *members = jget(jget(v->docs[d].doc, "view"), "members");
-            const char *st = "-";
-            for (size_t k = 0; k < json_array_size(members); k++) {
-                const json_t *mv = json_array_get(members, k);
-                if (!strcmp(jstr(mv, "name", ""), v->m[i].name))
-                    st = jstr(mv, "state", "?");
-            }
+        for (size_t d = 0; d < nd; d++) {
             fputs("<td class=\"l\">", f);
-            xml_text(f, st);
+            xml_text(f, st[i * nd + d]);
             fputs("</td>", f);
         }
         const json_t *h =
@@ -1808,6 +1860,8 @@ static void membership_table(const ds_viz *v, FILE *f)
             fputs("<td>-</td></tr>\n", f);
     }
     fputs("</table>\n", f);
+    free(st);
+    free(by);
 }
 
 static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_live *live);
@@ -1965,6 +2019,293 @@ int ds_viz_run_dot(const char *dot_prog, const char *dot_path, const char *svg_p
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
 }
 
+/* ---- dsviz --serve's history ----------------------------------------------------------- */
+
+/* Payload bytes a node initiated to one target id over the rounds held. */
+typedef struct hist_sum {
+    uint64_t key; /* FNV-1a of id: compared first */
+    char id[17];
+    double bytes;
+} hist_sum;
+
+typedef struct hist_node {
+    char name[64];
+    json_t *rounds; /* array, newest first, one per round, at most max entries */
+    double *r;      /* r[i]: the round of rounds[i] */
+    hist_sum *sum;  /* over `rounds`, kept as rounds come and go */
+    size_t n_sum, cap_sum;
+} hist_node;
+
+struct ds_viz_hist {
+    unsigned max;
+    hist_node *n;
+    size_t count, cap;
+};
+
+int ds_viz_hist_new(ds_viz_hist **out, unsigned max_rounds)
+{
+    *out = NULL;
+    if (max_rounds < 1 || max_rounds > DS_VIZ_HISTORY_MAX)
+        return -EINVAL;
+    ds_viz_hist *h = calloc(1, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    h->max = max_rounds;
+    *out = h;
+    return 0;
+}
+
+void ds_viz_hist_free(ds_viz_hist **ph)
+{
+    ds_viz_hist *h = *ph;
+    if (!h)
+        return;
+    for (size_t i = 0; i < h->count; i++) {
+        json_decref(h->n[i].rounds);
+        free(h->n[i].r);
+        free(h->n[i].sum);
+    }
+    free(h->n);
+    free(h);
+    *ph = NULL;
+}
+
+static hist_node *hist_find(const ds_viz_hist *h, const char *name)
+{
+    for (size_t i = 0; h && i < h->count; i++)
+        if (!strcmp(h->n[i].name, name))
+            return &h->n[i];
+    return NULL;
+}
+
+/* A history entry's round: a whole number >= 0, else -1. */
+static double hist_round(const json_t *e)
+{
+    const double r = jnum(e, "round", -1);
+    return r >= 0 && r <= 9007199254740992.0 && r == floor(r) ? r : -1;
+}
+
+/* Add sign x the bytes of entry e to hn's sums (as build_heat reads them:
+ * target_id a string of at most 16 characters, bytes a number or 0).
+ * 0, 1 when a value is not a whole number 0..2^53 (sums in another order
+ * could differ: the caller sums again from scratch), or -ENOMEM. */
+static int sum_entry(hist_node *hn, const json_t *e, double sign)
+{
+    const json_t *list = jget(e, "list");
+    int inexact = 0;
+    for (size_t k = 0; k < json_array_size(list); k++) {
+        const json_t *x = json_array_get(list, k);
+        const char *id = jstr(x, "target_id", NULL);
+        if (!id || strlen(id) > 16)
+            continue;
+        const double b = jnum(x, "bytes", 0);
+        if (!(b >= 0 && b <= 9007199254740992.0 && b == floor(b)))
+            inexact = 1;
+        uint64_t key = 14695981039346656037ull;
+        for (const char *c = id; *c; c++)
+            key = (key ^ (unsigned char)*c) * 1099511628211ull;
+        size_t i = 0;
+        while (i < hn->n_sum && (hn->sum[i].key != key || strcmp(hn->sum[i].id, id)))
+            i++;
+        if (i == hn->n_sum) {
+            if (hn->n_sum == hn->cap_sum) {
+                const size_t nc = hn->cap_sum ? hn->cap_sum * 2 : 16;
+                hist_sum *ns = realloc(hn->sum, nc * sizeof(*ns));
+                if (!ns)
+                    return -ENOMEM;
+                hn->sum = ns;
+                hn->cap_sum = nc;
+            }
+            copy_str(hn->sum[i].id, sizeof(hn->sum[i].id), id);
+            hn->sum[i].key = key;
+            hn->sum[i].bytes = 0;
+            hn->n_sum++;
+        }
+        hn->sum[i].bytes += sign * b;
+    }
+    return inexact;
+}
+
+/* hn's sums from scratch over its rounds, in build_heat's order. */
+static int sum_all(hist_node *hn)
+{
+    hn->n_sum = 0;
+    for (size_t i = 0; i < json_array_size(hn->rounds); i++) {
+        const int e = sum_entry(hn, json_array_get(hn->rounds, i), 1);
+        if (e < 0)
+            return e;
+    }
+    return 0;
+}
+
+typedef struct hist_item {
+    double round;
+    size_t order; /* the newer document's entries first among equal rounds */
+    json_t *e;
+} hist_item;
+
+static int cmp_items(const void *a, const void *b)
+{
+    const hist_item *x = a, *y = b;
+    if (x->round != y->round)
+        return x->round > y->round ? -1 : 1; /* newest first */
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* fresh (may be NULL) merged over hn's rounds into hn: at most max entries,
+ * newest first, one per round, fresh's entry kept for a round both hold;
+ * hn's sums follow (what came in added, what went out taken off). 0 or
+ * -ENOMEM (hn unchanged). */
+static int hist_union(hist_node *hn, const json_t *fresh, unsigned max)
+{
+    const json_t *old = hn->rounds;
+    const size_t nf = json_array_size(fresh), no = json_array_size(old);
+    hist_item *it = malloc((nf + no + 1) * sizeof(*it));
+    unsigned char *took = calloc(nf + no + 1, 1);
+    double *rr = malloc(((nf + no) < max ? nf + no : max) * sizeof(*rr) + sizeof(*rr));
+    json_t *out = json_array();
+    if (!it || !took || !rr || !out) {
+        free(it);
+        free(took);
+        free(rr);
+        json_decref(out);
+        return -ENOMEM;
+    }
+    /* fresh's valid entries, then old's (valid, sorted, one per round) */
+    size_t n = 0;
+    int sorted = 1;
+    for (size_t i = 0; i < nf; i++) {
+        json_t *e = json_array_get(fresh, i);
+        const double r = hist_round(e);
+        if (r < 0)
+            continue;
+        if (n > 0 && !(r < it[n - 1].round))
+            sorted = 0;
+        it[n++] = (hist_item){.round = r, .order = i, .e = e};
+    }
+    const size_t nfv = n; /* fresh's valid entries: it[0..nfv) */
+    for (size_t i = 0; i < no; i++) /* valid, from an earlier pass */
+        it[n++] = (hist_item){.round = hn->r[i], .order = nf + i, .e = json_array_get(old, i)};
+    int rc = 0;
+    if (sorted) {
+        /* Both newest first: one pass. */
+        size_t a = 0, b = nfv;
+        while ((a < nfv || b < n) && json_array_size(out) < max && rc == 0) {
+            size_t pick;
+            if (b >= n || (a < nfv && it[a].round >= it[b].round)) {
+                pick = a;
+                if (b < n && it[b].round == it[a].round)
+                    b++; /* fresh replaces old's entry of that round */
+                a++;
+            } else {
+                pick = b++;
+            }
+            took[pick] = 1;
+            rr[json_array_size(out)] = it[pick].round;
+            rc = json_array_append(out, it[pick].e) < 0 ? -ENOMEM : 0;
+        }
+    } else {
+        qsort(it, n, sizeof(*it), cmp_items);
+        for (size_t i = 0; i < n && json_array_size(out) < max && rc == 0; i++) {
+            if (i > 0 && it[i].round == it[i - 1].round)
+                continue;
+            rr[json_array_size(out)] = it[i].round;
+            rc = json_array_append(out, it[i].e) < 0 ? -ENOMEM : 0;
+        }
+    }
+    if (rc < 0) {
+        free(it);
+        free(took);
+        free(rr);
+        json_decref(out);
+        return rc;
+    }
+    /* The sums: incrementally when the pass knew what came and went. */
+    int redo = !sorted;
+    for (size_t i = 0; i < n && !redo && rc >= 0; i++) {
+        if (i < nfv && took[i])
+            rc = sum_entry(hn, it[i].e, 1);
+        else if (i >= nfv && !took[i])
+            rc = sum_entry(hn, it[i].e, -1);
+        redo = rc == 1;
+    }
+    free(it);
+    free(took);
+    json_decref(hn->rounds);
+    hn->rounds = out;
+    free(hn->r);
+    hn->r = rr;
+    if (rc < 0 || redo)
+        rc = sum_all(hn);
+    return rc < 0 ? rc : 0;
+}
+
+int ds_viz_hist_merge(ds_viz_hist *h, ds_viz *v)
+{
+    int rc = 0;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        json_t *doc = v->docs[d].doc;
+        const json_t *fresh = json_is_array(json_object_get(doc, "history"))
+                                  ? json_object_get(doc, "history")
+                                  : NULL;
+        hist_node *hn = hist_find(h, v->docs[d].name);
+        if (!fresh && !hn)
+            continue;
+        if (!hn) {
+            if (h->count >= DS_VIZ_MAX_DOCS) {
+                rc = -E2BIG;
+                continue;
+            }
+            if (h->count == h->cap) {
+                const size_t nc = h->cap ? h->cap * 2 : 64;
+                hist_node *nn = realloc(h->n, nc * sizeof(*nn));
+                if (!nn)
+                    return -ENOMEM;
+                h->n = nn;
+                h->cap = nc;
+            }
+            hn = &h->n[h->count++];
+            memset(hn, 0, sizeof(*hn));
+            copy_str(hn->name, sizeof(hn->name), v->docs[d].name);
+        }
+        if (hist_union(hn, fresh, h->max) < 0 ||
+            json_object_set(doc, "history", hn->rounds) < 0)
+            return -ENOMEM;
+        v->built = 0;
+    }
+    v->hist = h;
+    return rc;
+}
+
+/* Document d's history as the server merged it, NULL when it is not. */
+static const struct hist_node *merged_of(const ds_viz *v, size_t d)
+{
+    const hist_node *hn = hist_find(v->hist, v->docs[d].name);
+    return hn && json_object_get(v->docs[d].doc, "history") == hn->rounds ? hn : NULL;
+}
+
+/* build_heat's row `from` from the merged node's sums. */
+static void merged_heat(ds_viz *v, const struct hist_node *hn, size_t from)
+{
+    for (size_t i = 0; i < hn->n_sum; i++)
+        for (size_t t = 0; t < v->n_m; t++)
+            if (!strcmp(v->m[t].id, hn->sum[i].id)) {
+                v->heat[from * v->n_m + t] += hn->sum[i].bytes;
+                break;
+            }
+}
+
+size_t ds_viz_hist_held(const ds_viz_hist *h, const char *name, double *lo, double *hi)
+{
+    const hist_node *hn = hist_find(h, name);
+    const size_t n = hn ? json_array_size(hn->rounds) : 0;
+    if (lo)
+        *lo = n ? hist_round(json_array_get(hn->rounds, n - 1)) : -1;
+    if (hi)
+        *hi = n ? hist_round(json_array_get(hn->rounds, 0)) : -1;
+    return n;
+}
+
 /* ---- dsviz --serve ------------------------------------------------------------------- */
 
 static int listen_fd(int fd)
@@ -1977,6 +2318,7 @@ struct ds_viz_server {
     int fd;
     char *const *sources;
     int n, timeout_ms, refresh_s;
+    ds_viz_hist *hist; /* the rounds seen over the refreshes */
     char addr[80];
 };
 
@@ -2008,6 +2350,65 @@ static enum MHD_Result serve_text(struct MHD_Connection *c, unsigned code, const
     return e;
 }
 
+int ds_viz_live_page(ds_viz_hist *hist, char *const *sources, int n, int timeout_ms,
+                     int refresh_s, double r, double sg, char **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    ds_viz v = {0};
+    v.round_set = r >= 0;
+    v.want_round = r;
+    v.segment_set = sg >= 0;
+    v.want_segment = sg >= 0 ? (unsigned)sg : 0;
+    char *errs = NULL;
+    size_t errs_len = 0;
+    FILE *ef = open_memstream(&errs, &errs_len);
+    for (int i = 0; i < n; i++) {
+        char err[600];
+        if (ds_viz_load(&v, sources[i], timeout_ms, err, sizeof(err)) < 0 && ef) {
+            xml_text(ef, err);
+            fputs("<br>\n", ef);
+        }
+    }
+    if (ef)
+        fclose(ef);
+    char *body = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&body, &len);
+    int e = f ? 0 : -ENOMEM;
+    if (e == 0 && hist) {
+        e = ds_viz_hist_merge(hist, &v);
+        if (e == -E2BIG)
+            e = 0; /* past DS_VIZ_MAX_DOCS names: those keep their own */
+    }
+    if (e == 0 && v.n_docs && (e = ds_viz_build(&v)) == 0) {
+        const ds_viz_live o = {.refresh_s = refresh_s};
+        e = ds_viz_write_live(&v, f, &o);
+        if (errs && errs[0])
+            fprintf(f, "<p>Sources that failed:<br>\n%s</p>\n", errs);
+    } else if (e == 0) {
+        if (refresh_s > 0)
+            fprintf(f, "<!DOCTYPE html>\n<html><head><meta http-equiv=\"refresh\" "
+                       "content=\"%d\"><title>dsviz</title></head><body>",
+                    refresh_s);
+        else
+            fputs("<!DOCTYPE html>\n<html><head><title>dsviz</title></head><body>", f);
+        fprintf(f, "<p>No status document loaded yet.</p><p>%s</p></body></html>\n",
+                errs ? errs : "");
+    }
+    free(errs);
+    ds_viz_free(&v);
+    if (f && fclose(f) != 0)
+        e = -ENOMEM;
+    if (e < 0) {
+        free(body);
+        return e;
+    }
+    *out = body;
+    *out_len = len;
+    return 0;
+}
+
 static enum MHD_Result serve_request(void *cls, struct MHD_Connection *c, const char *url,
                                      const char *method, const char *version,
                                      const char *upload, size_t *upload_size, void **ctx)
@@ -2026,60 +2427,27 @@ static enum MHD_Result serve_request(void *cls, struct MHD_Connection *c, const 
     if (strcmp(url, "/"))
         return serve_text(c, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8",
                           strdup("not found: try /\n"), 17);
-    ds_viz v = {0};
     const double r = query_num(c, "round", 9007199254740992.0);
     const double sg = query_num(c, "segment", 65535);
-    v.round_set = r >= 0;
-    v.want_round = r;
-    v.segment_set = sg >= 0;
-    v.want_segment = sg >= 0 ? (unsigned)sg : 0;
-    char *errs = NULL;
-    size_t errs_len = 0;
-    FILE *ef = open_memstream(&errs, &errs_len);
-    for (int i = 0; i < s->n; i++) {
-        char err[600];
-        if (ds_viz_load(&v, s->sources[i], s->timeout_ms, err, sizeof(err)) < 0 && ef) {
-            xml_text(ef, err);
-            fputs("<br>\n", ef);
-        }
-    }
-    if (ef)
-        fclose(ef);
     char *body = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&body, &len);
-    int e = f ? 0 : -ENOMEM;
-    if (e == 0 && v.n_docs && (e = ds_viz_build(&v)) == 0) {
-        const ds_viz_live o = {.refresh_s = s->refresh_s};
-        e = ds_viz_write_live(&v, f, &o);
-        if (errs && errs[0])
-            fprintf(f, "<p>Sources that failed:<br>\n%s</p>\n", errs);
-    } else if (e == 0) {
-        if (s->refresh_s > 0)
-            fprintf(f, "<!DOCTYPE html>\n<html><head><meta http-equiv=\"refresh\" "
-                       "content=\"%d\"><title>dsviz</title></head><body>",
-                    s->refresh_s);
-        else
-            fputs("<!DOCTYPE html>\n<html><head><title>dsviz</title></head><body>", f);
-        fprintf(f, "<p>No status document loaded yet.</p><p>%s</p></body></html>\n",
-                errs ? errs : "");
-    }
-    free(errs);
-    ds_viz_free(&v);
-    if (f && fclose(f) != 0)
-        e = -ENOMEM;
-    if (e < 0) {
-        free(body);
+    if (ds_viz_live_page(s->hist, s->sources, s->n, s->timeout_ms, s->refresh_s, r, sg, &body,
+                         &len) < 0)
         return serve_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
                           strdup("could not draw\n"), 15);
-    }
     return serve_text(c, MHD_HTTP_OK, "text/html; charset=utf-8", body, len);
 }
 
 int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sources, int n,
-                       int timeout_ms, int refresh_s, char *err, size_t err_len)
+                       int timeout_ms, int refresh_s, unsigned history_rounds, char *err,
+                       size_t err_len)
 {
     *out = NULL;
+    if (history_rounds < 1 || history_rounds > DS_VIZ_HISTORY_MAX) {
+        snprintf(err, err_len, "--history: expected 1..%d, found %u", DS_VIZ_HISTORY_MAX,
+                 history_rounds);
+        return -EINVAL;
+    }
     ds_hostport hp;
     if (ds_hostport_parse(listen, &hp) < 0) {
         snprintf(err, err_len, "--serve: expected host:port, found '%s'", listen);
@@ -2113,6 +2481,12 @@ int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sou
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
+    if (ds_viz_hist_new(&s->hist, history_rounds) < 0) {
+        close(fd);
+        free(s);
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
     s->fd = fd;
     s->sources = sources;
     s->n = n;
@@ -2141,6 +2515,7 @@ int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sou
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (!s->d) {
         close(fd);
+        ds_viz_hist_free(&s->hist);
         free(s);
         snprintf(err, err_len, "--serve %s: libmicrohttpd did not start", listen);
         return -EIO;
@@ -2156,6 +2531,11 @@ int ds_viz_serve_addr(const ds_viz_server *s, char *buf, size_t n)
     return 0;
 }
 
+const ds_viz_hist *ds_viz_serve_hist(const ds_viz_server *s)
+{
+    return s->hist;
+}
+
 void ds_viz_serve_stop(ds_viz_server **ps)
 {
     ds_viz_server *s = *ps;
@@ -2163,6 +2543,7 @@ void ds_viz_serve_stop(ds_viz_server **ps)
         return;
     MHD_stop_daemon(s->d);
     close(s->fd);
+    ds_viz_hist_free(&s->hist);
     free(s);
     *ps = NULL;
 }

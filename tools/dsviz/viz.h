@@ -28,6 +28,10 @@
 #define DS_VIZ_MAX_DOCS 4096
 #define DS_VIZ_MAX_MEMBERS 4096
 #define DS_VIZ_MAX_EDGES 65536
+/* A node whose newest completed round is this far behind the newest any
+ * node reports does not hold back the round drawn by default (a node's own
+ * history holds 32 rounds: it would not reach back that far either). */
+#define DS_VIZ_STALE_ROUNDS 32
 #define DS_VIZ_MAX_FILE ((size_t)16 << 20) /* a status document, from a file or a page */
 
 typedef struct ds_viz_member {
@@ -92,6 +96,11 @@ typedef struct ds_viz {
     /* traffic: heat[i * n_m + j] = payload bytes member i initiated to
      * member j over every completed round of the histories (after build) */
     double *heat;
+    /* dsviz --serve's own history, once merged into the documents
+     * (ds_viz_hist_merge sets it; borrowed): build reads each merged
+     * node's rounds held and bytes per target from it instead of walking
+     * its whole history again. NULL: from the documents. */
+    const struct ds_viz_hist *hist;
 } ds_viz;
 
 /* What the live page shows besides the drawing (dsviz --serve). */
@@ -161,18 +170,55 @@ int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg);
  * dsviz's own drawing. */
 int ds_viz_write_live(const ds_viz *v, FILE *f, const ds_viz_live *o);
 
+/* dsviz --serve's own round history: nodes keep their last 32 completed
+ * rounds (DS_STATUS_HISTORY), the server keeps, per node name, every
+ * completed round it has seen in that node's documents over its refreshes,
+ * keyed by round number: the newest max_rounds of them (older ones are
+ * dropped). A round seen twice is kept once, from the newer document. */
+#define DS_VIZ_HISTORY_DEFAULT 1000
+#define DS_VIZ_HISTORY_MAX 100000
+typedef struct ds_viz_hist ds_viz_hist;
+/* max_rounds 1..DS_VIZ_HISTORY_MAX. 0, -EINVAL or -ENOMEM. */
+int ds_viz_hist_new(ds_viz_hist **out, unsigned max_rounds) __attribute__((warn_unused_result));
+void ds_viz_hist_free(ds_viz_hist **h);
+/* Merge the "history" of every document loaded in v into h, then give each
+ * of those documents h's merged history for its node (newest first), so
+ * ds_viz_build draws from it. Entries without a whole "round" >= 0 are
+ * left out. Documents without a history and without rounds in h are left
+ * as they are. Call before ds_viz_build. 0, -ENOMEM, or -E2BIG (more than
+ * DS_VIZ_MAX_DOCS node names: the newcomers' documents keep their own). */
+int ds_viz_hist_merge(ds_viz_hist *h, ds_viz *v) __attribute__((warn_unused_result));
+/* Rounds h holds for node `name` (0 when none); *lo and *hi (may be NULL)
+ * the oldest and newest. */
+size_t ds_viz_hist_held(const ds_viz_hist *h, const char *name, double *lo, double *hi);
+
+/* One GET / of dsviz --serve, without HTTP: load the n sources afresh
+ * (timeout_ms each), merge them into hist (may be NULL: the documents' own
+ * histories only), build with round/segment (< 0: not asked for) and write
+ * the live page into a new buffer (*body, caller frees, *len bytes).
+ * 0, or -ENOMEM / -E2BIG (no page). */
+int ds_viz_live_page(ds_viz_hist *hist, char *const *sources, int n, int timeout_ms,
+                     int refresh_s, double round, double segment, char **body, size_t *len)
+    __attribute__((warn_unused_result));
+
 /* The server of dsviz --serve: libmicrohttpd on listen ("host:port",
  * base/hostport.h; port 0: any free port), one thread; each GET / loads
  * the n sources (ds_viz_load, timeout_ms each) afresh and answers the
- * live page for ?round= and ?segment=; another path is 404. Sources are
- * borrowed for the server's life. 0 and *out, or -errno (said in err). */
+ * live page for ?round= and ?segment= (ds_viz_live_page), its history
+ * merged into the server's own of history_rounds rounds per node
+ * (ds_viz_hist); another path is 404. Sources are borrowed for the
+ * server's life. 0 and *out, or -errno (said in err). */
 typedef struct ds_viz_server ds_viz_server;
 int ds_viz_serve_start(ds_viz_server **out, const char *listen, char *const *sources, int n,
-                       int timeout_ms, int refresh_s, char *err, size_t err_len)
+                       int timeout_ms, int refresh_s, unsigned history_rounds, char *err,
+                       size_t err_len)
     __attribute__((warn_unused_result));
 /* "host:port" actually bound. */
 int ds_viz_serve_addr(const ds_viz_server *s, char *buf, size_t n);
 void ds_viz_serve_stop(ds_viz_server **s);
+/* The server's own history (for ds_viz_hist_held; not while it serves a
+ * request on its thread: read it between requests). */
+const ds_viz_hist *ds_viz_serve_hist(const ds_viz_server *s);
 
 /* dsviz's own SVG drawing (used by the HTML page without Graphviz). */
 int ds_viz_write_own_svg(const ds_viz *v, FILE *f);

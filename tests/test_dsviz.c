@@ -315,7 +315,9 @@ Test(dsviz, builds_members_and_edges)
     ds_viz_free(&v);
 }
 
-static char *write_mem(int (*fn)(const ds_viz *, FILE *), const ds_viz *v)
+/* noinline: inlined, gcc 12 takes its open_memstream buffer for a local
+ * that the result dangles from (-Wdangling-pointer). */
+__attribute__((noinline)) static char *write_mem(int (*fn)(const ds_viz *, FILE *), const ds_viz *v)
 {
     char *buf = NULL;
     size_t len = 0;
@@ -960,6 +962,70 @@ Test(dsviz, draws_a_round_between_groups)
         free(svg);
         ds_viz_free(&v);
     }
+}
+
+static int html_no_svg(const ds_viz *v, FILE *f)
+{
+    return ds_viz_write_html(v, f, NULL);
+}
+
+/* The membership timeline merges the nodes' events: one line per event,
+ * at its first report, with how many nodes list it; a suspicion reported
+ * twice a minute apart is two lines, the same death reported by two
+ * nodes one. Newest first. */
+Test(dsviz, membership_timeline_merges_the_nodes_events)
+{
+    /* (node, member, kind, time, round, effective round) */
+    static const struct {
+        int node;
+        const char *member;
+        int kind;
+        uint64_t t, round, eff;
+    } evs[] = {
+        {0, "n4", DS_EV_SUSPECT, 1000, 30, UINT64_MAX},
+        {1, "n4", DS_EV_SUSPECT, 1200, 31, UINT64_MAX},
+        {0, "n4", DS_EV_DEAD, 5000, 40, 52},
+        {1, "n4", DS_EV_DEAD, 5100, 41, 52},
+        {2, "n4", DS_EV_DEAD, 4900, 39, 52},
+        {2, "n3", DS_EV_SUSPECT, 70000, 90, UINT64_MAX},
+        {2, "n3", DS_EV_SUSPECT, 2000, 32, UINT64_MAX},
+    };
+    ds_viz v = {0};
+    for (int i = 0; i < 3; i++) {
+        ds_status_snapshot *s = view_snapshot(i, 5, 0xd0u, DS_TOPO_CROSSOVER, 100, 3, 7);
+        for (size_t k = 0; k < sizeof(evs) / sizeof(evs[0]); k++) {
+            if (evs[k].node != i)
+                continue;
+            ds_status_event e = {.kind = (uint8_t)evs[k].kind, .unix_ms = evs[k].t,
+                                 .round = evs[k].round, .effective_round = evs[k].eff};
+            snprintf(e.member, sizeof(e.member), "%s", evs[k].member);
+            ds_status_events_add(&s->events, &e);
+        }
+        viz_add_snapshot(&v, s);
+    }
+    cr_assert_eq(ds_viz_build(&v), 0);
+    char *html = write_mem(html_no_svg, &v);
+    const char *want[] = {
+        "<tr><td>00:01:10.000</td><td>90</td><td class=\"l\">n3</td><td class=\"l\">suspect"
+        "</td><td>-</td><td class=\"l\">n2</td><td>1 of 3</td></tr>",
+        "<tr><td>00:00:04.900</td><td>39</td><td class=\"l\">n4</td><td class=\"l\">dead</td>"
+        "<td>52</td><td class=\"l\">n2</td><td>3 of 3</td></tr>",
+        "<tr><td>00:00:02.000</td><td>32</td><td class=\"l\">n3</td><td class=\"l\">suspect"
+        "</td><td>-</td><td class=\"l\">n2</td><td>1 of 3</td></tr>",
+        "<tr><td>00:00:01.000</td><td>30</td><td class=\"l\">n4</td><td class=\"l\">suspect"
+        "</td><td>-</td><td class=\"l\">n0</td><td>2 of 3</td></tr>",
+    };
+    const char *h2 = strstr(html, "<h2>Membership timeline");
+    cr_assert_not_null(h2, "%s", html);
+    size_t off = (size_t)(h2 - html);
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        const char *p = strstr(html + off, want[i]);
+        cr_expect_not_null(p, "no line %zu: %s\nin:\n%s", i, want[i], html + off);
+        if (p)
+            off = (size_t)(p - html); /* in this order */
+    }
+    free(html);
+    ds_viz_free(&v);
 }
 
 /* dsviz --serve's server, in this process: the live page over a run

@@ -1864,6 +1864,109 @@ static void membership_table(const ds_viz *v, FILE *f)
     free(by);
 }
 
+/* One line of the membership timeline: an event as the first node to
+ * report it saw it, and how many reporting nodes list it. */
+struct tl_row {
+    const char *member, *event, *first; /* borrowed from the documents */
+    double eff;                         /* its join / removal round; -1: none */
+    double t, round;                    /* the first report's time and round */
+    int seen;
+};
+
+/* Same event: member, kind and effective round; suspect and alive
+ * (no round) match reports within TL_SAME_MS of each other. */
+#define TL_SAME_MS 10000.0
+#define TL_MAX_ROWS 100
+
+static int cmp_tl(const void *a, const void *b)
+{
+    const struct tl_row *x = a, *y = b;
+    int c = strcmp(x->member, y->member);
+    if (!c)
+        c = strcmp(x->event, y->event);
+    if (!c)
+        c = (x->eff > y->eff) - (x->eff < y->eff);
+    if (!c)
+        c = (x->t > y->t) - (x->t < y->t);
+    return c;
+}
+
+static int cmp_tl_time(const void *a, const void *b)
+{
+    const struct tl_row *x = a, *y = b;
+    return (x->t < y->t) - (x->t > y->t); /* newest first */
+}
+
+/* The membership timeline: every reporting node's "events" (membership's
+ * news about the others, docs/status.md) merged: one line per event, at
+ * the time and round its first reporter learned it, with how many nodes
+ * list it; the newest TL_MAX_ROWS. */
+static void timeline_table(const ds_viz *v, FILE *f)
+{
+    size_t n = 0;
+    for (size_t d = 0; d < v->n_docs; d++)
+        n += json_array_size(jget(v->docs[d].doc, "events"));
+    if (!n)
+        return;
+    struct tl_row *rows = malloc(n * sizeof(*rows));
+    if (!rows)
+        return;
+    size_t k = 0;
+    for (size_t d = 0; d < v->n_docs; d++) {
+        const json_t *ev = jget(v->docs[d].doc, "events");
+        for (size_t i = 0; i < json_array_size(ev); i++) {
+            const json_t *e = json_array_get(ev, i);
+            rows[k++] = (struct tl_row){
+                .member = jstr(e, "member", "?"), .event = jstr(e, "event", "?"),
+                .first = v->docs[d].name, .eff = jnum(e, "effective_round", -1),
+                .t = jnum(e, "time_unix_ms", 0), .round = jnum(e, "round", -1), .seen = 1};
+        }
+    }
+    qsort(rows, k, sizeof(*rows), cmp_tl);
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++) {
+        struct tl_row *last = m ? &rows[m - 1] : NULL;
+        if (last && !strcmp(last->member, rows[i].member) &&
+            !strcmp(last->event, rows[i].event) && last->eff == rows[i].eff &&
+            (rows[i].eff >= 0 || rows[i].t - last->t <= TL_SAME_MS)) {
+            last->seen++; /* sorted by time: last holds the first report */
+            continue;
+        }
+        rows[m++] = rows[i];
+    }
+    qsort(rows, m, sizeof(*rows), cmp_tl_time);
+    fprintf(f, "<h2>Membership timeline: what the reporting nodes learned, newest first</h2>\n"
+               "<p>Each line is one event as the first node to report it learned it (its "
+               "time and round), with how many of the %zu reporting nodes list it; the join "
+               "or removal round is the round from which the member is in, or out of, the "
+               "views. Nodes keep their last 64 events.</p>\n"
+               "<table><tr><th>time (UTC)</th><th>round</th><th>member</th><th>event</th>"
+               "<th>join / removal round</th><th>first reported by</th><th>listed by</th></tr>\n",
+            v->n_docs);
+    for (size_t i = 0; i < m && i < TL_MAX_ROWS; i++) {
+        const struct tl_row *r = &rows[i];
+        const time_t secs = (time_t)(r->t / 1000);
+        struct tm tmv;
+        char when[32] = "?";
+        if (gmtime_r(&secs, &tmv))
+            snprintf(when, sizeof(when), "%02d:%02d:%02d.%03d", tmv.tm_hour, tmv.tm_min,
+                     tmv.tm_sec, (int)fmod(r->t, 1000));
+        fprintf(f, "<tr><td>%s</td><td>", when);
+        html_num(f, r->round >= 0 ? r->round : NAN, 0);
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, r->member);
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, r->event);
+        fputs("</td><td>", f);
+        html_num(f, r->eff >= 0 ? r->eff : NAN, 0);
+        fputs("</td><td class=\"l\">", f);
+        xml_text(f, r->first);
+        fprintf(f, "</td><td>%d of %zu</td></tr>\n", r->seen, v->n_docs);
+    }
+    fputs("</table>\n", f);
+    free(rows);
+}
+
 static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_live *live);
 
 int ds_viz_write_html(const ds_viz *v, FILE *f, const char *svg)
@@ -1953,6 +2056,7 @@ static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_li
     groups_table(v, f);
     heat_table(v, f);
     membership_table(v, f);
+    timeline_table(v, f);
     model_table(v, f);
     fputs("<h2>Exchanges of the round drawn</h2>\n<table><tr><th>segment</th><th>from</th>"
           "<th>to</th><th>round</th><th>outcome</th><th>bytes</th></tr>\n",

@@ -1789,6 +1789,38 @@ Test(status, events_are_a_bounded_timeline)
     free(s);
 }
 
+/* The process metrics come from /proc/self: this test process's own
+ * figures are sane, and rendered under Prometheus's standard names. */
+Test(status, process_metrics_are_read_and_shown)
+{
+    ds_status_snapshot *s = sample_snapshot();
+    cr_assert_eq(ds_status_process_read(&s->process), 0);
+    const ds_status_process *p = &s->process;
+    cr_expect(p->valid);
+    cr_expect_gt(p->resident_bytes, 1u << 20, "resident %llu", (unsigned long long)p->resident_bytes);
+    cr_expect_geq(p->virtual_bytes, p->resident_bytes);
+    cr_expect_geq(p->open_fds, 3u); /* stdin, stdout, stderr at least */
+    const double now = (double)time(NULL);
+    cr_expect(p->start_time_seconds > now - 3600 && p->start_time_seconds <= now + 1,
+              "start %f, now %f", p->start_time_seconds, now);
+    cr_expect(p->cpu_seconds >= 0 && p->cpu_seconds < 3600);
+    char *text;
+    size_t len;
+    cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
+    char want[96];
+    snprintf(want, sizeof(want), "process_resident_memory_bytes{node=\"n0\"} %llu\n",
+             (unsigned long long)p->resident_bytes);
+    cr_expect_not_null(strstr(text, want), "no %s", want);
+    cr_expect_not_null(strstr(text, "# TYPE process_cpu_seconds_total counter\n"));
+    cr_expect_not_null(strstr(text, "# TYPE process_open_fds gauge\n"));
+    free(text);
+    s->process.valid = 0;
+    cr_assert_eq(ds_status_render_metrics(s, &text, &len), 0);
+    cr_expect_null(strstr(text, "process_cpu_seconds_total"), "left out when not read");
+    free(text);
+    free(s);
+}
+
 /* A node in a group shows its steps' reduction and exchange times as
  * histograms (cumulative buckets, sum, count); a node without a group
  * shows none of them. */
@@ -1837,6 +1869,7 @@ Test(status, every_family_is_documented)
     char *doc = read_text(DS_SOURCE_ROOT "/docs/status.md", &dlen);
     cr_assert_not_null(doc, "cannot read docs/status.md");
     ds_status_snapshot *s = sample_snapshot();
+    cr_assert_eq(ds_status_process_read(&s->process), 0);
     ds_publish_stats ps;
     memset(&ps, 0, sizeof(ps));
     cr_assert_eq(ds_publish_metrics(s, &ps), 0);

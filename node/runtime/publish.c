@@ -377,6 +377,9 @@ void ds_publish_status(ds_status *st, ds_status_snapshot *sn, uint64_t *last_ms,
     sn->lr = src->lr;
     sn->samples_per_s = src->samples_per_s;
     sn->samples = src->samples;
+    /* The process metrics: a few small /proc reads, at most every
+     * PUBLISH_EVERY_MS; a failure leaves them out of /metrics. */
+    (void)ds_status_process_read(&sn->process);
     fill_view(sn, src);
     sn->n_layers = 0;
     for (int i = 0; src->layers && i < src->n_layers && i < DS_STATUS_MAX_LAYERS; i++) {

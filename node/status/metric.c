@@ -12,6 +12,12 @@
  */
 #include "config.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +115,66 @@ const char *ds_status_event_name(enum ds_status_event_kind k)
         [DS_EV_DEAD] = "dead",     [DS_EV_LEFT] = "left",
     };
     return (unsigned)k < DS_EV__COUNT && names[k] ? names[k] : "?";
+}
+
+/* ---- the process (/proc/self) ---- */
+
+int ds_status_process_read(ds_status_process *p)
+{
+    memset(p, 0, sizeof(*p));
+    const long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    if (tck <= 0 || page <= 0)
+        return -EINVAL;
+    /* stat: the command name may hold spaces and ')': fields resume after
+     * the last ')'. utime, stime are fields 14, 15; starttime 22; vsize 23. */
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "re");
+    if (!f)
+        return -errno;
+    const size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    unsigned long long ut, st, start, vsize;
+    if (!rp || sscanf(rp + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d "
+                               "%*d %*d %*d %*d %llu %llu",
+                      &ut, &st, &start, &vsize) != 4)
+        return -EPROTO;
+    unsigned long long btime = 0;
+    if ((f = fopen("/proc/stat", "re"))) {
+        char line[256];
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "btime %llu", &btime) == 1)
+                break;
+        fclose(f);
+    }
+    unsigned long long pages_total, pages_res;
+    if (!(f = fopen("/proc/self/statm", "re")))
+        return -errno;
+    const int got = fscanf(f, "%llu %llu", &pages_total, &pages_res);
+    fclose(f);
+    if (got != 2)
+        return -EPROTO;
+    uint64_t fds = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        const struct dirent *e;
+        while ((e = readdir(d)))
+            fds += e->d_name[0] != '.';
+        closedir(d);
+        fds -= fds > 0; /* the directory's own descriptor */
+    }
+    struct rlimit rl;
+    p->max_fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                     ? (uint64_t)rl.rlim_cur
+                     : 0;
+    p->cpu_seconds = (double)(ut + st) / (double)tck;
+    p->start_time_seconds = btime ? (double)btime + (double)start / (double)tck : 0;
+    p->resident_bytes = (uint64_t)pages_res * (uint64_t)page;
+    p->virtual_bytes = (uint64_t)vsize;
+    p->open_fds = fds;
+    p->valid = 1;
+    return 0;
 }
 
 void ds_status_times_add(ds_status_times *t, uint64_t ns)

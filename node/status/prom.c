@@ -157,6 +157,22 @@ static void node_part(FILE *f, const ds_status_snapshot *s)
     label(f, "backend", F(s->backend));
     label(f, "topology", F(s->topology));
     value_u(f, 1);
+    if (s->process.valid) {
+        const ds_status_process *p = &s->process;
+        one_d(f, s, "process_cpu_seconds_total", "counter",
+              "Total user and system CPU time spent in seconds.", p->cpu_seconds);
+        one_u(f, s, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+              p->resident_bytes);
+        one_u(f, s, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+              p->virtual_bytes);
+        one_d(f, s, "process_start_time_seconds", "gauge",
+              "Start time of the process since unix epoch in seconds.", p->start_time_seconds);
+        one_u(f, s, "process_open_fds", "gauge", "Number of open file descriptors.",
+              p->open_fds);
+        if (p->max_fds)
+            one_u(f, s, "process_max_fds", "gauge", "Maximum number of open file descriptors.",
+                  p->max_fds);
+    }
     family(f, "dsnode_state", "gauge", "1 for the node's current state, 0 for the others.");
     for (int i = 0; i < DS_STATUS__COUNT; i++) {
         open_sample(f, "dsnode_state", F(s->name));

@@ -172,6 +172,21 @@ typedef struct ds_status_history {
     uint64_t other_bytes;
 } ds_status_history;
 
+/* The process, as the kernel reports it (/proc/self): Prometheus's
+ * standard process metrics. valid: 0 when it could not be read. */
+typedef struct ds_status_process {
+    int valid;
+    double cpu_seconds;        /* user + system */
+    double start_time_seconds; /* since the Unix epoch */
+    uint64_t resident_bytes, virtual_bytes;
+    uint64_t open_fds, max_fds;
+} ds_status_process;
+
+/* Read this process's figures into *p (valid = 1), from /proc/self/stat,
+ * /proc/self/statm, /proc/self/fd, /proc/stat's btime and RLIMIT_NOFILE.
+ * 0, or a negative errno (valid = 0). */
+int ds_status_process_read(ds_status_process *p);
+
 /* One histogram of durations, by slot (not cumulative), over the
  * exchange latency buckets (ds_status_xchg_bounds: 100 us .. 2.5 s). */
 typedef struct ds_status_times {
@@ -319,6 +334,7 @@ typedef struct ds_status_snapshot {
     char topology[16];               /* gossip.topology's name */
     uint64_t seed;                   /* cluster.seed */
     char version[32], backend[16];   /* build info */
+    ds_status_process process;       /* read at each publish */
 
     /* the last completed rounds */
     ds_status_history hist;

@@ -328,6 +328,8 @@ __attribute__((noinline)) static char *write_mem(int (*fn)(const ds_viz *, FILE 
     return buf;
 }
 
+static int html_no_svg(const ds_viz *v, FILE *f);
+
 static int count(const char *hay, const char *needle)
 {
     int n = 0;
@@ -960,6 +962,9 @@ Test(dsviz, draws_a_round_between_groups)
         cr_expect_not_null(strstr(svg, "all-reduce inside, every step (2)"));
         cr_expect_null(strstr(svg, "every step (1)"), "a group of one reduces nothing");
         free(svg);
+        char *page = write_mem(html_no_svg, &v);
+        cr_expect_not_null(strstr(page, "This round is between groups"), "the page explains");
+        free(page);
         ds_viz_free(&v);
     }
 }

@@ -2083,9 +2083,18 @@ static int write_page(const ds_viz *v, FILE *f, const char *svg, const ds_viz_li
           "side. Dashed boxes: members listed in a view that did not report. With round "
           "histories, the pairs are the round's schedule, computed: per segment a fresh "
           "random derangement (crossover) in which every node initiates exactly one exchange "
-          "and answers exactly one.</p>\n"
-          "</body></html>\n",
+          "and answers exactly one.</p>\n",
           f);
+    if (v->from_schedule && v->grouped_round)
+        fputs("<p>This round is between groups: the derangement is over the groups (each "
+              "group initiates one exchange per segment and answers one), and segment s of a "
+              "group is exchanged by its member s mod (group size), so the members split the "
+              "segments between them; inside a group the members average their gradients "
+              "and what they received every step (all-reduce), so they hold one model. The "
+              "drawing shows one arrow per pair of groups; pick a segment to see which member "
+              "sent it to which.</p>\n",
+              f);
+    fputs("</body></html>\n", f);
     return ferror(f) ? -EIO : 0;
 }
 

@@ -62,6 +62,13 @@ cmd_run() {
 
 cmd_test() {
   deps "${TEST_PKGS[@]}"
+  # playwright-core (from the npm registry, version pinned by
+  # tests/browser/package-lock.json) drives chromium in dsviz's slider
+  # test; without node and npm, or the registry, that one test skips.
+  if command -v npm > /dev/null; then
+    (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error) ||
+      echo "ds.sh: playwright-core not installed (npm ci failed): dsviz's slider test will skip"
+  fi
   build build
   meson test -C build --print-errorlogs --num-processes 2
   # Sanitizer build: AddressSanitizer + UBSan over the unit suites.

@@ -1037,10 +1037,10 @@ Test(dsviz, membership_timeline_merges_the_nodes_events)
  * directory of nodes with round histories: a slider over the history, the
  * round and segment asked for, and the traffic heatmap's sums. */
 /* dir/nI/status.json for n0..n3 of history_snapshot (ring). */
-static void write_history_dir(const char *dir)
+static void write_history_dir_of(const char *dir, enum ds_topo_kind kind)
 {
     for (int i = 0; i < 4; i++) {
-        ds_status_snapshot *s = history_snapshot(i, DS_TOPO_RING);
+        ds_status_snapshot *s = history_snapshot(i, kind);
         char *text, p[128];
         size_t len;
         cr_assert_eq(ds_status_render_json(s, 1000, &text, &len), 0);
@@ -1054,6 +1054,11 @@ static void write_history_dir(const char *dir)
         free(text);
         free(s);
     }
+}
+
+static void write_history_dir(const char *dir)
+{
+    write_history_dir_of(dir, DS_TOPO_RING);
 }
 
 Test(dsviz, live_page_served)
@@ -1138,6 +1143,78 @@ Test(dsviz, live_page_in_chromium)
     char *shot_argv[] = {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
                          prof, "--window-size=1400,1800", shot, url, NULL};
     cr_expect_eq(run(dir, NULL, shot_argv, NULL, NULL), 0);
+    ds_viz_serve_stop(&sv);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* The slider, moved in a real browser: playwright-core (tests/browser,
+ * installed by ds.sh with npm ci) drives Debian's chromium to the live
+ * page, moves the round slider from the newest round to 101 as a user
+ * does (the page submits its form on change), and the page then shows
+ * round 101 with exactly that round's schedule (crossover over 5 members,
+ * 3 segments, nodes n0..n3 reporting: a fresh derangement per round and
+ * segment, so another round's pairs would differ). Skipped without chromium,
+ * node or the installed playwright-core. */
+Test(dsviz, slider_moved_in_chromium)
+{
+    if (access("/usr/bin/chromium", X_OK) != 0)
+        cr_skip_test("chromium is not installed");
+    if (access(DS_SOURCE_ROOT "/tests/browser/node_modules/playwright-core/package.json", R_OK))
+        cr_skip_test("playwright-core is not installed (ds.sh test runs npm ci in tests/browser)");
+    char dir[] = "/tmp/dsviz-slider-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char *ver[] = {"/usr/bin/env", "node", "--version", NULL};
+    if (run(dir, NULL, ver, NULL, NULL) != 0)
+        cr_skip_test("node is not installed");
+    write_history_dir_of(dir, DS_TOPO_CROSSOVER);
+    char *srcs[] = {dir};
+    ds_viz_server *sv = NULL;
+    char err[600], addr[80], url[160], outp[300];
+    cr_assert_eq(ds_viz_serve_start(&sv, "127.0.0.1:0", srcs, 1, 5000, 0, DS_VIZ_HISTORY_DEFAULT,
+                                    err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(ds_viz_serve_addr(sv, addr, sizeof(addr)), 0);
+    snprintf(url, sizeof(url), "http://%s/", addr);
+    snprintf(outp, sizeof(outp), "%s/slider.json", dir);
+    char *argv[] = {"/usr/bin/env", "node", DS_SOURCE_ROOT "/tests/browser/slider.mjs", url,
+                    "101", outp, NULL};
+    char *errs = NULL;
+    const int code = run(dir, NULL, argv, NULL, &errs);
+    cr_assert_eq(code, 0, "slider.mjs exit %d: %s", code, errs);
+    free(errs);
+    json_error_t je;
+    json_t *res = json_load_file(outp, 0, &je);
+    cr_assert_not_null(res, "%s: %s", outp, je.text);
+    const char *end = json_string_value(json_object_get(res, "url"));
+    cr_expect(end && strstr(end, "round=101"), "the browser ended on %s", end ? end : "?");
+    cr_expect_str_eq(json_string_value(json_object_get(res, "slider")), "101");
+    const char *h1 = json_string_value(json_object_get(res, "heading"));
+    cr_expect(h1 && strstr(h1, "round 101"), "heading %s", h1 ? h1 : "?");
+    const json_t *titles = json_object_get(res, "titles");
+    size_t want = 0;
+    for (uint32_t seg = 0; seg < 3; seg++) {
+        uint32_t perm[5];
+        const ds_topo_key key = {.seed = 7, .epoch = 3, .round = 101, .segment = seg};
+        cr_assert_eq(ds_topo_targets(DS_TOPO_CROSSOVER, &key, 5, perm), 0);
+        for (uint32_t a = 0; a < 5; a++) {
+            if (perm[a] == a)
+                continue;
+            want++;
+            char pre[48];
+            snprintf(pre, sizeof(pre), "n%u -> n%u: s%u ", a, perm[a], seg);
+            int found = 0;
+            for (size_t k = 0; k < json_array_size(titles) && !found; k++) {
+                const char *t = json_string_value(json_array_get(titles, k));
+                found = t && !strncmp(t, pre, strlen(pre));
+            }
+            cr_expect(found, "round 101 lacks %s", pre);
+        }
+    }
+    cr_expect_eq(json_array_size(titles), want, "%zu exchanges drawn, the schedule has %zu",
+                 json_array_size(titles), want);
+    json_decref(res);
     ds_viz_serve_stop(&sv);
     char cmd[200];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);

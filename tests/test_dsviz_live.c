@@ -9,6 +9,10 @@
  * - chromium --dump-dom of the page: the round drawn has, per segment,
  *   every node initiating exactly one exchange and answering exactly one
  *   (crossover: a derangement), read from the edges' <title>s;
+ * - /?round=R&segment=S for an older round R that all four status files
+ *   hold, each of the 3 segments: the drawn pairs are exactly the schedule
+ *   computed with topology/ (the documents' schedule seed, R's epoch and
+ *   view size) mapped to names through the history entries' me;
  * - one node SIGKILLed: the page's membership table (HTTP GET) shows it
  *   dead within the SWIM detection bound derived from the membership
  *   defaults (ds_membership_cfg_default), and never alive afterwards;
@@ -31,6 +35,7 @@
 
 #include "launch_util.h"
 #include "node/membership/membership.h"
+#include "topology/topology.h"
 #include "tools/dslaunch/dslaunch.h"
 #include "tools/dsviz/viz.h"
 
@@ -195,6 +200,18 @@ static int row_states(const char *html, const char *name, int *alive_cells, int 
     return 1;
 }
 
+/* history[] entry of `doc` with round r, or NULL. */
+static const json_t *hist_entry(const json_t *doc, long long r)
+{
+    size_t k;
+    const json_t *h;
+    json_array_foreach(json_object_get(doc, "history"), k, h) {
+        if (json_integer_value(json_object_get(h, "round")) == r)
+            return h;
+    }
+    return NULL;
+}
+
 struct started {
     const char *out;
 };
@@ -253,6 +270,90 @@ Test(dsviz_live, cluster_page_in_chromium)
     const int ne = drawn_edges(dom, e, 64);
     expect_derangement(e, ne, dom);
     free(dom);
+
+
+    /* 1b. An older round R, one segment, against the schedule computed
+     * with topology/ (crossover, the documents' schedule seed, R's epoch
+     * and view size), mapped to names through each history entry's me.
+     * R: the oldest round all four status files still hold; dsviz has
+     * merged it when its slider reaches down to R (it keeps 1000). */
+    /* The nodes keep 32 rounds and run tens a second, so dsviz (refresh
+     * 1 s) merges some rounds and misses others: try the rounds all four
+     * files hold, newest first, until the page draws one (deadline 30 s). */
+    int checked = 0;
+    const long long tr = now_ms();
+    while (!checked && now_ms() - tr < 30000) {
+        json_t *docs[NODES];
+        for (int i = 0; i < NODES; i++) {
+            char name[8];
+            snprintf(name, sizeof(name), "n%d", i);
+            docs[i] = status_load(out, name);
+            cr_assert_not_null(docs[i]);
+        }
+        const json_t *hist0 = json_object_get(docs[0], "history");
+        for (size_t k = json_array_size(hist0); k-- > 0 && !checked;) {
+            const json_t *h = json_array_get(hist0, k);
+            const long long r_old = json_integer_value(json_object_get(h, "round"));
+            const char *name_of[NODES] = {0};
+            int all = 1;
+            for (int i = 0; i < NODES && all; i++) {
+                const json_t *hi = hist_entry(docs[i], r_old);
+                const long long me = hi ? json_integer_value(json_object_get(hi, "me")) : -1;
+                all = me >= 0 && me < NODES;
+                if (all)
+                    name_of[me] = json_string_value(
+                        json_object_get(json_object_get(docs[i], "node"), "name"));
+            }
+            if (!all)
+                continue;
+            cr_assert_eq(json_integer_value(json_object_get(h, "view_size")), NODES);
+            unsigned done = 0;
+            for (uint32_t seg = 0; seg < SEGMENTS; seg++) {
+                char path[80], want[64];
+                snprintf(path, sizeof(path), "/?round=%lld&segment=%u", r_old, seg);
+                snprintf(want, sizeof(want), "round %lld, segment %u", r_old, seg);
+                char *page = NULL;
+                size_t plen;
+                char gerr[300];
+                cr_assert_eq(ds_viz_http_get(addr, path, 10000, 1 << 24, &page, &plen, gerr,
+                                             sizeof(gerr)),
+                             0, "%s", gerr);
+                if (!strstr(page, want)) {
+                    free(page);
+                    break;
+                }
+                const json_t *sched = json_object_get(docs[0], "schedule");
+                cr_assert_str_eq(json_string_value(json_object_get(sched, "topology")), "crossover");
+                const ds_topo_key key = {
+                    .seed = (uint64_t)json_integer_value(json_object_get(sched, "seed")),
+                    .epoch = (uint64_t)json_integer_value(json_object_get(h, "epoch")),
+                    .round = (uint64_t)r_old, .segment = seg};
+                uint32_t perm[NODES];
+                cr_assert_eq(ds_topo_targets(DS_TOPO_CROSSOVER, &key, NODES, perm), 0);
+                struct edge eo[64];
+                const int no = drawn_edges(page, eo, 64);
+                cr_expect_eq(no, NODES, "round %lld s%u: %d edges:\n%s", r_old, seg, no, page);
+                for (uint32_t a = 0; a < NODES; a++) {
+                    char t[64];
+                    snprintf(t, sizeof(t), "<title>%s -&gt; %s: s%u", name_of[a], name_of[perm[a]], seg);
+                    cr_expect_not_null(strstr(page, t),
+                                       "round %lld: the schedule's %s not drawn:\n%s", r_old, t,
+                                       page);
+                }
+                free(page);
+                done++;
+            }
+            if (done < SEGMENTS)
+                continue;
+            cr_log_info("round %lld, its 3 segments, checked against the schedule", r_old);
+            checked = 1;
+        }
+        for (int i = 0; i < NODES; i++)
+            json_decref(docs[i]);
+        if (!checked)
+            usleep(300000);
+    }
+    cr_assert(checked, "no round all four nodes hold was drawn by dsviz within 30 s");
 
     /* 2. SIGKILL n3; the page shows it dead within the SWIM bound. First
      * detection: every live member is probed within one pass of n - 1

@@ -56,6 +56,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "launch_util.h"
 #include "tools/dslaunch/dslaunch.h"
 
@@ -152,6 +153,29 @@ static int n3_back(void *arg)
     return done;
 }
 
+/* The first "refuted with incarnation" line of a node's log whose time
+ * (the line's ISO 8601 UTC stamp, base/log.h) is at or after t_ms; NULL
+ * when none. */
+static const char *refute_after(const char *log, uint64_t t_ms)
+{
+    for (const char *p = strstr(log, "refuted with incarnation"); p;
+         p = strstr(p + 1, "refuted with incarnation")) {
+        const char *line = p;
+        while (line > log && line[-1] != '\n')
+            line--;
+        struct tm tm;
+        memset(&tm, 0, sizeof(tm));
+        const char *rest = strptime(line, "%Y-%m-%dT%H:%M:%S", &tm);
+        int ms = 0;
+        if (!rest || sscanf(rest, ".%3d", &ms) != 1)
+            return line; /* no stamp: counted, not guessed */
+        const uint64_t t = (uint64_t)timegm(&tm) * 1000u + (uint64_t)ms;
+        if (t >= t_ms)
+            return line;
+    }
+    return NULL;
+}
+
 Test(members_faults, frozen_past_death_rejoins)
 {
     const char *out = tmp_path("frozen");
@@ -167,6 +191,7 @@ Test(members_faults, frozen_past_death_rejoins)
     const pid_t p = node_pid(out, "n3");
     cr_assert_gt(p, 0);
     struct freeze_watch w = {.out = out};
+    const uint64_t t_stop = ds_unix_ms();
     cr_assert_eq(kill(p, SIGSTOP), 0);
     const int dropped = live_wait(&l, 60000, n0_dropped_n3, &w);
     const long long step_at_drop = w.n0_step;
@@ -185,7 +210,11 @@ Test(members_faults, frozen_past_death_rejoins)
     cr_assert_not_null(log);
     cr_expect_not_null(strstr(log, "rejoining at round"), "n3 never took the rejoin path");
     cr_expect_not_null(strstr(log, "model state received"), "n3 never fetched the state");
-    cr_expect_null(strstr(log, "refuted with incarnation"), "n3 refuted instead of rejoining");
+    /* Refuted instead of rejoining: a refute logged after the freeze began.
+     * One before it is SWIM's answer to a false suspicion under load (a
+     * CI run beside another 4-node test saw one), not this test's case. */
+    const char *ref = refute_after(log, t_stop);
+    cr_expect_null(ref, "n3 refuted instead of rejoining: %.160s", ref ? ref : "");
     free(log);
     /* Undisturbed, this cluster ends at about 0.03 (the cluster suite's
      * crossover + MiCRO run); issue 16 measured 20x that after a freeze. */

@@ -414,11 +414,6 @@ int ds_membership_recv(ds_membership *m, uint64_t now, const char *from_addr,
                        const uint8_t *frame, size_t len)
 {
     pthread_mutex_lock(&m->mu);
-    /* Before any frame: a process that was stopped finds the suspicion
-     * about itself waiting in its socket, and the receive can run before
-     * the next tick; it must rejoin, not refute (CI of 271d236: a refute,
-     * then the tick's "stopped for" 12 ms later). */
-    check_paused(m, now);
     int rc = -EBADMSG;
     m->st.msgs_recv++;
     m->st.bytes_recv += len;

@@ -18,6 +18,8 @@
  *   defaults (ds_membership_cfg_default), and never alive afterwards;
  * - a chromium screenshot of the page is left as dsviz-live-cluster.png in
  *   the working directory.
+ * A second, short run (24 steps, finished) checks the page's traffic
+ * heatmap, cell by cell, against the nodes' bytes-by-peer counters.
  * Every process started is ended in the suite's .fini (dsviz by its pid;
  * dslaunch, its nodes and chromium by tmp_fini, their command lines name
  * the run directory), also when an assertion fails.
@@ -430,4 +432,91 @@ Test(dsviz_live, cluster_page_in_chromium)
     free(chromium(dir, shot, url));
     snprintf(shot, sizeof(shot), "%s/dsviz-live-cluster.png", cwd);
     cr_expect_eq(access(shot, R_OK), 0, "no screenshot at %s", shot);
+}
+
+/* A finished 4-node run of 24 steps (gossip every step: at most 24
+ * rounds, so each node's history still holds every round it completed,
+ * which the test checks against the node's own round count): dsviz
+ * --serve over the run directory, the page read by chromium. Each cell of
+ * the traffic heatmap (initiator row, target column; its title carries
+ * the exact byte count) equals the initiator's dsnode_gossip_peer_bytes
+ * counter for that peer, as its last status document's "traffic" holds
+ * it, and every counter is drawn. */
+Test(dsviz_live, heatmap_sums_match_counters)
+{
+    if (access("/usr/bin/chromium", X_OK) != 0)
+        cr_skip_test("chromium is not installed");
+    const char *out = tmp_path("short");
+    const char *args[] = {"local", "-n", "4", "--config", BASE_CONFIG,
+                          "--set", "train.steps=24", "--set", "train.warmup_steps=0",
+                          "--set", "train.eval_every=0",
+                          "--set", "train.backend=cpu", "--set", "gossip.segments=3",
+                          "--set", STATUS_FILE_ON, "--out", out, "--json",
+                          "--timeout", "200", "--dsnode", bin("DSNODE"), NULL};
+    struct result r = run_dslaunch(220000, args);
+    cr_assert_eq(r.code, 0, "dslaunch: exit %d\n%s", r.code, r.err);
+
+    /* The counters, per initiator and target name. */
+    double want[NODES][NODES] = {{0}};
+    double total = 0;
+    for (int i = 0; i < NODES; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        json_t *doc = status_load(out, name);
+        cr_assert_not_null(doc, "no status document of %s", name);
+        const json_t *tr = json_object_get(doc, "traffic");
+        cr_assert(json_is_object(tr), "%s: no traffic object", name);
+        const json_int_t rounds = json_integer_value(json_object_get(tr, "rounds"));
+        cr_assert_gt(rounds, 0, "%s completed no round", name);
+        cr_assert_eq((size_t)rounds, json_array_size(json_object_get(doc, "history")),
+                     "%s: %lld rounds, its history holds %zu: the run is too long for the "
+                     "check",
+                     name, (long long)rounds, json_array_size(json_object_get(doc, "history")));
+        cr_expect_eq(json_integer_value(json_object_get(tr, "other_bytes")), 0);
+        size_t k;
+        const json_t *p;
+        json_array_foreach(json_object_get(tr, "peers"), k, p) {
+            int to = -1;
+            cr_assert_eq(sscanf(json_string_value(json_object_get(p, "peer")), "n%d", &to), 1);
+            cr_assert(to >= 0 && to < NODES && to != i, "%s counted peer n%d", name, to);
+            want[i][to] = (double)json_integer_value(json_object_get(p, "bytes"));
+            total += want[i][to];
+        }
+        json_decref(doc);
+    }
+    cr_assert_gt(total, 0, "no node counted a byte");
+
+    char dir[600];
+    snprintf(dir, sizeof(dir), "%s", out);
+    char *src[] = {dir};
+    char addr[80], url[200];
+    start_dsviz(src, 1, addr, sizeof(addr));
+    snprintf(url, sizeof(url), "http://%s/", addr);
+    char *dom = chromium(dir, "--dump-dom", url);
+    const char *heat = strstr(dom, "<table class=\"heat\">");
+    cr_assert_not_null(heat, "no heatmap on the page:\n%s", dom);
+    const char *end = strstr(heat, "</table>");
+    cr_assert_not_null(end);
+    int seen[NODES][NODES] = {{0}};
+    int cells = 0;
+    for (const char *t = heat; (t = strstr(t, "title=\"")) && t < end; t++) {
+        int a, b;
+        double bytes;
+        /* "nA → nB: N bytes"; the arrow is U+2192 in the DOM. */
+        cr_assert_eq(sscanf(t, "title=\"n%d \xe2\x86\x92 n%d: %lf bytes\"", &a, &b, &bytes), 3,
+                     "heatmap cell: %.60s", t);
+        cr_assert(a >= 0 && a < NODES && b >= 0 && b < NODES);
+        cr_expect_eq(bytes, want[a][b], "heatmap n%d -> n%d: %.0f bytes, n%d counted %.0f", a,
+                     b, bytes, a, want[a][b]);
+        seen[a][b]++;
+        cells++;
+    }
+    cr_expect_eq(cells, NODES * NODES, "%d heatmap cells", cells);
+    for (int a = 0; a < NODES; a++)
+        for (int b = 0; b < NODES; b++)
+            cr_expect_eq(seen[a][b], 1, "cell n%d -> n%d drawn %d times", a, b, seen[a][b]);
+    cr_log_info("heatmap of %d cells matches the nodes' counters (%.0f bytes in all)", cells,
+                total);
+    free(dom);
+    result_free(&r);
 }

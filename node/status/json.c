@@ -292,6 +292,26 @@ static json_t *history_arr(jb *b, const ds_status_snapshot *s)
     return list;
 }
 
+/* The bytes-by-peer counters of /metrics (dsnode_gossip_peer_bytes_total)
+ * and the count of completed rounds they and history were taken from. */
+static json_t *traffic_obj(jb *b, const ds_status_snapshot *s)
+{
+    const ds_status_history *h = &s->hist;
+    json_t *o = json_object();
+    put(b, o, "rounds", ju(h->dur_count));
+    json_t *list = json_array();
+    for (uint32_t p = 0; p < h->n_peers && p < DS_STATUS_PEER_SERIES; p++) {
+        json_t *e = json_object();
+        put(b, e, "peer", jstr(F(h->peer_name[p])));
+        put(b, e, "id", jid(h->peer_id[p]));
+        put(b, e, "bytes", ju(h->peer_bytes[p]));
+        push(b, list, e);
+    }
+    put(b, o, "peers", list);
+    put(b, o, "other_bytes", ju(h->other_bytes));
+    return o;
+}
+
 /* Membership's news, newest first. */
 static json_t *events_arr(jb *b, const ds_status_snapshot *s)
 {
@@ -403,6 +423,7 @@ int ds_status_render_json(const ds_status_snapshot *s, uint64_t now_unix_ms, cha
     put(&b, root, "history", history_arr(&b, s));
     put(&b, root, "events", events_arr(&b, s));
     put(&b, root, "events_total", ju(s->events.total));
+    put(&b, root, "traffic", traffic_obj(&b, s));
     put(&b, root, "waiting", waiting_obj(&b, s, now_unix_ms));
     groups(&b, root, s);
     char *text = b.bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(REAL_DIGITS));

@@ -126,7 +126,7 @@ typedef struct ds_sparsify_totals {
     uint64_t calls_with_nonfinite; /* calls that saw at least one NaN / Inf */
     uint64_t starts;               /* threshold starts: first calls, and restarts
                                       after the threshold left the finite range */
-    uint64_t banded;               /* sage: calls whose rule landed outside
+    uint64_t banded;               /* sage, micro: calls whose rule landed outside
                                       +-10% of k and were brought inside */
 } ds_sparsify_totals;
 

@@ -282,15 +282,25 @@ Test(dsviz_live, cluster_page_in_chromium)
     /* The nodes keep 32 rounds and run tens a second, so dsviz (refresh
      * 1 s) merges some rounds and misses others: try the rounds all four
      * files hold, newest first, until the page draws one (deadline 30 s). */
+    /* The documents are the nodes' live pages, read one after the other
+     * within milliseconds, as dsviz reads them: their files are written
+     * every 0.5 s each at its own moment, and four 32-round windows that
+     * far apart often share no round at all (a CI run on a quiet machine
+     * found none in 30 s). */
     int checked = 0;
     const long long tr = now_ms();
     while (!checked && now_ms() - tr < 30000) {
         json_t *docs[NODES];
         for (int i = 0; i < NODES; i++) {
-            char name[8];
-            snprintf(name, sizeof(name), "n%d", i);
-            docs[i] = status_load(out, name);
-            cr_assert_not_null(docs[i]);
+            char *body = NULL, gerr[300];
+            size_t blen;
+            cr_assert_eq(ds_viz_http_get(src[i], "/status", 10000, 1 << 24, &body, &blen, gerr,
+                                         sizeof(gerr)),
+                         0, "%s: %s", src[i], gerr);
+            json_error_t je;
+            docs[i] = json_loadb(body, blen, 0, &je);
+            free(body);
+            cr_assert_not_null(docs[i], "%s/status: %s", src[i], je.text);
         }
         const json_t *hist0 = json_object_get(docs[0], "history");
         for (size_t k = json_array_size(hist0); k-- > 0 && !checked;) {

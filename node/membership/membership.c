@@ -414,6 +414,10 @@ int ds_membership_recv(ds_membership *m, uint64_t now, const char *from_addr,
                        const uint8_t *frame, size_t len)
 {
     pthread_mutex_lock(&m->mu);
+    /* A node stopped past its death can find, at its wake, the suspicion
+     * about itself waiting in its socket: noticing the stop only at the
+     * next tick would refute it first (docs/membership.md). */
+    check_paused(m, now);
     int rc = -EBADMSG;
     m->st.msgs_recv++;
     m->st.bytes_recv += len;

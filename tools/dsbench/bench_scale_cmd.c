@@ -2,7 +2,9 @@
  * tools/dsbench/bench_scale_cmd.c: dsbench scale (issue 18). Three tables:
  *
  *   1. fixed global batch, N = 8..64 simulated nodes, every variant, dense
- *      and MiCRO at 1% (Crossover-SGD Fig. 8, scaled down);
+ *      and with each sparsifier of --sparsifiers (MiCRO, SAGE, Top-k) at
+ *      each density of --densities (1%, 0.1%) (Crossover-SGD Fig. 8,
+ *      scaled down);
  *   2. fixed N, growing global batch (Fig. 7);
  *   3. the sparsifiers against the number of workers: selection time per
  *      worker and bytes per worker and step, MiCRO and DEFT partitioned
@@ -210,6 +212,37 @@ static int parse_list(const char *s, int *out, int max)
     return k;
 }
 
+/* Sparsifier names (sparsify.h), comma-separated; none is the dense row,
+ * always run. Returns the count, or -1 on a name that is not a method. */
+static int parse_methods(const char *s, enum ds_sparsify_method *out, int max)
+{
+    int k = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        const int m = ds_sparsify_method_parse(t);
+        if (m < 0 || m == DS_SPARSIFY_NONE || k >= max)
+            return -1;
+        out[k++] = (enum ds_sparsify_method)m;
+    }
+    return k > 0 ? k : -1;
+}
+
+/* Densities in (0, 1), comma-separated. Returns the count, or -1. */
+static int parse_densities(const char *s, double *out, int max)
+{
+    int k = 0;
+    while (*s && k < max) {
+        char *end;
+        const double v = strtod(s, &end);
+        if (end == s || !(v > 0.0 && v < 1.0) || (*end && *end != ','))
+            return -1;
+        out[k++] = v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return k > 0 && !*s ? k : -1;
+}
+
 /* name is one of the comma-separated items of list. */
 static int listed(const char *list, const char *name)
 {
@@ -232,10 +265,18 @@ int ds_bench_scale(int argc, char **argv)
         {"seed", required_argument, NULL, 'S'},
         {"dataset", required_argument, NULL, 'd'},
         {"variant", required_argument, NULL, 'v'},
+        {"sparsifiers", required_argument, NULL, 'm'},
+        {"densities", required_argument, NULL, 'D'},
         {NULL, 0, NULL, 0},
     };
     int json = 0, quick = 0, bad = 0, opt, steps = 0, batch = 1024;
     int nodes[8] = {8, 16, 32, 64}, n_nodes = 4;
+    /* Issue 18: every variant dense and with MiCRO, SAGE and Top-k at 1%
+     * and at 0.1%. */
+    enum ds_sparsify_method methods[8] = {DS_SPARSIFY_MICRO, DS_SPARSIFY_SAGE, DS_SPARSIFY_TOPK};
+    int n_methods = 3;
+    double densities[8] = {0.01, 0.001};
+    int n_densities = 2;
     const char *table = "all", *only = NULL;
     ds_scale_cfg base;
     ds_scale_cfg_defaults(&base);
@@ -251,6 +292,18 @@ int ds_bench_scale(int argc, char **argv)
         case 't': table = optarg; break;
         case 'S': base.seed = strtoull(optarg, NULL, 10); break;
         case 'v': only = optarg; break;
+        case 'm':
+            if ((bad = (n_methods = parse_methods(optarg, methods, 8)) <= 0))
+                fprintf(stderr, "dsbench scale: --sparsifiers expects up to 8 of random, topk, "
+                                "threshold, sage, micro, deft, comma-separated; found '%s'\n",
+                        optarg);
+            break;
+        case 'D':
+            if ((bad = (n_densities = parse_densities(optarg, densities, 8)) <= 0))
+                fprintf(stderr, "dsbench scale: --densities expects up to 8 numbers in (0, 1), "
+                                "comma-separated; found '%s'\n",
+                        optarg);
+            break;
         case 'd': snprintf(base.dataset_dir, sizeof(base.dataset_dir), "%s", optarg); break;
         default: bad = 1;
         }
@@ -260,7 +313,8 @@ int ds_bench_scale(int argc, char **argv)
     const int t_sparse = !strcmp(table, "all") || !strcmp(table, "sparsify");
     if (bad || optind < argc || !(t_train || t_batch || t_sparse)) {
         fprintf(stderr, "usage: dsbench scale [--quick] [--json] [--nodes 8,16,32,64] [--steps S] "
-                        "[--batch B] [--table all|nodes|batch|sparsify] [--seed X] [--dataset DIR] [--variant NAME[,NAME...]]\n");
+                        "[--batch B] [--table all|nodes|batch|sparsify] [--seed X] [--dataset DIR] [--variant NAME[,NAME...]]\n"
+                        "                     [--sparsifiers micro,sage,topk,...] [--densities 0.01,0.001]\n");
         return 2;
     }
     for (int i = 0; i < n_nodes; i++)
@@ -291,11 +345,13 @@ int ds_bench_scale(int argc, char **argv)
                                                    DS_SCALE_HIER_MICRO};
         for (int i = 0; i < n_nodes && rc == 0; i++)
             for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]) && rc == 0; v++)
-                for (int sp = 0; sp < 2 && rc == 0; sp++) {
+                for (int sp = 0; sp <= n_methods * n_densities && rc == 0; sp++) {
+                    /* sp 0: dense; then each sparsifier at each density. */
                     ds_scale_cfg c = base;
                     c.N = nodes[i];
                     c.variant = vs[v];
-                    c.method = sp ? DS_SPARSIFY_MICRO : DS_SPARSIFY_NONE;
+                    c.method = sp ? methods[(sp - 1) / n_densities] : DS_SPARSIFY_NONE;
+                    c.density = sp ? densities[(sp - 1) % n_densities] : base.density;
                     if (only && !listed(only, ds_scale_variant_name(vs[v])))
                         continue;
                     if (vs[v] == DS_SCALE_ALLREDUCE && sp)

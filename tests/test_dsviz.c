@@ -419,6 +419,8 @@ static int run(const char *dir, const char *dot_env, char *const argv[], char **
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
+        /* Its own process group: a timeout ends what it started too. */
+        setpgid(0, 0);
         int o = open(op, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         int e = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (o < 0 || e < 0)
@@ -430,6 +432,7 @@ static int run(const char *dir, const char *dot_env, char *const argv[], char **
         execv(argv[0], argv);
         _exit(127);
     }
+    setpgid(pid, pid); /* either side may run first; one of them succeeds */
     int status = 0;
     const uint64_t deadline = ds_now_ms() + 60000;
     for (;;) {
@@ -437,7 +440,15 @@ static int run(const char *dir, const char *dot_env, char *const argv[], char **
         if (w == pid)
             break;
         if (ds_now_ms() > deadline) {
-            kill(pid, SIGKILL);
+            /* SIGTERM first: playwright closes the browser it launched (in
+             * a process group of its own) on SIGTERM; then SIGKILL. */
+            kill(-pid, SIGTERM);
+            const uint64_t grace = ds_now_ms() + 5000;
+            while (waitpid(pid, &status, WNOHANG) == 0 && ds_now_ms() < grace) {
+                struct timespec ts = {0, 20 * 1000000L};
+                nanosleep(&ts, NULL);
+            }
+            kill(-pid, SIGKILL);
             waitpid(pid, &status, 0);
             cr_assert_fail("%s did not finish in 60 s", argv[0]);
         }

@@ -248,7 +248,9 @@ void ds_micro_feedback(ds_sparsifier *s, size_t group_count);
 
 /* ---- group level: DEFT ----------------------------------------------- */
 
-#define DS_DEFT_COMMON UINT32_MAX /* bin of a unit selected whole, by every member */
+/* The bin of a unit every member selects whole. ds_deft_pack never
+ * assigns it; a caller may, for a unit it wants all-reduced. */
+#define DS_DEFT_COMMON UINT32_MAX
 
 /* Cut layers into units: a layer longer than n / G (n = the layers'
  * total length) becomes G near-equal parts, the first len mod G one
@@ -271,8 +273,8 @@ long long ds_deft_alloc(const uint32_t *unit_off, size_t n_units, const double *
 
 /* Bin-pack units to G members, largest cost first into the lightest bin
  * (ties: lower unit, lower bin), cost = len * log2(k) for k > 1, len
- * otherwise. A unit with k == len is selected whole by every member: its
- * bin is DS_DEFT_COMMON and it loads no bin. bin (n_units entries)
+ * otherwise, and len for a unit sent whole (k == len), which has a bin
+ * like any other (DS_DEFT_COMMON is never produced here). bin (n_units entries)
  * receives each unit's bin; load (G entries, may be NULL) each bin's cost.
  * Returns 0, -EINVAL or -ENOMEM. */
 int ds_deft_pack(const uint32_t *unit_off, const size_t *k_unit, size_t n_units, unsigned G,

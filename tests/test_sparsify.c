@@ -738,15 +738,17 @@ Test(sparsify, deft_packing_within_lpt_bound, .timeout = 120)
                       "trial %d: LPT %.1f opt %.1f (G=%u m=%zu)", trial, mx, opt, G, m);
         cr_expect_geq(mx, sum / G * (1 - 1e-12));
     }
-    /* A unit sent whole is common and loads no bin. */
+    /* A unit sent whole (k == len) has a bin and costs its length: one
+     * member sends it, not every member. */
     const uint32_t off[] = {0, 10, 20};
     const size_t ku[] = {10, 3};
     uint32_t bin[2];
     double load[2];
     cr_assert_eq(ds_deft_pack(off, ku, 2, 2, bin, load), 0);
-    cr_expect_eq(bin[0], DS_DEFT_COMMON);
-    cr_expect_eq(bin[1], 0u);
-    cr_expect(load[1] == 0.0 && load[0] > 0.0);
+    cr_expect_neq(bin[0], DS_DEFT_COMMON);
+    cr_expect_neq(bin[0], bin[1], "two units, two bins");
+    cr_expect(load[bin[0]] == 10.0, "the whole unit costs its length: %g", load[bin[0]]);
+    cr_expect(fabs(load[bin[1]] - 10.0 * log2(3.0)) < 1e-9);
 }
 
 Test(sparsify, deft_selects_exact_topk_per_unit)

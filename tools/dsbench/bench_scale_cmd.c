@@ -111,6 +111,27 @@ static int sparsify_table(int json, size_t n, double d, int reps, const int *wor
             if (m == DS_SPARSIFY_DEFT &&
                 (rc = ds_deft_units(layer_off, L, W, unit_off, L * 256 + 1, &n_units)) < 0)
                 break;
+            if (m == DS_SPARSIFY_DEFT) {
+                /* The allocation and the packing must be the same on every
+                 * member, or some units are selected twice and others by
+                 * nobody: they come from the group's unit norms (an
+                 * all-reduce of n_units numbers), here the root mean square
+                 * of the workers' own. */
+                memset(norms, 0, n_units * sizeof(*norms));
+                for (unsigned r = 0; r < W; r++) {
+                    fill_worker(v, n, 4242, r);
+                    for (size_t u = 0; u < n_units; u++)
+                        for (uint32_t i = unit_off[u]; i < unit_off[u + 1]; i++)
+                            norms[u] += (double)v[i] * v[i];
+                }
+                for (size_t u = 0; u < n_units; u++)
+                    norms[u] = sqrt(norms[u] / W);
+                if (ds_deft_alloc(unit_off, n_units, norms, k, k_unit) < 0 ||
+                    ds_deft_pack(unit_off, k_unit, n_units, W, bin, NULL) < 0) {
+                    rc = -EINVAL;
+                    break;
+                }
+            }
             for (unsigned r = 0; r < W && rc == 0; r++) {
                 fill_worker(v, n, 4242, r);
                 ds_sparsify_cfg sc;
@@ -119,20 +140,6 @@ static int sparsify_table(int json, size_t n, double d, int reps, const int *wor
                 ds_sparsifier *s = NULL;
                 if ((rc = ds_sparsifier_create(&s, &sc, n, NULL)) < 0)
                     break;
-                if (m == DS_SPARSIFY_DEFT) {
-                    for (size_t u = 0; u < n_units; u++) {
-                        double q = 0;
-                        for (uint32_t i = unit_off[u]; i < unit_off[u + 1]; i++)
-                            q += (double)v[i] * v[i];
-                        norms[u] = sqrt(q);
-                    }
-                    if (ds_deft_alloc(unit_off, n_units, norms, k, k_unit) < 0 ||
-                        ds_deft_pack(unit_off, k_unit, n_units, W, bin, NULL) < 0) {
-                        rc = -EINVAL;
-                        ds_sparsifier_destroy(&s);
-                        break;
-                    }
-                }
                 double best = 1e30;
                 ds_sparsify_result res = {0};
                 for (int rep = 0; rep < reps + 1 && rc == 0; rep++) {
@@ -153,12 +160,12 @@ static int sparsify_table(int json, size_t n, double d, int reps, const int *wor
                     break;
                 t_sum += best;
                 sent += res.count;
-                size_t off = 0, len = n;
-                if (m == DS_SPARSIFY_MICRO)
-                    ds_micro_chunk(n, W, r, 0, &off, &len);
                 for (size_t j = 0; j < res.count; j++) {
-                    /* micro's indices are chunk-relative, deft's and topk's not */
-                    const size_t i = (m == DS_SPARSIFY_MICRO ? off : 0) + idx[j];
+                    /* Every method's indices are into the whole vector
+                     * (micro's too: ds_micro_select_owned). Before this was
+                     * fixed, micro's were shifted by its chunk's offset a
+                     * second time and the table showed half the union. */
+                    const size_t i = idx[j];
                     if (i < n && !seen[i]) {
                         seen[i] = 1;
                         uni++;

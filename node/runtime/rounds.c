@@ -705,6 +705,21 @@ static void group_reduce(rt *r, int64_t step)
         if (r->p.push)
             r->p.push(r->p.ctx, DS_ENGINE_OPT);
     }
+    if (sparse && r->p.opt) {
+        /* Momentum factor masking (DGC): where the group's sparse
+         * gradient has an entry (an owner's accumulated residual, a burst
+         * many steps' worth), the momentum restarts from it instead of
+         * carrying the burst on for ~1/(1 - momentum) steps. The same
+         * indices on every member: members stay identical. Without it a
+         * group of 8 went unstable (docs/gossip.md, "Hierarchy"). */
+        if (r->p.pull)
+            r->p.pull(r->p.ctx, DS_ENGINE_OPT);
+        for (size_t i = 0; i < n; i++)
+            if (r->gsout[i] != 0.0f)
+                r->p.opt[i] = 0.0f;
+        if (r->p.push)
+            r->p.push(r->p.ctx, DS_ENGINE_OPT);
+    }
     float *theta = params_host(r);
     memcpy(theta + soff, ps, slen * sizeof(float));
     /* gossip's delta now holds the group's summed delta (sp.out). */

@@ -220,7 +220,8 @@ static float lr_at(const ds_scale_cfg *c, int step)
  * group_reduce, less the slices and position that only failures need):
  * the member's MiCRO selection then its round delta's nonzeros (indices
  * + n) in one list, a vector of `size` floats whose first is the count
- * (summed), one reduction; grad = sum / size, delta = the summed deltas. */
+ * (summed), one reduction; grad = sum / size, delta = the summed deltas;
+ * the momentum is zeroed where grad has an entry (masking, rounds.c). */
 static int hier_micro(snode *nd, int step)
 {
     sim *s = nd->s;
@@ -251,6 +252,10 @@ static int hier_micro(snode *nd, int step)
     const float G = (float)s->size;
     for (size_t i = 0; i < n; i++)
         nd->grad[i] = nd->gsout[i] / G;
+    /* Momentum factor masking, as rounds.c does it. */
+    for (size_t i = 0; i < n; i++)
+        if (nd->grad[i] != 0.0f)
+            nd->mom[i] = 0.0f;
     memcpy(d, nd->gsout + n, n * sizeof(float));
     ds_micro_feedback(nd->gsp, (size_t)v[0]);
     return 0;

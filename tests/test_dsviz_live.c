@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "launch_util.h"
 #include "node/membership/membership.h"
 #include "topology/topology.h"
@@ -57,13 +58,6 @@ static void live_fini(void)
 }
 
 TestSuite(dsviz_live, .init = tmp_init, .fini = live_fini, .timeout = 280);
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* The status page port of node i (dslaunch's DIR/nI.ini, [status] listen). */
 static int status_port(const char *out, int i)
@@ -93,9 +87,9 @@ static void start_dsviz(char *const *srcs, int n, char *addr, size_t len)
     cr_assert_gt(g_viz, 0, "%s", err);
     char buf[4096] = "";
     size_t bl = 0;
-    const long long end = now_ms() + 20000;
+    const uint64_t end = ds_now_ms() + 20000;
     const char *hit = NULL;
-    while (now_ms() < end && !(hit = strstr(buf, "serving http://"))) {
+    while (ds_now_ms() < end && !(hit = strstr(buf, "serving http://"))) {
         const ssize_t r = read(fe, buf + bl, sizeof(buf) - 1 - bl);
         if (r > 0) {
             bl += (size_t)r;
@@ -288,8 +282,8 @@ Test(dsviz_live, cluster_page_in_chromium)
      * far apart often share no round at all (a CI run on a quiet machine
      * found none in 30 s). */
     int checked = 0;
-    const long long tr = now_ms();
-    while (!checked && now_ms() - tr < 30000) {
+    const uint64_t tr = ds_now_ms();
+    while (!checked && ds_now_ms() - tr < 30000) {
         json_t *docs[NODES];
         for (int i = 0; i < NODES; i++) {
             char *body = NULL, gerr[300];
@@ -388,16 +382,16 @@ Test(dsviz_live, cluster_page_in_chromium)
     const pid_t victim = node_pid(out, "n3");
     cr_assert_gt(victim, 0);
     cr_assert_eq(kill(victim, SIGKILL), 0);
-    const long long t0 = now_ms();
+    const uint64_t t0 = ds_now_ms();
     long long seen = -1;
     char err[300];
-    while (now_ms() - t0 < bound_ms + 10000) {
+    while ((long long)(ds_now_ms() - t0) < bound_ms + 10000) {
         char *html = NULL;
         size_t len;
         if (ds_viz_http_get(addr, "/", 10000, 1 << 24, &html, &len, err, sizeof(err)) == 0) {
             int al = 0, de = 0;
             if (row_states(html, "n3", &al, &de) && de > 0 && al == 0) {
-                seen = now_ms() - t0;
+                seen = (long long)(ds_now_ms() - t0);
                 free(html);
                 break;
             }
@@ -415,9 +409,9 @@ Test(dsviz_live, cluster_page_in_chromium)
     const long long step0 = status_step(d0);
     json_decref(d0);
     int pages = 0;
-    const long long t1 = now_ms();
+    const uint64_t t1 = ds_now_ms();
     for (;;) {
-        cr_assert_lt(now_ms() - t1, 60000, "n0 did not take 10 steps after n3's death");
+        cr_assert_lt(ds_now_ms() - t1, 60000, "n0 did not take 10 steps after n3's death");
         char *html = NULL;
         size_t len;
         cr_assert_eq(ds_viz_http_get(addr, "/", 10000, 1 << 24, &html, &len, err, sizeof(err)),

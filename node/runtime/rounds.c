@@ -698,25 +698,24 @@ static void group_reduce(rt *r, int64_t step)
         push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
     }
     take_position(r, pos, step);
-    if (mlen) {
+    const int mask = sparse && r->p.opt;
+    if (mlen || mask) {
+        /* One pull and push of the optimizer state for both. */
         if (r->p.pull)
             r->p.pull(r->p.ctx, DS_ENGINE_OPT);
         memcpy(r->p.opt + soff, ms, mlen * sizeof(float));
-        if (r->p.push)
-            r->p.push(r->p.ctx, DS_ENGINE_OPT);
-    }
-    if (sparse && r->p.opt) {
-        /* Momentum factor masking (DGC): where the group's sparse
+        /* Momentum factor masking (DGC), after the slice so the slice
+         * does not bring back what it zeroes: where the group's sparse
          * gradient has an entry (an owner's accumulated residual, a burst
          * many steps' worth), the momentum restarts from it instead of
          * carrying the burst on for ~1/(1 - momentum) steps. The same
          * indices on every member: members stay identical. Without it a
-         * group of 8 went unstable (docs/gossip.md, "Hierarchy"). */
-        if (r->p.pull)
-            r->p.pull(r->p.ctx, DS_ENGINE_OPT);
-        for (size_t i = 0; i < n; i++)
-            if (r->gsout[i] != 0.0f)
-                r->p.opt[i] = 0.0f;
+         * group of 8 went unstable (docs/gossip.md, "Sparse inside a
+         * group"). */
+        if (mask)
+            for (size_t i = 0; i < n; i++)
+                if (r->gsout[i] != 0.0f)
+                    r->p.opt[i] = 0.0f;
         if (r->p.push)
             r->p.push(r->p.ctx, DS_ENGINE_OPT);
     }

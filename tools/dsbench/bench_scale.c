@@ -250,12 +250,11 @@ static int hier_micro(snode *nd, int step)
     if (!res.complete)
         return -ETIMEDOUT;
     const float G = (float)s->size;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         nd->grad[i] = nd->gsout[i] / G;
-    /* Momentum factor masking, as rounds.c does it. */
-    for (size_t i = 0; i < n; i++)
         if (nd->grad[i] != 0.0f)
-            nd->mom[i] = 0.0f;
+            nd->mom[i] = 0.0f; /* momentum factor masking, as rounds.c */
+    }
     memcpy(d, nd->gsout + n, n * sizeof(float));
     ds_micro_feedback(nd->gsp, (size_t)v[0]);
     return 0;

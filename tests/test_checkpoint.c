@@ -296,6 +296,30 @@ Test(checkpoint, sigterm_writes_a_checkpoint_a_resume_continues_from)
     expect_ok(&r, want);
 }
 
+/* Both survivors have sized their lag from a measured pace (more than the
+ * 32-round floor): until then a restart races the floor, which at the
+ * hundreds of rounds/s of this small model is a tenth of a second. */
+struct lag_wait {
+    const char *out;
+    double seen[2];
+};
+
+static int lag_measured(void *arg)
+{
+    struct lag_wait *w = arg;
+    int ok = 1;
+    for (int i = 0; i < 2; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        json_t *doc = status_load(w->out, name);
+        const json_t *v = json_object_get(json_object_get(doc, "membership"), "lag_rounds");
+        w->seen[i] = json_is_number(v) ? json_number_value(v) : -1;
+        ok &= w->seen[i] > 32;
+        json_decref(doc);
+    }
+    return ok;
+}
+
 /* A cluster node restarted after a crash (SIGKILL) with --resume: it
  * rejoins under a new incarnation and, its checkpoint (every 20 steps)
  * being within the cluster's lag (5 s of rounds), goes on from its own
@@ -315,6 +339,10 @@ Test(checkpoint, a_crashed_node_resumes_and_rejoins)
     struct live l;
     live_start(&l, args);
     wait_for_step(&l, out, "n2", 200, 120000);
+    struct lag_wait lw = {out, {-1, -1}};
+    cr_assert(live_wait(&l, 60000, lag_measured, &lw),
+              "the survivors' lag stayed at its floor (n0 %.0f, n1 %.0f rounds)", lw.seen[0],
+              lw.seen[1]);
     const pid_t p = node_pid(out, "n2");
     cr_assert_gt(p, 0, "n2 not found");
     /* The restart must join within the lag (5 s of rounds) of its last

@@ -718,10 +718,12 @@ Test(inproc, state_transfer_to_a_joiner_while_another_requester_is_dead)
     cr_assert_eq(ds_transport_inproc_kill(c.addr, 1), 0);
     /* The deadline covers packing, hashing and sending 2.8 MB: 400 ms was
      * too short for the ThreadSanitizer build on a busy machine. */
-    cr_assert_eq(ds_state_serve(sa.st, theta, 42, 1, 50, 2.5, ds_now_ms() + 1500), 2);
+    cr_assert_eq(ds_state_serve(sa.st, theta, 42, 1, 50, 2.5, 77, ds_now_ms() + 1500), 2);
     ds_state_info info;
     cr_assert_eq(ds_state_wait(sb.st, ds_now_ms() + 5000, got, &info), 0);
     cr_assert_eq(info.step, 42);
+    cr_assert_eq(info.round, 50);
+    cr_assert_eq(info.lag_rounds, 77);
     cr_assert_eq(info.from, a.id.id);
     cr_assert_eq(memcmp(got, theta, n * sizeof(float)), 0, "state differs");
     uint64_t end = ds_now_ms() + 5000;
@@ -763,7 +765,7 @@ Test(inproc, state_server_dies_after_the_request_then_serves_again)
     cr_assert_eq(ds_state_request(sb.st, a.id.id, a.addr, ds_now_ms() + 5000), 0);
     wait_reqs(&sa, 1);
     cr_assert_eq(ds_transport_inproc_kill(a.addr, 1), 0);
-    cr_assert_eq(ds_state_serve(sa.st, theta, 7, 1, 5, 1.0, ds_now_ms() + 300), 1);
+    cr_assert_eq(ds_state_serve(sa.st, theta, 7, 1, 5, 1.0, 32, ds_now_ms() + 300), 1);
     ds_state_info info;
     const uint64_t t0 = ds_now_ms();
     cr_assert_eq(ds_state_wait(sb.st, t0 + 600, got, &info), -ETIMEDOUT);
@@ -773,7 +775,7 @@ Test(inproc, state_server_dies_after_the_request_then_serves_again)
     theta_fill(theta, n, 2);
     cr_assert_eq(ds_state_request(sb.st, a.id.id, NULL, ds_now_ms() + 5000), 0);
     wait_reqs(&sa, 2);
-    cr_assert_eq(ds_state_serve(sa.st, theta, 8, 1, 6, 1.0, ds_now_ms() + 5000), 1);
+    cr_assert_eq(ds_state_serve(sa.st, theta, 8, 1, 6, 1.0, 32, ds_now_ms() + 5000), 1);
     cr_assert_eq(ds_state_wait(sb.st, ds_now_ms() + 5000, got, &info), 0);
     cr_assert_eq(info.step, 8);
     cr_assert_eq(memcmp(got, theta, n * sizeof(float)), 0);

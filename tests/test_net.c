@@ -272,7 +272,7 @@ Test(net, state_transfer_with_lent_snapshot)
         cr_assert_eq(ds_state_request(sb, a.id.id, a.addr, dl), 0);
         feed_state(&a, sa, b.addr);
         cr_assert(ds_state_pending(sa));
-        cr_assert_eq(ds_state_serve(sa, theta, 100 + (uint64_t)round, 1, 50, 2.5, dl), 1);
+        cr_assert_eq(ds_state_serve(sa, theta, 100 + (uint64_t)round, 1, 50, 2.5, 40, dl), 1);
         for (int k = 0; k < 3; k++)
             feed_state(&b, sb, a.addr);
         ds_state_info info;

@@ -112,7 +112,7 @@ void ds_state_destroy(ds_state **sp)
 }
 
 void ds_state_pack(uint8_t *buf, const float *theta, size_t n, uint64_t step, uint64_t round0,
-                   uint64_t round, double rounds_per_s)
+                   uint64_t round, double rounds_per_s, uint64_t lag_rounds)
 {
     memset(buf, 0, DS_STATE_HDR_BYTES);
     memcpy(buf, "DSSTATE1", 8);
@@ -121,6 +121,7 @@ void ds_state_pack(uint8_t *buf, const float *theta, size_t n, uint64_t step, ui
     ds_put64(buf + 24, round0);
     ds_put64(buf + 32, round);
     ds_put64(buf + 40, rounds_per_s > 0 && rounds_per_s < 1e12 ? (uint64_t)(rounds_per_s * 1000) : 0);
+    ds_put64(buf + 48, lag_rounds);
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &theta[i], 4);
@@ -133,7 +134,7 @@ int ds_state_unpack(const uint8_t *buf, size_t len, size_t n, float *theta, ds_s
     if (len != DS_STATE_HDR_BYTES + 4 * n || memcmp(buf, "DSSTATE1", 8) != 0 ||
         ds_le64(buf + 8) != n)
         return -EBADMSG;
-    for (int i = 48; i < DS_STATE_HDR_BYTES; i++)
+    for (int i = 56; i < DS_STATE_HDR_BYTES; i++)
         if (buf[i])
             return -EBADMSG;
     for (size_t i = 0; i < n; i++) {
@@ -149,6 +150,7 @@ int ds_state_unpack(const uint8_t *buf, size_t len, size_t n, float *theta, ds_s
         info->round0 = ds_le64(buf + 24);
         info->round = ds_le64(buf + 32);
         info->rounds_per_s = (double)ds_le64(buf + 40) / 1000.0;
+        info->lag_rounds = ds_le64(buf + 48);
         info->bytes = len;
     }
     return 0;
@@ -192,7 +194,8 @@ int ds_state_pending(ds_state *s)
 }
 
 int ds_state_serve(ds_state *s, const float *theta, uint64_t step, uint64_t round0,
-                   uint64_t round, double rounds_per_s, uint64_t deadline_ms)
+                   uint64_t round, double rounds_per_s, uint64_t lag_rounds,
+                   uint64_t deadline_ms)
 {
     struct requester req[MAX_REQUESTERS];
     pthread_mutex_lock(&s->lock);
@@ -209,7 +212,7 @@ int ds_state_serve(ds_state *s, const float *theta, uint64_t step, uint64_t roun
     if (!s->snap && !(s->snap = snap_new(s->total)))
         return -ENOMEM;
     uint8_t *snap = s->snap->data;
-    ds_state_pack(snap, theta, s->n, step, round0, round, rounds_per_s);
+    ds_state_pack(snap, theta, s->n, step, round0, round, rounds_per_s, lag_rounds);
     uint8_t digest[32];
     crypto_generichash(digest, sizeof(digest), snap, s->total, NULL, 0);
     int served = 0;

@@ -7,7 +7,7 @@
  *
  *    0  "DSSTATE1"        8  u64 n_params     16  u64 step
  *   24  u64 round0       32  u64 round        40  u64 milli-rounds/s
- *   48  16 bytes zero
+ *   48  u64 lag rounds   56  8 bytes zero
  *
  * (little-endian) followed by the n_params float32 parameters. It travels
  * as STATE_CHUNK frames of at most chunk_bytes, each carrying the total
@@ -43,6 +43,7 @@ typedef struct ds_state ds_state;
 typedef struct ds_state_info {
     uint64_t step, round0, round;
     double rounds_per_s; /* the server's pace when it took the snapshot */
+    uint64_t lag_rounds; /* the server's membership lag then (lag.h); 0: unknown */
     uint64_t from;       /* node id that served it */
     size_t bytes;
 } ds_state_info;
@@ -62,7 +63,8 @@ int ds_state_pending(ds_state *s);
  * round0 and round, and send it to every waiting requester. Returns the
  * number served, or a negative errno. */
 int ds_state_serve(ds_state *s, const float *theta, uint64_t step, uint64_t round0,
-                   uint64_t round, double rounds_per_s, uint64_t deadline_ms);
+                   uint64_t round, double rounds_per_s, uint64_t lag_rounds,
+                   uint64_t deadline_ms);
 
 /* ---- client ---- */
 
@@ -80,7 +82,7 @@ int ds_state_wait(ds_state *s, uint64_t deadline_ms, float *theta, ds_state_info
 /* Serialise / parse the state string (exposed for tests). buf holds
  * DS_STATE_HDR_BYTES + 4 n floats. */
 void ds_state_pack(uint8_t *buf, const float *theta, size_t n, uint64_t step, uint64_t round0,
-                   uint64_t round, double rounds_per_s);
+                   uint64_t round, double rounds_per_s, uint64_t lag_rounds);
 int ds_state_unpack(const uint8_t *buf, size_t len, size_t n, float *theta, ds_state_info *info);
 
 #endif

@@ -494,5 +494,6 @@ void ds_membership_stats_get(ds_membership *m, ds_membership_stats *st)
     }
     st->round = m->round;
     st->epoch = ds_mship_epoch_at(m, m->round);
+    st->lag = m->cfg.lag_rounds;
     pthread_mutex_unlock(&m->mu);
 }

@@ -221,6 +221,8 @@ const char *ds_mship_drop_name(enum ds_mship_drop r);
       "Lifeguard local health multiplier (0 = healthy).") \
     X(U64, round, "round", NULL, GAUGE, NULL, NULL, "Current membership round.") \
     X(U64, epoch, "epoch", NULL, GAUGE, NULL, NULL, "View epoch of the current round.") \
+    X(U32, lag, "lag_rounds", "dsnode_membership_lag_rounds", GAUGE, NULL, NULL, \
+      "Rounds from a membership change's decision to its effect.") \
     X(U64, msgs_sent, "msgs_sent", "dsnode_membership_messages_total", COUNTER, "direction", \
       "sent", DS_MSHIP_HELP_MSGS) \
     X(U64, bytes_sent, "bytes_sent", "dsnode_membership_bytes_total", COUNTER, "direction", \

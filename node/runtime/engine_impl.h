@@ -96,6 +96,7 @@ struct ds_engine {
     ds_lag lag;          /* membership's lag and the pace measured (lag.h) */
     uint64_t join_round; /* ours, from SELF_JOINED */
     ds_pace pace;        /* a joiner keeps the cluster's pace (pace.h) */
+    uint64_t cluster_lag; /* the lag of the member that sent our state (0: unknown) */
     int refresh_pending; /* shadow the cluster's state until our join round */
     /* SELF_REJOINED (declared dead, or stopped past the suspicion timeout):
      * our new join round, taken by the training thread before its next

@@ -764,7 +764,8 @@ void ds_engine_reduce(ds_engine *r, int64_t step)
 static void serve_state(rt *r)
 {
     ds_state_serve(r->st, params_host(r), (uint64_t)r->step, r->round0, current_round(r),
-                   r->lag.rate, ds_now_ms() + 4 * (uint64_t)r->c->transport.op_timeout_ms);
+                   r->lag.rate, r->lag.lag,
+                   ds_now_ms() + 4 * (uint64_t)r->c->transport.op_timeout_ms);
 }
 
 /* Take a snapshot that arrived: the client's params and step, our rounds
@@ -781,6 +782,7 @@ static int adopt_state(rt *r, const float *theta, const ds_state_info *info, uin
     ds_gossip_reset(r->gossip, theta);
     ds_membership_set_round(atomic_load(&r->ms), info->round, ds_now_ms());
     ds_pace_set(&r->pace, ds_now_ns(), info->round, info->rounds_per_s);
+    r->cluster_lag = info->lag_rounds;
     ds_info("state", "model state received: step=%llu round=%llu bytes=%zu in %llu ms; "
             "keeping the cluster's pace of %.1f rounds/s until round %llu",
             (unsigned long long)info->step, (unsigned long long)info->round, info->bytes,

@@ -781,6 +781,69 @@ Test(membership, join_any_seed_leave_crash_views_agree)
     ds_swimnet_destroy(&net);
 }
 
+/* A joiner with the cluster's state brings its join round forward from the
+ * seed's full lag (100 rounds here) to 10 rounds: every member has it
+ * before that round (pushed to all, not piggybacked), views agree in every
+ * round, and nobody makes a late change. */
+Test(membership, a_joiner_brings_its_join_round_forward)
+{
+    const uint32_t n = 8, x = 7;
+    ds_swimnet_opts o;
+    ds_swimnet_opts_default(&o, n, 97);
+    o.round_ms = 50;
+    o.cfg.lag_rounds = 100;
+    ds_swimnet *net = NULL;
+    cr_assert_eq(ds_swimnet_create(&o, &net), 0);
+    struct view_watch w = {.n = n};
+    ds_swimnet_on_round(net, watch_round, &w);
+    form(net, n - 1);
+    const uint32_t seed = 2;
+    cr_assert_eq(ds_swimnet_join(net, x, &seed, 1), 0);
+    for (int i = 0; i < 100 && !ds_swimnet_joined(net, x); i++)
+        ds_swimnet_run_for(net, 10);
+    cr_assert(ds_swimnet_joined(net, x));
+    ds_membership *m = ds_swimnet_node(net, x);
+    const uint64_t id = ds_swimnet_id(net, x);
+    ds_member_info self;
+    cr_assert_eq(ds_membership_member(m, id, &self), 0);
+    const uint64_t r0 = ds_swimnet_round(net), j0 = self.join_round;
+    cr_expect_geq(j0, r0 + 90, "the seed's join round %llu, round %llu", (unsigned long long)j0,
+                  (unsigned long long)r0);
+    cr_expect_eq(ds_membership_advance_join(m, 0, ds_swimnet_now(net), NULL), -EINVAL);
+    uint64_t j = 0;
+    cr_assert_eq(ds_membership_advance_join(m, 10, ds_swimnet_now(net), &j), 1);
+    cr_expect(j >= r0 + 10 && j <= r0 + 12, "join round %llu at round %llu",
+              (unsigned long long)j, (unsigned long long)r0);
+    uint64_t j2 = 0;
+    cr_expect_eq(ds_membership_advance_join(m, 20, ds_swimnet_now(net), &j2), 0,
+                 "a later round is not earlier");
+    cr_expect_eq(j2, j);
+    /* Every member knows the new round well before it. */
+    ds_swimnet_run_for(net, 2 * o.round_ms);
+    for (uint32_t i = 0; i < n; i++) {
+        ds_member_info e;
+        cr_assert_eq(ds_membership_member(ds_swimnet_node(net, i), id, &e), 0);
+        cr_expect_eq(e.join_round, j, "node %u has join round %llu", i,
+                     (unsigned long long)e.join_round);
+    }
+    ds_swimnet_run_until(net, (j + 20) * o.round_ms);
+    ds_member_info v[8];
+    uint32_t G = 0, me = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        cr_assert_eq(ds_membership_view_at(ds_swimnet_node(net, i), j, v, 8, &G, &me, NULL), 0);
+        cr_expect_eq(G, n, "node %u: view at round %llu has %u members", i,
+                     (unsigned long long)j, G);
+        ds_membership_stats st;
+        ds_membership_stats_get(ds_swimnet_node(net, i), &st);
+        cr_expect_eq(st.late_changes, 0, "node %u", i);
+        cr_expect_eq(st.joins_advanced, i == x, "node %u", i);
+    }
+    cr_expect_eq(w.mismatches, 0, "%llu of %llu rounds had differing views (first: round %llu)",
+                 (unsigned long long)w.mismatches, (unsigned long long)w.rounds_checked,
+                 (unsigned long long)w.first_bad_round);
+    ds_swimnet_destroy(&net);
+}
+
 Test(membership, view_api)
 {
     ds_swimnet *net = make_net(4, 91, 1);

@@ -295,6 +295,9 @@ void ds_mship_bcast(ds_membership *m, member *e, uint64_t origin);
 uint32_t ds_mship_collect_updates(ds_membership *m, member *first, int with_self);
 /* Our whole table to one member, in MEMBERS slices. */
 void ds_mship_emit_members(ds_membership *m, uint64_t to_id, const char *to_addr);
+/* e's record, led with by a PING to every other live member now (a join
+ * brought forward: its short lag leaves no time for the piggyback). */
+void ds_mship_push_all(ds_membership *m, member *e);
 void ds_mship_clear_suspicion(member *e);
 void ds_mship_start_suspicion(member *e, uint64_t origin, uint64_t now);
 /* 1 when origin is a new independent suspecter of e. */

@@ -400,6 +400,33 @@ out:
     return rc;
 }
 
+int ds_membership_advance_join(ds_membership *m, uint32_t lag_rounds, uint64_t now_ms,
+                               uint64_t *join_round)
+{
+    if (!lag_rounds)
+        return -EINVAL;
+    pthread_mutex_lock(&m->mu);
+    member *s = self_m(m);
+    const uint64_t j = sat_add(decide_round(m), lag_rounds);
+    int moved = 0;
+    if (m->joined && !m->leaving && s->state == DS_MEMBER_ALIVE && s->join_round != NO_ROUND &&
+        j < s->join_round && s->join_round > m->round) {
+        ds_info(COMP, "join round brought forward from %" PRIu64 " to %" PRIu64
+                " (round %" PRIu64 "), told to every live member",
+                s->join_round, j, decide_round(m));
+        s->join_round = j;
+        ds_mship_bcast(m, s, 0);
+        ds_mship_push_all(m, s);
+        m->st.joins_advanced++;
+        ds_mship_check_view(m, now_ms);
+        moved = 1;
+    }
+    if (join_round)
+        *join_round = s->join_round;
+    ds_mship_unlock_and_flush(m);
+    return moved;
+}
+
 int ds_membership_leave_done(ds_membership *m)
 {
     pthread_mutex_lock(&m->mu);

@@ -244,6 +244,8 @@ const char *ds_mship_drop_name(enum ds_mship_drop r);
     X(U64, acks_unmatched, "acks_unmatched", NULL, COUNTER, NULL, NULL, \
       "ACKs that matched no probe in progress.") \
     X(U64, joins_sent, "joins_sent", NULL, COUNTER, NULL, NULL, "JOINs sent.") \
+    X(U64, joins_advanced, "joins_advanced", NULL, COUNTER, NULL, NULL, \
+      "Our join round brought forward once we had the cluster's state.") \
     X(U64, members_sent, "members_sent", NULL, COUNTER, NULL, NULL, "MEMBERS answers sent.") \
     X(U64, leaves_sent, "leaves_sent", NULL, COUNTER, NULL, NULL, "LEAVEs sent.") \
     X(U64, joins_finishing, "joins_finishing", NULL, COUNTER, NULL, NULL, \
@@ -336,6 +338,18 @@ int ds_membership_recv(ds_membership *m, uint64_t now_ms, const char *from_addr,
  * reaches every member before it applies. */
 void ds_membership_set_lag(ds_membership *m, uint32_t lag_rounds);
 uint32_t ds_membership_lag(ds_membership *m);
+
+/* A joiner that has the cluster's state brings its join round forward to
+ * `lag_rounds` past the current round (never later than it is), and
+ * pushes its record at once to every live member (a PING that leads with
+ * it): the seed's join round is a full lag out, sized for a change to
+ * spread by piggyback, and most of it is spent waiting. Members keep the
+ * smaller of two join rounds, so the new one wins everywhere. Returns 1
+ * (moved; *join_round the new round), 0 (not earlier than it is, or not
+ * ours to move: we are not a live joiner yet to enter the view), or
+ * -EINVAL (lag_rounds 0). docs/membership.md, "Joins". */
+int ds_membership_advance_join(ds_membership *m, uint32_t lag_rounds, uint64_t now_ms,
+                               uint64_t *join_round);
 
 /* A hint from gossip/transport: `id` missed a deadline. Not a verdict: the
  * member is probed next (at most one early probe per period). */

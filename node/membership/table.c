@@ -308,6 +308,15 @@ static void push_now(ds_membership *m, member *e)
     }
 }
 
+void ds_mship_push_all(ds_membership *m, member *e)
+{
+    for (uint32_t i = 1; i < m->cap; i++) {
+        const member *x = &m->tab[i];
+        if (x->used && x->state == DS_MEMBER_ALIVE && x != e)
+            ds_mship_emit_probe(m, DS_MSG_PING, x->id, x->addr, ++m->seq, 0, e);
+    }
+}
+
 static void refute_direct(ds_membership *m, uint64_t origin)
 {
     member *s = self_m(m);

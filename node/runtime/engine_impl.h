@@ -97,6 +97,7 @@ struct ds_engine {
     uint64_t join_round; /* ours, from SELF_JOINED */
     ds_pace pace;        /* a joiner keeps the cluster's pace (pace.h) */
     uint64_t cluster_lag; /* the lag of the member that sent our state (0: unknown) */
+    double cluster_rate;  /* its pace then, rounds/s */
     int refresh_pending; /* shadow the cluster's state until our join round */
     /* SELF_REJOINED (declared dead, or stopped past the suspicion timeout):
      * our new join round, taken by the training thread before its next

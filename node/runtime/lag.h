@@ -29,6 +29,19 @@
 #define DS_LAG_MAX_ROUNDS (1u << 20)
 #define DS_LAG_WINDOW_MS 2000
 
+/* A joiner that has the cluster's state brings its join round forward to
+ * this many rounds ahead (membership pushes it to every member at once):
+ * DS_JOIN_LAG_MS of the cluster's pace, at least DS_JOIN_LAG_MIN_ROUNDS.
+ * The pace is the cluster's peak (its lag / DS_LAG_SECONDS) when its lag
+ * is above the floor, else the snapshot's rate. Returns 0 (keep the join
+ * round the seed gave) when neither is known, or when the result is not
+ * shorter than the cluster's lag. Why: the seed's join round is a full
+ * lag (5 s) out, sized for a change to spread by piggyback; a joiner was
+ * in the view about 6 s after it started, and issue 17 asks for 2 s. */
+#define DS_JOIN_LAG_MS 500
+#define DS_JOIN_LAG_MIN_ROUNDS 4
+uint64_t ds_join_lag_rounds(uint64_t cluster_lag, double snapshot_rate);
+
 /* Owned by the caller; not thread-safe. */
 typedef struct ds_lag {
     int started;

@@ -783,6 +783,7 @@ static int adopt_state(rt *r, const float *theta, const ds_state_info *info, uin
     ds_membership_set_round(atomic_load(&r->ms), info->round, ds_now_ms());
     ds_pace_set(&r->pace, ds_now_ns(), info->round, info->rounds_per_s);
     r->cluster_lag = info->lag_rounds;
+    r->cluster_rate = info->rounds_per_s;
     ds_info("state", "model state received: step=%llu round=%llu bytes=%zu in %llu ms; "
             "keeping the cluster's pace of %.1f rounds/s until round %llu",
             (unsigned long long)info->step, (unsigned long long)info->round, info->bytes,
@@ -852,6 +853,16 @@ static int pick_member(rt *r, uint64_t before, int same_group_only)
 
 /* ---- start ------------------------------------------------------------------ */
 
+/* With the cluster's state in hand, a joiner need not wait out the full lag
+ * the seed gave its join round: bring it forward (lag.h). */
+static void advance_join(rt *r)
+{
+    const uint64_t lag = ds_join_lag_rounds(r->cluster_lag, r->cluster_rate);
+    uint64_t j;
+    if (lag && ds_membership_advance_join(atomic_load(&r->ms), (uint32_t)lag, ds_now_ms(), &j) == 1)
+        r->join_round = j;
+}
+
 /* The first round everyone trains in: the latest join round among the
  * members alive now. Every initial member knows the same records once all
  * are alive, so all compute the same round, and all are in its view from
@@ -887,6 +898,7 @@ int ds_engine_start(ds_engine *r)
             return e;
         }
         ds_ckpt_choose(r);
+        advance_join(r);
     } else {
         r->round0 = first_round(r);
         ds_info("gossip", "training starts at round %llu with %lld members",

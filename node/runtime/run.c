@@ -51,6 +51,7 @@
 #include "node/runtime/run.h"
 #include "node/runtime/summary.h"
 #include "node/status/status.h"
+#include "node/transport/transport.h"
 
 /* Atomic, not volatile sig_atomic_t: the handler runs on whichever thread
  * the signal hits, and the engine's threads read the flags too. */
@@ -460,6 +461,11 @@ int ds_node_run(const ds_conf *c, const char *resume_path, unsigned flags)
     ds_run_train_cfg(c, &u.tc);
     if (ds_engine_open(&u.e, c, &stop) < 0)
         return 1;
+    /* libfabric initialises while the dataset loads: from the process's
+     * first log line to listening, 0.67 s against 0.75 s (median of 6
+     * alternating runs each, idle machine), so a joiner is in the view
+     * that much sooner. */
+    ds_transport_warm(c->transport.provider);
     if (ds_trainer_init(&u.t, &u.tc, err, sizeof(err)) < 0) {
         ds_error("node", "cannot start: %s", err);
         goto close_engine;

@@ -16,8 +16,9 @@
  * cheap (about 55 ms for the whole stack, docs/transport.md).
  *
  * Runs on the progress thread, except fab_resolve (any thread: it only
- * asks fi_getinfo) and the first open (ds_transport_open's thread, before
- * the progress thread exists).
+ * asks fi_getinfo), the first open (ds_transport_open's thread, before
+ * the progress thread exists) and the warm-up (its own thread: one
+ * fi_getinfo).
  */
 #include "config.h"
 
@@ -128,6 +129,52 @@ void fab_stack_close(tp_fab *t)
     t->fabric = NULL;
     t->info = NULL;
     t->cq_fd = -1;
+}
+
+static struct fi_info *make_hints(const char *provider);
+
+/* ---- libfabric's one-time initialisation, ahead of time ----------------------- */
+
+/* Process-wide, as libfabric's own initialisation is: one warm-up thread
+ * per process, joined by the first open after it. */
+static pthread_mutex_t warm_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_t warm_thr;
+static int warm_state; /* 0: never started, 1: running (to join), 2: done */
+
+static void *warm_main(void *arg)
+{
+    struct fi_info *hints = arg, *info = NULL;
+    /* The answer does not matter: the first fi_getinfo initialises
+     * libfabric and its providers, and a later one waits for it. */
+    if (fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints,
+                   &info) == 0)
+        fi_freeinfo(info);
+    fi_freeinfo(hints);
+    return NULL;
+}
+
+void fab_warm(const char *provider)
+{
+    pthread_mutex_lock(&warm_mu);
+    if (warm_state == 0) {
+        warm_state = 2;
+        struct fi_info *hints = make_hints(provider);
+        if (hints && pthread_create(&warm_thr, NULL, warm_main, hints) == 0)
+            warm_state = 1;
+        else
+            fi_freeinfo(hints);
+    }
+    pthread_mutex_unlock(&warm_mu);
+}
+
+void fab_warm_join(void)
+{
+    pthread_mutex_lock(&warm_mu);
+    if (warm_state == 1) {
+        pthread_join(warm_thr, NULL);
+        warm_state = 2;
+    }
+    pthread_mutex_unlock(&warm_mu);
 }
 
 static struct fi_info *make_hints(const char *provider)

@@ -199,7 +199,14 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
         return r;
     if (o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC))
         return tp_inproc_open(o, out);
+    fab_warm_join();
     return tp_fabric_open(o, out);
+}
+
+void ds_transport_warm(const char *provider)
+{
+    if (provider && strcmp(provider, DS_TRANSPORT_INPROC) != 0)
+        fab_warm(provider);
 }
 
 void ds_transport_close(ds_transport **tp)

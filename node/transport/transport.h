@@ -259,6 +259,14 @@ typedef struct ds_transport_stats {
  * no callbacks). */
 void ds_transport_opts_default(ds_transport_opts *o);
 
+/* Start libfabric's one-time initialisation (loading and probing its
+ * providers) on a thread of its own, so that it overlaps what the caller does before
+ * ds_transport_open (dsnode run: loading the dataset). Once per process;
+ * later calls, and provider DS_TRANSPORT_INPROC, do nothing. The next
+ * ds_transport_open joins the thread. Not needed for correctness:
+ * libfabric initialises itself at its first call either way. */
+void ds_transport_warm(const char *provider);
+
 /* Open an endpoint and start its progress thread. *out receives the
  * transport (caller owns; ds_transport_close frees it), before the thread
  * starts, so callbacks may use it; it is NULL on failure. The option strings

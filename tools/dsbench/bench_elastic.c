@@ -57,7 +57,9 @@
  *   - join_spread: the first "member joined" line about the new node (in the
  *     log of the member that admitted it) to the last one among the other
  *     initial nodes; state_s: the new node's "joined through" line to its
- *     "model state received" line.
+ *     "model state received" line; in_view_s: the new node's first log
+ *     line (its process started) to its first "view changed" with itself
+ *     in the view (it trains in the view from that round).
  *   - periods = seconds / the nodes' SWIM period (membership's default; the
  *     node config has no key for it).
  *   - false_deaths: "member dead" lines about any other node.
@@ -467,6 +469,8 @@ typedef struct nlog {
     double t_joined;       /* first "member joined name=<joiner>" */
     double t_self_joined;  /* first "joined through" */
     double t_state;        /* "model state received" */
+    double t_first;        /* its first log line (the process started) */
+    double t_in_view;      /* first "view changed" with in_view=1 */
     double t_suspect;      /* first "member suspected name=<victim>" */
     double t_dead;         /* first "member dead name=<victim>" */
     int false_deaths;      /* "member dead" lines about anyone else */
@@ -511,6 +515,8 @@ static void nlog_line(const cluster *c, nlog *l, char *line)
     ds_logline ll;
     if (!isfinite(t) || ds_logline_split(line, &ll) < 0)
         return;
+    if (!isfinite(l->t_first))
+        l->t_first = t;
     if (!strcmp(ll.component, "gossip")) {
         /* A peer ran this round with another view: the two did not know
          * the same members yet (logged rate-limited: a lower bound). */
@@ -540,6 +546,8 @@ static void nlog_line(const cluster *c, nlog *l, char *line)
                 if (l->view_size == c->n && !isfinite(l->t_view_all))
                     l->t_view_all = t;
             }
+            if (ds_kv_get_double(&kv, "in_view", &v) == 0 && v == 1 && !isfinite(l->t_in_view))
+                l->t_in_view = t;
             return;
         }
         if (strncmp(ll.msg, "member ", 7) || ds_kv_parse(ll.msg, &kv) <= 0)
@@ -755,6 +763,7 @@ static int cluster_start(cluster *c, const real_opts *o, const char *name, int n
         snprintf(l->path, sizeof(l->path), "%s/n%d.log", c->dir, i);
         l->step = l->view_size = -1;
         l->t_joined = l->t_self_joined = l->t_state = l->t_suspect = l->t_dead = NAN;
+        l->t_first = l->t_in_view = NAN;
         l->t_view_all = NAN;
         l->test_acc = l->max_round_s = NAN;
     }
@@ -980,7 +989,7 @@ typedef struct det_result {
     int ok;
     char victim[16], why[128];
     long kill_step;
-    double suspect_s, first_dead_s, all_dead_s, spread_s, state_s, wall_s;
+    double suspect_s, first_dead_s, all_dead_s, spread_s, state_s, in_view_s, wall_s;
     int unsettled;        /* killed while the join's disturbance lasted */
     double progress;      /* survivors' step rate during detection / baseline */
     double progress_join; /* the same in JOIN_WINDOW_S from the join's round */
@@ -994,6 +1003,7 @@ static int det_result_init(det_result *r, const real_opts *o, int k)
 {
     memset(r, 0, sizeof(*r));
     r->suspect_s = r->first_dead_s = r->all_dead_s = r->spread_s = r->state_s = NAN;
+    r->in_view_s = NAN;
     r->progress = r->progress_join = NAN;
     r->kill_step = -1;
     const int v = 1 + (2 + 2 * k) % (o->det_nodes - 1);
@@ -1085,6 +1095,7 @@ static void detect_times(const cluster *c, int n, int v, double t_kill, det_resu
     r->all_dead_s = r->ok ? last_d - t_kill : NAN;
     r->spread_s = j_last - j_first;
     r->state_s = jn->t_state - jn->t_self_joined;
+    r->in_view_s = jn->t_in_view - jn->t_first;
 }
 
 /* Training progress, as the mean step rate per node: while the cluster
@@ -1278,7 +1289,8 @@ static int find_dslaunch(char *out, size_t len)
 
 static void det_row(ds_row *row, const real_opts *o, const char *run, const char *victim,
                     double kill_step, double susp, double first_dead, double all_dead,
-                    double progress, double spread, double state, double progress_join,
+                    double progress, double spread, double state, double in_view,
+                    double progress_join,
                     double false_deaths, double epoch_drops, double late_changes,
                     const char *status)
 {
@@ -1297,6 +1309,7 @@ static void det_row(ds_row *row, const real_opts *o, const char *run, const char
     ds_row_num(row, "join_spread_s", spread, 3);
     ds_row_num(row, "join_spread_periods", spread / T, 2);
     ds_row_num(row, "state_s", state, 2);
+    ds_row_num(row, "in_view_s", in_view, 2);
     ds_row_num(row, "progress_join", progress_join, 2);
     ds_row_num(row, "false_deaths", false_deaths, 1);
     ds_row_num(row, "epoch_drops", epoch_drops, 1);
@@ -1368,8 +1381,8 @@ static int real_half(real_opts *o, int json)
     int failed = 0;
     ds_row row;
     ds_row_table(&row, json);
-    struct agg susp = {0}, fdead = {0}, adead = {0}, spread = {0}, state = {0}, fd = {0},
-               ed = {0}, prog = {0}, pjoin = {0}, lc = {0};
+    struct agg susp = {0}, fdead = {0}, adead = {0}, spread = {0}, state = {0}, inview = {0},
+               fd = {0}, ed = {0}, prog = {0}, pjoin = {0}, lc = {0};
     for (int k = 0; k < o->repeats; k++) {
         det_result r;
         fprintf(stderr, "dsbench elastic: detection run %d/%d (%d nodes + 1 at step %d) ... ",
@@ -1387,6 +1400,7 @@ static int real_half(real_opts *o, int json)
         agg_add(&adead, r.all_dead_s);
         agg_add(&spread, r.spread_s);
         agg_add(&state, r.state_s);
+        agg_add(&inview, r.in_view_s);
         agg_add(&fd, r.false_deaths);
         agg_add(&ed, r.epoch_drops);
         agg_add(&lc, r.late_changes);
@@ -1396,18 +1410,20 @@ static int real_half(real_opts *o, int json)
         snprintf(run, sizeof(run), "%d", k + 1);
         det_row(&row, o, run, r.victim, r.kill_step >= 0 ? (double)r.kill_step : NAN,
                 r.suspect_s, r.first_dead_s, r.all_dead_s, r.progress, r.spread_s, r.state_s,
-                r.progress_join, r.false_deaths, r.epoch_drops, r.late_changes,
+                r.in_view_s, r.progress_join, r.false_deaths, r.epoch_drops, r.late_changes,
                 !r.ok ? "failed" : r.unsettled ? "ok, unsettled" : "ok");
     }
     char st[32];
     snprintf(st, sizeof(st), "%d/%d ok", adead.n, o->repeats);
     det_row(&row, o, "mean", "-", NAN, agg_mean(&susp), agg_mean(&fdead), agg_mean(&adead),
-            agg_mean(&prog), agg_mean(&spread), agg_mean(&state), agg_mean(&pjoin),
+            agg_mean(&prog), agg_mean(&spread), agg_mean(&state), agg_mean(&inview),
+            agg_mean(&pjoin),
             agg_mean(&fd), agg_mean(&ed), agg_mean(&lc), st);
     /* The worst run per column: the longest times, the most drops, the
      * least progress. */
     det_row(&row, o, "worst", "-", NAN, agg_max(&susp), agg_max(&fdead), agg_max(&adead),
-            agg_min(&prog), agg_max(&spread), agg_max(&state), agg_min(&pjoin), agg_max(&fd),
+            agg_min(&prog), agg_max(&spread), agg_max(&state), agg_max(&inview),
+            agg_min(&pjoin), agg_max(&fd),
             agg_max(&ed), agg_max(&lc), st);
 
     if (!json)

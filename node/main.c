@@ -271,6 +271,9 @@ static int cmd_run(int argc, char **argv)
     if (slurm && apply_slurm(&c, path, nset, sets) < 0)
         return 2;
     ds_log_setup(c.node.name, c.node.log_level, NULL);
+    /* The first line: when the process started (dsbench elastic times a
+     * joiner from it). */
+    ds_info("node", "dsnode %s starting: pid %d, config %s", DS_VERSION, (int)getpid(), path);
     if (ds_cpu_mask_error())
         ds_warn("kernels", "%s", ds_cpu_mask_error());
     const int code = ds_node_run(&c, resume, DS_RUN_PROCESS_EXITS);

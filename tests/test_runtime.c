@@ -193,17 +193,17 @@ Test(lag, follows_a_decaying_peak_of_the_rate)
     cr_expect_eq(l.lag, 500);
 }
 
-/* A joiner with the cluster's state comes in half a second of rounds
- * after it, sized from the cluster's lag (its peak pace) when that is
+/* A joiner with the cluster's state comes in a quarter of a second of
+ * rounds after it, sized from the cluster's lag (its peak pace) when that is
  * above the floor, else from the snapshot's rate; never fewer than 4
  * rounds; 0 (keep the seed's round) when no pace is known or the full lag
  * is no longer. */
 Test(lag, a_join_is_half_a_second_of_rounds)
 {
-    cr_expect_eq(ds_join_lag_rounds(500, 12.4), 50, "100 rounds/s at its peak, not 12.4");
+    cr_expect_eq(ds_join_lag_rounds(500, 12.4), 25, "100 rounds/s at its peak, not 12.4");
     cr_expect_eq(ds_join_lag_rounds(32, 200.0), 0, "the seed's 32 rounds are shorter");
-    cr_expect_eq(ds_join_lag_rounds(32, 20.0), 10, "lag at its floor: the snapshot's rate");
-    cr_expect_eq(ds_join_lag_rounds(0, 200.0), 100, "no lag sent: the snapshot's rate");
+    cr_expect_eq(ds_join_lag_rounds(32, 40.0), 10, "lag at its floor: the snapshot's rate");
+    cr_expect_eq(ds_join_lag_rounds(0, 200.0), 50, "no lag sent: the snapshot's rate");
     cr_expect_eq(ds_join_lag_rounds(32, 0.0), 0, "no pace known: the seed's round stays");
     cr_expect_eq(ds_join_lag_rounds(32, 2.0), DS_JOIN_LAG_MIN_ROUNDS, "slow: 4 rounds, 2 s");
     cr_expect_eq(ds_join_lag_rounds(0, 0.5), DS_JOIN_LAG_MIN_ROUNDS);

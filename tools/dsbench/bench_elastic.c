@@ -5,8 +5,8 @@
  *
  *   dsbench elastic [--fake | --real] [--json]
  *       fake: [--seeds S] [--period-ms P] [--sizes 8,64] [--window W]
- *       real: [--repeats R] [--steps N] [--kill-at STEP] [--add-at STEP]
- *             [--config FILE] [--dslaunch PATH] [--keep DIR]
+ *       real: [--repeats R] [--nodes N] [--steps N] [--kill-at STEP]
+ *             [--add-at STEP] [--config FILE] [--dslaunch PATH] [--keep DIR]
  *
  * The fake half (--fake) runs the membership protocol (node/membership/membership.h)
  * on the simulated network of node/membership/sim.h, where time is
@@ -33,7 +33,7 @@
  * until the end, no status servers), watches the nodes' logs while they
  * train, and SIGKILLs nodes itself:
  *
- * Table 3 (real-detect), --repeats runs of 8 nodes. dslaunch adds a 9th
+ * Table 3 (real-detect), --repeats runs of --nodes (8) nodes. dslaunch adds one more
  * node at --add-at; once every other node has logged "member joined" for
  * it and has it in its view, and it has its model state, and once the
  * cluster has recovered from the join (at least 10 s later, n0 back to half
@@ -1463,7 +1463,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dsbench elastic [--fake | --real] [--json]\n"
                "  fake half: [--seeds S] [--period-ms P] [--sizes 8,64] [--window W]\n"
-               "  real half: [--repeats R] [--steps N] [--kill-at STEP] [--add-at STEP]\n"
+               "  real half: [--repeats R] [--nodes N] [--steps N] [--kill-at STEP]\n"
+               "             [--add-at STEP]\n"
                "             [--config FILE] [--dslaunch PATH] [--keep DIR]\n"
                "Without --fake or --real both halves run.\n");
 }
@@ -1492,7 +1493,7 @@ static const char *bad_arg(int argc, char **argv, int at)
 static int read_opts(elastic_opts *e, int argc, char **argv)
 {
     enum { O_JSON = 256, O_FAKE, O_REAL, O_SEEDS, O_PERIOD, O_SIZES, O_WINDOW, O_REPEATS,
-           O_STEPS, O_KILL_AT, O_ADD_AT, O_CONFIG, O_DSLAUNCH, O_KEEP };
+           O_STEPS, O_KILL_AT, O_ADD_AT, O_CONFIG, O_DSLAUNCH, O_KEEP, O_NODES };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
         {"json", no_argument, NULL, O_JSON},
@@ -1509,6 +1510,7 @@ static int read_opts(elastic_opts *e, int argc, char **argv)
         {"config", required_argument, NULL, O_CONFIG},
         {"dslaunch", required_argument, NULL, O_DSLAUNCH},
         {"keep", required_argument, NULL, O_KEEP},
+        {"nodes", required_argument, NULL, O_NODES},
         {NULL, 0, NULL, 0},
     };
     memset(e, 0, sizeof(*e));
@@ -1541,6 +1543,7 @@ static int read_opts(elastic_opts *e, int argc, char **argv)
         case O_CONFIG: e->config = optarg; break;
         case O_DSLAUNCH: e->dslaunch = optarg; break;
         case O_KEEP: e->keep = optarg; break;
+        case O_NODES: e->ro.det_nodes = atoi(optarg); break;
         default: /* an unknown option or a missing value */
             fprintf(stderr, "dsbench elastic: unknown option or missing value: '%s'\n",
                     bad_arg(argc, argv, at));
@@ -1574,9 +1577,11 @@ static int check_opts(const elastic_opts *e)
     /* The kill must come after the join's start, and well before the
      * accuracy runs end (their survivors must train on without them). */
     if (ro->repeats < 1 || ro->repeats > 20 || ro->steps < 50 || ro->steps > 100000 ||
-        ro->add_at < 10 || ro->kill_at <= ro->add_at || ro->kill_at > ro->steps / 2) {
-        fprintf(stderr, "dsbench elastic: need 1 <= --repeats <= 20, 50 <= --steps <= 100000, "
-                        "10 <= --add-at < --kill-at <= --steps / 2\n");
+        ro->add_at < 10 || ro->kill_at <= ro->add_at || ro->kill_at > ro->steps / 2 ||
+        ro->det_nodes < 3 || ro->det_nodes >= REAL_MAX_NODES) {
+        fprintf(stderr, "dsbench elastic: need 1 <= --repeats <= 20, 3 <= --nodes <= %d, "
+                        "50 <= --steps <= 100000, 10 <= --add-at < --kill-at <= --steps / 2\n",
+                REAL_MAX_NODES - 1);
         return 2;
     }
     return 0;

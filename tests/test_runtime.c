@@ -198,7 +198,7 @@ Test(lag, follows_a_decaying_peak_of_the_rate)
  * above the floor, else from the snapshot's rate; never fewer than 4
  * rounds; 0 (keep the seed's round) when no pace is known or the full lag
  * is no longer. */
-Test(lag, a_join_is_half_a_second_of_rounds)
+Test(lag, a_join_is_a_quarter_second_of_rounds)
 {
     cr_expect_eq(ds_join_lag_rounds(500, 12.4), 25, "100 rounds/s at its peak, not 12.4");
     cr_expect_eq(ds_join_lag_rounds(32, 200.0), 0, "the seed's 32 rounds are shorter");

@@ -194,20 +194,22 @@ Test(lag, follows_a_decaying_peak_of_the_rate)
 }
 
 /* A joiner with the cluster's state comes in a quarter of a second of
- * rounds after it, sized from the cluster's lag (its peak pace) when that is
+ * rounds after it (plus the rounds run since it asked for the state), sized from the cluster's lag (its peak pace) when that is
  * above the floor, else from the snapshot's rate; never fewer than 4
  * rounds; 0 (keep the seed's round) when no pace is known or the full lag
  * is no longer. */
 Test(lag, a_join_is_a_quarter_second_of_rounds)
 {
-    cr_expect_eq(ds_join_lag_rounds(500, 12.4), 25, "100 rounds/s at its peak, not 12.4");
-    cr_expect_eq(ds_join_lag_rounds(32, 200.0), 0, "the seed's 32 rounds are shorter");
-    cr_expect_eq(ds_join_lag_rounds(32, 40.0), 10, "lag at its floor: the snapshot's rate");
-    cr_expect_eq(ds_join_lag_rounds(0, 200.0), 50, "no lag sent: the snapshot's rate");
-    cr_expect_eq(ds_join_lag_rounds(32, 0.0), 0, "no pace known: the seed's round stays");
-    cr_expect_eq(ds_join_lag_rounds(32, 2.0), DS_JOIN_LAG_MIN_ROUNDS, "slow: 4 rounds, 2 s");
-    cr_expect_eq(ds_join_lag_rounds(0, 0.5), DS_JOIN_LAG_MIN_ROUNDS);
-    cr_expect_eq(ds_join_lag_rounds(4, 0.5), 0, "not shorter than the lag");
+    cr_expect_eq(ds_join_lag_rounds(500, 12.4, 0), 25, "100 rounds/s at its peak, not 12.4");
+    cr_expect_eq(ds_join_lag_rounds(32, 200.0, 0), 0, "the seed's 32 rounds are shorter");
+    cr_expect_eq(ds_join_lag_rounds(32, 40.0, 0), 10, "lag at its floor: the snapshot's rate");
+    cr_expect_eq(ds_join_lag_rounds(0, 200.0, 0), 50, "no lag sent: the snapshot's rate");
+    cr_expect_eq(ds_join_lag_rounds(32, 0.0, 0), 0, "no pace known: the seed's round stays");
+    cr_expect_eq(ds_join_lag_rounds(32, 2.0, 0), DS_JOIN_LAG_MIN_ROUNDS, "slow: 4 rounds, 2 s");
+    cr_expect_eq(ds_join_lag_rounds(0, 0.5, 0), DS_JOIN_LAG_MIN_ROUNDS);
+    cr_expect_eq(ds_join_lag_rounds(4, 0.5, 0), 0, "not shorter than the lag");
+    cr_expect_eq(ds_join_lag_rounds(500, 12.4, 300), 55, "plus 0.3 s the cluster ran since");
+    cr_expect_eq(ds_join_lag_rounds(500, 12.4, 5000), 0, "a snapshot 5 s old: the full lag");
 }
 
 TestSuite(pace);

@@ -17,14 +17,15 @@ uint64_t ds_lag_rounds(double rate)
                                      : (uint64_t)lag;
 }
 
-uint64_t ds_join_lag_rounds(uint64_t cluster_lag, double snapshot_rate)
+uint64_t ds_join_lag_rounds(uint64_t cluster_lag, double snapshot_rate, uint64_t age_ms)
 {
     const double rate = cluster_lag > DS_LAG_MIN_ROUNDS ? (double)cluster_lag / DS_LAG_SECONDS
                                                         : snapshot_rate;
     if (!(rate > 0))
         return 0;
     const double j = rate * DS_JOIN_LAG_MS / 1000.0 + 0.5;
-    const uint64_t lag = j < DS_JOIN_LAG_MIN_ROUNDS ? DS_JOIN_LAG_MIN_ROUNDS : (uint64_t)j;
+    const uint64_t lag = (j < DS_JOIN_LAG_MIN_ROUNDS ? DS_JOIN_LAG_MIN_ROUNDS : (uint64_t)j) +
+                         (uint64_t)(rate * (double)age_ms / 1000.0 + 0.999);
     const uint64_t full = cluster_lag ? cluster_lag : ds_lag_rounds(rate);
     return lag < full ? lag : 0;
 }

@@ -33,7 +33,12 @@
  * this many rounds ahead (membership pushes it to every member at once):
  * DS_JOIN_LAG_MS of the cluster's pace, at least DS_JOIN_LAG_MIN_ROUNDS.
  * The pace is the cluster's peak (its lag / DS_LAG_SECONDS) when its lag
- * is above the floor, else the snapshot's rate. Returns 0 (keep the join
+ * is above the floor, else the snapshot's rate. Plus the rounds the
+ * cluster ran since the snapshot may have been taken (age_ms: since we
+ * asked for it): the round we know is the snapshot's, and members ahead of
+ * it by the transfer time learned of a join round brought forward to it
+ * after they had passed it (elastic test, 6 processes on 2 cores: a member
+ * at step 890 without the joiner whose round was 881). Returns 0 (keep the join
  * round the seed gave) when neither is known, or when the result is not
  * shorter than the cluster's lag. Why: the seed's join round is a full
  * lag (5 s) out, sized for a change to spread by piggyback; a joiner was
@@ -46,7 +51,7 @@
  * the wait for the round was the largest part after the start-up itself. */
 #define DS_JOIN_LAG_MS 250
 #define DS_JOIN_LAG_MIN_ROUNDS 4
-uint64_t ds_join_lag_rounds(uint64_t cluster_lag, double snapshot_rate);
+uint64_t ds_join_lag_rounds(uint64_t cluster_lag, double snapshot_rate, uint64_t age_ms);
 
 /* Owned by the caller; not thread-safe. */
 typedef struct ds_lag {

@@ -202,29 +202,49 @@ static uint64_t now_unix_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* The node's evaluations (step, test_acc) from its `eval` lines, in order;
- * returns how many (at most max). */
-static int evals_of(const char *out, const char *name, long long *step, double *acc, int max)
+/* From node `name`'s log, the lines of `component` whose message starts
+ * with `prefix` and carries `key` (and `key2`, unless NULL): their values
+ * into v (and v2), in order; returns how many (at most max). */
+static int log_values(const char *out, const char *name, const char *component,
+                      const char *prefix, const char *key, const char *key2, double *v,
+                      double *v2, int max)
 {
     char path[600];
     snprintf(path, sizeof(path), "%s/%s.log", out, name);
     char *log = read_text(path);
     cr_assert_not_null(log, "%s: no log", path);
+    const size_t np = strlen(prefix);
     int n = 0;
     for (char *save = NULL, *line = strtok_r(log, "\n", &save); line && n < max;
          line = strtok_r(NULL, "\n", &save)) {
         ds_logline ll;
         ds_kvline kv;
-        double s, a;
-        if (ds_logline_split(line, &ll) < 0 || strcmp(ll.component, "eval"))
+        double a, b = 0;
+        if (ds_logline_split(line, &ll) < 0 || strcmp(ll.component, component) ||
+            strncmp(ll.msg, prefix, np))
             continue;
-        ds_kv_parse(ll.msg, &kv);
-        if (ds_kv_get_double(&kv, "step", &s) == 0 && ds_kv_get_double(&kv, "test_acc", &a) == 0) {
-            step[n] = (long long)s;
-            acc[n++] = a;
+        ds_kv_parse(ll.msg + np, &kv);
+        if (ds_kv_get_double(&kv, key, &a) == 0 &&
+            (!key2 || ds_kv_get_double(&kv, key2, &b) == 0)) {
+            v[n] = a;
+            if (v2)
+                v2[n] = b;
+            n++;
         }
     }
     free(log);
+    return n;
+}
+
+/* The node's evaluations (step, test_acc) from its `eval` lines, in order;
+ * returns how many (at most max). */
+static int evals_of(const char *out, const char *name, long long *step, double *acc, int max)
+{
+    double s[64];
+    const int n = log_values(out, name, "eval", "", "step", "test_acc", s, acc,
+                             max < 64 ? max : 64);
+    for (int i = 0; i < n; i++)
+        step[i] = (long long)s[i];
     return n;
 }
 
@@ -232,25 +252,10 @@ static int evals_of(const char *out, const char *name, long long *step, double *
  * received: step=N" in its log), or -1. */
 static long long state_step(const char *out, const char *name)
 {
-    char path[600];
-    snprintf(path, sizeof(path), "%s/%s.log", out, name);
-    char *log = read_text(path);
-    cr_assert_not_null(log, "%s: no log", path);
-    long long step = -1;
-    for (char *save = NULL, *line = strtok_r(log, "\n", &save); line && step < 0;
-         line = strtok_r(NULL, "\n", &save)) {
-        ds_logline ll;
-        ds_kvline kv;
-        double s;
-        if (ds_logline_split(line, &ll) < 0 || strcmp(ll.component, "state") ||
-            strncmp(ll.msg, "model state received: ", 22))
-            continue;
-        ds_kv_parse(ll.msg + 22, &kv);
-        if (ds_kv_get_double(&kv, "step", &s) == 0)
-            step = (long long)s;
-    }
-    free(log);
-    return step;
+    double s;
+    return log_values(out, name, "state", "model state received: ", "step", NULL, &s, NULL, 1)
+               ? (long long)s
+               : -1;
 }
 
 /* test_acc at `step` among evals_of's results, or -1. */

@@ -283,38 +283,45 @@ member *ds_mship_new_member(ds_membership *m, const ds_wire_member *u, uint64_t 
 
 /* ---- applying records ------------------------------------------------------------ */
 
-/* Push e's record to up to indirect_k random live members now (PINGs that
- * lead with it), instead of waiting for it to ride the next probes: used
- * when a suspicion or a not-yet-effective death is lifted, where every
- * holder of a timer must hear it before the timer runs out. Each node
- * pushes a given refutation once, when it first learns it. */
-static void push_now(ds_membership *m, member *e)
+/* Push e's record now, as PINGs that lead with it, to k random live
+ * members other than e (UINT32_MAX: to all of them, in table order),
+ * instead of waiting for it to ride the next probes. */
+static void push_to(ds_membership *m, member *e, uint32_t k)
 {
-    if (!m->cfg.refute_push)
-        return;
+    const int all = k == UINT32_MAX;
     uint32_t n = 0;
     for (uint32_t i = 1; i < m->cap; i++) {
         const member *x = &m->tab[i];
         if (x->used && x->state == DS_MEMBER_ALIVE && x != e)
             m->tmp[n++] = i;
     }
-    const uint32_t k = m->cfg.indirect_k < n ? m->cfg.indirect_k : n;
+    if (k > n)
+        k = n;
     for (uint32_t i = 0; i < k; i++) {
-        uint32_t j = i + ds_rng_below(&m->rng, n - i);
-        uint32_t t = m->tmp[j];
-        m->tmp[j] = m->tmp[i];
-        m->tmp[i] = t;
-        ds_mship_emit_probe(m, DS_MSG_PING, m->tab[t].id, m->tab[t].addr, ++m->seq, 0, e);
+        if (!all) {
+            uint32_t j = i + ds_rng_below(&m->rng, n - i);
+            uint32_t t = m->tmp[j];
+            m->tmp[j] = m->tmp[i];
+            m->tmp[i] = t;
+        }
+        const member *x = &m->tab[m->tmp[i]];
+        ds_mship_emit_probe(m, DS_MSG_PING, x->id, x->addr, ++m->seq, 0, e);
     }
+}
+
+/* To up to indirect_k members: used when a suspicion or a not-yet-effective
+ * death is lifted, where every holder of a timer must hear it before the
+ * timer runs out. Each node pushes a given refutation once, when it first
+ * learns it. */
+static void push_now(ds_membership *m, member *e)
+{
+    if (m->cfg.refute_push)
+        push_to(m, e, m->cfg.indirect_k);
 }
 
 void ds_mship_push_all(ds_membership *m, member *e)
 {
-    for (uint32_t i = 1; i < m->cap; i++) {
-        const member *x = &m->tab[i];
-        if (x->used && x->state == DS_MEMBER_ALIVE && x != e)
-            ds_mship_emit_probe(m, DS_MSG_PING, x->id, x->addr, ++m->seq, 0, e);
-    }
+    push_to(m, e, UINT32_MAX);
 }
 
 static void refute_direct(ds_membership *m, uint64_t origin)

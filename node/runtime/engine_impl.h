@@ -97,7 +97,6 @@ struct ds_engine {
     uint64_t join_round; /* ours, from SELF_JOINED */
     ds_pace pace;        /* a joiner keeps the cluster's pace (pace.h) */
     uint64_t cluster_lag; /* the lag of the member that sent our state (0: unknown) */
-    double cluster_rate;  /* its pace then, rounds/s */
     uint64_t state_asked_ms; /* when we asked for the state we adopted last */
     int refresh_pending; /* shadow the cluster's state until our join round */
     /* SELF_REJOINED (declared dead, or stopped past the suspicion timeout):

@@ -783,7 +783,6 @@ static int adopt_state(rt *r, const float *theta, const ds_state_info *info, uin
     ds_membership_set_round(atomic_load(&r->ms), info->round, ds_now_ms());
     ds_pace_set(&r->pace, ds_now_ns(), info->round, info->rounds_per_s);
     r->cluster_lag = info->lag_rounds;
-    r->cluster_rate = info->rounds_per_s;
     r->state_asked_ms = t0;
     ds_info("state", "model state received: step=%llu round=%llu bytes=%zu in %llu ms; "
             "keeping the cluster's pace of %.1f rounds/s until round %llu",
@@ -859,7 +858,7 @@ static int pick_member(rt *r, uint64_t before, int same_group_only)
 static void advance_join(rt *r)
 {
     const uint64_t now = ds_now_ms();
-    const uint64_t lag = ds_join_lag_rounds(r->cluster_lag, r->cluster_rate,
+    const uint64_t lag = ds_join_lag_rounds(r->cluster_lag, r->pace.rate,
                                             now > r->state_asked_ms ? now - r->state_asked_ms : 0);
     uint64_t j;
     if (lag && ds_membership_advance_join(atomic_load(&r->ms), (uint32_t)lag, now, &j) == 1)

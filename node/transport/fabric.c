@@ -131,7 +131,23 @@ void fab_stack_close(tp_fab *t)
     t->cq_fd = -1;
 }
 
-static struct fi_info *make_hints(const char *provider);
+static struct fi_info *make_hints(const char *provider)
+{
+    struct fi_info *h = fi_allocinfo();
+    if (!h)
+        return NULL;
+    h->caps = FI_TAGGED;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+    h->ep_attr->type = FI_EP_RDM;
+    h->domain_attr->threading = FI_THREAD_DOMAIN;
+    h->domain_attr->mr_mode = 0; /* we register nothing: providers that need it are skipped */
+    h->fabric_attr->prov_name = strdup(provider);
+    if (!h->fabric_attr->prov_name) {
+        fi_freeinfo(h);
+        return NULL;
+    }
+    return h;
+}
 
 /* ---- libfabric's one-time initialisation, ahead of time ----------------------- */
 
@@ -175,24 +191,6 @@ void fab_warm_join(void)
         warm_state = 2;
     }
     pthread_mutex_unlock(&warm_mu);
-}
-
-static struct fi_info *make_hints(const char *provider)
-{
-    struct fi_info *h = fi_allocinfo();
-    if (!h)
-        return NULL;
-    h->caps = FI_TAGGED;
-    h->mode = FI_CONTEXT | FI_CONTEXT2;
-    h->ep_attr->type = FI_EP_RDM;
-    h->domain_attr->threading = FI_THREAD_DOMAIN;
-    h->domain_attr->mr_mode = 0; /* we register nothing: providers that need it are skipped */
-    h->fabric_attr->prov_name = strdup(provider);
-    if (!h->fabric_attr->prov_name) {
-        fi_freeinfo(h);
-        return NULL;
-    }
-    return h;
 }
 
 static int map_getinfo_err(int r)

@@ -63,11 +63,12 @@
 
 /* group.sparsify: what a group's members send of their gradients inside
  * the group (docs/gossip.md, "Hierarchy"): none = the dense mean; micro =
- * MiCRO's rotating owned chunks with error feedback. DEFT is not built
- * for groups yet, so it is no choice. */
+ * MiCRO's rotating owned chunks with error feedback; deft = DEFT's layer
+ * units, k shared by the group's norms, bin-packed to members. */
 #define DS_GROUP_SPARSIFIERS(X) \
     X(DS_GROUP_SPARSIFY_NONE, 0, "none") \
-    X(DS_GROUP_SPARSIFY_MICRO, 1, "micro")
+    X(DS_GROUP_SPARSIFY_MICRO, 1, "micro") \
+    X(DS_GROUP_SPARSIFY_DEFT, 2, "deft")
 
 #define DS_CHOICE_ENUMERATOR_(e, v, name) e = v,
 enum ds_mix { DS_MIXES(DS_CHOICE_ENUMERATOR_) };
@@ -84,6 +85,17 @@ static inline const char *ds_mix_name(enum ds_mix m)
 #define DS_CHOICE_CASE_(e, v, name) case e: return name;
     switch (m) {
     DS_MIXES(DS_CHOICE_CASE_)
+    }
+#undef DS_CHOICE_CASE_
+    return "?";
+}
+
+/* The name of a group.sparsify value, or "?". */
+static inline const char *ds_group_sparsify_name(enum ds_group_sparsify m)
+{
+#define DS_CHOICE_CASE_(e, v, name) case e: return name;
+    switch (m) {
+    DS_GROUP_SPARSIFIERS(DS_CHOICE_CASE_)
     }
 #undef DS_CHOICE_CASE_
     return "?";

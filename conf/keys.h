@@ -170,7 +170,9 @@
 #define DS_CONF_KEYS_group(X) \
     X(ENUM, group, sparsify, "none", enum ds_group_sparsify, DS_GROUP_SPARSIFIERS, \
       "what members of a group send of their gradients each step; none = the dense mean, " \
-      "micro = MiCRO: rotating owned chunks, threshold and error feedback per member") \
+      "micro = MiCRO: rotating owned chunks, threshold and error feedback per member; " \
+      "deft = DEFT: layers cut in units, k by the group's unit norms, units bin-packed " \
+      "to members, exact top-k in each") \
     X(FLOAT, group, density, "0.01", 0, 1, "(]", \
       "group.sparsify's target: fraction of the gradient the whole group sends per step")
 

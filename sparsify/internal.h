@@ -38,6 +38,18 @@ struct ds_sparsifier {
     double *norms;
     size_t *k_unit;
 
+    /* deft inside a group (ds_deft_ef_step): the layers cut for a group of
+     * g_G members, the group's mean squared unit norms fed back one step
+     * late (g_fed: ds_deft_feedback supplied them for g_G), this step's
+     * per-unit k and bins. */
+    unsigned g_G;
+    uint32_t *g_units;
+    size_t g_n_units;
+    double *g_norms, *g_sq;
+    size_t *g_k;
+    uint32_t *g_bin;
+    int g_fed;
+
     ds_sparsify_totals totals;
 };
 

@@ -229,6 +229,11 @@ void ds_sparsifier_destroy(ds_sparsifier **sp)
     free(s->units);
     free(s->norms);
     free(s->k_unit);
+    free(s->g_units);
+    free(s->g_norms);
+    free(s->g_sq);
+    free(s->g_k);
+    free(s->g_bin);
     free(s->bitmap);
     free(s->cand_idx);
     free(s->cand_val);
@@ -247,6 +252,7 @@ void ds_sparsifier_reset(ds_sparsifier *s)
     s->micro_fed = 0;
     s->micro_group_count = 0;
     s->micro_k_group = 0;
+    s->g_fed = 0;
 }
 
 void ds_sparsifier_state_get(const ds_sparsifier *s, ds_sparsify_state *out)
@@ -831,6 +837,130 @@ int ds_deft_select_owned(ds_sparsifier *s, const float *v, const uint32_t *unit_
     }
     ds_sp_account(s, res, unit_off[n_units], k_total, count, nonfinite, 0.0f);
     return 0;
+}
+
+/* ---- group level: DEFT with error feedback, one member's step ------------- */
+
+/* Cut s's layers for a group of G (kept until G changes; a new cut forgets
+ * the fed-back norms, which were per unit of the old one). 0, -EINVAL or
+ * -ENOMEM. */
+static int deft_cut(ds_sparsifier *s, unsigned G)
+{
+    if (s->cfg.method != DS_SPARSIFY_DEFT || G == 0)
+        return -EINVAL;
+    if (s->g_units && s->g_G == G)
+        return 0;
+    const size_t cap = s->n_units * G + 1;
+    uint32_t *units = malloc(cap * sizeof(*units));
+    double *norms = malloc(cap * sizeof(*norms)), *sq = malloc(cap * sizeof(*sq));
+    size_t *k = malloc(cap * sizeof(*k));
+    uint32_t *bin = malloc(cap * sizeof(*bin));
+    size_t nu = 0;
+    int ret = units && norms && sq && k && bin ? 0 : -ENOMEM;
+    if (!ret)
+        ret = ds_deft_units(s->units, s->n_units, G, units, cap, &nu);
+    if (ret < 0) {
+        free(units);
+        free(norms);
+        free(sq);
+        free(k);
+        free(bin);
+        return ret == -ENOBUFS ? -EINVAL : ret; /* not reached: at most G parts a layer */
+    }
+    free(s->g_units);
+    free(s->g_norms);
+    free(s->g_sq);
+    free(s->g_k);
+    free(s->g_bin);
+    s->g_units = units;
+    s->g_norms = norms;
+    s->g_sq = sq;
+    s->g_k = k;
+    s->g_bin = bin;
+    s->g_n_units = nu;
+    s->g_G = G;
+    s->g_fed = 0;
+    return 0;
+}
+
+size_t ds_deft_group_units(ds_sparsifier *s, unsigned G)
+{
+    if (!s || deft_cut(s, G) < 0)
+        return 0;
+    return s->g_n_units;
+}
+
+int ds_deft_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n, unsigned G,
+                    unsigned r, uint64_t t, double density, uint32_t *idx, float *val,
+                    size_t cap, float *sq_norms, ds_sparsify_result *res)
+{
+    if (!s)
+        return -EINVAL;
+    int ret = ds_sp_check(s, residual, n, density, idx, val);
+    if (!ret && ((n > 0 && !g) || r >= G))
+        ret = -EINVAL;
+    if (!ret && n != s->units[s->n_units])
+        ret = -EINVAL;
+    if (!ret)
+        ret = deft_cut(s, G);
+    /* The allocation and the bins come from the group's norms of the last
+     * step (the same floats on every member), or from the units' lengths:
+     * every member reaches the same ones without a message. */
+    const size_t nu = s->g_n_units;
+    for (size_t u = 0; !ret && u < nu; u++)
+        s->g_norms[u] = s->g_fed ? sqrt(s->g_sq[u])
+                                 : (double)(s->g_units[u + 1] - s->g_units[u]);
+    const size_t k = ds_sparsify_k(n, density);
+    if (!ret) {
+        const long long sum = ds_deft_alloc(s->g_units, nu, s->g_norms, k, s->g_k);
+        ret = sum < 0 ? (int)sum : ds_deft_pack(s->g_units, s->g_k, nu, G, s->g_bin, NULL);
+    }
+    if (!ret) {
+        const uint32_t mine = (uint32_t)((t % G + r) % G);
+        size_t need = 0;
+        for (size_t u = 0; u < nu; u++)
+            if (s->g_bin[u] == mine)
+                need += s->g_k[u];
+        if (need > cap)
+            ret = -ENOBUFS;
+    }
+    if (ret < 0) {
+        s->totals.rejected++;
+        return ret;
+    }
+    ds_ef_accumulate(residual, g, n);
+    /* This member's part of the next step's norms: its residual's, what
+     * the authors' worker takes the norms of (gradient + memory). */
+    if (sq_norms) {
+        s->ops.norms(residual, s->g_units, nu, s->g_norms);
+        for (size_t u = 0; u < nu; u++)
+            sq_norms[u] = (float)(s->g_norms[u] * s->g_norms[u]);
+    }
+    ds_sparsify_result rr;
+    ret = ds_deft_select_owned(s, residual, s->g_units, nu, s->g_k, s->g_bin, G, r, t, idx, val,
+                               cap, &rr);
+    if (ret < 0)
+        return ret;
+    s->ops.zero_at(residual, idx, rr.count);
+    if (res)
+        *res = rr;
+    return 0;
+}
+
+void ds_deft_feedback(ds_sparsifier *s, unsigned G, const float *sq_norms, size_t n_units)
+{
+    if (!s || !sq_norms || deft_cut(s, G) < 0 || n_units != s->g_n_units)
+        return;
+    /* Anything but finite and >= 0 (a member's overflow, NaN) falls back to
+     * the lengths; every member reads the same floats, so all fall back. */
+    for (size_t u = 0; u < n_units; u++)
+        if (!(sq_norms[u] >= 0.0f) || !isfinite(sq_norms[u])) {
+            s->g_fed = 0;
+            return;
+        }
+    for (size_t u = 0; u < n_units; u++)
+        s->g_sq[u] = sq_norms[u];
+    s->g_fed = 1;
 }
 
 /* ---- error feedback ------------------------------------------------------ */

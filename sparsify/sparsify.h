@@ -290,4 +290,44 @@ int ds_deft_select_owned(ds_sparsifier *s, const float *v, const uint32_t *unit_
                          unsigned r, uint64_t t, uint32_t *idx, float *val, size_t cap,
                          ds_sparsify_result *res) __attribute__((warn_unused_result));
 
+/* ---- group level: DEFT with error feedback ------------------------------ */
+
+/* DEFT inside a group (group.sparsify = deft): one member's step. s is a
+ * deft sparsifier whose units are the model's layers (cfg.unit_off of
+ * ds_sparsifier_create); n is their length. Every member must reach the
+ * same per-unit k and the same bins, or some units are selected twice and
+ * others by nobody. The authors' code has the member whose turn it is
+ * compute them from its own norms and broadcast them, a second message
+ * latency each step; here they come from the group's norms one step late:
+ * each call writes this member's squared unit norms of its residual into
+ * sq_norms (ds_deft_group_units(s, G) floats; NULL: none, and k then
+ * stays shared by length for want of feedback), the caller averages them
+ * over the group inside the step's one reduction and hands the mean back
+ * with ds_deft_feedback, the same floats on every member. Before the
+ * first feedback for G (and after G changed) units get k in proportion to
+ * their length.
+ *
+ * The step: the layers cut for G (ds_deft_units, kept while G stays),
+ * k = ds_sparsify_k(n, density) shared by norm (ds_deft_alloc), the bins
+ * (ds_deft_pack), residual += g, sq_norms, member r's exact top-k in its
+ * bin (t + r) mod G (ds_deft_select_owned, on the residual), and the sent
+ * entries leave the residual: sent + new residual == g + old residual bit
+ * for bit. cap must hold the bin's k (at most k + the units). Returns as
+ * ds_sparsify_select, -EINVAL also for a method other than deft, r >= G,
+ * n other than the units' length; a refused call changes nothing. */
+int ds_deft_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n, unsigned G,
+                    unsigned r, uint64_t t, double density, uint32_t *idx, float *val,
+                    size_t cap, float *sq_norms, ds_sparsify_result *res)
+    __attribute__((warn_unused_result));
+
+/* The units a group of G cuts s's layers into: the length of sq_norms.
+ * 0 for a sparsifier that is not deft, G = 0, or no memory. */
+size_t ds_deft_group_units(ds_sparsifier *s, unsigned G);
+
+/* The group's mean squared unit norms for G (n_units of them, as
+ * ds_deft_ef_step wrote them), for the next step. Ignored when G or
+ * n_units do not match the cut; a value that is not finite and >= 0 makes
+ * the next step share k by length. */
+void ds_deft_feedback(ds_sparsifier *s, unsigned G, const float *sq_norms, size_t n_units);
+
 #endif

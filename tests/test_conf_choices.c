@@ -235,24 +235,34 @@ static void take_value_format(const ds_conf *c, const char *name, int value)
 }
 
 /* node/runtime: the group's sparsifier of that mode is made (none: no
- * sparsifier, the dense mean) and a MiCRO member step runs with it. */
+ * sparsifier, the dense mean) and a member step of that method runs with
+ * it. */
 static void take_group_sparsify(const ds_conf *c, const char *name, int value)
 {
     ds_sparsifier *sp = NULL;
-    cr_assert_eq(ds_hier_sparsifier_create(c->group.sparsify, 64, &sp), 0, "%s", name);
+    const uint32_t layers[3] = {0, 40, 64};
+    cr_assert_eq(ds_hier_sparsifier_create(c->group.sparsify, 64, layers, 2, &sp), 0, "%s", name);
     if (value == DS_GROUP_SPARSIFY_NONE) {
         cr_expect_null(sp, "group.sparsify none makes no sparsifier");
         return;
     }
     cr_assert_not_null(sp);
-    cr_expect_eq(ds_sparsifier_method(sp), DS_SPARSIFY_MICRO);
-    float g[64], res[64] = {0}, val[64];
+    float g[64], res[64] = {0}, val[64], sq[16];
     uint32_t idx[64];
     for (int i = 0; i < 64; i++)
         g[i] = (float)((i * 37) % 64) - 31.5f;
     ds_sparsify_result r;
-    cr_expect_eq(ds_micro_ef_step(sp, res, g, 64, 2, 1, 0, c->group.density, idx, val, 64, &r), 0,
-                 "%s", name);
+    if (value == DS_GROUP_SPARSIFY_MICRO) {
+        cr_expect_eq(ds_sparsifier_method(sp), DS_SPARSIFY_MICRO);
+        cr_expect_eq(ds_micro_ef_step(sp, res, g, 64, 2, 1, 0, c->group.density, idx, val, 64,
+                                      &r), 0, "%s", name);
+    } else {
+        cr_expect_eq(value, DS_GROUP_SPARSIFY_DEFT);
+        cr_expect_eq(ds_sparsifier_method(sp), DS_SPARSIFY_DEFT);
+        cr_expect_eq(ds_deft_group_units(sp, 2), 3, "the 40-entry layer cut in two");
+        cr_expect_eq(ds_deft_ef_step(sp, res, g, 64, 2, 1, 0, c->group.density, idx, val, 64, sq,
+                                     &r), 0, "%s", name);
+    }
     cr_expect_gt(r.count, 0);
     ds_sparsifier_destroy(&sp);
 }

@@ -1115,6 +1115,14 @@ Test(cluster, groups_of_four_micro_intra_hold_one_model)
     run_groups(2, 300, "micro", 0.50);
 }
 
+/* The same with DEFT inside the groups (group.sparsify = deft, 1%): units
+ * of the layers bin-packed to members by the group's norms of the step
+ * before; members still hold one model byte for byte. */
+Test(cluster, groups_of_four_deft_intra_hold_one_model)
+{
+    run_groups(2, 300, "deft", 0.50);
+}
+
 Test(cluster, groups_of_three_three_two_hold_one_model)
 {
     run_groups(3, 300, "none", 0.70);

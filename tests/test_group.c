@@ -336,7 +336,7 @@ static void *mmember_main(void *p)
     ds_sparsifier *sp = NULL;
     m->ret = ds_greduce_create(&r, MN + MV);
     if (m->ret == 0)
-        m->ret = ds_hier_sparsifier_create(DS_GROUP_SPARSIFY_MICRO, MN, &sp);
+        m->ret = ds_hier_sparsifier_create(DS_GROUP_SPARSIFY_MICRO, MN, NULL, 0, &sp);
     for (int t = 0; t < MSTEPS && m->ret == 0; t++) {
         uint64_t seed = 1000u * (m->me + 1) + (uint64_t)t;
         for (size_t i = 0; i < MN; i++)
@@ -427,5 +427,174 @@ Test(group, micro_members_identical_owned_chunks_and_flat_k, .timeout = 60)
     cr_expect(c[2] < 1.3 * c[0] && c[2] > 0.7 * c[0], "k grows with G: %.1f (G=2) %.1f (G=8)",
               c[0], c[2]);
     cr_log_info("MiCRO in a group: selected per step %.1f (G=2) %.1f (G=4) %.1f (G=8), k = %.0f",
+                c[0], c[1], c[2], k);
+}
+
+/* ---- group.sparsify = deft: DEFT inside a group ---------------------------- */
+
+#define DSTEPS 200
+#define DL 4       /* layers */
+#define DMAXU (DL * MMAXG)
+
+static const uint32_t deft_layers[DL + 1] = {0, 12000, 12500, 19500, MN};
+
+struct dmember {
+    ds_fakenet *net;
+    uint32_t G, me;
+    float theta[MN], res[MN], g[MN], sum[MN], val[MN];
+    uint32_t idx[MN];
+    uint64_t hash[DSTEPS];
+    uint32_t total[DSTEPS];
+    int outside;          /* selections outside the units of this member's bin */
+    int not_owner_value;  /* own pairs whose sum differs from the value sent */
+    int unbalanced;       /* steps whose heaviest bin broke LPT's 4/3 bound */
+    int incomplete;
+    int ret;
+};
+
+/* One member's loop as rounds.c's group_reduce does it with group.sparsify
+ * = deft: the DEFT step on its residual writes its squared unit norms into
+ * the averaged part of the reduction vector, the lists are gathered and
+ * summed, every member applies sum / G, and the group's mean norms go back
+ * for the next step. Beside it the test computes, from the same fed-back
+ * norms, the allocation and bins every member should use, and checks the
+ * member's selection against them. */
+static void *dmember_main(void *p)
+{
+    struct dmember *m = p;
+    ds_greduce *r = NULL;
+    ds_sparsifier *sp = NULL;
+    uint32_t units[DMAXU + 1], bin[DMAXU];
+    size_t nu = 0, k_unit[DMAXU];
+    double norms[DMAXU], load[MMAXG];
+    float fed[DMAXU];
+    int have_fed = 0;
+    m->ret = ds_greduce_create(&r, MN + MV);
+    if (m->ret == 0)
+        m->ret = ds_hier_sparsifier_create(DS_GROUP_SPARSIFY_DEFT, MN, deft_layers, DL, &sp);
+    if (m->ret == 0)
+        m->ret = ds_deft_units(deft_layers, DL, m->G, units, DMAXU + 1, &nu);
+    if (m->ret == 0 && ds_deft_group_units(sp, m->G) != nu)
+        m->ret = -EPROTO;
+    const size_t k = ds_sparsify_k(MN, MD);
+    for (int t = 0; t < DSTEPS && m->ret == 0; t++) {
+        uint64_t seed = 1000u * (m->me + 1) + (uint64_t)t;
+        for (size_t i = 0; i < MN; i++) {
+            /* Layers of different scales, so the norms share k unevenly. */
+            const float scale = i < 12000 ? 0.2f : i < 12500 ? 3.0f : i < 19500 ? 1.0f : 6.0f;
+            m->g[i] = 0.05f * m->theta[i] +
+                      scale * ((float)(ds_t_next(&seed) % 2001) / 1000.0f - 1.0f);
+        }
+        /* What every member should use this step. */
+        for (size_t u = 0; u < nu; u++)
+            norms[u] = have_fed ? sqrt(fed[u]) : (double)(units[u + 1] - units[u]);
+        if (ds_deft_alloc(units, nu, norms, k, k_unit) < 0 ||
+            ds_deft_pack(units, k_unit, nu, m->G, bin, load) < 0) {
+            m->ret = -EPROTO;
+            break;
+        }
+        double total = 0, heavy = 0, top = 0;
+        for (uint32_t b = 0; b < m->G; b++) {
+            total += load[b];
+            heavy = load[b] > heavy ? load[b] : heavy;
+        }
+        for (size_t u = 0; u < nu; u++) {
+            const double len = (double)(units[u + 1] - units[u]);
+            const double c = k_unit[u] > 1 && (double)k_unit[u] < len
+                                 ? len * log2((double)k_unit[u]) : len;
+            top = c > top ? c : top;
+        }
+        const double opt = total / m->G > top ? total / m->G : top;
+        m->unbalanced += heavy > (4.0 / 3.0) * opt * (1 + 1e-12);
+
+        float v[DMAXU + 1];
+        ds_sparsify_result sr;
+        m->ret = ds_deft_ef_step(sp, m->res, m->g, MN, m->G, m->me, (uint64_t)t, MD, m->idx,
+                                 m->val, MN, v, &sr);
+        if (m->ret < 0)
+            break;
+        const uint32_t mine = (uint32_t)((t % m->G + m->me) % m->G);
+        size_t u = 0;
+        for (size_t j = 0; j < sr.count; j++) {
+            while (u < nu && m->idx[j] >= units[u + 1])
+                u++;
+            m->outside += u == nu || bin[u] != mine;
+        }
+        v[nu] = (float)sr.count;
+        const ds_gsparse gs = {.idx = m->idx, .val = m->val, .count = (uint32_t)sr.count,
+                               .out = m->sum, .n_out = MN};
+        ds_greduce_result gr;
+        m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), v, nu + 1, nu, m->G, m->me,
+                                NULL, (uint64_t)t, ds_fakenet_now_ns(m->net) + 2000000000ull,
+                                &gs, &gr);
+        m->incomplete += !gr.complete;
+        for (size_t j = 0; j < sr.count; j++)
+            m->not_owner_value += memcmp(&m->sum[m->idx[j]], &m->val[j], sizeof(float)) != 0;
+        for (size_t i = 0; i < MN; i++)
+            m->theta[i] -= 0.1f * (m->sum[i] / (float)m->G);
+        ds_deft_feedback(sp, m->G, v, nu);
+        memcpy(fed, v, nu * sizeof(float));
+        have_fed = 1;
+        m->total[t] = (uint32_t)v[nu];
+        m->hash[t] = fnv(m->theta, sizeof(m->theta));
+    }
+    ds_sparsifier_destroy(&sp);
+    ds_greduce_destroy(&r);
+    return NULL;
+}
+
+static double deft_group(uint32_t G)
+{
+    static struct dmember m[MMAXG];
+    ds_fakenet *net = ds_fakenet_create(G);
+    pthread_t th[MMAXG];
+    memset(m, 0, sizeof(m));
+    for (uint32_t i = 0; i < G; i++) {
+        m[i].net = net;
+        m[i].G = G;
+        m[i].me = i;
+        ds_t_fill(m[i].theta, MN, 7, -1.0f, 1.0f);
+        pthread_create(&th[i], NULL, dmember_main, &m[i]);
+    }
+    for (uint32_t i = 0; i < G; i++)
+        pthread_join(th[i], NULL);
+    ds_fakenet_destroy(net);
+    for (uint32_t i = 0; i < G; i++) {
+        cr_assert_eq(m[i].ret, 0, "G=%u member %u: %d", G, i, m[i].ret);
+        cr_expect_eq(m[i].incomplete, 0, "G=%u member %u", G, i);
+        cr_expect_eq(m[i].outside, 0, "G=%u member %u selected outside its bin's units", G, i);
+        cr_expect_eq(m[i].not_owner_value, 0, "G=%u member %u: a sum is not the owner's value",
+                     G, i);
+        cr_expect_eq(m[i].unbalanced, 0, "G=%u member %u: bins over LPT's bound", G, i);
+        for (int t = 0; t < DSTEPS; t++) {
+            cr_assert_eq(m[i].hash[t], m[0].hash[t],
+                         "G=%u step %d: member %u's parameters differ from member 0's", G, t, i);
+            cr_assert_eq(m[i].total[t], m[0].total[t]);
+        }
+    }
+    double mean = 0;
+    for (int t = 0; t < DSTEPS; t++)
+        mean += m[0].total[t];
+    return mean / DSTEPS;
+}
+
+/* DEFT inside a group: members end every step with byte-identical
+ * parameters; every member reaches the same per-unit k and bins from the
+ * group's norms of the step before (each selects only in its own bin's
+ * units, and every sum is its owner's value: the bins never overlap); the
+ * heaviest bin stays within LPT's bound; and the group's count per step is
+ * k of the whole vector (plus at most one per unit) at every group size:
+ * no gradient build-up. */
+Test(group, deft_members_identical_own_bins_and_flat_k, .timeout = 60)
+{
+    const double k = (double)ds_sparsify_k(MN, MD);
+    double c[3];
+    const uint32_t Gs[3] = {2, 4, 8};
+    for (int i = 0; i < 3; i++) {
+        c[i] = deft_group(Gs[i]);
+        cr_expect(c[i] >= k && c[i] <= k + DL * Gs[i], "G=%u: %.1f selected per step, k = %.0f",
+                  Gs[i], c[i], k);
+    }
+    cr_log_info("DEFT in a group: selected per step %.1f (G=2) %.1f (G=4) %.1f (G=8), k = %.0f",
                 c[0], c[1], c[2], k);
 }

@@ -543,18 +543,37 @@ static int open_group(rt *r)
                    !(r->glist_idx = malloc(r->glist_cap * sizeof(uint32_t))) ||
                    !(r->glist_val = malloc(r->glist_cap * sizeof(float)))))
         e = -ENOMEM;
-    if (e == 0 && r->c->group.sparsify != DS_GROUP_SPARSIFY_NONE &&
-        ((e = ds_hier_sparsifier_create(r->c->group.sparsify, r->p.n, &r->gsp)) < 0 ||
-         !(r->gres = calloc(r->p.n, sizeof(float))) ||
-         !(r->gsout = malloc(2 * r->p.n * sizeof(float)))))
-        e = e < 0 ? e : -ENOMEM;
+    if (e == 0 && r->c->group.sparsify != DS_GROUP_SPARSIFY_NONE) {
+        /* DEFT's units start from the layers: their boundaries, in order. */
+        const size_t nl = r->p.layers ? (size_t)r->p.n_layers : 0;
+        uint32_t *loff = nl ? malloc((nl + 1) * sizeof(*loff)) : NULL;
+        if (nl && !loff) {
+            e = -ENOMEM;
+        } else {
+            for (size_t i = 0; i < nl; i++)
+                loff[i] = (uint32_t)r->p.layers[i].off;
+            if (nl)
+                loff[nl] = (uint32_t)r->p.n;
+            e = ds_hier_sparsifier_create(r->c->group.sparsify, r->p.n, loff, nl, &r->gsp);
+            free(loff);
+            if (e == -EINVAL) {
+                ds_error("node", "cannot start: group.sparsify = %s: the layer table does not "
+                         "cover the %zu parameters in order from 0",
+                         ds_group_sparsify_name(r->c->group.sparsify), r->p.n);
+                return e;
+            }
+        }
+        if (e == 0 && (!(r->gres = calloc(r->p.n, sizeof(float))) ||
+                       !(r->gsout = malloc(2 * r->p.n * sizeof(float)))))
+            e = -ENOMEM;
+    }
     if (e < 0) {
         ds_error("node", "cannot start: out of memory");
         return e;
     }
     if (r->gsp)
-        ds_info("group", "group.sparsify micro: gradients sparse inside the group, density %g",
-                r->c->group.density);
+        ds_info("group", "group.sparsify %s: gradients sparse inside the group, density %g",
+                ds_group_sparsify_name(r->c->group.sparsify), r->c->group.density);
     ds_gnet_set_heard_hook(r->gn_grp, heard_hook, r);
     ds_gnet_set_failure_hook(r->gn_grp, gossip_failed_hook, r);
     ds_gnet_set_stop(r->gn_grp, r->stop.signal);

@@ -54,17 +54,22 @@ int ds_hier_form(const ds_member_info *v, uint32_t G, uint64_t self, uint32_t *o
     return 0;
 }
 
-int ds_hier_sparsifier_create(enum ds_group_sparsify mode, size_t n, ds_sparsifier **out)
+int ds_hier_sparsifier_create(enum ds_group_sparsify mode, size_t n, const uint32_t *layer_off,
+                              size_t n_layers, ds_sparsifier **out)
 {
     *out = NULL;
+    ds_sparsify_cfg sc;
     switch (mode) {
     case DS_GROUP_SPARSIFY_NONE:
         return 0;
-    case DS_GROUP_SPARSIFY_MICRO: {
-        ds_sparsify_cfg sc;
+    case DS_GROUP_SPARSIFY_MICRO:
         ds_sparsify_cfg_defaults(&sc, DS_SPARSIFY_MICRO);
         return ds_sparsifier_create(out, &sc, n, NULL);
-    }
+    case DS_GROUP_SPARSIFY_DEFT:
+        ds_sparsify_cfg_defaults(&sc, DS_SPARSIFY_DEFT);
+        sc.unit_off = layer_off;
+        sc.n_units = layer_off ? n_layers : 0;
+        return ds_sparsifier_create(out, &sc, n, NULL);
     }
     return -EINVAL;
 }

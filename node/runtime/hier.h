@@ -80,9 +80,12 @@ int ds_hier_form(const ds_member_info *v, uint32_t G, uint64_t self, uint32_t *o
 /* group.sparsify's sparsifier for a model of n parameters: *out = NULL
  * for none (the dense mean), a MiCRO sparsifier for micro (its threshold
  * starts at the exact k-th largest |v| of its first chunk, then follows the
- * group's count, ds_micro_feedback). 0, -EINVAL (an unknown mode) or
- * -ENOMEM. */
-int ds_hier_sparsifier_create(enum ds_group_sparsify mode, size_t n, ds_sparsifier **out)
+ * group's count, ds_micro_feedback), a DEFT sparsifier over the layers
+ * for deft (layer_off: n_layers + 1 boundaries from 0 to n; NULL: one
+ * layer; ds_deft_ef_step). 0, -EINVAL (an unknown mode, layers that do
+ * not cover [0, n) in order) or -ENOMEM. */
+int ds_hier_sparsifier_create(enum ds_group_sparsify mode, size_t n, const uint32_t *layer_off,
+                              size_t n_layers, ds_sparsifier **out)
     __attribute__((warn_unused_result));
 
 #endif

@@ -548,23 +548,35 @@ static uint32_t take_list(rt *r, uint32_t from, size_t base)
     return k - from;
 }
 
-/* group.sparsify = micro: this member's MiCRO step (docs/gossip.md,
- * "Hierarchy"): its gradient joins its residual, it selects inside the
- * chunk it owns at this reduction (ds_micro_chunk: (gseq + member) mod G)
- * into glist[0..), and those entries leave its residual. Returns the
- * count; 0 when the selection was refused (the gradient then waits in
- * the residual, or was not added). */
-static uint32_t micro_select(rt *r)
+/* group.sparsify = micro or deft: this member's selection with error
+ * feedback (docs/gossip.md, "Hierarchy"): its gradient joins its
+ * residual, it selects inside what it owns at this reduction (MiCRO:
+ * ds_micro_chunk, (gseq + member) mod G; DEFT: the units of its bin,
+ * ds_deft_ef_step) into glist[0..), and those entries leave its residual.
+ * sq (DEFT, nu floats, may be NULL): this member's squared unit norms for
+ * the group's mean; zeros when the selection was refused. Returns the count; 0 when
+ * the selection was refused (the gradient then waits in the residual, or
+ * was not added). */
+static uint32_t group_select(rt *r, int deft, float *sq, size_t nu)
 {
     if (r->p.pull)
         r->p.pull(r->p.ctx, DS_ENGINE_GRAD);
     ds_sparsify_result res;
-    int e = ds_micro_ef_step(r->gsp, r->gres, r->p.grad, r->p.n, r->gsize, r->gmember, r->gseq,
+    int e;
+    if (deft) {
+        if (sq)
+            memset(sq, 0, nu * sizeof(float));
+        e = ds_deft_ef_step(r->gsp, r->gres, r->p.grad, r->p.n, r->gsize, r->gmember, r->gseq,
+                            r->c->group.density, r->glist_idx, r->glist_val, r->glist_cap, sq,
+                            &res);
+    } else {
+        e = ds_micro_ef_step(r->gsp, r->gres, r->p.grad, r->p.n, r->gsize, r->gmember, r->gseq,
                              r->c->group.density, r->glist_idx, r->glist_val, r->glist_cap,
                              &res);
+    }
     if (e < 0) {
-        ds_log_rl(DS_LOG_WARN, "group", "MiCRO selection refused (%s): nothing sent this step",
-                  strerror(-e));
+        ds_log_rl(DS_LOG_WARN, "group", "%s selection refused (%s): nothing sent this step",
+                  deft ? "DEFT" : "MiCRO", strerror(-e));
         return 0;
     }
     return (uint32_t)res.count;
@@ -591,11 +603,20 @@ static uint32_t micro_select(rt *r)
  *    mean           mean             member 0's     summed
  *
  * and the gathered list carries, before the member's deltas (indices
- * shifted by n), its MiCRO selection (micro_select): the members' chunks
+ * shifted by n), its MiCRO selection (group_select): the members' chunks
  * are disjoint, so the sum over members is each owner's value, and every
  * member applies that sum / G as the gradient. The summed count steers
  * every member's threshold by the group's total (ds_micro_feedback). Still
- * one reduction of one length per step. */
+ * one reduction of one length per step.
+ *
+ * group.sparsify = deft selects in the units of the member's bin instead
+ * (group_select), and adds its squared unit norms to the averaged part:
+ *
+ *   [params slice | momentum slice | unit norms^2 (nu) | position (4) | count (1)]
+ *
+ * The mean comes back the same on every member and decides the next
+ * step's per-unit k and bins (ds_deft_feedback), so the members' units
+ * never overlap without a message of their own. */
 static void group_reduce(rt *r, int64_t step)
 {
     const uint64_t t0 = ds_now_ns();
@@ -639,10 +660,14 @@ static void group_reduce(rt *r, int64_t step)
     size_t soff, slen;
     sync_slice(r, &soff, &slen);
     const size_t mlen = r->p.opt ? slen : 0;
-    float *v = r->gvec, *ps = v + gn, *ms = ps + slen, *pos = ms + mlen;
+    const int deft = sparse && ds_sparsifier_method(r->gsp) == DS_SPARSIFY_DEFT;
+    size_t nu = deft ? ds_deft_group_units(r->gsp, r->gsize) : 0;
+    if (gn + slen + mlen + nu + 5 > ds_hier_vec_len(n))
+        nu = 0; /* a model with fewer parameters than units: k by length */
+    float *v = r->gvec, *ps = v + gn, *ms = ps + slen, *sq = ms + mlen, *pos = sq + nu;
     uint32_t gk = 0;
     if (sparse)
-        gk = micro_select(r);
+        gk = group_select(r, deft, nu ? sq : NULL, nu);
     else
         pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
     memcpy(ps, params_host(r) + soff, slen * sizeof(float));
@@ -662,8 +687,8 @@ static void group_reduce(rt *r, int64_t step)
     uint64_t deadline = t0 + timeout_ns;
     if (deadline < t1 + 100000000u)
         deadline = t1 + 100000000u;
-    if (group_run(r, gn + slen + mlen + 4 + (size_t)sparse, gn + slen + mlen, round, deadline,
-                  &sp, &res) < 0) {
+    if (group_run(r, gn + slen + mlen + nu + 4 + (size_t)sparse, gn + slen + mlen + nu, round,
+                  deadline, &sp, &res) < 0) {
         /* Not sent: what the list held waits for the next step (a
          * selected gradient entry back in the residual, where it was
          * zeroed; the step then applies no gradient: all of it waits). */
@@ -693,7 +718,10 @@ static void group_reduce(rt *r, int64_t step)
         if (r->p.push)
             r->p.push(r->p.ctx, DS_ENGINE_GRAD);
         memcpy(ds_gossip_delta(r->gossip), r->gsout + n, n * sizeof(float));
-        ds_micro_feedback(r->gsp, (size_t)pos[4]);
+        if (deft && nu)
+            ds_deft_feedback(r->gsp, r->gsize, sq, nu);
+        else
+            ds_micro_feedback(r->gsp, (size_t)pos[4]);
     } else {
         push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
     }

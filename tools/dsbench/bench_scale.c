@@ -26,6 +26,10 @@
  *               selection in its owned chunk (ds_micro_ef_step, its own
  *               residual) gathered in the same list, sum / size applied,
  *               the summed count steering every member's threshold
+ *   hier deft:  as hier micro with group.sparsify = deft: each member's
+ *               DEFT selection in its bin's units (ds_deft_ef_step), its
+ *               squared unit norms averaged in the same reduction and fed
+ *               back for the next step's bins (ds_deft_feedback)
  *   theta, mom = sgd(theta, mom, grad)   lr: 5% warm-up, cosine to 0
  *
  * so x_{t+1} = x_t - lr g(x_t) + mix(x_t), the engine's snapshot semantics.
@@ -87,6 +91,7 @@ const char *ds_scale_variant_name(enum ds_scale_variant v)
     case DS_SCALE_RANDOM: return "random";
     case DS_SCALE_HIER: return "hier-crossover";
     case DS_SCALE_HIER_MICRO: return "hier-crossover-micro-intra";
+    case DS_SCALE_HIER_DEFT: return "hier-crossover-deft-intra";
     }
     return "?";
 }
@@ -216,19 +221,27 @@ static float lr_at(const ds_scale_cfg *c, int step)
     return (float)(c->lr * 0.5 * (1.0 + cos(M_PI * p)));
 }
 
-/* hier micro: the group's step of group.sparsify = micro (rounds.c,
- * group_reduce, less the slices and position that only failures need):
- * the member's MiCRO selection then its round delta's nonzeros (indices
- * + n) in one list, a vector of `size` floats whose first is the count
+/* hier micro and hier deft: the group's step of group.sparsify = micro
+ * or deft (rounds.c, group_reduce, less the slices and position that only
+ * failures need): the member's selection then its round delta's nonzeros
+ * (indices + n) in one list, a vector whose first nu floats are DEFT's
+ * squared unit norms (averaged; none for MiCRO) and then the count
  * (summed), one reduction; grad = sum / size, delta = the summed deltas;
  * the momentum is zeroed where grad has an entry (masking, rounds.c). */
-static int hier_micro(snode *nd, int step)
+static int hier_sparse(snode *nd, int step)
 {
     sim *s = nd->s;
     const size_t n = s->n;
+    const int deft = s->c.variant == DS_SCALE_HIER_DEFT;
+    const size_t nu = deft ? ds_deft_group_units(nd->gsp, s->size) : 0;
+    float v[SCALE_MAX_N + 1] = {0};
+    if (nu + 1 > SCALE_MAX_N)
+        return -EINVAL;
     ds_sparsify_result sr;
-    int e = ds_micro_ef_step(nd->gsp, nd->gres, nd->grad, n, s->size, nd->me % s->size,
-                             (uint64_t)step, s->c.density, nd->lidx, nd->lval, n, &sr);
+    int e = deft ? ds_deft_ef_step(nd->gsp, nd->gres, nd->grad, n, s->size, nd->me % s->size,
+                                   (uint64_t)step, s->c.density, nd->lidx, nd->lval, n, v, &sr)
+                 : ds_micro_ef_step(nd->gsp, nd->gres, nd->grad, n, s->size, nd->me % s->size,
+                                    (uint64_t)step, s->c.density, nd->lidx, nd->lval, n, &sr);
     if (e < 0)
         return e;
     uint32_t k = (uint32_t)sr.count;
@@ -238,12 +251,13 @@ static int hier_micro(snode *nd, int step)
             nd->lidx[k] = (uint32_t)(i + n);
             nd->lval[k++] = d[i];
         }
-    float v[SCALE_MAX_N] = {(float)sr.count};
+    v[nu] = (float)sr.count;
+    const size_t vn = nu + 1 > s->size ? nu + 1 : s->size;
     const ds_gsparse sp = {.idx = nd->lidx, .val = nd->lval, .count = k, .out = nd->gsout,
                            .n_out = 2 * n};
     ds_greduce_result res;
     const uint64_t dl = nd->rio.io.now_ns(nd->rio.io.ctx) + (uint64_t)SCALE_TIMEOUT_MS * 1000000u;
-    e = ds_greduce_run(nd->gr, &nd->rio.io, v, s->size, 0, s->size, nd->me % s->size, NULL,
+    e = ds_greduce_run(nd->gr, &nd->rio.io, v, vn, nu, s->size, nd->me % s->size, NULL,
                        (uint64_t)step, dl, &sp, &res);
     if (e < 0)
         return e;
@@ -256,7 +270,10 @@ static int hier_micro(snode *nd, int step)
             nd->mom[i] = 0.0f; /* momentum factor masking, as rounds.c */
     }
     memcpy(d, nd->gsout + n, n * sizeof(float));
-    ds_micro_feedback(nd->gsp, (size_t)v[0]);
+    if (deft)
+        ds_deft_feedback(nd->gsp, s->size, v, nu);
+    else
+        ds_micro_feedback(nd->gsp, (size_t)v[0]);
     return 0;
 }
 
@@ -287,7 +304,7 @@ static int node_step(snode *nd, int step)
         if ((e = ds_gossip_exchange(nd->g, &nd->gio.io)) < 0)
             return e;
         if (s->size > 1 && nd->gsp) {
-            if ((e = hier_micro(nd, step)) < 0)
+            if ((e = hier_sparse(nd, step)) < 0)
                 return e;
         } else if (s->size > 1) {
             float *d = ds_gossip_delta(nd->g);
@@ -395,7 +412,8 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
     if (c->N < 2 || c->N > SCALE_MAX_N || c->batch % c->N || c->steps < 1 || c->hidden < 1)
         return -EINVAL;
     sim s = {.c = *cfg, .train = train, .b = c->batch / c->N, .size = 1};
-    if (c->variant == DS_SCALE_HIER || c->variant == DS_SCALE_HIER_MICRO) {
+    if (c->variant == DS_SCALE_HIER || c->variant == DS_SCALE_HIER_MICRO ||
+        c->variant == DS_SCALE_HIER_DEFT) {
         if (c->groups < 2 || c->N % c->groups)
             return -EINVAL;
         s.size = (uint32_t)(c->N / c->groups);
@@ -472,8 +490,9 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
                 break;
             }
             cio_init(&nd->rio, ds_fakenet_io(s.gnet[grp], i % s.size), 0);
-            /* micro: the selection (a chunk) and the delta's nonzeros */
-            const size_t lists = c->variant == DS_SCALE_HIER_MICRO ? 2 : 1;
+            /* micro, deft: the selection and the delta's nonzeros */
+            const int hsp = c->variant == DS_SCALE_HIER_MICRO || c->variant == DS_SCALE_HIER_DEFT;
+            const size_t lists = hsp ? 2 : 1;
             nd->lidx = malloc(lists * s.n * sizeof(uint32_t));
             nd->lval = malloc(lists * pb);
             if (!nd->lidx || !nd->lval ||
@@ -481,9 +500,19 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
                 ret = ret < 0 ? ret : -ENOMEM;
                 break;
             }
-            if (c->variant == DS_SCALE_HIER_MICRO) {
+            if (hsp) {
                 ds_sparsify_cfg sc;
-                ds_sparsify_cfg_defaults(&sc, DS_SPARSIFY_MICRO);
+                uint32_t loff[16];
+                ds_sparsify_cfg_defaults(&sc, c->variant == DS_SCALE_HIER_DEFT
+                                                  ? DS_SPARSIFY_DEFT : DS_SPARSIFY_MICRO);
+                if (c->variant == DS_SCALE_HIER_DEFT) {
+                    /* DEFT's units start from the MLP's layers. */
+                    for (int l = 0; l < nd->model.n_layers && l < 15; l++)
+                        loff[l] = (uint32_t)nd->model.layer[l].off;
+                    loff[nd->model.n_layers] = (uint32_t)s.n;
+                    sc.unit_off = loff;
+                    sc.n_units = (size_t)nd->model.n_layers;
+                }
                 if ((ret = ds_sparsifier_create(&nd->gsp, &sc, s.n, NULL)) < 0)
                     break;
                 if (!(nd->gres = calloc(s.n, sizeof(float))) ||

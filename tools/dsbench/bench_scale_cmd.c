@@ -349,7 +349,7 @@ int ds_bench_scale(int argc, char **argv)
         static const enum ds_scale_variant vs[] = {DS_SCALE_ALLREDUCE, DS_SCALE_CROSSOVER,
                                                    DS_SCALE_CROSSOVER_NOSEG, DS_SCALE_EXPONENTIAL,
                                                    DS_SCALE_RANDOM, DS_SCALE_HIER,
-                                                   DS_SCALE_HIER_MICRO};
+                                                   DS_SCALE_HIER_MICRO, DS_SCALE_HIER_DEFT};
         for (int i = 0; i < n_nodes && rc == 0; i++)
             for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]) && rc == 0; v++)
                 for (int sp = 0; sp <= n_methods * n_densities && rc == 0; sp++) {
@@ -363,7 +363,8 @@ int ds_bench_scale(int argc, char **argv)
                         continue;
                     if (vs[v] == DS_SCALE_ALLREDUCE && sp)
                         continue; /* all-reduce is dense */
-                    if ((vs[v] == DS_SCALE_HIER || vs[v] == DS_SCALE_HIER_MICRO) &&
+                    if ((vs[v] == DS_SCALE_HIER || vs[v] == DS_SCALE_HIER_MICRO ||
+                         vs[v] == DS_SCALE_HIER_DEFT) &&
                         c.N <= c.groups)
                         continue; /* groups of one: flat crossover */
                     if (quick && sp == 0 && vs[v] != DS_SCALE_ALLREDUCE &&

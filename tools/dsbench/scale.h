@@ -24,6 +24,7 @@ enum ds_scale_variant {
     DS_SCALE_RANDOM,          /* random unbalanced targets (no fairness) */
     DS_SCALE_HIER,            /* `groups` groups, crossover between them */
     DS_SCALE_HIER_MICRO,      /* as HIER, MiCRO inside the groups (group.sparsify = micro) */
+    DS_SCALE_HIER_DEFT,       /* as HIER, DEFT inside the groups (group.sparsify = deft) */
 };
 
 typedef struct ds_scale_cfg {

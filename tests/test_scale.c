@@ -101,3 +101,19 @@ Test(scale, crossover_dense_models_differ)
     cr_expect(!r.identical);
     cr_expect_gt(r.consensus, 0.0);
 }
+
+/* --model cnn: the same engine with train.model = cnn's net; the same seed
+ * gives the same bits, and it learns. */
+Test(scale, cnn_same_seed_same_bits)
+{
+    ds_scale_cfg c = small(DS_SCALE_CROSSOVER, DS_SPARSIFY_MICRO);
+    c.cnn = 1;
+    c.lr = 0.05;
+    twice_same(c);
+}
+
+/* DEFT inside the groups: the same seed gives the same bits. */
+Test(scale, hier_deft_same_seed_same_bits)
+{
+    twice_same(small(DS_SCALE_HIER_DEFT, DS_SPARSIFY_MICRO));
+}

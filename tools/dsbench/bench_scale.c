@@ -2,7 +2,8 @@
  * tools/dsbench/bench_scale.c: dsbench scale (issue 18), the papers'
  * claims at 8 to 64 nodes, simulated in one process.
  *
- * Every simulated node is a real MLP on Fashion-MNIST (node/train's model
+ * Every simulated node is a real MLP on Fashion-MNIST (or, with --model
+ * cnn, the net of train.model = cnn; node/train's model
  * and data, the CPU kernels' momentum SGD) with its own momentum buffer and
  * its own data order (sampler seeded per node), and its own gossip engine
  * (node/gossip/gossip.c, unchanged) whose io is node/gossip/fake.c's
@@ -73,6 +74,7 @@
 #include "node/gossip/gossip.h"
 #include "node/gossip/group.h"
 #include "node/train/data.h"
+#include "base/layerspec.h"
 #include "node/train/model.h"
 #include "sparsify/sparsify.h"
 #include "tools/dsbench/bench.h"
@@ -277,6 +279,21 @@ static int hier_sparse(snode *nd, int step)
     return 0;
 }
 
+/* The simulated nodes' model: the MLP of c->hidden, or with c->cnn the
+ * net of train.model = cnn (base/layerspec.h) on the images' shape. */
+static int build_model(ds_model *m, const ds_ops *ops, const ds_scale_cfg *c,
+                       const ds_dataset *train, int max_batch)
+{
+    if (c->cnn) {
+        char why[256];
+        return ds_model_init_layers(m, ops, DS_LAYERSPEC_CNN, 1, train->rows, train->cols,
+                                    DS_DATA_CLASSES, max_batch, why, sizeof(why));
+    }
+    const int hidden[2] = {c->hidden, c->hidden};
+    return ds_model_init_mlp(m, ops, train->rows * train->cols, hidden, 2, DS_DATA_CLASSES,
+                             max_batch);
+}
+
 static int node_step(snode *nd, int step)
 {
     sim *s = nd->s;
@@ -429,14 +446,12 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
         ret = -ENOMEM;
         goto out;
     }
-    const int hidden[2] = {c->hidden, c->hidden};
     float *init = NULL;
     for (uint32_t i = 0; i < N && !ret; i++) {
         snode *nd = &s.nodes[i];
         nd->s = &s;
         nd->me = i;
-        if ((ret = ds_model_init_mlp(&nd->model, &s.ops, input, hidden, 2, DS_DATA_CLASSES,
-                                     s.b)) < 0)
+        if ((ret = build_model(&nd->model, &s.ops, c, train, s.b)) < 0)
             break;
         s.n = nd->model.n_params;
         const size_t pb = s.n * sizeof(float);
@@ -562,7 +577,7 @@ int ds_scale_run(const ds_scale_cfg *cfg, const ds_dataset *train, const ds_data
     float *ex = malloc((size_t)500 * input * sizeof(float));
     int32_t *ey = malloc(500 * sizeof(int32_t));
     if (!avg || !ex || !ey ||
-        ds_model_init_mlp(&em, &s.ops, input, hidden, 2, DS_DATA_CLASSES, 500) < 0) {
+        build_model(&em, &s.ops, c, train, 500) < 0) {
         free(avg);
         free(ex);
         free(ey);

@@ -33,6 +33,7 @@ static void sim_row(ds_row *row, const ds_scale_cfg *c, const ds_scale_result *r
 {
     ds_row_int(row, "nodes", c->N);
     ds_row_int(row, "global_batch", c->batch);
+    ds_row_str(row, "model", c->cnn ? "cnn" : "mlp");
     ds_row_str(row, "variant", ds_scale_variant_name(c->variant));
     ds_row_str(row, "sparsifier", c->method == DS_SPARSIFY_NONE ? "dense"
                                                                 : ds_sparsify_method_name(c->method));
@@ -274,6 +275,7 @@ int ds_bench_scale(int argc, char **argv)
         {"variant", required_argument, NULL, 'v'},
         {"sparsifiers", required_argument, NULL, 'm'},
         {"densities", required_argument, NULL, 'D'},
+        {"model", required_argument, NULL, 'M'},
         {NULL, 0, NULL, 0},
     };
     int json = 0, quick = 0, bad = 0, opt, steps = 0, batch = 1024;
@@ -312,6 +314,12 @@ int ds_bench_scale(int argc, char **argv)
                         optarg);
             break;
         case 'd': snprintf(base.dataset_dir, sizeof(base.dataset_dir), "%s", optarg); break;
+        case 'M':
+            base.cnn = !strcmp(optarg, "cnn");
+            if ((bad = !base.cnn && strcmp(optarg, "mlp") != 0))
+                fprintf(stderr, "dsbench scale: --model expects mlp or cnn; found '%s'\n",
+                        optarg);
+            break;
         default: bad = 1;
         }
     }
@@ -321,7 +329,7 @@ int ds_bench_scale(int argc, char **argv)
     if (bad || optind < argc || !(t_train || t_batch || t_sparse)) {
         fprintf(stderr, "usage: dsbench scale [--quick] [--json] [--nodes 8,16,32,64] [--steps S] "
                         "[--batch B] [--table all|nodes|batch|sparsify] [--seed X] [--dataset DIR] [--variant NAME[,NAME...]]\n"
-                        "                     [--sparsifiers micro,sage,topk,...] [--densities 0.01,0.001]\n");
+                        "                     [--sparsifiers micro,sage,topk,...] [--densities 0.01,0.001] [--model mlp|cnn]\n");
         return 2;
     }
     for (int i = 0; i < n_nodes; i++)

@@ -36,6 +36,7 @@ typedef struct ds_scale_cfg {
     int segments, groups;
     int steps, batch;         /* batch: the global batch, a multiple of N */
     int hidden;               /* MLP 784-hidden-hidden-10 */
+    int cnn;                  /* 1: train.model = cnn's net instead of the MLP */
     double lr, momentum, weight_decay;
     uint64_t seed;
     size_t eval_n;            /* test examples each node's own accuracy uses */

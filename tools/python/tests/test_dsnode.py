@@ -265,7 +265,12 @@ def test_fashion_mlp_4_torch_processes_under_dslaunch(tmp_path):
         assert nd["status"] == "done", name
         assert nd["steps"] == 1500, name
         assert nd["test_acc"] >= 0.85, (name, nd["test_acc"])
-    assert rep["consensus_distance"] < 0.01
+    # Mixed models end about 0.006 apart (relative distance); a PyTorch
+    # process starved of CPU on a loaded 2-core machine falls behind and is
+    # skipped by its partners, and one CI run ended at 0.0152. Models that
+    # do not mix end about 0.23 apart (4 native nodes, 1500 steps,
+    # gossip.every = 100000): the bound sits between.
+    assert rep["consensus_distance"] < 0.05
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),

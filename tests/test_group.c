@@ -33,6 +33,8 @@ struct member {
     int ret;
     int rounds;
     const ds_gsparse *sp; /* NULL: no list */
+    enum ds_greduce_algo algo;
+    uint64_t t_end;       /* the fake clock when the member was done */
 };
 
 static void *member_main(void *p)
@@ -40,9 +42,12 @@ static void *member_main(void *p)
     struct member *m = p;
     ds_greduce *r;
     m->ret = ds_greduce_create(&r, N);
+    if (m->ret == 0)
+        ds_greduce_set_algo(r, m->algo);
     for (int k = 0; k < m->rounds && m->ret == 0; k++)
         m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->vec, N, N_MEAN, m->G, m->me,
                                 NULL, (uint64_t)k, m->deadline, m->sp, &m->res);
+    m->t_end = ds_fakenet_now_ns(m->net);
     ds_greduce_destroy(&r);
     return NULL;
 }
@@ -291,6 +296,120 @@ Test(group, a_member_handles_its_share_of_segments)
         }
         cr_expect_eq(ds_gossip_set_share(g, 3, 3), -EINVAL);
         ds_gossip_destroy(&g);
+    }
+}
+
+/* ---- group.allreduce = ring | butterfly ------------------------------------ */
+
+static void algo_same_bytes(enum ds_greduce_algo algo)
+{
+    for (uint32_t G = 2; G <= MAXG; G++) {
+        static struct member m[MAXG];
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < G; i++)
+            m[i].algo = algo;
+        run_group(m, G, 1, -1);
+        float in[MAXG][N];
+        for (uint32_t i = 0; i < G; i++)
+            ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+        for (size_t j = 0; j < N; j++) {
+            double sum = 0;
+            for (uint32_t i = 0; i < G; i++)
+                sum += in[i][j];
+            const double want = j < N_MEAN ? sum / G : sum;
+            cr_assert(fabs(m[0].vec[j] - want) < 1e-5, "%s G=%u element %zu: %g, want %g",
+                      ds_greduce_algo_name(algo), G, j, (double)m[0].vec[j], want);
+        }
+        for (uint32_t i = 0; i < G; i++) {
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(m[i].res.complete, "%s G=%u member %u incomplete",
+                      ds_greduce_algo_name(algo), G, i);
+            cr_assert_eq(m[i].res.contributions, G);
+            cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0,
+                         "%s G=%u: member %u differs from member 0", ds_greduce_algo_name(algo),
+                         G, i);
+        }
+        /* Twenty in a row (each result the next input): still one vector. */
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < G; i++)
+            m[i].algo = algo;
+        run_group(m, G, 20, -1);
+        for (uint32_t i = 0; i < G; i++) {
+            cr_assert(m[i].res.complete);
+            cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0, "%s G=%u member %u",
+                         ds_greduce_algo_name(algo), G, i);
+        }
+    }
+}
+
+/* The ring and the butterfly give every member the same bytes, the mean of
+ * the first part and the sum of the rest, for 2 to 5 members (3 and 5: the
+ * butterfly's extra members), once and twenty times in a row. */
+Test(group, ring_and_butterfly_members_end_with_the_same_bytes)
+{
+    algo_same_bytes(DS_GREDUCE_RING);
+    algo_same_bytes(DS_GREDUCE_BUTTERFLY);
+}
+
+/* Sparse lists ride beside a ring or a butterfly as beside the direct
+ * algorithm. */
+Test(group, ring_and_butterfly_carry_the_sparse_lists)
+{
+    enum { G = 3, K = 25, NO = 200 };
+    for (int a = 1; a <= 2; a++) {
+        static struct member m[G];
+        static uint32_t idx[G][K];
+        static float val[G][K], out[G][NO];
+        static ds_gsparse sp[G];
+        double want[NO] = {0};
+        uint64_t seed = 43;
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < G; i++) {
+            for (uint32_t j = 0; j < K; j++) {
+                idx[i][j] = (uint32_t)(ds_t_next(&seed) % NO);
+                val[i][j] = (float)(ds_t_next(&seed) % 1000) / 100.0f - 5.0f;
+                want[idx[i][j]] += val[i][j];
+            }
+            sp[i] = (ds_gsparse){.idx = idx[i], .val = val[i], .count = K, .out = out[i],
+                                 .n_out = NO};
+            m[i].sp = &sp[i];
+            m[i].algo = (enum ds_greduce_algo)a;
+        }
+        run_group(m, G, 1, -1);
+        for (uint32_t i = 0; i < G; i++) {
+            cr_assert(m[i].res.complete, "algo %d member %u incomplete", a, i);
+            cr_assert_eq(memcmp(out[i], out[0], sizeof(out[0])), 0, "member %u's sum differs", i);
+        }
+        for (uint32_t j = 0; j < NO; j++)
+            cr_assert(fabs(out[0][j] - want[j]) < 1e-4, "index %u", j);
+    }
+}
+
+/* A dead member in a ring or a butterfly: nobody waits past the deadline
+ * (2 s on the fake clock), every survivor says incomplete, and no partial
+ * sum is left behind: each survivor keeps its own vector. */
+Test(group, ring_and_butterfly_dead_member_ends_at_the_deadline)
+{
+    for (int a = 1; a <= 2; a++) {
+        static struct member m[4];
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < 4; i++)
+            m[i].algo = (enum ds_greduce_algo)a;
+        const uint32_t dead = 2;
+        run_group(m, 4, 1, (int)dead);
+        for (uint32_t i = 0; i < 4; i++) {
+            if (i == dead)
+                continue;
+            float in[N];
+            ds_t_fill(in, N, 100 + i, -1.0f, 1.0f);
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(!m[i].res.complete, "algo %d member %u: complete without member %u", a,
+                      i, dead);
+            cr_assert_leq(m[i].t_end, 2000000000ull, "algo %d member %u waited past the deadline",
+                         a, i);
+            cr_assert_eq(memcmp(m[i].vec, in, sizeof(in)), 0,
+                         "algo %d member %u: a partial sum was left", a, i);
+        }
     }
 }
 

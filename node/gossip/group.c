@@ -8,7 +8,7 @@
 #include "base/log.h"
 #include "node/gossip/group.h"
 
-enum { PHASE_CONTRIB = 0, PHASE_RESULT = 1, PHASE_LIST = 2 };
+enum { PHASE_CONTRIB = 0, PHASE_RESULT = 1, PHASE_LIST = 2, PHASE_STEP0 = 16 };
 #define KEEP_MAX 64 /* messages of later reductions kept, at most */
 
 struct kept {
@@ -28,6 +28,19 @@ struct ds_greduce {
     float **list;   /* cap_G: member i's list, as it came (2 count floats) */
     uint32_t *list_n, *list_cap; /* cap_G: its count, and the room */
     float *pack;    /* our own list, packed: max_n floats */
+    /* ring and butterfly (group.h, ds_greduce_set_algo): the schedule of
+     * the run in progress, one entry per step: who sends to us, how many
+     * values, where they land in inbox ([count, values...] each). */
+    enum ds_greduce_algo algo;
+    uint32_t *live;          /* cap_G: the members not skipped, in order */
+    uint32_t *step_from;     /* steps_cap */
+    size_t *step_len, *step_off;
+    uint8_t *step_got;
+    uint32_t steps_cap, n_steps;
+    float *inbox;            /* inbox_cap floats */
+    size_t inbox_cap;
+    float *orig;             /* max_n: our vector as it came, for a failed run */
+    float *cnt;              /* cap_G: contributions per chunk (ring) */
     struct kept *q;
     int qn;
     ds_greduce_stats st;
@@ -49,8 +62,9 @@ int ds_greduce_create(ds_greduce **out, size_t max_n)
     r->max_n = max_n;
     r->out = malloc((max_n + 2) * sizeof(float));
     r->pack = malloc((max_n + 2) * sizeof(float));
+    r->orig = malloc((max_n + 1) * sizeof(float));
     r->q = calloc(KEEP_MAX, sizeof(*r->q));
-    if (!r->out || !r->q || !r->pack) {
+    if (!r->out || !r->q || !r->pack || !r->orig) {
         ds_greduce_destroy(&r);
         return -ENOMEM;
     }
@@ -75,6 +89,14 @@ void ds_greduce_destroy(ds_greduce **rp)
     free(r->in);
     free(r->out);
     free(r->pack);
+    free(r->orig);
+    free(r->live);
+    free(r->cnt);
+    free(r->step_from);
+    free(r->step_len);
+    free(r->step_off);
+    free(r->step_got);
+    free(r->inbox);
     free(r->got);
     free(r->have);
     free(r->listed);
@@ -90,6 +112,21 @@ void ds_greduce_destroy(ds_greduce **rp)
 void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st)
 {
     *st = r->st;
+}
+
+void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo)
+{
+    r->algo = algo;
+}
+
+const char *ds_greduce_algo_name(enum ds_greduce_algo algo)
+{
+    switch (algo) {
+    case DS_GREDUCE_DIRECT: return "direct";
+    case DS_GREDUCE_RING: return "ring";
+    case DS_GREDUCE_BUTTERFLY: return "butterfly";
+    }
+    return "?";
 }
 
 /* Room for G members' contributions to a chunk of up to len floats. */
@@ -201,6 +238,15 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
         r->listed[m->from] = 1;
         return 1;
     }
+    if (m->segment >= PHASE_STEP0) {
+        const uint32_t st = m->segment - PHASE_STEP0;
+        if (st >= r->n_steps || m->from != r->step_from[st] || r->step_got[st] ||
+            m->count != r->step_len[st] + 1)
+            return 0;
+        memcpy(r->inbox + r->step_off[st], m->val, (size_t)m->count * sizeof(float));
+        r->step_got[st] = 1;
+        return 1;
+    }
     if (m->segment == PHASE_RESULT) {
         ds_greduce_chunk(x->n, x->G, m->from, &off, &len);
         if (m->count != len + 1 || r->have[m->from])
@@ -279,6 +325,314 @@ static void sum_lists(ds_greduce *r, const struct run *x)
     }
 }
 
+/* ---- ring and butterfly -------------------------------------------------- */
+
+/* Room for a schedule of `steps` steps whose inbox holds `floats`. */
+static int reserve_steps(ds_greduce *r, uint32_t G, uint32_t steps, size_t floats)
+{
+    uint32_t *lv = realloc(r->live, G * sizeof(*lv));
+    if (lv)
+        r->live = lv;
+    float *cn = realloc(r->cnt, G * sizeof(*cn));
+    if (cn)
+        r->cnt = cn;
+    if (!lv || !cn)
+        return -ENOMEM;
+    if (steps > r->steps_cap) {
+        uint32_t *f = realloc(r->step_from, steps * sizeof(*f));
+        if (f)
+            r->step_from = f;
+        size_t *l = realloc(r->step_len, steps * sizeof(*l));
+        if (l)
+            r->step_len = l;
+        size_t *o = realloc(r->step_off, steps * sizeof(*o));
+        if (o)
+            r->step_off = o;
+        uint8_t *g = realloc(r->step_got, steps);
+        if (g)
+            r->step_got = g;
+        if (!f || !l || !o || !g)
+            return -ENOMEM;
+        r->steps_cap = steps;
+    }
+    if (floats > r->inbox_cap) {
+        float *in = realloc(r->inbox, floats * sizeof(float));
+        if (!in)
+            return -ENOMEM;
+        r->inbox = in;
+        r->inbox_cap = floats;
+    }
+    return 0;
+}
+
+/* Step st of the schedule comes from member `from` with len values. */
+static void plan_step(ds_greduce *r, uint32_t st, uint32_t from, size_t len, size_t *floats)
+{
+    r->step_from[st] = from;
+    r->step_len[st] = len;
+    r->step_off[st] = *floats;
+    *floats += from == UINT32_MAX ? 0 : len + 1;
+}
+
+static void send_step(const ds_gossip_io *io, uint32_t me, uint32_t to, uint64_t tag, uint32_t st,
+                      const float *buf, size_t len, uint64_t deadline)
+{
+    ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = to, .round = tag,
+                 .segment = PHASE_STEP0 + st, .count = (uint32_t)len + 1, .val = buf};
+    io->send(io->ctx, &m, deadline);
+}
+
+/* Receive until step st's message came (1), the deadline (0), or a stop
+ * (0, *stopped set); others of this reduction are taken on the way, those
+ * of later ones kept. */
+static int wait_step(ds_greduce *r, const ds_gossip_io *io, const struct run *x, uint32_t st,
+                     uint64_t deadline, int *stopped)
+{
+    while (!r->step_got[st]) {
+        ds_gmsg m;
+        const int got = io->recv(io->ctx, &m, deadline);
+        if (got < 0) {
+            *stopped = 1;
+            return 0;
+        }
+        if (got == 0)
+            return 0;
+        if (m.type == DS_GMSG_ARED && m.round > x->tag) {
+            if (m.from < x->G && m.round > *x->max_tag)
+                *x->max_tag = m.round;
+            keep(r, &m);
+        } else if (!take(r, x, &m)) {
+            r->st.late_dropped++;
+        }
+    }
+    return 1;
+}
+
+static void scale_mean(float *v, size_t off, size_t len, size_t n_mean, float count)
+{
+    const float inv = 1.0f / count;
+    for (size_t j = 0; j < len && off + j < n_mean; j++)
+        v[j] *= inv;
+}
+
+/* Ring over the P live members (position p): P - 1 reduce-scatter steps,
+ * each passing one chunk with its contribution count to the next member,
+ * who adds its own; member p then holds chunk p + 1 reduced, takes the mean
+ * where asked, and P - 1 all-gather steps pass the reduced chunks round.
+ * Returns the chunks of the P still missing (restored from orig). */
+static uint32_t ring(ds_greduce *r, const ds_gossip_io *io, const struct run *x, size_t n_mean,
+                     uint32_t P, uint32_t p, uint64_t deadline, int *stopped, uint32_t *contrib)
+{
+    float *vec = x->vec, *out = r->out;
+    const uint32_t next = r->live[(p + 1) % P], prev = r->live[(p + P - 1) % P];
+    size_t off, len;
+    for (uint32_t c = 0; c < P; c++)
+        r->cnt[c] = 1.0f;
+    for (uint32_t s = 0; s + 1 < P; s++) {
+        const uint32_t cs = (p + P - s % P) % P, cr = (p + 2 * P - s - 1) % P;
+        ds_greduce_chunk(x->n, P, cs, &off, &len);
+        out[0] = r->cnt[cs];
+        memcpy(out + 1, vec + off, len * sizeof(float));
+        send_step(io, x->me, next, x->tag, s, out, len, deadline);
+        if (!wait_step(r, io, x, s, deadline, stopped)) {
+            /* Blame only the first step, which prev sends without waiting
+             * on anyone: a later one may be late for prev's own prev. */
+            if (s == 0 && !*stopped && io->peer_failed)
+                io->peer_failed(io->ctx, prev);
+            memcpy(vec, r->orig, x->n * sizeof(float));
+            return P;
+        }
+        const float *in = r->inbox + r->step_off[s];
+        ds_greduce_chunk(x->n, P, cr, &off, &len);
+        for (size_t j = 0; j < len; j++)
+            vec[off + j] = in[1 + j] + vec[off + j];
+        r->cnt[cr] += in[0];
+    }
+    const uint32_t own = (p + 1) % P;
+    ds_greduce_chunk(x->n, P, own, &off, &len);
+    scale_mean(vec + off, off, len, n_mean, r->cnt[own]);
+    *contrib = (uint32_t)r->cnt[own];
+    for (uint32_t s = 0; s + 1 < P; s++) {
+        const uint32_t st = P - 1 + s, cs = (p + 1 + P - s % P) % P, cr = (p + P - s % P) % P;
+        ds_greduce_chunk(x->n, P, cs, &off, &len);
+        out[0] = r->cnt[cs];
+        memcpy(out + 1, vec + off, len * sizeof(float));
+        send_step(io, x->me, next, x->tag, st, out, len, deadline);
+        if (!wait_step(r, io, x, st, deadline, stopped)) {
+            /* The chunks not come back keep our own values. */
+            for (uint32_t k = s; k + 1 < P; k++) {
+                const uint32_t c = (p + P - k % P) % P;
+                ds_greduce_chunk(x->n, P, c, &off, &len);
+                memcpy(vec + off, r->orig + off, len * sizeof(float));
+            }
+            return P - 1 - s;
+        }
+        const float *in = r->inbox + r->step_off[st];
+        ds_greduce_chunk(x->n, P, cr, &off, &len);
+        memcpy(vec + off, in + 1, len * sizeof(float));
+        r->cnt[cr] = in[0];
+    }
+    return 0;
+}
+
+/* Butterfly (recursive doubling) over the P live members: with P2 the
+ * largest power of two <= P, members P2.. first hand their vector to
+ * member p - P2 (step 0); then log2 P2 steps in which members p and
+ * p ^ 2^k swap their whole vectors and each adds the other's (a + b and
+ * b + a are the same float: the members stay identical); then the mean,
+ * and the extra members get the result back (the last step). Returns the
+ * chunks missing: 0, or P (our vector restored). */
+static uint32_t butterfly(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
+                          size_t n_mean, uint32_t P, uint32_t p, uint32_t L2, uint64_t deadline,
+                          int *stopped, uint32_t *contrib)
+{
+    float *vec = x->vec, *out = r->out;
+    const size_t n = x->n;
+    const uint32_t P2 = 1u << L2, rem = P - P2, post = L2 + 1;
+    float count = 1.0f;
+    uint32_t waited = UINT32_MAX;
+    if (p >= P2) {
+        out[0] = count;
+        memcpy(out + 1, vec, n * sizeof(float));
+        send_step(io, x->me, r->live[p - P2], x->tag, 0, out, n, deadline);
+        if (!wait_step(r, io, x, post, deadline, stopped))
+            goto fail; /* the result waits on everyone: nobody to blame */
+        memcpy(vec, r->inbox + r->step_off[post] + 1, n * sizeof(float));
+        *contrib = (uint32_t)r->inbox[r->step_off[post]];
+        return 0;
+    }
+    if (p < rem) {
+        if (!wait_step(r, io, x, 0, deadline, stopped)) {
+            waited = r->live[p + P2];
+            goto fail;
+        }
+        const float *in = r->inbox + r->step_off[0];
+        for (size_t j = 0; j < n; j++)
+            vec[j] = vec[j] + in[1 + j];
+        count += in[0];
+    }
+    for (uint32_t k = 0; k < L2; k++) {
+        const uint32_t q = r->live[p ^ (1u << k)];
+        out[0] = count;
+        memcpy(out + 1, vec, n * sizeof(float));
+        send_step(io, x->me, q, x->tag, 1 + k, out, n, deadline);
+        if (!wait_step(r, io, x, 1 + k, deadline, stopped)) {
+            /* Blame only a first step its sender did not wait for. */
+            if (k == 0 && (p ^ 1u) >= rem)
+                waited = q;
+            goto fail;
+        }
+        const float *in = r->inbox + r->step_off[1 + k];
+        for (size_t j = 0; j < n; j++)
+            vec[j] = vec[j] + in[1 + j];
+        count = count + in[0];
+    }
+    scale_mean(vec, 0, n, n_mean, count);
+    *contrib = (uint32_t)count;
+    if (p < rem) {
+        out[0] = count;
+        memcpy(out + 1, vec, n * sizeof(float));
+        send_step(io, x->me, r->live[p + P2], x->tag, post, out, n, deadline);
+    }
+    return 0;
+fail:
+    if (!*stopped && io->peer_failed && waited != UINT32_MAX)
+        io->peer_failed(io->ctx, waited);
+    memcpy(vec, r->orig, n * sizeof(float));
+    return P;
+}
+
+/* ds_greduce_run for the ring and the butterfly: the same contract, the
+ * same sparse lists (sent directly, as the direct algorithm does). */
+static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
+                    uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
+                    uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res)
+{
+    uint32_t P = 0, p = 0;
+    if (reserve(r, G, 1) < 0)
+        return -ENOMEM;
+    uint32_t L2 = 0;
+    int e = reserve_steps(r, G, 2 * G + 2, 0);
+    if (e < 0)
+        return e;
+    for (uint32_t i = 0; i < G; i++)
+        if (i == me || !(skip && skip[i])) {
+            if (i == me)
+                p = P;
+            r->live[P++] = i;
+        }
+    while ((2u << L2) <= P)
+        L2++;
+    /* The schedule: who sends us what at each step. */
+    size_t floats = 0;
+    if (r->algo == DS_GREDUCE_RING) {
+        r->n_steps = P > 1 ? 2 * (P - 1) : 0;
+        const uint32_t prev = r->live[(p + P - 1) % P];
+        for (uint32_t s = 0; s + 1 < P; s++) {
+            size_t off, len;
+            ds_greduce_chunk(n, P, (p + 2 * P - s - 1) % P, &off, &len);
+            plan_step(r, s, prev, len, &floats);
+        }
+        for (uint32_t s = 0; s + 1 < P; s++) {
+            size_t off, len;
+            ds_greduce_chunk(n, P, (p + P - s % P) % P, &off, &len);
+            plan_step(r, P - 1 + s, prev, len, &floats);
+        }
+    } else {
+        const uint32_t P2 = 1u << L2, rem = P - P2;
+        r->n_steps = L2 + 2;
+        plan_step(r, 0, p < rem ? r->live[p + P2] : UINT32_MAX, n, &floats);
+        for (uint32_t k = 0; k < L2; k++)
+            plan_step(r, 1 + k, p < P2 ? r->live[p ^ (1u << k)] : UINT32_MAX, n, &floats);
+        plan_step(r, L2 + 1, p >= P2 ? r->live[p - P2] : UINT32_MAX, n, &floats);
+    }
+    if ((e = reserve_steps(r, G, r->n_steps, floats)) < 0) {
+        r->n_steps = 0;
+        return e;
+    }
+    memset(r->step_got, 0, r->n_steps);
+    memset(r->listed, 0, G);
+    const struct run x = {vec, n, G, me, tag, &res->max_tag, sp};
+    if (sp) {
+        memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
+        memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
+        for (uint32_t c = 0; c < G; c++) {
+            if (c == me || (skip && skip[c]))
+                continue;
+            ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
+                         .segment = PHASE_LIST, .count = 2 * sp->count, .val = r->pack};
+            io->send(io->ctx, &m, deadline_ns);
+        }
+        r->listed[me] = 1;
+    } else {
+        memset(r->listed, 1, G);
+    }
+    memcpy(r->orig, vec, n * sizeof(float));
+    take_kept(r, &x);
+    uint32_t contrib = 1, missing = 0;
+    int stopped = 0;
+    if (P > 1)
+        missing = r->algo == DS_GREDUCE_RING
+                      ? ring(r, io, &x, n_mean, P, p, deadline_ns, &stopped, &contrib)
+                      : butterfly(r, io, &x, n_mean, P, p, L2, deadline_ns, &stopped, &contrib);
+    res->contributions = contrib;
+    res->stopped = stopped;
+    if (!res->stopped)
+        res->stopped = wait_for(r, io, &x, skip, r->listed, deadline_ns);
+    /* Skipped members' shares were never reduced: counted as missing, as
+     * the direct algorithm counts their chunks. */
+    res->chunks_missing = missing + (G - P);
+    for (uint32_t i = 0; i < G; i++)
+        res->lists_missing += !r->listed[i];
+    if (sp)
+        sum_lists(r, &x);
+    res->complete = res->chunks_missing == 0 && res->lists_missing == 0;
+    if (!res->complete)
+        r->st.incomplete++;
+    r->n_steps = 0;
+    return 0;
+}
+
 int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
                    uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
                    uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res)
@@ -296,6 +650,8 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
             sum_lists(r, &(const struct run){vec, n, 1, 0, tag, &res->max_tag, sp});
         return 0;
     }
+    if (r->algo != DS_GREDUCE_DIRECT)
+        return run_algo(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
     size_t off, len;
     ds_greduce_chunk(n, G, me, &off, &len);
     if (reserve(r, G, len) < 0)

@@ -88,6 +88,30 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
 
 void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st);
 
+/* The algorithm of the dense part, the same on every member; the sparse
+ * lists always go directly to every member. The node uses direct only:
+ * ring and butterfly are the pieces of issue 10's group.allreduce, which
+ * waits for them to survive a failure as direct does (below).
+ *   direct     reduce-scatter then all-gather, member c owning chunk c
+ *              (above): 2 message latencies, 2 (G-1)/G of the vector
+ *   ring       over the members not skipped: P - 1 reduce-scatter steps
+ *              passing one chunk (with its count) to the next member,
+ *              then P - 1 all-gather steps: 2 (P-1) latencies, the
+ *              direct algorithm's bytes, one message at a time a member
+ *   butterfly  recursive doubling: log2 P steps in which members swap
+ *              and add whole vectors (P not a power of two: the extra
+ *              members hand theirs in first and get the result back):
+ *              the fewest latencies, log2 P vectors a member
+ * In all three every member that completes holds the same bytes. A ring or
+ * butterfly step that does not come by the deadline ends the run for this
+ * member: what it has not got reduced keeps its own values (the ring keeps
+ * the chunks that already came back), the result says incomplete, and the
+ * member it waited for is reported. Members must agree on who is skipped,
+ * or their schedules differ and the run ends incomplete at the deadline. */
+enum ds_greduce_algo { DS_GREDUCE_DIRECT = 0, DS_GREDUCE_RING = 1, DS_GREDUCE_BUTTERFLY = 2 };
+void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo);
+const char *ds_greduce_algo_name(enum ds_greduce_algo algo);
+
 /* Chunk c of n cut into G near-equal ranges (the one cut both the owner
  * and the members use). */
 void ds_greduce_chunk(size_t n, uint32_t G, uint32_t c, size_t *off, size_t *len);

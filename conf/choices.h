@@ -14,6 +14,7 @@
  *   train.lr_schedule  DS_LR_SCHEDULES  enum ds_lr_schedule  node/runtime -> node/train
  *   sparsify.value_format DS_VALUE_FORMATS enum ds_value_format node/gossip -> node/wire
  *   group.sparsify     DS_GROUP_SPARSIFIERS enum ds_group_sparsify node/runtime (rounds.c)
+ *   group.allreduce    DS_GROUP_ALLREDUCES  enum ds_group_allreduce node/gossip (group.c)
  *
  * Every list has the same form, X(enumerator, value, name), in the order
  * the config's help and its errors list the names. The value is written
@@ -70,6 +71,15 @@
     X(DS_GROUP_SPARSIFY_MICRO, 1, "micro") \
     X(DS_GROUP_SPARSIFY_DEFT, 2, "deft")
 
+/* group.allreduce: the algorithm of a group's dense reduction
+ * (node/gossip/group.h): direct = reduce-scatter then all-gather to chunk
+ * owners (2 latencies); ring; butterfly = recursive doubling. The values
+ * are enum ds_greduce_algo's. */
+#define DS_GROUP_ALLREDUCES(X) \
+    X(DS_GROUP_ALLREDUCE_DIRECT, 0, "direct") \
+    X(DS_GROUP_ALLREDUCE_RING, 1, "ring") \
+    X(DS_GROUP_ALLREDUCE_BUTTERFLY, 2, "butterfly")
+
 #define DS_CHOICE_ENUMERATOR_(e, v, name) e = v,
 enum ds_mix { DS_MIXES(DS_CHOICE_ENUMERATOR_) };
 enum ds_sec_mode { DS_SEC_MODES(DS_CHOICE_ENUMERATOR_) };
@@ -77,6 +87,7 @@ enum ds_model_kind { DS_MODELS(DS_CHOICE_ENUMERATOR_) };
 enum ds_lr_schedule { DS_LR_SCHEDULES(DS_CHOICE_ENUMERATOR_) };
 enum ds_value_format { DS_VALUE_FORMATS(DS_CHOICE_ENUMERATOR_) };
 enum ds_group_sparsify { DS_GROUP_SPARSIFIERS(DS_CHOICE_ENUMERATOR_) };
+enum ds_group_allreduce { DS_GROUP_ALLREDUCES(DS_CHOICE_ENUMERATOR_) };
 #undef DS_CHOICE_ENUMERATOR_
 
 /* The name of a gossip.mix value, or "?" for one not in DS_MIXES. */

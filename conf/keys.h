@@ -174,7 +174,12 @@
       "deft = DEFT: layers cut in units, k by the group's unit norms, units bin-packed " \
       "to members, exact top-k in each") \
     X(FLOAT, group, density, "0.01", 0, 1, "(]", \
-      "group.sparsify's target: fraction of the gradient the whole group sends per step")
+      "group.sparsify's target: fraction of the gradient the whole group sends per step") \
+    X(ENUM, group, allreduce, "direct", enum ds_group_allreduce, DS_GROUP_ALLREDUCES, \
+      "algorithm of the group's reduction; direct = reduce-scatter then all-gather to chunk " \
+      "owners (2 latencies), ring = chunks passed round the members, butterfly = recursive " \
+      "doubling of whole vectors; ring and butterfly run direct for 16 reductions after " \
+      "one fails")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

@@ -251,6 +251,8 @@ static const key_case cases[] = {
     {"gossip.overlap", "1", "true", "ja", "gossip.overlap: expected " BOOL_WHAT ", found 'ja'"},
     {"group.sparsify", "deft", "deft", "topk",
      "group.sparsify: expected one of none|micro|deft, found 'topk'"},
+    {"group.allreduce", "butterfly", "butterfly", "auto",
+     "group.allreduce: expected one of direct|ring|butterfly, found 'auto'"},
     {"group.density", "0.05", "0.05", "1.5",
      "group.density: expected a number in (0, 1], found '1.5'"},
     {"transport.provider", "tcp;ofi_rxm", "tcp;ofi_rxm", "", "transport.provider: empty value"},

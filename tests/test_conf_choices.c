@@ -20,6 +20,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,9 @@
 #include "conf/conf.h"
 #include "helpers/conf_enum_keys.h"
 #include "kernels/kernels.h"
+#include "node/gossip/fake.h"
 #include "node/gossip/gossip.h"
+#include "node/gossip/group.h"
 #include "node/runtime/hier.h"
 #include "node/runtime/run.h"
 #include "node/sec/crypto.h"
@@ -267,6 +270,55 @@ static void take_group_sparsify(const ds_conf *c, const char *name, int value)
     ds_sparsifier_destroy(&sp);
 }
 
+/* node/gossip: a group reduction with that algorithm runs on the fake
+ * network, three members, and every member ends with the mean. */
+struct algo_member {
+    ds_fakenet *net;
+    uint32_t me;
+    enum ds_greduce_algo algo;
+    float v[30];
+    int ret, complete;
+};
+
+static void *algo_member_main(void *p)
+{
+    struct algo_member *m = p;
+    ds_greduce *r;
+    if ((m->ret = ds_greduce_create(&r, 30)) < 0)
+        return NULL;
+    ds_greduce_set_algo(r, m->algo);
+    ds_greduce_result res;
+    m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->v, 30, 30, 3, m->me, NULL, 0,
+                            1000000000ull, NULL, &res);
+    m->complete = res.complete;
+    ds_greduce_destroy(&r);
+    return NULL;
+}
+
+static void take_group_allreduce(const ds_conf *c, const char *name, int value)
+{
+    cr_expect_str_eq(ds_greduce_algo_name((enum ds_greduce_algo)c->group.allreduce), name);
+    cr_expect_eq((int)c->group.allreduce, value);
+    ds_fakenet *net = ds_fakenet_create(3);
+    struct algo_member m[3];
+    pthread_t th[3];
+    for (uint32_t i = 0; i < 3; i++) {
+        m[i] = (struct algo_member){.net = net, .me = i,
+                                    .algo = (enum ds_greduce_algo)c->group.allreduce};
+        for (int j = 0; j < 30; j++)
+            m[i].v[j] = (float)(i * 3);
+        pthread_create(&th[i], NULL, algo_member_main, &m[i]);
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    ds_fakenet_destroy(net);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(m[i].ret, 0, "group.allreduce %s", name);
+        cr_expect(m[i].complete, "group.allreduce %s: member %d incomplete", name, i);
+        cr_expect_eq(m[i].v[29], 3.0f, "group.allreduce %s: the mean of 0, 3, 6", name);
+    }
+}
+
 /* node/sec: a session in that mode is set up, and the mode's name is the
  * one logs and tools use. */
 static void take_sec_mode(const ds_conf *c, const char *name, int value)
@@ -292,6 +344,7 @@ static const consumer consumers[] = {
     {"security.mode", NULL, NULL, take_sec_mode, false},
     {"sparsify.value_format", NULL, NULL, take_value_format, false},
     {"group.sparsify", NULL, NULL, take_group_sparsify, false},
+    {"group.allreduce", NULL, NULL, take_group_allreduce, false},
 };
 #define NCONSUMERS (sizeof(consumers) / sizeof(consumers[0]))
 

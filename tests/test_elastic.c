@@ -1043,13 +1043,15 @@ static int groups_owners_seen(void *arg)
     return done == 8;
 }
 
-static void run_groups(int groups, int steps, const char *mode, double min_acc)
+static void run_groups_with(int groups, int steps, const char *mode, const char *algo,
+                            double min_acc)
 {
-    char s_steps[64], s_groups[16], name[32], s_intra[64];
+    char s_steps[64], s_groups[16], name[48], s_intra[64], s_algo[64];
     snprintf(s_steps, sizeof(s_steps), "train.steps=%d", steps);
     snprintf(s_groups, sizeof(s_groups), "%d", groups);
-    snprintf(name, sizeof(name), "groups%d-%s", groups, mode);
+    snprintf(name, sizeof(name), "groups%d-%s-%s", groups, mode, algo);
     snprintf(s_intra, sizeof(s_intra), "group.sparsify=%s", mode);
+    snprintf(s_algo, sizeof(s_algo), "group.allreduce=%s", algo);
     const char *out = tmp_path(name);
     const char *args[] = {"local", "-n", "8", "--groups", s_groups, "--config", BASE_CONFIG,
                           "--set", s_steps, "--set", "train.eval_every=0",
@@ -1057,7 +1059,7 @@ static void run_groups(int groups, int steps, const char *mode, double min_acc)
                           "--set", "gossip.segments=8", "--set", "sparsify.method=micro",
                           "--set", "sparsify.density=0.01", "--set", "gossip.timeout_ms=2000",
                           "--set", STATUS_FILE_ON, "--set", s_intra,
-                          "--set", "group.density=0.01",
+                          "--set", "group.density=0.01", "--set", s_algo,
                           "--out", out, "--json", "--timeout", "400",
                           "--dsnode", bin("DSNODE"), NULL};
     struct live l;
@@ -1092,12 +1094,18 @@ static void run_groups(int groups, int steps, const char *mode, double min_acc)
     cr_expect_eq(json_number_value(intra), 0.0, "--groups %d: members differ (%g)", groups,
                  json_number_value(intra));
     cr_expect_lt(jnum(j, "consensus_distance"), 0.1);
-    cr_log_info("--groups %d, group.sparsify %s, %d steps: mean test_acc %.4f, consensus "
-                "distance %.4f, intra-group %g", groups, mode, steps, jnum(j, "mean_test_acc"),
+    cr_log_info("--groups %d, group.sparsify %s, group.allreduce %s, %d steps: mean test_acc "
+                "%.4f, consensus distance %.4f, intra-group %g", groups, mode, algo, steps,
+                jnum(j, "mean_test_acc"),
                 jnum(j, "consensus_distance"),
                 json_number_value(intra));
     json_decref(j);
     live_free(&l);
+}
+
+static void run_groups(int groups, int steps, const char *mode, double min_acc)
+{
+    run_groups_with(groups, steps, mode, "direct", min_acc);
 }
 
 Test(cluster, groups_of_four_hold_one_model)
@@ -1128,6 +1136,19 @@ Test(cluster, groups_of_three_three_two_hold_one_model)
     run_groups(3, 300, "none", 0.70);
 }
 
+/* group.allreduce = ring and butterfly in real processes: groups of 4 by
+ * ring; groups of 3, 3 and 2 by butterfly (3: an extra member hands its
+ * vector in and gets the result back). Members hold one model. */
+Test(cluster, groups_of_four_ring_hold_one_model)
+{
+    run_groups_with(2, 300, "none", "ring", 0.70);
+}
+
+Test(cluster, groups_of_three_three_two_butterfly_hold_one_model)
+{
+    run_groups_with(3, 300, "none", "butterfly", 0.70);
+}
+
 /* Issue 10, failures in groups: 6 nodes as 2 groups of 3; n1 (group g0)
  * is SIGKILLed and n4 (group g1) frozen for 5 s mid-run. Each group goes
  * on (n0 keeps training while n4 is frozen), re-forms with its survivors
@@ -1136,12 +1157,15 @@ Test(cluster, groups_of_three_three_two_hold_one_model)
  * exchange wait + reduction), no gossip exchange longer either
  * (max_round_s); everyone but n1 finishes, and every group ends with one
  * model (the slices re-sync what the misses made differ). */
-Test(elastic, group_member_killed_and_another_frozen)
+static void group_failures(const char *algo)
 {
-    const char *out = tmp_path("groupfail");
+    char name[32], s_algo[48];
+    snprintf(name, sizeof(name), "groupfail-%s", algo);
+    snprintf(s_algo, sizeof(s_algo), "group.allreduce=%s", algo);
+    const char *out = tmp_path(name);
     const char *extra[] = {"--set", "train.steps=1200", "--set", "train.eval_every=0",
                            "--set", "gossip.segments=8", "--set", "sparsify.method=micro",
-                           "--groups", "2", NULL};
+                           "--set", s_algo, "--groups", "2", NULL};
     const char *args[40];
     el_args(args, 6, out, extra);
     struct live l;
@@ -1185,4 +1209,22 @@ Test(elastic, group_member_killed_and_another_frozen)
                  json_number_value(json_object_get(j, "intra_group_consensus")));
     json_decref(j);
     live_free(&l);
+}
+
+Test(elastic, group_member_killed_and_another_frozen)
+{
+    group_failures("direct");
+}
+
+/* The same with the ring and the butterfly: the reduction that meets the
+ * failure ends at the deadline, the next ones run direct (group.h), and
+ * the group goes on as with direct. */
+Test(elastic, group_member_killed_and_another_frozen_ring)
+{
+    group_failures("ring");
+}
+
+Test(elastic, group_member_killed_and_another_frozen_butterfly)
+{
+    group_failures("butterfly");
 }

@@ -385,6 +385,41 @@ Test(group, ring_and_butterfly_carry_the_sparse_lists)
     }
 }
 
+/* A member that runs direct (as one does for a while after a failed
+ * reduction) among members on the ring or the butterfly: they meet its
+ * contribution, fall back to direct within the same reduction, and every
+ * reduction completes with the same bytes everywhere, once and twenty
+ * times in a row (the others try their algorithm again after 16). */
+Test(group, ring_and_butterfly_follow_a_member_that_runs_direct)
+{
+    for (int a = 1; a <= 2; a++) {
+        for (int rounds = 1; rounds <= 20; rounds += 19) {
+            static struct member m[4];
+            memset(m, 0, sizeof(m));
+            for (uint32_t i = 0; i < 4; i++)
+                m[i].algo = i == 2 ? DS_GREDUCE_DIRECT : (enum ds_greduce_algo)a;
+            run_group(m, 4, rounds, -1);
+            for (uint32_t i = 0; i < 4; i++) {
+                cr_assert_eq(m[i].ret, 0);
+                cr_assert(m[i].res.complete, "algo %d, %d rounds: member %u incomplete", a,
+                          rounds, i);
+                cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0,
+                             "algo %d, %d rounds: member %u differs", a, rounds, i);
+            }
+            if (rounds == 1) {
+                float in[4][N];
+                for (uint32_t i = 0; i < 4; i++)
+                    ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+                for (size_t j = 0; j < N; j++) {
+                    const double sum = (double)in[0][j] + in[1][j] + in[2][j] + in[3][j];
+                    const double want = j < N_MEAN ? sum / 4 : sum;
+                    cr_assert(fabs(m[0].vec[j] - want) < 1e-5, "algo %d element %zu", a, j);
+                }
+            }
+        }
+    }
+}
+
 /* A dead member in a ring or a butterfly: nobody waits past the deadline
  * (2 s on the fake clock), every survivor says incomplete, and no partial
  * sum is left behind: each survivor keeps its own vector. */

@@ -41,6 +41,8 @@ struct ds_greduce {
     size_t inbox_cap;
     float *orig;             /* max_n: our vector as it came, for a failed run */
     float *cnt;              /* cap_G: contributions per chunk (ring) */
+    int saw_direct;          /* this run took a direct-phase message */
+    uint32_t direct_left;    /* reductions to run direct after a failure */
     struct kept *q;
     int qn;
     ds_greduce_stats st;
@@ -213,6 +215,7 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
             return 0;
         memcpy(r->in + (size_t)m->from * len, m->val, len * sizeof(float));
         r->got[m->from] = 1;
+        r->saw_direct = 1;
         return 1;
     }
     if (m->segment == PHASE_LIST) {
@@ -253,6 +256,7 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
             return 0;
         memcpy(x->vec + off, m->val + 1, len * sizeof(float));
         r->have[m->from] = 1;
+        r->saw_direct = 1;
         return 1;
     }
     return 0;
@@ -327,6 +331,14 @@ static void sum_lists(ds_greduce *r, const struct run *x)
 
 /* ---- ring and butterfly -------------------------------------------------- */
 
+/* After a ring or butterfly reduction failed, this many run direct. */
+#define DIRECT_AFTER_FAILURE 16
+
+static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
+                      size_t n_mean, uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
+                      uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res,
+                      int fresh);
+
 /* Room for a schedule of `steps` steps whose inbox holds `floats`. */
 static int reserve_steps(ds_greduce *r, uint32_t G, uint32_t steps, size_t floats)
 {
@@ -389,6 +401,8 @@ static int wait_step(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
                      uint64_t deadline, int *stopped)
 {
     while (!r->step_got[st]) {
+        if (r->saw_direct)
+            return 0; /* a member runs direct: so do we (run_algo) */
         ds_gmsg m;
         const int got = io->recv(io->ctx, &m, deadline);
         if (got < 0) {
@@ -437,7 +451,7 @@ static uint32_t ring(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
         if (!wait_step(r, io, x, s, deadline, stopped)) {
             /* Blame only the first step, which prev sends without waiting
              * on anyone: a later one may be late for prev's own prev. */
-            if (s == 0 && !*stopped && io->peer_failed)
+            if (s == 0 && !*stopped && !r->saw_direct && io->peer_failed)
                 io->peer_failed(io->ctx, prev);
             memcpy(vec, r->orig, x->n * sizeof(float));
             return P;
@@ -536,7 +550,7 @@ static uint32_t butterfly(ds_greduce *r, const ds_gossip_io *io, const struct ru
     }
     return 0;
 fail:
-    if (!*stopped && io->peer_failed && waited != UINT32_MAX)
+    if (!*stopped && !r->saw_direct && io->peer_failed && waited != UINT32_MAX)
         io->peer_failed(io->ctx, waited);
     memcpy(vec, r->orig, n * sizeof(float));
     return P;
@@ -549,8 +563,13 @@ static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
                     uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res)
 {
     uint32_t P = 0, p = 0;
-    if (reserve(r, G, 1) < 0)
+    size_t doff, dlen; /* our chunk, should a member run direct (below) */
+    ds_greduce_chunk(n, G, me, &doff, &dlen);
+    if (reserve(r, G, dlen) < 0)
         return -ENOMEM;
+    memset(r->got, 0, G);
+    memset(r->have, 0, G);
+    r->saw_direct = 0;
     uint32_t L2 = 0;
     int e = reserve_steps(r, G, 2 * G + 2, 0);
     if (e < 0)
@@ -611,10 +630,18 @@ static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
     take_kept(r, &x);
     uint32_t contrib = 1, missing = 0;
     int stopped = 0;
-    if (P > 1)
+    if (P > 1 && !r->saw_direct)
         missing = r->algo == DS_GREDUCE_RING
                       ? ring(r, io, &x, n_mean, P, p, deadline_ns, &stopped, &contrib)
                       : butterfly(r, io, &x, n_mean, P, p, L2, deadline_ns, &stopped, &contrib);
+    if (r->saw_direct && !stopped) {
+        /* A member runs this reduction direct (it failed one lately):
+         * ours goes direct too, from our own vector, the lists already
+         * sent (ds_greduce_run). */
+        memcpy(vec, r->orig, n * sizeof(float));
+        r->n_steps = 0;
+        return 1;
+    }
     res->contributions = contrib;
     res->stopped = stopped;
     if (!res->stopped)
@@ -650,15 +677,39 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
             sum_lists(r, &(const struct run){vec, n, 1, 0, tag, &res->max_tag, sp});
         return 0;
     }
-    if (r->algo != DS_GREDUCE_DIRECT)
-        return run_algo(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
+    if (r->algo != DS_GREDUCE_DIRECT && r->direct_left == 0) {
+        const int e = run_algo(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
+        if (e < 0 || (e == 0 && res->complete && !r->saw_direct))
+            return e;
+        /* Failed (or another member runs direct): the next reductions
+         * go direct, where a missing member costs only its chunk; a
+         * member still on the ring meets our contribution and follows. */
+        r->direct_left = DIRECT_AFTER_FAILURE;
+        if (e == 0)
+            return 0;
+        return run_direct(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res, 0);
+    }
+    if (r->direct_left)
+        r->direct_left--;
+    return run_direct(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res, 1);
+}
+
+/* The direct algorithm. fresh = 0: run_algo began this reduction (the
+ * lists are sent, what came is kept). */
+static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
+                      size_t n_mean, uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
+                      uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res,
+                      int fresh)
+{
     size_t off, len;
     ds_greduce_chunk(n, G, me, &off, &len);
     if (reserve(r, G, len) < 0)
         return -ENOMEM;
-    memset(r->got, 0, G);
-    memset(r->have, 0, G);
-    memset(r->listed, 0, G);
+    if (fresh) {
+        memset(r->got, 0, G);
+        memset(r->have, 0, G);
+        memset(r->listed, 0, G);
+    }
     const struct run x = {vec, n, G, me, tag, &res->max_tag, sp};
     const uint64_t t0 = io->now_ns(io->ctx);
     /* Contributions get half the time: the owners' results must still
@@ -676,7 +727,9 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
         io->send(io->ctx, &m, deadline_ns);
     }
     /* Our sparse list to every member, with the chunks. */
-    if (sp) {
+    if (!fresh) {
+        /* sent by run_algo */
+    } else if (sp) {
         memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
         memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
         for (uint32_t c = 0; c < G; c++) {

@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "conf/choices.h"
 #include "node/gossip/gossip.h"
 
 typedef struct ds_greduce ds_greduce;
@@ -88,10 +89,8 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
 
 void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st);
 
-/* The algorithm of the dense part, the same on every member; the sparse
- * lists always go directly to every member. The node uses direct only:
- * ring and butterfly are the pieces of issue 10's group.allreduce, which
- * waits for them to survive a failure as direct does (below).
+/* The algorithm of the dense part (group.allreduce), the same on every
+ * member; the sparse lists always go directly to every member.
  *   direct     reduce-scatter then all-gather, member c owning chunk c
  *              (above): 2 message latencies, 2 (G-1)/G of the vector
  *   ring       over the members not skipped: P - 1 reduce-scatter steps
@@ -104,11 +103,23 @@ void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st);
  *              the fewest latencies, log2 P vectors a member
  * In all three every member that completes holds the same bytes. A ring or
  * butterfly step that does not come by the deadline ends the run for this
- * member: what it has not got reduced keeps its own values (the ring keeps
- * the chunks that already came back), the result says incomplete, and the
- * member it waited for is reported. Members must agree on who is skipped,
- * or their schedules differ and the run ends incomplete at the deadline. */
-enum ds_greduce_algo { DS_GREDUCE_DIRECT = 0, DS_GREDUCE_RING = 1, DS_GREDUCE_BUTTERFLY = 2 };
+ * member with its own vector (the ring keeps the reduced chunks that
+ * already came back), and the result says incomplete. The member waited
+ * for is reported only when it owed a message it sends without waiting on
+ * anyone (the ring's first step, the butterfly's hand-in and first swap),
+ * never for a step late because of someone upstream. Members must agree
+ * on who is skipped, or their schedules differ. So after a ring or
+ * butterfly reduction that did not complete, the next 16 run direct,
+ * where a missing member costs only its chunk and half the deadline; and
+ * a member on the ring or the butterfly that meets a direct contribution
+ * of the same reduction restores its vector and runs that reduction
+ * direct too: the group follows any member that runs direct within one
+ * reduction (docs/gossip.md). */
+enum ds_greduce_algo {
+    DS_GREDUCE_DIRECT = DS_GROUP_ALLREDUCE_DIRECT,
+    DS_GREDUCE_RING = DS_GROUP_ALLREDUCE_RING,
+    DS_GREDUCE_BUTTERFLY = DS_GROUP_ALLREDUCE_BUTTERFLY,
+};
 void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo);
 const char *ds_greduce_algo_name(enum ds_greduce_algo algo);
 

@@ -329,6 +329,27 @@ static void sum_lists(ds_greduce *r, const struct run *x)
     }
 }
 
+/* Our sparse list (when there is one) to every member not skipped; with
+ * none, nobody's is waited for. */
+static void send_list(ds_greduce *r, const ds_gossip_io *io, uint32_t G, uint32_t me,
+                      const uint8_t *skip, uint64_t tag, uint64_t deadline, const ds_gsparse *sp)
+{
+    if (!sp) {
+        memset(r->listed, 1, G);
+        return;
+    }
+    memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
+    memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
+    for (uint32_t c = 0; c < G; c++) {
+        if (c == me || (skip && skip[c]))
+            continue;
+        ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
+                     .segment = PHASE_LIST, .count = 2 * sp->count, .val = r->pack};
+        io->send(io->ctx, &m, deadline);
+    }
+    r->listed[me] = 1;
+}
+
 /* ---- ring and butterfly -------------------------------------------------- */
 
 /* After a ring or butterfly reduction failed, this many run direct. */
@@ -612,20 +633,7 @@ static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
     memset(r->step_got, 0, r->n_steps);
     memset(r->listed, 0, G);
     const struct run x = {vec, n, G, me, tag, &res->max_tag, sp};
-    if (sp) {
-        memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
-        memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
-        for (uint32_t c = 0; c < G; c++) {
-            if (c == me || (skip && skip[c]))
-                continue;
-            ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
-                         .segment = PHASE_LIST, .count = 2 * sp->count, .val = r->pack};
-            io->send(io->ctx, &m, deadline_ns);
-        }
-        r->listed[me] = 1;
-    } else {
-        memset(r->listed, 1, G);
-    }
+    send_list(r, io, G, me, skip, tag, deadline_ns, sp);
     memcpy(r->orig, vec, n * sizeof(float));
     take_kept(r, &x);
     uint32_t contrib = 1, missing = 0;
@@ -726,23 +734,10 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
                      .segment = PHASE_CONTRIB, .count = (uint32_t)cl, .val = vec + co};
         io->send(io->ctx, &m, deadline_ns);
     }
-    /* Our sparse list to every member, with the chunks. */
-    if (!fresh) {
-        /* sent by run_algo */
-    } else if (sp) {
-        memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
-        memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
-        for (uint32_t c = 0; c < G; c++) {
-            if (c == me || (skip && skip[c]))
-                continue;
-            ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
-                         .segment = PHASE_LIST, .count = 2 * sp->count, .val = r->pack};
-            io->send(io->ctx, &m, deadline_ns);
-        }
-        r->listed[me] = 1;
-    } else {
-        memset(r->listed, 1, G); /* nothing to wait for */
-    }
+    /* Our sparse list to every member, with the chunks (run_algo sent it
+     * already when it began this reduction). */
+    if (fresh)
+        send_list(r, io, G, me, skip, tag, deadline_ns, sp);
     memcpy(r->in + (size_t)me * len, vec + off, len * sizeof(float));
     r->got[me] = 1;
     take_kept(r, &x);

@@ -897,7 +897,7 @@ int ds_deft_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n,
     if (!s)
         return -EINVAL;
     int ret = ds_sp_check(s, residual, n, density, idx, val);
-    if (!ret && ((n > 0 && !g) || r >= G))
+    if (!ret && ((n > 0 && !g) || r >= G || s->cfg.method != DS_SPARSIFY_DEFT))
         ret = -EINVAL;
     if (!ret && n != s->units[s->n_units])
         ret = -EINVAL;

@@ -1241,3 +1241,61 @@ Test(sparsify, state_taken_and_put_back_continues_identically)
     free(ia);
     free(ib);
 }
+
+/* DEFT's group step (ds_deft_ef_step): what it sends plus what it keeps
+ * is the gradient plus the old residual, bit for bit; a refused call
+ * changes nothing; the squared unit norms are the residual's. */
+Test(sparsify, deft_ef_step_conserves_and_refuses_cleanly)
+{
+    enum { N = 3000 };
+    const uint32_t layers[4] = {0, 2000, 2100, N};
+    ds_sparsify_cfg sc;
+    ds_sparsify_cfg_defaults(&sc, DS_SPARSIFY_DEFT);
+    sc.unit_off = layers;
+    sc.n_units = 3;
+    ds_sparsifier *s = NULL;
+    cr_assert_eq(ds_sparsifier_create(&s, &sc, N, NULL), 0);
+    static float res[N], g[N], before[N], val[N];
+    static uint32_t idx[N];
+    float sq[16];
+    ds_t_fill(res, N, 11, -1.0f, 1.0f);
+    ds_t_fill(g, N, 12, -1.0f, 1.0f);
+    memcpy(before, res, sizeof(res));
+    const size_t nu = ds_deft_group_units(s, 4);
+    cr_assert_eq(nu, 9, "the layers of 2000 and 900 (over N/4) in 4 parts, 100 whole: %zu", nu);
+    /* Refused: r >= G, a wrong length, no room; nothing changes. */
+    ds_sparsify_result r;
+    cr_expect_eq(ds_deft_ef_step(s, res, g, N, 4, 4, 0, 0.01, idx, val, N, sq, &r), -EINVAL);
+    cr_expect_eq(ds_deft_ef_step(s, res, g, N - 1, 4, 0, 0, 0.01, idx, val, N, sq, &r), -EINVAL);
+    cr_expect_eq(ds_deft_ef_step(s, res, g, N, 4, 0, 0, 0.01, idx, val, 1, sq, &r), -ENOBUFS);
+    cr_expect_eq(memcmp(res, before, sizeof(res)), 0, "a refused call changed the residual");
+    ds_sparsifier *micro = NULL;
+    ds_sparsify_cfg mc;
+    ds_sparsify_cfg_defaults(&mc, DS_SPARSIFY_MICRO);
+    cr_assert_eq(ds_sparsifier_create(&micro, &mc, N, NULL), 0);
+    cr_expect_eq(ds_deft_ef_step(micro, res, g, N, 4, 0, 0, 0.01, idx, val, N, sq, &r), -EINVAL,
+                 "not a deft sparsifier");
+    cr_expect_eq(ds_deft_group_units(micro, 4), 0);
+    ds_sparsifier_destroy(&micro);
+    /* Accepted: sent + kept == g + old residual, bit for bit. */
+    cr_assert_eq(ds_deft_ef_step(s, res, g, N, 4, 1, 0, 0.01, idx, val, N, sq, &r), 0);
+    cr_expect_gt(r.count, 0);
+    static float want[N];
+    for (size_t i = 0; i < N; i++)
+        want[i] = before[i] + g[i];
+    size_t j = 0;
+    for (size_t i = 0; i < N; i++) {
+        float got = res[i];
+        if (j < r.count && idx[j] == i) {
+            cr_expect_eq(res[i], 0.0f, "a sent entry left the residual");
+            got = val[j++];
+        }
+        cr_expect_eq(memcmp(&got, &want[i], sizeof(float)), 0, "entry %zu", i);
+    }
+    /* The norms it reported are of g + old residual, unit by unit. */
+    double first = 0;
+    for (size_t i = 0; i < 500; i++)
+        first += (double)want[i] * want[i];
+    cr_expect(fabs(sq[0] - first) <= 1e-4 * first, "unit 0: %g, want %g", (double)sq[0], first);
+    ds_sparsifier_destroy(&s);
+}

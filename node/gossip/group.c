@@ -131,7 +131,21 @@ const char *ds_greduce_algo_name(enum ds_greduce_algo algo)
     return "?";
 }
 
-/* Room for G members' contributions to a chunk of up to len floats. */
+/* *buf holds at least need floats (kept when it does already). */
+static int grow_floats(float **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    float *b = realloc(*buf, need * sizeof(float));
+    if (!b)
+        return -ENOMEM;
+    *buf = b;
+    *cap = need;
+    return 0;
+}
+
+/* Room for G members' contributions to a chunk of up to len floats (and
+ * the ring's and butterfly's per-member arrays). */
 static int reserve(ds_greduce *r, uint32_t G, size_t len)
 {
     if (G > r->cap_G) {
@@ -150,7 +164,13 @@ static int reserve(ds_greduce *r, uint32_t G, size_t len)
             r->list_n = ln;
         if (lc)
             r->list_cap = lc;
-        if (!g || !h || !l || !ls || !ln || !lc)
+        uint32_t *lv = realloc(r->live, G * sizeof(*lv));
+        if (lv)
+            r->live = lv;
+        float *cn = realloc(r->cnt, G * sizeof(*cn));
+        if (cn)
+            r->cnt = cn;
+        if (!g || !h || !l || !ls || !ln || !lc || !lv || !cn)
             return -ENOMEM;
         for (uint32_t i = r->cap_G; i < G; i++) {
             r->list[i] = NULL;
@@ -158,15 +178,7 @@ static int reserve(ds_greduce *r, uint32_t G, size_t len)
         }
         r->cap_G = G;
     }
-    const size_t need = (size_t)G * (len ? len : 1);
-    if (need > r->in_cap) {
-        float *in = realloc(r->in, need * sizeof(float));
-        if (!in)
-            return -ENOMEM;
-        r->in = in;
-        r->in_cap = need;
-    }
-    return 0;
+    return grow_floats(&r->in, &r->in_cap, (size_t)G * (len ? len : 1));
 }
 
 /* Keep a message of a later reduction (a copy); drop it when full. */
@@ -280,6 +292,19 @@ static void take_kept(ds_greduce *r, const struct run *x)
     }
 }
 
+/* A message received while waiting: one of a later reduction is kept,
+ * one of this reduction used, anything else dropped and counted. */
+static void use_msg(ds_greduce *r, const struct run *x, const ds_gmsg *m)
+{
+    if (m->type == DS_GMSG_ARED && m->round > x->tag) {
+        if (m->from < x->G && m->round > *x->max_tag)
+            *x->max_tag = m->round;
+        keep(r, m);
+    } else if (!take(r, x, m)) {
+        r->st.late_dropped++;
+    }
+}
+
 /* Receive until `done` holds or the deadline. 1: a stop request. */
 static int wait_for(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
                     const uint8_t *skip, const uint8_t *flags, uint64_t deadline)
@@ -296,13 +321,7 @@ static int wait_for(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
             return 1;
         if (got == 0)
             return 0;
-        if (m.type == DS_GMSG_ARED && m.round > x->tag) {
-            if (m.from < x->G && m.round > *x->max_tag)
-                *x->max_tag = m.round;
-            keep(r, &m);
-        }
-        else if (!take(r, x, &m))
-            r->st.late_dropped++;
+        use_msg(r, x, &m);
     }
 }
 
@@ -361,16 +380,8 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
                       int fresh);
 
 /* Room for a schedule of `steps` steps whose inbox holds `floats`. */
-static int reserve_steps(ds_greduce *r, uint32_t G, uint32_t steps, size_t floats)
+static int reserve_steps(ds_greduce *r, uint32_t steps, size_t floats)
 {
-    uint32_t *lv = realloc(r->live, G * sizeof(*lv));
-    if (lv)
-        r->live = lv;
-    float *cn = realloc(r->cnt, G * sizeof(*cn));
-    if (cn)
-        r->cnt = cn;
-    if (!lv || !cn)
-        return -ENOMEM;
     if (steps > r->steps_cap) {
         uint32_t *f = realloc(r->step_from, steps * sizeof(*f));
         if (f)
@@ -388,14 +399,7 @@ static int reserve_steps(ds_greduce *r, uint32_t G, uint32_t steps, size_t float
             return -ENOMEM;
         r->steps_cap = steps;
     }
-    if (floats > r->inbox_cap) {
-        float *in = realloc(r->inbox, floats * sizeof(float));
-        if (!in)
-            return -ENOMEM;
-        r->inbox = in;
-        r->inbox_cap = floats;
-    }
-    return 0;
+    return grow_floats(&r->inbox, &r->inbox_cap, floats);
 }
 
 /* Step st of the schedule comes from member `from` with len values. */
@@ -432,13 +436,7 @@ static int wait_step(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
         }
         if (got == 0)
             return 0;
-        if (m.type == DS_GMSG_ARED && m.round > x->tag) {
-            if (m.from < x->G && m.round > *x->max_tag)
-                *x->max_tag = m.round;
-            keep(r, &m);
-        } else if (!take(r, x, &m)) {
-            r->st.late_dropped++;
-        }
+        use_msg(r, x, &m);
     }
     return 1;
 }
@@ -592,7 +590,7 @@ static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
     memset(r->have, 0, G);
     r->saw_direct = 0;
     uint32_t L2 = 0;
-    int e = reserve_steps(r, G, 2 * G + 2, 0);
+    int e = reserve_steps(r, 2 * G + 2, 0);
     if (e < 0)
         return e;
     for (uint32_t i = 0; i < G; i++)
@@ -626,7 +624,7 @@ static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
             plan_step(r, 1 + k, p < P2 ? r->live[p ^ (1u << k)] : UINT32_MAX, n, &floats);
         plan_step(r, L2 + 1, p >= P2 ? r->live[p - P2] : UINT32_MAX, n, &floats);
     }
-    if ((e = reserve_steps(r, G, r->n_steps, floats)) < 0) {
+    if ((e = reserve_steps(r, r->n_steps, floats)) < 0) {
         r->n_steps = 0;
         return e;
     }

@@ -718,10 +718,10 @@ static void group_reduce(rt *r, int64_t step)
         if (r->p.push)
             r->p.push(r->p.ctx, DS_ENGINE_GRAD);
         memcpy(ds_gossip_delta(r->gossip), r->gsout + n, n * sizeof(float));
-        if (deft && nu)
-            ds_deft_feedback(r->gsp, r->gsize, sq, nu);
-        else
+        if (!deft)
             ds_micro_feedback(r->gsp, (size_t)pos[4]);
+        else if (nu)
+            ds_deft_feedback(r->gsp, r->gsize, sq, nu);
     } else {
         push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
     }

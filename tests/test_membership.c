@@ -382,23 +382,55 @@ Test(membership, death_cancelled_or_rejoined)
     cr_expect_eq(ds_swimnet_view_mismatch(net, ds_swimnet_round(net), &G, NULL), 0);
     cr_expect_eq(G, n);
 
-    /* DEAD at a removal round already passed: x rejoins with a higher
-     * incarnation at a join round after the removal. */
+    /* DEAD at a removal round already passed, while x has live partners
+     * (a partition's other side declared it dead): x refutes with a higher
+     * incarnation, keeps its join round and never leaves its partners'
+     * views. */
     const uint64_t r1 = ds_swimnet_round(net), t1 = ds_swimnet_now(net);
     record_about(net, x, DS_MEMBER_DEAD, 5, r1 - 1, &rec);
     len = craft(net, DS_MSG_PING, 1, x, buf, sizeof(buf), &rec, 1);
     cr_assert_eq(ds_swimnet_inject(net, x, ds_swimnet_addr(net, 1), buf, len), 0);
     cr_assert_eq(ds_membership_member(mx, ds_swimnet_id(net, x), &self), 0);
     cr_expect_eq(self.incarnation, 6);
-    cr_expect_gt(self.join_round, r1, "rejoin round %llu", (unsigned long long)self.join_round);
-    cr_expect_neq(ds_swimnet_first_at(net, x, DS_MEV_SELF_REJOINED, (int32_t)x, t1), UINT64_MAX);
-    /* Every node adopts the new life; once its join round has passed, x is
-     * back in every view. */
-    ds_swimnet_run_until(net, (self.join_round + 2) * T_MS);
+    cr_expect_eq(self.join_round, join0, "a refuted death keeps the join round");
+    cr_expect_neq(ds_swimnet_first_at(net, x, DS_MEV_SELF_REFUTED, (int32_t)x, t1), UINT64_MAX);
+    ds_swimnet_run_for(net, 10u * T_MS);
+    cr_expect_eq(ds_swimnet_count(net, DS_MEV_SELF_REJOINED, -2, t1), 0);
     for (uint32_t i = 0; i < n; i++) {
         ds_member_info mi;
         cr_assert_eq(ds_membership_member(ds_swimnet_node(net, i), ds_swimnet_id(net, x), &mi), 0);
         cr_expect_eq(mi.incarnation, 6, "node %u has incarnation %u", i, mi.incarnation);
+        cr_expect_eq(mi.join_round, join0);
+    }
+    cr_expect_eq(ds_swimnet_view_mismatch(net, ds_swimnet_round(net), &G, NULL), 0);
+    cr_expect_eq(G, n);
+
+    /* x cut off until it has declared everyone else dead: alone, its model
+     * is its own. DEAD at a removal round already passed: x rejoins with a
+     * higher incarnation at a join round after the removal. */
+    ds_swimnet_set_side(net, x, 1);
+    ds_swimnet_run_for(net, 80u * T_MS);
+    ds_membership_stats st;
+    ds_membership_stats_get(mx, &st);
+    cr_assert_eq(st.alive, 1, "x sees %u alive while cut off", st.alive);
+    const uint64_t r2 = ds_swimnet_round(net), t2 = ds_swimnet_now(net);
+    record_about(net, x, DS_MEMBER_DEAD, 10, r2 - 1, &rec);
+    len = craft(net, DS_MSG_PING, 1, x, buf, sizeof(buf), &rec, 1);
+    cr_assert_eq(ds_swimnet_inject(net, x, ds_swimnet_addr(net, 1), buf, len), 0);
+    cr_assert_eq(ds_membership_member(mx, ds_swimnet_id(net, x), &self), 0);
+    cr_expect_eq(self.incarnation, 11);
+    cr_expect_gt(self.join_round, r2, "rejoin round %llu", (unsigned long long)self.join_round);
+    cr_expect_neq(ds_swimnet_first_at(net, x, DS_MEV_SELF_REJOINED, (int32_t)x, t2), UINT64_MAX);
+    /* Healed: every node adopts the new life; once its join round has
+     * passed, x is back in every view. */
+    ds_swimnet_set_side(net, x, 0);
+    ds_swimnet_run_until(net, (self.join_round + 60) * T_MS);
+    cr_assert_eq(ds_membership_member(mx, ds_swimnet_id(net, x), &self), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        ds_member_info mi;
+        cr_assert_eq(ds_membership_member(ds_swimnet_node(net, i), ds_swimnet_id(net, x), &mi), 0);
+        cr_expect_eq(mi.incarnation, self.incarnation, "node %u has incarnation %u", i,
+                     mi.incarnation);
         cr_expect_eq(mi.join_round, self.join_round);
     }
     cr_expect_eq(ds_swimnet_view_mismatch(net, ds_swimnet_round(net), &G, NULL), 0);
@@ -439,10 +471,13 @@ Test(membership, partition_heals)
     uint32_t G = 0;
     cr_expect_eq(ds_swimnet_view_mismatch(net, ds_swimnet_round(net), &G, NULL), 0);
     cr_expect_eq(G, n);
-    cr_expect_gt(ds_swimnet_count(net, DS_MEV_SELF_REJOINED, -2, t1), 0);
-    cr_log_info("partition: %zu deaths during, %zu rejoins after",
+    /* Each side trained on with its partners: the members refute the
+     * other side's verdicts; nobody rejoins. */
+    cr_expect_eq(ds_swimnet_count(net, DS_MEV_SELF_REJOINED, -2, t1), 0);
+    cr_expect_gt(ds_swimnet_count(net, DS_MEV_SELF_REFUTED, -2, t1), 0);
+    cr_log_info("partition: %zu deaths during, %zu refutations after",
                 ds_swimnet_count(net, DS_MEV_MEMBER_DEAD, -2, t0),
-                ds_swimnet_count(net, DS_MEV_SELF_REJOINED, -2, t1));
+                ds_swimnet_count(net, DS_MEV_SELF_REFUTED, -2, t1));
     ds_swimnet_destroy(&net);
 }
 
@@ -501,7 +536,7 @@ Test(membership, dead_verdict_vs_direct_evidence)
  * within a few periods and stay agreed, and every member is back in one
  * view once the rejoins take effect (lag rounds). Rounds every 100 ms, lag
  * 50 rounds (5 s), as dsnode's lag covers about 5 s of rounds. */
-static void heal_2x2(uint64_t seed, uint64_t *agree_ms, uint64_t *full_ms)
+static void heal_2x2(uint64_t seed, uint64_t *agree_ms, uint64_t *full_ms, uint32_t *solo)
 {
     ds_swimnet_opts o;
     ds_swimnet_opts_default(&o, 4, seed);
@@ -518,8 +553,17 @@ static void heal_2x2(uint64_t seed, uint64_t *agree_ms, uint64_t *full_ms)
         ds_swimnet_set_side(net, i, 0);
     const uint64_t t1 = ds_swimnet_now(net);
     *agree_ms = *full_ms = UINT64_MAX;
+    *solo = 0;
     for (uint64_t t = 100; t <= 30u * T_MS; t += 100) {
         ds_swimnet_run_until(net, t1 + t);
+        /* Alone: a view of one that holds the node itself (one out of the
+         * view while it rejoins is not alone). */
+        for (uint32_t i = 0; i < 4; i++) {
+            uint32_t g = 0, me = DS_MEMBERSHIP_NOT_IN_VIEW;
+            ds_membership_view_at(ds_swimnet_node(net, i), ds_swimnet_round(net), NULL, 0, &g,
+                                  &me, NULL);
+            *solo |= (g == 1 && me != DS_MEMBERSHIP_NOT_IN_VIEW) << i;
+        }
         uint32_t G = 0;
         const uint32_t bad = ds_swimnet_view_mismatch(net, ds_swimnet_round(net), &G, NULL);
         if (bad)
@@ -543,7 +587,8 @@ Test(membership, partition_2x2_heals_to_one_view)
 {
     for (uint64_t seed = 1; seed <= 12; seed++) {
         uint64_t agree = 0, full = 0;
-        heal_2x2(seed, &agree, &full);
+        uint32_t solo = 0;
+        heal_2x2(seed, &agree, &full, &solo);
         cr_log_info("seed %llu: views agree %llu ms after the heal, one full view after %llu ms",
                     (unsigned long long)seed, (unsigned long long)agree,
                     (unsigned long long)full);
@@ -551,6 +596,8 @@ Test(membership, partition_2x2_heals_to_one_view)
                       (unsigned long long)seed, (unsigned long long)agree);
         cr_expect_leq(full, 5u * T_MS + 5u * T_MS, "seed %llu: no full view %llu ms after",
                       (unsigned long long)seed, (unsigned long long)full);
+        cr_expect_eq(solo, 0, "seed %llu: nodes (bit mask) %#x sat alone in their views after "
+                     "the heal", (unsigned long long)seed, solo);
     }
 }
 

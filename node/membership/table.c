@@ -408,8 +408,24 @@ static void apply_self(ds_membership *m, const ds_wire_member *u, int table, uin
             refute(m, u->incarnation, 0, now);
             break;
         }
-        /* Out of the view since the removal round: back in, with a new
-         * incarnation, at a join round after it. */
+        if (u->state == DS_MEMBER_DEAD && n_live(m) > 1) {
+            /* Removed already, but we trained on with live partners the
+             * whole time (a partition's other side declared us dead): our
+             * model is as current as theirs, and our partners hold us in
+             * their views. Refute, as Lifeguard and memberlist do: the
+             * higher incarnation puts us back at once on every node (a late
+             * change there). Rejoining instead took us out of our own
+             * partners' views until the new join round, leaving a member of
+             * a 2|2 split alone in its view at the heal. */
+            ds_info(COMP, "declared dead for removal round %" PRIu64 " while training with %" PRIu32
+                    " live partner(s): refuting", u->effective_round, n_live(m) - 1);
+            refute(m, u->incarnation, 0, now);
+            break;
+        }
+        /* Out of the view since the removal round, alone (or declared left):
+         * our model is our own, from no one else's data since then. Back in
+         * with a new incarnation at a join round after the removal, with the
+         * cluster's state. */
         ds_mship_rejoin(m, u->incarnation, u->effective_round, now,
                         u->state == DS_MEMBER_DEAD ? "declared dead while alive"
                                                    : "declared left while alive");

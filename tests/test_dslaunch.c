@@ -561,7 +561,21 @@ Test(dslaunch_parts, ssh_hosts_quoting_and_commands)
     cr_assert_str_eq(hosts[1], "root@10.0.0.2");
     cr_assert_str_eq(ds_host_addr(hosts[1]), "10.0.0.2");
     cr_assert_str_eq(ds_host_addr(hosts[0]), "a");
-    const char *bad[] = {"", ",", "a,a", "-oProxyCommand=x", "a b", "x@", "it's"};
+    /* IPv6 hosts without brackets, as ssh takes them; the nodes' addresses
+     * get the brackets (base/hostport.h). */
+    cr_assert_eq(ds_hosts_parse("fd00::1,root@fd00::2", hosts, 8, err, sizeof(err)), 2, "%s",
+                 err);
+    cr_assert_str_eq(ds_host_addr(hosts[1]), "fd00::2");
+    /* A name past 253 characters would have been cut into a wrong address. */
+    char long_name[300];
+    memset(long_name, 'a', 62);
+    for (int k = 0; k < 4; k++) {
+        memset(long_name + 63 * k, 'a', 62);
+        long_name[63 * k + 62] = '.';
+    }
+    long_name[63 * 4 + 2] = '\0'; /* 254 characters */
+    const char *bad[] = {"", ",", "a,a", "-oProxyCommand=x", "a b", "x@", "it's", "[fd00::1]",
+                         "root@[fd00::1]", "bad_name", "h:22", long_name};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_assert_lt(ds_hosts_parse(bad[i], hosts, 8, err, sizeof(err)), 0, "'%s' accepted",
                      bad[i]);

@@ -79,6 +79,7 @@
  * leaving and answer its JOIN with "cluster finishing". */
 #define ADD_AT_MARGIN_ROUNDS 64
 #define MAX_SEEDS 16         /* cluster.seeds holds at most 16 (conf/keys.h) */
+#define SEEDS_TEXT (MAX_SEEDS * (DS_HOSTPORT_MAX + 1)) /* seeds as cluster.seeds text */
 #define GRACE_MS 5000        /* SIGTERM -> SIGKILL */
 /* dslaunch hosts: the remote watcher gives the node 5 s after the session's
  * stdin closes; the local ssh gets that plus time to bring the summary back. */
@@ -1397,7 +1398,7 @@ static void node_host(const struct launch *L, int i, char *buf, size_t len)
 /* Node i's host:port for `port` (IPv6 in brackets, base/hostport.h). */
 static void node_hostport(const struct launch *L, int i, int port, char *buf, size_t len)
 {
-    char host[48];
+    char host[DS_SSH_HOST_MAX];
     node_host(L, i, host, sizeof(host));
     if (ds_hostport_format(host, (uint16_t)port, buf, len) < 0)
         snprintf(buf, len, "?");
@@ -1420,7 +1421,7 @@ static void seeds_text(struct launch *L, int self, int founder, const int *cand,
                 order[no++] = j;
     }
     size_t w = 0;
-    char hp[64];
+    char hp[DS_HOSTPORT_MAX + 1];
     out[0] = '\0';
     int max = MAX_SEEDS;
     if (founder >= 0) {
@@ -1441,7 +1442,8 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
                              int min_members)
 {
     char s_group[96], rpath[4][PATH_MAX + 8];
-    char s_name[64], s_listen[300], s_data[PATH_MAX + 32], s_seeds[600], s_key[PATH_MAX + 32],
+    char s_name[64], s_listen[DS_HOSTPORT_MAX + 16], s_data[PATH_MAX + 32],
+        s_seeds[SEEDS_TEXT + 16], s_key[PATH_MAX + 32],
         s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[96], s_sfile[PATH_MAX + 32],
         s_min[64];
     char *extra[11], hp[DS_HOSTPORT_MAX + 1];
@@ -1873,7 +1875,7 @@ static int fire_add(struct launch *L, int k)
         L->add[k].count == 1 ? "" : "s");
     for (int c = 0; c < L->add[k].count; c++) {
         struct node *nd = &L->nodes[L->started];
-        char seeds[600];
+        char seeds[SEEDS_TEXT];
         seeds_text(L, L->started, -1, cand, nc, seeds, sizeof(seeds));
         erase_block(L);
         if (write_node_config(L, nd, seeds, 1) < 0)
@@ -2073,7 +2075,7 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
         if (!skip)
             bad = ds_json_set(o, key, ds_json_text_or_number(nd->summary.val[k])) < 0;
     }
-    char listen[64];
+    char listen[DS_HOSTPORT_MAX + 1];
     node_hostport(L, i, nd->port, listen, sizeof(listen));
     bad = bad || ds_json_set(o, "pid", json_integer(nd->pid)) < 0;
     bad = bad || ds_json_set(o, "added_at_step", nd->added_at >= 0 ? json_integer(nd->added_at)
@@ -2525,7 +2527,7 @@ static int launch_main(int argc, char **argv, const char *self_exe_dir, int host
     for (int i = 0; i < L->n; i++)
         initial[i] = i;
     for (int i = 0; i < L->n; i++) {
-        char seeds[600];
+        char seeds[SEEDS_TEXT];
         seeds_text(L, i, 0, initial, L->n, seeds, sizeof(seeds));
         if (write_node_config(L, &L->nodes[i], seeds, L->n) < 0) {
             status = 2;

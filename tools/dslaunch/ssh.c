@@ -26,9 +26,12 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "base/hostport.h"
 #include "tools/dslaunch/dslaunch.h"
 
-/* One host entry: [user@]host, no blanks, not starting with '-'. */
+/* One host entry: [user@]host, no blanks, not starting with '-', and the
+ * host a name, an IPv4 or a bare IPv6 address (base/hostport.h: the nodes
+ * on it listen and are dialled there). */
 static int host_ok(const char *h)
 {
     if (!*h || *h == '-' || strlen(h) >= DS_SSH_HOST_MAX)
@@ -36,15 +39,15 @@ static int host_ok(const char *h)
     for (const char *p = h; *p; p++)
         if (isspace((unsigned char)*p) || *p == ',' || *p == '\'' || *p == '"' || *p == '\\')
             return 0;
-    const char *at = strrchr(h, '@');
-    return !at || at[1];
+    return ds_host_kind_of(ds_host_addr(h)) >= 0;
 }
 
 static int add_host(char (*hosts)[DS_SSH_HOST_MAX], int *n, int max, const char *h, char *err,
                     size_t len)
 {
     if (!host_ok(h)) {
-        snprintf(err, len, "'%s' is not a host ([user@]host, no blanks)", h);
+        snprintf(err, len, "'%s' is not a host ([user@]host: a host name, an IPv4 address or an "
+                 "IPv6 address without brackets; no blanks)", h);
         return -EINVAL;
     }
     if (*n >= max) {

@@ -134,7 +134,8 @@
     X(INT, train, threads, "1", 1, 256, \
       "BLAS threads of the CPU backend") \
     X(INT, train, checkpoint_every, "0", 0, INT64_MAX, \
-      "write <node.data_dir>/checkpoint.bin every N steps (and at exit); 0 = no periodic one") \
+      "write <node.data_dir>/checkpoint.bin every N steps, at exit and on SIGTERM; 0 = none " \
+      "(unless train.stop_after or --resume)") \
     X(INT, train, stop_after, "0", 0, INT64_MAX, \
       "pause after N steps of this process: checkpoint, status paused, exit 0; 0 = run to train.steps")
 

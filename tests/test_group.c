@@ -35,6 +35,7 @@ struct member {
     const ds_gsparse *sp; /* NULL: no list */
     enum ds_greduce_algo algo;
     uint64_t t_end;       /* the fake clock when the member was done */
+    int direct_once;      /* ds_greduce_direct_once before every run */
 };
 
 static void *member_main(void *p)
@@ -44,9 +45,12 @@ static void *member_main(void *p)
     m->ret = ds_greduce_create(&r, N);
     if (m->ret == 0)
         ds_greduce_set_algo(r, m->algo);
-    for (int k = 0; k < m->rounds && m->ret == 0; k++)
+    for (int k = 0; k < m->rounds && m->ret == 0; k++) {
+        if (m->direct_once)
+            ds_greduce_direct_once(r);
         m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->vec, N, N_MEAN, m->G, m->me,
                                 NULL, (uint64_t)k, m->deadline, m->sp, &m->res);
+    }
     m->t_end = ds_fakenet_now_ns(m->net);
     ds_greduce_destroy(&r);
     return NULL;
@@ -444,6 +448,48 @@ Test(group, ring_and_butterfly_dead_member_ends_at_the_deadline)
                          a, i);
             cr_assert_eq(memcmp(m[i].vec, in, sizeof(in)), 0,
                          "algo %d member %u: a partial sum was left", a, i);
+        }
+    }
+}
+
+/* The same dead member, with the survivors told it is in doubt
+ * (ds_greduce_direct_once, as rounds.c does while a member missed and was
+ * not heard from since): the reduction runs direct, so the survivors'
+ * chunks are reduced over the three of them, the same bytes on each, and
+ * only the dead member's chunk keeps each survivor's own values. */
+Test(group, ring_and_butterfly_run_direct_while_a_member_is_in_doubt)
+{
+    for (int a = 1; a <= 2; a++) {
+        static struct member m[4];
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < 4; i++) {
+            m[i].algo = (enum ds_greduce_algo)a;
+            m[i].direct_once = 1;
+        }
+        const uint32_t dead = 2;
+        run_group(m, 4, 1, (int)dead);
+        float in[4][N];
+        for (uint32_t i = 0; i < 4; i++)
+            ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+        size_t off, len;
+        ds_greduce_chunk(N, 4, dead, &off, &len);
+        for (uint32_t i = 0; i < 4; i++) {
+            if (i == dead)
+                continue;
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert_eq(m[i].res.chunks_missing, 1, "algo %d member %u: %u chunks missing", a,
+                         i, m[i].res.chunks_missing);
+            cr_assert_eq(m[i].res.contributions, 3, "algo %d member %u", a, i);
+            cr_assert_leq(m[i].t_end, 2000000000ull, "algo %d member %u waited past the deadline",
+                          a, i);
+            for (size_t j = 0; j < N; j++) {
+                const double sum = (double)in[0][j] + in[1][j] + in[3][j];
+                const double want = j >= off && j < off + len ? in[i][j]
+                                    : j < N_MEAN             ? sum / 3
+                                                             : sum;
+                cr_assert(fabs(m[i].vec[j] - want) < 1e-5, "algo %d member %u element %zu", a, i,
+                          j);
+            }
         }
     }
 }

@@ -69,8 +69,13 @@ Test(skip, hearing_from_the_peer_forgets_it)
     cr_assert_eq(ds_skip_missed(&t, 7, 200, 0), 1);
     cr_expect_eq(ds_skip_check(&t, 7, 204), DS_SKIP_NOWAIT);
     cr_expect_eq(ds_skip_check(&t, 7, 205), DS_SKIP_WAIT, "the window starts over at 4");
+    /* Past its window it is tried again, but still listed until heard. */
+    cr_expect(ds_skip_listed(&t, 7));
     ds_skip_heard(&t, 99); /* unknown: nothing happens */
     cr_expect_eq(t.n, 1);
+    cr_expect(!ds_skip_listed(&t, 99));
+    ds_skip_heard(&t, 7);
+    cr_expect(!ds_skip_listed(&t, 7));
 }
 
 /* A transport that cannot deliver to the peer is hard: nothing is sent

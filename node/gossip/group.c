@@ -43,6 +43,7 @@ struct ds_greduce {
     float *cnt;              /* cap_G: contributions per chunk (ring) */
     int saw_direct;          /* this run took a direct-phase message */
     uint32_t direct_left;    /* reductions to run direct after a failure */
+    int direct_once;         /* the next one runs direct (ds_greduce_direct_once) */
     struct kept *q;
     int qn;
     ds_greduce_stats st;
@@ -119,6 +120,11 @@ void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st)
 void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo)
 {
     r->algo = algo;
+}
+
+void ds_greduce_direct_once(ds_greduce *r)
+{
+    r->direct_once = 1;
 }
 
 const char *ds_greduce_algo_name(enum ds_greduce_algo algo)
@@ -683,7 +689,9 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
             sum_lists(r, &(const struct run){vec, n, 1, 0, tag, &res->max_tag, sp});
         return 0;
     }
-    if (r->algo != DS_GREDUCE_DIRECT && r->direct_left == 0) {
+    const int once = r->direct_once;
+    r->direct_once = 0;
+    if (r->algo != DS_GREDUCE_DIRECT && r->direct_left == 0 && !once) {
         const int e = run_algo(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
         if (e < 0 || (e == 0 && res->complete && !r->saw_direct))
             return e;

@@ -121,6 +121,14 @@ enum ds_greduce_algo {
     DS_GREDUCE_BUTTERFLY = DS_GROUP_ALLREDUCE_BUTTERFLY,
 };
 void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo);
+
+/* The next reduction runs direct whatever the algorithm: the caller knows
+ * a member is in doubt (it missed a deadline and has not been heard from
+ * since). A ring or butterfly waits on every step of every member, so one
+ * frozen member costs the whole group a deadline, and members that differ
+ * on whom to skip run different schedules; direct costs only the doubted
+ * member's chunk, and members still on the ring follow it (above). */
+void ds_greduce_direct_once(ds_greduce *r);
 const char *ds_greduce_algo_name(enum ds_greduce_algo algo);
 
 /* Chunk c of n cut into G near-equal ranges (the one cut both the owner

@@ -447,11 +447,18 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
                      const ds_gsparse *sp, ds_greduce_result *res)
 {
     uint8_t *skip = r->gskip;
+    int doubt = 0;
     pthread_mutex_lock(&r->skip_lock);
-    for (uint32_t k = 0; k < r->gsize; k++)
+    for (uint32_t k = 0; k < r->gsize; k++) {
         skip[k] = k != r->gmember &&
                   ds_skip_check(&r->skip, r->gmembers[k], round) != DS_SKIP_WAIT;
+        doubt |= k != r->gmember && ds_skip_listed(&r->skip, r->gmembers[k]);
+    }
     pthread_mutex_unlock(&r->skip_lock);
+    /* A member that missed and has not been heard from since: the ring
+     * and the butterfly would wait on it at every step (group.h). */
+    if (doubt)
+        ds_greduce_direct_once(r->gred);
     const uint64_t t0 = ds_now_ns();
     show_group_wait(r, skip);
     int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,

@@ -73,3 +73,11 @@ enum ds_skip_verdict ds_skip_check(const ds_skip_table *t, uint64_t id, uint64_t
             return t->hard[i] ? DS_SKIP_ALL : DS_SKIP_NOWAIT;
     return DS_SKIP_WAIT;
 }
+
+int ds_skip_listed(const ds_skip_table *t, uint64_t id)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->ids[i] == id)
+            return 1;
+    return 0;
+}

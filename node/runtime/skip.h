@@ -68,4 +68,8 @@ void ds_skip_heard(ds_skip_table *t, uint64_t id);
 /* What round `round` does with peer `id`. */
 enum ds_skip_verdict ds_skip_check(const ds_skip_table *t, uint64_t id, uint64_t round);
 
+/* 1 when `id` missed a deadline or was held and has not been heard from
+ * since, whether or not its window has passed (a peer being tried again). */
+int ds_skip_listed(const ds_skip_table *t, uint64_t id);
+
 #endif

@@ -353,14 +353,25 @@ static void record_about(ds_swimnet *net, uint32_t who, uint8_t state, uint32_t 
     snprintf(r->addr, sizeof(r->addr), "%s", ds_swimnet_addr(net, who));
 }
 
+/* Node 1 tells x, in a PING, that x is DEAD at incarnation inc for removal
+ * round `round`; *self is x's own record afterwards. */
+static void tell_dead(ds_swimnet *net, uint32_t x, uint32_t inc, uint64_t round,
+                      ds_member_info *self)
+{
+    uint8_t buf[4096];
+    ds_wire_member rec;
+    record_about(net, x, DS_MEMBER_DEAD, inc, round, &rec);
+    const size_t len = craft(net, DS_MSG_PING, 1, x, buf, sizeof(buf), &rec, 1);
+    cr_assert_eq(ds_swimnet_inject(net, x, ds_swimnet_addr(net, 1), buf, len), 0);
+    cr_assert_eq(ds_membership_member(ds_swimnet_node(net, x), ds_swimnet_id(net, x), self), 0);
+}
+
 Test(membership, death_cancelled_or_rejoined)
 {
     const uint32_t n = 8, x = 2;
     ds_swimnet *net = make_net(n, 52, 1);
     form(net, n);
     ds_swimnet_run_for(net, 3u * T_MS);
-    uint8_t buf[4096];
-    ds_wire_member rec;
     ds_member_info self;
     ds_membership *mx = ds_swimnet_node(net, x);
     cr_assert_eq(ds_membership_member(mx, ds_swimnet_id(net, x), &self), 0);
@@ -369,10 +380,7 @@ Test(membership, death_cancelled_or_rejoined)
     /* DEAD at a removal round still ahead: x cancels it by refuting, and
      * never leaves the view. */
     const uint64_t r0 = ds_swimnet_round(net), t0 = ds_swimnet_now(net);
-    record_about(net, x, DS_MEMBER_DEAD, 0, r0 + 20, &rec);
-    size_t len = craft(net, DS_MSG_PING, 1, x, buf, sizeof(buf), &rec, 1);
-    cr_assert_eq(ds_swimnet_inject(net, x, ds_swimnet_addr(net, 1), buf, len), 0);
-    cr_assert_eq(ds_membership_member(mx, ds_swimnet_id(net, x), &self), 0);
+    tell_dead(net, x, 0, r0 + 20, &self);
     cr_expect_eq(self.incarnation, 1);
     cr_expect_eq(self.state, DS_MEMBER_ALIVE);
     cr_expect_eq(self.join_round, join0, "a cancelled death keeps the join round");
@@ -387,10 +395,7 @@ Test(membership, death_cancelled_or_rejoined)
      * incarnation, keeps its join round and never leaves its partners'
      * views. */
     const uint64_t r1 = ds_swimnet_round(net), t1 = ds_swimnet_now(net);
-    record_about(net, x, DS_MEMBER_DEAD, 5, r1 - 1, &rec);
-    len = craft(net, DS_MSG_PING, 1, x, buf, sizeof(buf), &rec, 1);
-    cr_assert_eq(ds_swimnet_inject(net, x, ds_swimnet_addr(net, 1), buf, len), 0);
-    cr_assert_eq(ds_membership_member(mx, ds_swimnet_id(net, x), &self), 0);
+    tell_dead(net, x, 5, r1 - 1, &self);
     cr_expect_eq(self.incarnation, 6);
     cr_expect_eq(self.join_round, join0, "a refuted death keeps the join round");
     cr_expect_neq(ds_swimnet_first_at(net, x, DS_MEV_SELF_REFUTED, (int32_t)x, t1), UINT64_MAX);
@@ -414,10 +419,7 @@ Test(membership, death_cancelled_or_rejoined)
     ds_membership_stats_get(mx, &st);
     cr_assert_eq(st.alive, 1, "x sees %u alive while cut off", st.alive);
     const uint64_t r2 = ds_swimnet_round(net), t2 = ds_swimnet_now(net);
-    record_about(net, x, DS_MEMBER_DEAD, 10, r2 - 1, &rec);
-    len = craft(net, DS_MSG_PING, 1, x, buf, sizeof(buf), &rec, 1);
-    cr_assert_eq(ds_swimnet_inject(net, x, ds_swimnet_addr(net, 1), buf, len), 0);
-    cr_assert_eq(ds_membership_member(mx, ds_swimnet_id(net, x), &self), 0);
+    tell_dead(net, x, 10, r2 - 1, &self);
     cr_expect_eq(self.incarnation, 11);
     cr_expect_gt(self.join_round, r2, "rejoin round %llu", (unsigned long long)self.join_round);
     cr_expect_neq(ds_swimnet_first_at(net, x, DS_MEV_SELF_REJOINED, (int32_t)x, t2), UINT64_MAX);

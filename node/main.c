@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/hostport.h"
@@ -250,6 +251,32 @@ fail:
     return -1;
 }
 
+
+/* Seconds since this process was started (/proc/self/stat's starttime
+ * against CLOCK_BOOTTIME; 10 ms ticks), or -1 when unknown. */
+static double process_age_s(void)
+{
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f)
+        return -1;
+    const size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold anything */
+    unsigned long long start = 0;
+    /* After ")": state is field 3, starttime field 22. */
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d "
+                            "%*d %*d %*d %llu", &start) != 1)
+        return -1;
+    struct timespec now;
+    const long hz = sysconf(_SC_CLK_TCK);
+    if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &now) < 0)
+        return -1;
+    const double age = (double)now.tv_sec + (double)now.tv_nsec * 1e-9 - (double)start / (double)hz;
+    return age >= 0 ? age : -1;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     const char *path;
@@ -271,9 +298,11 @@ static int cmd_run(int argc, char **argv)
     if (slurm && apply_slurm(&c, path, nset, sets) < 0)
         return 2;
     ds_log_setup(c.node.name, c.node.log_level, NULL);
-    /* The first line: when the process started (dsbench elastic times a
-     * joiner from it). */
-    ds_info("node", "dsnode %s starting: pid %d, config %s", DS_VERSION, (int)getpid(), path);
+    /* The first line, with how long ago the process was started: the
+     * program's loading (shared libraries and their constructors) comes
+     * before any log line. dsbench elastic times a joiner from the exec. */
+    ds_info("node", "dsnode %s starting: pid %d, config %s, since_exec_s=%.2f", DS_VERSION,
+            (int)getpid(), path, process_age_s());
     if (ds_cpu_mask_error())
         ds_warn("kernels", "%s", ds_cpu_mask_error());
     const int code = ds_node_run(&c, resume, DS_RUN_PROCESS_EXITS);

@@ -11,6 +11,7 @@
  * compares them on seeded random inputs and skips when no device answers.
  * Run it with: meson test -C build cuda --verbose
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +28,46 @@ extern "C" {
 
 static cudaStream_t g_stream;
 static cublasHandle_t g_blas;
+
+/* cuBLAS is opened at run time, once a device has answered, not linked:
+ * libcublasLt's static constructors cost every process 0.5-0.9 s of CPU
+ * at start-up (perf: 70% of `dsnode --version` in call_init, most of it
+ * libcublasLt), CPU-only machines and nodes included. The header gives the
+ * types; these four are all the backend calls. */
+static struct {
+    void *lib;
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSgemm_v2) sgemm;
+} g_cublas;
+
+static int cublas_open(char *why, size_t why_len)
+{
+    if (g_cublas.lib)
+        return 0;
+    char name[32];
+    snprintf(name, sizeof(name), "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(why, why_len, "cannot load %s: %s", name, e ? e : "dlopen failed");
+        return -ENODEV;
+    }
+    g_cublas.create = (decltype(g_cublas.create))dlsym(lib, "cublasCreate_v2");
+    g_cublas.destroy = (decltype(g_cublas.destroy))dlsym(lib, "cublasDestroy_v2");
+    g_cublas.set_stream = (decltype(g_cublas.set_stream))dlsym(lib, "cublasSetStream_v2");
+    g_cublas.sgemm = (decltype(g_cublas.sgemm))dlsym(lib, "cublasSgemm_v2");
+    if (!g_cublas.create || !g_cublas.destroy || !g_cublas.set_stream || !g_cublas.sgemm) {
+        snprintf(why, why_len, "%s lacks cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2 "
+                 "or cublasSgemm_v2", name);
+        dlclose(lib);
+        memset(&g_cublas, 0, sizeof(g_cublas));
+        return -ENODEV;
+    }
+    g_cublas.lib = lib; /* kept open: the handle's code lives there */
+    return 0;
+}
 static double *g_scratch;      /* device: reduction results */
 static int g_ready;
 
@@ -95,7 +136,7 @@ static void cu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
                     const float *a, int lda, const float *b, int ldb, float beta,
                     float *c, int ldc)
 {
-    cublasSgemm(g_blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+    g_cublas.sgemm(g_blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
                 &beta, c, ldc);
 }
@@ -325,11 +366,13 @@ extern "C" int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_l
             snprintf(why, why_len, "cudaStreamCreate failed");
             return -ENODEV;
         }
-        if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) {
+        if (cublas_open(why, why_len) < 0)
+            goto fail_stream;
+        if (g_cublas.create(&g_blas) != CUBLAS_STATUS_SUCCESS) {
             snprintf(why, why_len, "cublasCreate failed");
             goto fail_stream;
         }
-        cublasSetStream(g_blas, g_stream);
+        g_cublas.set_stream(g_blas, g_stream);
         if (cudaMalloc(&g_scratch, 4 * sizeof(double)) != cudaSuccess) {
             snprintf(why, why_len, "cudaMalloc of scratch failed");
             goto fail_blas;
@@ -364,7 +407,7 @@ extern "C" int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_l
     return 0;
 
 fail_blas:
-    cublasDestroy(g_blas);
+    g_cublas.destroy(g_blas);
 fail_stream:
     cudaStreamDestroy(g_stream);
     return -ENODEV;
@@ -375,7 +418,7 @@ extern "C" void ds_ops_fini(ds_ops *ops)
     if (ops && ops->kind == DS_BACKEND_CUDA && g_ready) {
         cudaStreamSynchronize(g_stream);
         cudaFree(g_scratch);
-        cublasDestroy(g_blas);
+        g_cublas.destroy(g_blas);
         cudaStreamDestroy(g_stream);
         g_scratch = NULL;
         g_ready = 0;

@@ -57,9 +57,10 @@
  *   - join_spread: the first "member joined" line about the new node (in the
  *     log of the member that admitted it) to the last one among the other
  *     initial nodes; state_s: the new node's "joined through" line to its
- *     "model state received" line; in_view_s: the new node's first log
- *     line (its process started) to its first "view changed" with itself
- *     in the view (it trains in the view from that round).
+ *     "model state received" line; in_view_s: the new node's process
+ *     start (its first log line, less the since_exec_s it reports: the
+ *     program's loading comes before any line) to its first "view changed"
+ *     with itself in the view (it trains in the view from that round).
  *   - periods = seconds / the nodes' SWIM period (membership's default; the
  *     node config has no key for it).
  *   - false_deaths: "member dead" lines about any other node.
@@ -469,7 +470,7 @@ typedef struct nlog {
     double t_joined;       /* first "member joined name=<joiner>" */
     double t_self_joined;  /* first "joined through" */
     double t_state;        /* "model state received" */
-    double t_first;        /* its first log line (the process started) */
+    double t_first;        /* the process started (first line less since_exec_s) */
     double t_in_view;      /* first "view changed" with in_view=1 */
     double t_suspect;      /* first "member suspected name=<victim>" */
     double t_dead;         /* first "member dead name=<victim>" */
@@ -515,8 +516,13 @@ static void nlog_line(const cluster *c, nlog *l, char *line)
     ds_logline ll;
     if (!isfinite(t) || ds_logline_split(line, &ll) < 0)
         return;
-    if (!isfinite(l->t_first))
-        l->t_first = t;
+    if (!isfinite(l->t_first)) {
+        /* dsnode's first line says how long ago the process was started
+         * (its libraries load before any line). */
+        const char *ex = strstr(ll.msg, "since_exec_s=");
+        const double since = ex ? strtod(ex + 13, NULL) : 0;
+        l->t_first = t - (since > 0 ? since : 0);
+    }
     if (!strcmp(ll.component, "gossip")) {
         /* A peer ran this round with another view: the two did not know
          * the same members yet (logged rate-limited: a lower bound). */

@@ -614,6 +614,43 @@ Test(gossip, late_request_is_answered_and_applied_later)
     ds_fakenet_destroy(net);
 }
 
+/* Frames that carry another view epoch than this round's, older (dropped)
+ * or newer (kept for later), name their sender to peer_view_differs: the
+ * engine has membership compare notes with it. Frames of this epoch do
+ * not. */
+Test(gossip, a_frame_of_another_view_epoch_names_its_sender)
+{
+    make_layers();
+    ds_fakenet *net = ds_fakenet_create(3);
+    ds_fakenet_set_instant(net, 1);
+    float *x = calloc(n_params, 4);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 50;
+    ds_gossip *g;
+    cr_assert_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, x), 0);
+    cr_assert_eq(ds_gossip_set_view(g, 3, 0, 7), 0);
+    cr_assert_eq(ds_gossip_begin(g, x, 5), 0);
+    const uint32_t idx[1] = {0};
+    const float val[1] = {1.0f};
+    const uint64_t epochs[3] = {3, 9, 7}; /* older from 1, newer from 2, ours from 1 */
+    const uint32_t from[3] = {1, 2, 1};
+    for (int k = 0; k < 3; k++) {
+        ds_gmsg m = {.type = DS_GMSG_REQ, .from = from[k], .to = 0, .epoch = epochs[k],
+                     .round = 5, .round_now = 5, .segment = 0,
+                     .seg_len = (uint32_t)layers[0].len, .count = 1, .idx = idx, .val = val};
+        const ds_gossip_io *io = ds_fakenet_io(net, from[k]);
+        cr_assert_eq(io->send(io->ctx, &m, UINT64_MAX), 0);
+    }
+    ds_gossip_exchange(g, ds_fakenet_io(net, 0));
+    ds_gossip_end(g, x);
+    cr_expect_eq(ds_fakenet_view_differs(net, 1), 1, "node 1's frames: one of another epoch");
+    cr_expect_eq(ds_fakenet_view_differs(net, 2), 1, "node 2's newer epoch");
+    cr_expect_eq(ds_fakenet_view_differs(net, 0), 0);
+    ds_gossip_destroy(&g);
+    free(x);
+    ds_fakenet_destroy(net);
+}
+
 /* A REQ from a node that was not our in-neighbour in that (past) round
  * is not ours to answer: it gets STALE, and the initiator closes its
  * exchange without applying anything. */

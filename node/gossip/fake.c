@@ -32,6 +32,7 @@ struct ds_fakenet {
     struct fnode *node;
     pthread_mutex_t stats_lock;
     uint64_t *failures;
+    uint64_t *differs;
     uint64_t delivered;
     uint64_t timeouts;
     _Atomic uint64_t clock; /* the fake clock, ns */
@@ -150,6 +151,14 @@ static int fake_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
     return 1;
 }
 
+static void fake_differs(void *ctx, uint32_t peer)
+{
+    struct fnode *self = ctx;
+    pthread_mutex_lock(&self->net->stats_lock);
+    self->net->differs[peer]++;
+    pthread_mutex_unlock(&self->net->stats_lock);
+}
+
 static void fake_failed(void *ctx, uint32_t peer)
 {
     struct fnode *self = ctx;
@@ -164,6 +173,7 @@ ds_fakenet *ds_fakenet_create(uint32_t G)
     net->G = G;
     net->node = calloc(G, sizeof(*net->node));
     net->failures = calloc(G, sizeof(uint64_t));
+    net->differs = calloc(G, sizeof(uint64_t));
     atomic_init(&net->clock, 0);
     atomic_init(&net->instant, 0);
     pthread_mutex_init(&net->stats_lock, NULL);
@@ -180,6 +190,7 @@ ds_fakenet *ds_fakenet_create(uint32_t G)
         n->io.send = fake_send;
         n->io.recv = fake_recv;
         n->io.peer_failed = fake_failed;
+        n->io.peer_view_differs = fake_differs;
         n->io.now_ns = fake_now;
     }
     pthread_condattr_destroy(&ca);
@@ -202,6 +213,7 @@ void ds_fakenet_destroy(ds_fakenet *net)
     pthread_mutex_destroy(&net->stats_lock);
     free(net->node);
     free(net->failures);
+    free(net->differs);
     free(net);
 }
 
@@ -222,6 +234,14 @@ uint64_t ds_fakenet_failures(ds_fakenet *net, uint32_t peer)
 {
     pthread_mutex_lock(&net->stats_lock);
     uint64_t f = net->failures[peer];
+    pthread_mutex_unlock(&net->stats_lock);
+    return f;
+}
+
+uint64_t ds_fakenet_view_differs(ds_fakenet *net, uint32_t peer)
+{
+    pthread_mutex_lock(&net->stats_lock);
+    uint64_t f = net->differs[peer];
     pthread_mutex_unlock(&net->stats_lock);
     return f;
 }

@@ -32,6 +32,8 @@ const ds_gossip_io *ds_fakenet_io(ds_fakenet *net, uint32_t me);
 void ds_fakenet_set_dead(ds_fakenet *net, uint32_t node, int dead);
 /* How many times peer_failed named `peer`, over all nodes. */
 uint64_t ds_fakenet_failures(ds_fakenet *net, uint32_t peer);
+/* How many times peer_view_differs named `peer`, over all nodes. */
+uint64_t ds_fakenet_view_differs(ds_fakenet *net, uint32_t peer);
 uint64_t ds_fakenet_delivered(ds_fakenet *net);
 
 /* The fake clock, in nanoseconds (what every node's io->now_ns reads). */

@@ -1110,6 +1110,8 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     if (answer && (m->epoch != g->epoch || m->round < g->round) && late_answer(g, io, m))
         return 0;
     if (m->epoch != g->epoch) {
+        if (io->peer_view_differs && m->from < g->G)
+            io->peer_view_differs(io->ctx, m->from);
         if (m->epoch > g->epoch && m->type != DS_GMSG_STALE) {
             if (enqueue(g, m) < 0 && m->type == DS_GMSG_REQ)
                 refuse(g, io, m);

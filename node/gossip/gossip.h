@@ -94,6 +94,10 @@ typedef struct ds_gossip_io {
     int (*recv)(void *ctx, ds_gmsg *m, uint64_t deadline_ns);
     /* A peer missed a deadline (membership hears of it). May be NULL. */
     void (*peer_failed)(void *ctx, uint32_t peer);
+    /* A peer's frame carried another view epoch than this round's: the
+     * two do not know the same members (membership may compare notes with
+     * it). Not a failure. May be NULL. */
+    void (*peer_view_differs)(void *ctx, uint32_t peer);
     /* Now, in nanoseconds, on the clock the deadlines are on. Required. */
     uint64_t (*now_ns)(void *ctx);
 } ds_gossip_io;

@@ -43,6 +43,8 @@ struct ds_gnet {
     uint32_t G;       /* view indices: groups (of one, without hierarchy) */
     void (*failed_fn)(void *ctx, uint64_t id);
     void *failed_ctx;
+    void (*differs_fn)(void *ctx, uint64_t id);
+    void *differs_ctx;
     void (*heard_fn)(void *ctx, uint64_t id);
     void *heard_ctx;
     const atomic_int *stop; /* non-zero: waits end (may be NULL) */
@@ -227,6 +229,14 @@ static void gnet_failed(void *ctx, uint32_t peer)
         g->failed_fn(g->failed_ctx, id);
 }
 
+static void gnet_view_differs(void *ctx, uint32_t peer)
+{
+    ds_gnet *g = ctx;
+    const uint64_t id = ds_gnet_view_id(g, peer);
+    if (id && g->differs_fn)
+        g->differs_fn(g->differs_ctx, id);
+}
+
 int ds_gnet_create(ds_gnet **out, ds_net *net, uint32_t max_count, size_t max_queue_bytes)
 {
     *out = NULL;
@@ -254,6 +264,7 @@ int ds_gnet_create(ds_gnet **out, ds_net *net, uint32_t max_count, size_t max_qu
     g->io.send = gnet_send;
     g->io.recv = gnet_recv;
     g->io.peer_failed = gnet_failed;
+    g->io.peer_view_differs = gnet_view_differs;
     g->io.now_ns = ds_gossip_monotonic_ns;
     *out = g;
     return 0;
@@ -452,6 +463,12 @@ void ds_gnet_set_failure_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), vo
 void ds_gnet_set_stop(ds_gnet *g, const atomic_int *flag)
 {
     g->stop = flag;
+}
+
+void ds_gnet_set_view_differs_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx)
+{
+    g->differs_fn = fn;
+    g->differs_ctx = ctx;
 }
 
 void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx)

@@ -85,6 +85,11 @@ uint64_t ds_gnet_view_id(ds_gnet *g, uint32_t i);
 const ds_gossip_io *ds_gnet_io(ds_gnet *g);
 void ds_gnet_set_failure_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx);
 
+/* Called (the gossip thread) with the node id of a peer whose frame
+ * carried another view epoch than this round's (ds_gossip_io's
+ * peer_view_differs). */
+void ds_gnet_set_view_differs_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx);
+
 /* Called (net worker thread) with the sender's node id of every gossip
  * frame received: the peer is alive. */
 void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void *ctx);

@@ -122,6 +122,20 @@ static void gossip_failed_hook(void *ctx, uint64_t id)
     peer_missed(r, id, 0);
 }
 
+/* A peer ran a round with another view than ours: one of us has not heard
+ * of a change yet (a heal: the other side's refutations, or a join).
+ * Membership probes it early (at most once a period): the PING and the ACK
+ * carry each side's recent records. After a 2|2 heal a member learned of
+ * the other side 1.3 s after its own partner did, dropping that partner's
+ * frames as "other view epoch" the whole time (docs/membership.md). */
+static void view_differs_hook(void *ctx, uint64_t id)
+{
+    rt *r = ctx;
+    ds_membership *ms = atomic_load(&r->ms);
+    if (ms)
+        ds_membership_hint(ms, id, ds_now_ms());
+}
+
 static void on_net_recv(void *ctx, ds_net_rx *rx)
 {
     rt *r = ctx;
@@ -676,6 +690,7 @@ int ds_engine_listen(ds_engine *r)
         return e;
     }
     ds_gnet_set_failure_hook(r->gn, gossip_failed_hook, r);
+    ds_gnet_set_view_differs_hook(r->gn, view_differs_hook, r);
     ds_gnet_set_heard_hook(r->gn, heard_hook, r);
     ds_gnet_set_stop(r->gn, r->stop.signal);
     atomic_store(&r->gn_ready, 1);

@@ -148,7 +148,12 @@ typedef struct ds_ops {
     int (*download)(void *dst_host, const void *src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes);
     int (*memzero)(void *dst, size_t bytes);
+    /* Waits for every queued op; 0, or -EIO when one failed since the
+     * backend started (a launch, a library status, a copy: ops that return
+     * nothing record their failure for it). */
     int (*sync)(void);
+    /* What failed ("k_sgd: an illegal memory access ..."), or NULL. */
+    const char *(*error)(void);
 
     ds_gemm_fn gemm;
     ds_bias_add_fn bias_add;

@@ -302,6 +302,7 @@ static int host_memzero(void *dst, size_t bytes)
 }
 
 static int host_sync(void) { return 0; }
+static const char *host_error(void) { return NULL; }
 
 void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
 {
@@ -314,6 +315,7 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
     ops->copy = host_copy;
     ops->memzero = host_memzero;
     ops->sync = host_sync;
+    ops->error = host_error;
 
     ops->gemm = ds_gemm_c;
     ops->bias_add = ds_bias_add_c;

@@ -13,6 +13,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -68,8 +69,34 @@ static int cublas_open(char *why, size_t why_len)
     g_cublas.lib = lib; /* kept open: the handle's code lives there */
     return 0;
 }
+
 static double *g_scratch;      /* device: reduction results */
 static int g_ready;
+
+/* The first failure since the last sync (a launch, a cuBLAS status, an
+ * asynchronous copy or memset): ops->sync returns -EIO while one is set,
+ * and ops->error says what it was. Ops that return nothing record here;
+ * a step that syncs (node/train/train.c) fails on it, so nothing goes on
+ * computing from a fault's leftovers. */
+static int g_failed;
+static char g_error[160];
+
+static void fail(const char *what, const char *why)
+{
+    if (g_failed)
+        return;
+    g_failed = 1;
+    snprintf(g_error, sizeof(g_error), "%s: %s", what, why);
+}
+
+static void note(cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess)
+        fail(what, cudaGetErrorString(e));
+}
+
+/* After a kernel launch: a bad configuration or a fault already known. */
+#define LAUNCHED(name) note(cudaGetLastError(), name)
 
 static unsigned grid_for(size_t n)
 {
@@ -89,7 +116,9 @@ static void *cu_alloc(size_t bytes)
         rounded = 64;
     if (cudaMalloc(&p, rounded) != cudaSuccess)
         return NULL;
-    if (cudaMemset(p, 0, rounded) != cudaSuccess) {
+    /* On the ops' stream, not the legacy one, and finished before use. */
+    if (cudaMemsetAsync(p, 0, rounded, g_stream) != cudaSuccess ||
+        cudaStreamSynchronize(g_stream) != cudaSuccess) {
         cudaFree(p);
         return NULL;
     }
@@ -104,29 +133,46 @@ static void cu_free(void *p)
 
 static int cu_err(cudaError_t e) { return e == cudaSuccess ? 0 : -EIO; }
 
+/* A call whose failure is also kept for sync and error. */
+static int cu_check(cudaError_t e, const char *what)
+{
+    note(e, what);
+    return cu_err(e);
+}
+
 static int cu_upload(void *dst, const void *src, size_t bytes)
 {
-    int ret = cu_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
-    return ret ? ret : cu_err(cudaStreamSynchronize(g_stream));
+    int ret = cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream),
+                       "upload");
+    return ret ? ret : cu_check(cudaStreamSynchronize(g_stream), "upload");
 }
 
 static int cu_download(void *dst, const void *src, size_t bytes)
 {
-    int ret = cu_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
-    return ret ? ret : cu_err(cudaStreamSynchronize(g_stream));
+    int ret = cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream),
+                       "download");
+    return ret ? ret : cu_check(cudaStreamSynchronize(g_stream), "download");
 }
 
 static int cu_copy(void *dst, const void *src, size_t bytes)
 {
-    return cu_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
+    return cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream), "copy");
 }
 
 static int cu_memzero(void *dst, size_t bytes)
 {
-    return cu_err(cudaMemsetAsync(dst, 0, bytes, g_stream));
+    return cu_check(cudaMemsetAsync(dst, 0, bytes, g_stream), "memzero");
 }
 
-static int cu_sync(void) { return cu_err(cudaStreamSynchronize(g_stream)); }
+/* Waits for the stream; -EIO when it or anything since the last sync
+ * failed (the failure stays: a device fault is not cleared by a sync). */
+static int cu_sync(void)
+{
+    note(cudaStreamSynchronize(g_stream), "sync");
+    return g_failed ? -EIO : 0;
+}
+
+static const char *cu_error(void) { return g_failed ? g_error : NULL; }
 
 /* ---- GEMM: row-major on top of column-major cuBLAS ------------------------- */
 
@@ -136,9 +182,15 @@ static void cu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
                     const float *a, int lda, const float *b, int ldb, float beta,
                     float *c, int ldc)
 {
-    g_cublas.sgemm(g_blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
-                &beta, c, ldc);
+    const cublasStatus_t st =
+        g_cublas.sgemm(g_blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
+                       &beta, c, ldc);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        char why[32];
+        snprintf(why, sizeof(why), "cuBLAS status %d", (int)st);
+        fail("cublasSgemm", why);
+    }
 }
 
 /* ---- elementwise ------------------------------------------------------------ */
@@ -154,6 +206,7 @@ __global__ void k_bias_add(float *y, const float *bias, int rows, int cols)
 static void cu_bias_add(float *y, const float *bias, int rows, int cols)
 {
     k_bias_add<<<grid_for((size_t)rows * cols), THREADS, 0, g_stream>>>(y, bias, rows, cols);
+    LAUNCHED("k_bias_add");
 }
 
 __global__ void k_bias_grad(float *db, const float *dy, int rows, int cols)
@@ -169,6 +222,7 @@ __global__ void k_bias_grad(float *db, const float *dy, int rows, int cols)
 static void cu_bias_grad(float *db, const float *dy, int rows, int cols)
 {
     k_bias_grad<<<grid_for((size_t)cols), THREADS, 0, g_stream>>>(db, dy, rows, cols);
+    LAUNCHED("k_bias_grad");
 }
 
 __global__ void k_relu_fwd(float *y, const float *x, size_t n)
@@ -181,6 +235,7 @@ __global__ void k_relu_fwd(float *y, const float *x, size_t n)
 static void cu_relu_fwd(float *y, const float *x, size_t n)
 {
     k_relu_fwd<<<grid_for(n), THREADS, 0, g_stream>>>(y, x, n);
+    LAUNCHED("k_relu_fwd");
 }
 
 __global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
@@ -193,6 +248,7 @@ __global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
 static void cu_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
 {
     k_relu_bwd<<<grid_for(n), THREADS, 0, g_stream>>>(dx, dy, y, n);
+    LAUNCHED("k_relu_bwd");
 }
 
 __global__ void k_sgd(float *theta, float *mom, const float *grad, size_t n, float lr,
@@ -214,6 +270,7 @@ static void cu_sgd(float *theta, float *mom, const float *grad, size_t n, const 
 {
     k_sgd<<<grid_for(n), THREADS, 0, g_stream>>>(theta, mom, grad, n, p->lr, p->momentum,
                                                  p->weight_decay, p->nesterov);
+    LAUNCHED("k_sgd");
 }
 
 __global__ void k_axpy(size_t n, float a, const float *x, float *y)
@@ -226,6 +283,7 @@ __global__ void k_axpy(size_t n, float a, const float *x, float *y)
 static void cu_axpy(size_t n, float a, const float *x, float *y)
 {
     k_axpy<<<grid_for(n), THREADS, 0, g_stream>>>(n, a, x, y);
+    LAUNCHED("k_axpy");
 }
 
 __global__ void k_scale(size_t n, float a, float *x)
@@ -238,6 +296,7 @@ __global__ void k_scale(size_t n, float a, float *x)
 static void cu_scale(size_t n, float a, float *x)
 {
     k_scale<<<grid_for(n), THREADS, 0, g_stream>>>(n, a, x);
+    LAUNCHED("k_scale");
 }
 
 /* ---- reductions: grid-stride partial sums in double, block tree, one
@@ -271,9 +330,12 @@ static double cu_reduce(int kind, size_t n, const float *x, const float *y)
     unsigned g = grid_for(n);
     if (g > 1024)
         g = 1024;
-    cudaMemsetAsync(g_scratch, 0, sizeof(double), g_stream);
+    note(cudaMemsetAsync(g_scratch, 0, sizeof(double), g_stream), "reduce");
     k_reduce<<<g, THREADS, 0, g_stream>>>(kind, n, x, y, g_scratch);
-    cu_download(&h, g_scratch, sizeof(h));
+    LAUNCHED("k_reduce");
+    /* A failed reduction is NaN, never a zero that looks valid. */
+    if (cu_download(&h, g_scratch, sizeof(h)) < 0 || g_failed)
+        return NAN;
     return h;
 }
 
@@ -334,11 +396,13 @@ static void cu_softmax_xent(float *dlogits, const float *logits, const int32_t *
     unsigned g = grid_for((size_t)rows);
     if (g > 256)
         g = 256;
-    cudaMemsetAsync(g_scratch, 0, 2 * sizeof(double), g_stream);
+    note(cudaMemsetAsync(g_scratch, 0, 2 * sizeof(double), g_stream), "softmax_xent");
     k_softmax_xent<<<g, THREADS, 0, g_stream>>>(dlogits, logits, labels, rows, cols, g_scratch);
-    cu_download(h, g_scratch, sizeof(h));
+    LAUNCHED("k_softmax_xent");
+    if (cu_download(h, g_scratch, sizeof(h)) < 0 || g_failed)
+        h[0] = h[1] = NAN; /* never a loss of 0 that looks valid */
     *loss_sum = h[0];
-    *correct = (int64_t)(h[1] + 0.5);
+    *correct = isnan(h[1]) ? -1 : (int64_t)(h[1] + 0.5);
 }
 
 /* ---- init -------------------------------------------------------------------- */
@@ -390,6 +454,7 @@ extern "C" int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_l
     ops->copy = cu_copy;
     ops->memzero = cu_memzero;
     ops->sync = cu_sync;
+    ops->error = cu_error;
     ops->gemm = cu_gemm;
     ops->bias_add = cu_bias_add;
     ops->bias_grad = cu_bias_grad;

@@ -307,6 +307,17 @@ static int save_checkpoint(run *u)
     return e;
 }
 
+/* ": what failed" from the backend (a CUDA fault), or "". */
+static const char *backend_error(ds_trainer *t)
+{
+    static char buf[200];
+    const char *e = t->ops.error ? t->ops.error() : NULL;
+    if (!e)
+        return "";
+    snprintf(buf, sizeof(buf), ": %s", e);
+    return buf;
+}
+
 /* Train until train.steps or a stop signal. 0, or the negative errno of
  * a failed step or evaluation. */
 static int train_loop(run *u)
@@ -329,7 +340,8 @@ static int train_loop(run *u)
             continue; /* a joiner shadowing the cluster: no step of ours */
         const uint64_t t0 = ds_now_ns();
         if ((e = ds_trainer_compute_grad(t, &u->loss, NULL)) < 0) {
-            ds_error("train", "step %lld failed: %s", (long long)t->step, strerror(-e));
+            ds_error("train", "step %lld failed: %s%s", (long long)t->step, strerror(-e),
+                     backend_error(t));
             return e;
         }
         ds_engine_reduce(u->e, t->step);
@@ -349,7 +361,7 @@ static int train_loop(run *u)
         if ((c->train.eval_every > 0 && t->step % c->train.eval_every == 0) || t->step == steps) {
             ds_engine_settle(u->e);
             if ((e = ds_trainer_evaluate(t, &u->test_loss, &u->test_acc)) < 0) {
-                ds_error("eval", "evaluation failed: %s", strerror(-e));
+                ds_error("eval", "evaluation failed: %s%s", strerror(-e), backend_error(t));
                 return e;
             }
             ds_info("eval", "step=%lld test_loss=%.4f test_acc=%.4f", (long long)t->step,

@@ -208,6 +208,10 @@ int ds_trainer_compute_grad(ds_trainer *t, double *loss, double *acc)
     double ls;
     int64_t good;
     ret = ds_model_forward_backward(&t->model, t->theta, t->grad, t->x_dev, t->y_dev, b, &ls, &good);
+    /* A device fault (the last step's optimizer included) fails the step
+     * here: nothing goes on from a failed kernel's leftovers. */
+    if (ret == 0)
+        ret = t->ops.sync();
     if (ret < 0)
         return ret;
     t->samples += (uint64_t)b;
@@ -256,6 +260,8 @@ int ds_trainer_evaluate(ds_trainer *t, double *loss, double *acc)
         int64_t good;
         ret = ds_model_forward_backward(&t->model, t->theta, NULL, t->x_dev, t->y_dev, b, &ls,
                                         &good);
+        if (ret == 0)
+            ret = t->ops.sync();
         if (ret < 0)
             return ret;
         ls_total += ls;

@@ -251,7 +251,6 @@ fail:
     return -1;
 }
 
-
 /* Seconds since this process was started (/proc/self/stat's starttime
  * against CLOCK_BOOTTIME; 10 ms ticks), or -1 when unknown. */
 static double process_age_s(void)

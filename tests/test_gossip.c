@@ -614,22 +614,32 @@ Test(gossip, late_request_is_answered_and_applied_later)
     ds_fakenet_destroy(net);
 }
 
+/* Node 0 of three on an instant fake network, in round 5 of view epoch
+ * `epoch` (a 50 ms timeout); *x is its model. */
+static ds_gossip *node0_in_round5(ds_fakenet **net, float **x, uint64_t epoch)
+{
+    make_layers();
+    *net = ds_fakenet_create(3);
+    ds_fakenet_set_instant(*net, 1);
+    *x = calloc(n_params, 4);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.timeout_ms = 50;
+    ds_gossip *g;
+    cr_assert_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, *x), 0);
+    cr_assert_eq(ds_gossip_set_view(g, 3, 0, epoch), 0);
+    cr_assert_eq(ds_gossip_begin(g, *x, 5), 0);
+    return g;
+}
+
 /* Frames that carry another view epoch than this round's, older (dropped)
  * or newer (kept for later), name their sender to peer_view_differs: the
  * engine has membership compare notes with it. Frames of this epoch do
  * not. */
 Test(gossip, a_frame_of_another_view_epoch_names_its_sender)
 {
-    make_layers();
-    ds_fakenet *net = ds_fakenet_create(3);
-    ds_fakenet_set_instant(net, 1);
-    float *x = calloc(n_params, 4);
-    ds_gossip_cfg cfg = base_cfg();
-    cfg.timeout_ms = 50;
-    ds_gossip *g;
-    cr_assert_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, x), 0);
-    cr_assert_eq(ds_gossip_set_view(g, 3, 0, 7), 0);
-    cr_assert_eq(ds_gossip_begin(g, x, 5), 0);
+    ds_fakenet *net;
+    float *x;
+    ds_gossip *g = node0_in_round5(&net, &x, 7);
     const uint32_t idx[1] = {0};
     const float val[1] = {1.0f};
     const uint64_t epochs[3] = {3, 9, 7}; /* older from 1, newer from 2, ours from 1 */
@@ -656,16 +666,10 @@ Test(gossip, a_frame_of_another_view_epoch_names_its_sender)
  * exchange without applying anything. */
 Test(gossip, past_request_from_a_stranger_gets_stale)
 {
-    make_layers();
-    ds_fakenet *net = ds_fakenet_create(3);
-    ds_fakenet_set_instant(net, 1);
-    float *x = calloc(n_params, 4);
-    ds_gossip_cfg cfg = base_cfg();
-    cfg.timeout_ms = 50;
-    ds_gossip *g;
-    cr_assert_eq(ds_gossip_create(&g, &cfg, layers, NL, n_params, x), 0);
-    cr_assert_eq(ds_gossip_set_view(g, 3, 0, 1), 0);
-    cr_assert_eq(ds_gossip_begin(g, x, 5), 0);
+    ds_fakenet *net;
+    float *x;
+    ds_gossip *g = node0_in_round5(&net, &x, 1);
+    const ds_gossip_cfg cfg = base_cfg(); /* its seed and topology */
     /* Find a (round, segment) in the past where node 1 was not our
      * in-neighbour, and send its REQ from node 1. */
     uint32_t scratch[3], in[3], target, n_in = 0;

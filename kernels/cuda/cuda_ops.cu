@@ -73,9 +73,9 @@ static int cublas_open(char *why, size_t why_len)
 static double *g_scratch;      /* device: reduction results */
 static int g_ready;
 
-/* The first failure since the last sync (a launch, a cuBLAS status, an
- * asynchronous copy or memset): ops->sync returns -EIO while one is set,
- * and ops->error says what it was. Ops that return nothing record here;
+/* The first failure since the backend started (a launch, a cuBLAS
+ * status, an asynchronous copy or memset): ops->sync returns -EIO from
+ * then on, and ops->error says what it was. Ops that return nothing record here;
  * a step that syncs (node/train/train.c) fails on it, so nothing goes on
  * computing from a fault's leftovers. */
 static int g_failed;
@@ -131,13 +131,11 @@ static void cu_free(void *p)
         cudaFree(p);
 }
 
-static int cu_err(cudaError_t e) { return e == cudaSuccess ? 0 : -EIO; }
-
-/* A call whose failure is also kept for sync and error. */
+/* 0, or -EIO with the failure kept for sync and error. */
 static int cu_check(cudaError_t e, const char *what)
 {
     note(e, what);
-    return cu_err(e);
+    return e == cudaSuccess ? 0 : -EIO;
 }
 
 static int cu_upload(void *dst, const void *src, size_t bytes)

@@ -151,20 +151,32 @@ static int fake_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
     return 1;
 }
 
+/* One more in a per-peer count (failures, differs), and one read back. */
+static void count_peer(ds_fakenet *net, uint64_t *counts, uint32_t peer)
+{
+    pthread_mutex_lock(&net->stats_lock);
+    counts[peer]++;
+    pthread_mutex_unlock(&net->stats_lock);
+}
+
+static uint64_t peer_count(ds_fakenet *net, const uint64_t *counts, uint32_t peer)
+{
+    pthread_mutex_lock(&net->stats_lock);
+    const uint64_t c = counts[peer];
+    pthread_mutex_unlock(&net->stats_lock);
+    return c;
+}
+
 static void fake_differs(void *ctx, uint32_t peer)
 {
     struct fnode *self = ctx;
-    pthread_mutex_lock(&self->net->stats_lock);
-    self->net->differs[peer]++;
-    pthread_mutex_unlock(&self->net->stats_lock);
+    count_peer(self->net, self->net->differs, peer);
 }
 
 static void fake_failed(void *ctx, uint32_t peer)
 {
     struct fnode *self = ctx;
-    pthread_mutex_lock(&self->net->stats_lock);
-    self->net->failures[peer]++;
-    pthread_mutex_unlock(&self->net->stats_lock);
+    count_peer(self->net, self->net->failures, peer);
 }
 
 ds_fakenet *ds_fakenet_create(uint32_t G)
@@ -232,18 +244,12 @@ void ds_fakenet_set_dead(ds_fakenet *net, uint32_t node, int dead)
 
 uint64_t ds_fakenet_failures(ds_fakenet *net, uint32_t peer)
 {
-    pthread_mutex_lock(&net->stats_lock);
-    uint64_t f = net->failures[peer];
-    pthread_mutex_unlock(&net->stats_lock);
-    return f;
+    return peer_count(net, net->failures, peer);
 }
 
 uint64_t ds_fakenet_view_differs(ds_fakenet *net, uint32_t peer)
 {
-    pthread_mutex_lock(&net->stats_lock);
-    uint64_t f = net->differs[peer];
-    pthread_mutex_unlock(&net->stats_lock);
-    return f;
+    return peer_count(net, net->differs, peer);
 }
 
 uint64_t ds_fakenet_delivered(ds_fakenet *net)

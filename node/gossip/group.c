@@ -150,33 +150,32 @@ static int grow_floats(float **buf, size_t *cap, size_t need)
     return 0;
 }
 
+/* p reallocated to `bytes`, or p itself with *fail set (p stays valid). */
+static void *resized(void *p, size_t bytes, int *fail)
+{
+    void *q = realloc(p, bytes);
+    if (!q) {
+        *fail = 1;
+        return p;
+    }
+    return q;
+}
+
 /* Room for G members' contributions to a chunk of up to len floats (and
  * the ring's and butterfly's per-member arrays). */
 static int reserve(ds_greduce *r, uint32_t G, size_t len)
 {
     if (G > r->cap_G) {
-        uint8_t *g = realloc(r->got, G), *h = realloc(r->have, G), *l = realloc(r->listed, G);
-        if (g)
-            r->got = g;
-        if (h)
-            r->have = h;
-        if (l)
-            r->listed = l;
-        float **ls = realloc(r->list, G * sizeof(*ls));
-        if (ls)
-            r->list = ls;
-        uint32_t *ln = realloc(r->list_n, G * sizeof(*ln)), *lc = realloc(r->list_cap, G * sizeof(*lc));
-        if (ln)
-            r->list_n = ln;
-        if (lc)
-            r->list_cap = lc;
-        uint32_t *lv = realloc(r->live, G * sizeof(*lv));
-        if (lv)
-            r->live = lv;
-        float *cn = realloc(r->cnt, G * sizeof(*cn));
-        if (cn)
-            r->cnt = cn;
-        if (!g || !h || !l || !ls || !ln || !lc || !lv || !cn)
+        int fail = 0;
+        r->got = resized(r->got, G, &fail);
+        r->have = resized(r->have, G, &fail);
+        r->listed = resized(r->listed, G, &fail);
+        r->list = resized(r->list, G * sizeof(*r->list), &fail);
+        r->list_n = resized(r->list_n, G * sizeof(*r->list_n), &fail);
+        r->list_cap = resized(r->list_cap, G * sizeof(*r->list_cap), &fail);
+        r->live = resized(r->live, G * sizeof(*r->live), &fail);
+        r->cnt = resized(r->cnt, G * sizeof(*r->cnt), &fail);
+        if (fail)
             return -ENOMEM;
         for (uint32_t i = r->cap_G; i < G; i++) {
             r->list[i] = NULL;
@@ -389,19 +388,12 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
 static int reserve_steps(ds_greduce *r, uint32_t steps, size_t floats)
 {
     if (steps > r->steps_cap) {
-        uint32_t *f = realloc(r->step_from, steps * sizeof(*f));
-        if (f)
-            r->step_from = f;
-        size_t *l = realloc(r->step_len, steps * sizeof(*l));
-        if (l)
-            r->step_len = l;
-        size_t *o = realloc(r->step_off, steps * sizeof(*o));
-        if (o)
-            r->step_off = o;
-        uint8_t *g = realloc(r->step_got, steps);
-        if (g)
-            r->step_got = g;
-        if (!f || !l || !o || !g)
+        int fail = 0;
+        r->step_from = resized(r->step_from, steps * sizeof(*r->step_from), &fail);
+        r->step_len = resized(r->step_len, steps * sizeof(*r->step_len), &fail);
+        r->step_off = resized(r->step_off, steps * sizeof(*r->step_off), &fail);
+        r->step_got = resized(r->step_got, steps, &fail);
+        if (fail)
             return -ENOMEM;
         r->steps_cap = steps;
     }

@@ -408,7 +408,8 @@ static void apply_self(ds_membership *m, const ds_wire_member *u, int table, uin
             refute(m, u->incarnation, 0, now);
             break;
         }
-        if (u->state == DS_MEMBER_DEAD && n_live(m) > 1) {
+        const uint32_t live = n_live(m); /* ourselves included */
+        if (u->state == DS_MEMBER_DEAD && live > 1) {
             /* Removed already, but we trained on with live partners the
              * whole time (a partition's other side declared us dead): our
              * model is as current as theirs, and our partners hold us in
@@ -418,7 +419,7 @@ static void apply_self(ds_membership *m, const ds_wire_member *u, int table, uin
              * partners' views until the new join round, leaving a member of
              * a 2|2 split alone in its view at the heal. */
             ds_info(COMP, "declared dead for removal round %" PRIu64 " while training with %" PRIu32
-                    " live partner(s): refuting", u->effective_round, n_live(m) - 1);
+                    " live partner(s): refuting", u->effective_round, live - 1);
             refute(m, u->incarnation, 0, now);
             break;
         }

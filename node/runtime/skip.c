@@ -7,15 +7,23 @@
 
 #include "node/runtime/skip.h"
 
+/* The entry of `id`, or -1. */
+static int find(const ds_skip_table *t, uint64_t id)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->ids[i] == id)
+            return i;
+    return -1;
+}
+
 /* The entry of `id`, a new one, or -ENOSPC. *fresh: it is new. */
 static int entry(ds_skip_table *t, uint64_t id, int *fresh)
 {
-    int i = 0;
-    while (i < t->n && t->ids[i] != id)
-        i++;
-    *fresh = i == t->n;
+    int i = find(t, id);
+    *fresh = i < 0;
     if (!*fresh)
         return i;
+    i = t->n;
     if (t->n == DS_SKIP_MAX)
         return -ENOSPC;
     t->ids[i] = id;
@@ -55,29 +63,25 @@ int ds_skip_hold(ds_skip_table *t, uint64_t id)
 
 void ds_skip_heard(ds_skip_table *t, uint64_t id)
 {
-    for (int i = 0; i < t->n; i++)
-        if (t->ids[i] == id) {
-            t->n--;
-            t->ids[i] = t->ids[t->n];
-            t->until[i] = t->until[t->n];
-            t->fails[i] = t->fails[t->n];
-            t->hard[i] = t->hard[t->n];
-            return;
-        }
+    const int i = find(t, id);
+    if (i < 0)
+        return;
+    t->n--;
+    t->ids[i] = t->ids[t->n];
+    t->until[i] = t->until[t->n];
+    t->fails[i] = t->fails[t->n];
+    t->hard[i] = t->hard[t->n];
 }
 
 enum ds_skip_verdict ds_skip_check(const ds_skip_table *t, uint64_t id, uint64_t round)
 {
-    for (int i = 0; i < t->n; i++)
-        if (t->ids[i] == id && round < t->until[i])
-            return t->hard[i] ? DS_SKIP_ALL : DS_SKIP_NOWAIT;
-    return DS_SKIP_WAIT;
+    const int i = find(t, id);
+    if (i < 0 || round >= t->until[i])
+        return DS_SKIP_WAIT;
+    return t->hard[i] ? DS_SKIP_ALL : DS_SKIP_NOWAIT;
 }
 
 int ds_skip_listed(const ds_skip_table *t, uint64_t id)
 {
-    for (int i = 0; i < t->n; i++)
-        if (t->ids[i] == id)
-            return 1;
-    return 0;
+    return find(t, id) >= 0;
 }

@@ -519,8 +519,9 @@ static void nlog_line(const cluster *c, nlog *l, char *line)
     if (!isfinite(l->t_first)) {
         /* dsnode's first line says how long ago the process was started
          * (its libraries load before any line). */
-        const char *ex = strstr(ll.msg, "since_exec_s=");
-        const double since = ex ? strtod(ex + 13, NULL) : 0;
+        static const char key[] = "since_exec_s=";
+        const char *ex = strstr(ll.msg, key);
+        const double since = ex ? strtod(ex + sizeof(key) - 1, NULL) : 0;
         l->t_first = t - (since > 0 ? since : 0);
     }
     if (!strcmp(ll.component, "gossip")) {

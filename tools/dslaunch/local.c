@@ -1398,7 +1398,7 @@ static void node_host(const struct launch *L, int i, char *buf, size_t len)
 /* Node i's host:port for `port` (IPv6 in brackets, base/hostport.h). */
 static void node_hostport(const struct launch *L, int i, int port, char *buf, size_t len)
 {
-    char host[DS_SSH_HOST_MAX];
+    char host[DS_HOST_MAX + 1];
     node_host(L, i, host, sizeof(host));
     if (ds_hostport_format(host, (uint16_t)port, buf, len) < 0)
         snprintf(buf, len, "?");

@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 
 PKGS=(meson ninja-build pkg-config gcc clang libc6-dev
       libfabric-dev libfabric-bin libsodium-dev libssl-dev libinih-dev libcriterion-dev
-      libopenblas-dev zlib1g-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev
+      libopenblas-dev zlib1g-dev libdeflate-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev
       dataset-fashion-mnist
       python3-torch python3-numpy iproute2 nftables libclang-rt-14-dev
       openssh-client)

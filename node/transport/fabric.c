@@ -17,8 +17,8 @@
  *
  * Runs on the progress thread, except fab_resolve (any thread: it only
  * asks fi_getinfo), the first open (ds_transport_open's thread, before
- * the progress thread exists) and the warm-up (its own thread: one
- * fi_getinfo).
+ * the progress thread exists) and the warm-up (its own thread: it loads
+ * libfabric, fabric_dl.c, and asks one fi_getinfo).
  */
 #include "config.h"
 
@@ -121,7 +121,7 @@ void fab_stack_close(tp_fab *t)
     if (t->fabric)
         fi_close(&t->fabric->fid);
     if (t->info)
-        fi_freeinfo(t->info);
+        tp_fi.freeinfo(t->info);
     t->ep = NULL;
     t->av = NULL;
     t->cq = NULL;
@@ -133,7 +133,7 @@ void fab_stack_close(tp_fab *t)
 
 static struct fi_info *make_hints(const char *provider)
 {
-    struct fi_info *h = fi_allocinfo();
+    struct fi_info *h = tp_fi.dupinfo(NULL);
     if (!h)
         return NULL;
     h->caps = FI_TAGGED;
@@ -143,7 +143,7 @@ static struct fi_info *make_hints(const char *provider)
     h->domain_attr->mr_mode = 0; /* we register nothing: providers that need it are skipped */
     h->fabric_attr->prov_name = strdup(provider);
     if (!h->fabric_attr->prov_name) {
-        fi_freeinfo(h);
+        tp_fi.freeinfo(h);
         return NULL;
     }
     return h;
@@ -159,13 +159,19 @@ static int warm_state; /* 0: never started, 1: running (to join), 2: done */
 
 static void *warm_main(void *arg)
 {
-    struct fi_info *hints = arg, *info = NULL;
-    /* The answer does not matter: the first fi_getinfo initialises
-     * libfabric and its providers, and a later one waits for it. */
-    if (fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints,
-                   &info) == 0)
-        fi_freeinfo(info);
-    fi_freeinfo(hints);
+    char *provider = arg;
+    /* Loading libfabric runs its dependencies' constructors (fabric_dl.c);
+     * the first fi_getinfo then initialises libfabric and its providers,
+     * and a later one waits for it. The answer does not matter. */
+    if (tp_fi_load(NULL, 0) == 0) {
+        struct fi_info *hints = make_hints(provider), *info = NULL;
+        if (hints && tp_fi.getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0,
+                                   hints, &info) == 0)
+            tp_fi.freeinfo(info);
+        if (hints)
+            tp_fi.freeinfo(hints);
+    }
+    free(provider);
     return NULL;
 }
 
@@ -174,11 +180,11 @@ void fab_warm(const char *provider)
     pthread_mutex_lock(&warm_mu);
     if (warm_state == 0) {
         warm_state = 2;
-        struct fi_info *hints = make_hints(provider);
-        if (hints && pthread_create(&warm_thr, NULL, warm_main, hints) == 0)
+        char *p = strdup(provider);
+        if (p && pthread_create(&warm_thr, NULL, warm_main, p) == 0)
             warm_state = 1;
         else
-            fi_freeinfo(hints);
+            free(p);
     }
     pthread_mutex_unlock(&warm_mu);
 }
@@ -286,24 +292,24 @@ int fab_stack_open(tp_fab *t, const char *port)
     struct fi_info *hints = make_hints(t->provider);
     if (!hints)
         return -ENOMEM;
-    r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), t->listen_host, port,
+    r = tp_fi.getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), t->listen_host, port,
                    FI_SOURCE, hints, &t->info);
-    fi_freeinfo(hints);
+    tp_fi.freeinfo(hints);
     if (r) {
         ds_error(COMP, "fi_getinfo provider=%s listen=%s:%s: %s", t->provider, t->listen_host,
-                 port, fi_strerror(-r));
+                 port, tp_fi.strerror(-r));
         t->info = NULL;
         return map_getinfo_err(r);
     }
     if (keep_wildcard_source(t, port) < 0) {
-        fi_freeinfo(t->info);
+        tp_fi.freeinfo(t->info);
         t->info = NULL;
         return -ENOMEM;
     }
     t->addr_format = t->info->addr_format;
     t->iov_limit = t->info->tx_attr ? t->info->tx_attr->iov_limit : 1;
     const char *step = "fi_fabric";
-    r = fi_fabric(t->info->fabric_attr, &t->fabric, NULL);
+    r = tp_fi.fabric(t->info->fabric_attr, &t->fabric, NULL);
     if (r)
         goto fail;
     step = "fi_domain";
@@ -332,7 +338,7 @@ int fab_stack_open(tp_fab *t, const char *port)
     return 0;
 fail:
     ds_error(COMP, "opening provider=%s on %s:%s failed at %s: %s", t->provider, t->listen_host,
-             port, step, fi_strerror(r < 0 ? -r : r));
+             port, step, tp_fi.strerror(r < 0 ? -r : r));
     fab_stack_close(t);
     return r == -FI_EADDRINUSE ? -EADDRINUSE : fab_errno(r);
 }
@@ -346,8 +352,8 @@ static int resolve_dest(tp_fab *t, const char *host, const char *port, uint8_t *
     struct fi_info *hints = make_hints(t->provider), *di = NULL;
     if (!hints)
         return -ENOMEM;
-    int r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), host, port, 0, hints, &di);
-    fi_freeinfo(hints);
+    int r = tp_fi.getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), host, port, 0, hints, &di);
+    tp_fi.freeinfo(hints);
     if (r)
         return -ENOENT;
     r = 0;
@@ -358,7 +364,7 @@ static int resolve_dest(tp_fab *t, const char *host, const char *port, uint8_t *
         memcpy(raw, di->dest_addr, di->dest_addrlen);
         *rawlen = di->dest_addrlen;
     }
-    fi_freeinfo(di);
+    tp_fi.freeinfo(di);
     return r;
 }
 
@@ -384,7 +390,7 @@ int fab_learn_name(tp_fab *t)
     size_t blen = sizeof(bound);
     int r = fi_getname(&t->ep->fid, bound, &blen);
     if (r) {
-        ds_error(COMP, "fi_getname: %s", fi_strerror(-r));
+        ds_error(COMP, "fi_getname: %s", tp_fi.strerror(-r));
         return fab_errno(r);
     }
     char text[DS_TRANSPORT_ADDR_MAX];
@@ -483,7 +489,7 @@ int fab_read_cq(tp_fab *t)
             continue;
         }
         if (n < 0) {
-            ds_log_rl(DS_LOG_ERROR, COMP, "fi_cq_read: %s", fi_strerror((int)-n));
+            ds_log_rl(DS_LOG_ERROR, COMP, "fi_cq_read: %s", tp_fi.strerror((int)-n));
             break;
         }
         for (ssize_t i = 0; i < n; i++)

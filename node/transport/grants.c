@@ -415,7 +415,7 @@ void fab_grant_complete(tp_fab *t, struct tp_rxbuf *rb, size_t len, int err)
         ST_ADD(t, quarantined_bytes, rb->cap);
         if (err != FI_ECANCELED) {
             fab_drop(t, DS_TP_DROP_RX_ERROR);
-            ds_log_rl(DS_LOG_WARN, COMP, "granted receive failed: %s", fi_strerror(err));
+            ds_log_rl(DS_LOG_WARN, COMP, "granted receive failed: %s", tp_fi.strerror(err));
         }
     } else {
         fab_rx_chunk(t, rb, len);

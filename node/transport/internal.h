@@ -373,6 +373,26 @@ static inline void fab_mark_busy(tp_fab *t, uint32_t slot)
     t->busy_head = slot + 1;
 }
 
+/* ---- fabric_dl.c: libfabric opened at run time -------------------------- */
+
+/* The functions libfabric exports that the backend calls; everything else
+ * in its API is inline. Filled once by tp_fi_load, read-only after: call
+ * them only once a load returned 0 (a transport that opened did). */
+struct tp_fi {
+    int (*getinfo)(uint32_t version, const char *node, const char *service, uint64_t flags,
+                   const struct fi_info *hints, struct fi_info **info);
+    void (*freeinfo)(struct fi_info *info);
+    struct fi_info *(*dupinfo)(const struct fi_info *info);
+    int (*fabric)(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+    const char *(*strerror)(int errnum);
+};
+extern struct tp_fi tp_fi;
+
+/* dlopen libfabric.so.<major> and look its functions up, once per process
+ * (any thread; later calls return the first answer). 0, or -ELIBACC /
+ * -ELIBBAD with the reason in why. */
+int tp_fi_load(char *why, size_t why_len);
+
 /* ---- fabric.c: the libfabric stack ------------------------------------ */
 
 int fab_errno(int fierr);

@@ -497,6 +497,12 @@ static int copy_strings(tp_fab *t, const ds_transport_opts *o)
 
 int tp_fabric_open(const ds_transport_opts *o, ds_transport **out)
 {
+    char why[256];
+    int lr = tp_fi_load(why, sizeof(why));
+    if (lr) {
+        ds_error(COMP, "%s", why);
+        return lr;
+    }
     tp_fab *t = calloc(1, sizeof(*t));
     if (!t)
         return -ENOMEM;

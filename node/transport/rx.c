@@ -615,7 +615,7 @@ int fab_post_receives(tp_fab *t)
         if (r == -FI_EAGAIN)
             break;
         if (r) {
-            ds_log_rl(DS_LOG_ERROR, COMP, "fi_trecv: %s", fi_strerror((int)-r));
+            ds_log_rl(DS_LOG_ERROR, COMP, "fi_trecv: %s", tp_fi.strerror((int)-r));
             break;
         }
         rb->posted = 1;
@@ -645,7 +645,7 @@ static void pool_failed(tp_fab *t, struct tp_rxbuf *rb, int err)
      * lesser risk than stopping receives) */
     if (err != FI_ECANCELED) {
         fab_drop(t, err == FI_ETRUNC ? DS_TP_DROP_TOO_BIG : DS_TP_DROP_RX_ERROR);
-        ds_log_rl(DS_LOG_WARN, COMP, "receive error: %s%s", fi_strerror(err),
+        ds_log_rl(DS_LOG_WARN, COMP, "receive error: %s%s", tp_fi.strerror(err),
                   err == FI_ETRUNC ? " (a chunk larger than this node's receive buffers: every "
                                      "node must use the same chunk size, ds_tp_opts.chunk_bytes, "
                                      "which no config key changes)" : "");

@@ -335,7 +335,7 @@ static void post_refused(tp_fab *t, uint32_t slot, struct tp_op *op, uint32_t id
         fab_ctrl_send_ids(t, slot, TP_CTRL_RELEASE, 0, &gid, 1);
     if (!op->is_abort && idx == 0)
         op->seq = 0;
-    ds_log_rl(DS_LOG_WARN, COMP, "fi_tsendv to %s: %s", p->addr, fi_strerror((int)-r));
+    ds_log_rl(DS_LOG_WARN, COMP, "fi_tsendv to %s: %s", p->addr, tp_fi.strerror((int)-r));
     if (!op->is_abort) {
         fab_op_fail(t, op, fab_errno((int)r));
         return;
@@ -474,7 +474,7 @@ void fab_tx_complete(tp_fab *t, struct tp_chunk *c, int err)
         ST_SUB(t, stuck_bytes, c->wire);
     if (err) {
         if (!op->is_abort && !op->reported) {
-            ds_log_rl(DS_LOG_WARN, COMP, "send to %s failed: %s", p->addr, fi_strerror(err));
+            ds_log_rl(DS_LOG_WARN, COMP, "send to %s failed: %s", p->addr, tp_fi.strerror(err));
             fab_op_fail(t, op, fab_errno(err));
             return; /* fab_op_fail retired it if nothing is pending */
         }

@@ -269,6 +269,71 @@ Test(transport, address_in_use)
     ep_close(&a);
 }
 
+/* ds_transport_warm opens the endpoint ahead (once per process: each
+ * Criterion test is a process of its own). The open for the same provider,
+ * address and peer count takes it over: were it not taken, the open would
+ * find its port in use; the endpoint then carries messages both ways. */
+Test(transport, warm_endpoint_taken_over)
+{
+    const unsigned port = free_port(AF_INET);
+    char listen[32];
+    snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+    ds_transport_opts o;
+    ds_transport_opts_default(&o);
+    o.listen = listen;
+    ds_transport_warm(&o);
+    struct ep a, b;
+    ds_transport_opts_default(&o);
+    o.listen = listen;
+    cr_assert_eq(ep_open_opts(&a, &o), 0);
+    cr_expect_str_eq(a.addr, listen);
+    ep_open(&b);
+    ds_transport_peer pa, pb;
+    cr_assert_eq(ds_transport_peer_add(b.t, a.addr, &pa), 0);
+    cr_assert_eq(ds_transport_peer_add(a.t, b.addr, &pb), 0);
+    const uint64_t dl = ds_now_ms() + 20000;
+    const size_t sizes[] = {0, 100, 65537, 3 * (1u << 20) + 5};
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert_eq(send_pattern(a.t, pb, sizes[i], SEED, i, dl, NULL), 0);
+        cr_assert_eq(send_pattern(b.t, pa, sizes[i], SEED + 1, i, dl, NULL), 0);
+    }
+    for (size_t i = 0; i < 4; i++) {
+        expect_msg(&a.in, pa, sizes[i], SEED + 1, i, 20000);
+        tp_item *it = tp_inbox_pop(&b.in, 20000);
+        cr_assert(it, "message %zu missing", i);
+        int ok;
+        uint64_t idx = tp_pattern_check(it->data, it->len, SEED, &ok);
+        cr_assert(ok && it->len == sizes[i] && (it->len < 8 || idx == i), "message %zu", i);
+        tp_item_free(it);
+    }
+    ep_close(&a);
+    ep_close(&b);
+}
+
+/* An open for another address closes the endpoint the warm-up opened: its
+ * port is free again once the open returns. */
+Test(transport, warm_endpoint_for_another_address_closed)
+{
+    const unsigned port = free_port(AF_INET);
+    char listen[32];
+    snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+    ds_transport_opts o;
+    ds_transport_opts_default(&o);
+    o.listen = listen;
+    ds_transport_warm(&o);
+    struct ep a;
+    ep_open(&a); /* 127.0.0.1:0, not the warm-up's address */
+    cr_expect_str_neq(a.addr, listen);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_expect_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0,
+                 "port %u still held after the open: %s", port, strerror(errno));
+    close(fd);
+    ep_close(&a);
+}
+
 /* ---- two and three endpoints ---------------------------------------- */
 
 static const size_t pair_sizes[] = {

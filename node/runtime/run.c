@@ -473,11 +473,15 @@ int ds_node_run(const ds_conf *c, const char *resume_path, unsigned flags)
     ds_run_train_cfg(c, &u.tc);
     if (ds_engine_open(&u.e, c, &stop) < 0)
         return 1;
-    /* libfabric initialises while the dataset loads: from the process's
-     * first log line to listening, 0.67 s against 0.75 s (median of 6
-     * alternating runs each, idle machine), so a joiner is in the view
-     * that much sooner. */
-    ds_transport_warm(c->transport.provider);
+    /* libfabric loads, initialises and opens the endpoint while the
+     * dataset loads, so a joiner is in the view that much sooner
+     * (docs/benchmarks.md, "Start-up"). The engine's open takes the
+     * endpoint over: the same provider, address and default peer count. */
+    ds_transport_opts warm;
+    ds_transport_opts_default(&warm);
+    warm.provider = c->transport.provider;
+    warm.listen = c->node.listen;
+    ds_transport_warm(&warm);
     if (ds_trainer_init(&u.t, &u.tc, err, sizeof(err)) < 0) {
         ds_error("node", "cannot start: %s", err);
         goto close_engine;

@@ -149,42 +149,97 @@ static struct fi_info *make_hints(const char *provider)
     return h;
 }
 
-/* ---- libfabric's one-time initialisation, ahead of time ----------------------- */
+/* ---- libfabric's initialisation and the first endpoint, ahead of time ---- */
 
 /* Process-wide, as libfabric's own initialisation is: one warm-up thread
- * per process, joined by the first open after it. */
+ * per process, joined by the first open after it. The thread loads
+ * libfabric (fabric_dl.c) and, given a listen address, opens the whole
+ * stack for it (fab_stack_open: the provider's buffer pools are most of
+ * an endpoint's opening); the first open adopts that stack when provider,
+ * address and peer count are the ones it asks for, and closes it
+ * otherwise. */
 static pthread_mutex_t warm_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t warm_thr;
-static int warm_state; /* 0: never started, 1: running (to join), 2: done */
+static int warm_state;     /* 0: never started, 1: running (to join), 2: done */
+static tp_fab *warm_stack; /* the stack opened ahead (only fields of the stack set) */
+
+static void warm_stack_free(tp_fab *w)
+{
+    if (!w)
+        return;
+    fab_stack_close(w);
+    free(w->provider);
+    free(w->listen_host);
+    free(w->listen_port);
+    free(w);
+}
 
 static void *warm_main(void *arg)
 {
-    char *provider = arg;
-    /* Loading libfabric runs its dependencies' constructors (fabric_dl.c);
-     * the first fi_getinfo then initialises libfabric and its providers,
-     * and a later one waits for it. The answer does not matter. */
+    tp_fab *w = arg;
+    /* Loading libfabric runs its dependencies' constructors; the first
+     * fi_getinfo then initialises libfabric and its providers. */
     if (tp_fi_load(NULL, 0) == 0) {
-        struct fi_info *hints = make_hints(provider), *info = NULL;
-        if (hints && tp_fi.getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0,
-                                   hints, &info) == 0)
-            tp_fi.freeinfo(info);
-        if (hints)
-            tp_fi.freeinfo(hints);
+        if (w->listen_host) {
+            /* Quiet: a failure here is repeated, and logged, by the open. */
+            if (fab_stack_open(w, w->listen_port) == 0) {
+                warm_stack = w; /* published by pthread_join */
+                return NULL;
+            }
+        } else {
+            struct fi_info *hints = make_hints(w->provider), *info = NULL;
+            if (hints && tp_fi.getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL,
+                                       NULL, 0, hints, &info) == 0)
+                tp_fi.freeinfo(info);
+            if (hints)
+                tp_fi.freeinfo(hints);
+        }
     }
-    free(provider);
+    warm_stack_free(w);
     return NULL;
 }
 
-void fab_warm(const char *provider)
+/* The warm-up's own tp_fab: the provider as tp_fabric_open names it, the
+ * listen address split, the peer count; quiet. NULL when out of memory
+ * or the address does not split (the open will say so). */
+static tp_fab *warm_args(const char *provider, const char *listen, unsigned max_peers)
+{
+    tp_fab *w = calloc(1, sizeof(*w));
+    if (!w)
+        return NULL;
+    w->quiet = 1;
+    w->cq_fd = -1;
+    w->o.max_peers = max_peers;
+    const char *prov = provider && *provider ? provider : "tcp";
+    w->provider = strdup(!strcmp(prov, "tcp") ? "tcp;ofi_rxm" : prov);
+    if (w->provider && listen) {
+        char host[DS_TRANSPORT_ADDR_MAX], port[8];
+        if (tp_split_hostport(listen, host, sizeof(host), port, sizeof(port)) == 0) {
+            w->listen_host = strdup(host);
+            w->listen_port = strdup(port);
+        }
+        if (!w->listen_host || !w->listen_port) {
+            warm_stack_free(w);
+            return NULL;
+        }
+    }
+    if (!w->provider) {
+        warm_stack_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void fab_warm(const char *provider, const char *listen, unsigned max_peers)
 {
     pthread_mutex_lock(&warm_mu);
     if (warm_state == 0) {
         warm_state = 2;
-        char *p = strdup(provider);
-        if (p && pthread_create(&warm_thr, NULL, warm_main, p) == 0)
+        tp_fab *w = warm_args(provider, listen, max_peers);
+        if (w && pthread_create(&warm_thr, NULL, warm_main, w) == 0)
             warm_state = 1;
         else
-            free(p);
+            warm_stack_free(w);
     }
     pthread_mutex_unlock(&warm_mu);
 }
@@ -197,6 +252,38 @@ void fab_warm_join(void)
         warm_state = 2;
     }
     pthread_mutex_unlock(&warm_mu);
+}
+
+int fab_warm_adopt(tp_fab *t)
+{
+    pthread_mutex_lock(&warm_mu);
+    tp_fab *w = warm_stack;
+    warm_stack = NULL;
+    pthread_mutex_unlock(&warm_mu);
+    if (!w)
+        return 0;
+    if (strcmp(w->provider, t->provider) || strcmp(w->listen_host, t->listen_host) ||
+        strcmp(w->listen_port, t->listen_port) || w->o.max_peers != t->o.max_peers) {
+        warm_stack_free(w);
+        return 0;
+    }
+    t->info = w->info;
+    t->fabric = w->fabric;
+    t->domain = w->domain;
+    t->cq = w->cq;
+    t->av = w->av;
+    t->ep = w->ep;
+    t->cq_fd = w->cq_fd;
+    t->addr_format = w->addr_format;
+    t->iov_limit = w->iov_limit;
+    w->info = NULL;
+    w->fabric = NULL;
+    w->domain = NULL;
+    w->cq = NULL;
+    w->av = NULL;
+    w->ep = NULL;
+    warm_stack_free(w);
+    return 1;
 }
 
 static int map_getinfo_err(int r)
@@ -296,8 +383,9 @@ int fab_stack_open(tp_fab *t, const char *port)
                    FI_SOURCE, hints, &t->info);
     tp_fi.freeinfo(hints);
     if (r) {
-        ds_error(COMP, "fi_getinfo provider=%s listen=%s:%s: %s", t->provider, t->listen_host,
-                 port, tp_fi.strerror(-r));
+        if (!t->quiet)
+            ds_error(COMP, "fi_getinfo provider=%s listen=%s:%s: %s", t->provider,
+                     t->listen_host, port, tp_fi.strerror(-r));
         t->info = NULL;
         return map_getinfo_err(r);
     }
@@ -337,8 +425,9 @@ int fab_stack_open(tp_fab *t, const char *port)
         goto fail;
     return 0;
 fail:
-    ds_error(COMP, "opening provider=%s on %s:%s failed at %s: %s", t->provider, t->listen_host,
-             port, step, tp_fi.strerror(r < 0 ? -r : r));
+    if (!t->quiet)
+        ds_error(COMP, "opening provider=%s on %s:%s failed at %s: %s", t->provider,
+                 t->listen_host, port, step, tp_fi.strerror(r < 0 ? -r : r));
     fab_stack_close(t);
     return r == -FI_EADDRINUSE ? -EADDRINUSE : fab_errno(r);
 }

@@ -262,6 +262,7 @@ typedef struct tp_fab {
     uint32_t addr_format;
     size_t iov_limit;            /* the provider's, for sends */
     int broken;                  /* stack closed, reopen pending */
+    int quiet;                   /* fab_stack_open logs nothing (the warm-up's) */
     uint64_t reopen_at_ms;
 
     int evfd;
@@ -398,6 +399,10 @@ int tp_fi_load(char *why, size_t why_len);
 int fab_errno(int fierr);
 int fab_addr_canon(uint32_t fmt, const uint8_t *raw, size_t len, char *out, size_t n);
 int fab_stack_open(tp_fab *t, const char *port);
+/* Take the warm-up's stack (fab_warm) into t when it was opened for t's
+ * provider, listen address and peer count: 1. Otherwise 0, and a stack
+ * opened for something else is closed. Any thread, after fab_warm_join. */
+int fab_warm_adopt(tp_fab *t);
 void fab_stack_close(tp_fab *t);
 int fab_learn_name(tp_fab *t);
 /* Any thread: resolve "host:port" for the provider into its raw address

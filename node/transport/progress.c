@@ -533,7 +533,7 @@ int tp_fabric_open(const ds_transport_opts *o, ds_transport **out)
         r = -errno;
         goto fail;
     }
-    r = fab_stack_open(t, t->listen_port);
+    r = fab_warm_adopt(t) ? 0 : fab_stack_open(t, t->listen_port);
     if (!r)
         r = fab_learn_name(t);
     if (!r && t->namelen > TP_NAME_MAX)

@@ -203,10 +203,10 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
     return tp_fabric_open(o, out);
 }
 
-void ds_transport_warm(const char *provider)
+void ds_transport_warm(const ds_transport_opts *o)
 {
-    if (provider && strcmp(provider, DS_TRANSPORT_INPROC) != 0)
-        fab_warm(provider);
+    if (o && !(o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC)))
+        fab_warm(o->provider, o->listen, o->max_peers);
 }
 
 void ds_transport_close(ds_transport **tp)

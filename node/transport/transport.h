@@ -259,13 +259,17 @@ typedef struct ds_transport_stats {
  * no callbacks). */
 void ds_transport_opts_default(ds_transport_opts *o);
 
-/* Start libfabric's one-time initialisation (loading and probing its
- * providers) on a thread of its own, so that it overlaps what the caller does before
- * ds_transport_open (dsnode run: loading the dataset). Once per process;
- * later calls, and provider DS_TRANSPORT_INPROC, do nothing. The next
- * ds_transport_open joins the thread. Not needed for correctness:
- * libfabric initialises itself at its first call either way. */
-void ds_transport_warm(const char *provider);
+/* Start libfabric's one-time initialisation (loading it and probing its
+ * providers) on a thread of its own, so that it overlaps what the caller
+ * does before ds_transport_open (dsnode run: loading the dataset). With
+ * o->listen set, the thread also opens the libfabric endpoint for
+ * o->provider, o->listen and o->max_peers (only those are read; the
+ * rest of *o need not be filled in), and the next ds_transport_open for
+ * the same three takes it over; an open for anything else closes it and
+ * opens its own. Once per process; later calls, and provider
+ * DS_TRANSPORT_INPROC, do nothing. The next ds_transport_open joins the
+ * thread. Not needed for correctness: the open does it all otherwise. */
+void ds_transport_warm(const ds_transport_opts *o);
 
 /* Open an endpoint and start its progress thread. *out receives the
  * transport (caller owns; ds_transport_close frees it), before the thread

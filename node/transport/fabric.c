@@ -149,6 +149,13 @@ static struct fi_info *make_hints(const char *provider)
     return h;
 }
 
+const char *fab_provider_name(const char *provider)
+{
+    const char *p = provider && *provider ? provider : "tcp";
+    /* "tcp" alone names the msg-endpoint provider; RDM needs rxm on top. */
+    return !strcmp(p, "tcp") ? "tcp;ofi_rxm" : p;
+}
+
 /* ---- libfabric's initialisation and the first endpoint, ahead of time ---- */
 
 /* Process-wide, as libfabric's own initialisation is: one warm-up thread
@@ -210,20 +217,14 @@ static tp_fab *warm_args(const char *provider, const char *listen, unsigned max_
     w->quiet = 1;
     w->cq_fd = -1;
     w->o.max_peers = max_peers;
-    const char *prov = provider && *provider ? provider : "tcp";
-    w->provider = strdup(!strcmp(prov, "tcp") ? "tcp;ofi_rxm" : prov);
-    if (w->provider && listen) {
+    w->provider = strdup(fab_provider_name(provider));
+    int ok = w->provider != NULL;
+    if (ok && listen) {
         char host[DS_TRANSPORT_ADDR_MAX], port[8];
-        if (tp_split_hostport(listen, host, sizeof(host), port, sizeof(port)) == 0) {
-            w->listen_host = strdup(host);
-            w->listen_port = strdup(port);
-        }
-        if (!w->listen_host || !w->listen_port) {
-            warm_stack_free(w);
-            return NULL;
-        }
+        ok = tp_split_hostport(listen, host, sizeof(host), port, sizeof(port)) == 0 &&
+             (w->listen_host = strdup(host)) && (w->listen_port = strdup(port));
     }
-    if (!w->provider) {
+    if (!ok) {
         warm_stack_free(w);
         return NULL;
     }

@@ -397,6 +397,9 @@ int tp_fi_load(char *why, size_t why_len);
 /* ---- fabric.c: the libfabric stack ------------------------------------ */
 
 int fab_errno(int fierr);
+/* The libfabric provider a transport option names: NULL or "" is "tcp",
+ * and "tcp" is "tcp;ofi_rxm" (RDM endpoints over TCP). Any thread. */
+const char *fab_provider_name(const char *provider);
 int fab_addr_canon(uint32_t fmt, const uint8_t *raw, size_t len, char *out, size_t n);
 int fab_stack_open(tp_fab *t, const char *port);
 /* Take the warm-up's stack (fab_warm) into t when it was opened for t's

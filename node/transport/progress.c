@@ -484,9 +484,7 @@ static int copy_strings(tp_fab *t, const ds_transport_opts *o)
     char host[DS_TRANSPORT_ADDR_MAX], port[8];
     if (tp_split_hostport(o->listen, host, sizeof(host), port, sizeof(port)))
         return -EINVAL;
-    const char *prov = o->provider && *o->provider ? o->provider : "tcp";
-    /* "tcp" alone names the msg-endpoint provider; RDM needs rxm on top. */
-    t->provider = strdup(!strcmp(prov, "tcp") ? "tcp;ofi_rxm" : prov);
+    t->provider = strdup(fab_provider_name(o->provider));
     t->listen_host = strdup(host);
     t->listen_port = strdup(port);
     t->advertise = o->advertise ? strdup(o->advertise) : NULL;

@@ -11,6 +11,8 @@
  * libfabric exports through tp_fi; everything else in libfabric's API is
  * inline calls through the objects' ops tables.
  *
+ * Loading it changes no signal's disposition (below).
+ *
  * Any thread; tp_fi_load is idempotent and thread-safe (pthread_once).
  */
 #include "config.h"
@@ -18,6 +20,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,9 +37,38 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_ret;
 static char load_why[256];
 
+/* Every signal's disposition, to put back what loading libfabric changed:
+ * libinfinipath's constructor installs its own handlers for SIGINT,
+ * SIGTERM, SIGSEGV and more (its SIGTERM handler exits with status 1).
+ * Linked, it ran before main and the program's own handlers replaced it;
+ * loaded later it would replace theirs: dsnode's, or the Python
+ * interpreter's around libdsnode. */
+static struct sigaction saved[NSIG];
+
+static void save_signals(void)
+{
+    for (int s = 1; s < NSIG; s++)
+        if (s != SIGKILL && s != SIGSTOP && sigaction(s, NULL, &saved[s]) != 0)
+            saved[s].sa_handler = SIG_ERR; /* not a signal: left alone */
+}
+
+static void restore_signals(void)
+{
+    for (int s = 1; s < NSIG; s++) {
+        if (s == SIGKILL || s == SIGSTOP || saved[s].sa_handler == SIG_ERR)
+            continue;
+        struct sigaction now;
+        if (sigaction(s, NULL, &now) == 0 &&
+            (now.sa_handler != saved[s].sa_handler || now.sa_flags != saved[s].sa_flags))
+            sigaction(s, &saved[s], NULL);
+    }
+}
+
 static void load(void)
 {
+    save_signals();
     void *lib = dlopen(TP_FI_SONAME, RTLD_NOW | RTLD_LOCAL);
+    restore_signals();
     if (!lib) {
         const char *e = dlerror();
         snprintf(load_why, sizeof(load_why), "cannot load %s: %s", TP_FI_SONAME,

@@ -289,6 +289,10 @@ void ds_mship_on_join(ds_membership *m, const ds_wire_msg *msg, uint64_t now)
             e->state = DS_MEMBER_ALIVE;
             ds_mship_clear_suspicion(e);
             ds_mship_push_event(m, DS_MEV_MEMBER_ALIVE, e, now);
+        } else if (e->inc != old_inc) {
+            /* Restarted (or moved) before anyone suspected it: alive again
+             * under its new incarnation, as it would be after a suspicion. */
+            ds_mship_push_event(m, DS_MEV_MEMBER_ALIVE, e, now);
         }
         if (e->inc != old_inc)
             ds_mship_bcast(m, e, 0);

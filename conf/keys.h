@@ -179,9 +179,8 @@
     X(ENUM, group, allreduce, "direct", enum ds_group_allreduce, DS_GROUP_ALLREDUCES, \
       "algorithm of the group's reduction; direct = reduce-scatter then all-gather to chunk " \
       "owners (2 latencies), ring = chunks passed round the members, butterfly = recursive " \
-      "doubling of whole vectors, auto = butterfly when 2 members reduce, else direct (the " \
-      "cheaper in the latency+bandwidth model for any latency and bandwidth); ring and " \
-      "butterfly run direct for 16 reductions after one fails")
+      "doubling of whole vectors; ring and butterfly run direct for 16 reductions after " \
+      "one fails")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

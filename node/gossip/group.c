@@ -133,7 +133,6 @@ const char *ds_greduce_algo_name(enum ds_greduce_algo algo)
     case DS_GREDUCE_DIRECT: return "direct";
     case DS_GREDUCE_RING: return "ring";
     case DS_GREDUCE_BUTTERFLY: return "butterfly";
-    case DS_GREDUCE_AUTO: return "auto";
     }
     return "?";
 }
@@ -576,10 +575,9 @@ fail:
 
 /* ds_greduce_run for the ring and the butterfly: the same contract, the
  * same sparse lists (sent directly, as the direct algorithm does). */
-static int run_algo(ds_greduce *r, enum ds_greduce_algo algo, const ds_gossip_io *io, float *vec,
-                    size_t n, size_t n_mean, uint32_t G, uint32_t me, const uint8_t *skip,
-                    uint64_t tag, uint64_t deadline_ns, const ds_gsparse *sp,
-                    ds_greduce_result *res)
+static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
+                    uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
+                    uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res)
 {
     uint32_t P = 0, p = 0;
     size_t doff, dlen; /* our chunk, should a member run direct (below) */
@@ -603,7 +601,7 @@ static int run_algo(ds_greduce *r, enum ds_greduce_algo algo, const ds_gossip_io
         L2++;
     /* The schedule: who sends us what at each step. */
     size_t floats = 0;
-    if (algo == DS_GREDUCE_RING) {
+    if (r->algo == DS_GREDUCE_RING) {
         r->n_steps = P > 1 ? 2 * (P - 1) : 0;
         const uint32_t prev = r->live[(p + P - 1) % P];
         for (uint32_t s = 0; s + 1 < P; s++) {
@@ -637,7 +635,7 @@ static int run_algo(ds_greduce *r, enum ds_greduce_algo algo, const ds_gossip_io
     uint32_t contrib = 1, missing = 0;
     int stopped = 0;
     if (P > 1 && !r->saw_direct)
-        missing = algo == DS_GREDUCE_RING
+        missing = r->algo == DS_GREDUCE_RING
                       ? ring(r, io, &x, n_mean, P, p, deadline_ns, &stopped, &contrib)
                       : butterfly(r, io, &x, n_mean, P, p, L2, deadline_ns, &stopped, &contrib);
     if (r->saw_direct && !stopped) {
@@ -666,20 +664,6 @@ static int run_algo(ds_greduce *r, enum ds_greduce_algo algo, const ds_gossip_io
     return 0;
 }
 
-/* The algorithm this reduction runs: auto's choice (group.h) from the
- * members not skipped, the same on every member that agrees on whom to
- * skip (and one that does not is followed as for any other algorithm). */
-static enum ds_greduce_algo algo_for(enum ds_greduce_algo algo, uint32_t G, uint32_t me,
-                                     const uint8_t *skip)
-{
-    if (algo != DS_GREDUCE_AUTO)
-        return algo;
-    uint32_t P = 0;
-    for (uint32_t i = 0; i < G; i++)
-        P += i == me || !(skip && skip[i]);
-    return P == 2 ? DS_GREDUCE_BUTTERFLY : DS_GREDUCE_DIRECT;
-}
-
 int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
                    uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
                    uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res)
@@ -699,10 +683,8 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
     }
     const int once = r->direct_once;
     r->direct_once = 0;
-    const enum ds_greduce_algo algo = algo_for(r->algo, G, me, skip);
-    if (algo != DS_GREDUCE_DIRECT && r->direct_left == 0 && !once) {
-        const int e =
-            run_algo(r, algo, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
+    if (r->algo != DS_GREDUCE_DIRECT && r->direct_left == 0 && !once) {
+        const int e = run_algo(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
         if (e < 0 || (e == 0 && res->complete && !r->saw_direct))
             return e;
         /* Failed (or another member runs direct): the next reductions

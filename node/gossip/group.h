@@ -114,21 +114,11 @@ void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st);
  * a member on the ring or the butterfly that meets a direct contribution
  * of the same reduction restores its vector and runs that reduction
  * direct too: the group follows any member that runs direct within one
- * reduction (docs/gossip.md).
- *   auto       per reduction, from the P members not skipped: butterfly
- *              when P = 2, direct otherwise. In the model where a step
- *              costs a latency a plus b per byte, with V the vector's
- *              bytes: direct 2a + 2 (P-1)/P V b, ring 2 (P-1) a + the same
- *              bytes, butterfly log2 P (a + V b) (more when P is not a
- *              power of two). Direct is never dearer than the ring;
- *              the butterfly is cheaper only at P = 2 (a + V b against
- *              2a + V b), and dearer from P = 3 on; for every a and b,
- *              so nothing needs measuring (docs/gossip.md). */
+ * reduction (docs/gossip.md). */
 enum ds_greduce_algo {
     DS_GREDUCE_DIRECT = DS_GROUP_ALLREDUCE_DIRECT,
     DS_GREDUCE_RING = DS_GROUP_ALLREDUCE_RING,
     DS_GREDUCE_BUTTERFLY = DS_GROUP_ALLREDUCE_BUTTERFLY,
-    DS_GREDUCE_AUTO = DS_GROUP_ALLREDUCE_AUTO,
 };
 void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo);
 

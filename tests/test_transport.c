@@ -269,20 +269,29 @@ Test(transport, address_in_use)
     ep_close(&a);
 }
 
+/* Start the warm-up for 127.0.0.1 on a free port, written to listen:
+ * the port. */
+static unsigned warm_on_a_free_port(char *listen, size_t n)
+{
+    const unsigned port = free_port(AF_INET);
+    snprintf(listen, n, "127.0.0.1:%u", port);
+    ds_transport_opts o;
+    ds_transport_opts_default(&o);
+    o.listen = listen;
+    ds_transport_warm(&o);
+    return port;
+}
+
 /* ds_transport_warm opens the endpoint ahead (once per process: each
  * Criterion test is a process of its own). The open for the same provider,
  * address and peer count takes it over: were it not taken, the open would
  * find its port in use; the endpoint then carries messages both ways. */
 Test(transport, warm_endpoint_taken_over)
 {
-    const unsigned port = free_port(AF_INET);
     char listen[32];
-    snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
-    ds_transport_opts o;
-    ds_transport_opts_default(&o);
-    o.listen = listen;
-    ds_transport_warm(&o);
+    warm_on_a_free_port(listen, sizeof(listen));
     struct ep a, b;
+    ds_transport_opts o;
     ds_transport_opts_default(&o);
     o.listen = listen;
     cr_assert_eq(ep_open_opts(&a, &o), 0);
@@ -314,13 +323,8 @@ Test(transport, warm_endpoint_taken_over)
  * port is free again once the open returns. */
 Test(transport, warm_endpoint_for_another_address_closed)
 {
-    const unsigned port = free_port(AF_INET);
     char listen[32];
-    snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
-    ds_transport_opts o;
-    ds_transport_opts_default(&o);
-    o.listen = listen;
-    ds_transport_warm(&o);
+    const unsigned port = warm_on_a_free_port(listen, sizeof(listen));
     struct ep a;
     ep_open(&a); /* 127.0.0.1:0, not the warm-up's address */
     cr_expect_str_neq(a.addr, listen);

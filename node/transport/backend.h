@@ -79,9 +79,9 @@ uint64_t tp_random_u64(void);
 /* The backends' open functions: options already checked by the front. */
 int tp_fabric_open(const ds_transport_opts *o, ds_transport **out);
 /* ds_transport_warm's thread (fabric.c): start it (once per process), and
- * join it (the first open after it). listen may be NULL: then it only
+ * join it (the first open after it). o->listen may be NULL: then it only
  * initialises libfabric. */
-void fab_warm(const char *provider, const char *listen, unsigned max_peers);
+void fab_warm(const ds_transport_opts *o);
 void fab_warm_join(void);
 int tp_inproc_open(const ds_transport_opts *o, ds_transport **out);
 

@@ -178,6 +178,7 @@ static void warm_stack_free(tp_fab *w)
     free(w->provider);
     free(w->listen_host);
     free(w->listen_port);
+    free(w->advertise);
     free(w);
 }
 
@@ -206,24 +207,20 @@ static void *warm_main(void *arg)
     return NULL;
 }
 
-/* The warm-up's own tp_fab: the provider as tp_fabric_open names it, the
- * listen address split, the peer count; quiet. NULL when out of memory
- * or the address does not split (the open will say so). */
-static tp_fab *warm_args(const char *provider, const char *listen, unsigned max_peers)
+/* The warm-up's own tp_fab: o's strings as tp_fabric_open copies them
+ * (only the provider without a listen address), the peer count; quiet.
+ * NULL when out of memory or the address does not split (the open will
+ * say so). */
+static tp_fab *warm_args(const ds_transport_opts *o)
 {
     tp_fab *w = calloc(1, sizeof(*w));
     if (!w)
         return NULL;
     w->quiet = 1;
     w->cq_fd = -1;
-    w->o.max_peers = max_peers;
-    w->provider = strdup(fab_provider_name(provider));
-    int ok = w->provider != NULL;
-    if (ok && listen) {
-        char host[DS_TRANSPORT_ADDR_MAX], port[8];
-        ok = tp_split_hostport(listen, host, sizeof(host), port, sizeof(port)) == 0 &&
-             (w->listen_host = strdup(host)) && (w->listen_port = strdup(port));
-    }
+    w->o.max_peers = o->max_peers;
+    const int ok = o->listen ? fab_copy_strings(w, o) == 0
+                             : (w->provider = strdup(fab_provider_name(o->provider))) != NULL;
     if (!ok) {
         warm_stack_free(w);
         return NULL;
@@ -231,12 +228,12 @@ static tp_fab *warm_args(const char *provider, const char *listen, unsigned max_
     return w;
 }
 
-void fab_warm(const char *provider, const char *listen, unsigned max_peers)
+void fab_warm(const ds_transport_opts *o)
 {
     pthread_mutex_lock(&warm_mu);
     if (warm_state == 0) {
         warm_state = 2;
-        tp_fab *w = warm_args(provider, listen, max_peers);
+        tp_fab *w = warm_args(o);
         if (w && pthread_create(&warm_thr, NULL, warm_main, w) == 0)
             warm_state = 1;
         else

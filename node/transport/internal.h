@@ -397,6 +397,10 @@ int tp_fi_load(char *why, size_t why_len);
 /* ---- fabric.c: the libfabric stack ------------------------------------ */
 
 int fab_errno(int fierr);
+/* t's provider (fab_provider_name), listen host and port, and advertise
+ * address, copied from o. 0, -EINVAL (listen does not split) or -ENOMEM;
+ * what was copied is t's either way. Any thread. */
+int fab_copy_strings(tp_fab *t, const ds_transport_opts *o);
 /* The libfabric provider a transport option names: NULL or "" is "tcp",
  * and "tcp" is "tcp;ofi_rxm" (RDM endpoints over TCP). Any thread. */
 const char *fab_provider_name(const char *provider);

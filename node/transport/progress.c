@@ -478,8 +478,7 @@ static int alloc_tables(tp_fab *t, const ds_transport_opts *o)
     return 0;
 }
 
-/* The option strings, copied; "tcp" becomes "tcp;ofi_rxm". */
-static int copy_strings(tp_fab *t, const ds_transport_opts *o)
+int fab_copy_strings(tp_fab *t, const ds_transport_opts *o)
 {
     char host[DS_TRANSPORT_ADDR_MAX], port[8];
     if (tp_split_hostport(o->listen, host, sizeof(host), port, sizeof(port)))
@@ -513,7 +512,7 @@ int tp_fabric_open(const ds_transport_opts *o, ds_transport **out)
     t->o.listen = NULL;
     t->o.advertise = NULL;
     t->next_due_ms = UINT64_MAX;
-    int r = copy_strings(t, o);
+    int r = fab_copy_strings(t, o);
     if (r)
         goto fail;
     /* Debian's shm provider hangs on messages above its inline size when

@@ -206,7 +206,7 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
 void ds_transport_warm(const ds_transport_opts *o)
 {
     if (o && !(o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC)))
-        fab_warm(o->provider, o->listen, o->max_peers);
+        fab_warm(o);
 }
 
 void ds_transport_close(ds_transport **tp)

@@ -37,6 +37,7 @@ struct ds_fakenet {
     uint64_t timeouts;
     _Atomic uint64_t clock; /* the fake clock, ns */
     _Atomic int instant;
+    _Atomic uint32_t patience; /* real wait = patience x fake time left */
 };
 
 /* Move the clock to `to` unless it is there already (it never goes back). */
@@ -119,7 +120,8 @@ static int fake_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
         const uint64_t now = atomic_load(&net->clock);
         if (deadline_ns > now && !atomic_load(&net->instant)) {
             /* Wait in real time as long as the fake clock has left. */
-            const uint64_t until = ds_now_ns() + (deadline_ns - now);
+            const uint64_t until =
+                ds_now_ns() + (deadline_ns - now) * (uint64_t)atomic_load(&net->patience);
             const struct timespec ts = {(time_t)(until / 1000000000u),
                                         (long)(until % 1000000000u)};
             while (!self->head)
@@ -188,6 +190,7 @@ ds_fakenet *ds_fakenet_create(uint32_t G)
     net->differs = calloc(G, sizeof(uint64_t));
     atomic_init(&net->clock, 0);
     atomic_init(&net->instant, 0);
+    atomic_init(&net->patience, 1);
     pthread_mutex_init(&net->stats_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -281,4 +284,9 @@ uint64_t ds_fakenet_timeouts(ds_fakenet *net)
 void ds_fakenet_set_instant(ds_fakenet *net, int on)
 {
     atomic_store(&net->instant, on);
+}
+
+void ds_fakenet_set_patience(ds_fakenet *net, uint32_t factor)
+{
+    atomic_store(&net->patience, factor ? factor : 1);
 }

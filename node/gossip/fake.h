@@ -47,5 +47,12 @@ uint64_t ds_fakenet_timeouts(ds_fakenet *net);
  * clock jumps to its deadline at once. For single-threaded tests, where
  * nobody else could deliver while it waited. */
 void ds_fakenet_set_instant(ds_fakenet *net, int on);
+/* A recv with an empty mailbox waits `factor` times the fake time it has
+ * left, in real time (1, the default: as long). The clock still moves
+ * only to the deadline. For multi-threaded tests where every node is
+ * alive and a time-out can only mean that the machine stalled a thread
+ * (sanitizers, a loaded CI host): a larger factor keeps such a stall
+ * from becoming a missed exchange. */
+void ds_fakenet_set_patience(ds_fakenet *net, uint32_t factor);
 
 #endif

@@ -18,7 +18,17 @@ struct gq {
     uint64_t sender;
     size_t bytes;
     ds_gmsg m;        /* idx/val point into the allocation after this struct */
+    size_t cap;       /* the allocation's size (bytes is what this message uses) */
 };
+
+/* Large queue entries are kept for the next messages of their size, not
+ * freed: the gossip thread frees what the net's thread allocated, and
+ * glibc gives such memory back (madvise, munmap) and faults it in again
+ * for the next one. Measured: a 1.1 MB all-reduce message cost about 1.5
+ * ms in page faults each (docs/benchmarks.md, "group.allreduce"). */
+#define GQ_KEEP 4
+#define GQ_KEEP_MIN ((size_t)64 << 10)
+/* and together at most a quarter of the queue's bound (max_queue_bytes) */
 
 struct ds_gnet {
     ds_net *net;
@@ -35,6 +45,9 @@ struct ds_gnet {
     struct gq *head, *tail;
     size_t queued_bytes;
     struct gq *held;  /* handed out by the last recv (gossip thread) */
+    struct gq *keep[GQ_KEEP]; /* large entries for reuse (GQ_KEEP_MIN) */
+    unsigned n_keep;
+    size_t keep_bytes;
     uint64_t *view;   /* n_ids node ids, group by group */
     char (*addr)[DS_WIRE_ADDR_MAX + 1];
     uint32_t n_ids;
@@ -170,6 +183,65 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
     return r;
 }
 
+/* A queue entry of `bytes`: a kept one that fits (at most twice the
+ * size), else a new one. Takes the lock. */
+static struct gq *gq_get(ds_gnet *g, size_t bytes)
+{
+    struct gq *q = NULL;
+    if (bytes >= GQ_KEEP_MIN) {
+        pthread_mutex_lock(&g->lock);
+        int best = -1;
+        for (unsigned i = 0; i < g->n_keep; i++)
+            if (g->keep[i]->cap >= bytes && g->keep[i]->cap <= 2 * bytes &&
+                (best < 0 || g->keep[i]->cap < g->keep[best]->cap))
+                best = (int)i;
+        if (best >= 0) {
+            q = g->keep[best];
+            g->keep_bytes -= q->cap;
+            g->st.queue_reused++;
+            g->keep[best] = g->keep[--g->n_keep];
+        }
+        pthread_mutex_unlock(&g->lock);
+    }
+    if (!q) {
+        q = malloc(bytes);
+        if (!q)
+            return NULL;
+        q->cap = bytes;
+    }
+    return q;
+}
+
+/* Done with q: kept when large and there is room (the smallest kept one
+ * makes room for a larger), else freed. Called with the lock held. */
+static void gq_put(ds_gnet *g, struct gq *q)
+{
+    if (!q)
+        return;
+    const size_t limit = g->max_queue_bytes / 4;
+    if (q->cap >= GQ_KEEP_MIN && q->cap <= limit) {
+        /* Room by evicting smaller ones first: the large ones cost most to
+         * fault in again. */
+        while (g->n_keep && (g->n_keep == GQ_KEEP || g->keep_bytes + q->cap > limit)) {
+            unsigned small = 0;
+            for (unsigned i = 1; i < g->n_keep; i++)
+                if (g->keep[i]->cap < g->keep[small]->cap)
+                    small = i;
+            if (g->keep[small]->cap > q->cap)
+                break;
+            g->keep_bytes -= g->keep[small]->cap;
+            free(g->keep[small]);
+            g->keep[small] = g->keep[--g->n_keep];
+        }
+        if (g->n_keep < GQ_KEEP && g->keep_bytes + q->cap <= limit) {
+            g->keep[g->n_keep++] = q;
+            g->keep_bytes += q->cap;
+            return;
+        }
+    }
+    free(q);
+}
+
 /* View index (group) of a node id, or UINT32_MAX. Called with the lock
  * held. */
 static uint32_t index_of(const ds_gnet *g, uint64_t id)
@@ -184,7 +256,7 @@ static int gnet_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
 {
     ds_gnet *g = ctx;
     pthread_mutex_lock(&g->lock);
-    free(g->held);
+    gq_put(g, g->held);
     g->held = NULL;
     for (;;) {
         while (!g->head) {
@@ -210,7 +282,7 @@ static int gnet_recv(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
             ds_log_rl(DS_LOG_INFO, "gossip", "dropped %s from %016llx: not in this round's view",
                       ds_msg_type_name((unsigned)to_wire_type(q->m.type)),
                       (unsigned long long)q->sender);
-            free(q);
+            gq_put(g, q);
             continue;
         }
         q->m.from = from;
@@ -281,6 +353,8 @@ void ds_gnet_destroy(ds_gnet **gp)
         free(q);
     }
     free(g->held);
+    for (unsigned i = 0; i < g->n_keep; i++)
+        free(g->keep[i]);
     free(g->view);
     free(g->addr);
     free(g->gidx);
@@ -350,7 +424,7 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
     g->queued_bytes += bytes;
     pthread_mutex_unlock(&g->lock);
 
-    struct gq *q = malloc(bytes);
+    struct gq *q = gq_get(g, bytes);
     if (!q) {
         pthread_mutex_lock(&g->lock);
         g->queued_bytes -= bytes;
@@ -358,7 +432,9 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
         pthread_mutex_unlock(&g->lock);
         return;
     }
+    const size_t cap = q->cap;
     memset(q, 0, sizeof(*q));
+    q->cap = cap;
     q->bytes = bytes;
     q->sender = rx->sender;
     q->m.type = type;

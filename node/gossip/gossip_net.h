@@ -41,7 +41,9 @@ typedef struct ds_gnet ds_gnet;
     X(U64, dropped_not_in_view, "dropped_not_in_view", "dsnode_gossip_net_dropped_total", \
       COUNTER, "reason", "not_in_view", DS_GNET_HELP_DROP) \
     X(U64, send_failed, "send_failed", "dsnode_gossip_net_send_failed_total", COUNTER, NULL, \
-      NULL, "Gossip sends that failed.")
+      NULL, "Gossip sends that failed.") \
+    X(U64, queue_reused, "queue_reused", "dsnode_gossip_net_queue_reused_total", COUNTER, NULL, \
+      NULL, "Large gossip frames queued in memory kept from an earlier one (not allocated).")
 
 typedef struct ds_gnet_stats {
     DS_GNET_STATS(DS_METRIC_FIELD)

@@ -78,7 +78,8 @@
 #define DS_GROUP_ALLREDUCES(X) \
     X(DS_GROUP_ALLREDUCE_DIRECT, 0, "direct") \
     X(DS_GROUP_ALLREDUCE_RING, 1, "ring") \
-    X(DS_GROUP_ALLREDUCE_BUTTERFLY, 2, "butterfly")
+    X(DS_GROUP_ALLREDUCE_BUTTERFLY, 2, "butterfly") \
+    X(DS_GROUP_ALLREDUCE_AUTO, 3, "auto")
 
 #define DS_CHOICE_ENUMERATOR_(e, v, name) e = v,
 enum ds_mix { DS_MIXES(DS_CHOICE_ENUMERATOR_) };

@@ -179,8 +179,9 @@
     X(ENUM, group, allreduce, "direct", enum ds_group_allreduce, DS_GROUP_ALLREDUCES, \
       "algorithm of the group's reduction; direct = reduce-scatter then all-gather to chunk " \
       "owners (2 latencies), ring = chunks passed round the members, butterfly = recursive " \
-      "doubling of whole vectors; ring and butterfly run direct for 16 reductions after " \
-      "one fails")
+      "doubling of whole vectors, auto = direct or butterfly, whichever the group's member 0 " \
+      "timed faster (median of 8 reductions each) when the group formed (again every 2000); " \
+      "ring and butterfly run direct for 16 reductions after one fails")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

@@ -1094,6 +1094,27 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
     cr_expect_eq(json_number_value(intra), 0.0, "--groups %d: members differ (%g)", groups,
                  json_number_value(intra));
     cr_expect_lt(jnum(j, "consensus_distance"), 0.1);
+    /* The algorithms that ran, from each node's last status document:
+     * the one configured (auto: direct, and the butterfly of member 0's
+     * timing, which every member follows), never another. */
+    const int want_d = !strcmp(algo, "direct") || !strcmp(algo, "auto");
+    const int want_r = !strcmp(algo, "ring"), want_b = !strcmp(algo, "butterfly") ||
+                                                       !strcmp(algo, "auto");
+    for (int i = 0; i < 8; i++) {
+        json_t *doc = status_load(out, node_names[i]);
+        cr_assert_not_null(doc, "%s: no status document", node_names[i]);
+        const double rd = status_num(doc, "group.ran_direct");
+        const double rr = status_num(doc, "group.ran_ring");
+        const double rb = status_num(doc, "group.ran_butterfly");
+        cr_log_info("%s: reductions ran direct %.0f, ring %.0f, butterfly %.0f", node_names[i],
+                    rd, rr, rb);
+        if (want_d) /* (ring and butterfly also run direct after a failure) */
+            cr_expect(rd >= 1, "%s: %.0f direct (%s)", node_names[i], rd, algo);
+        cr_expect(want_r ? rr >= 1 : rr == 0, "%s: %.0f ring (%s)", node_names[i], rr, algo);
+        cr_expect(want_b ? rb >= 1 : rb == 0, "%s: %.0f butterfly (%s)", node_names[i], rb,
+                  algo);
+        json_decref(doc);
+    }
     cr_log_info("--groups %d, group.sparsify %s, group.allreduce %s, %d steps: mean test_acc "
                 "%.4f, consensus distance %.4f, intra-group %g", groups, mode, algo, steps,
                 jnum(j, "mean_test_acc"),
@@ -1147,6 +1168,15 @@ Test(cluster, groups_of_four_ring_hold_one_model)
 Test(cluster, groups_of_three_three_two_butterfly_hold_one_model)
 {
     run_groups_with(3, 300, "none", "butterfly", 0.70);
+}
+
+/* group.allreduce = auto: each group's member 0 times direct and the
+ * butterfly (groups of 3 and of 2) and publishes each next reduction's
+ * algorithm inside the reduction; every member runs both (it followed
+ * the timing), members hold one model. */
+Test(cluster, groups_of_three_three_two_auto_hold_one_model)
+{
+    run_groups_with(3, 300, "none", "auto", 0.70);
 }
 
 /* Issue 10, failures in groups: 6 nodes as 2 groups of 3; n1 (group g0)

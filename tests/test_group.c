@@ -452,6 +452,31 @@ Test(group, ring_and_butterfly_dead_member_ends_at_the_deadline)
     }
 }
 
+/* The result names the algorithm that ran (group.allreduce = auto times
+ * by it, the status counts by it): the one set when the members ran it,
+ * direct when they were told to run direct. */
+Test(group, result_names_the_algorithm_that_ran)
+{
+    for (int once = 0; once <= 1; once++)
+        for (int a = DS_GREDUCE_DIRECT; a <= DS_GREDUCE_BUTTERFLY; a++) {
+            static struct member m[MAXG];
+            memset(m, 0, sizeof(m));
+            for (uint32_t i = 0; i < 3; i++) {
+                m[i].algo = (enum ds_greduce_algo)a;
+                m[i].direct_once = once;
+            }
+            run_group(m, 3, 2, -1);
+            const int want = once ? DS_GREDUCE_DIRECT : a;
+            for (uint32_t i = 0; i < 3; i++) {
+                cr_assert_eq(m[i].ret, 0);
+                cr_assert(m[i].res.complete, "%s member %u", ds_greduce_algo_name(a), i);
+                cr_expect_eq(m[i].res.ran, want, "%s%s member %u: ran %s",
+                             ds_greduce_algo_name(a), once ? " (direct once)" : "", i,
+                             ds_greduce_algo_name(m[i].res.ran));
+            }
+        }
+}
+
 /* The same dead member, with the survivors told it is in doubt
  * (ds_greduce_direct_once, as rounds.c does while a member missed and was
  * not heard from since): the reduction runs direct, so the survivors'

@@ -119,7 +119,7 @@ void ds_greduce_stats_get(const ds_greduce *r, ds_greduce_stats *st)
 
 void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo)
 {
-    r->algo = algo;
+    r->algo = algo == DS_GREDUCE_RING || algo == DS_GREDUCE_BUTTERFLY ? algo : DS_GREDUCE_DIRECT;
 }
 
 void ds_greduce_direct_once(ds_greduce *r)
@@ -683,8 +683,11 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
     }
     const int once = r->direct_once;
     r->direct_once = 0;
+    res->ran = DS_GREDUCE_DIRECT;
     if (r->algo != DS_GREDUCE_DIRECT && r->direct_left == 0 && !once) {
         const int e = run_algo(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
+        if (e == 0 && res->complete && !r->saw_direct)
+            res->ran = (int)r->algo;
         if (e < 0 || (e == 0 && res->complete && !r->saw_direct))
             return e;
         /* Failed (or another member runs direct): the next reductions

@@ -60,6 +60,9 @@ typedef struct ds_greduce_result {
     int complete;            /* every chunk (and list) from every member */
     int stopped;             /* the io reported a stop: nobody to blame */
     uint64_t max_tag;        /* the largest tag seen from a member (or tag) */
+    int ran;                 /* the algorithm this reduction ran (enum
+                              * ds_greduce_algo): the one set, or direct
+                              * after a failure or to follow a member */
 } ds_greduce_result;
 
 /* The reducer's counters, cumulative. */
@@ -120,6 +123,8 @@ enum ds_greduce_algo {
     DS_GREDUCE_RING = DS_GROUP_ALLREDUCE_RING,
     DS_GREDUCE_BUTTERFLY = DS_GROUP_ALLREDUCE_BUTTERFLY,
 };
+/* group.allreduce = auto is the runtime's (node/runtime/rounds.c): it
+ * sets one of these before each reduction. Anything else runs direct. */
 void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo);
 
 /* The next reduction runs direct whatever the algorithm: the caller knows

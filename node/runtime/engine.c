@@ -550,7 +550,9 @@ static int open_group(rt *r)
     if (e == 0)
         e = ds_greduce_create(&r->gred, n);
     if (e == 0)
-        ds_greduce_set_algo(r->gred, (enum ds_greduce_algo)r->c->group.allreduce);
+        ds_greduce_set_algo(r->gred, r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO
+                                         ? DS_GREDUCE_DIRECT
+                                         : (enum ds_greduce_algo)r->c->group.allreduce);
     /* A list of (index, value) pairs travels as 2 floats a pair in one
      * frame: at most half the longest vector (the rest waits a step). */
     r->glist_cap = (uint32_t)(n / 2);
@@ -590,7 +592,9 @@ static int open_group(rt *r)
     if (r->gsp)
         ds_info("group", "group.sparsify %s: gradients sparse inside the group, density %g",
                 ds_group_sparsify_name(r->c->group.sparsify), r->c->group.density);
-    if (r->c->group.allreduce != DS_GROUP_ALLREDUCE_DIRECT)
+    if (r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO)
+        ds_info("group", "group.allreduce auto: direct or butterfly, as member 0 times them");
+    else if (r->c->group.allreduce != DS_GROUP_ALLREDUCE_DIRECT)
         ds_info("group", "group.allreduce %s",
                 ds_greduce_algo_name((enum ds_greduce_algo)r->c->group.allreduce));
     ds_gnet_set_heard_hook(r->gn_grp, heard_hook, r);

@@ -31,6 +31,10 @@
 #include "node/sec/crypto.h"
 #include "node/status/status.h"
 
+/* group.allreduce = auto: reductions of each algorithm member 0 times
+ * (rounds.c). */
+#define DS_AUTO_PROBE 8
+
 struct ds_engine {
     const ds_conf *c;
     ds_engine_stop stop;
@@ -141,6 +145,14 @@ struct ds_engine {
     int grouped;               /* the last round's view had groups: vbuf sorted by
                                 * group, vgidx each entry's */
     uint32_t last_nodes;       /* nodes in the last round's view */
+    /* group.allreduce = auto (rounds.c, auto_next): the algorithm of the
+     * next reduction, as member 0 published it in the last one; member
+     * 0's reductions since the group formed, its timings of each
+     * algorithm in the probe (index: enum ds_greduce_algo) and its choice. */
+    int galgo, gauto_choice;
+    uint32_t gauto_n;
+    uint64_t gauto_ns[3][DS_AUTO_PROBE];
+    uint32_t gauto_cnt[3];
     ds_group_stats gst;
     uint64_t hist_round, hist_t0_ns; /* the round in progress, for the status history */
     /* The round in progress between groups (set_group_view), for the

@@ -20,6 +20,8 @@
 #include "node/membership/membership.h"
 
 /* The group's counters (base/metric.h rows; /status "group"). */
+#define DS_GROUP_HELP_RAN \
+    "Reductions by the algorithm they ran (direct also after a failure or to follow a member)."
 #define DS_GROUP_STATS(X) \
     X(U32, size, "size", "dsnode_group_size", GAUGE, NULL, NULL, \
       "Members of this node's group at the last step (1: no group).") \
@@ -41,7 +43,13 @@
     X(NS, exchange_ns, "exchange_s", "dsnode_group_exchange_seconds_total", COUNTER, NULL, \
       NULL, "Time of the inter-group exchanges, hidden behind compute or not.") \
     X(NS, max_wait_ns, "max_wait_s", "dsnode_group_max_wait_seconds", GAUGE, NULL, NULL, \
-      "Longest wait of one step on its group: exchange, reduction and re-sync.")
+      "Longest wait of one step on its group: exchange, reduction and re-sync.") \
+    X(U64, ran_direct, "ran_direct", "dsnode_group_reductions_ran_total", COUNTER, "algorithm", \
+      "direct", DS_GROUP_HELP_RAN) \
+    X(U64, ran_ring, "ran_ring", "dsnode_group_reductions_ran_total", COUNTER, "algorithm", \
+      "ring", DS_GROUP_HELP_RAN) \
+    X(U64, ran_butterfly, "ran_butterfly", "dsnode_group_reductions_ran_total", COUNTER, \
+      "algorithm", "butterfly", DS_GROUP_HELP_RAN)
 
 /* Each reduction also averages 1/GROUP_SYNC_SLICES of the parameters and
  * momentum, a slice in turn: members that differ are one model again
@@ -50,11 +58,11 @@
 
 /* The longest vector a group reduces, for a model of n parameters:
  * gradient, a slice of parameters and of momentum, 4 floats of position
- * (node/runtime/rounds.c); the reducer's frames also carry a member's
+ * and member 0's choice of the next algorithm (node/runtime/rounds.c); the reducer's frames also carry a member's
  * (index, value) pairs, 2 floats each, up to this length. */
 static inline size_t ds_hier_vec_len(size_t n)
 {
-    return n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 4;
+    return n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 5;
 }
 
 typedef struct ds_group_stats {

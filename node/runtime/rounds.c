@@ -419,7 +419,106 @@ static int group_at(rt *r, uint64_t round)
     r->gmember = h.member;
     r->gst.size = h.size;
     r->gst.member = h.member;
+    /* group.allreduce = auto: a new group times the algorithms again. */
+    r->galgo = r->gauto_choice = DS_GREDUCE_DIRECT;
+    r->gauto_n = 0;
+    memset(r->gauto_ns, 0, sizeof(r->gauto_ns));
+    memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt));
     return 0;
+}
+
+/* ---- group.allreduce = auto ---------------------------------------------- */
+
+/* Member 0 decides, every member follows, so the group runs one algorithm
+ * per reduction without a message of its own: member 0 puts the next
+ * reduction's algorithm in this one (a summed float the others leave at
+ * 0: the result says it on every member alike, as it says member 0's
+ * step). Member 0 counts its reductions since the group formed: the
+ * first AUTO_WARM run direct (connections, first pages), the next
+ * 2 AUTO_PROBE alternate direct and the butterfly, one more runs direct
+ * while it compares their median times (its own reductions' wall times,
+ * complete ones that ran what was asked), and the faster runs until
+ * AUTO_EVERY reductions have passed, when the timing starts over. Only
+ * those two: in the latency+bandwidth model direct is never dearer than
+ * the ring, and the measured ring never beat it (docs/gossip.md). */
+#define AUTO_WARM 16u
+#define AUTO_PROBE ((uint32_t)DS_AUTO_PROBE)
+#define AUTO_EVERY 2000u
+
+static int cmp_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The lower median of algorithm a's timings, in ms (0: none). The
+ * median, not the mean: an algorithm's first reductions also pay for its
+ * first large frames (fresh pages, grants), which the warm-up's direct
+ * reductions did not. */
+static double auto_median_ms(rt *r, int a)
+{
+    const uint32_t n = r->gauto_cnt[a];
+    if (!n)
+        return 0;
+    qsort(r->gauto_ns[a], n, sizeof(uint64_t), cmp_u64);
+    return (double)r->gauto_ns[a][(n - 1) / 2] / 1e6;
+}
+
+static void auto_choose(rt *r)
+{
+    const uint32_t nd = r->gauto_cnt[DS_GREDUCE_DIRECT], nb = r->gauto_cnt[DS_GREDUCE_BUTTERFLY];
+    const double md = auto_median_ms(r, DS_GREDUCE_DIRECT);
+    const double mb = auto_median_ms(r, DS_GREDUCE_BUTTERFLY);
+    const int butterfly = nd && nb && mb < md;
+    ds_info("group", "group.allreduce auto: %s (median of %u direct reductions %.3f ms, of %u "
+            "butterfly %.3f ms)", butterfly ? "butterfly" : "direct", nd, md, nb, mb);
+    r->gauto_choice = butterfly ? DS_GREDUCE_BUTTERFLY : DS_GREDUCE_DIRECT;
+}
+
+/* Member 0: the algorithm of reduction number n since the group formed. */
+static int auto_next(rt *r, uint32_t n)
+{
+    if (n < AUTO_WARM || n == AUTO_WARM + 2 * AUTO_PROBE)
+        return DS_GREDUCE_DIRECT;
+    if (n > AUTO_WARM + 2 * AUTO_PROBE)
+        return r->gauto_choice;
+    return (n - AUTO_WARM) % 2 ? DS_GREDUCE_BUTTERFLY : DS_GREDUCE_DIRECT;
+}
+
+/* Before a reduction: member 0's choice for the next one, into its slot
+ * (the others leave it 0). */
+static float auto_publish(rt *r)
+{
+    if (r->c->group.allreduce != DS_GROUP_ALLREDUCE_AUTO || r->gmember != 0)
+        return 0.0f;
+    if (r->gauto_n == AUTO_WARM + 2 * AUTO_PROBE)
+        auto_choose(r); /* the probe's last reduction is timed by now */
+    return (float)(auto_next(r, r->gauto_n + 1) + 1);
+}
+
+/* After it (e: group_run's return): member 0 times it (in the probe, when
+ * complete and run as asked); every member takes what member 0 put in
+ * the slot (next, as reduced) as the next reduction's algorithm. */
+static void auto_after(rt *r, int e, const ds_greduce_result *res, uint64_t took, float next)
+{
+    if (r->c->group.allreduce != DS_GROUP_ALLREDUCE_AUTO)
+        return;
+    const uint32_t n = r->gauto_n;
+    if (r->gmember == 0 && e == 0 && res->complete && res->ran == r->galgo && n >= AUTO_WARM &&
+        n < AUTO_WARM + 2 * AUTO_PROBE) {
+        if (r->gauto_cnt[r->galgo] < AUTO_PROBE)
+            r->gauto_ns[r->galgo][r->gauto_cnt[r->galgo]++] = took;
+    }
+    /* 1 or 3: direct or butterfly; anything else (0: member 0's chunk did
+     * not come; more: two members took themselves for member 0) keeps
+     * the algorithm. */
+    if (e == 0 && (next == 1.0f || next == 3.0f))
+        r->galgo = (int)next - 1;
+    if (++r->gauto_n == AUTO_EVERY) {
+        r->gauto_n = AUTO_WARM;
+        memset(r->gauto_ns, 0, sizeof(r->gauto_ns));
+        memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt));
+    }
 }
 
 /* Show the reduction about to run (ds_greduce_run blocks): the members
@@ -442,9 +541,9 @@ static void show_group_wait(rt *r, const uint8_t *skip)
 
 /* One reduction of the group over r->gvec (n floats, the first n_mean
  * averaged) and the sparse lists sp, tagged with the group's count; until
- * deadline_ns. */
+ * deadline_ns. *took_ns: how long it took. */
 static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t deadline_ns,
-                     const ds_gsparse *sp, ds_greduce_result *res)
+                     const ds_gsparse *sp, ds_greduce_result *res, uint64_t *took_ns)
 {
     uint8_t *skip = r->gskip;
     int doubt = 0;
@@ -461,15 +560,26 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
         ds_greduce_direct_once(r->gred);
     const uint64_t t0 = ds_now_ns();
     show_group_wait(r, skip);
+    if (r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO)
+        ds_greduce_set_algo(r->gred, (enum ds_greduce_algo)r->galgo);
     int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
                            r->gmember, skip, r->gseq, deadline_ns, sp, res);
     ds_status_clear_wait(r->status);
+    if (e == 0) {
+        if (res->ran == DS_GREDUCE_BUTTERFLY)
+            r->gst.ran_butterfly++;
+        else if (res->ran == DS_GREDUCE_RING)
+            r->gst.ran_ring++;
+        else
+            r->gst.ran_direct++;
+    }
     /* Tags: the next count, or a member's if it is ahead (a joiner, or
      * members apart after a miss, meet again so). */
     r->gseq = res->max_tag >= r->gseq + 1 ? res->max_tag : r->gseq + 1;
     r->gst.reductions++;
     r->gst.incomplete += e == 0 && !res->complete;
     const uint64_t took = ds_now_ns() - t0;
+    *took_ns = took;
     r->gst.reduce_ns += took;
     if (r->snap)
         ds_status_times_add(&r->snap->gtimes.reduce, took);
@@ -592,8 +702,8 @@ static uint32_t group_select(rt *r, int deft, float *sq, size_t nu)
 /* Every step of a node in a group: wait for the round's exchange, then
  * one reduction of
  *
- *   [gradient (n) | params slice | momentum slice | position (4)]
- *    mean           mean           mean             member 0's
+ *   [gradient (n) | params slice | momentum slice | position (4) | next (1)]
+ *    mean           mean           mean             member 0's     member 0's
  *
  * with, gathered beside it, each member's round delta as (index, value)
  * pairs, summed in member order. Every member then applies the same mean
@@ -606,10 +716,11 @@ static uint32_t group_select(rt *r, int deft, float *sq, size_t nu)
  *
  * group.sparsify = micro drops the dense gradient from the vector:
  *
- *   [params slice | momentum slice | position (4) | count (1)]
- *    mean           mean             member 0's     summed
+ *   [params slice | momentum slice | position (4) | count (1) | next (1)]
+ *    mean           mean             member 0's     summed      member 0's
  *
- * and the gathered list carries, before the member's deltas (indices
+ * (next: group.allreduce = auto's algorithm for the next reduction,
+ * auto_publish) and the gathered list carries, before the member's deltas (indices
  * shifted by n), its MiCRO selection (group_select): the members' chunks
  * are disjoint, so the sum over members is each owner's value, and every
  * member applies that sum / G as the gradient. The summed count steers
@@ -619,7 +730,7 @@ static uint32_t group_select(rt *r, int deft, float *sq, size_t nu)
  * group.sparsify = deft selects in the units of the member's bin instead
  * (group_select), and adds its squared unit norms to the averaged part:
  *
- *   [params slice | momentum slice | unit norms^2 (nu) | position (4) | count (1)]
+ *   [params slice | momentum slice | unit norms^2 (nu) | position (4) | count (1) | next (1)]
  *
  * The mean comes back the same on every member and decides the next
  * step's per-unit k and bins (ds_deft_feedback), so the members' units
@@ -669,9 +780,10 @@ static void group_reduce(rt *r, int64_t step)
     const size_t mlen = r->p.opt ? slen : 0;
     const int deft = sparse && ds_sparsifier_method(r->gsp) == DS_SPARSIFY_DEFT;
     size_t nu = deft ? ds_deft_group_units(r->gsp, r->gsize) : 0;
-    if (gn + slen + mlen + nu + 5 > ds_hier_vec_len(n))
+    if (gn + slen + mlen + nu + 6 > ds_hier_vec_len(n))
         nu = 0; /* a model with fewer parameters than units: k by length */
     float *v = r->gvec, *ps = v + gn, *ms = ps + slen, *sq = ms + mlen, *pos = sq + nu;
+    float *next = pos + 4 + sparse; /* member 0's algorithm for the next reduction (auto) */
     uint32_t gk = 0;
     if (sparse)
         gk = group_select(r, deft, nu ? sq : NULL, nu);
@@ -686,6 +798,7 @@ static void group_reduce(rt *r, int64_t step)
     put_position(r, pos, step);
     if (sparse)
         pos[4] = (float)gk;
+    *next = auto_publish(r);
     const ds_gsparse sp = {.idx = r->glist_idx, .val = r->glist_val,
                            .count = gk + take_list(r, gk, gn ? 0 : n),
                            .out = sparse ? r->gsout : ds_gossip_delta(r->gossip),
@@ -694,8 +807,11 @@ static void group_reduce(rt *r, int64_t step)
     uint64_t deadline = t0 + timeout_ns;
     if (deadline < t1 + 100000000u)
         deadline = t1 + 100000000u;
-    if (group_run(r, gn + slen + mlen + nu + 4 + (size_t)sparse, gn + slen + mlen + nu, round,
-                  deadline, &sp, &res) < 0) {
+    uint64_t red_ns = 0;
+    const int ge = group_run(r, gn + slen + mlen + nu + 5 + (size_t)sparse,
+                             gn + slen + mlen + nu, round, deadline, &sp, &res, &red_ns);
+    auto_after(r, ge, &res, red_ns, *next);
+    if (ge < 0) {
         /* Not sent: what the list held waits for the next step (a
          * selected gradient entry back in the residual, where it was
          * zeroed; the step then applies no gradient: all of it waits). */

@@ -491,8 +491,22 @@ static float auto_publish(rt *r)
 {
     if (r->c->group.allreduce != DS_GROUP_ALLREDUCE_AUTO || r->gmember != 0)
         return 0.0f;
-    if (r->gauto_n == AUTO_WARM + 2 * AUTO_PROBE)
-        auto_choose(r); /* the probe's last reduction is timed by now */
+    if (r->gauto_n == AUTO_WARM + 2 * AUTO_PROBE) {
+        /* The probe's last reduction is timed by now. Fewer than half of
+         * either algorithm's reductions complete and as asked (failures
+         * ran direct): time them again rather than choose on that. */
+        if (2 * r->gauto_cnt[DS_GREDUCE_DIRECT] < AUTO_PROBE ||
+            2 * r->gauto_cnt[DS_GREDUCE_BUTTERFLY] < AUTO_PROBE) {
+            ds_log_rl(DS_LOG_INFO, "group", "group.allreduce auto: %u direct and %u butterfly "
+                      "reductions timed of %u each: timing them again",
+                      r->gauto_cnt[DS_GREDUCE_DIRECT], r->gauto_cnt[DS_GREDUCE_BUTTERFLY],
+                      AUTO_PROBE);
+            memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt));
+            r->gauto_n = AUTO_WARM - 1; /* the next is the probe's first */
+            return (float)(auto_next(r, AUTO_WARM) + 1);
+        }
+        auto_choose(r);
+    }
     return (float)(auto_next(r, r->gauto_n + 1) + 1);
 }
 

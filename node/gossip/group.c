@@ -133,6 +133,7 @@ const char *ds_greduce_algo_name(enum ds_greduce_algo algo)
     case DS_GREDUCE_DIRECT: return "direct";
     case DS_GREDUCE_RING: return "ring";
     case DS_GREDUCE_BUTTERFLY: return "butterfly";
+    case DS_GREDUCE_AUTO: return "auto";
     }
     return "?";
 }

@@ -122,9 +122,11 @@ enum ds_greduce_algo {
     DS_GREDUCE_DIRECT = DS_GROUP_ALLREDUCE_DIRECT,
     DS_GREDUCE_RING = DS_GROUP_ALLREDUCE_RING,
     DS_GREDUCE_BUTTERFLY = DS_GROUP_ALLREDUCE_BUTTERFLY,
+    /* group.allreduce = auto is the runtime's (node/runtime/rounds.c): it
+     * sets one of the three above before each reduction. Set here, it
+     * runs direct. */
+    DS_GREDUCE_AUTO = DS_GROUP_ALLREDUCE_AUTO,
 };
-/* group.allreduce = auto is the runtime's (node/runtime/rounds.c): it
- * sets one of these before each reduction. Anything else runs direct. */
 void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo);
 
 /* The next reduction runs direct whatever the algorithm: the caller knows

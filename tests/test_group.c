@@ -36,6 +36,7 @@ struct member {
     enum ds_greduce_algo algo;
     uint64_t t_end;       /* the fake clock when the member was done */
     int direct_once;      /* ds_greduce_direct_once before every run */
+    int direct_first;     /* ... before the first this many runs only */
 };
 
 static void *member_main(void *p)
@@ -46,7 +47,7 @@ static void *member_main(void *p)
     if (m->ret == 0)
         ds_greduce_set_algo(r, m->algo);
     for (int k = 0; k < m->rounds && m->ret == 0; k++) {
-        if (m->direct_once)
+        if (m->direct_once || k < m->direct_first)
             ds_greduce_direct_once(r);
         m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->vec, N, N_MEAN, m->G, m->me,
                                 NULL, (uint64_t)k, m->deadline, m->sp, &m->res);
@@ -393,7 +394,8 @@ Test(group, ring_and_butterfly_carry_the_sparse_lists)
  * reduction) among members on the ring or the butterfly: they meet its
  * contribution, fall back to direct within the same reduction, and every
  * reduction completes with the same bytes everywhere, once and twenty
- * times in a row (the others try their algorithm again after 16). */
+ * times in a row (the others start each reduction on their own algorithm
+ * and follow it again). */
 Test(group, ring_and_butterfly_follow_a_member_that_runs_direct)
 {
     for (int a = 1; a <= 2; a++) {
@@ -420,6 +422,32 @@ Test(group, ring_and_butterfly_follow_a_member_that_runs_direct)
                     cr_assert(fabs(m[0].vec[j] - want) < 1e-5, "algo %d element %zu", a, j);
                 }
             }
+        }
+    }
+}
+
+/* One member runs direct for a few reductions (as after a failure of its
+ * own), then its algorithm again: the others follow it in those
+ * reductions only, and the group is back on the ring or the butterfly
+ * the reduction after. Members that armed their own fallback whenever
+ * they followed kept re-arming each other's, for good. */
+Test(group, ring_and_butterfly_return_when_the_direct_member_does)
+{
+    for (int a = 1; a <= 2; a++) {
+        static struct member m[4];
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < 4; i++) {
+            m[i].algo = (enum ds_greduce_algo)a;
+            m[i].direct_first = i == 2 ? 3 : 0;
+        }
+        run_group(m, 4, 6, -1);
+        for (uint32_t i = 0; i < 4; i++) {
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(m[i].res.complete, "algo %d member %u incomplete", a, i);
+            cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0,
+                         "algo %d member %u differs", a, i);
+            cr_expect_eq(m[i].res.ran, a, "algo %d member %u: the last reduction ran %s", a, i,
+                         ds_greduce_algo_name((enum ds_greduce_algo)m[i].res.ran));
         }
     }
 }

@@ -691,10 +691,16 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
             res->ran = (int)r->algo;
         if (e < 0 || (e == 0 && res->complete && !r->saw_direct))
             return e;
-        /* Failed (or another member runs direct): the next reductions
-         * go direct, where a missing member costs only its chunk; a
-         * member still on the ring meets our contribution and follows. */
-        r->direct_left = DIRECT_AFTER_FAILURE;
+        /* Failed: the next reductions go direct, where a missing member
+         * costs only its chunk; a member still on the ring meets our
+         * contribution and follows. Following another member into direct
+         * (saw_direct) is for this reduction only: when followers also
+         * went direct for the next 16, each one's contributions made the
+         * others follow again and arm theirs, and a group could run
+         * direct for good after one failure (CI: a butterfly group of
+         * three ran 300 reductions of 300 direct). */
+        if (!r->saw_direct)
+            r->direct_left = DIRECT_AFTER_FAILURE;
         if (e == 0)
             return 0;
         return run_direct(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res, 0);

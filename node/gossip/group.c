@@ -687,9 +687,11 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
     res->ran = DS_GREDUCE_DIRECT;
     if (r->algo != DS_GREDUCE_DIRECT && r->direct_left == 0 && !once) {
         const int e = run_algo(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
-        if (e == 0 && res->complete && !r->saw_direct)
+        if (e == 0 && res->complete && !r->saw_direct) {
             res->ran = (int)r->algo;
-        if (e < 0 || (e == 0 && res->complete && !r->saw_direct))
+            return 0;
+        }
+        if (e < 0)
             return e;
         /* Failed: the next reductions go direct, where a missing member
          * costs only its chunk; a member still on the ring meets our

@@ -549,10 +549,9 @@ static int open_group(rt *r)
     int e = ds_gnet_create(&r->gn_grp, r->net, (uint32_t)max_segment(r), (size_t)256 << 20);
     if (e == 0)
         e = ds_greduce_create(&r->gred, n);
+    /* auto starts direct: rounds.c sets each reduction's algorithm. */
     if (e == 0)
-        ds_greduce_set_algo(r->gred, r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO
-                                         ? DS_GREDUCE_DIRECT
-                                         : (enum ds_greduce_algo)r->c->group.allreduce);
+        ds_greduce_set_algo(r->gred, (enum ds_greduce_algo)r->c->group.allreduce);
     /* A list of (index, value) pairs travels as 2 floats a pair in one
      * frame: at most half the longest vector (the rest waits a step). */
     r->glist_cap = (uint32_t)(n / 2);

@@ -58,8 +58,9 @@
 
 /* The longest vector a group reduces, for a model of n parameters:
  * gradient, a slice of parameters and of momentum, 4 floats of position
- * and member 0's choice of the next algorithm (node/runtime/rounds.c); the reducer's frames also carry a member's
- * (index, value) pairs, 2 floats each, up to this length. */
+ * and member 0's choice of the next algorithm (node/runtime/rounds.c);
+ * the reducer's frames also carry a member's (index, value) pairs, 2
+ * floats each, up to this length. */
 static inline size_t ds_hier_vec_len(size_t n)
 {
     return n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 5;

@@ -422,8 +422,7 @@ static int group_at(rt *r, uint64_t round)
     /* group.allreduce = auto: a new group times the algorithms again. */
     r->galgo = r->gauto_choice = DS_GREDUCE_DIRECT;
     r->gauto_n = 0;
-    memset(r->gauto_ns, 0, sizeof(r->gauto_ns));
-    memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt));
+    memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt)); /* (gauto_ns is read up to these) */
     return 0;
 }
 
@@ -530,7 +529,6 @@ static void auto_after(rt *r, int e, const ds_greduce_result *res, uint64_t took
         r->galgo = (int)next - 1;
     if (++r->gauto_n == AUTO_EVERY) {
         r->gauto_n = AUTO_WARM;
-        memset(r->gauto_ns, 0, sizeof(r->gauto_ns));
         memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt));
     }
 }

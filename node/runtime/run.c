@@ -237,6 +237,16 @@ static int register_trainer(run *u)
     ds_info("train", "%s", t->backend_note);
     if (t->ops.kind == DS_BACKEND_CPU) {
         ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), u->tc.threads);
+        /* A user's OPENBLAS_CORETYPE wins over our re-exec (decisions.md),
+         * even when it names weaker kernels than this CPU runs: say so,
+         * since it can cost a third of a step (docs/benchmarks.md, "The CNN
+         * on one CPU node"). */
+        const char *better = ds_blas_wanted_coretype();
+        if (better)
+            ds_info("train", "OpenBLAS runs its %s kernels%s; its %s kernels suit this CPU "
+                    "better (unset OPENBLAS_CORETYPE to let dsnode choose)",
+                    ds_blas_corename(), getenv("OPENBLAS_CORETYPE") ?
+                    " (OPENBLAS_CORETYPE from the environment)" : "", better);
         p.params = t->theta;
         p.grad = t->grad;
         p.opt = t->mom;

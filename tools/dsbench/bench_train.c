@@ -13,6 +13,11 @@
  *
  * --lr: the peak learning rate of both (default the node's, 0.05; the CNN
  * does best at about 0.03, docs/benchmarks.md).
+ *
+ * OpenBLAS's kernels are those dsbench re-executed itself with (the best
+ * for this CPU), or those OPENBLAS_CORETYPE names when the environment
+ * sets it; PyTorch inherits the same variable. Rows say which (`openblas`);
+ * a warning says when they are weaker than the CPU's.
  */
 #include "config.h"
 
@@ -149,6 +154,11 @@ int ds_bench_train(int argc, char **argv)
         return 2;
     }
     ds_log_setup("dsbench", DS_LOG_WARN, NULL);
+    if (ds_blas_wanted_coretype())
+        fprintf(stderr, "dsbench train: warning: OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE=%s); "
+                        "this CPU's best are %s: unset OPENBLAS_CORETYPE to measure with them\n",
+                ds_blas_corename(), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "",
+                ds_blas_wanted_coretype());
 
     run_result best_ds = {0}, best_pt = {0};
     for (int r = 0; r < rounds; r++) {
@@ -169,6 +179,7 @@ int ds_bench_train(int argc, char **argv)
     ds_row_table(&row, json);
     ds_row_str(&row, "impl", "dsnode");
     ds_row_str(&row, "model", cnn ? "cnn" : "mlp");
+    ds_row_str(&row, "openblas", ds_blas_corename());
     ds_row_int(&row, "steps", steps);
     ds_row_int(&row, "batch", batch);
     ds_row_num(&row, "samples_per_s", best_ds.samples_per_s, 0);
@@ -178,6 +189,7 @@ int ds_bench_train(int argc, char **argv)
     if (torch) {
         ds_row_str(&row, "impl", "pytorch");
         ds_row_str(&row, "model", cnn ? "cnn" : "mlp");
+        ds_row_str(&row, "openblas", ds_blas_corename());
         ds_row_int(&row, "steps", steps);
         ds_row_int(&row, "batch", batch);
         ds_row_num(&row, "samples_per_s", best_pt.samples_per_s, 0);

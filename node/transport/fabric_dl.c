@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "node/transport/internal.h"
@@ -91,6 +92,26 @@ static void load(void)
         return;
     }
     tp_fi = f; /* published by pthread_once's barrier; the library stays open */
+}
+
+/*
+ * ofi_rxm posts FI_OFI_RXM_MSG_RX_SIZE bounce buffers of 16 KiB to the
+ * tcp endpoints' shared receive context, 4096 by default over tcp: 64 MiB
+ * zeroed when the endpoint opens, most of a node's start-up CPU after the
+ * dataset (page faults on these VMs), and nearly a second of a joiner's
+ * time to the view on a host as busy as 9 nodes on 2 cores
+ * (docs/benchmarks.md, "Start-up: ofi_rxm's receive pool"). They hold
+ * eager messages (16 KiB and under) until a receive matches; ours post 64
+ * for small frames and take large ones by rendezvous. 256 gave the same
+ * goodput in dsbench transport. When the pool is used up the tcp provider
+ * stops reading the sockets (TCP's own backpressure), nothing is lost.
+ * The user's own setting wins. Call before libfabric initialises (the
+ * variable is read once, then), on a thread that can set the environment.
+ */
+void tp_fi_env(const char *provider)
+{
+    if (provider && (!strcmp(provider, "tcp") || strstr(provider, "ofi_rxm")))
+        setenv("FI_OFI_RXM_MSG_RX_SIZE", "256", 0);
 }
 
 int tp_fi_load(char *why, size_t why_len)

@@ -199,14 +199,17 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
         return r;
     if (o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC))
         return tp_inproc_open(o, out);
+    tp_fi_env(o->provider ? o->provider : "tcp");
     fab_warm_join();
     return tp_fabric_open(o, out);
 }
 
 void ds_transport_warm(const ds_transport_opts *o)
 {
-    if (o && !(o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC)))
+    if (o && !(o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC))) {
+        tp_fi_env(o->provider ? o->provider : "tcp");
         fab_warm(o);
+    }
 }
 
 void ds_transport_close(ds_transport **tp)

@@ -111,6 +111,8 @@
       "layer list of train.model = custom, e.g. conv3x3:32, relu, maxpool2, flatten, linear:10") \
     X(STR, train, dataset_dir, "/usr/share/datasets/fashion-mnist", PATH, \
       "directory holding the Fashion-MNIST IDX files (gzip)") \
+    X(STR, train, dataset_cache, "", PATH_OR_EMPTY, \
+      "directory where the nodes of a host share the inflated images (created 0700); empty = none") \
     X(INT, train, batch_size, "64", 1, 65536, \
       "minibatch size of each node") \
     X(FLOAT, train, lr, "0.05", 0, 10, "(]", \

@@ -205,6 +205,8 @@ static const key_case cases[] = {
      "train.layers: expected a layer: conv<K>x<K>:<C>, maxpool2, relu, flatten or linear:<N>, "
      "found 'rleu' (layer 2)"},
     {"train.dataset_dir", "/data/fmnist", "/data/fmnist", "", "train.dataset_dir: empty value"},
+    {"train.dataset_cache", "/var/cache/dsnode", "/var/cache/dsnode", "c\x02",
+     "train.dataset_cache: expected no control characters, found 'c\\x02'"},
     {"train.batch_size", "128", "128", "65537",
      "train.batch_size: expected an integer in 1..65536, found '65537'"},
     {"train.lr", "0.1", "0.1", "0", "train.lr: expected a number in (0, 10], found '0'"},
@@ -304,7 +306,8 @@ static bool is_path_key(const char *key)
 {
     static const char *const paths[] = {"node.data_dir", "cluster.key_file",
                                         "cluster.identity_file", "cluster.allowed_keys",
-                                        "train.dataset_dir", "status.file"};
+                                        "train.dataset_dir", "train.dataset_cache",
+                                        "status.file"};
     for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
         if (!strcmp(key, paths[i]))
             return true;

@@ -2,7 +2,8 @@
  * tests/test_data.c: the IDX loader on the real Fashion-MNIST files and on
  * each class of malformed file (missing, directory, FIFO, wrong magic, truncated,
  * corrupt gzip, trailing bytes, mismatched counts, bad label, oversized
- * declaration); the minibatch sampler.
+ * declaration); the inflated-data cache (train.dataset_cache); the
+ * minibatch sampler.
  * Run: meson test -C build data --verbose
  */
 #include <criterion/criterion.h>
@@ -91,7 +92,7 @@ static void good_pair(uint32_t n)
 static int load(void)
 {
     ds_dataset d;
-    int r = ds_dataset_load(&d, p("img.gz"), p("lab.gz"), err, sizeof(err));
+    int r = ds_dataset_load(&d, p("img.gz"), p("lab.gz"), NULL, err, sizeof(err));
     if (r == 0)
         ds_dataset_free(&d);
     return r;
@@ -100,7 +101,7 @@ static int load(void)
 Test(data, real_fashion_mnist)
 {
     ds_dataset tr, te;
-    int r = ds_dataset_load_fmnist(&tr, &te, FMNIST, err, sizeof(err));
+    int r = ds_dataset_load_fmnist(&tr, &te, FMNIST, NULL, err, sizeof(err));
     cr_assert_eq(r, 0, "%s", err);
     cr_expect_eq(tr.n, 60000);
     cr_expect_eq(te.n, 10000);
@@ -187,7 +188,7 @@ Test(data, inflated_whole_equals_zlib_and_every_form_loads)
             lp = p("lab.raw");
         }
         ds_dataset d;
-        cr_assert_eq(ds_dataset_load(&d, ip, lp, err, sizeof(err)), 0, "%s: %s", forms[form], err);
+        cr_assert_eq(ds_dataset_load(&d, ip, lp, NULL, err, sizeof(err)), 0, "%s: %s", forms[form], err);
         cr_expect_eq(d.n, 10000, "%s", forms[form]);
         cr_expect_eq(d.rows, 28, "%s", forms[form]);
         cr_expect_eq(d.cols, 28, "%s", forms[form]);
@@ -197,6 +198,80 @@ Test(data, inflated_whole_equals_zlib_and_every_form_loads)
     }
     free(img);
     free(lab);
+}
+
+/* train.dataset_cache: the first load inflates and writes the cache, the
+ * second maps it, and both give what zlib inflates, byte for byte; a cache
+ * file damaged in its data (the CRC against the source's gzip trailer), or
+ * a source replaced at the same path, is never read as the data but
+ * written again. */
+Test(data, cache_written_then_mapped_and_never_stale)
+{
+    size_t ilen, llen;
+    uint8_t *img = gunzip_all(FMNIST "/t10k-images-idx3-ubyte.gz", &ilen);
+    uint8_t *lab = gunzip_all(FMNIST "/t10k-labels-idx1-ubyte.gz", &llen);
+    write_gz_members("img.gz", img, ilen, 1);
+    write_gz_members("lab.gz", lab, llen, 1);
+    char cache[300];
+    snprintf(cache, sizeof(cache), "%s/cache", dir);
+    const int want[] = {DS_DATA_CACHE_WRITTEN, DS_DATA_CACHE_HIT, DS_DATA_CACHE_WRITTEN,
+                        DS_DATA_CACHE_HIT, DS_DATA_CACHE_WRITTEN};
+    for (int round = 0; round < 5; round++) {
+        if (round == 2) {
+            /* Flip one byte of the cached images, past the header. */
+            char cmd[700];
+            snprintf(cmd, sizeof(cmd), "f=$(ls '%s'/idx3-*.bin) && printf '\\377' | dd of=\"$f\" "
+                     "bs=1 seek=5000 conv=notrunc status=none", cache);
+            cr_assert_eq(system(cmd), 0);
+        }
+        if (round == 4) {
+            /* Another dataset at the same path (a new file, same size:
+             * the first image's pixels changed). */
+            img[16 + 100] ^= 0x55;
+            cr_assert_eq(unlink(p("img.gz")), 0);
+            write_gz_members("img.gz", img, ilen, 1);
+        }
+        ds_dataset d;
+        cr_assert_eq(ds_dataset_load(&d, p("img.gz"), p("lab.gz"), cache, err, sizeof(err)), 0,
+                     "round %d: %s", round, err);
+        cr_expect_eq(d.cache, want[round], "round %d: cache %d (%s), expected %d", round, d.cache,
+                     d.cache_note, want[round]);
+        cr_expect_eq(d.images_map != NULL, want[round] == DS_DATA_CACHE_HIT, "round %d", round);
+        cr_expect_eq(d.n, 10000);
+        cr_expect_eq(memcmp(d.images, img + 16, ilen - 16), 0, "round %d: images differ", round);
+        cr_expect_eq(memcmp(d.labels, lab + 8, llen - 8), 0, "round %d: labels differ", round);
+        ds_dataset_free(&d);
+    }
+    struct stat st;
+    cr_assert_eq(stat(cache, &st), 0);
+    cr_expect_eq(st.st_mode & 0777, 0700, "the cache directory is %o", st.st_mode & 0777);
+    free(img);
+    free(lab);
+}
+
+/* A cache directory others can write to is not used (a planted file
+ * would become the training data); the data still loads, and the note
+ * says why. Small files are not cached at all. */
+Test(data, cache_refused_when_others_can_write_and_small_files_skipped)
+{
+    char cache[300];
+    snprintf(cache, sizeof(cache), "%s/shared", dir);
+    cr_assert_eq(mkdir(cache, 0777), 0);
+    cr_assert_eq(chmod(cache, 0777), 0);
+    ds_dataset d;
+    cr_assert_eq(ds_dataset_load(&d, FMNIST "/t10k-images-idx3-ubyte.gz",
+                                 FMNIST "/t10k-labels-idx1-ubyte.gz", cache, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_expect_eq(d.cache, DS_DATA_CACHE_FAILED);
+    cr_expect(strstr(d.cache_note, "writable by others"), "%s", d.cache_note);
+    cr_expect_eq(d.n, 10000);
+    ds_dataset_free(&d);
+    good_pair(3);
+    snprintf(cache, sizeof(cache), "%s/small", dir);
+    cr_assert_eq(ds_dataset_load(&d, p("img.gz"), p("lab.gz"), cache, err, sizeof(err)), 0, "%s",
+                 err);
+    cr_expect_eq(d.cache, DS_DATA_CACHE_OFF, "a 60-byte file was cached (%d)", d.cache);
+    ds_dataset_free(&d);
 }
 
 Test(data, small_good_file_and_raw_idx)
@@ -212,7 +287,7 @@ Test(data, missing_file)
 {
     good_pair(3);
     ds_dataset d;
-    int r = ds_dataset_load(&d, p("nope.gz"), p("lab.gz"), err, sizeof(err));
+    int r = ds_dataset_load(&d, p("nope.gz"), p("lab.gz"), NULL, err, sizeof(err));
     cr_expect_eq(r, -ENOENT);
     cr_expect(strstr(err, "nope.gz: cannot open: No such file or directory"), "%s", err);
 }
@@ -221,7 +296,7 @@ Test(data, directory_instead_of_file)
 {
     good_pair(3);
     ds_dataset d;
-    int r = ds_dataset_load(&d, dir, p("lab.gz"), err, sizeof(err));
+    int r = ds_dataset_load(&d, dir, p("lab.gz"), NULL, err, sizeof(err));
     cr_expect_eq(r, -EISDIR);
     cr_expect(strstr(err, "is a directory"), "%s", err);
 }
@@ -234,7 +309,7 @@ Test(data, fifo_instead_of_file)
     cr_assert_eq(mkfifo(p("fifo.gz"), 0600), 0, "mkfifo: %s", strerror(errno));
     ds_dataset d;
     alarm(10);
-    int r = ds_dataset_load(&d, p("fifo.gz"), p("lab.gz"), err, sizeof(err));
+    int r = ds_dataset_load(&d, p("fifo.gz"), p("lab.gz"), NULL, err, sizeof(err));
     alarm(0);
     cr_expect_eq(r, -EINVAL);
     cr_expect(strstr(err, "fifo.gz: cannot open: not a regular file (a FIFO)"), "%s", err);

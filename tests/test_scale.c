@@ -19,7 +19,7 @@ static void setup(void)
     char err[1200];
     ds_scale_cfg c;
     ds_scale_cfg_defaults(&c);
-    cr_assert_eq(ds_dataset_load_fmnist(&train, &test, c.dataset_dir, err, sizeof(err)), 0, "%s",
+    cr_assert_eq(ds_dataset_load_fmnist(&train, &test, c.dataset_dir, NULL, err, sizeof(err)), 0, "%s",
                  err);
 }
 

@@ -102,6 +102,7 @@ void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
     t->backend = c->train.backend;
     t->device = (int)c->train.device;
     snprintf(t->dataset_dir, sizeof(t->dataset_dir), "%s", c->train.dataset_dir);
+    snprintf(t->dataset_cache, sizeof(t->dataset_cache), "%s", c->train.dataset_cache);
     t->model = c->train.model == DS_MODEL_CNN      ? DS_TRAIN_CNN
                : c->train.model == DS_MODEL_CUSTOM ? DS_TRAIN_CUSTOM
                                                    : DS_TRAIN_MLP;
@@ -235,6 +236,16 @@ static int register_trainer(run *u)
                           .n_layers = t->model.n_layers, .ctx = u, .adopt = adopt,
                           .restore = u->resume ? restore : NULL};
     ds_info("train", "%s", t->backend_note);
+    for (int i = 0; i < 2; i++) {
+        const ds_dataset *d = i ? &t->test : &t->train;
+        if (d->cache == DS_DATA_CACHE_FAILED)
+            ds_warn("train", "train.dataset_cache %s: %s; the %s images were inflated without it",
+                    u->c->train.dataset_cache, d->cache_note, i ? "test" : "training");
+        else if (d->cache != DS_DATA_CACHE_OFF)
+            ds_info("train", "train.dataset_cache: the %s images %s", i ? "test" : "training",
+                    d->cache == DS_DATA_CACHE_HIT ? "mapped from the cache"
+                                                  : "inflated and written to the cache");
+    }
     if (t->ops.kind == DS_BACKEND_CPU) {
         ds_info("train", "openblas_kernels=%s threads=%d", ds_blas_corename(), u->tc.threads);
         /* A user's OPENBLAS_CORETYPE wins over our re-exec (decisions.md),

@@ -2,7 +2,9 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <libdeflate.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,14 +137,226 @@ out:
     return ret;
 }
 
+/*
+ * The inflated-data cache (train.dataset_cache). Every node on a host
+ * inflates the same 26 MB of gzip into the same 47 MB, and a node that
+ * joins a busy host waits for it (docs/benchmarks.md, "Start-up: the
+ * dataset cache"). With a cache directory, the first node to inflate a file
+ * also writes what it inflated there, and the others map that file: the
+ * pages are the page cache's, shared, and nothing is inflated again.
+ *
+ * A cache file is named by the source's device and inode and holds a
+ * 4 KiB header (magic, the source's size, mtime and ctime, its gzip
+ * trailer, the IDX dimensions) and the data. It is used only when all of
+ * that matches the source as opened now and the CRC-32 of the IDX header
+ * and data (libdeflate's, pclmul: milliseconds) equals the source's gzip
+ * trailer, so a stale, torn or tampered file is never read as the data;
+ * it is then written again. Only gzip files of at least 1 MiB inflated
+ * are cached (the labels are not worth a file). Files are written to a
+ * temporary name and renamed, so readers see whole files; the directory
+ * is created 0700 and refused unless it is ours and writable by no one
+ * else. Whatever goes wrong with the cache, the data is inflated as
+ * without one; ds_dataset's cache fields say what happened.
+ */
+#define CACHE_MAGIC "DSIDXC1\n"
+#define CACHE_HDR 4096
+#define CACHE_MIN ((size_t)1 << 20)
+
+typedef struct cache_hdr {
+    char magic[8];
+    uint64_t size, ino, dev;
+    int64_t mtime_s, mtime_ns, ctime_s, ctime_ns;
+    uint32_t gz_crc, gz_isize; /* the source's gzip trailer */
+    uint32_t ndims, dims[3];
+    uint64_t data_len;
+} cache_hdr;
+
+typedef struct cache_ctx {
+    int dfd;            /* the directory, or -1: no cache */
+    int status;         /* DS_DATA_CACHE_* of the images */
+    char note[160];
+} cache_ctx;
+
+/* Keep the weightier outcome: a failure over a write over a hit. */
+static void cache_note(cache_ctx *cc, int status, const char *what, const char *detail)
+{
+    if (status > cc->status || status == DS_DATA_CACHE_FAILED) {
+        cc->status = status;
+        snprintf(cc->note, sizeof(cc->note), "%s%s", what, detail);
+    }
+}
+
+/* Open (creating it, one level) the cache directory: -1 and a note when
+ * it cannot be used. */
+static int cache_open_dir(const char *dir, cache_ctx *cc)
+{
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        cache_note(cc, DS_DATA_CACHE_FAILED, "cannot create it: ", strerror(errno));
+        return -1;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (dfd < 0 || fstat(dfd, &st) < 0) {
+        cache_note(cc, DS_DATA_CACHE_FAILED, "cannot open it: ", strerror(errno));
+        if (dfd >= 0)
+            close(dfd);
+        return -1;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+        cache_note(cc, DS_DATA_CACHE_FAILED, "",
+                   st.st_uid != geteuid() ? "not owned by this user"
+                                          : "writable by others (chmod go-w, or another directory)");
+        close(dfd);
+        return -1;
+    }
+    return dfd;
+}
+
+static void cache_name(const struct stat *st, int ndims, char *buf, size_t len)
+{
+    snprintf(buf, len, "idx%d-%llx-%llx.bin", ndims, (unsigned long long)st->st_dev,
+             (unsigned long long)st->st_ino);
+}
+
+/* The header this source (fd, st) would have, from its gzip trailer; -1
+ * when it is not a gzip file worth caching. */
+static int cache_key(int fd, const struct stat *st, int ndims, cache_hdr *h)
+{
+    uint8_t head[2], tail[8];
+    if (st->st_size < 18 || pread(fd, head, 2, 0) != 2 || head[0] != 0x1f || head[1] != 0x8b ||
+        pread(fd, tail, 8, st->st_size - 8) != 8)
+        return -1;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, CACHE_MAGIC, 8);
+    h->size = (uint64_t)st->st_size;
+    h->ino = (uint64_t)st->st_ino;
+    h->dev = (uint64_t)st->st_dev;
+    h->mtime_s = st->st_mtim.tv_sec;
+    h->mtime_ns = st->st_mtim.tv_nsec;
+    h->ctime_s = st->st_ctim.tv_sec;
+    h->ctime_ns = st->st_ctim.tv_nsec;
+    h->gz_crc = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 |
+                (uint32_t)tail[3] << 24;
+    h->gz_isize = (uint32_t)tail[4] | (uint32_t)tail[5] << 8 | (uint32_t)tail[6] << 16 |
+                  (uint32_t)tail[7] << 24;
+    h->ndims = (uint32_t)ndims;
+    return h->gz_isize >= CACHE_MIN ? 0 : -1;
+}
+
+/* The IDX header of dims, as the source file has it inflated. */
+static size_t idx_header(const cache_hdr *h, uint8_t *out)
+{
+    out[0] = out[1] = 0;
+    out[2] = 0x08;
+    out[3] = (uint8_t)h->ndims;
+    for (uint32_t i = 0; i < h->ndims; i++) {
+        out[4 + 4 * i] = (uint8_t)(h->dims[i] >> 24);
+        out[5 + 4 * i] = (uint8_t)(h->dims[i] >> 16);
+        out[6 + 4 * i] = (uint8_t)(h->dims[i] >> 8);
+        out[7 + 4 * i] = (uint8_t)h->dims[i];
+    }
+    return 4 + 4 * (size_t)h->ndims;
+}
+
+/* Map the cache file of `want` (its key filled): 0 with *data, dims and
+ * the mapping, or -1 (absent, stale, torn: the caller inflates). */
+static int cache_map(cache_ctx *cc, const cache_hdr *want, const char *name, uint32_t *dims,
+                     uint8_t **data, void **map, size_t *map_len)
+{
+    int fd = openat(cc->dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    cache_hdr h;
+    int ret = -1;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (uint64_t)st.st_size < CACHE_HDR || pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
+        memcmp(&h, want, offsetof(cache_hdr, dims)) != 0 ||
+        h.data_len != (uint64_t)st.st_size - CACHE_HDR || h.data_len > DS_DATA_MAX_BYTES) {
+        close(fd);
+        return -1;
+    }
+    uint64_t total = 1;
+    for (uint32_t i = 0; i < h.ndims && total <= DS_DATA_MAX_BYTES; i++)
+        total *= h.dims[i] ? h.dims[i] : DS_DATA_MAX_BYTES + 1;
+    if (total != h.data_len) {
+        close(fd);
+        return -1;
+    }
+    const size_t len = (size_t)st.st_size;
+    void *m = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return -1;
+    uint8_t ih[16];
+    const size_t ihl = idx_header(&h, ih);
+    uint32_t crc = libdeflate_crc32(0, ih, ihl);
+    crc = libdeflate_crc32(crc, (const uint8_t *)m + CACHE_HDR, h.data_len);
+    if (crc == h.gz_crc && ihl + h.data_len == h.gz_isize) {
+        for (uint32_t i = 0; i < h.ndims; i++)
+            dims[i] = h.dims[i];
+        *data = (uint8_t *)m + CACHE_HDR;
+        *map = m;
+        *map_len = len;
+        ret = 0;
+    } else {
+        munmap(m, len);
+    }
+    return ret;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Write what was inflated under the cache name (a temporary file, then a
+ * rename over any older one). A failure leaves no file and a note. */
+static void cache_write(cache_ctx *cc, cache_hdr *h, const char *name, const uint32_t *dims,
+                        const uint8_t *data, size_t len)
+{
+    char tmp[128];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", name, (long)getpid());
+    for (uint32_t i = 0; i < h->ndims; i++)
+        h->dims[i] = dims[i];
+    h->data_len = len;
+    uint8_t page[CACHE_HDR] = {0};
+    memcpy(page, h, sizeof(*h));
+    int fd = openat(cc->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        cache_note(cc, DS_DATA_CACHE_FAILED, "cannot write to it: ", strerror(errno));
+        return;
+    }
+    int ok = write_all(fd, page, sizeof(page)) == 0 && write_all(fd, data, len) == 0;
+    const int werr = errno;
+    ok = close(fd) == 0 && ok;
+    if (ok && renameat(cc->dfd, tmp, cc->dfd, name) == 0) {
+        cache_note(cc, DS_DATA_CACHE_WRITTEN, "written", "");
+        return;
+    }
+    cache_note(cc, DS_DATA_CACHE_FAILED, "cannot write to it: ", strerror(ok ? errno : werr));
+    unlinkat(cc->dfd, tmp, 0);
+}
+
 /* Parse one IDX file of unsigned bytes with `ndims` dimensions. */
-static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data, char *err,
-                    size_t err_len)
+static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data, cache_ctx *cc,
+                    void **map, size_t *map_len, char *err, size_t err_len)
 {
     /* Opened without blocking, so a FIFO or a device is refused rather
      * than waited on; gzdopen then owns the descriptor. */
     char why[128];
-    int fd = ds_file_open_regular(path, NULL, why, sizeof(why));
+    struct stat st;
+    int fd = ds_file_open_regular(path, &st, why, sizeof(why));
     if (fd == -EISDIR) {
         snprintf(err, err_len, "%s: is a directory, expected an IDX file", path);
         return fd;
@@ -151,10 +365,27 @@ static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data,
         snprintf(err, err_len, "%s: cannot open: %s", path, why);
         return fd;
     }
+    cache_hdr key;
+    char cname[96];
+    const int cacheable = cc && cc->dfd >= 0 && cache_key(fd, &st, ndims, &key) == 0;
+    if (cacheable) {
+        cache_name(&st, ndims, cname, sizeof(cname));
+        if (cache_map(cc, &key, cname, dims, data, map, map_len) == 0) {
+            cache_note(cc, DS_DATA_CACHE_HIT, "mapped", "");
+            close(fd);
+            return 0;
+        }
+    }
     int ret = idx_load_whole(fd, ndims, dims, data);
     if (ret <= 0) {
         if (ret < 0)
             snprintf(err, err_len, "%s: out of memory while inflating", path);
+        else if (cacheable) {
+            uint64_t total = 1;
+            for (int i = 0; i < ndims; i++)
+                total *= dims[i];
+            cache_write(cc, &key, cname, dims, *data, (size_t)total);
+        }
         close(fd);
         return ret;
     }
@@ -228,15 +459,23 @@ out:
     return ret;
 }
 
-int ds_dataset_load(ds_dataset *d, const char *images_path, const char *labels_path, char *err,
-                    size_t err_len)
+int ds_dataset_load(ds_dataset *d, const char *images_path, const char *labels_path,
+                    const char *cache_dir, char *err, size_t err_len)
 {
     memset(d, 0, sizeof(*d));
     uint32_t idims[3], ldims[1];
-    int ret = idx_load(images_path, 3, idims, &d->images, err, err_len);
+    cache_ctx cc = {.dfd = -1};
+    if (cache_dir && *cache_dir)
+        cc.dfd = cache_open_dir(cache_dir, &cc);
+    int ret = idx_load(images_path, 3, idims, &d->images, &cc, &d->images_map,
+                       &d->images_map_len, err, err_len);
+    if (cc.dfd >= 0)
+        close(cc.dfd);
+    d->cache = cc.status;
+    snprintf(d->cache_note, sizeof(d->cache_note), "%s", cc.note);
     if (ret < 0)
         return ret;
-    if ((ret = idx_load(labels_path, 1, ldims, &d->labels, err, err_len)) < 0)
+    if ((ret = idx_load(labels_path, 1, ldims, &d->labels, NULL, NULL, NULL, err, err_len)) < 0)
         goto fail;
     if (idims[0] != ldims[0]) {
         snprintf(err, err_len, "%s: %u labels, but %s has %u images", labels_path, ldims[0],
@@ -261,18 +500,18 @@ fail:
     return ret;
 }
 
-int ds_dataset_load_fmnist(ds_dataset *train, ds_dataset *test, const char *dir, char *err,
-                           size_t err_len)
+int ds_dataset_load_fmnist(ds_dataset *train, ds_dataset *test, const char *dir,
+                           const char *cache_dir, char *err, size_t err_len)
 {
     char ip[4096], lp[4096];
     snprintf(ip, sizeof(ip), "%s/train-images-idx3-ubyte.gz", dir);
     snprintf(lp, sizeof(lp), "%s/train-labels-idx1-ubyte.gz", dir);
-    int ret = ds_dataset_load(train, ip, lp, err, err_len);
+    int ret = ds_dataset_load(train, ip, lp, cache_dir, err, err_len);
     if (ret < 0)
         return ret;
     snprintf(ip, sizeof(ip), "%s/t10k-images-idx3-ubyte.gz", dir);
     snprintf(lp, sizeof(lp), "%s/t10k-labels-idx1-ubyte.gz", dir);
-    if ((ret = ds_dataset_load(test, ip, lp, err, err_len)) < 0) {
+    if ((ret = ds_dataset_load(test, ip, lp, cache_dir, err, err_len)) < 0) {
         ds_dataset_free(train);
         return ret;
     }
@@ -290,7 +529,10 @@ void ds_dataset_free(ds_dataset *d)
 {
     if (!d)
         return;
-    free(d->images);
+    if (d->images_map)
+        munmap(d->images_map, d->images_map_len);
+    else
+        free(d->images);
     free(d->labels);
     memset(d, 0, sizeof(*d));
 }

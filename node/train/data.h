@@ -21,21 +21,37 @@
 /* Refuse IDX files that declare more than this many bytes of data. */
 #define DS_DATA_MAX_BYTES ((uint64_t)1 << 31)
 
+/* What the inflated-data cache did for a file's images (ds_dataset.cache). */
+enum {
+    DS_DATA_CACHE_OFF = 0,     /* no cache directory, or not a file it takes */
+    DS_DATA_CACHE_HIT = 1,     /* mapped from the cache: nothing inflated */
+    DS_DATA_CACHE_WRITTEN = 2, /* inflated, and written to the cache */
+    DS_DATA_CACHE_FAILED = 3,  /* the cache could not be used (cache_note says
+                                * why); the data was inflated as without one */
+};
+
 typedef struct ds_dataset {
     size_t n;           /* examples */
     int rows, cols;     /* image shape */
-    uint8_t *images;    /* n * rows * cols, owned */
+    uint8_t *images;    /* n * rows * cols, owned (or inside images_map) */
     uint8_t *labels;    /* n, owned */
+    void *images_map;   /* the cache file mapped (read-only), or NULL */
+    size_t images_map_len;
+    int cache;          /* DS_DATA_CACHE_* */
+    char cache_note[160];
 } ds_dataset;
 
-/* Load an image file and its label file. 0, or -ENOENT / -EIO / -EBADMSG /
- * -ENOMEM / -EINVAL with one line in err naming the file. */
+/* Load an image file and its label file. cache_dir (NULL or "": none) is
+ * the inflated-data cache (train.dataset_cache; data.c says how it is
+ * kept and checked); it never changes what is loaded, only how. 0, or
+ * -ENOENT / -EIO / -EBADMSG / -ENOMEM / -EINVAL with one line in err
+ * naming the file. */
 int ds_dataset_load(ds_dataset *d, const char *images_path, const char *labels_path,
-                    char *err, size_t err_len);
+                    const char *cache_dir, char *err, size_t err_len);
 
 /* Load dir/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz. */
-int ds_dataset_load_fmnist(ds_dataset *train, ds_dataset *test, const char *dir, char *err,
-                           size_t err_len);
+int ds_dataset_load_fmnist(ds_dataset *train, ds_dataset *test, const char *dir,
+                           const char *cache_dir, char *err, size_t err_len);
 
 void ds_dataset_free(ds_dataset *d);
 

@@ -81,7 +81,8 @@ int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t er
                  cfg->n_hidden);
         return -EINVAL;
     }
-    if ((ret = ds_dataset_load_fmnist(&t->train, &t->test, cfg->dataset_dir, err, err_len)) < 0) {
+    if ((ret = ds_dataset_load_fmnist(&t->train, &t->test, cfg->dataset_dir, cfg->dataset_cache,
+                                      err, err_len)) < 0) {
         /* Name the config key the directory came from. */
         char what[1024];
         snprintf(what, sizeof(what), "%s", err);

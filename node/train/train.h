@@ -31,6 +31,7 @@ typedef struct ds_train_cfg {
     enum ds_ops_backend backend; /* kernels/kernels.h: auto, cpu, cuda */
     int device;                  /* CUDA device index (cuda, auto) */
     char dataset_dir[1024];
+    char dataset_cache[1024];    /* "" none; node/train/data.h */
     enum ds_train_model model;
     int hidden[DS_TRAIN_MAX_HIDDEN]; /* mlp */
     int n_hidden;

@@ -347,7 +347,7 @@ int ds_bench_scale(int argc, char **argv)
     ds_dataset train = {0}, test = {0};
     char err[1200];
     if ((t_train || t_batch) &&
-        ds_dataset_load_fmnist(&train, &test, base.dataset_dir, err, sizeof(err)) < 0) {
+        ds_dataset_load_fmnist(&train, &test, base.dataset_dir, NULL, err, sizeof(err)) < 0) {
         fprintf(stderr, "dsbench scale: %s\n", err);
         return 1;
     }

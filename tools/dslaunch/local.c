@@ -19,7 +19,10 @@
  *     complete ini, valid by construction, that loads back to exactly the
  *     configuration the node runs with. dslaunch's own --set come last, so
  *     they win over the user's for the keys dslaunch owns (name, listen,
- *     data_dir, seeds, key files, status address and file).
+ *     data_dir, seeds, key files, status address and file). When the
+ *     config leaves train.dataset_cache empty, dslaunch gives every node of
+ *     a host the same one, DIR/dataset-cache (the host's directory with
+ *     hosts), so a host inflates the images once.
  *  4. With --netns, puts every node in a network namespace of its own behind
  *     an optionally rate-limited link (netns.c); the nodes then listen on
  *     their namespace's address instead of 127.0.0.1.
@@ -203,6 +206,7 @@ struct launch {
     int64_t gossip_every; /* gossip.every of the effective config; 1 unknown */
     int status_listen;   /* status.listen is on in the base config */
     int status_file;     /* status.file is on */
+    int dataset_cache;   /* train.dataset_cache left empty: DIR/dataset-cache */
     int total;           /* nodes planned in all */
     struct node *nodes;
     int started;         /* nodes[0..started) have been started */
@@ -1151,6 +1155,7 @@ static int check_base(struct launch *L)
         L->gossip_every = strtoll(v, NULL, 10);
     L->status_listen = dump_get(dump, "status", "listen", v, sizeof(v)) == 0 && v[0];
     L->status_file = dump_get(dump, "status", "file", v, sizeof(v)) == 0 && v[0];
+    L->dataset_cache = dump_get(dump, "train", "dataset_cache", v, sizeof(v)) == 0 && !v[0];
     if (dump_get(dump, "node", "log_level", v, sizeof(v)) == 0 &&
         (!strcmp(v, "error") || !strcmp(v, "warn"))) {
         if (L->nadd) {
@@ -1445,8 +1450,8 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     char s_name[64], s_listen[DS_HOSTPORT_MAX + 16], s_data[PATH_MAX + 32],
         s_seeds[SEEDS_TEXT + 16], s_key[PATH_MAX + 32],
         s_id[PATH_MAX + 32], s_allow[PATH_MAX + 32], s_slisten[96], s_sfile[PATH_MAX + 32],
-        s_min[64];
-    char *extra[11], hp[DS_HOSTPORT_MAX + 1];
+        s_min[64], s_cache[PATH_MAX + 48];
+    char *extra[12], hp[DS_HOSTPORT_MAX + 1];
     int ne = 0;
     /* The paths the node sees: here, or in its host's directory. */
     const char *data = nd->data, *ckey = L->cluster_key, *idkey = nd->key, *allow = L->allowed;
@@ -1477,6 +1482,18 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     extra[ne++] = s_key;
     extra[ne++] = s_id;
     extra[ne++] = s_allow;
+    /* The nodes of a host share one inflated copy of the dataset (the run
+     * directory's, or the host's), unless the config names a cache. */
+    if (L->dataset_cache) {
+        if (L->hosts_mode) {
+            char hd[256];
+            host_dir(L, nd->host, hd, sizeof(hd));
+            snprintf(s_cache, sizeof(s_cache), "train.dataset_cache=%s/dataset-cache", hd);
+        } else {
+            snprintf(s_cache, sizeof(s_cache), "train.dataset_cache=%s/dataset-cache", L->dir);
+        }
+        extra[ne++] = s_cache;
+    }
     /* The initial nodes start training together, once all are members. */
     snprintf(s_min, sizeof(s_min), "cluster.min_members=%d", min_members);
     extra[ne++] = s_min;

@@ -332,6 +332,9 @@ static void cache_write(cache_ctx *cc, cache_hdr *h, const char *name, const uin
     h->data_len = len;
     uint8_t page[CACHE_HDR] = {0};
     memcpy(page, h, sizeof(*h));
+    /* Ours alone (the name carries our pid): one a dead process of the
+     * same pid left would fail the exclusive create. */
+    unlinkat(cc->dfd, tmp, 0);
     int fd = openat(cc->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         cache_note(cc, DS_DATA_CACHE_FAILED, "cannot write to it: ", strerror(errno));

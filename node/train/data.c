@@ -140,10 +140,11 @@ out:
 /*
  * The inflated-data cache (train.dataset_cache). Every node on a host
  * inflates the same 26 MB of gzip into the same 47 MB, and a node that
- * joins a busy host waits for it (docs/benchmarks.md, "Start-up: the
- * dataset cache"). With a cache directory, the first node to inflate a file
- * also writes what it inflated there, and the others map that file: the
- * pages are the page cache's, shared, and nothing is inflated again.
+ * joins a busy host waits for it (docs/benchmarks.md, "Start-up: ofi_rxm's
+ * receive pool and the dataset cache"). With a cache directory, the first
+ * node to inflate a file also writes what it inflated there, and the
+ * others map that file: the pages are the page cache's, shared, and
+ * nothing is inflated again.
  *
  * A cache file is named by the source's device and inode and holds a
  * 4 KiB header (magic, the source's size, mtime and ctime, its gzip

@@ -332,11 +332,13 @@ int dsnode_join(dsnode *d)
         ds_error("node", "%s", err);
         return fail(e, "dsnode_join: %s", err);
     }
-    if ((e = ds_engine_start(d->e)) < 0) {
+    if ((e = ds_engine_start(d->e, err, sizeof(err))) < 0) {
         d->state = ST_FAILED;
-        return e == -EINTR ? fail(e, "dsnode_join: stopped (signal %d) before training",
-                                  (int)d->stop_signal)
-                           : fail_logged(e, "dsnode_join");
+        if (e == -EINTR)
+            return fail(e, "dsnode_join: stopped (signal %d) before training",
+                        (int)d->stop_signal);
+        ds_error("node", "%s", err);
+        return fail(e, "dsnode_join: %s", err);
     }
     d->state = ST_JOINED;
     d->rep.phase = DS_STATUS_TRAINING;

@@ -160,8 +160,10 @@ int ds_engine_join(ds_engine *e, char *err, size_t err_len) __attribute__((warn_
 /* Before the first step. A node that joined a cluster already training
  * fetches its state (params, then params.adopt) and shadows it until its
  * join round; the initial members agree on the first round. Starts the
- * comm thread (gossip.overlap). -EINTR: stopped by the client. */
-int ds_engine_start(ds_engine *e) __attribute__((warn_unused_result));
+ * comm thread (gossip.overlap). -EINTR: stopped by the client; otherwise
+ * err has the line (a joiner admitted by a cluster that then gave it no
+ * state, having finished: "cannot join cluster 'ID': admitted, but ..."). */
+int ds_engine_start(ds_engine *e, char *err, size_t err_len) __attribute__((warn_unused_result));
 
 /* Before each training step: keeps a joiner's pace and, while it shadows
  * the cluster, waits and fetches a fresh snapshot (adopted through

@@ -957,6 +957,8 @@ static int adopt_state(rt *r, const float *theta, const ds_state_info *info, uin
 
 /* A late joiner: ask the member that admitted us for its model, step and
  * rounds, and start from them; retry a few times. */
+static int pick_member(rt *r, uint64_t before, int same_group_only);
+
 static int fetch_state(rt *r, int attempts, uint64_t attempt_ms)
 {
     float *theta = malloc(r->p.n * sizeof(float));
@@ -964,6 +966,14 @@ static int fetch_state(rt *r, int attempts, uint64_t attempt_ms)
         return -ENOMEM;
     int e = -ETIMEDOUT;
     for (int attempt = 1; attempt <= attempts && !ds_rt_stop_signal(r); attempt++) {
+        /* A retry asks a member alive now (our group's first), not the
+         * one that failed: a joiner admitted by a cluster that is
+         * finishing would otherwise wait out every attempt on a node
+         * that has left. None left: the cluster is gone. */
+        if (attempt > 1 && !pick_member(r, UINT64_MAX, 0)) {
+            e = -EHOSTUNREACH;
+            break;
+        }
         const uint64_t t0 = ds_now_ms();
         const uint64_t deadline = t0 + attempt_ms;
         ds_debug("state", "asking %s for the model state (attempt %d)", r->seed_addr, attempt);
@@ -1048,7 +1058,7 @@ static uint64_t first_round(rt *r)
     return first;
 }
 
-int ds_engine_start(ds_engine *r)
+int ds_engine_start(ds_engine *r, char *err, size_t err_len)
 {
     const ds_conf *c = r->c;
     int e;
@@ -1059,7 +1069,9 @@ int ds_engine_start(ds_engine *r)
         if (in_group(r) && pick_member(r, UINT64_MAX, 1))
             ds_info("state", "taking the state from %s, of our group %s", r->seed_addr, r->group);
         if ((e = fetch_state(r, 5, 4 * (uint64_t)c->transport.op_timeout_ms)) < 0) {
-            ds_error("state", "no model state from the cluster: %s", strerror(-e));
+            snprintf(err, err_len, "cannot join cluster '%s': admitted, but no model state came "
+                     "from the cluster (%s); it may have finished", c->cluster.id,
+                     e == -EHOSTUNREACH ? "no member left to ask" : strerror(-e));
             return e;
         }
         ds_ckpt_choose(r);
@@ -1071,7 +1083,7 @@ int ds_engine_start(ds_engine *r)
     }
     if (c->gossip.overlap && ds_topo_gossips(r->topo)) {
         if ((e = pthread_create(&r->comm, NULL, comm_main, r)) != 0) {
-            ds_error("gossip", "cannot start the communication thread: %s", strerror(e));
+            snprintf(err, err_len, "cannot start the communication thread: %s", strerror(e));
             return -e;
         }
         r->comm_up = 1;

@@ -515,8 +515,11 @@ int ds_node_run(const ds_conf *c, const char *resume_path, unsigned flags)
         code = not_started(&u, e, err);
         goto fini_trainer;
     }
-    if ((e = ds_engine_start(u.e)) < 0) {
-        code = e == -EINTR ? 128 + (int)stop_signal : 1;
+    if ((e = ds_engine_start(u.e, err, sizeof(err))) < 0) {
+        /* E.g. admitted, but no state came: the same summary and exit
+         * status as a join refused (a summary line for every run that
+         * joined, whatever stopped it). */
+        code = not_started(&u, e, err);
         goto fini_trainer;
     }
     u.rep.phase = DS_STATUS_TRAINING;

@@ -955,22 +955,24 @@ static int adopt_state(rt *r, const float *theta, const ds_state_info *info, uin
     return 0;
 }
 
-/* A late joiner: ask the member that admitted us for its model, step and
- * rounds, and start from them; retry a few times. */
 static int pick_member(rt *r, uint64_t before, int same_group_only);
 
-static int fetch_state(rt *r, int attempts, uint64_t attempt_ms)
+/* A late joiner: ask the member that admitted us for its model, step and
+ * rounds, and start from them; retry a few times (each retry asks a member
+ * in the views before round `before`). */
+static int fetch_state(rt *r, int attempts, uint64_t attempt_ms, uint64_t before)
 {
     float *theta = malloc(r->p.n * sizeof(float));
     if (!theta)
         return -ENOMEM;
     int e = -ETIMEDOUT;
     for (int attempt = 1; attempt <= attempts && !ds_rt_stop_signal(r); attempt++) {
-        /* A retry asks a member alive now (our group's first), not the
+        /* A retry asks a member alive now (our group's first; in the
+         * views before round `before`, as the first was chosen), not the
          * one that failed: a joiner admitted by a cluster that is
          * finishing would otherwise wait out every attempt on a node
          * that has left. None left: the cluster is gone. */
-        if (attempt > 1 && !pick_member(r, UINT64_MAX, 0)) {
+        if (attempt > 1 && !pick_member(r, before, 0)) {
             e = -EHOSTUNREACH;
             break;
         }
@@ -1068,7 +1070,7 @@ int ds_engine_start(ds_engine *r, char *err, size_t err_len)
         r->refresh_pending = 1;
         if (in_group(r) && pick_member(r, UINT64_MAX, 1))
             ds_info("state", "taking the state from %s, of our group %s", r->seed_addr, r->group);
-        if ((e = fetch_state(r, 5, 4 * (uint64_t)c->transport.op_timeout_ms)) < 0) {
+        if ((e = fetch_state(r, 5, 4 * (uint64_t)c->transport.op_timeout_ms, UINT64_MAX)) < 0) {
             snprintf(err, err_len, "cannot join cluster '%s': admitted, but no model state came "
                      "from the cluster (%s); it may have finished", c->cluster.id,
                      e == -EHOSTUNREACH ? "no member left to ask" : strerror(-e));
@@ -1123,7 +1125,7 @@ static int shadow(rt *r)
     }
     for (double w = 0; w < wait_s && !ds_rt_stop_signal(r); w += 0.05)
         usleep(wait_s - w < 0.05 ? (useconds_t)((wait_s - w) * 1e6) : 50000);
-    const int got = ds_rt_stop_signal(r) ? -EINTR : fetch_state(r, 1, 2000);
+    const int got = ds_rt_stop_signal(r) ? -EINTR : fetch_state(r, 1, 2000, UINT64_MAX);
     if (ds_shadow_fetched(&r->refresh_failures, got == 0)) {
         /* The cluster may be gone (it finished, or we were cut off): go
          * on from the last state we have. */
@@ -1169,7 +1171,7 @@ static void start_rejoin(rt *r)
     }
     ds_info("state", "rejoining at round %llu: taking the state from %s",
             (unsigned long long)join_round, r->seed_addr);
-    if (fetch_state(r, 3, 2 * (uint64_t)r->c->transport.op_timeout_ms) < 0)
+    if (fetch_state(r, 3, 2 * (uint64_t)r->c->transport.op_timeout_ms, r->join_round) < 0)
         ds_warn("state", "no state from %s yet: shadowing retries", r->seed_addr);
 }
 

@@ -324,15 +324,9 @@ int dsnode_join(dsnode *d)
         return fail_logged(e, "dsnode_join");
     }
     publish(d, 1);
-    if ((e = ds_engine_join(d->e, err, sizeof(err))) < 0) {
-        d->state = ST_FAILED;
-        if (e == -EINTR)
-            return fail(e, "dsnode_join: stopped (signal %d) before training",
-                        (int)d->stop_signal);
-        ds_error("node", "%s", err);
-        return fail(e, "dsnode_join: %s", err);
-    }
-    if ((e = ds_engine_start(d->e, err, sizeof(err))) < 0) {
+    /* Refused, timed out, or admitted and given no state: err says which. */
+    if ((e = ds_engine_join(d->e, err, sizeof(err))) < 0 ||
+        (e = ds_engine_start(d->e, err, sizeof(err))) < 0) {
         d->state = ST_FAILED;
         if (e == -EINTR)
             return fail(e, "dsnode_join: stopped (signal %d) before training",

@@ -511,14 +511,10 @@ int ds_node_run(const ds_conf *c, const char *resume_path, unsigned flags)
         ds_engine_listen(u.e) < 0)
         goto fini_trainer;
     publish(&u, 1);
-    if ((e = ds_engine_join(u.e, err, sizeof(err))) < 0) {
-        code = not_started(&u, e, err);
-        goto fini_trainer;
-    }
-    if ((e = ds_engine_start(u.e, err, sizeof(err))) < 0) {
-        /* E.g. admitted, but no state came: the same summary and exit
-         * status as a join refused (a summary line for every run that
-         * joined, whatever stopped it). */
+    /* Refused, timed out, or admitted and given no state: one summary line
+     * and exit status for all of them. */
+    if ((e = ds_engine_join(u.e, err, sizeof(err))) < 0 ||
+        (e = ds_engine_start(u.e, err, sizeof(err))) < 0) {
         code = not_started(&u, e, err);
         goto fini_trainer;
     }

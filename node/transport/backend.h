@@ -83,7 +83,8 @@ int tp_fabric_open(const ds_transport_opts *o, ds_transport **out);
  * initialises libfabric. */
 void fab_warm(const ds_transport_opts *o);
 /* libfabric's settings dsnode chooses unless the environment has them
- * (fabric_dl.c); before libfabric initialises, on the opener's thread. */
+ * (fabric_dl.c); provider NULL means tcp; before libfabric initialises,
+ * on the opener's thread. */
 void tp_fi_env(const char *provider);
 void fab_warm_join(void);
 int tp_inproc_open(const ds_transport_opts *o, ds_transport **out);

@@ -110,7 +110,7 @@ static void load(void)
  */
 void tp_fi_env(const char *provider)
 {
-    if (provider && (!strcmp(provider, "tcp") || strstr(provider, "ofi_rxm")))
+    if (!provider || !strcmp(provider, "tcp") || strstr(provider, "ofi_rxm"))
         setenv("FI_OFI_RXM_MSG_RX_SIZE", "256", 0);
 }
 

@@ -199,7 +199,7 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
         return r;
     if (o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC))
         return tp_inproc_open(o, out);
-    tp_fi_env(o->provider ? o->provider : "tcp");
+    tp_fi_env(o->provider);
     fab_warm_join();
     return tp_fabric_open(o, out);
 }
@@ -207,7 +207,7 @@ int ds_transport_open(const ds_transport_opts *o, ds_transport **out)
 void ds_transport_warm(const ds_transport_opts *o)
 {
     if (o && !(o->provider && !strcmp(o->provider, DS_TRANSPORT_INPROC))) {
-        tp_fi_env(o->provider ? o->provider : "tcp");
+        tp_fi_env(o->provider);
         fab_warm(o);
     }
 }

@@ -154,11 +154,11 @@ int ds_bench_train(int argc, char **argv)
         return 2;
     }
     ds_log_setup("dsbench", DS_LOG_WARN, NULL);
-    if (ds_blas_wanted_coretype())
+    const char *want = ds_blas_wanted_coretype(), *env = getenv("OPENBLAS_CORETYPE");
+    if (want)
         fprintf(stderr, "dsbench train: warning: OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE=%s); "
                         "this CPU's best are %s: unset OPENBLAS_CORETYPE to measure with them\n",
-                ds_blas_corename(), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "",
-                ds_blas_wanted_coretype());
+                ds_blas_corename(), env ? env : "", want);
 
     run_result best_ds = {0}, best_pt = {0};
     for (int r = 0; r < rounds; r++) {

@@ -1455,9 +1455,11 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     int ne = 0;
     /* The paths the node sees: here, or in its host's directory. */
     const char *data = nd->data, *ckey = L->cluster_key, *idkey = nd->key, *allow = L->allowed;
+    const char *home = L->dir; /* the run directory, or the node's host's */
+    char hd[256];
     if (L->hosts_mode) {
-        char hd[256];
         host_dir(L, nd->host, hd, sizeof(hd));
+        home = hd;
         snprintf(rpath[0], sizeof(rpath[0]), "%s/%s", hd, nd->name);
         snprintf(rpath[1], sizeof(rpath[1]), "%s/cluster.key", hd);
         snprintf(rpath[2], sizeof(rpath[2]), "%s/%s.key", hd, nd->name);
@@ -1485,13 +1487,7 @@ static int write_node_config(struct launch *L, struct node *nd, const char *seed
     /* The nodes of a host share one inflated copy of the dataset (the run
      * directory's, or the host's), unless the config names a cache. */
     if (L->dataset_cache) {
-        if (L->hosts_mode) {
-            char hd[256];
-            host_dir(L, nd->host, hd, sizeof(hd));
-            snprintf(s_cache, sizeof(s_cache), "train.dataset_cache=%s/dataset-cache", hd);
-        } else {
-            snprintf(s_cache, sizeof(s_cache), "train.dataset_cache=%s/dataset-cache", L->dir);
-        }
+        snprintf(s_cache, sizeof(s_cache), "train.dataset_cache=%s/dataset-cache", home);
         extra[ne++] = s_cache;
     }
     /* The initial nodes start training together, once all are members. */

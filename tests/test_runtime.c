@@ -31,11 +31,11 @@ Test(skip, a_missed_deadline_stops_the_waiting_not_the_sends)
 {
     ds_skip_table t;
     memset(&t, 0, sizeof(t));
-    cr_assert_eq(ds_skip_missed(&t, 7, 100, 0), 1, "new in the table");
+    cr_assert_eq(ds_skip_missed(&t, 7, 100, 0, 0), 1, "new in the table");
     for (uint64_t r = 101; r <= 104; r++)
-        cr_expect_eq(ds_skip_check(&t, 7, r), DS_SKIP_NOWAIT, "round %llu", (unsigned long long)r);
-    cr_expect_eq(ds_skip_check(&t, 7, 105), DS_SKIP_WAIT);
-    cr_expect_eq(ds_skip_check(&t, 8, 101), DS_SKIP_WAIT, "another peer is not affected");
+        cr_expect_eq(ds_skip_check(&t, 7, r, 0), DS_SKIP_NOWAIT, "round %llu", (unsigned long long)r);
+    cr_expect_eq(ds_skip_check(&t, 7, 105, 0), DS_SKIP_WAIT);
+    cr_expect_eq(ds_skip_check(&t, 8, 101, 0), DS_SKIP_WAIT, "another peer is not affected");
 }
 
 /* Every further miss in a row doubles the window, up to 64 times the
@@ -47,9 +47,9 @@ Test(skip, the_window_doubles_per_miss_up_to_64x)
     uint64_t round = 1000;
     const uint64_t want[] = {4, 8, 16, 32, 64, 128, 256, 256, 256};
     for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
-        cr_assert_eq(ds_skip_missed(&t, 7, round, 0), k == 0);
-        cr_expect_eq(ds_skip_check(&t, 7, round + want[k]), DS_SKIP_NOWAIT, "miss %zu", k + 1);
-        cr_expect_eq(ds_skip_check(&t, 7, round + want[k] + 1), DS_SKIP_WAIT,
+        cr_assert_eq(ds_skip_missed(&t, 7, round, 0, 0), k == 0);
+        cr_expect_eq(ds_skip_check(&t, 7, round + want[k], 0), DS_SKIP_NOWAIT, "miss %zu", k + 1);
+        cr_expect_eq(ds_skip_check(&t, 7, round + want[k] + 1, 0), DS_SKIP_WAIT,
                      "miss %zu: window longer than %llu", k + 1, (unsigned long long)want[k]);
         round += want[k] + 1; /* tried again, and missed again */
     }
@@ -62,13 +62,13 @@ Test(skip, hearing_from_the_peer_forgets_it)
     ds_skip_table t;
     memset(&t, 0, sizeof(t));
     for (int k = 0; k < 5; k++)
-        ds_skip_missed(&t, 7, 100, 0);
+        ds_skip_missed(&t, 7, 100, 0, 0);
     ds_skip_heard(&t, 7);
-    cr_expect_eq(ds_skip_check(&t, 7, 101), DS_SKIP_WAIT);
+    cr_expect_eq(ds_skip_check(&t, 7, 101, 0), DS_SKIP_WAIT);
     cr_expect_eq(t.n, 0);
-    cr_assert_eq(ds_skip_missed(&t, 7, 200, 0), 1);
-    cr_expect_eq(ds_skip_check(&t, 7, 204), DS_SKIP_NOWAIT);
-    cr_expect_eq(ds_skip_check(&t, 7, 205), DS_SKIP_WAIT, "the window starts over at 4");
+    cr_assert_eq(ds_skip_missed(&t, 7, 200, 0, 0), 1);
+    cr_expect_eq(ds_skip_check(&t, 7, 204, 0), DS_SKIP_NOWAIT);
+    cr_expect_eq(ds_skip_check(&t, 7, 205, 0), DS_SKIP_WAIT, "the window starts over at 4");
     /* Past its window it is tried again, but still listed until heard. */
     cr_expect(ds_skip_listed(&t, 7));
     ds_skip_heard(&t, 99); /* unknown: nothing happens */
@@ -84,12 +84,12 @@ Test(skip, an_undeliverable_peer_is_not_sent_to)
 {
     ds_skip_table t;
     memset(&t, 0, sizeof(t));
-    ds_skip_missed(&t, 7, 100, 1);
-    cr_expect_eq(ds_skip_check(&t, 7, 104), DS_SKIP_ALL);
-    cr_expect_eq(ds_skip_check(&t, 7, 105), DS_SKIP_WAIT, "tried again after the window");
+    ds_skip_missed(&t, 7, 100, 0, 1);
+    cr_expect_eq(ds_skip_check(&t, 7, 104, 0), DS_SKIP_ALL);
+    cr_expect_eq(ds_skip_check(&t, 7, 105, 0), DS_SKIP_WAIT, "tried again after the window");
     /* Once hard, a soft miss does not soften it until heard. */
-    ds_skip_missed(&t, 7, 105, 0);
-    cr_expect_eq(ds_skip_check(&t, 7, 106), DS_SKIP_ALL);
+    ds_skip_missed(&t, 7, 105, 0, 0);
+    cr_expect_eq(ds_skip_check(&t, 7, 106, 0), DS_SKIP_ALL);
 }
 
 /* A membership verdict (suspected, dead, left) is hard and holds until
@@ -100,16 +100,16 @@ Test(skip, a_verdict_holds_until_heard)
     ds_skip_table t;
     memset(&t, 0, sizeof(t));
     cr_assert_eq(ds_skip_hold(&t, 7), 1);
-    cr_expect_eq(ds_skip_check(&t, 7, 0), DS_SKIP_ALL);
-    cr_expect_eq(ds_skip_check(&t, 7, UINT64_MAX - 1), DS_SKIP_ALL);
-    cr_assert_eq(ds_skip_missed(&t, 7, 100, 0), 0, "known already");
-    cr_expect_eq(ds_skip_check(&t, 7, 1000000), DS_SKIP_ALL);
+    cr_expect_eq(ds_skip_check(&t, 7, 0, 0), DS_SKIP_ALL);
+    cr_expect_eq(ds_skip_check(&t, 7, UINT64_MAX - 1, 0), DS_SKIP_ALL);
+    cr_assert_eq(ds_skip_missed(&t, 7, 100, 0, 0), 0, "known already");
+    cr_expect_eq(ds_skip_check(&t, 7, 1000000, 0), DS_SKIP_ALL);
     ds_skip_heard(&t, 7);
-    cr_expect_eq(ds_skip_check(&t, 7, 1000000), DS_SKIP_WAIT);
+    cr_expect_eq(ds_skip_check(&t, 7, 1000000, 0), DS_SKIP_WAIT);
     /* A verdict on a peer already skipped softly makes it hard. */
-    ds_skip_missed(&t, 8, 100, 0);
+    ds_skip_missed(&t, 8, 100, 0, 0);
     cr_assert_eq(ds_skip_hold(&t, 8), 0);
-    cr_expect_eq(ds_skip_check(&t, 8, 1000000), DS_SKIP_ALL);
+    cr_expect_eq(ds_skip_check(&t, 8, 1000000, 0), DS_SKIP_ALL);
 }
 
 /* At most 64 peers are tracked; one more is waited for as usual. */
@@ -118,11 +118,40 @@ Test(skip, a_full_table_records_no_more)
     ds_skip_table t;
     memset(&t, 0, sizeof(t));
     for (uint64_t id = 1; id <= DS_SKIP_MAX; id++)
-        cr_assert_eq(ds_skip_missed(&t, id, 100, 0), 1);
-    cr_expect_eq(ds_skip_missed(&t, 1000, 100, 0), -ENOSPC);
+        cr_assert_eq(ds_skip_missed(&t, id, 100, 0, 0), 1);
+    cr_expect_eq(ds_skip_missed(&t, 1000, 100, 0, 0), -ENOSPC);
     cr_expect_eq(ds_skip_hold(&t, 1000), -ENOSPC);
-    cr_expect_eq(ds_skip_check(&t, 1000, 101), DS_SKIP_WAIT);
-    cr_expect_eq(ds_skip_missed(&t, 5, 100, 0), 0, "a known peer is still updated");
+    cr_expect_eq(ds_skip_check(&t, 1000, 101, 0), DS_SKIP_WAIT);
+    cr_expect_eq(ds_skip_missed(&t, 5, 100, 0, 0), 0, "a known peer is still updated");
+}
+
+/* A window also lasts min_ms at least (the engine sets the gossip
+ * timeout): rounds that run fast do not bring a peer that cost a full
+ * deadline back before membership could judge it. The longer of the two
+ * holds: rounds once the time has passed, the time once the rounds
+ * have. Hearing from the peer still ends it at once. */
+Test(skip, a_window_lasts_min_ms_however_fast_rounds_go)
+{
+    ds_skip_table t;
+    memset(&t, 0, sizeof(t));
+    t.min_ms = 2000;
+    ds_skip_missed(&t, 7, 100, 50000, 0);
+    cr_expect_eq(ds_skip_check(&t, 7, 105, 50000), DS_SKIP_NOWAIT, "rounds past, time not");
+    cr_expect_eq(ds_skip_check(&t, 7, 1000, 51999), DS_SKIP_NOWAIT, "rounds past, time not");
+    cr_expect_eq(ds_skip_check(&t, 7, 104, 60000), DS_SKIP_NOWAIT, "time past, rounds not");
+    cr_expect_eq(ds_skip_check(&t, 7, 105, 52000), DS_SKIP_WAIT, "both past");
+    /* A later miss never shortens it; one that ends later extends it. */
+    ds_skip_missed(&t, 7, 101, 49000, 0);
+    cr_expect_eq(ds_skip_check(&t, 7, 200, 51999), DS_SKIP_NOWAIT);
+    ds_skip_missed(&t, 7, 200, 53000, 0);
+    cr_expect_eq(ds_skip_check(&t, 7, 1000, 54999), DS_SKIP_NOWAIT);
+    cr_expect_eq(ds_skip_check(&t, 7, 1000, 55000), DS_SKIP_WAIT);
+    ds_skip_heard(&t, 7);
+    cr_expect_eq(ds_skip_check(&t, 7, 0, 0), DS_SKIP_WAIT, "heard from: waited for at once");
+    /* min_ms 0: rounds only, as before. */
+    t.min_ms = 0;
+    ds_skip_missed(&t, 8, 100, 50000, 0);
+    cr_expect_eq(ds_skip_check(&t, 8, 105, 50000), DS_SKIP_WAIT);
 }
 
 TestSuite(lag);

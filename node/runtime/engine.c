@@ -71,6 +71,9 @@ static void settings_from_conf(rt *r)
         .timeout_ms = (int)c->gossip.timeout_ms,
     };
     r->topo = r->gcfg.topology;
+    /* A peer that cost a full deadline is not waited for again before as
+     * long has passed (skip.h). */
+    r->skip.min_ms = (uint32_t)c->gossip.timeout_ms;
 }
 
 /* ---- peers not waited for (skip.h) ------------------------------------- */
@@ -85,7 +88,8 @@ static void note_new(int fresh, uint64_t id)
 static void peer_missed(rt *r, uint64_t id, int hard)
 {
     pthread_mutex_lock(&r->skip_lock);
-    const int fresh = ds_skip_missed(&r->skip, id, atomic_load(&r->cur_round), hard);
+    const int fresh = ds_skip_missed(&r->skip, id, atomic_load(&r->cur_round), ds_now_ms(),
+                                     hard);
     pthread_mutex_unlock(&r->skip_lock);
     note_new(fresh, id);
 }

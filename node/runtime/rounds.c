@@ -92,10 +92,11 @@ static int view_at(rt *r, uint64_t round, uint32_t *G, uint32_t *me, uint64_t *e
 /* Tell the gossip engine which peers this round does not wait for. */
 static void set_round_skips(rt *r, uint32_t G, uint32_t me, uint64_t round)
 {
+    const uint64_t now = ds_now_ms();
     pthread_mutex_lock(&r->skip_lock);
     for (uint32_t i = 0; i < G; i++) {
         const enum ds_skip_verdict u =
-            i != me ? ds_skip_check(&r->skip, r->vids[i], round) : DS_SKIP_WAIT;
+            i != me ? ds_skip_check(&r->skip, r->vids[i], round, now) : DS_SKIP_WAIT;
         if (u == DS_SKIP_ALL)
             ds_gossip_set_skip(r->gossip, i);
         else if (u == DS_SKIP_NOWAIT)
@@ -164,6 +165,7 @@ static int set_group_view(rt *r, uint64_t round, uint32_t G, uint64_t epoch, con
         r->last_epoch = epoch;
     }
     r->gst.segments_owned = segments_owned(r, h->member, h->size);
+    const uint64_t now = ds_now_ms();
     pthread_mutex_lock(&r->skip_lock);
     for (uint32_t k = 0; k < G; k++) {
         const uint32_t grp = r->vgidx[k];
@@ -171,7 +173,7 @@ static int set_group_view(rt *r, uint64_t round, uint32_t G, uint64_t epoch, con
             continue;
         const int alone = (k == 0 || r->vgidx[k - 1] != grp) &&
                           (k + 1 == G || r->vgidx[k + 1] != grp);
-        const enum ds_skip_verdict u = ds_skip_check(&r->skip, r->vids[k], round);
+        const enum ds_skip_verdict u = ds_skip_check(&r->skip, r->vids[k], round, now);
         if (u == DS_SKIP_ALL && alone)
             ds_gossip_set_skip(r->gossip, grp);
         else if (u != DS_SKIP_WAIT)
@@ -559,10 +561,11 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
 {
     uint8_t *skip = r->gskip;
     int doubt = 0;
+    const uint64_t now = ds_now_ms();
     pthread_mutex_lock(&r->skip_lock);
     for (uint32_t k = 0; k < r->gsize; k++) {
         skip[k] = k != r->gmember &&
-                  ds_skip_check(&r->skip, r->gmembers[k], round) != DS_SKIP_WAIT;
+                  ds_skip_check(&r->skip, r->gmembers[k], round, now) != DS_SKIP_WAIT;
         doubt |= k != r->gmember && ds_skip_listed(&r->skip, r->gmembers[k]);
     }
     pthread_mutex_unlock(&r->skip_lock);

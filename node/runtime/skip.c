@@ -28,13 +28,14 @@ static int entry(ds_skip_table *t, uint64_t id, int *fresh)
         return -ENOSPC;
     t->ids[i] = id;
     t->until[i] = 0;
+    t->until_ms[i] = 0;
     t->fails[i] = 0;
     t->hard[i] = 0;
     t->n++;
     return i;
 }
 
-int ds_skip_missed(ds_skip_table *t, uint64_t id, uint64_t round, int hard)
+int ds_skip_missed(ds_skip_table *t, uint64_t id, uint64_t round, uint64_t now_ms, int hard)
 {
     int fresh;
     const int i = entry(t, id, &fresh);
@@ -45,6 +46,8 @@ int ds_skip_missed(ds_skip_table *t, uint64_t id, uint64_t round, int hard)
     t->fails[i]++;
     if (until > t->until[i])
         t->until[i] = until;
+    if (now_ms + t->min_ms > t->until_ms[i])
+        t->until_ms[i] = now_ms + t->min_ms;
     if (hard)
         t->hard[i] = 1;
     return fresh;
@@ -69,14 +72,16 @@ void ds_skip_heard(ds_skip_table *t, uint64_t id)
     t->n--;
     t->ids[i] = t->ids[t->n];
     t->until[i] = t->until[t->n];
+    t->until_ms[i] = t->until_ms[t->n];
     t->fails[i] = t->fails[t->n];
     t->hard[i] = t->hard[t->n];
 }
 
-enum ds_skip_verdict ds_skip_check(const ds_skip_table *t, uint64_t id, uint64_t round)
+enum ds_skip_verdict ds_skip_check(const ds_skip_table *t, uint64_t id, uint64_t round,
+                                   uint64_t now_ms)
 {
     const int i = find(t, id);
-    if (i < 0 || round >= t->until[i])
+    if (i < 0 || (round >= t->until[i] && now_ms >= t->until_ms[i]))
         return DS_SKIP_WAIT;
     return t->hard[i] ? DS_SKIP_ALL : DS_SKIP_NOWAIT;
 }

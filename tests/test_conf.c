@@ -1472,6 +1472,15 @@ static void cluster_more(const ds_conf *c)
     cr_expect_gt(c->cluster.seeds_count, 0);
 }
 
+static void cnn_more(const ds_conf *c)
+{
+    cr_expect_eq(c->train.model, DS_MODEL_CNN);
+    cr_expect_eq(c->train.lr, 0.03);
+    cr_expect_eq(c->train.warmup_steps, 100);
+    cr_expect_eq(c->train.steps, 3000);
+    cr_expect_eq(c->cluster.seeds_count, 0);
+}
+
 static void hier_more(const ds_conf *c)
 {
     cr_expect_neq(c->node.group[0], '\0', "hier.ini sets a group");
@@ -1480,3 +1489,4 @@ static void hier_more(const ds_conf *c)
 Test(conf, example_single) { expect_example("single.ini", single_more); }
 Test(conf, example_cluster) { expect_example("cluster.ini", cluster_more); }
 Test(conf, example_hier) { expect_example("hier.ini", hier_more); }
+Test(conf, example_cnn) { expect_example("cnn.ini", cnn_more); }

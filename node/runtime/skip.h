@@ -16,10 +16,10 @@
  *   again before as long has passed, however fast rounds go. Four rounds
  *   of a group's reductions took 50 ms, far less than membership needs to
  *   suspect a killed member (a probe period, more under load), and every
- *   window that ran out before the verdict cost another full deadline: a
- *   group of three lost 3 deadlines of 5 s to one SIGKILLed member (CI
- *   13). A peer that is only slow is not skipped longer for it: its next
- *   frame (ds_skip_heard) ends the window.
+ *   window that ran out before the verdict cost another full deadline: in
+ *   CI, a group of three waited out three deadlines in the 5 s after one
+ *   member was SIGKILLed. A peer that is only slow is not skipped longer
+ *   for it: its next frame (ds_skip_heard) ends the window.
  * - Two strengths. A missed gossip deadline is soft (DS_SKIP_NOWAIT): we
  *   still send the peer its requests and only stop waiting for it. A skip
  *   that also stopped our sends made the peer, which expected our request,

@@ -167,6 +167,8 @@
       "gossip every N training steps") \
     X(INT, gossip, timeout_ms, "2000", 1, 600000, \
       "longest wait for a peer in a round (the adaptive deadline is shorter)") \
+    X(INT, gossip, min_wait_ms, "10", 1, 600000, \
+      "shortest adaptive deadline: a round waits at least this long for its partners (capped at gossip.timeout_ms)") \
     X(BOOL, gossip, overlap, "false", \
       "overlap a round's exchanges with the next step's computation")
 

@@ -250,6 +250,8 @@ static const key_case cases[] = {
     {"gossip.every", "4", "4", "0", "gossip.every: expected an integer >= 1, found '0'"},
     {"gossip.timeout_ms", "600000", "600000", "600001",
      "gossip.timeout_ms: expected an integer in 1..600000, found '600001'"},
+    {"gossip.min_wait_ms", "100", "100", "0",
+     "gossip.min_wait_ms: expected an integer in 1..600000, found '0'"},
     {"gossip.overlap", "1", "true", "ja", "gossip.overlap: expected " BOOL_WHAT ", found 'ja'"},
     {"group.sparsify", "deft", "deft", "topk",
      "group.sparsify: expected one of none|micro|deft, found 'topk'"},

@@ -13,7 +13,7 @@ void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms)
 {
     const uint64_t ceil = (uint64_t)(timeout_ms > 0 ? timeout_ms : 1) * 1000000u;
     cfg->ceil_ns = ceil;
-    cfg->floor_ns = ceil < 100000000u ? ceil : 100000000u; /* 100 ms */
+    cfg->floor_ns = ceil < 10000000u ? ceil : 10000000u; /* 10 ms: gossip.min_wait_ms */
     cfg->factor = 4.0;
     cfg->slow_ratio = 3.0;
     cfg->clear_ratio = 1.5;

@@ -9,7 +9,10 @@
  * - The adaptive deadline. A round waits at most factor x the median of
  *   the last DS_GLAT_ROUNDS rounds' waits (the time until the last
  *   awaited exchange of the round finished; a round cut at its deadline
- *   counts its full wait), clamped to [floor, gossip.timeout_ms]. With
+ *   counts its full wait), clamped to [floor, gossip.timeout_ms] (the
+ *   floor is gossip.min_wait_ms, 10 ms: every TCP retransmission on a
+ *   lossy partner's link cut a round at the floor, so at 100 ms 5% loss
+ *   on one node's link slowed the others to 0.42x). With
  *   too few samples it is the timeout. A dead partner then costs a few
  *   median rounds instead of gossip.timeout_ms, and under load the median
  *   grows with the rounds, so a busy machine does not cut healthy rounds.

@@ -69,6 +69,7 @@ static void settings_from_conf(rt *r)
         .seed = (uint64_t)c->cluster.seed,
         .node_seed = ds_rng_hash_str((uint64_t)c->cluster.seed ^ 0x73707273ull, c->node.name),
         .timeout_ms = (int)c->gossip.timeout_ms,
+        .min_wait_ms = (int)c->gossip.min_wait_ms,
     };
     r->topo = r->gcfg.topology;
     /* A peer that cost a full deadline is not waited for again before as

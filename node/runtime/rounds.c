@@ -296,10 +296,11 @@ static void comm_start(rt *r)
 /* ---- what the status page says the node waits on ---------------------------- */
 
 /* How often a wait for the overlapped round looks at whom it still waits
- * for; a shorter wait is never shown. Under the adaptive deadline's floor
- * (100 ms, node/gossip/latency.c), so that a round held by a peer that
- * stopped answering shows up even in a cluster whose rounds take
- * milliseconds. A wake costs a mutex and a copy of a few names. */
+ * for; a shorter wait is never shown. A round cut at the adaptive
+ * deadline's floor (gossip.min_wait_ms, 10 ms, node/gossip/latency.c)
+ * ends before it shows; one held longer (the first rounds wait the whole
+ * gossip.timeout_ms, a loaded host's median raises the deadline) shows.
+ * A wake costs a mutex and a copy of a few names. */
 #define WAIT_LOOK_MS 50
 
 /* Member `id`'s name into out (DS_STATUS_NAME_LEN): its node id in hex

@@ -513,7 +513,7 @@ Test(gossip, deadlines_run_on_the_io_clock)
  * is the floor: 10 ms by default, the configured one, never over the
  * timeout. A 100 ms floor made every TCP retransmission on a lossy link
  * (5% loss) cost each waiting partner 100 ms: the cluster at 0.37-0.44x
- * its undisturbed rate, 0.74-0.85x at 10 ms (docs/benchmarks.md). */
+ * its undisturbed rate, 0.74-0.89x at 10 ms (docs/benchmarks.md). */
 Test(gossip, min_wait_is_the_deadline_floor)
 {
     const int asked[] = {0, 30, 4000}, want_ms[] = {DS_GOSSIP_MIN_WAIT_MS, 30, 2000};

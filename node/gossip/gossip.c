@@ -336,8 +336,9 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     ds_select_ops_init(&g->sel, ds_cpu_flags());
     ds_glat_cfg lc;
     ds_glat_cfg_default(&lc, cfg->timeout_ms);
-    if (cfg->min_wait_ms > 0) {
-        const uint64_t f = (uint64_t)cfg->min_wait_ms * 1000000u;
+    {
+        const int mw = cfg->min_wait_ms > 0 ? cfg->min_wait_ms : DS_GOSSIP_MIN_WAIT_MS;
+        const uint64_t f = (uint64_t)mw * 1000000u;
         lc.floor_ns = f < lc.ceil_ns ? f : lc.ceil_ns;
     }
     if (ds_glat_init(&g->lat, &lc) < 0) {

@@ -516,7 +516,7 @@ Test(gossip, deadlines_run_on_the_io_clock)
  * its undisturbed rate, 0.74-0.89x at 10 ms (docs/benchmarks.md). */
 Test(gossip, min_wait_is_the_deadline_floor)
 {
-    const int asked[] = {0, 30, 4000}, want_ms[] = {DS_GOSSIP_MIN_WAIT_MS, 30, 2000};
+    const int asked[] = {0, 30, 4000}, want_ms[] = {DS_GLAT_FLOOR_MS, 30, 2000};
     for (int i = 0; i < 3; i++) {
         cluster c = {.G = 4, .rounds = 8, .noise = 1, .cfg = base_cfg()};
         c.cfg.timeout_ms = 2000;
@@ -913,7 +913,7 @@ static ds_glat glat_default(uint32_t G)
 {
     ds_glat t;
     ds_glat_cfg cfg;
-    ds_glat_cfg_default(&cfg, 2000);
+    ds_glat_cfg_default(&cfg, 2000, 0);
     cr_assert_eq(ds_glat_init(&t, &cfg), 0);
     cr_assert_eq(ds_glat_set_view(&t, G), 0);
     return t;
@@ -1324,19 +1324,19 @@ Test(gossip, latency_bad_config_refused)
 {
     ds_glat t;
     ds_glat_cfg cfg;
-    ds_glat_cfg_default(&cfg, 2000);
+    ds_glat_cfg_default(&cfg, 2000, 0);
     cfg.floor_ns = cfg.ceil_ns + 1;
     cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
-    ds_glat_cfg_default(&cfg, 2000);
+    ds_glat_cfg_default(&cfg, 2000, 0);
     cfg.factor = 0.5;
     cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
-    ds_glat_cfg_default(&cfg, 2000);
+    ds_glat_cfg_default(&cfg, 2000, 0);
     cfg.slow_ratio = 1.0;
     cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
-    ds_glat_cfg_default(&cfg, 2000);
+    ds_glat_cfg_default(&cfg, 2000, 0);
     cfg.clear_ratio = cfg.slow_ratio + 1;
     cr_expect_eq(ds_glat_init(&t, &cfg), -EINVAL);
-    ds_glat_cfg_default(&cfg, 5);
+    ds_glat_cfg_default(&cfg, 5, 0);
     cr_expect_eq(cfg.floor_ns, 5 * MS, "the floor is never over the timeout");
     cr_expect_eq(ds_glat_init(&t, &cfg), 0);
     ds_glat_free(&t);

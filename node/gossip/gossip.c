@@ -335,12 +335,7 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     memcpy(g->snap, theta, n_params * sizeof(float));
     ds_select_ops_init(&g->sel, ds_cpu_flags());
     ds_glat_cfg lc;
-    ds_glat_cfg_default(&lc, cfg->timeout_ms);
-    {
-        const int mw = cfg->min_wait_ms > 0 ? cfg->min_wait_ms : DS_GOSSIP_MIN_WAIT_MS;
-        const uint64_t f = (uint64_t)mw * 1000000u;
-        lc.floor_ns = f < lc.ceil_ns ? f : lc.ceil_ns;
-    }
+    ds_glat_cfg_default(&lc, cfg->timeout_ms, cfg->min_wait_ms);
     if (ds_glat_init(&g->lat, &lc) < 0) {
         ds_gossip_destroy(&g);
         return -EINVAL;

@@ -123,11 +123,8 @@ typedef struct ds_gossip_cfg {
     uint64_t seed;              /* cluster seed: topology and sparsifier streams */
     uint64_t node_seed;         /* this node's own streams (random sparsifier) */
     int timeout_ms;
-    int min_wait_ms;            /* floor of the adaptive deadline; 0 = DS_GOSSIP_MIN_WAIT_MS */
+    int min_wait_ms;            /* the adaptive deadline's floor; 0 = DS_GLAT_FLOOR_MS */
 } ds_gossip_cfg;
-
-/* gossip.min_wait_ms's default (latency.h, docs/gossip.md "Stragglers"). */
-#define DS_GOSSIP_MIN_WAIT_MS 10
 
 typedef struct ds_gseg {
     size_t off, len;

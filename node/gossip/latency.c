@@ -9,11 +9,12 @@
 
 #include "node/gossip/latency.h"
 
-void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms)
+void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms, int floor_ms)
 {
     const uint64_t ceil = (uint64_t)(timeout_ms > 0 ? timeout_ms : 1) * 1000000u;
+    const uint64_t floor = (uint64_t)(floor_ms > 0 ? floor_ms : DS_GLAT_FLOOR_MS) * 1000000u;
     cfg->ceil_ns = ceil;
-    cfg->floor_ns = ceil < 10000000u ? ceil : 10000000u; /* 10 ms: gossip.min_wait_ms */
+    cfg->floor_ns = floor < ceil ? floor : ceil;
     cfg->factor = 4.0;
     cfg->slow_ratio = 3.0;
     cfg->clear_ratio = 1.5;

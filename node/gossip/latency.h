@@ -72,8 +72,12 @@ typedef struct ds_glat {
     uint32_t G;
 } ds_glat;
 
-/* The engine's defaults for a timeout of timeout_ms (gossip.c). */
-void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms);
+/* The deadline's floor when none is given: gossip.min_wait_ms's default. */
+#define DS_GLAT_FLOOR_MS 10
+
+/* The engine's defaults for a timeout of timeout_ms and a floor of
+ * floor_ms (<= 0: DS_GLAT_FLOOR_MS; never over the timeout) (gossip.c). */
+void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms, int floor_ms);
 
 /* 0, or -EINVAL (floor > ceil, factor < 1, not 1 < clear_ratio <=
  * slow_ratio). */

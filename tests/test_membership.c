@@ -406,6 +406,11 @@ Test(membership, death_cancelled_or_rejoined)
         cr_assert_eq(ds_membership_member(ds_swimnet_node(net, i), ds_swimnet_id(net, x), &mi), 0);
         cr_expect_eq(mi.incarnation, 6, "node %u has incarnation %u", i, mi.incarnation);
         cr_expect_eq(mi.join_round, join0);
+        /* Each learnt the new life by gossip while it held x alive: an
+         * event, as whoever takes a restarted member's JOIN has. */
+        if (i != x)
+            cr_expect_neq(ds_swimnet_first_at(net, i, DS_MEV_MEMBER_ALIVE, (int32_t)x, t1),
+                          UINT64_MAX, "node %u has no alive event for x's incarnation 6", i);
     }
     cr_expect_eq(ds_swimnet_view_mismatch(net, ds_swimnet_round(net), &G, NULL), 0);
     cr_expect_eq(G, n);

@@ -531,7 +531,11 @@ static int apply_newer(ds_membership *m, member *e, const ds_wire_member *u, int
     case DS_MEMBER_ALIVE:
         /* A refutation keeps its join round (and cancels a removal that
          * has not happened yet); a rejoin brings a new one after its
-         * removal. Either way the record says it all. */
+         * removal. Either way the record says it all. A member we held
+         * alive comes back under a new incarnation (only an ALIVE record
+         * with a higher one gets here): a restart, or a refutation of a
+         * suspicion we had not heard of. It is alive again, as it is to
+         * whoever took its JOIN (join.c), so every node sees the event. */
         e->join_round = u->effective_round;
         e->removal_round = NO_ROUND;
         e->state = DS_MEMBER_ALIVE;
@@ -539,7 +543,7 @@ static int apply_newer(ds_membership *m, member *e, const ds_wire_member *u, int
         if (was_gone) {
             ds_mship_push_event(m, DS_MEV_MEMBER_JOINED, e, now);
             ds_mship_order_insert(m, e->id, 0);
-        } else if (old == DS_MEMBER_SUSPECT) {
+        } else {
             ds_mship_push_event(m, DS_MEV_MEMBER_ALIVE, e, now);
         }
         if (!table && old != DS_MEMBER_ALIVE)

@@ -1093,7 +1093,7 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
     const json_t *nodes = json_object_get(j, "nodes");
     cr_assert(json_is_object(nodes) && json_object_size(nodes) == 8, "eight nodes in the JSON");
     for (int i = 0; i < 8; i++) {
-        char want[8];
+        char want[16];
         snprintf(want, sizeof(want), "g%d", i * groups / 8);
         check_node_ok(nodes, node_names[i], min_acc);
         const json_t *n = jnode(j, node_names[i]);

@@ -26,6 +26,8 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -883,6 +885,73 @@ Test(gossip, allreduce_gives_the_mean)
         free(want);
         ds_fakenet_destroy(net);
     }
+}
+
+/* One node starts the all-reduce a whole deadline after the others (a
+ * node whose training began late): its first reduction is lost with the
+ * others', and from the next on the ring is whole again. Before, the late
+ * node waited out each deadline in a step its neighbours had left while
+ * they waited for it in the next: every reduction failed for good. */
+typedef struct late_arg {
+    ds_gossip *g;
+    ds_fakenet *net;
+    uint32_t me;
+    float *grad;
+    int late;           /* start once the others are past step 0 */
+    atomic_int *past0;  /* nodes that have finished step 0 */
+    int ret[6];
+} late_arg;
+
+static void *late_work(void *p)
+{
+    late_arg *a = p;
+    while (a->late && atomic_load(a->past0) < 3)
+        sched_yield();
+    for (int step = 0; step < 6; step++) {
+        a->ret[step] = ds_gossip_allreduce(a->g, a->grad, n_params, (uint64_t)step,
+                                           ds_fakenet_io(a->net, a->me));
+        if (step == 0)
+            atomic_fetch_add(a->past0, 1);
+    }
+    return NULL;
+}
+
+Test(gossip, allreduce_recovers_from_a_late_node)
+{
+    make_layers();
+    const uint32_t G = 4;
+    ds_fakenet *net = ds_fakenet_create(G);
+    ds_gossip_cfg cfg = base_cfg();
+    cfg.topology = DS_TOPO_ALLREDUCE;
+    cfg.timeout_ms = 100;
+    atomic_int past0 = 0;
+    late_arg a[4];
+    pthread_t th[4];
+    for (uint32_t i = 0; i < G; i++) {
+        a[i] = (late_arg){.net = net, .me = i, .late = i == 2, .past0 = &past0};
+        a[i].grad = malloc(n_params * sizeof(float));
+        ds_t_fill(a[i].grad, n_params, 700 + i, -1, 1);
+        cr_assert_eq(ds_gossip_create(&a[i].g, &cfg, layers, NL, n_params, a[i].grad), 0);
+        ds_gossip_set_view(a[i].g, G, i, 1);
+    }
+    for (uint32_t i = 0; i < G; i++)
+        pthread_create(&th[i], NULL, late_work, &a[i]);
+    for (uint32_t i = 0; i < G; i++)
+        pthread_join(th[i], NULL);
+    for (uint32_t i = 0; i < G; i++) {
+        if (i != 2)
+            cr_expect_lt(a[i].ret[0], 0, "node %u: step 0 without node 2", i);
+        for (int step = 2; step < 6; step++)
+            cr_expect_eq(a[i].ret[step], 0, "node %u: step %d failed (%d)", i, step,
+                         a[i].ret[step]);
+        /* The same reductions at the end: the same gradient everywhere. */
+        cr_expect_eq(memcmp(a[i].grad, a[0].grad, n_params * sizeof(float)), 0, "node %u", i);
+    }
+    for (uint32_t i = 0; i < G; i++) {
+        ds_gossip_destroy(&a[i].g);
+        free(a[i].grad);
+    }
+    ds_fakenet_destroy(net);
 }
 
 Test(gossip, bad_arguments)

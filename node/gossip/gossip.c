@@ -1409,9 +1409,21 @@ static void chunk(size_t n, uint32_t G, uint32_t c, size_t *off, size_t *len)
 }
 
 /* Wait for ring step `rs` of `step` from the left neighbour; messages of
- * later steps are kept. Returns the message or NULL at the deadline. */
+ * later steps are kept. Returns the message, or NULL at the deadline or as
+ * soon as the left neighbour is seen on a later step (*behind = 1).
+ *
+ * That neighbour moves on only once it is done with `step`, done or
+ * failed; what it sent of `step` came before (one connection, in order),
+ * so a later step's message from it means that the chunk awaited here
+ * will never come. Waiting out the deadline anyway kept this node one
+ * reduction behind for good: the others failed each step waiting for it
+ * while it waited for a step they had left, every reduction of the run
+ * (8 nodes, one of which started training 2 s after the rest: every
+ * all-reduce incomplete). Failing at once, it starts the next step while
+ * the others still wait in it, and the ring is whole again. */
 static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t step,
-                                 uint32_t rs, uint32_t left, uint64_t deadline, ds_gmsg *buf)
+                                 uint32_t rs, uint32_t left, uint64_t deadline, ds_gmsg *buf,
+                                 int *behind)
 {
     for (int i = 0; i < g->qn; i++) {
         ds_gmsg *m = &g->q[i].m;
@@ -1422,6 +1434,13 @@ static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t 
             g->q[i] = g->q[--g->qn];
             *buf = g->held.m;
             return buf;
+        }
+    }
+    for (int i = 0; i < g->qn; i++) {
+        const ds_gmsg *m = &g->q[i].m;
+        if (m->type == DS_GMSG_ARED && m->round > step && m->from == left) {
+            *behind = 1;
+            return NULL;
         }
     }
     for (;;) {
@@ -1436,10 +1455,31 @@ static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t 
         }
         if (buf->round == step && buf->segment == rs && buf->from == left)
             return buf;
-        if (buf->round > step || (buf->round == step && buf->segment > rs))
+        if (buf->round > step || (buf->round == step && buf->segment > rs)) {
             enqueue(g, buf);
-        else
+            if (buf->round > step && buf->from == left) {
+                *behind = 1;
+                return NULL;
+            }
+        } else {
             g->st.late++;
+        }
+    }
+}
+
+/* Queued chunks of reductions before `step`: never used now. */
+static void drop_past_ared(ds_gossip *g, uint64_t step)
+{
+    for (int i = 0; i < g->qn;) {
+        struct qmsg *q = &g->q[i];
+        if (q->m.type == DS_GMSG_ARED && q->m.round < step) {
+            free(q->idx);
+            free(q->val);
+            g->q[i] = g->q[--g->qn];
+            g->st.late++;
+        } else {
+            i++;
+        }
     }
 }
 
@@ -1462,7 +1502,8 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
         return -EINVAL;
     memcpy(work, grad, n * sizeof(float));
     g->ared_stopped = 0;
-    int ret = 0;
+    drop_past_ared(g, step);
+    int ret = 0, behind = 0;
     ds_gmsg in;
 
     /* Reduce-scatter: after G-1 steps, chunk (me+1) mod G holds the sum. */
@@ -1475,7 +1516,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
             ret = -ETIMEDOUT;
             break;
         }
-        const ds_gmsg *r = await_ared(g, io, step, i, left, deadline, &in);
+        const ds_gmsg *r = await_ared(g, io, step, i, left, deadline, &in, &behind);
         chunk(n, G, (me + 2 * G - i - 1) % G, &off, &len);
         if (!r || r->count != len) {
             ret = -ETIMEDOUT;
@@ -1494,7 +1535,7 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
             ret = -ETIMEDOUT;
             break;
         }
-        const ds_gmsg *r = await_ared(g, io, step, G - 1 + i, left, deadline, &in);
+        const ds_gmsg *r = await_ared(g, io, step, G - 1 + i, left, deadline, &in, &behind);
         chunk(n, G, (me + G - i) % G, &off, &len);
         if (!r || r->count != len) {
             ret = -ETIMEDOUT;
@@ -1511,6 +1552,9 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
         /* The node is stopping: nobody to blame. */
         g->st.exchanges_failed++;
         g->st.interrupted++;
+    } else if (behind) {
+        /* We were the late one (await_ared): nobody to blame either. */
+        g->st.exchanges_failed++;
     } else {
         g->st.exchanges_failed++;
         if (io->now_ns(io->ctx) >= deadline)

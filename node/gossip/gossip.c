@@ -1425,9 +1425,12 @@ static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t 
                                  uint32_t rs, uint32_t left, uint64_t deadline, ds_gmsg *buf,
                                  int *behind)
 {
+    int later = 0;
     for (int i = 0; i < g->qn; i++) {
         ds_gmsg *m = &g->q[i].m;
-        if (m->type == DS_GMSG_ARED && m->round == step && m->segment == rs && m->from == left) {
+        if (m->type != DS_GMSG_ARED || m->from != left)
+            continue;
+        if (m->round == step && m->segment == rs) {
             free(g->held.idx);
             free(g->held.val);
             g->held = g->q[i];
@@ -1435,13 +1438,11 @@ static const ds_gmsg *await_ared(ds_gossip *g, const ds_gossip_io *io, uint64_t 
             *buf = g->held.m;
             return buf;
         }
+        later |= m->round > step;
     }
-    for (int i = 0; i < g->qn; i++) {
-        const ds_gmsg *m = &g->q[i].m;
-        if (m->type == DS_GMSG_ARED && m->round > step && m->from == left) {
-            *behind = 1;
-            return NULL;
-        }
+    if (later) {
+        *behind = 1;
+        return NULL;
     }
     for (;;) {
         int r = io->recv(io->ctx, buf, deadline);
@@ -1548,19 +1549,16 @@ int ds_gossip_allreduce(ds_gossip *g, float *grad, size_t n, uint64_t step,
         for (size_t j = 0; j < n; j++)
             grad[j] = work[j] * inv;
         g->st.exchanges_ok++;
-    } else if (g->ared_stopped) {
-        /* The node is stopping: nobody to blame. */
-        g->st.exchanges_failed++;
-        g->st.interrupted++;
-    } else if (behind) {
-        /* We were the late one (await_ared): nobody to blame either. */
-        g->st.exchanges_failed++;
     } else {
         g->st.exchanges_failed++;
-        if (io->now_ns(io->ctx) >= deadline)
-            g->st.timeouts++;
-        if (io->peer_failed)
-            io->peer_failed(io->ctx, left);
+        g->st.interrupted += g->ared_stopped != 0;
+        /* Stopping, or we were the late one (await_ared): nobody to blame. */
+        if (!g->ared_stopped && !behind) {
+            if (io->now_ns(io->ctx) >= deadline)
+                g->st.timeouts++;
+            if (io->peer_failed)
+                io->peer_failed(io->ctx, left);
+        }
     }
     memset(work, 0, n * sizeof(float));
     g->st.rounds++;

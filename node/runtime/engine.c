@@ -35,6 +35,7 @@
 #include "node/runtime/engine_impl.h"
 #include "node/runtime/preflight.h"
 #include "node/runtime/publish.h"
+#include "node/transport/transport.h"
 #include "kernels/kernels.h"
 #include "topology/topology.h"
 
@@ -496,11 +497,26 @@ int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop
     if ((e = resolve_group(r)) < 0)
         goto fail;
     r->gst.size = 1;
+    /* libfabric loads, initialises and opens the endpoint on a thread of
+     * its own while the client loads its data, so a joiner is in the view
+     * that much sooner (docs/benchmarks.md, "Start-up"). ds_engine_listen
+     * takes the endpoint over: the same provider, address and default
+     * peer count. Once per process (a second engine opens its own). */
+    ds_transport_opts warm;
+    ds_transport_opts_default(&warm);
+    warm.provider = c->transport.provider;
+    warm.listen = c->node.listen;
+    ds_transport_warm(&warm);
     *out = r;
     return 0;
 fail:
     ds_engine_close(&r);
     return e;
+}
+
+void ds_engine_signals_settle(void)
+{
+    ds_transport_signals_settle();
 }
 
 /* ---- register --------------------------------------------------------------- */

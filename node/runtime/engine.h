@@ -143,6 +143,11 @@ typedef struct ds_engine_info {
 int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop)
     __attribute__((warn_unused_result));
 
+/* Before the client installs signal handlers: waits for libfabric's
+ * loading on the warm-up thread (ds_engine_open starts it), which would
+ * put back the dispositions it saved over the client's new ones. */
+void ds_engine_signals_settle(void);
+
 /* Register the parameters (copied; the buffers are borrowed) and create
  * the gossip engine over their layers. Once, before ds_engine_listen. */
 int ds_engine_register(ds_engine *e, const ds_engine_params *p)

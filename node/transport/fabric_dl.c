@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +66,14 @@ static void restore_signals(void)
     }
 }
 
+/* Set before load() saves the dispositions: a load running on another
+ * thread (the warm-up) would put back a handler the program installs
+ * meanwhile, so ds_transport_signals_settle waits for it. */
+static atomic_int loading;
+
 static void load(void)
 {
+    atomic_store(&loading, 1);
     save_signals();
     void *lib = dlopen(TP_FI_SONAME, RTLD_NOW | RTLD_LOCAL);
     restore_signals();
@@ -112,6 +119,15 @@ void tp_fi_env(const char *provider)
 {
     if (!provider || !strcmp(provider, "tcp") || strstr(provider, "ofi_rxm"))
         setenv("FI_OFI_RXM_MSG_RX_SIZE", "256", 0);
+}
+
+void ds_transport_signals_settle(void)
+{
+    /* Started: wait for it to finish (pthread_once blocks until the
+     * running load returns). Not started: a later load saves the
+     * dispositions after the caller's handlers are in place. */
+    if (atomic_load(&loading))
+        pthread_once(&load_once, load);
 }
 
 int tp_fi_load(char *why, size_t why_len)

@@ -271,6 +271,13 @@ void ds_transport_opts_default(ds_transport_opts *o);
  * thread. Not needed for correctness: the open does it all otherwise. */
 void ds_transport_warm(const ds_transport_opts *o);
 
+/* Loading libfabric puts back every signal disposition its libraries'
+ * constructors changed (fabric_dl.c): a load running on the warm-up's
+ * thread would also undo a handler the caller installs meanwhile. Call
+ * before installing signal handlers: returns once such a load has
+ * finished (at once when none is running). Any thread. */
+void ds_transport_signals_settle(void);
+
 /* Open an endpoint and start its progress thread. *out receives the
  * transport (caller owns; ds_transport_close frees it), before the thread
  * starts, so callbacks may use it; it is NULL on failure. The option strings

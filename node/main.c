@@ -38,7 +38,7 @@
 #include "kernels/cpu.h"
 #include "kernels/kernels.h"
 #include "node/runtime/preflight.h"
-#include "node/runtime/run.h"
+#include "node/run/run.h"
 #include "node/sec/keygen.h"
 
 #define MAX_SETS 256
@@ -219,9 +219,14 @@ static int slurm_resolve(const char *host, char *addr, size_t addr_len, char *er
 }
 
 /* Apply what --slurm derives to the keys no --set named, then check again. */
-static int apply_slurm(ds_conf *c, const char *path, int nset, char **sets)
+/* The Slurm task's assignments applied over c (keys the command line set
+ * explicitly win); those applied are appended to extra (*n_extra of
+ * them, pointing into static storage: one call per process), so that
+ * `run` can hand the same overrides to dsnode_open. */
+static int apply_slurm(ds_conf *c, const char *path, int nset, char **sets, const char **extra,
+                       int *n_extra)
 {
-    ds_slurm_sets d;
+    static ds_slurm_sets d;
     char err[DS_CONF_ERR_MAX];
     if (ds_slurm_derive(c, (ds_slurm_getenv_fn)getenv, slurm_hosts, slurm_resolve, &d, err,
                         sizeof(err)) < 0)
@@ -241,6 +246,8 @@ static int apply_slurm(ds_conf *c, const char *path, int nset, char **sets)
             continue;
         if (ds_conf_set(&next, d.set[i], err, sizeof(err)) < 0)
             goto fail;
+        if (extra)
+            extra[(*n_extra)++] = d.set[i];
     }
     if (ds_conf_check(&next, err, sizeof(err)) < 0)
         goto fail;
@@ -294,7 +301,13 @@ static int cmd_run(int argc, char **argv)
     }
     if (load_config(&c, path, nset, sets) < 0)
         return 2;
-    if (slurm && apply_slurm(&c, path, nset, sets) < 0)
+    /* dsnode_open reads the file again with the same overrides: --set's,
+     * then Slurm's. */
+    const char *all[MAX_SETS + DS_SLURM_SETS_MAX];
+    int n_all = 0;
+    for (int i = 0; i < nset; i++)
+        all[n_all++] = sets[i];
+    if (slurm && apply_slurm(&c, path, nset, sets, all, &n_all) < 0)
         return 2;
     ds_log_setup(c.node.name, c.node.log_level, NULL);
     /* The first line, with how long ago the process was started: the
@@ -304,9 +317,9 @@ static int cmd_run(int argc, char **argv)
             (int)getpid(), path, process_age_s());
     if (ds_cpu_mask_error())
         ds_warn("kernels", "%s", ds_cpu_mask_error());
-    const int code = ds_node_run(&c, resume, DS_RUN_PROCESS_EXITS);
+    const int code = ds_node_run(&c, path, all, (size_t)n_all, resume, DS_RUN_PROCESS_EXITS);
     /* The process ends here, without closing the libfabric endpoint: a run
-     * leaves it to the kernel (DS_RUN_PROCESS_EXITS). fi_close on a
+     * leaves it to the kernel (DS_RUN_PROCESS_EXITS, dsnode_abandon). fi_close on a
      * tcp;ofi_rxm endpoint into which a peer is still sending a large
      * message (a peer's last dense segment, when nodes finish together)
      * crashed libfabric 1.17 with SIGSEGV (dsbench cluster, crossover-dense
@@ -336,7 +349,7 @@ static int cmd_check_config(int argc, char **argv)
     }
     if (load_config(&c, path, nset, sets) < 0)
         return 2;
-    if (slurm && apply_slurm(&c, path, nset, sets) < 0)
+    if (slurm && apply_slurm(&c, path, nset, sets, NULL, NULL) < 0)
         return 2;
     if (!offline && ds_preflight_all(&c, err, sizeof(err)) < 0) {
         fprintf(stderr, "dsnode: %s: %s\n", path, err);

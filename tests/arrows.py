@@ -30,7 +30,10 @@ ARROWS = {
     'node/runtime': ['node/status', 'node/gossip', 'node/train', 'node/membership', 'node/net',
                      'node/transport', 'node/sec', 'node/wire', 'conf', 'sparsify', 'topology',
                      'kernels', 'base'],
-    'node': ['node/runtime', 'node/sec', 'conf', 'kernels', 'base'],  # main.c
+    'node': ['node/run', 'node/runtime', 'node/sec', 'conf', 'kernels', 'base'],  # main.c
+    # `dsnode run`'s loop: a program of the public API (include/dsnode/
+    # dsnode.h, an angle-bracket include), never of the engine inside it.
+    'node/run': ['node/train', 'conf', 'kernels', 'base'],
     # libdsnode: the public API over the engine. Its header,
     # include/dsnode/dsnode.h, includes nothing of ours (it is installed).
     'node/api': ['node/runtime', 'node/status', 'node/train', 'conf', 'base'],

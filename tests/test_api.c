@@ -19,7 +19,15 @@
  *     register, join, 300 steps each drifting its own way, leave, close;
  *     the gossip rounds keep the sum of the two models and hold them
  *     together (under half the distance they drift apart alone); model.bin is written; the
- *     stats count rounds and exchanges; the exit status is 0.
+ *     stats count rounds and exchanges; the exit status is 0;
+ *   - host mirrors (dsnode_register_copies) of a "device" the engine never
+ *     sees: it pulls before it reads and pushes after it writes; model.bin
+ *     and the checkpoint hold the device's parameters; order and buffer
+ *     checks;
+ *   - dsnode_checkpoint and dsnode_resume: the program's bytes and step
+ *     come back to its restore; a refusal, a missing file, a second call,
+ *     calls out of order; DSNODE_PAUSED exits 0; a failing pull at leave
+ *     fails the run; dsnode_set_backend; dsnode_abandon.
  */
 #include <criterion/criterion.h>
 #include <dsnode/dsnode.h>
@@ -528,4 +536,219 @@ Test(api, a_group_of_two_reduces_to_one_model, .timeout = 180)
 Test(api, allreduce_averages_the_gradients, .timeout = 180)
 {
     two_members_average("gossip.topology", "allreduce", 7420);
+}
+
+/* ---- checkpoints, host mirrors, outcomes ------------------------------------------ */
+
+/* The "device" of dsnode_register_copies: memory the engine never sees,
+ * copied into and out of a host mirror by the callbacks, which count. */
+typedef struct device {
+    float params[N], grad[N], opt[N];
+    float *mirror;
+    int pulls[3], pushes[3], fail_pull;
+} device;
+
+static float *dev_buf(device *v, enum dsnode_buffer which)
+{
+    return which == DSNODE_GRAD ? v->grad : which == DSNODE_OPT ? v->opt : v->params;
+}
+
+static int dev_pull(void *ctx, enum dsnode_buffer which)
+{
+    device *v = ctx;
+    if (v->fail_pull)
+        return -EIO;
+    v->pulls[which]++;
+    memcpy(v->mirror, dev_buf(v, which), sizeof(float) * N);
+    return 0;
+}
+
+static int dev_push(void *ctx, enum dsnode_buffer which)
+{
+    device *v = ctx;
+    v->pushes[which]++;
+    memcpy(dev_buf(v, which), v->mirror, sizeof(float) * N);
+    return 0;
+}
+
+/* What dsnode_resume's restore saw, and whether it refuses. */
+typedef struct prog {
+    char state[64];
+    size_t len;
+    int64_t step;
+    int calls, refuse;
+} prog;
+
+static int restore_cb(void *ctx, const void *state, size_t len, int64_t step, char *why,
+                      size_t why_len)
+{
+    prog *g = ctx;
+    g->calls++;
+    if (g->refuse) {
+        snprintf(why, why_len, "the program wants %d bytes, found %zu", 99, len);
+        return -EINVAL;
+    }
+    if (len > sizeof(g->state))
+        return -EINVAL;
+    memcpy(g->state, state, len);
+    g->len = len;
+    g->step = step;
+    return 0;
+}
+
+static float *read_model(const char *dir, size_t *n)
+{
+    char path[700];
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    unsigned char hdr[16];
+    cr_assert_eq(fread(hdr, 1, 16, f), 16u);
+    cr_assert_eq(memcmp(hdr, "DSMODEL1", 8), 0);
+    uint64_t cnt = 0;
+    memcpy(&cnt, hdr + 8, 8);
+    float *m = malloc(cnt * sizeof(float));
+    cr_assert_eq(fread(m, sizeof(float), cnt, f), cnt);
+    fclose(f);
+    *n = (size_t)cnt;
+    return m;
+}
+
+/* One node (a cluster of one) that keeps its parameters on a "device":
+ * the engine reads and writes them only through the mirror and the
+ * callbacks; a checkpoint holds the device's parameters and the program's
+ * bytes; a paused leave exits 0; a second engine resumes from the
+ * checkpoint: the parameters are pushed to its device, restore gets the
+ * bytes and the step, the step counter goes on from there. */
+Test(api, checkpoint_resume_and_host_mirrors)
+{
+    static device v1, v2;
+    static float mirror[N];
+    static prog g;
+    char dir[600];
+    snprintf(dir, sizeof(dir), "%s/solo", g_dir);
+    for (int i = 0; i < N; i++)
+        v1.params[i] = (float)i * 0.5f;
+    v1.mirror = mirror;
+    v2.mirror = mirror;
+
+    dsnode *d = NULL;
+    cr_assert_eq(open_node(&d, "solo", 7500, 7500, 1), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_copies(d, NULL, dev_push, &v1), -EINVAL);
+    cr_assert_eq(dsnode_checkpoint(d, "x", 1), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called before dsnode_join"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_copies(d, dev_pull, dev_push, &v1), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_copies(d, dev_pull, dev_push, &v1), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "twice"), "%s", dsnode_error());
+    /* One host mirror for every buffer. */
+    cr_assert_eq(dsnode_register(d, mirror, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    cr_assert_eq(dsnode_set_backend(d, ""), -EINVAL);
+    cr_assert_eq(dsnode_set_backend(d, "fakegpu"), 0);
+    cr_assert_eq(dsnode_join(d), 0, "%s", dsnode_error());
+    for (int s = 0; s < 20; s++) {
+        cr_assert_eq(dsnode_ready(d), 1);
+        for (int i = 0; i < N; i++)
+            v1.params[i] += 0.25f; /* the optimizer runs on the device */
+        cr_assert_eq(dsnode_step(d), 0, "%s", dsnode_error());
+    }
+    cr_assert_eq(dsnode_checkpoint(d, NULL, 3), -EINVAL);
+    const char state[] = "momentum+data order";
+    const int pulls_before = v1.pulls[DSNODE_PARAMS];
+    cr_assert_eq(dsnode_checkpoint(d, state, sizeof(state)), 0, "%s", dsnode_error());
+    cr_assert_gt(v1.pulls[DSNODE_PARAMS], pulls_before, "the checkpoint pulled the parameters");
+    static float at_ckpt[N];
+    memcpy(at_ckpt, v1.params, sizeof(at_ckpt));
+    for (int s = 0; s < 5; s++) {
+        cr_assert_eq(dsnode_ready(d), 1);
+        for (int i = 0; i < N; i++)
+            v1.params[i] += 1.0f;
+        cr_assert_eq(dsnode_step(d), 0);
+    }
+    /* model.bin is the device's memory, pulled at leave, not the mirror's. */
+    memset(mirror, 0, sizeof(mirror));
+    cr_assert_eq(dsnode_leave(d, DSNODE_PAUSED), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_exit_status(d), 0);
+    cr_assert_eq(dsnode_set_backend(d, "late"), -EINVAL);
+    cr_assert_eq(dsnode_checkpoint(d, state, sizeof(state)), -EINVAL);
+    size_t n = 0;
+    float *m = read_model(dir, &n);
+    cr_assert_eq(n, (size_t)N);
+    cr_assert_eq(memcmp(m, v1.params, sizeof(float) * N), 0, "model.bin holds the device's");
+    free(m);
+    dsnode_abandon(&d);
+    cr_assert_null(d);
+    dsnode_abandon(&d);
+
+    /* Resume on another engine (another port: the first left its endpoint
+     * open, as a process that _exits next does). */
+    char path[700];
+    snprintf(path, sizeof(path), "%s/checkpoint.bin", dir);
+    cr_assert_eq(open_node(&d, "solo", 7501, 7501, 1), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_resume(d, path, restore_cb, &g), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called before dsnode_register"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_copies(d, dev_pull, dev_push, &v2), 0);
+    cr_assert_eq(dsnode_register(d, mirror, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    cr_assert_eq(dsnode_resume(d, path, NULL, &g), -EINVAL);
+    char missing[700];
+    snprintf(missing, sizeof(missing), "%s/none.bin", g_dir);
+    cr_assert_eq(dsnode_resume(d, missing, restore_cb, &g), -ENOENT);
+    cr_assert(strstr(dsnode_error(), "none.bin"), "%s", dsnode_error());
+    g.refuse = 1;
+    cr_assert_eq(dsnode_resume(d, path, restore_cb, &g), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "the program wants 99 bytes, found 20"), "%s",
+              dsnode_error());
+    dsnode_stats st;
+    cr_assert_eq(dsnode_stats_get(d, &st), 0);
+    cr_assert_eq(st.step, 0, "a refused resume leaves the step");
+    g.refuse = 0;
+    cr_assert_eq(dsnode_resume(d, path, restore_cb, &g), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_resume(d, path, restore_cb, &g), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "twice"), "%s", dsnode_error());
+    cr_assert_eq(g.step, 20);
+    cr_assert_eq(g.len, sizeof(state));
+    cr_assert_str_eq(g.state, state);
+    cr_assert_eq(memcmp(v2.params, at_ckpt, sizeof(at_ckpt)), 0,
+                 "the checkpoint's parameters were pushed to the device");
+    cr_assert_eq(dsnode_stats_get(d, &st), 0);
+    cr_assert_eq(st.step, 20);
+    cr_assert_eq(dsnode_join(d), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_ready(d), 1);
+    cr_assert_eq(dsnode_step(d), 0);
+    cr_assert_eq(dsnode_stats_get(d, &st), 0);
+    cr_assert_eq(st.step, 21);
+    v2.fail_pull = 1; /* the device fails: the run failed, model.bin not written */
+    cr_assert_eq(dsnode_leave(d, DSNODE_DONE), -EIO);
+    cr_assert(strstr(dsnode_error(), "parameters not read from the device"), "%s",
+              dsnode_error());
+    cr_assert_eq(dsnode_exit_status(d), 1);
+    dsnode_close(&d);
+}
+
+/* Copies come before the buffers; without them, one buffer for all is
+ * refused. */
+Test(api, host_mirrors_order_and_distinct_buffers)
+{
+    static device v;
+    static float a[N], b[N];
+    dsnode *d = NULL;
+    node_sets ns;
+    node_sets_init(&ns, "mirrors", 7510, 7510, 1);
+    add(&ns, "node.group", "g");
+    cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_grad(d, a, a), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "dsnode_register_copies first"), "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_grad(d, a, b), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_copies(d, dev_pull, dev_push, &v), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "after dsnode_register_grad"), "%s", dsnode_error());
+    dsnode_close(&d);
+
+    v.mirror = a;
+    cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_copies(d, dev_pull, dev_push, &v), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_grad(d, a, a), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register(d, a, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    dsnode_close(&d);
 }

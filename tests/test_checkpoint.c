@@ -167,10 +167,17 @@ static void bad_magic(char *b, size_t *len)
     b[0] = 'X';
 }
 
-static void version_2(char *b, size_t *len)
+static void version_3(char *b, size_t *len)
 {
     (void)len;
-    b[8] = 2;
+    b[8] = 3;
+}
+
+/* Version 1 held the trainer's sections where libdsnode's are now. */
+static void version_1(char *b, size_t *len)
+{
+    (void)len;
+    b[8] = 1;
 }
 
 static void truncate_half(char *b, size_t *len)
@@ -195,7 +202,8 @@ Test(checkpoint, bad_checkpoints_are_refused)
     char dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%s", paused_run("src"));
     refused(dir, "magic.bin", bad_magic, NULL, "not a dsnode checkpoint (bad magic)");
-    refused(dir, "version.bin", version_2, NULL, "checkpoint version 2, this dsnode reads version 1");
+    refused(dir, "version.bin", version_3, NULL, "checkpoint version 3, this dsnode reads version 2");
+    refused(dir, "version1.bin", version_1, NULL, "checkpoint version 1, this dsnode reads version 2");
     refused(dir, "half.bin", truncate_half, NULL, "truncated checkpoint: the header says");
     refused(dir, "short.bin", truncate_header, NULL, "truncated checkpoint: 20 bytes");
     refused(dir, "flip.bin", flip_body, NULL, "corrupt checkpoint: checksum mismatch");

@@ -34,7 +34,7 @@
 #include "node/gossip/gossip.h"
 #include "node/gossip/group.h"
 #include "node/runtime/hier.h"
-#include "node/runtime/run.h"
+#include "node/run/run.h"
 #include "node/sec/crypto.h"
 #include "node/wire/values.h"
 #include "node/train/model.h"

@@ -112,6 +112,15 @@ train_pair() {
     python3 -c "import sys; a, b = $a, $b; print(f'$model: cuda {a:.4f} cpu {b:.4f} diff {100 * (a - b):+.2f} pt'); sys.exit(abs(a - b) > 0.005)"
 }
 
+torch_cuda() {
+    if ! python3 -c 'import torch, pytest, numpy' 2>/dev/null; then
+        echo "no torch, pytest or numpy in this image's python3: skipped"
+        return 0
+    fi
+    DSNODE_BUILD=$PWD/build-gpu python3 -m pytest -q tools/python/tests/test_dsnode.py \
+        -k 'torch_checkpoint_resume_and_mirrors'
+}
+
 run_checks() {
     nvidia-smi -L || die "no GPU answers nvidia-smi"
     step build build enabled
@@ -119,6 +128,9 @@ run_checks() {
     # Each summary's samples_per_s is the GPU's and the CPU's training
     # speed; dsbench has no GPU rows yet.
     step mlp-cuda-vs-cpu train_pair mlp 3000
+    # The PyTorch wrapper's CUDA path (host mirrors through libdsnode's copy
+    # callbacks), when the image's python3 has torch and pytest.
+    step torch-cuda torch_cuda
     echo "gpu-check: first failure: $FAILED"
 }
 

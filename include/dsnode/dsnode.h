@@ -10,11 +10,17 @@
  * this order, each at most once unless marked:
  *
  *   dsnode_open        config file + overrides -> an engine (ABI checked)
+ *   dsnode_register_copies  (optional) the program keeps its tensors
+ *                      elsewhere (a GPU): the buffers below are host
+ *                      mirrors, copied from and back by two callbacks
  *   dsnode_register_grad  (when dsnode_reduces says 1) the gradient buffer,
  *                      and optionally the optimizer's momentum, beside the
  *                      parameters
  *   dsnode_register    the parameters: one contiguous float buffer and its
  *                      layer table (name, offset, length)
+ *   dsnode_resume      (optional) continue from a checkpoint.bin: the
+ *                      parameters, the engine's gossip state and step, and
+ *                      the program's own state (the restore callback)
  *   dsnode_join        listen, found or join the cluster, wait for
  *                      cluster.min_members; a late joiner fetches the
  *                      cluster's state into the buffer (the adopt callback)
@@ -34,13 +40,20 @@
  *                      show: loss, accuracy, learning rate, samples/s
  *   dsnode_settle      (any time after join, repeatable) finish the open
  *                      round: the buffer is final until the next step
+ *   dsnode_checkpoint  (any time after join, repeatable) write
+ *                      <node.data_dir>/checkpoint.bin with the program's
+ *                      own state bytes beside the engine's
  *   dsnode_leave       graceful leave; writes <node.data_dir>/model.bin
  *                      and prints the summary line on stdout
- *   dsnode_close       stop every thread, free everything
+ *   dsnode_close       stop every thread, free everything (or
+ *                      dsnode_abandon, when the process _exits next)
  *
  * Anywhere: dsnode_error (the last failure's message), dsnode_stats,
  * dsnode_stop and dsnode_stopped (stop requests, as a signal handler makes
- * them), dsnode_version.
+ * them), dsnode_set_backend, dsnode_version.
+ *
+ * `dsnode run` is a program of this grammar (node/run/run.c): it calls
+ * exactly these functions, in this order.
  *
  * Errors. Functions that can fail return 0 (or a documented positive
  * value) on success and a negative errno on failure; dsnode_error() then
@@ -67,6 +80,11 @@
  * dsnode_close); between those calls the program may
  * read and write it freely (the optimizer step). Every other pointer
  * argument is read during the call only and may be freed after it.
+ * With dsnode_register_copies the buffers are host mirrors of the
+ * program's own memory: the engine calls pull before it reads a mirror
+ * and push after it wrote one, on the calling thread, inside those same
+ * calls (and dsnode_checkpoint, dsnode_resume), so the program's memory
+ * is current whenever the program runs.
  *
  * Logging goes to stderr in dsnode's format (node.log_level). The summary
  * line goes to stdout, as `dsnode run` prints it, so that `dslaunch local
@@ -107,11 +125,40 @@ typedef struct dsnode_layer {
  * to fail the call. */
 typedef int (*dsnode_adopt_fn)(void *ctx, int64_t step);
 
-/* How the training ended, for dsnode_leave. */
+/* How the training ended, for dsnode_leave. A stop request (dsnode_stop)
+ * makes DONE and PAUSED status=stopped, exit 128 + sig. */
 enum dsnode_outcome {
-    DSNODE_DONE = 0,   /* finished its steps (or stopped: see dsnode_stop) */
+    DSNODE_DONE = 0,   /* finished its steps */
     DSNODE_FAILED = 1, /* the program failed; the summary says status=failed */
+    DSNODE_PAUSED = 2, /* stopped on purpose, to be resumed from a checkpoint
+                        * (train.stop_after, the end of a Slurm allocation):
+                        * status=paused, exit status 0 */
 };
+
+/* Which buffer a copy callback moves (dsnode_register_copies). */
+enum dsnode_buffer {
+    DSNODE_PARAMS = 0, /* the buffer of dsnode_register */
+    DSNODE_GRAD = 1,   /* grad of dsnode_register_grad */
+    DSNODE_OPT = 2,    /* opt of dsnode_register_grad */
+};
+
+/* Copy one buffer between the program's memory and its host mirror: pull
+ * fills the mirror from the program's memory, push the other way. Called
+ * on the calling thread, inside the dsnode calls that read or write the
+ * buffers. 0, or a negative errno to fail that call. */
+typedef int (*dsnode_copy_fn)(void *ctx, enum dsnode_buffer which);
+
+/* Called inside dsnode_resume (and again inside dsnode_join or
+ * dsnode_ready when a resumed node rejoining a running cluster prefers its
+ * own checkpoint over the cluster's state) with the bytes the program gave
+ * dsnode_checkpoint and the step the checkpoint was taken at: check them
+ * and put the program's state back (optimizer, data order), then return
+ * 0. The parameter buffer already holds the checkpoint's parameters. A
+ * refusal returns a negative errno and one line in why (why_len bytes),
+ * which dsnode_resume's message carries; nothing of the engine changes
+ * then. */
+typedef int (*dsnode_restore_fn)(void *ctx, const void *state, size_t len, int64_t step,
+                                 char *why, size_t why_len);
 
 /* The numbers a native node logs and prints in its summary. */
 typedef struct dsnode_stats {
@@ -160,6 +207,16 @@ const char *dsnode_name(const dsnode *d);
  * then allowed and do nothing). -EINVAL: d is NULL. Any time after open. */
 int dsnode_reduces(const dsnode *d);
 
+/* The program keeps its tensors elsewhere (a GPU): the buffers of
+ * dsnode_register_grad and dsnode_register are host mirrors, copied by
+ * pull and push (dsnode_copy_fn; both required) with ctx. The mirrors may
+ * then be one buffer: the engine pulls a buffer before it reads the
+ * mirror and pushes it right after it wrote it. Once, after dsnode_open
+ * and before dsnode_register_grad and dsnode_register. -EINVAL: a NULL
+ * callback or order. */
+int dsnode_register_copies(dsnode *d, dsnode_copy_fn pull, dsnode_copy_fn push, void *ctx)
+    __attribute__((warn_unused_result));
+
 /* The gradient buffer `grad` and, optionally, the optimizer's momentum
  * `opt` (NULL: none), each as long as the parameter buffer of the coming
  * dsnode_register (n floats, in the same layout), borrowed until
@@ -182,11 +239,31 @@ int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *laye
                     size_t n_layers, dsnode_adopt_fn adopt, void *ctx)
     __attribute__((warn_unused_result));
 
+/* Continue from the checkpoint at path (written by dsnode_checkpoint,
+ * this node's or another's): checks its header, checksum, version, the
+ * config keys that must match (the message names the key and both
+ * values) and its shapes against the registered buffer; then puts the
+ * parameters into the buffer, calls restore (required) with the
+ * program's bytes, and, when it returns 0, the engine's gossip state and
+ * step (adopt is not called: the program's restore did its part). The
+ * node then joins as a restarted member (a known node comes back under a
+ * new incarnation) and keeps its own state when the cluster's is not
+ * newer than the cluster's lag, else takes the cluster's (adopt). Logs
+ * "resumed from PATH at step N". Once, after dsnode_register and before
+ * dsnode_join. 0; -ENOENT, -EIO: unreadable; -EBADMSG: not a checkpoint,
+ * truncated or corrupt; -EPROTO: another version; -EINVAL: another config
+ * or shape, restore's refusal (its errno), or order. Nothing changes on
+ * failure but the buffer. */
+int dsnode_resume(dsnode *d, const char *path, dsnode_restore_fn restore, void *ctx)
+    __attribute__((warn_unused_result));
+
 /* Listen (node.listen), start the status page, found the cluster or join
  * it through cluster.seeds, wait for cluster.min_members, and agree on the
  * first round (a late joiner fetches the cluster's state). Blocks. -EINTR:
  * stopped (dsnode_stop); -EACCES: not admitted; -ETIMEDOUT: no seed let
- * us in; -EADDRINUSE...: the endpoint. */
+ * us in; -EADDRINUSE...: the endpoint. On failure the summary line of a
+ * run that did not start is printed (status=failed, or stopped), as
+ * dsnode_leave would. */
 int dsnode_join(dsnode *d) __attribute__((warn_unused_result));
 
 /* Before each training step: 1 when the program trains this step, 0 when
@@ -218,15 +295,35 @@ int dsnode_step(dsnode *d);
  * dsnode_step (evaluate, save). 0, or -EINVAL (order). */
 int dsnode_settle(dsnode *d);
 
+/* Write <node.data_dir>/checkpoint.bin (temporary file, fsync, rename,
+ * fsync of the directory: a crash leaves the old file or the new one):
+ * the round settled first, the parameters (pulled), the step, the
+ * engine's gossip state (error-feedback residuals, round snapshot, each
+ * segment's sparsifier state, the round numbering), the config keys that
+ * must match at resume, and state: len bytes of the program's own (its
+ * optimizer, data order, generators; NULL with len 0: none), handed back
+ * to dsnode_resume's restore. 0, or a negative errno (-ENOSPC, -EACCES,
+ * ...): not saved, the previous checkpoint is intact. After dsnode_join,
+ * before dsnode_leave, repeatable. */
+int dsnode_checkpoint(dsnode *d, const void *state, size_t len)
+    __attribute__((warn_unused_result));
+
 /* The training numbers for the status page (status.listen, status.file)
  * and the log: loss (mean over the last steps), test_acc (last
- * evaluation, -1 none), lr, samples_per_s. Logs the progress line every
- * train.log_every steps, as `dsnode run` does. 0 or -EINVAL. */
+ * evaluation, -1 none), lr, samples_per_s (the last reported goes into
+ * the summary line). Logs the progress line every train.log_every steps
+ * and at train.steps, once per step, as `dsnode run` does. 0 or
+ * -EINVAL. */
 int dsnode_report(dsnode *d, double loss, double test_acc, double lr, double samples_per_s);
 
 /* Log an evaluation ("eval step=N test_loss=L test_acc=A", as dsnode run)
  * and show test_acc on the status page. 0 or -EINVAL. */
 int dsnode_report_eval(dsnode *d, double test_loss, double test_acc);
+
+/* What the summary line shows as backend= ("cpu", "cuda"; at most 15
+ * characters kept; default "client"). Any time before dsnode_leave.
+ * -EINVAL: NULL or empty name, or after dsnode_leave. */
+int dsnode_set_backend(dsnode *d, const char *name);
 
 /* Fill *out. Any time after dsnode_open; same thread as the other calls. */
 int dsnode_stats_get(dsnode *d, dsnode_stats *out);
@@ -242,26 +339,41 @@ void dsnode_stop(dsnode *d, int sig);
 int dsnode_stopped(const dsnode *d);
 
 /* Install SIGINT and SIGTERM handlers that call dsnode_stop(d, sig) (and
- * ignore SIGPIPE), as `dsnode run` does; SIGHUP re-reads
+ * ignore SIGPIPE), as `dsnode run` does, once libfabric's loading (which
+ * dsnode_open starts on a thread of its own, and which puts back the
+ * signal dispositions its libraries change) has finished; SIGHUP re-reads
  * cluster.allowed_keys. One engine per process at a time (-EBUSY while
  * another has them); dsnode_close puts back the handlers it replaced. */
 int dsnode_handle_signals(dsnode *d);
 
 /* After training: settle, announce the leave, keep taking part in rounds
  * until it applies (not when stopped), let it spread; then write the
- * buffer to <node.data_dir>/model.bin and print the summary line on
- * stdout. Once. 0; -EIO: model.bin not written (the summary says
- * status=failed); -EINVAL: order. */
+ * buffer (pulled) to <node.data_dir>/model.bin (fsynced) and print the
+ * summary line on stdout: status=failed (how FAILED, or model.bin not
+ * written), stopped (a stop request), paused (how PAUSED) or done. Once.
+ * 0; -EIO: model.bin not written; -EINVAL: order. */
 int dsnode_leave(dsnode *d, enum dsnode_outcome how);
 
-/* The exit status a program should end with, as `dsnode run`'s: 0 done,
- * 1 failed, 128 + sig stopped. Before dsnode_leave: 1. */
+/* The exit status a program should end with, as `dsnode run`'s: 0 done
+ * or paused, 1 failed, 128 + sig stopped. Before dsnode_leave: 1. */
 int dsnode_exit_status(const dsnode *d);
 
 /* Stop the engine's threads and free everything, secrets wiped. NULL-safe
  * (also *d == NULL); clears *d, so a second close does nothing. Without
  * dsnode_leave the peers see this node fail (they carry on). */
 void dsnode_close(dsnode **d);
+
+/* dsnode_close for a program that ends its process with _exit right
+ * after (`dsnode run` does): stops the engine's own threads (gossip,
+ * membership, status), wipes its secrets and puts back the signal
+ * handlers, but leaves the network's threads, the endpoint and the memory
+ * they touch as they are; the kernel closes the sockets. Why: libfabric
+ * 1.17 can crash closing a tcp endpoint into which a peer is still
+ * sending a large message (peers that finish together). The network's
+ * threads still run, so the program must not go through exit() (its
+ * handlers and library destructors would run under them): it flushes its
+ * stdio and calls _exit. Clears *d. NULL-safe. */
+void dsnode_abandon(dsnode **d);
 
 #ifdef __cplusplus
 }

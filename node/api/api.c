@@ -28,9 +28,9 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "conf/conf.h"
+#include "node/runtime/checkpoint.h"
 #include "node/runtime/engine.h"
 #include "node/runtime/preflight.h"
-#include "node/runtime/run.h"
 #include "node/runtime/summary.h"
 #include "node/status/status.h"
 #include "node/train/model.h"
@@ -56,7 +56,14 @@ struct dsnode {
     int n_layers;
     dsnode_adopt_fn adopt;
     void *adopt_ctx;
+    dsnode_copy_fn pull, push; /* dsnode_register_copies; NULL: none */
+    void *copy_ctx;
+    char *resume_path;         /* dsnode_resume's file, for a rejoin's choice */
+    dsnode_restore_fn restore;
+    void *restore_ctx;
+    char backend[16];          /* the summary's backend= */
     int64_t step;
+    int64_t logged_step;       /* the last step dsnode_report logged */
     ds_engine_report rep;
     double test_loss;
     uint64_t t_start;     /* ns, at open */
@@ -165,6 +172,8 @@ int dsnode_open_abi(dsnode **out, const char *config, const char *const *overrid
     d->exit_status = 1;
     d->rep = (ds_engine_report){.phase = DS_STATUS_JOINING, .test_acc = -1};
     d->test_loss = -1;
+    d->logged_step = -1;
+    snprintf(d->backend, sizeof(d->backend), "client");
     int e = load_conf(&d->c, config, overrides, n_overrides);
     if (e < 0) {
         free(d);
@@ -226,6 +235,41 @@ static int check_table(dsnode *d, size_t n, const dsnode_layer *layers, size_t n
     return 0;
 }
 
+static int pull_hook(void *ctx, enum ds_engine_buf which)
+{
+    dsnode *d = ctx;
+    return d->pull(d->copy_ctx, which == DS_ENGINE_GRAD  ? DSNODE_GRAD
+                                : which == DS_ENGINE_OPT ? DSNODE_OPT
+                                                         : DSNODE_PARAMS);
+}
+
+static int push_hook(void *ctx, enum ds_engine_buf which)
+{
+    dsnode *d = ctx;
+    return d->push(d->copy_ctx, which == DS_ENGINE_GRAD  ? DSNODE_GRAD
+                                : which == DS_ENGINE_OPT ? DSNODE_OPT
+                                                         : DSNODE_PARAMS);
+}
+
+static int restore_hook(void *ctx, int64_t *step);
+
+int dsnode_register_copies(dsnode *d, dsnode_copy_fn pull, dsnode_copy_fn push, void *ctx)
+{
+    int e = need(d, ST_OPEN, "dsnode_register_copies");
+    if (e < 0)
+        return e;
+    if (!pull || !push)
+        return fail(-EINVAL, "dsnode_register_copies: pull and push are required");
+    if (d->pull)
+        return fail(-EINVAL, "dsnode_register_copies: called twice");
+    if (d->grad)
+        return fail(-EINVAL, "dsnode_register_copies: called after dsnode_register_grad");
+    d->pull = pull;
+    d->push = push;
+    d->copy_ctx = ctx;
+    return 0;
+}
+
 /* The config averages gradients every step. */
 static int reduces(const dsnode *d)
 {
@@ -256,8 +300,9 @@ int dsnode_register_grad(dsnode *d, float *grad, float *opt)
         return e;
     if (!grad)
         return fail(-EINVAL, "dsnode_register_grad: grad is required");
-    if (grad == opt)
-        return fail(-EINVAL, "dsnode_register_grad: grad and opt are one buffer; expected two");
+    if (grad == opt && !d->pull)
+        return fail(-EINVAL, "dsnode_register_grad: grad and opt are one buffer; expected two "
+                    "(or host mirrors: dsnode_register_copies first)");
     if (d->grad)
         return fail(-EINVAL, "dsnode_register_grad: called twice");
     d->grad = grad;
@@ -279,9 +324,10 @@ int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *laye
         return fail(-EINVAL, "dsnode_register: %s averages gradients every step; expected "
                     "dsnode_register_grad (the gradient buffer) before dsnode_register", what);
     }
-    if (d->grad == params || (d->opt && d->opt == params))
+    if (!d->pull && (d->grad == params || (d->opt && d->opt == params)))
         return fail(-EINVAL, "dsnode_register: params is the buffer given as grad or opt; "
-                    "expected three distinct buffers");
+                    "expected three distinct buffers (or host mirrors: "
+                    "dsnode_register_copies first)");
     if ((e = check_table(d, n, layers, n_layers)) < 0)
         return e;
     char err[1024];
@@ -296,12 +342,79 @@ int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *laye
     const int red = reduces(d);
     const ds_engine_params p = {.n = n, .layers = d->layers, .n_layers = d->n_layers,
                                 .params = params, .grad = red ? d->grad : params,
-                                .opt = red ? d->opt : NULL, .ctx = d, .adopt = adopt_hook};
+                                .opt = red ? d->opt : NULL, .ctx = d, .adopt = adopt_hook,
+                                .pull = d->pull ? pull_hook : NULL,
+                                .push = d->push ? push_hook : NULL, .restore = restore_hook};
     if ((e = ds_engine_register(d->e, &p)) < 0) {
         d->state = ST_FAILED;
         return fail_logged(e, "dsnode_register");
     }
     d->state = ST_REGISTERED;
+    return 0;
+}
+
+/* ---- resume ---------------------------------------------------------------- */
+
+/* Read and check path, put the parameters back, let the program restore
+ * its part, then the engine's. *k is the checkpoint read (the caller
+ * frees it). The message of a failure goes to api_error, after fn. */
+static int resume_from(dsnode *d, const char *path, const char *fn, ds_ckpt *k)
+{
+    char err[1200];
+    int e = ds_ckpt_read(path, d->e, k, err, sizeof(err));
+    if (e < 0)
+        return fail(e, "%s: %s", fn, err);
+    if ((e = ds_ckpt_put_params(d->e, k, err, sizeof(err))) < 0)
+        return fail(e, "%s: %s", fn, err);
+    char why[512] = "";
+    e = d->restore(d->restore_ctx, k->prog, k->prog_len, k->step, why, sizeof(why));
+    if (e < 0)
+        return fail(e, "%s: %s: %s", fn, path, why[0] ? why : "the program refused its state");
+    ds_ckpt_apply(d->e, k);
+    d->step = k->step;
+    return 0;
+}
+
+int dsnode_resume(dsnode *d, const char *path, dsnode_restore_fn restore, void *ctx)
+{
+    int e = need(d, ST_REGISTERED, "dsnode_resume");
+    if (e < 0)
+        return e;
+    if (!path || !restore)
+        return fail(-EINVAL, "dsnode_resume: path and restore are required");
+    if (d->resume_path)
+        return fail(-EINVAL, "dsnode_resume: called twice");
+    if (!(d->resume_path = strdup(path)))
+        return fail(-ENOMEM, "dsnode_resume: out of memory");
+    d->restore = restore;
+    d->restore_ctx = ctx;
+    ds_ckpt k;
+    if ((e = resume_from(d, path, "dsnode_resume", &k)) < 0) {
+        free(d->resume_path);
+        d->resume_path = NULL;
+        return e;
+    }
+    ds_info("train", "resumed from %s at step %lld (round %llu)", path, (long long)k.step,
+            (unsigned long long)k.round);
+    ds_ckpt_free(&k);
+    return 0;
+}
+
+/* The engine prefers our own checkpoint over the cluster's state it
+ * adopted (ds_ckpt_choose): read it again, all of it put back. */
+static int restore_hook(void *ctx, int64_t *step)
+{
+    dsnode *d = ctx;
+    if (!d->resume_path)
+        return -ENOENT;
+    ds_ckpt k;
+    const int e = resume_from(d, d->resume_path, "checkpoint", &k);
+    if (e < 0) {
+        ds_warn("state", "%s", api_error);
+        return e;
+    }
+    *step = k.step;
+    ds_ckpt_free(&k);
     return 0;
 }
 
@@ -313,6 +426,16 @@ static void publish(dsnode *d, int force)
     ds_engine_publish(d->e, force);
 }
 
+/* The summary of a run that did not start (refused, timed out, stopped). */
+static void summary_not_started(dsnode *d, const char *status)
+{
+    const ds_engine_info in = {0};
+    const ds_run_summary sum = {.name = d->c.node.name, .status = status, .backend = d->backend,
+                                .test_acc = -1,
+                                .wall_s = (double)(ds_now_ns() - d->t_start) * 1e-9};
+    ds_run_summary_print(&sum, &in);
+}
+
 int dsnode_join(dsnode *d)
 {
     int e = need(d, ST_REGISTERED, "dsnode_join");
@@ -321,17 +444,24 @@ int dsnode_join(dsnode *d)
     char err[1024] = "";
     if ((e = ds_engine_listen(d->e)) < 0) {
         d->state = ST_FAILED;
-        return fail_logged(e, "dsnode_join");
+        e = fail_logged(e, "dsnode_join");
+        summary_not_started(d, "failed");
+        return e;
     }
     publish(d, 1);
     /* Refused, timed out, or admitted and given no state: err says which. */
     if ((e = ds_engine_join(d->e, err, sizeof(err))) < 0 ||
         (e = ds_engine_start(d->e, err, sizeof(err))) < 0) {
         d->state = ST_FAILED;
-        if (e == -EINTR)
+        if (e == -EINTR) {
+            ds_warn("node", "stopped on signal %d before training", (int)d->stop_signal);
+            summary_not_started(d, "stopped");
+            d->exit_status = 128 + (int)d->stop_signal;
             return fail(e, "dsnode_join: stopped (signal %d) before training",
                         (int)d->stop_signal);
+        }
         ds_error("node", "%s", err);
+        summary_not_started(d, "failed");
         return fail(e, "dsnode_join: %s", err);
     }
     d->state = ST_JOINED;
@@ -402,7 +532,9 @@ int dsnode_report(dsnode *d, double loss, double test_acc, double lr, double sam
     d->rep.test_acc = test_acc;
     d->rep.lr = lr;
     d->rep.samples_per_s = samples_per_s;
-    if (d->step > 0 && d->step % d->c.train.log_every == 0) {
+    if (d->step > 0 && d->step != d->logged_step &&
+        (d->step % d->c.train.log_every == 0 || d->step == d->c.train.steps)) {
+        d->logged_step = d->step;
         /* The progress line of `dsnode run` (dslaunch follows it). */
         ds_engine_info in;
         ds_engine_info_get(d->e, &in);
@@ -426,6 +558,32 @@ int dsnode_report_eval(dsnode *d, double test_loss, double test_acc)
     ds_info("eval", "step=%lld test_loss=%.4f test_acc=%.4f", (long long)d->step, test_loss,
             test_acc);
     publish(d, 1);
+    return 0;
+}
+
+int dsnode_checkpoint(dsnode *d, const void *state, size_t len)
+{
+    int e = need(d, ST_JOINED, "dsnode_checkpoint");
+    if (e < 0)
+        return e;
+    if (len && !state)
+        return fail(-EINVAL, "dsnode_checkpoint: state is NULL with %zu bytes", len);
+    ds_engine_settle(d->e);
+    char err[1024];
+    if ((e = ds_ckpt_save(d->e, d->step, state, len, err, sizeof(err))) < 0)
+        return fail(e, "checkpoint not saved: %s", err);
+    ds_info("train", "checkpoint saved at step %lld", (long long)d->step);
+    return 0;
+}
+
+int dsnode_set_backend(dsnode *d, const char *name)
+{
+    begin_call();
+    if (!d || !name || !name[0])
+        return fail(-EINVAL, "dsnode_set_backend: the engine and a non-empty name are required");
+    if (d->state == ST_LEFT)
+        return fail(-EINVAL, "dsnode_set_backend: called after dsnode_leave");
+    snprintf(d->backend, sizeof(d->backend), "%s", name);
     return 0;
 }
 
@@ -501,6 +659,10 @@ int dsnode_handle_signals(dsnode *d)
     if (!atomic_compare_exchange_strong(&signal_owner, &none, d))
         return fail(-EBUSY, "dsnode_handle_signals: another engine of this process handles "
                     "the signals");
+    /* libfabric loading on the warm-up's thread would put back the
+     * dispositions it saved, over ours (a dslaunch SIGTERM then killed a
+     * node outright). */
+    ds_engine_signals_settle();
     set_handler(SIGINT, on_signal, 0, &old_int);
     set_handler(SIGTERM, on_signal, 0, &old_term);
     set_handler(SIGHUP, on_hup, SA_RESTART, &old_hup);
@@ -514,7 +676,7 @@ static void print_summary(dsnode *d, const char *status)
 {
     ds_engine_info in;
     ds_engine_info_get(d->e, &in);
-    const ds_run_summary sum = {.name = d->c.node.name, .status = status, .backend = "client",
+    const ds_run_summary sum = {.name = d->c.node.name, .status = status, .backend = d->backend,
                                 .steps = d->step, .loss = d->rep.loss,
                                 .test_acc = d->rep.test_acc,
                                 .samples_per_s = d->rep.samples_per_s,
@@ -527,22 +689,31 @@ int dsnode_leave(dsnode *d, enum dsnode_outcome how)
     int e = need(d, ST_JOINED, "dsnode_leave");
     if (e < 0)
         return e;
-    if (how != DSNODE_DONE && how != DSNODE_FAILED)
-        return fail(-EINVAL, "dsnode_leave: outcome %d: expected DSNODE_DONE or DSNODE_FAILED",
-                    (int)how);
+    if (how != DSNODE_DONE && how != DSNODE_FAILED && how != DSNODE_PAUSED)
+        return fail(-EINVAL, "dsnode_leave: outcome %d: expected DSNODE_DONE, DSNODE_FAILED or "
+                    "DSNODE_PAUSED", (int)how);
     ds_engine_settle(d->e);
     ds_engine_leave(d->e);
     d->state = ST_LEFT;
     char err[1024];
     int ret = 0;
-    if (ds_run_save_params(d->c.node.data_dir, d->params, d->n, err, sizeof(err)) < 0) {
+    if (d->pull && (e = d->pull(d->copy_ctx, DSNODE_PARAMS)) < 0) {
+        ds_error("train", "final model not saved: parameters not read from the device: %s",
+                 strerror(-e));
+        ret = fail(-EIO, "dsnode_leave: final model not saved: parameters not read from the "
+                   "device: %s", strerror(-e));
+    } else if (ds_ckpt_write_model(d->c.node.data_dir, d->params, d->n, err, sizeof(err)) < 0) {
         ds_error("train", "final model not saved: %s", err);
         ret = fail(-EIO, "dsnode_leave: final model not saved: %s", err);
     }
     const int sig = dsnode_stopped(d);
     const int failed = ret < 0 || how == DSNODE_FAILED;
-    const char *status = failed ? "failed" : sig ? "stopped" : "done";
-    d->rep.phase = failed ? DS_STATUS_FAILED : sig ? DS_STATUS_STOPPED : DS_STATUS_DONE;
+    const int paused = how == DSNODE_PAUSED;
+    const char *status = failed ? "failed" : sig ? "stopped" : paused ? "paused" : "done";
+    d->rep.phase = failed   ? DS_STATUS_FAILED
+                   : sig    ? DS_STATUS_STOPPED
+                   : paused ? DS_STATUS_PAUSED
+                            : DS_STATUS_DONE;
     publish(d, 1);
     print_summary(d, status);
     d->exit_status = failed ? 1 : sig ? 128 + sig : 0;
@@ -554,19 +725,37 @@ int dsnode_exit_status(const dsnode *d)
     return d ? d->exit_status : 1;
 }
 
-void dsnode_close(dsnode **dp)
+/* Put back the handlers dsnode_handle_signals replaced, if d has them. */
+static void release_signals(dsnode *d)
 {
-    if (!dp || !*dp)
-        return;
-    dsnode *d = *dp;
-    dsnode *self = d;
-    if (atomic_load(&signal_owner) == self) {
+    if (atomic_load(&signal_owner) == d) {
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGTERM, &old_term, NULL);
         sigaction(SIGHUP, &old_hup, NULL);
         atomic_store(&signal_owner, NULL);
     }
+}
+
+void dsnode_close(dsnode **dp)
+{
+    if (!dp || !*dp)
+        return;
+    dsnode *d = *dp;
+    release_signals(d);
     ds_engine_close(&d->e);
+    free(d->resume_path);
     free(d);
+    *dp = NULL;
+}
+
+void dsnode_abandon(dsnode **dp)
+{
+    if (!dp || !*dp)
+        return;
+    dsnode *d = *dp;
+    release_signals(d);
+    /* What the net's threads may still touch stays, d (which holds the
+     * config the engine reads) with it. */
+    ds_engine_abandon(&d->e);
     *dp = NULL;
 }

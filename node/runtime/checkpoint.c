@@ -225,14 +225,9 @@ static void put_sp(cur *w, const ds_sparsify_state *s)
     put64(w, s->micro_k_group);
 }
 
-static uint64_t sec_trnr(size_t n)
+static uint64_t sec_parm(size_t n)
 {
-    return 24 + 8 * (uint64_t)n;
-}
-
-static uint64_t sec_data(size_t n)
-{
-    return 56 + 4 * (uint64_t)n;
+    return 16 + 4 * (uint64_t)n;
 }
 
 static uint64_t sec_gosp(size_t n, int n_seg)
@@ -240,51 +235,56 @@ static uint64_t sec_gosp(size_t n, int n_seg)
     return 32 + 8 * (uint64_t)n + (uint64_t)n_seg * (8 + SP_STATE_BYTES);
 }
 
-int ds_ckpt_save(const ds_conf *c, ds_trainer *t, ds_engine *e, char *err, size_t err_len)
+int ds_ckpt_write_model(const char *dir, const float *host, size_t n, char *err, size_t err_len)
 {
+    uint8_t hdr[16] = "DSMODEL1";
+    for (int i = 0; i < 8; i++)
+        hdr[8 + i] = (uint8_t)((uint64_t)n >> (8 * i));
+    /* The file is little-endian float32, as this host (x86-64; wire.h pins
+     * the byte order for the whole node). */
+    return ds_ckpt_write_atomic(dir, "model.bin", hdr, sizeof(hdr), host, n * sizeof(float), err,
+                                err_len);
+}
+
+int ds_ckpt_save(ds_engine *e, int64_t step, const void *prog, size_t prog_len, char *err,
+                 size_t err_len)
+{
+    const ds_conf *c = e->c;
     char conf[4096];
     const int clen = ds_ckpt_conf_text(c, conf, sizeof(conf));
     if (clen < 0) {
         snprintf(err, err_len, "cannot list the config keys: %s", strerror(-clen));
         return clen;
     }
-    const size_t n = t->n_params, dn = t->sampler.n;
+    if (prog_len && !prog) {
+        snprintf(err, err_len, "the program's state is NULL with %zu bytes", prog_len);
+        return -EINVAL;
+    }
+    int r;
+    if (e->p.pull && (r = e->p.pull(e->p.ctx, DS_ENGINE_PARAMS)) < 0) {
+        snprintf(err, err_len, "parameters not read from the device: %s", strerror(-r));
+        return r;
+    }
+    const size_t n = e->p.n;
     const int n_seg = ds_gossip_n_segments(e->gossip);
-    const uint64_t body_len = 16 + (uint64_t)clen + 16 + sec_trnr(n) + 16 + sec_data(dn) + 16 +
-                              sec_gosp(n, n_seg);
+    const uint64_t body_len = 16 + (uint64_t)clen + 16 + sec_parm(n) + 16 + sec_gosp(n, n_seg) +
+                              16 + (uint64_t)prog_len;
     cur w = {.p = malloc(body_len), .n = body_len};
     if (!w.p) {
         snprintf(err, err_len, "out of memory (%llu bytes)", (unsigned long long)body_len);
         return -ENOMEM;
     }
-    int r = 0;
     section(&w, "CONF", (uint64_t)clen);
     put(&w, conf, (size_t)clen);
 
-    section(&w, "TRNR", sec_trnr(n));
-    put64(&w, (uint64_t)t->step);
-    put64(&w, t->samples);
+    section(&w, "PARM", sec_parm(n));
+    put64(&w, (uint64_t)step);
     put64(&w, n);
-    if ((r = t->ops.download(w.p + w.at, t->theta, n * sizeof(float))) < 0 ||
-        (r = t->ops.download(w.p + w.at + n * sizeof(float), t->mom, n * sizeof(float))) < 0) {
-        snprintf(err, err_len, "parameters not read from the device: %s", strerror(-r));
-        free(w.p);
-        return r;
-    }
-    w.at += 2 * n * sizeof(float);
-
-    const ds_sampler *s = &t->sampler;
-    section(&w, "DATA", sec_data(dn));
-    put64(&w, dn);
-    put64(&w, s->pos);
-    put64(&w, s->epoch);
-    for (int i = 0; i < 4; i++)
-        put64(&w, s->rng.s[i]);
-    put(&w, s->perm, dn * sizeof(uint32_t));
+    put(&w, e->p.params, n * sizeof(float));
 
     section(&w, "GOSP", sec_gosp(n, n_seg));
     put64(&w, e->round0);
-    put64(&w, e->round0 + (uint64_t)(t->step / e->c->gossip.every));
+    put64(&w, e->round0 + (uint64_t)(step / e->c->gossip.every));
     put64(&w, n);
     put32(&w, (uint32_t)n_seg);
     put32(&w, 0);
@@ -299,6 +299,10 @@ int ds_ckpt_save(const ds_conf *c, ds_trainer *t, ds_engine *e, char *err, size_
         put32(&w, 0);
         put_sp(&w, &st);
     }
+
+    section(&w, "PROG", (uint64_t)prog_len);
+    if (prog_len)
+        put(&w, prog, prog_len);
 
     uint8_t hdr[DS_CKPT_HEADER] = {0};
     cur h = {.p = hdr, .n = sizeof(hdr)};
@@ -465,12 +469,21 @@ static void get_sp(cur *r, ds_sparsify_state *s)
     s->micro_k_group = get64(r);
 }
 
-int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e,
-                 ds_ckpt_info *info, char *err, size_t err_len)
+void ds_ckpt_free(ds_ckpt *k)
 {
+    if (k) {
+        free(k->buf);
+        memset(k, 0, sizeof(*k));
+    }
+}
+
+int ds_ckpt_read(const char *path, ds_engine *e, ds_ckpt *k, char *err, size_t err_len)
+{
+    const ds_conf *c = e->c;
     uint8_t *b = NULL;
     size_t len = 0;
     uint64_t hash = 0;
+    memset(k, 0, sizeof(*k));
     int r = read_file(path, &b, &len, err, err_len);
     if (r < 0)
         return r;
@@ -485,7 +498,7 @@ int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e
         goto out;
     }
     cur rd = {.p = b, .n = len, .at = DS_CKPT_HEADER};
-    uint64_t conf_len = 0;
+    uint64_t conf_len = 0, prog_len = 0;
     const uint8_t *cf = open_section(&rd, "CONF", 0, &conf_len, path, err, err_len);
     if (!cf) {
         r = -EBADMSG;
@@ -500,15 +513,14 @@ int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e
                  (unsigned long long)ds_rng_hash_str(0, conf), diff);
         goto out;
     }
-    const size_t n = t->n_params, dn = t->sampler.n;
+    const size_t n = e->p.n;
     const int n_seg = ds_gossip_n_segments(e->gossip);
-    const uint8_t *tr = open_section(&rd, "TRNR", sec_trnr(n), NULL, path, err, err_len);
-    const uint8_t *da = tr ? open_section(&rd, "DATA", sec_data(dn), NULL, path, err, err_len)
-                           : NULL;
-    const uint8_t *go = da ? open_section(&rd, "GOSP", sec_gosp(n, n_seg), NULL, path, err,
+    const uint8_t *pa = open_section(&rd, "PARM", sec_parm(n), NULL, path, err, err_len);
+    const uint8_t *go = pa ? open_section(&rd, "GOSP", sec_gosp(n, n_seg), NULL, path, err,
                                           err_len)
                            : NULL;
-    if (!go)
+    const uint8_t *pr = go ? open_section(&rd, "PROG", 0, &prog_len, path, err, err_len) : NULL;
+    if (!pr)
         goto out;
     if (rd.at != len) {
         snprintf(err, err_len, "%s: corrupt checkpoint: %zu bytes after the last section", path,
@@ -517,41 +529,25 @@ int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e
         goto out;
     }
 
-    /* Every check of the contents before anything changes. */
-    cur ct = {.p = (uint8_t *)tr, .n = sec_trnr(n)};
-    const int64_t step = (int64_t)get64(&ct);
-    const uint64_t samples = get64(&ct), tn = get64(&ct);
-    const float *theta = get(&ct, n * sizeof(float)), *mom = get(&ct, n * sizeof(float));
-    cur cd = {.p = (uint8_t *)da, .n = sec_data(dn)};
-    const uint64_t ddn = get64(&cd), pos = get64(&cd), epoch = get64(&cd);
-    ds_rng rng;
-    for (int i = 0; i < 4; i++)
-        rng.s[i] = get64(&cd);
-    const uint32_t *perm = get(&cd, dn * sizeof(uint32_t));
+    /* Every check of the engine's part before anything changes. */
+    cur cp = {.p = (uint8_t *)pa, .n = sec_parm(n)};
+    const int64_t step = (int64_t)get64(&cp);
+    const uint64_t pn = get64(&cp);
     cur cg = {.p = (uint8_t *)go, .n = sec_gosp(n, n_seg)};
     const uint64_t round0 = get64(&cg), round = get64(&cg), gn = get64(&cg);
     const uint32_t gseg = get32(&cg);
     get32(&cg);
-    if (tn != n || gn != n || ddn != dn || gseg != (uint32_t)n_seg) {
-        snprintf(err, err_len, "%s: the checkpoint holds %llu parameters, %llu examples and %u "
-                 "segments; this node has %zu, %zu and %d", path, (unsigned long long)tn,
-                 (unsigned long long)ddn, gseg, n, dn, n_seg);
+    if (pn != n || gn != n || gseg != (uint32_t)n_seg) {
+        snprintf(err, err_len, "%s: the checkpoint holds %llu parameters in %u segments; this "
+                 "node has %zu in %d", path, (unsigned long long)pn, gseg, n, n_seg);
         goto out;
     }
-    if (step < 0 || step > c->train.steps || pos > dn) {
-        snprintf(err, err_len, "%s: the checkpoint is at step %lld (data position %llu), "
-                 "outside this run's train.steps = %lld", path, (long long)step,
-                 (unsigned long long)pos, (long long)c->train.steps);
+    if (step < 0 || step > c->train.steps) {
+        snprintf(err, err_len, "%s: the checkpoint is at step %lld, outside this run's "
+                 "train.steps = %lld", path, (long long)step, (long long)c->train.steps);
         goto out;
     }
-    for (size_t i = 0; i < dn; i++)
-        if (perm[i] >= dn) {
-            snprintf(err, err_len, "%s: corrupt checkpoint: data order entry %zu is %u", path, i,
-                     perm[i]);
-            r = -EBADMSG;
-            goto out;
-        }
-    const float *acc = get(&cg, n * sizeof(float)), *snap = get(&cg, n * sizeof(float));
+    cg.at += 2 * n * sizeof(float);
     for (int i = 0; i < n_seg; i++) {
         const uint32_t present = get32(&cg);
         get32(&cg);
@@ -563,25 +559,32 @@ int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e
             goto out;
         }
     }
+    *k = (ds_ckpt){.buf = b, .step = step, .round0 = round0, .round = round,
+                   .params = pa + 16, .gosp = go, .prog = pr,
+                   .prog_len = (size_t)prog_len};
+    return 0;
+out:
+    free(b);
+    return r;
+}
 
-    /* Apply. */
-    if ((r = t->ops.upload(t->theta, theta, n * sizeof(float))) < 0 ||
-        (r = t->ops.upload(t->mom, mom, n * sizeof(float))) < 0) {
+int ds_ckpt_put_params(ds_engine *e, const ds_ckpt *k, char *err, size_t err_len)
+{
+    memcpy(e->p.params, k->params, e->p.n * sizeof(float));
+    const int r = e->p.push ? e->p.push(e->p.ctx, DS_ENGINE_PARAMS) : 0;
+    if (r < 0)
         snprintf(err, err_len, "parameters not copied to the device: %s", strerror(-r));
-        goto out;
-    }
-    if (e->p.params != t->theta)
-        memcpy(e->p.params, theta, n * sizeof(float)); /* the engine's host mirror */
-    t->step = step;
-    t->samples = samples;
-    t->sampler.pos = pos;
-    t->sampler.epoch = epoch;
-    t->sampler.rng = rng;
-    memcpy(t->sampler.perm, perm, dn * sizeof(uint32_t));
-    memcpy(ds_gossip_acc_mut(e->gossip), acc, n * sizeof(float));
-    memcpy(ds_gossip_snap_mut(e->gossip), snap, n * sizeof(float));
+    return r;
+}
+
+void ds_ckpt_apply(ds_engine *e, const ds_ckpt *k)
+{
+    const size_t n = e->p.n;
+    const int n_seg = ds_gossip_n_segments(e->gossip);
+    cur cg = {.p = (uint8_t *)k->gosp, .n = sec_gosp(n, n_seg), .at = 32};
+    memcpy(ds_gossip_acc_mut(e->gossip), get(&cg, n * sizeof(float)), n * sizeof(float));
+    memcpy(ds_gossip_snap_mut(e->gossip), get(&cg, n * sizeof(float)), n * sizeof(float));
     ds_gossip_drop_late(e->gossip);
-    cg.at = 32 + 8 * n;
     for (int i = 0; i < n_seg; i++) {
         get64(&cg);
         ds_sparsify_state st;
@@ -590,16 +593,10 @@ int ds_ckpt_load(const char *path, const ds_conf *c, ds_trainer *t, ds_engine *e
         if (sp)
             ds_sparsifier_state_set(sp, &st);
     }
-    e->step = step;
-    e->round0 = round0;
+    e->step = k->step;
+    e->round0 = k->round0;
     e->resumed = 1;
-    e->resume_round = round;
-    if (info)
-        *info = (ds_ckpt_info){.step = step, .round0 = round0, .round = round};
-    r = 0;
-out:
-    free(b);
-    return r;
+    e->resume_round = k->round;
 }
 
 /* ---- a resumed node rejoining ------------------------------------------------ */

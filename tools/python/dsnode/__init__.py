@@ -28,7 +28,8 @@ import os
 __all__ = ["Engine", "Error", "library_path"]
 
 ABI_VERSION = 1
-DONE, FAILED = 0, 1
+DONE, FAILED, PAUSED = 0, 1, 2
+PARAMS, GRAD, OPT = 0, 1, 2
 
 
 class Error(Exception):
@@ -55,6 +56,9 @@ class _Stats(ctypes.Structure):
 
 
 _ADOPT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
+_COPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+_RESTORE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t)
 
 
 def _candidates():
@@ -89,6 +93,18 @@ def _load():
                       "); build it (meson) or set DSNODE_LIB")
 
 
+def _errno_callback(fn, ctype):
+    """fn wrapped for the engine: 0 when it returns, -EIO when it raises
+    (the engine takes an errno, not an exception)."""
+    def cb(_ctx, arg):
+        try:
+            fn(int(arg))
+            return 0
+        except Exception:  # noqa: BLE001 -- any failure becomes the errno
+            return -_errno.EIO
+    return ctype(cb)
+
+
 def _declare(lib):
     P = ctypes.c_void_p
     sig = {
@@ -101,6 +117,10 @@ def _declare(lib):
         "dsnode_name": (ctypes.c_char_p, [P]),
         "dsnode_reduces": (ctypes.c_int, [P]),
         "dsnode_register_grad": (ctypes.c_int, [P, P, P]),
+        "dsnode_register_copies": (ctypes.c_int, [P, _COPY, _COPY, P]),
+        "dsnode_resume": (ctypes.c_int, [P, ctypes.c_char_p, _RESTORE, P]),
+        "dsnode_checkpoint": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_size_t]),
+        "dsnode_set_backend": (ctypes.c_int, [P, ctypes.c_char_p]),
         "dsnode_reduce": (ctypes.c_int, [P]),
         "dsnode_register": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.POINTER(_Layer),
                                            ctypes.c_size_t, _ADOPT, P]),
@@ -185,6 +205,8 @@ class Engine:
         self._h = h
         self._keep = None
         self._keep_grad = None
+        self._keep_copies = None
+        self._keep_restore = None
         if handle_signals:
             _check(_lib.dsnode_handle_signals(self._h))
 
@@ -203,6 +225,51 @@ class Engine:
         or gossip.topology = allreduce): register_grad() before
         register(), and reduce() between backward and the optimizer step."""
         return _check(_lib.dsnode_reduces(self._handle())) == 1
+
+    def register_copies(self, pull, push):
+        """The program keeps its tensors elsewhere (a GPU): the buffers of
+        register_grad() and register() are host mirrors. pull(which) fills
+        the mirror of buffer `which` (dsnode.PARAMS, GRAD or OPT) from the
+        program's memory, push(which) copies the mirror back; the engine
+        calls them on this thread, inside its calls, before it reads a
+        mirror and after it wrote one. The mirrors may be one buffer.
+        Before register_grad() and register()."""
+        c_pull, c_push = _errno_callback(pull, _COPY), _errno_callback(push, _COPY)
+        _check(_lib.dsnode_register_copies(self._handle(), c_pull, c_push, None))
+        self._keep_copies = (c_pull, c_push)
+
+    def set_backend(self, name):
+        """What the summary line shows as backend= (default "client")."""
+        _check(_lib.dsnode_set_backend(self._handle(), str(name).encode()))
+
+    def resume(self, path, restore):
+        """Continue from a checkpoint written by checkpoint(): the buffer
+        gets its parameters, restore(state, step) gets the bytes the
+        program gave checkpoint() and the step (it puts its own state back;
+        an exception refuses the checkpoint, its text in the dsnode.Error),
+        then the engine its gossip state and step. After register(), before
+        join(). The engine may call restore again inside join() or ready()
+        (a restarted node that keeps its own state over the cluster's)."""
+        def cb(_ctx, state, n, step, why, why_len):
+            try:
+                restore(ctypes.string_at(state, n) if n else b"", int(step))
+                return 0
+            except Exception as ex:  # noqa: BLE001 -- its text goes back to the caller
+                msg = (f"{type(ex).__name__}: {ex}".encode(errors="replace")
+                       [:max(0, why_len - 1)])
+                ctypes.memmove(why, msg + b"\0", len(msg) + 1)
+                return -_errno.EINVAL
+        c_cb = _RESTORE(cb)
+        self._keep_restore = c_cb  # the engine keeps it until close()
+        _check(_lib.dsnode_resume(self._handle(), str(path).encode(), c_cb, None))
+
+    def checkpoint(self, state=b""):
+        """Write <node.data_dir>/checkpoint.bin: the parameters, the step,
+        the engine's gossip state and `state`, the program's own bytes
+        (its optimizer, data position), which resume() hands back. Atomic:
+        a failure leaves the previous checkpoint."""
+        state = bytes(state)
+        _check(_lib.dsnode_checkpoint(self._handle(), state, len(state)))
 
     def register_grad(self, grad, opt=None):
         """grad (and opt, the optimizer's momentum, or None): contiguous
@@ -235,14 +302,7 @@ class Engine:
         table = (_Layer * len(layers))(*[_Layer(str(nm).encode(), off, ln)
                                           for nm, off, ln in layers])
 
-        def cb(_ctx, step):
-            try:
-                adopt(int(step))
-                return 0
-            except Exception:  # the engine takes an errno, not an exception
-                return -_errno.EIO
-
-        c_cb = _ADOPT(cb)
+        c_cb = _errno_callback(adopt, _ADOPT)
         _check(_lib.dsnode_register(self._handle(), ctypes.c_void_p(ptr), n, table,
                                     len(layers), c_cb, None))
         self._keep = (buffer, table, c_cb)
@@ -277,8 +337,12 @@ class Engine:
     def stopped(self):
         return _lib.dsnode_stopped(self._handle())
 
-    def leave(self, failed=False):
-        _check(_lib.dsnode_leave(self._handle(), FAILED if failed else DONE))
+    def leave(self, failed=False, paused=False):
+        """Leave, write model.bin, print the summary line: status=failed
+        (failed), paused (paused: to be resumed; exit status 0), stopped
+        (a stop request) or done."""
+        _check(_lib.dsnode_leave(self._handle(), FAILED if failed else
+                                 PAUSED if paused else DONE))
 
     @property
     def exit_status(self):

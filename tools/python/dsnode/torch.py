@@ -19,11 +19,19 @@ of the same layout, has the engine average it (the group's mean), and
 copies the mean back before the optimizer step: every member of a group
 then takes the same step (the optimizer's momentum is not shared: a member
 that adopted a state starts it over).
+CUDA parameters (all on one device) are flattened the same way on their
+device; the engine then works on a host mirror that it fills and copies
+back through two callbacks (dsnode_register_copies), inside its own calls
+only, so the tensors on the device are current whenever the program runs.
+checkpoint() and resume= keep the optimizer's state and the step (and any
+picklable `extra`, a data loader's position) in libdsnode's
+checkpoint.bin beside the parameters and the engine's gossip state.
 Build the optimizer before or after: its state is keyed by the parameter
 objects, which do not change. Every process must start from the same
 parameters (seed torch the same everywhere): the engine mixes what each
 process changed since it registered, as `dsnode run` does.
 """
+import io
 import time
 
 import torch
@@ -63,14 +71,15 @@ def flatten_(model):
     """Copy the parameters into one new float32 buffer and make each a view
     of it. Returns the buffer (1-D, contiguous)."""
     params = list(model.parameters())
+    device = params[0].device if params else torch.device("cpu")
     for name, p in model.named_parameters():
-        if p.device.type != "cpu":
-            raise dsnode.Error(95, f"parameter {name} is on {p.device}: this binding mixes "
-                               "CPU parameters only (the CUDA path is not built yet)")
+        if p.device != device:
+            raise dsnode.Error(22, f"parameter {name} is on {p.device}, the first on {device}: "
+                               "expected every parameter on one device")
         if p.dtype != torch.float32:
             raise dsnode.Error(22, f"parameter {name} is {p.dtype}: expected torch.float32")
     n = sum(p.numel() for p in params)
-    flat = torch.empty(n, dtype=torch.float32)
+    flat = torch.empty(n, dtype=torch.float32, device=device)
     off = 0
     with torch.no_grad():
         for p in params:
@@ -86,9 +95,15 @@ class GossipOptimizer:
     parameters): step() runs the optimizer step, then the engine's step.
     config/overrides as dsnode.Engine; the engine joins the cluster here
     (blocks until cluster.min_members). handle_signals: SIGINT/SIGTERM stop
-    the engine (see .stopped) instead of raising KeyboardInterrupt."""
+    the engine (see .stopped) instead of raising KeyboardInterrupt.
+    resume: a checkpoint.bin (written by checkpoint()) to continue from:
+    the parameters, the optimizer's state, steps_taken and .resumed_extra
+    come back before the join. mirror: None (host mirrors when the
+    parameters are on a GPU), or True/False to force the mirror path (the
+    tests run it on the CPU)."""
 
-    def __init__(self, optimizer, model, config=None, overrides=None, handle_signals=True):
+    def __init__(self, optimizer, model, config=None, overrides=None, handle_signals=True,
+                 resume=None, mirror=None):
         self.optimizer = optimizer
         self.model = model
         self.engine = dsnode.Engine(config=config, overrides=overrides,
@@ -97,16 +112,63 @@ class GossipOptimizer:
             self.flat = flatten_(model)
             self.layers = layer_table(model)
             self.steps_taken = 0
+            self.resumed_extra = None
             self.engine_s = 0.0  # time in the engine's calls on this thread
             self.grad = None
+            if mirror is None:
+                mirror = self.flat.device.type != "cpu"
+            self.mirror = None
             if self.engine.reduces:
                 self.grad = torch.zeros_like(self.flat)
-                self.engine.register_grad(self.grad)
-            self.engine.register(self.flat, self.layers, self._adopt)
+            if mirror:
+                # One host buffer stands for the parameters and the
+                # gradient: the engine pulls a buffer before it reads the
+                # mirror and pushes it right after it wrote it.
+                pin = self.flat.device.type == "cuda"
+                self.mirror = torch.empty(self.flat.numel(), dtype=torch.float32,
+                                          pin_memory=pin)
+                self.engine.register_copies(self._pull, self._push)
+            self.engine.set_backend("torch-" + self.flat.device.type)
+            host = self.mirror if self.mirror is not None else self.flat
+            if self.grad is not None:
+                self.engine.register_grad(self.mirror if self.mirror is not None else self.grad)
+            self.engine.register(host, self.layers, self._adopt)
+            if resume is not None:
+                self.engine.resume(resume, self._restore)
             self.engine.join()
         except BaseException:
             self.engine.close()
             raise
+
+    def _device_buf(self, which):
+        return self.grad if which == dsnode.GRAD else self.flat
+
+    def _pull(self, which):
+        self.mirror.copy_(self._device_buf(which))
+
+    def _push(self, which):
+        self._device_buf(which).copy_(self.mirror)
+        if self.flat.device.type == "cuda":
+            torch.cuda.current_stream(self.flat.device).synchronize()
+
+    def _restore(self, state, step):
+        # The parameters are back (in place, through the engine); the
+        # optimizer's state, our step and the program's extra here.
+        d = torch.load(io.BytesIO(state), map_location=self.flat.device, weights_only=False)
+        self.optimizer.load_state_dict(d["optimizer"])
+        self.steps_taken = int(step)
+        self.resumed_extra = d.get("extra")
+
+    def checkpoint(self, extra=None):
+        """Write <node.data_dir>/checkpoint.bin: the parameters, the engine's
+        gossip state and step, the optimizer's state_dict and `extra`
+        (anything torch.save takes: a data loader's position). resume= of
+        a later GossipOptimizer continues from it."""
+        buf = io.BytesIO()
+        torch.save({"optimizer": self.optimizer.state_dict(), "extra": extra}, buf)
+        t0 = time.perf_counter()
+        self.engine.checkpoint(buf.getvalue())
+        self.engine_s += time.perf_counter() - t0
 
     def _adopt(self, step):
         # The buffer holds the cluster's model at its step `step`: start
@@ -214,12 +276,13 @@ class GossipOptimizer:
     def load_state_dict(self, sd):
         self.optimizer.load_state_dict(sd)
 
-    def finish(self, failed=False):
+    def finish(self, failed=False, paused=False):
         """Leave the cluster, write model.bin, print the summary line, close
-        the engine. Returns the process exit status (0 done, 1 failed,
-        128 + signal stopped)."""
+        the engine. Returns the process exit status (0 done or paused, 1
+        failed, 128 + signal stopped). paused: stopped on purpose, to be
+        resumed from a checkpoint (status=paused)."""
         try:
-            self.engine.leave(failed=failed)
+            self.engine.leave(failed=failed, paused=paused)
         except dsnode.Error:
             pass  # the summary already says status=failed
         status = self.engine.exit_status

@@ -11,6 +11,11 @@ libdsnode, with real processes over libfabric's tcp provider on loopback
   (status=done, exit 0);
 - a third process that joins two already training takes the cluster's
   state through the adopt callback and finishes with them;
+- checkpoints through the package: GossipOptimizer's checkpoint() and
+  resume= bring back the parameters, the momentum, the step and an extra,
+  on the CPU, through host mirrors on the CPU (the engine's copy
+  callbacks), and on a GPU when there is one; a restore that raises
+  refuses the checkpoint with its message; a paused finish exits 0;
 - four PyTorch processes through `dslaunch local -n 4 -- python3
   fashion_mlp.py --steps 1500` each reach 85%, and their models mix: a
   relative consensus distance under 0.05 (about 0.006 on a quiet machine,
@@ -296,3 +301,98 @@ def test_fashion_mlp_torch_in_two_groups_under_dslaunch(tmp_path):
         assert nd["test_acc"] >= 0.84, (name, nd["test_acc"])
     assert rep["intra_group_consensus"] == 0.0
     assert rep["consensus_models"] == 4
+
+
+def _solo_sets(tmp, name, port):
+    return {"node.name": name, "node.listen": f"127.0.0.1:{port}",
+            "cluster.seeds": f"127.0.0.1:{port}", "cluster.min_members": 1,
+            "node.data_dir": f"{tmp}/{name}", "node.log_level": "warn",
+            "security.mode": "none", "train.steps": 1000}
+
+
+@pytest.mark.parametrize("where", ["cpu", "cpu-mirror", "cuda"])
+def test_torch_checkpoint_resume_and_mirrors(tmp_path, where):
+    """A cluster of one: GossipOptimizer trains 20 steps, checkpoints
+    (optimizer state and an extra), trains on, finishes paused (exit 0);
+    a second one resumed from the checkpoint has the parameters, the
+    momentum, the step and the extra of that moment. cpu-mirror runs the
+    host-mirror path (the engine's copy callbacks) on the CPU; cuda runs it
+    on a GPU, when there is one."""
+    torch = pytest.importorskip("torch")
+    import dsnode.torch as dt
+    if where == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = torch.device("cuda" if where == "cuda" else "cpu")
+    mirror = where != "cpu"
+
+    def model():
+        torch.manual_seed(7)
+        return torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(),
+                                   torch.nn.Linear(16, 4)).to(dev)
+
+    g = torch.Generator().manual_seed(3)
+    xs = torch.randn(30, 8, 20, generator=g).to(dev)
+    ys = torch.randint(0, 4, (30, 8), generator=g).to(dev)
+    p1, p2 = free_ports(2)
+    m = model()
+    opt = dt.GossipOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m,
+                             overrides=_solo_sets(tmp_path, "solo", p1), handle_signals=False,
+                             mirror=mirror)
+    assert (opt.mirror is not None) == mirror
+    for s in range(30):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(xs[s]), ys[s]).backward()
+        opt.step()
+        if s == 19:
+            opt.checkpoint(extra={"pos": 20})
+            at = [p.detach().clone() for p in m.parameters()]
+            mom = [opt.state[p]["momentum_buffer"].clone() for p in m.parameters()]
+    opt.settle()
+    assert opt.finish(paused=True) == 0
+    # model.bin is the device's parameters at the end.
+    got = read_model(f"{tmp_path}/solo/model.bin")
+    want = torch.cat([p.detach().reshape(-1) for p in m.parameters()]).cpu().numpy()
+    assert np.array_equal(got, want)
+
+    m2 = model()
+    opt2 = dt.GossipOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9), m2,
+                              overrides=_solo_sets(tmp_path, "solo", p2), handle_signals=False,
+                              resume=f"{tmp_path}/solo/checkpoint.bin", mirror=mirror)
+    assert opt2.steps_taken == 20
+    assert opt2.resumed_extra == {"pos": 20}
+    assert opt2.engine.stats()["step"] == 20
+    for p, a, b in zip(m2.parameters(), at, mom):
+        assert torch.equal(p.detach(), a)
+        assert torch.equal(opt2.state[p]["momentum_buffer"], b)
+    opt2.engine.close()
+
+
+def test_resume_refused_by_the_program_raises_its_message(tmp_path):
+    p1, p2 = free_ports(2)
+    buf = np.arange(100, dtype=np.float32)
+    e = dsnode.Engine(config=None, overrides=_solo_sets(tmp_path, "r", p1))
+    e.register(buf, [("a", 0, 100)], adopt=lambda s: None)
+    e.join()
+    e.step()
+    e.checkpoint(b"state-v1")
+    e.leave(paused=True)
+    assert e.exit_status == 0
+    e.close()
+
+    e = dsnode.Engine(config=None, overrides=_solo_sets(tmp_path, "r", p2))
+    buf2 = np.zeros(100, dtype=np.float32)
+    e.register(buf2, [("a", 0, 100)], adopt=lambda s: None)
+
+    def refuse(state, step):
+        raise ValueError(f"want state-v2, found {state.decode()} at step {step}")
+    with pytest.raises(dsnode.Error) as ex:
+        e.resume(f"{tmp_path}/r/checkpoint.bin", refuse)
+    assert "ValueError: want state-v2, found state-v1 at step 1" in str(ex.value)
+    seen = []
+    e.resume(f"{tmp_path}/r/checkpoint.bin", lambda st, step: seen.append((st, step)))
+    assert seen == [(b"state-v1", 1)]
+    assert np.array_equal(buf2, buf)
+    with pytest.raises(dsnode.Error) as ex:
+        e.resume(f"{tmp_path}/r/checkpoint.bin", lambda st, step: None)
+    assert "twice" in str(ex.value)
+    e.close()

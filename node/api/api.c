@@ -356,20 +356,25 @@ int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *laye
 /* ---- resume ---------------------------------------------------------------- */
 
 /* Read and check path, put the parameters back, let the program restore
- * its part, then the engine's. *k is the checkpoint read (the caller
- * frees it). The message of a failure goes to api_error, after fn. */
+ * its part, then the engine's. *k is the checkpoint read: the caller
+ * frees it after a success (nothing to free after a failure). The message
+ * of a failure goes to api_error, after fn. */
 static int resume_from(dsnode *d, const char *path, const char *fn, ds_ckpt *k)
 {
     char err[1200];
     int e = ds_ckpt_read(path, d->e, k, err, sizeof(err));
     if (e < 0)
         return fail(e, "%s: %s", fn, err);
-    if ((e = ds_ckpt_put_params(d->e, k, err, sizeof(err))) < 0)
+    if ((e = ds_ckpt_put_params(d->e, k, err, sizeof(err))) < 0) {
+        ds_ckpt_free(k);
         return fail(e, "%s: %s", fn, err);
+    }
     char why[512] = "";
     e = d->restore(d->restore_ctx, k->prog, k->prog_len, k->step, why, sizeof(why));
-    if (e < 0)
+    if (e < 0) {
+        ds_ckpt_free(k);
         return fail(e, "%s: %s: %s", fn, path, why[0] ? why : "the program refused its state");
+    }
     ds_ckpt_apply(d->e, k);
     d->step = k->step;
     return 0;

@@ -1199,6 +1199,36 @@ Test(cluster, groups_of_three_three_two_auto_hold_one_model)
  * exchange wait + reduction), no gossip exchange longer either
  * (max_round_s); everyone but n1 finishes, and every group ends with one
  * model (the slices re-sync what the misses made differ). */
+/* On a failure only: node `name`'s last `max` log lines that are not
+ * training progress (membership, state, gossip and group news), so that a
+ * CI log says what happened. */
+static void log_tail(const char *out, const char *name, int max)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s.log", out, name);
+    char *log = read_text(path);
+    if (!log)
+        return;
+    const char *keep[256];
+    int n = 0;
+    for (char *save = NULL, *line = strtok_r(log, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char copy[1024]; /* ds_logline_split cuts the line it splits */
+        snprintf(copy, sizeof(copy), "%s", line);
+        ds_logline ll;
+        if (ds_logline_split(copy, &ll) == 0 && (!strcmp(ll.component, "eval") ||
+                                                 (!strcmp(ll.component, "train") &&
+                                                  !strncmp(ll.msg, "step=", 5))))
+            continue;
+        keep[n++ % 256] = line;
+    }
+    const int from = n > max ? n - max : 0;
+    cr_log_info("---- %s: its last %d news lines of %d", name, n - from, n);
+    for (int i = from; i < n; i++)
+        cr_log_info("%s", keep[i % 256]);
+    free(log);
+}
+
 static void group_failures(const char *algo)
 {
     char name[32], s_algo[48];
@@ -1246,9 +1276,12 @@ static void group_failures(const char *algo)
         cr_log_info("%s: group_max_wait_s %.3f, max_round_s %.3f, test_acc %.4f", node_names[i],
                     jnum(n, "group_max_wait_s"), jnum(n, "max_round_s"), jnum(n, "test_acc"));
     }
-    cr_expect_eq(json_number_value(json_object_get(j, "intra_group_consensus")), 0.0,
-                 "members differ at the end: %g",
-                 json_number_value(json_object_get(j, "intra_group_consensus")));
+    const double intra = json_number_value(json_object_get(j, "intra_group_consensus"));
+    cr_expect_eq(intra, 0.0, "members differ at the end: %g", intra);
+    if (intra != 0.0) /* once in CI 23 (ring), never since: say why next time */
+        for (int i = 0; i < 6; i++)
+            if (i != 1)
+                log_tail(out, node_names[i], 60);
     json_decref(j);
     live_free(&l);
 }

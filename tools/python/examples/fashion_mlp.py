@@ -11,6 +11,13 @@ node); every process starts from the same model (torch seeded with
 cluster.seed's value below) and shuffles the data its own way (by
 $DSNODE_RANK). It logs as a dsnode node does, and the library prints the
 summary line dslaunch collects.
+
+Checkpoints, as `dsnode run` has them: --checkpoint-every N writes
+<node.data_dir>/checkpoint.bin every N steps (libdsnode's checkpoint: the
+parameters and the engine's gossip state, with the optimizer's state and
+this program's data order as its own bytes), --stop-after N pauses after
+N steps of this process (a checkpoint, status=paused, exit 0: the run for
+a Slurm allocation), and --resume FILE continues from a checkpoint.
 """
 import argparse
 import os
@@ -43,6 +50,10 @@ def main(model_name="mlp"):
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--seed", type=int, default=42, help="the same on every process")
+    ap.add_argument("--checkpoint-every", type=int, default=0, metavar="N")
+    ap.add_argument("--stop-after", type=int, default=0, metavar="N",
+                    help="pause after N steps of this process (checkpoint, exit 0)")
+    ap.add_argument("--resume", default=None, metavar="FILE")
     a = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -62,7 +73,8 @@ def main(model_name="mlp"):
         xtr, xte = xtr.reshape(-1, 1, 28, 28), xte.reshape(-1, 1, 28, 28)
     overrides = dict(s.split("=", 1) for s in a.set)
     overrides.setdefault("train.steps", str(a.steps))
-    gopt = dsnode.torch.GossipOptimizer(opt, model, config=a.config, overrides=overrides)
+    gopt = dsnode.torch.GossipOptimizer(opt, model, config=a.config, overrides=overrides,
+                                        resume=a.resume)
 
     lossf = torch.nn.CrossEntropyLoss()
 
@@ -77,10 +89,22 @@ def main(model_name="mlp"):
 
     g = torch.Generator().manual_seed(a.seed * 1000 + int(os.environ.get("DSNODE_RANK", "0")))
     perm, pos = torch.randperm(xtr.shape[0], generator=g), 0
+    if gopt.resumed_extra is not None:  # the data order where the checkpoint left it
+        perm, pos = gopt.resumed_extra["perm"], gopt.resumed_extra["pos"]
+        g.set_state(gopt.resumed_extra["rng"])
+    ckpt = a.checkpoint_every > 0 or a.stop_after > 0 or a.resume is not None
+
+    def checkpoint():
+        gopt.checkpoint(extra={"perm": perm, "pos": pos, "rng": g.get_state()})
+
     acc, window, t_train = -1.0, [], 0.0
-    failed = False
+    failed = paused = False
+    own = 0
     try:
         while gopt.steps_taken < a.steps and not gopt.stopped:
+            if a.stop_after > 0 and own >= a.stop_after:
+                paused = True
+                break
             t0 = time.perf_counter()
             if pos + a.batch > xtr.shape[0]:
                 perm, pos = torch.randperm(xtr.shape[0], generator=g), 0
@@ -95,6 +119,7 @@ def main(model_name="mlp"):
             gopt.step()
             if gopt.steps_taken == before:
                 continue  # a joiner shadowing the cluster: not our step
+            own += 1
             window.append(loss.item())
             s = gopt.steps_taken
             gopt.report(sum(window) / len(window), acc, s * a.batch / max(t_train, 1e-9))
@@ -104,9 +129,13 @@ def main(model_name="mlp"):
             if s % a.eval_every == 0 or s == a.steps:
                 test_loss, acc = evaluate()
                 gopt.report_eval(test_loss, acc)
-        if gopt.stopped and gopt.steps_taken < a.steps:
+            if a.checkpoint_every > 0 and s % a.checkpoint_every == 0 and s < a.steps:
+                checkpoint()
+        if (gopt.stopped or paused) and gopt.steps_taken < a.steps:
             test_loss, acc = evaluate()
             gopt.report_eval(test_loss, acc)
+        if ckpt:
+            checkpoint()
     except Exception as ex:
         print(f"fashion_mlp: {ex}", file=sys.stderr)
         failed = True
@@ -118,7 +147,7 @@ def main(model_name="mlp"):
     print(f"fashion_mlp: binding steps={gopt.steps_taken} step_ms={t_train / n * 1e3:.4f} "
           f"engine_ms={gopt.engine_s / n * 1e3:.4f} wait_ms={wait_s / n * 1e3:.4f} "
           f"crossing_us={gopt.crossing_us():.3f}", file=sys.stderr, flush=True)
-    sys.exit(gopt.finish(failed=failed))
+    sys.exit(gopt.finish(failed=failed, paused=paused and not failed))
 
 
 if __name__ == "__main__":

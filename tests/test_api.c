@@ -448,6 +448,7 @@ typedef struct member {
     int port, seed;
     const char *key, *value; /* what makes the config average gradients */
     float sign;              /* this member's own gradient: sign * (1 + i % 3) / 64 */
+    float apart;             /* added to its parameters after its last step */
     float p[N], g[N];
     int rc_join, rc_leave, bad_calls, steps, no_reduce_refused;
     dsnode_stats st;
@@ -491,6 +492,11 @@ static void *member_main(void *arg)
         CHECK(m, dsnode_step(d) == 0);
         m->steps++;
     }
+    /* A member apart after the last step (as a chunk missed in the last
+     * reductions leaves it): the group's final sync at leave averages. */
+    CHECK(m, dsnode_settle(d) == 0);
+    for (int i = 0; m->apart != 0.0f && i < N; i++)
+        m->p[i] += m->apart;
     m->rc_leave = dsnode_leave(d, DSNODE_DONE);
     dsnode_stats_get(d, &m->st);
     dsnode_close(&d);
@@ -501,11 +507,12 @@ static void *member_main(void *arg)
  * pattern, and 3 times it): after every reduction both hold the mean, so
  * both take the same steps and end bit for bit alike, where they would be
  * without the reduction is far apart. */
-static void two_members_average(const char *key, const char *value, int port)
+static void two_members_average(const char *key, const char *value, int port, float apart)
 {
     static member a, b;
     a = (member){.name = "ma", .port = port, .seed = port, .key = key, .value = value, .sign = 1.0f};
-    b = (member){.name = "mb", .port = port + 1, .seed = port, .key = key, .value = value, .sign = 3.0f};
+    b = (member){.name = "mb", .port = port + 1, .seed = port, .key = key, .value = value,
+                 .sign = 3.0f, .apart = apart};
     pthread_t ta, tb;
     cr_assert_eq(pthread_create(&ta, NULL, member_main, &a), 0);
     cr_assert_eq(pthread_create(&tb, NULL, member_main, &b), 0);
@@ -523,19 +530,27 @@ static void two_members_average(const char *key, const char *value, int port)
     /* The mean of sign 1 and 3 is 2: each step took 0.5 * 2 * pattern / 64
      * (exact in binary, whatever the order of the sums). */
     for (int i = 0; i < N; i++) {
-        const float want = (float)(1 + i % 7) - GSTEPS * 0.5f * 2.0f * (float)(1 + i % 3) / 64.0f;
+        const float want = (float)(1 + i % 7) - GSTEPS * 0.5f * 2.0f * (float)(1 + i % 3) / 64.0f +
+                           apart / 2.0f;
         cr_assert_float_eq(a.p[i], want, 1e-4f, "p[%d] = %g, want %g", i, a.p[i], want);
     }
 }
 
 Test(api, a_group_of_two_reduces_to_one_model, .timeout = 180)
 {
-    two_members_average("node.group", "g0", 7410);
+    two_members_average("node.group", "g0", 7410, 0.0f);
+}
+
+/* One member's parameters apart after the last step: the group's final
+ * sync (at leave) gives both the mean, so they end as one model. */
+Test(api, a_group_ends_as_one_model_after_a_last_step_apart, .timeout = 180)
+{
+    two_members_average("node.group", "g0", 7430, 0.25f);
 }
 
 Test(api, allreduce_averages_the_gradients, .timeout = 180)
 {
-    two_members_average("gossip.topology", "allreduce", 7420);
+    two_members_average("gossip.topology", "allreduce", 7420, 0.0f);
 }
 
 /* ---- checkpoints, host mirrors, outcomes ------------------------------------------ */

@@ -698,6 +698,8 @@ int dsnode_leave(dsnode *d, enum dsnode_outcome how)
         return fail(-EINVAL, "dsnode_leave: outcome %d: expected DSNODE_DONE, DSNODE_FAILED or "
                     "DSNODE_PAUSED", (int)how);
     ds_engine_settle(d->e);
+    if (how != DSNODE_FAILED)
+        ds_engine_final_sync(d->e); /* a group ends as one model */
     ds_engine_leave(d->e);
     d->state = ST_LEFT;
     char err[1024];

@@ -143,6 +143,14 @@ typedef struct ds_engine_info {
 int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop)
     __attribute__((warn_unused_result));
 
+/* After the last step of a node in a group, before ds_engine_leave: one
+ * last reduction of the parameters, their mean over the group, so that
+ * the members end as one model even when a reduction of the last steps
+ * missed a chunk (rounds.c says more). Nothing outside a group, alone, or
+ * when stopped. The client skips it when its training failed (its
+ * parameters are not to be averaged into the others'). */
+void ds_engine_final_sync(ds_engine *e);
+
 /* Before the client installs signal handlers: waits for libfabric's
  * loading on the warm-up thread (ds_engine_open starts it), which would
  * put back the dispositions it saved over the client's new ones. */

@@ -30,7 +30,7 @@
     X(U32, segments_owned, "segments_owned", "dsnode_group_segments_owned", GAUGE, NULL, NULL, \
       "Gossip segments this member exchanges for its group (segment mod size).") \
     X(U64, reductions, "reductions", "dsnode_group_reductions_total", COUNTER, NULL, NULL, \
-      "Reductions inside the group (one per step).") \
+      "Reductions inside the group (one per step, and the final sync).") \
     X(U64, incomplete, "incomplete", "dsnode_group_incomplete_total", COUNTER, NULL, NULL, \
       "Reductions that ended at their deadline with a chunk missing here.") \
     X(U64, steps_taken, "steps_taken", "dsnode_group_steps_taken_total", COUNTER, NULL, NULL, \

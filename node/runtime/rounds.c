@@ -1326,6 +1326,45 @@ static void leave_and_drain(rt *r)
     }
 }
 
+/* ds_engine_final_sync: training is over in a group: one last reduction of the parameters
+ * themselves, their mean, so that the members end as one model even when
+ * a reduction of the last GROUP_SYNC_SLICES steps missed a chunk (a
+ * member stalled past the deadline, or skipped by one member and not by
+ * the other), which the slices had no steps left to re-sync. Members that
+ * are alike stay so (the same sum on every member; with two the mean is
+ * exact). The snapshot moves with theta, so the lingering rounds do not
+ * send the change as a drift. Not when stopped (no waiting then); a
+ * member that does not come costs one deadline, as any reduction. Not a
+ * step: the group's step counters and max_wait are left alone. The client
+ * calls it (engine.h), and not when its training failed. */
+void ds_engine_final_sync(ds_engine *r)
+{
+    if (!in_group(r) || r->gsize < 2 || !r->gred || ds_rt_stop_signal(r))
+        return;
+    const size_t n = r->p.n;
+    float *theta = params_host(r);
+    memcpy(r->gvec, theta, n * sizeof(float));
+    const uint64_t deadline = ds_now_ns() + (uint64_t)r->c->gossip.timeout_ms * 1000000u;
+    ds_greduce_result res;
+    uint64_t took = 0;
+    const int e = group_run(r, n, n, current_round(r), deadline, NULL, &res, &took);
+    if (e < 0)
+        return;
+    float *snap = ds_gossip_snap_mut(r->gossip);
+    for (size_t i = 0; i < n; i++) {
+        const float d = r->gvec[i] - theta[i];
+        theta[i] = r->gvec[i];
+        snap[i] += d;
+    }
+    params_push(r);
+    if (res.complete)
+        ds_info("group", "final sync: the members' parameters averaged (%u members)",
+                r->gsize);
+    else
+        ds_warn("group", "final sync incomplete: %u chunk(s) missing; this member's "
+                "parameters may differ from its group's", res.chunks_missing);
+}
+
 void ds_engine_leave(ds_engine *r)
 {
     linger(r);

@@ -339,14 +339,18 @@ void dsnode_stop(dsnode *d, int sig);
 int dsnode_stopped(const dsnode *d);
 
 /* Install SIGINT and SIGTERM handlers that call dsnode_stop(d, sig) (and
- * ignore SIGPIPE), as `dsnode run` does, once libfabric's loading (which
- * dsnode_open starts on a thread of its own, and which puts back the
- * signal dispositions its libraries change) has finished; SIGHUP re-reads
+ * ignore SIGPIPE), as `dsnode run` does, under the lock that libfabric's
+ * loading (which dsnode_open starts on a thread of its own, and which
+ * puts back the signal dispositions its libraries change) holds from its
+ * save to its restore, so the load never undoes them; SIGHUP re-reads
  * cluster.allowed_keys. One engine per process at a time (-EBUSY while
  * another has them); dsnode_close puts back the handlers it replaced. */
 int dsnode_handle_signals(dsnode *d);
 
-/* After training: settle, announce the leave, keep taking part in rounds
+/* After training: settle; in a group (node.group), unless how is
+ * DSNODE_FAILED or a stop was requested, one last reduction averages the
+ * members' parameters into the buffer, so the group ends as one model;
+ * announce the leave, keep taking part in rounds
  * until it applies (not when stopped), let it spread; then write the
  * buffer (pulled) to <node.data_dir>/model.bin (fsynced) and print the
  * summary line on stdout: status=failed (how FAILED, or model.bin not

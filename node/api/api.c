@@ -666,12 +666,13 @@ int dsnode_handle_signals(dsnode *d)
                     "the signals");
     /* libfabric loading on the warm-up's thread would put back the
      * dispositions it saved, over ours (a dslaunch SIGTERM then killed a
-     * node outright). */
-    ds_engine_signals_settle();
+     * node outright): install under its lock. */
+    ds_engine_signals_lock();
     set_handler(SIGINT, on_signal, 0, &old_int);
     set_handler(SIGTERM, on_signal, 0, &old_term);
     set_handler(SIGHUP, on_hup, SA_RESTART, &old_hup);
     signal(SIGPIPE, SIG_IGN);
+    ds_engine_signals_unlock();
     return 0;
 }
 
@@ -736,9 +737,11 @@ int dsnode_exit_status(const dsnode *d)
 static void release_signals(dsnode *d)
 {
     if (atomic_load(&signal_owner) == d) {
+        ds_engine_signals_lock();
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGTERM, &old_term, NULL);
         sigaction(SIGHUP, &old_hup, NULL);
+        ds_engine_signals_unlock();
         atomic_store(&signal_owner, NULL);
     }
 }

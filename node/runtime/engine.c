@@ -514,9 +514,14 @@ fail:
     return e;
 }
 
-void ds_engine_signals_settle(void)
+void ds_engine_signals_lock(void)
 {
-    ds_transport_signals_settle();
+    ds_transport_signals_lock();
+}
+
+void ds_engine_signals_unlock(void)
+{
+    ds_transport_signals_unlock();
 }
 
 /* ---- register --------------------------------------------------------------- */

@@ -151,10 +151,12 @@ int ds_engine_open(ds_engine **out, const ds_conf *c, const ds_engine_stop *stop
  * parameters are not to be averaged into the others'). */
 void ds_engine_final_sync(ds_engine *e);
 
-/* Before the client installs signal handlers: waits for libfabric's
- * loading on the warm-up thread (ds_engine_open starts it), which would
- * put back the dispositions it saved over the client's new ones. */
-void ds_engine_signals_settle(void);
+/* The client installs (or puts back) signal handlers between these two:
+ * libfabric's loading on the warm-up thread (ds_engine_open starts it)
+ * saves and restores every disposition under the same lock, so it never
+ * puts back what it saved over the client's new ones. */
+void ds_engine_signals_lock(void);
+void ds_engine_signals_unlock(void);
 
 /* Register the parameters (copied; the buffers are borrowed) and create
  * the gossip engine over their layers. Once, before ds_engine_listen. */

@@ -21,7 +21,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,17 +65,20 @@ static void restore_signals(void)
     }
 }
 
-/* Set before load() saves the dispositions: a load running on another
- * thread (the warm-up) would put back a handler the program installs
- * meanwhile, so ds_transport_signals_settle waits for it. */
-static atomic_int loading;
+/* Held from the save of the dispositions to their restore: a program
+ * that installs handlers while a load runs on another thread (the
+ * warm-up) would see them put back to what was saved, so it installs
+ * them under this lock too (ds_transport_signals_lock): before the save,
+ * or after the restore. */
+static pthread_mutex_t sig_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void load(void)
 {
-    atomic_store(&loading, 1);
+    pthread_mutex_lock(&sig_mu);
     save_signals();
     void *lib = dlopen(TP_FI_SONAME, RTLD_NOW | RTLD_LOCAL);
     restore_signals();
+    pthread_mutex_unlock(&sig_mu);
     if (!lib) {
         const char *e = dlerror();
         snprintf(load_why, sizeof(load_why), "cannot load %s: %s", TP_FI_SONAME,
@@ -121,13 +123,14 @@ void tp_fi_env(const char *provider)
         setenv("FI_OFI_RXM_MSG_RX_SIZE", "256", 0);
 }
 
-void ds_transport_signals_settle(void)
+void ds_transport_signals_lock(void)
 {
-    /* Started: wait for it to finish (pthread_once blocks until the
-     * running load returns). Not started: a later load saves the
-     * dispositions after the caller's handlers are in place. */
-    if (atomic_load(&loading))
-        pthread_once(&load_once, load);
+    pthread_mutex_lock(&sig_mu);
+}
+
+void ds_transport_signals_unlock(void)
+{
+    pthread_mutex_unlock(&sig_mu);
 }
 
 int tp_fi_load(char *why, size_t why_len)

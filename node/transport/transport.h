@@ -273,10 +273,12 @@ void ds_transport_warm(const ds_transport_opts *o);
 
 /* Loading libfabric puts back every signal disposition its libraries'
  * constructors changed (fabric_dl.c): a load running on the warm-up's
- * thread would also undo a handler the caller installs meanwhile. Call
- * before installing signal handlers: returns once such a load has
- * finished (at once when none is running). Any thread. */
-void ds_transport_signals_settle(void);
+ * thread would also undo a handler the caller installs meanwhile. Install
+ * signal handlers between lock and unlock: the load saves and restores
+ * the dispositions under the same lock, so it sees them before or after,
+ * never in between. Blocks while a load runs. Any thread. */
+void ds_transport_signals_lock(void);
+void ds_transport_signals_unlock(void);
 
 /* Open an endpoint and start its progress thread. *out receives the
  * transport (caller owns; ds_transport_close frees it), before the thread

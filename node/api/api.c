@@ -235,20 +235,23 @@ static int check_table(dsnode *d, size_t n, const dsnode_layer *layers, size_t n
     return 0;
 }
 
+/* The engine's buffer names as the public header has them. */
+static enum dsnode_buffer public_buf(enum ds_engine_buf which)
+{
+    return which == DS_ENGINE_GRAD ? DSNODE_GRAD : which == DS_ENGINE_OPT ? DSNODE_OPT
+                                                                         : DSNODE_PARAMS;
+}
+
 static int pull_hook(void *ctx, enum ds_engine_buf which)
 {
     dsnode *d = ctx;
-    return d->pull(d->copy_ctx, which == DS_ENGINE_GRAD  ? DSNODE_GRAD
-                                : which == DS_ENGINE_OPT ? DSNODE_OPT
-                                                         : DSNODE_PARAMS);
+    return d->pull(d->copy_ctx, public_buf(which));
 }
 
 static int push_hook(void *ctx, enum ds_engine_buf which)
 {
     dsnode *d = ctx;
-    return d->push(d->copy_ctx, which == DS_ENGINE_GRAD  ? DSNODE_GRAD
-                                : which == DS_ENGINE_OPT ? DSNODE_OPT
-                                                         : DSNODE_PARAMS);
+    return d->push(d->copy_ctx, public_buf(which));
 }
 
 static int restore_hook(void *ctx, int64_t *step);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/le.h"
 #include "node/run/state.h"
 
 static size_t state_len(size_t n, size_t dn)
@@ -15,14 +16,13 @@ static size_t state_len(size_t n, size_t dn)
 
 static void put64(uint8_t **p, uint64_t v)
 {
-    memcpy(*p, &v, 8);
+    ds_put64(*p, v);
     *p += 8;
 }
 
 static uint64_t get64(const uint8_t **p)
 {
-    uint64_t v;
-    memcpy(&v, *p, 8);
+    const uint64_t v = ds_le64(*p);
     *p += 8;
     return v;
 }
@@ -80,8 +80,7 @@ int ds_run_state_load(ds_trainer *t, const void *b, size_t len, int64_t step, ch
         return -EINVAL;
     }
     for (size_t i = 0; i < dn; i++) {
-        uint32_t v;
-        memcpy(&v, p + 4 * i, 4);
+        const uint32_t v = ds_le32(p + 4 * i);
         if (v >= dn) {
             snprintf(err, err_len, "corrupt checkpoint: data order entry %zu is %u", i, v);
             return -EINVAL;

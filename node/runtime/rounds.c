@@ -1350,6 +1350,8 @@ void ds_engine_final_sync(ds_engine *r)
     const int e = group_run(r, n, n, current_round(r), deadline, NULL, &res, &took);
     if (e < 0)
         return;
+    /* Not through gossip's delta and ds_gossip_apply: the delta may hold
+     * the last round's, pending, which no member applies. */
     float *snap = ds_gossip_snap_mut(r->gossip);
     for (size_t i = 0; i < n; i++) {
         const float d = r->gvec[i] - theta[i];

@@ -445,3 +445,39 @@ Test(leave, drains_three_seconds_or_one_when_signalled)
     cr_expect_eq(ds_leave_drain_until(0, 5000), 8000);
     cr_expect_eq(ds_leave_drain_until(15, 5000), 6000);
 }
+
+/* Lingering keeps the pace training had: the mean interval of the last
+ * DS_ROUND_CLOCK rounds, capped, and never faster (leave.h: a node that
+ * finished first ran 31 rounds in 80 ms, ahead of every partner). */
+Test(leave, lingers_at_the_pace_of_its_last_rounds)
+{
+    ds_round_clock c = {0};
+    uint64_t lr = 0, lns = 0;
+    cr_expect_eq(ds_round_clock_pace(&c, 1000000000u, &lr, &lns), 0, "no round yet");
+    ds_round_clock_tick(&c, 40, 5000);
+    cr_expect_eq(ds_round_clock_pace(&c, 1000000000u, &lr, &lns), 0, "one round: no pace");
+    cr_expect_eq(lr, 40);
+    cr_expect_eq(lns, 5000);
+    /* 20 rounds 30 ms apart, then one after 100 ms: the ring holds the
+     * last 8 (rounds 53..60), 6 x 30 + 100 ms over 7 rounds. */
+    uint64_t t = 5000;
+    for (uint64_t k = 41; k <= 59; k++)
+        ds_round_clock_tick(&c, k, t += 30000000u);
+    ds_round_clock_tick(&c, 60, t += 100000000u);
+    cr_expect_eq(ds_round_clock_pace(&c, 1000000000u, &lr, &lns), (6 * 30000000u + 100000000u) / 7);
+    cr_expect_eq(lr, 60);
+    cr_expect_eq(lns, t);
+    cr_expect_eq(ds_round_clock_pace(&c, 25000000u, &lr, &lns), 25000000u, "capped");
+
+    ds_linger l;
+    cr_assert_eq(ds_linger_start(&l, 1, 0, 60, 100, 0), 1);
+    cr_expect_eq(ds_linger_wait_ns(&l, t), 0, "no pace set: at once");
+    ds_linger_pace(&l, 60, t, 40000000u);
+    cr_expect_eq(ds_linger_wait_ns(&l, t), 40000000u, "round 61 one interval after 60");
+    cr_expect_eq(ds_linger_wait_ns(&l, t + 15000000u), 25000000u);
+    l.next_round = 65;
+    cr_expect_eq(ds_linger_wait_ns(&l, t + 15000000u), 5 * 40000000u - 15000000u);
+    cr_expect_eq(ds_linger_wait_ns(&l, t + 500000000u), 0, "behind the pace: no wait");
+    ds_linger_pace(&l, 60, t, 0);
+    cr_expect_eq(ds_linger_wait_ns(&l, t), 0, "pace 0: at once");
+}

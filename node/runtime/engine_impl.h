@@ -26,6 +26,7 @@
 #include "node/runtime/engine.h"
 #include "node/runtime/hier.h"
 #include "node/runtime/lag.h"
+#include "node/runtime/leave.h"
 #include "node/runtime/pace.h"
 #include "node/runtime/skip.h"
 #include "node/sec/crypto.h"
@@ -165,6 +166,7 @@ struct ds_engine {
     uint64_t *hist_ids;
     uint32_t *hist_gidx;
     uint64_t steps_here;  /* ds_engine_step calls: steps this process trained */
+    ds_round_clock rclock; /* when the last training rounds began: lingering's pace */
 };
 
 /* The name the runtime's functions have always used for it. */

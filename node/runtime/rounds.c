@@ -1206,6 +1206,7 @@ void ds_engine_step(ds_engine *r, int64_t step)
     if (ds_topo_gossips(r->topo) && step % every == 0 &&
         round_begin(r, r->round0 + (uint64_t)(step / every)) == 0) {
         r->gexch_t0 = ds_now_ns();
+        ds_round_clock_tick(&r->rclock, r->round0 + (uint64_t)(step / every), r->gexch_t0);
         if (r->comm_up) {
             comm_start(r);
             r->round_open = 1;
@@ -1277,6 +1278,24 @@ static int linger_round(rt *r, uint64_t round, float **zero)
     return 0;
 }
 
+/* Wait for l->next_round's time at lingering's pace, in slices that
+ * watch for a second stop signal. 1: run the round; 0: stop lingering.
+ * The others' leaves are checked after each round only (leave.h). */
+static int linger_wait(rt *r, const ds_linger *l)
+{
+    for (;;) {
+        uint64_t ns = ds_linger_wait_ns(l, ds_now_ns());
+        if (!ns)
+            return 1;
+        if (!ds_linger_more(l, ds_rt_stop_count(r), ds_now_ms()))
+            return 0;
+        if (ns > 20000000u)
+            ns = 20000000u;
+        const struct timespec ts = {0, (long)ns};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Training is over (or stopped) but our leave is not effective yet: keep
  * taking part in the rounds, without training, until it is -- the others
  * still count on us (leave.h). */
@@ -1287,11 +1306,22 @@ static void linger(rt *r)
     if (!ds_linger_start(&l, r->leaving, ds_rt_stop_signal(r), current_round(r), r->leave_round,
                          ds_now_ms()))
         return;
+    /* At the pace training had, never faster (leave.h), from now: the
+     * time since the last training round (a final evaluation, the
+     * checkpoint) is not rounds owed. */
+    uint64_t last_round = 0, last_ns = 0;
+    const uint64_t pace = ds_round_clock_pace(
+        &r->rclock, (uint64_t)r->c->gossip.timeout_ms * 1000000u, &last_round, &last_ns);
+    ds_linger_pace(&l, l.next_round, ds_now_ns(), pace);
     float *zero = NULL;
     if (l.next_round < l.leave_round)
-        ds_info("membership", "taking part in rounds %llu..%llu until the leave takes effect",
-                (unsigned long long)l.next_round, (unsigned long long)l.leave_round - 1);
+        ds_info("membership", "taking part in rounds %llu..%llu until the leave takes effect, "
+                "one per %.1f ms at most (training's pace)",
+                (unsigned long long)l.next_round, (unsigned long long)l.leave_round - 1,
+                (double)pace / 1e6);
     for (; ds_linger_more(&l, ds_rt_stop_count(r), ds_now_ms()); l.next_round++) {
+        if (!linger_wait(r, &l))
+            break;
         if (linger_round(r, l.next_round, &zero) < 0)
             break;
         /* Checked after the round, not before (leave.h). */

@@ -889,6 +889,73 @@ static ds_status_snapshot *group_history_snapshot(int i, enum ds_topo_kind kind)
     return s;
 }
 
+/* Two groups, g0 = {n0, n1} and g1 = {n2, n3}, 4 segments, round 300:
+ * with the pairwise mix each segment is exchanged once, initiated by the
+ * group ds_topo_pair_initiator names (the member that handles it), and
+ * dsviz draws that one edge per segment, the initiator's outcome on it;
+ * a document without "mix" (older nodes) keeps both directions. */
+static ds_status_snapshot *two_group_snapshot(int i, const char *mix)
+{
+    ds_status_snapshot *s = view_snapshot(i, 4, 0xd0u, DS_TOPO_CROSSOVER, 301, 5, 3);
+    snprintf(s->mix, sizeof(s->mix), "%s", mix);
+    snprintf(s->group, sizeof(s->group), "g%d", i / 2);
+    for (int k = 0; k < 4; k++)
+        snprintf(s->view[k].group, sizeof(s->view[k].group), "g%d", k / 2);
+    ds_status_round h;
+    memset(&h, 0, sizeof(h));
+    h.round = 300;
+    h.epoch = 5;
+    h.view_size = h.groups = 2;
+    h.me = (uint32_t)i / 2;
+    h.group_member = (uint32_t)i % 2;
+    h.group_size = 2;
+    h.n_segments = h.n_listed = 4;
+    for (uint32_t seg = 0; seg < 4; seg++) {
+        const ds_topo_key key = {.seed = 3, .epoch = 5, .round = 300, .segment = seg};
+        ds_status_seg_done *d = &h.seg[seg];
+        d->target = h.me;
+        d->outcome = DS_XCHG_NONE;
+        const int initiates = !*mix || ds_topo_pair_initiator(&key) == (int)h.me;
+        if (seg % 2 != h.group_member || !initiates)
+            continue;
+        d->target = 1 - h.me;
+        d->target_id = 0xd0u + 2 * (1 - h.me) + seg % 2;
+        d->outcome = DS_XCHG_OK;
+        d->bytes = 100u * (uint64_t)i + seg;
+    }
+    ds_status_history_add(&s->hist, &h);
+    return s;
+}
+
+Test(dsviz, two_groups_draw_one_exchange_per_segment)
+{
+    for (int old = 0; old <= 1; old++) {
+        ds_viz v = {0};
+        for (int i = 0; i < 4; i++)
+            viz_add_snapshot(&v, two_group_snapshot(i, old ? "" : "pairwise"));
+        v.round_set = 1;
+        v.want_round = 300;
+        cr_assert_eq(ds_viz_build(&v), 0);
+        cr_expect(v.grouped_round);
+        cr_expect_eq(v.n_mismatch, 0);
+        cr_expect_eq(v.n_e, old ? 8u : 4u, "old=%d: %zu edges", old, v.n_e);
+        for (uint32_t seg = 0; seg < 4; seg++) {
+            const ds_topo_key key = {.seed = 3, .epoch = 5, .round = 300, .segment = seg};
+            const int a = ds_topo_pair_initiator(&key);
+            char from[8], to[8];
+            snprintf(from, sizeof(from), "n%u", 2 * a + seg % 2);
+            snprintf(to, sizeof(to), "n%u", 2 * (1 - a) + seg % 2);
+            const int k = find_edge(&v, from, to, seg);
+            cr_assert_geq(k, 0, "old=%d: no %s -> %s s%u", old, from, to, seg);
+            cr_expect_str_eq(v.e[k].outcome, "ok");
+            cr_expect_eq(v.e[k].bytes, 100.0 * (2 * a + seg % 2) + seg);
+            cr_expect_eq(find_edge(&v, to, from, seg) >= 0, old, "old=%d: %s -> %s s%u", old,
+                         to, from, seg);
+        }
+        ds_viz_free(&v);
+    }
+}
+
 /* A round between groups is drawn from the schedule over the groups:
  * each segment's pair of groups becomes an edge between the two members
  * that handle the segment, with the initiator's outcome and bytes; n4

@@ -69,6 +69,7 @@ typedef struct cluster {
     double max_sum_err;     /* worst |sum after - sum before| / scale */
     double dist[64];        /* consensus distance before each round */
     int skip_dead;          /* every node marks the dead nodes skipped */
+    int groups;             /* the participants are groups (of one each) */
 } cluster;
 
 typedef struct worker {
@@ -155,6 +156,8 @@ static void run_cluster(cluster *c)
         cfg.node_seed = 500 + i;
         cr_assert_eq(ds_gossip_create(&c->g[i], &cfg, layers, NL, n_params, c->theta[i]), 0);
         cr_assert_eq(ds_gossip_set_view(c->g[i], c->G, i, 1), 0);
+        if (c->groups)
+            cr_assert_eq(ds_gossip_set_share(c->g[i], 0, 1), 0);
         for (uint32_t d = 0; c->skip_dead && d < c->G; d++)
             if (c->dead[d] && d != i)
                 cr_assert_eq(ds_gossip_set_skip(c->g[i], d), 0);
@@ -356,6 +359,42 @@ Test(gossip, pairwise_conserves_sum_every_method)
             cr_expect_gt(st->exchanges_ok, 0);
             free_cluster(&c);
         }
+}
+
+/* Two groups exchange each segment once a round, not twice: the group
+ * ds_topo_pair_initiator names initiates, the other answers, so each
+ * group initiates half the segments and the bytes between them halve;
+ * the sum holds. Two nodes that are not groups keep both directions, and
+ * so does the crossover mix between two groups (it needs both). */
+Test(gossip, two_groups_exchange_each_segment_once)
+{
+    for (int grouped = 0; grouped <= 1; grouped++) {
+        cluster c = {.G = 2, .rounds = 12, .noise = 1, .cfg = base_cfg(), .groups = grouped};
+        c.cfg.segments = 5;
+        run_cluster(&c);
+        cr_expect_lt(c.max_sum_err, 1.0, "grouped=%d: sum drifted %.2f rounding units", grouped,
+                     c.max_sum_err);
+        const ds_gossip_stats *a = ds_gossip_get_stats(c.g[0]), *b = ds_gossip_get_stats(c.g[1]);
+        const uint64_t per_round = grouped ? 5 : 10;
+        cr_expect_eq(a->exchanges_ok + b->exchanges_ok, 12 * per_round, "grouped=%d: %llu + %llu",
+                     grouped, (unsigned long long)a->exchanges_ok,
+                     (unsigned long long)b->exchanges_ok);
+        cr_expect_eq(a->answered + b->answered, 12 * per_round);
+        cr_expect_eq(a->exchanges_failed + b->exchanges_failed, 0);
+        if (grouped) /* 5 segments a round, rounds 0..11: 30 each */
+            cr_expect(a->exchanges_ok == 30 && b->exchanges_ok == 30, "%llu and %llu",
+                      (unsigned long long)a->exchanges_ok, (unsigned long long)b->exchanges_ok);
+        cr_expect_lt(c.dist[11], c.dist[0], "grouped=%d: no mixing", grouped);
+        free_cluster(&c);
+    }
+    cluster c = {.G = 2, .rounds = 4, .cfg = base_cfg(), .groups = 1};
+    c.cfg.mix = DS_MIX_CROSSOVER;
+    c.cfg.method = DS_SPARSIFY_NONE;
+    run_cluster(&c);
+    cr_expect_lt(c.max_sum_err, 1.0, "crossover between two groups: sum drifted");
+    cr_expect_lt(c.dist[3], c.dist[0] * 1e-6 + 1e-12, "crossover between two groups: %g then %g",
+                 c.dist[0], c.dist[3]);
+    free_cluster(&c);
 }
 
 /* sparsify.value_format f16 and bf16: values go out rounded, and both

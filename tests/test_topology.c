@@ -774,3 +774,27 @@ Test(topology, hierarchy_routes)
     cr_expect_eq(ds_topo_hier_route(1, 2, 2, &m, NULL), -EINVAL);
     cr_expect(m == 42 && p == 42);
 }
+
+/* Between two groups one exchange per segment: the initiator alternates
+ * with the round and the segment, so each group initiates half the
+ * segments of every round (with an even count) and every segment half
+ * the rounds; it does not depend on the seed or the epoch. */
+Test(topology, two_groups_alternate_the_initiator)
+{
+    cr_expect_eq(ds_topo_pair_initiator(NULL), -EINVAL);
+    for (uint64_t r = 0; r < 8; r++) {
+        int first = 0;
+        for (uint32_t s = 0; s < 6; s++) {
+            const ds_topo_key key = {.seed = 7 + r, .epoch = r * 3, .round = r, .segment = s};
+            const int i = ds_topo_pair_initiator(&key);
+            cr_assert(i == 0 || i == 1);
+            first += i == 0;
+            ds_topo_key next = key;
+            next.round++;
+            cr_expect_eq(ds_topo_pair_initiator(&next), 1 - i, "round %llu segment %u",
+                         (unsigned long long)r, s);
+        }
+        cr_expect_eq(first, 3, "round %llu: group 0 initiates %d of 6", (unsigned long long)r,
+                     first);
+    }
+}

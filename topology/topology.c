@@ -257,3 +257,10 @@ int ds_topo_hier_route(uint32_t segment, uint32_t my_size, uint32_t peer_size,
     *peer_member = segment % peer_size;
     return 0;
 }
+
+int ds_topo_pair_initiator(const ds_topo_key *key)
+{
+    if (!key)
+        return -EINVAL;
+    return (int)((key->round + key->segment) & 1u);
+}

@@ -171,4 +171,13 @@ int ds_topo_hier_owner(uint32_t segment, uint32_t group_size, uint32_t *member);
 int ds_topo_hier_route(uint32_t segment, uint32_t my_size, uint32_t peer_size,
                        uint32_t *my_member, uint32_t *peer_member);
 
+/* Two groups (the view's participants are 2 groups): every topology gives
+ * the swap, so each segment would be exchanged twice between the same two
+ * members each round, both ways, and every byte of it would cross between
+ * hosts. Between two groups the pair exchanges once instead: segment s of
+ * round r is initiated by group (r + s) mod 2 only, the other answers
+ * (each group initiates half the segments, both take part in all).
+ * Returns that group's index (0 or 1); -EINVAL for a NULL key. */
+int ds_topo_pair_initiator(const ds_topo_key *key);
+
 #endif

@@ -119,6 +119,8 @@ struct ds_gossip {
      * share_member (ds_gossip_set_share; 1 and 0: every segment). */
     uint32_t share_member, share_size;
     uint32_t next_share_member, next_share_size;
+    /* Between two groups: one exchange per segment (ds_topo_pair_initiator) */
+    int pairs, next_pairs;
     struct qmsg *q;
     int qn, qcap;
     struct qmsg held; /* a queued message being served (arrays owned) */
@@ -525,6 +527,7 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
     g->view_set = 1;
     g->next_share_member = 0;
     g->next_share_size = 1;
+    g->next_pairs = 0;
     memset(g->skip, 0, G);
     return 0;
 }
@@ -535,6 +538,7 @@ int ds_gossip_set_share(ds_gossip *g, uint32_t member, uint32_t size)
         return -EINVAL;
     g->next_share_member = member;
     g->next_share_size = size;
+    g->next_pairs = g->next_G == 2;
     return 0;
 }
 
@@ -638,6 +642,8 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
     g->epoch = g->next_epoch;
     g->share_member = g->next_share_member;
     g->share_size = g->next_share_size ? g->next_share_size : 1;
+    /* Pairwise only: a crossover mix needs both directions to average. */
+    g->pairs = g->next_pairs && g->G == 2 && g->cfg.mix == DS_MIX_PAIRWISE;
     g->round = round;
     if (g->lat_G != g->G || g->lat_epoch != g->epoch) {
         /* Other nodes behind the view indices now: their latencies go. */
@@ -689,6 +695,13 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
                               g->in_from + (size_t)s * g->max_in, &n_in, g->max_in, g->scratch);
         if (r < 0)
             return r;
+        if (g->pairs) {
+            /* Two groups: one exchange of this segment, not two. */
+            if (ds_topo_pair_initiator(&key) == (int)g->me)
+                n_in = 0;
+            else
+                o->target = g->me;
+        }
         g->in_n[s] = n_in;
         memset(g->in_done + (size_t)s * g->max_in, 0, g->max_in);
         if (o->target == g->me)
@@ -908,6 +921,8 @@ static int answer_past_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *
     uint32_t target, n_in = 0;
     if (ds_topo_peers(g->cfg.topology, &key, g->G, g->me, &target, g->chk_in, &n_in, g->max_in,
                       g->scratch) < 0)
+        return 0;
+    if (g->pairs && ds_topo_pair_initiator(&key) != (int)m->from)
         return 0;
     for (uint32_t i = 0; i < n_in && i < g->max_in; i++)
         if (g->chk_in[i] == m->from) {

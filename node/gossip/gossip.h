@@ -241,7 +241,10 @@ int ds_gossip_set_nowait(ds_gossip *g, uint32_t peer);
  * 1 and 0), this node is member `member` of a group of `size` whose view
  * index is `me`: it initiates and expects exchanges only for the segments
  * s with s mod size == member (ds_topo_hier_owner) and forgets its drift
- * in the others. Returns 0 or -EINVAL. */
+ * in the others. The participants are then groups, and with two of them
+ * and the pairwise mix each segment is exchanged once, by the initiator
+ * ds_topo_pair_initiator names (the other group answers). Returns 0 or
+ * -EINVAL. */
 int ds_gossip_set_share(ds_gossip *g, uint32_t member, uint32_t size);
 
 /* The round's delta (n floats): what end() will add to theta and snap.

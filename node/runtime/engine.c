@@ -680,6 +680,7 @@ static int open_status(rt *r)
     snprintf(r->snap->topology, sizeof(r->snap->topology), "%s",
              ds_topo_name(c->gossip.topology));
     r->snap->seed = (uint64_t)c->cluster.seed;
+    snprintf(r->snap->mix, sizeof(r->snap->mix), "%s", ds_mix_name(c->gossip.mix));
     snprintf(r->snap->version, sizeof(r->snap->version), "%s", DS_VERSION);
     snprintf(r->snap->backend, sizeof(r->snap->backend), "%s",
              ds_ops_backend_name(c->train.backend));

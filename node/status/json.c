@@ -335,6 +335,7 @@ static json_t *schedule_obj(jb *b, const ds_status_snapshot *s)
 {
     json_t *o = json_object();
     put(b, o, "topology", jstr(F(s->topology)));
+    put(b, o, "mix", jstr(F(s->mix)));
     put(b, o, "seed", ju(s->seed));
     return o;
 }

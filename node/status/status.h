@@ -332,6 +332,7 @@ typedef struct ds_status_snapshot {
     /* the schedule's inputs besides the view (any reader recomputes every
      * round's pairs from them with topology/) */
     char topology[16];               /* gossip.topology's name */
+    char mix[16];                    /* gossip.mix's name (two groups: pairwise exchanges once) */
     uint64_t seed;                   /* cluster.seed */
     char version[32], backend[16];   /* build info */
     ds_status_process process;       /* read at each publish */

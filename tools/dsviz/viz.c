@@ -867,6 +867,10 @@ static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
      * segment, the member of each group that handles it. */
     const int grouped = jnum(e0, "groups", 0) > 0;
     v->grouped_round = grouped;
+    /* Two groups, pairwise mix: one exchange per segment (topology.h,
+     * ds_topo_pair_initiator). A document without "mix" predates the
+     * rule: both directions. */
+    const int pairs = grouped && g == 2 && !strcmp(jstr(sched, "mix", ""), "pairwise");
     int rc = 0;
     for (uint32_t i = 0; i < g && rc == 0 && !grouped; i++)
         if ((who[i] = view_index_member(v, R, epoch, G, i, mcap)) == -E2BIG ||
@@ -883,7 +887,8 @@ static int build_schedule_edges(ds_viz *v, double R, size_t *mcap)
         for (uint32_t i = 0; i < g && grouped; i++)
             who[i] = group_handler_member(v, R, i, s);
         for (uint32_t a = 0; a < g && rc == 0; a++) {
-            if (perm[a] == a || who[a] < 0 || who[perm[a]] < 0)
+            if (perm[a] == a || who[a] < 0 || who[perm[a]] < 0 ||
+                (pairs && ds_topo_pair_initiator(&key) != (int)a))
                 continue;
             ds_viz_edge ed;
             memset(&ed, 0, sizeof(ed));

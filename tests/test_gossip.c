@@ -364,7 +364,7 @@ Test(gossip, pairwise_conserves_sum_every_method)
 /* Two groups exchange each segment once a round, not twice: the group
  * ds_topo_pair_initiator names initiates, the other answers, so each
  * group initiates half the segments and the bytes between them halve;
- * the sum holds. Two nodes that are not groups keep both directions, and
+ * the sum holds; the exchange has the weight of the two. Two nodes that are not groups keep both directions, and
  * so does the crossover mix between two groups (it needs both). */
 Test(gossip, two_groups_exchange_each_segment_once)
 {
@@ -385,6 +385,19 @@ Test(gossip, two_groups_exchange_each_segment_once)
             cr_expect(a->exchanges_ok == 30 && b->exchanges_ok == 30, "%llu and %llu",
                       (unsigned long long)a->exchanges_ok, (unsigned long long)b->exchanges_ok);
         cr_expect_lt(c.dist[11], c.dist[0], "grouped=%d: no mixing", grouped);
+        free_cluster(&c);
+    }
+    /* The one exchange carries the two's weight, min(2 w, 1/2): dense, w =
+     * 1/3, one round averages the two groups exactly; two nodes' two
+     * exchanges contract their difference to 1/3 (the distance to 1/9). */
+    for (int grouped = 0; grouped <= 1; grouped++) {
+        cluster c = {.G = 2, .rounds = 2, .cfg = base_cfg(), .groups = grouped};
+        c.cfg.method = DS_SPARSIFY_NONE;
+        c.cfg.segments = 3;
+        run_cluster(&c);
+        const double want = grouped ? 0.0 : c.dist[0] / 9.0;
+        cr_expect(fabs(c.dist[1] - want) <= 1e-4 * c.dist[0], "grouped=%d: %g then %g, want %g",
+                  grouped, c.dist[0], c.dist[1], want);
         free_cluster(&c);
     }
     cluster c = {.G = 2, .rounds = 4, .cfg = base_cfg(), .groups = 1};

@@ -72,6 +72,7 @@ struct late {
     int used;
     uint64_t epoch, round, sent_ns;
     uint32_t target;
+    float w; /* the exchange's weight (exchange_weight when it was sent) */
     size_t count;
     uint32_t *idx; /* out[s].cap entries */
     float *val;
@@ -119,7 +120,8 @@ struct ds_gossip {
      * share_member (ds_gossip_set_share; 1 and 0: every segment). */
     uint32_t share_member, share_size;
     uint32_t next_share_member, next_share_size;
-    /* Between two groups: one exchange per segment (ds_topo_pair_initiator) */
+    /* Between two groups: one exchange per segment (ds_topo_pair_initiator)
+     * with the two exchanges' weight, min(2 w, 1/2) (exchange_weight) */
     int pairs, next_pairs;
     struct qmsg *q;
     int qn, qcap;
@@ -633,6 +635,19 @@ static int nowait_pending(const ds_gossip *g)
 
 /* ---- begin / end ---------------------------------------------------------- */
 
+/* The pairwise weight of this round's exchanges: gossip.weight, or between
+ * two groups, where one exchange stands for the two the swap would make,
+ * their combined 2 w, at most 1/2 (an exact average of the coordinates
+ * exchanged). Per coordinate it contracts the pair's difference by
+ * |1 - 4 w| as the two exchanges did where both selected it (w <= 1/4),
+ * and by 0 where they overshot (w > 1/4). The same on both sides of an
+ * exchange: they are in the same view epoch, which fixes the groups. */
+static float exchange_weight(const ds_gossip *g)
+{
+    const float w = g->cfg.weight;
+    return g->pairs ? fminf(2.0f * w, 0.5f) : w;
+}
+
 int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
 {
     if (!g->view_set)
@@ -884,7 +899,7 @@ static void answer_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     const ds_gseg *sg = &g->seg[m->segment];
     const float *mine = g->snap + sg->off;
     float *d = g->delta + sg->off, *acc = g->acc + sg->off;
-    const float w = g->cfg.weight;
+    const float w = exchange_weight(g);
     for (uint32_t j = 0; j < m->count; j++)
         g->resp[j] = mine[m->idx[j]];
     /* Both halves from the two values as sent (sparsify.value_format):
@@ -944,7 +959,7 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
     const ds_gseg *sg = &g->seg[s];
     struct gout *o = &g->out[s];
     uint8_t *done;
-    const float w = g->cfg.weight;
+    const float w = exchange_weight(g);
 
     switch (m->type) {
     case DS_GMSG_REQ: {
@@ -1042,6 +1057,7 @@ static void late_keep(ds_gossip *g, int s, const struct gout *o)
     slot->round = g->round;
     slot->sent_ns = o->sent_ns;
     slot->target = o->target;
+    slot->w = exchange_weight(g);
     slot->count = o->count;
     memcpy(slot->idx, o->idx, o->count * sizeof(uint32_t));
     memcpy(slot->val, o->val, o->count * sizeof(float));
@@ -1078,7 +1094,7 @@ static int late_answer(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
         return 1;
     }
     float *d = g->delta + g->seg[m->segment].off;
-    const float w = g->cfg.weight;
+    const float w = l->w;
     for (size_t j = 0; j < l->count; j++)
         d[l->idx[j]] += w * (m->val[j] - l->val[j]);
     g->st.late_applied++;

@@ -1407,6 +1407,9 @@ static const variant hier_variants[] = {
     {"hier dense-intra + micro-1%",
      {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro",
       "gossip.segments=8"}, 0, 2, 2},
+    {"hier micro-intra + micro-1%",
+     {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro",
+      "gossip.segments=8", "group.sparsify=micro"}, 0, 2, 2},
     {"flat allreduce-dense", {"gossip.topology=allreduce", "sparsify.method=none", NULL}, 0, 0, 2},
 };
 #define N_HIER (int)(sizeof(hier_variants) / sizeof(hier_variants[0]))
@@ -1417,7 +1420,8 @@ static void hier_usage(FILE *f)
                "                    [--nets 1gbit,100mbit] [--config FILE] [--dslaunch PATH]\n"
                "                    [--keep DIR]\n"
                "8 nodes as 2 hosts x 4 (network namespaces; only the link between the hosts is\n"
-               "rate-limited): flat gossip, one group per host, flat all-reduce. Root only.\n"
+               "rate-limited): flat gossip, one group per host (a dense or a MiCRO mean\n"
+               "inside), flat all-reduce, PyTorch DDP. Root only.\n"
                "--quick: 100mbit only, 600 steps.\n");
 }
 

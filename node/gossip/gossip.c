@@ -120,9 +120,10 @@ struct ds_gossip {
      * share_member (ds_gossip_set_share; 1 and 0: every segment). */
     uint32_t share_member, share_size;
     uint32_t next_share_member, next_share_size;
-    /* Between two groups: one exchange per segment (ds_topo_pair_initiator)
-     * with the two exchanges' weight, min(2 w, 1/2) (exchange_weight) */
-    int pairs, next_pairs;
+    /* next_grouped: the participants are groups (ds_gossip_set_share).
+     * pairs: between two of them, one exchange per segment
+     * (ds_topo_pair_initiator) with the two's weight (exchange_weight). */
+    int pairs, next_grouped;
     struct qmsg *q;
     int qn, qcap;
     struct qmsg held; /* a queued message being served (arrays owned) */
@@ -529,7 +530,7 @@ int ds_gossip_set_view(ds_gossip *g, uint32_t G, uint32_t me, uint64_t epoch)
     g->view_set = 1;
     g->next_share_member = 0;
     g->next_share_size = 1;
-    g->next_pairs = 0;
+    g->next_grouped = 0;
     memset(g->skip, 0, G);
     return 0;
 }
@@ -540,7 +541,7 @@ int ds_gossip_set_share(ds_gossip *g, uint32_t member, uint32_t size)
         return -EINVAL;
     g->next_share_member = member;
     g->next_share_size = size;
-    g->next_pairs = g->next_G == 2;
+    g->next_grouped = 1;
     return 0;
 }
 
@@ -658,7 +659,7 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
     g->share_member = g->next_share_member;
     g->share_size = g->next_share_size ? g->next_share_size : 1;
     /* Pairwise only: a crossover mix needs both directions to average. */
-    g->pairs = g->next_pairs && g->G == 2 && g->cfg.mix == DS_MIX_PAIRWISE;
+    g->pairs = g->next_grouped && g->G == 2 && g->cfg.mix == DS_MIX_PAIRWISE;
     g->round = round;
     if (g->lat_G != g->G || g->lat_epoch != g->epoch) {
         /* Other nodes behind the view indices now: their latencies go. */

@@ -32,7 +32,8 @@
  *       others' step rate, read from their status documents over a window
  *       before and one after, keeps at least STRAGGLER_MIN of what it was
  *       (issue 16's goal is 0.8x; dsbench elastic --gossip-faults measures
- *       the figure), and n3 still mixes. Before the adaptive deadline and
+ *       the figure), n3 still mixes, and its requests carry a share of k
+ *       (gossip.trimmed). Before the adaptive deadline and
  *       the slow-partner rule (node/gossip/latency.h) they ran at 0.36x to
  *       0.58x (by the machine's load):
  *       every round waited for n3 (defect 5).
@@ -401,6 +402,7 @@ Test(failures_gossip, straggler_10mbit, .timeout = 300)
     json_t *d3 = status_load(out, "n3");
     cr_assert_not_null(d3);
     const double mixed0 = status_num(d3, "gossip.answered");
+    const double trimmed0 = status_num(d3, "gossip.trimmed");
     json_decref(d3);
 
     /* Let the latencies show it (a few rounds), then measure. */
@@ -416,6 +418,7 @@ Test(failures_gossip, straggler_10mbit, .timeout = 300)
     d3 = status_load(out, "n3");
     cr_assert_not_null(d3);
     const double mixed1 = status_num(d3, "gossip.answered");
+    const double trimmed1 = status_num(d3, "gossip.trimmed");
     const char *state3 = status_state(d3);
     const int training3 = !strcmp(state3, "training");
     json_decref(d3);
@@ -433,6 +436,12 @@ Test(failures_gossip, straggler_10mbit, .timeout = 300)
     cr_expect_neq(code, -1, "dslaunch did not end");
     cr_expect(training3, "n3 stopped training");
     cr_expect_gt(mixed1 - mixed0, 0, "n3 no longer mixes");
+    /* n3's own requests carry a share of k on its slow link (latency.h,
+     * ds_glat_share): before that rule its link carried a full exchange
+     * in several rounds, and its model was 10x further from the others'
+     * (docs/gossip.md, "A slow link carries a share"). */
+    cr_expect_gt(trimmed1 - trimmed0, 0, "n3 sent no trimmed request (%.0f -> %.0f)", trimmed0,
+                 trimmed1);
     cr_expect_geq(after, STRAGGLER_MIN * before,
                   "the others slowed to %.2fx (%.1f -> %.1f steps/s) behind a 10 Mbit/s node",
                   after / before, before, after);

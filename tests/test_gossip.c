@@ -1183,6 +1183,108 @@ Test(gossip, latency_noise_and_lone_partners_are_not_slow)
     ds_glat_free(&t);
 }
 
+/* A link that cannot keep up gets a share of k, and earns it back. The
+ * loop is closed as on a real link: partner 3's exchange takes 1 ms plus
+ * its share of 40 ms (a full exchange through a slow link), rounds start
+ * every 5 ms (target: 2 x that, 10 ms), partners 1 and 2 answer in 1-3
+ * ms. Without the share every exchange with 3 takes 41 ms. */
+Test(gossip, latency_a_slow_link_carries_a_share_and_earns_it_back)
+{
+    ds_glat t = glat_default(4);
+    uint64_t st = 1606;
+    cr_expect_eq(ds_glat_share(&t, 3), 1.0f, "no samples: the whole of k");
+    double late_sum = 0;
+    float lo = 1.0f, hi = 0.0f;
+    for (int r = 0; r < 400; r++) {
+        ds_glat_period(&t, seeded_ms(&st, 4, 6));
+        ds_glat_peer(&t, 1, seeded_ms(&st, 1, 3));
+        ds_glat_peer(&t, 2, seeded_ms(&st, 1, 3));
+        const uint64_t l3 = MS + (uint64_t)(ds_glat_peer_share(&t, 3) * 40.0f * MS) +
+                            ds_t_next(&st) % MS;
+        ds_glat_peer(&t, 3, l3);
+        for (uint32_t p = 1; p <= 2; p++)
+            cr_assert_eq(ds_glat_share(&t, p), 1.0f, "round %d: fast partner %u cut", r, p);
+        const float s3 = ds_glat_share(&t, 3);
+        cr_assert_geq(s3, DS_GLAT_SHARE_MIN, "round %d", r);
+        cr_assert_leq(s3, 1.0f, "round %d", r);
+        if (r >= 200) {
+            late_sum += (double)l3;
+            lo = fminf(lo, s3);
+            hi = fmaxf(hi, s3);
+        }
+    }
+    const double mean_ms = late_sum / 200 / MS;
+    cr_log_info("slow link: share %.3f..%.3f, mean exchange %.1f ms", lo, hi, mean_ms);
+    cr_expect_leq(mean_ms, 20.0, "exchanges with the slow link still take %.1f ms", mean_ms);
+    cr_expect_leq(hi, 0.5f, "the share came back to %.3f on a link that cannot carry it", hi);
+    cr_expect_gt(lo, DS_GLAT_SHARE_MIN, "the share sank to its floor on a link that carries "
+                 "a fifth of k in time");
+    /* The link is fast again: the whole of k within 100 rounds. */
+    int back = -1;
+    for (int r = 0; r < 100 && back < 0; r++) {
+        ds_glat_period(&t, seeded_ms(&st, 4, 6));
+        ds_glat_peer(&t, 3, seeded_ms(&st, 1, 3));
+        if (ds_glat_share(&t, 3) == 1.0f)
+            back = r;
+    }
+    cr_expect_geq(back, 0, "share %.3f after 100 fast rounds", ds_glat_peer_share(&t, 3));
+    /* A new view: the partners are other nodes, every share starts whole. */
+    for (int r = 0; r < 40; r++)
+        ds_glat_peer(&t, 3, 200 * MS);
+    cr_expect_lt(ds_glat_share(&t, 3), 1.0f);
+    cr_assert_eq(ds_glat_set_view(&t, 4), 0);
+    cr_expect_eq(ds_glat_peer_share(&t, 3), 1.0f);
+    ds_glat_free(&t);
+}
+
+/* The trim keeps the largest |acc| entries, in order, exactly
+ * ceil(share x count) of them (ties: the first), and nothing else moves;
+ * seeded, with ties. */
+Test(gossip, a_trimmed_exchange_keeps_the_largest_entries_in_order)
+{
+    uint64_t st = 42;
+    enum { N = 257 };
+    uint32_t idx[N], idx0[N];
+    float stash[N], stash0[N], scratch[N];
+    const float shares[] = {1.0f, 0.5f, 0.25f, 1.0f / 32, 0.001f, 0.9999f};
+    for (size_t c = 0; c < sizeof(shares) / sizeof(shares[0]); c++) {
+        for (uint32_t i = 0; i < N; i++) {
+            idx0[i] = idx[i] = 3 * i + (uint32_t)(ds_t_next(&st) % 3);
+            /* Magnitudes on a grid of 16 values: many ties; both signs. */
+            const float m = (float)(1 + ds_t_next(&st) % 16) / 16.0f;
+            stash0[i] = stash[i] = (ds_t_next(&st) & 1) ? m : -m;
+        }
+        const size_t k = ds_gossip_trim(idx, stash, N, shares[c], scratch);
+        size_t want = (size_t)ceilf(shares[c] * (float)N);
+        if (want < 1)
+            want = 1;
+        if (want > N)
+            want = N;
+        cr_assert_eq(k, want, "share %g: kept %zu", shares[c], k);
+        /* A subsequence of the original, in order. */
+        size_t j = 0;
+        float kept_min = INFINITY;
+        for (size_t i = 0; i < k; i++) {
+            while (j < N && idx0[j] != idx[i])
+                j++;
+            cr_assert_lt(j, N, "share %g: entry %zu out of order or made up", shares[c], i);
+            cr_assert_eq(stash[i], stash0[j], "share %g: value of entry %zu moved", shares[c], i);
+            kept_min = fminf(kept_min, fabsf(stash[i]));
+            j++;
+        }
+        /* Nothing left out is larger than what was kept. */
+        size_t above = 0;
+        for (uint32_t i = 0; i < N; i++)
+            above += fabsf(stash0[i]) > kept_min;
+        cr_assert_leq(above, k, "share %g: a larger entry was left out", shares[c]);
+    }
+    /* Nothing to cut. */
+    idx[0] = 5;
+    stash[0] = 1.0f;
+    cr_expect_eq(ds_gossip_trim(idx, stash, 1, 0.1f, scratch), 1);
+    cr_expect_eq(ds_gossip_trim(idx, stash, 0, 0.1f, scratch), 0);
+}
+
 /* Node 0's targets in a round: how many segments initiate to `to`. */
 static int segments_to(uint32_t G, uint64_t round, uint32_t to)
 {

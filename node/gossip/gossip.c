@@ -649,6 +649,40 @@ static float exchange_weight(const ds_gossip *g)
     return g->pairs ? fminf(2.0f * w, 0.5f) : w;
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x > y ? -1 : x < y;
+}
+
+size_t ds_gossip_trim(uint32_t *idx, float *stash, size_t count, float share, float *scratch)
+{
+    if (!(share < 1.0f) || count < 2)
+        return count;
+    size_t m = (size_t)ceilf(share * (float)count);
+    if (m >= count)
+        return count;
+    if (m < 1)
+        m = 1;
+    for (size_t i = 0; i < count; i++)
+        scratch[i] = fabsf(stash[i]);
+    qsort(scratch, count, sizeof(*scratch), cmp_desc);
+    const float thr = scratch[m - 1];
+    size_t ties = 0;
+    for (size_t i = 0; i < m; i++)
+        ties += scratch[i] == thr; /* of the m kept, those at the threshold */
+    size_t k = 0;
+    for (size_t i = 0; i < count; i++) {
+        const float v = fabsf(stash[i]);
+        if (v > thr || (v == thr && ties && ties--)) {
+            idx[k] = idx[i];
+            stash[k] = stash[i];
+            k++;
+        }
+    }
+    return k;
+}
+
 int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
 {
     if (!g->view_set)
@@ -731,7 +765,11 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
                                    o->stash, o->cap, &res);
             if (r < 0)
                 return r;
-            o->count = res.count;
+            /* A link that cannot keep up carries a share (latency.h);
+             * val is free until the gather. */
+            o->count = ds_gossip_trim(o->idx, o->stash, res.count,
+                                      ds_glat_peer_share(&g->lat, o->target), o->val);
+            g->st.trimmed += o->count < res.count;
             g->sel.gather(o->val, snap + sg->off, o->idx, o->count);
             g->sel.zero_at(acc + sg->off, o->idx, o->count);
         }
@@ -1176,14 +1214,20 @@ static int dispatch(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
 /* Partners too slow to wait for this round (latency.h). */
 static void mark_slow(ds_gossip *g)
 {
-    uint32_t n = 0;
+    uint32_t n = 0, cut = 0;
     for (uint32_t p = 0; p < g->G; p++) {
+        /* A share: how much the partner's link carries (latency.h). A
+         * trimmed partner is still waited for like any other: not
+         * waiting for it (measured) left its model apart, at 2-5x the
+         * consensus distance. */
+        cut += p != g->me && ds_glat_share(&g->lat, p) < 1.0f;
         g->slow[p] = p != g->me && g->skip[p] != SKIP_ALL && ds_glat_slow(&g->lat, p);
         n += g->slow[p];
         if (g->peer_round[p] > g->round)
             g->ahead[p] = 1; /* seen past this round already */
     }
     g->st.slow_peers = n;
+    g->st.trimmed_peers = cut;
 }
 
 /* Send this round's REQs (or CROSS). An exchange with a partner that
@@ -1400,6 +1444,8 @@ int ds_gossip_exchange(ds_gossip *g, const ds_gossip_io *io)
     const uint64_t t0 = io->now_ns(io->ctx);
     const uint64_t wait = ds_glat_deadline_ns(&g->lat);
     const uint64_t deadline = t0 + wait;
+    if (g->t0 && t0 > g->t0)
+        ds_glat_period(&g->lat, t0 - g->t0);
     g->t0 = t0;
     g->st.deadline_ns = wait;
     late_expire(g, t0);

@@ -176,6 +176,10 @@ typedef struct ds_gseg {
       "Time held back so (inside wait_s).") \
     X(U32, slow_peers, "slow_peers", "dsnode_gossip_slow_peers", GAUGE, NULL, NULL, \
       "Partners this round does not wait for because they are slow.") \
+    X(U32, trimmed_peers, "trimmed_peers", "dsnode_gossip_trimmed_peers", GAUGE, NULL, NULL, \
+      "Partners whose exchanges carry only a share of k: their link cannot keep up.") \
+    X(U64, trimmed, "trimmed", "dsnode_gossip_trimmed_total", COUNTER, NULL, NULL, \
+      "Requests that carried only a share of what was selected (a slow link).") \
     X(NS, deadline_ns, "deadline_s", "dsnode_gossip_deadline_seconds", GAUGE, NULL, NULL, \
       "This round's adaptive wait deadline.") \
     X(U64, interrupted, "interrupted", "dsnode_gossip_interrupted_total", COUNTER, NULL, NULL, \
@@ -198,6 +202,17 @@ typedef struct ds_gossip_stats {
 } ds_gossip_stats;
 
 typedef struct ds_gossip ds_gossip;
+
+/* An exchange with a partner whose link cannot keep up carries only a
+ * share of what the sparsifier selected (latency.h, ds_glat_share): of
+ * idx/stash[0..count) (segment indices, in order, and their acc
+ * values), keep the ceil(share x count) entries of largest |stash| (at
+ * least one), in their order, compacted to the front; ties at the
+ * threshold keep the first ones. Returns how many are kept (count itself
+ * when share >= 1 or count < 2). scratch holds count floats. What is not
+ * kept is simply not sent: the caller has not zeroed acc yet, so it
+ * leaves with a later exchange. */
+size_t ds_gossip_trim(uint32_t *idx, float *stash, size_t count, float share, float *scratch);
 
 /* Cut n parameters into segments: one per layer when want == 0, else
  * `want` near-equal contiguous ranges whose cuts move to a layer boundary

@@ -20,12 +20,13 @@ void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms, int floor_ms)
     cfg->clear_ratio = 1.5;
     cfg->floor_slow_ns = 5000000u; /* 5 ms */
     cfg->min_samples = 4;
+    cfg->share_factor = 2.0;
 }
 
 int ds_glat_init(ds_glat *t, const ds_glat_cfg *cfg)
 {
     if (!t || !cfg || cfg->floor_ns > cfg->ceil_ns || cfg->factor < 1.0 ||
-        cfg->clear_ratio <= 1.0 || cfg->clear_ratio > cfg->slow_ratio)
+        cfg->clear_ratio <= 1.0 || cfg->clear_ratio > cfg->slow_ratio || cfg->share_factor <= 0)
         return -EINVAL;
     memset(t, 0, sizeof(*t));
     t->cfg = *cfg;
@@ -46,6 +47,8 @@ int ds_glat_set_view(ds_glat *t, uint32_t G)
     struct ds_glat_peer *p = calloc(G ? G : 1, sizeof(*p));
     if (!p)
         return -ENOMEM;
+    for (uint32_t i = 0; i < G; i++)
+        p[i].share = 1.0f;
     free(t->peer);
     t->peer = p;
     t->G = G;
@@ -69,6 +72,15 @@ void ds_glat_peer(ds_glat *t, uint32_t peer, uint64_t ns)
     p->pos = (p->pos + 1) % DS_GLAT_PEER;
     if (p->n < DS_GLAT_PEER)
         p->n++;
+    p->fresh++;
+}
+
+void ds_glat_period(ds_glat *t, uint64_t period_ns)
+{
+    t->period[t->ppos] = period_ns;
+    t->ppos = (t->ppos + 1) % DS_GLAT_ROUNDS;
+    if (t->pn < DS_GLAT_ROUNDS)
+        t->pn++;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -146,6 +158,36 @@ int ds_glat_slow(ds_glat *t, uint32_t peer)
     struct ds_glat_peer *p = &t->peer[peer];
     p->slow = slower_than(t, peer, p->slow ? t->cfg.clear_ratio : t->cfg.slow_ratio);
     return p->slow;
+}
+
+float ds_glat_peer_share(const ds_glat *t, uint32_t peer)
+{
+    return peer < t->G ? t->peer[peer].share : 1.0f;
+}
+
+float ds_glat_share(ds_glat *t, uint32_t peer)
+{
+    if (peer >= t->G)
+        return 1.0f;
+    struct ds_glat_peer *p = &t->peer[peer];
+    if (p->n < t->cfg.min_samples || t->pn < t->cfg.min_samples || p->fresh < DS_GLAT_PEER / 2)
+        return p->share;
+    p->fresh = 0;
+    uint64_t target = (uint64_t)(t->cfg.share_factor * (double)median(t->period, t->pn));
+    if (target < t->cfg.floor_slow_ns)
+        target = t->cfg.floor_slow_ns;
+    const double mean = (double)ds_glat_peer_mean(t, peer);
+    if (mean > (double)target) {
+        double f = (double)target / mean;
+        p->share *= (float)(f < 0.5 ? 0.5 : f);
+        if (p->share < DS_GLAT_SHARE_MIN)
+            p->share = DS_GLAT_SHARE_MIN;
+    } else if (mean < 0.5 * (double)target) {
+        p->share *= 1.25f;
+        if (p->share > 1.0f)
+            p->share = 1.0f;
+    }
+    return p->share;
 }
 
 int ds_glat_ahead(uint64_t mine, uint64_t *rounds, uint32_t n, uint64_t slack)

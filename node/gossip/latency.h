@@ -39,6 +39,16 @@
  *   the 2 s deadline. Since the slow partner's replies are still measured
  *   when they come late, a partner that is fast again is waited for again.
  */
+/*
+ * - The share of a slow link (ds_glat_share). A partner whose mean
+ *   exchange takes longer than share_factor (2) x this node's median
+ *   round interval gets a share of k in each exchange (gossip.c,
+ *   ds_gossip_trim), down by the ratio while too slow, back up by 1.25x
+ *   while under half the target. At 10 Mbit/s a full MiCRO 1% exchange
+ *   needed four to eight rounds of the link: exchanges queued in the
+ *   token bucket, came rounds late, and the slow node's model sat 10x
+ *   further from the others' (issue 16); with the share, 2x closer.
+ */
 #ifndef DS_NODE_GOSSIP_LATENCY_H
 #define DS_NODE_GOSSIP_LATENCY_H
 
@@ -55,12 +65,15 @@ typedef struct ds_glat_cfg {
     double clear_ratio;     /* slow until under clear_ratio x (1 < clear <= slow) */
     uint64_t floor_slow_ns; /* and over this (microsecond noise is no straggler) */
     uint32_t min_samples;   /* samples before either rule applies */
+    double share_factor;    /* ds_glat_share's target: this x the median round period */
 } ds_glat_cfg;
 
 struct ds_glat_peer {
     uint64_t s[DS_GLAT_PEER];
     uint32_t n, pos;
-    int slow; /* the last verdict */
+    int slow;      /* the last verdict */
+    uint32_t fresh; /* samples since the share last moved */
+    float share;   /* of k an exchange with it carries (ds_glat_share) */
 };
 
 /* Zero it, then ds_glat_init. Owned by the caller; not thread-safe. */
@@ -68,6 +81,8 @@ typedef struct ds_glat {
     ds_glat_cfg cfg;
     uint64_t round[DS_GLAT_ROUNDS];
     uint32_t n, pos;
+    uint64_t period[DS_GLAT_ROUNDS]; /* intervals between round starts */
+    uint32_t pn, ppos;
     struct ds_glat_peer *peer; /* G entries, by view index */
     uint32_t G;
 } ds_glat;
@@ -93,6 +108,21 @@ void ds_glat_round(ds_glat *t, uint64_t wait_ns);
 
 /* Partner `peer` (view index) took ns for one exchange. */
 void ds_glat_peer(ds_glat *t, uint32_t peer, uint64_t ns);
+
+/* A round started period_ns after the one before. */
+void ds_glat_period(ds_glat *t, uint64_t period_ns);
+
+/* The share of k (in [DS_GLAT_SHARE_MIN, 1]) an exchange with partner
+ * `peer` carries, updated: it moves once DS_GLAT_PEER / 2 new samples
+ * came since it last could, down by target / mean (at most halved) while
+ * the partner's mean exchange takes longer than target = share_factor x
+ * the median round period (at least floor_slow_ns), up by 1.25x (to 1
+ * at most) while it takes under half of that; with fewer than
+ * min_samples samples or periods it stays. Call it once a round. */
+float ds_glat_share(ds_glat *t, uint32_t peer);
+#define DS_GLAT_SHARE_MIN (1.0f / 32.0f)
+/* The share as it stands (1 for an unknown partner). */
+float ds_glat_peer_share(const ds_glat *t, uint32_t peer);
 
 /* The next round's deadline, from its start. */
 uint64_t ds_glat_deadline_ns(const ds_glat *t);

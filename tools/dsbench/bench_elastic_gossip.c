@@ -21,7 +21,8 @@
  *              drop` in its namespace; netem is not available). Row: the
  *              others' (n0-n2) mean samples/s and its ratio to the
  *              baseline's, n3's, the mean final test accuracy of all four
- *              and its change in points, the consensus distance.
+ *              and its change in points (and of n0-n2's mean and n3's
+ *              alone), the consensus distance.
  *   crash      6 nodes on loopback with gossip.segments = 1 (each node has
  *              one target and one in-neighbour a round, so most survivors
  *              are not the dead node's partners in a given round); n5
@@ -188,7 +189,7 @@ static int disturb_n3(const ds_lrun *r, int how)
 }
 
 struct strag_res {
-    double others_sps, n3_sps, acc, cd, wall;
+    double others_sps, n3_sps, acc, others_acc, n3_acc, cd, wall;
     int ok;
 };
 
@@ -210,10 +211,14 @@ static void straggler_run(const gf_opts *o, int how, struct strag_res *res)
         double s = 0, acc = 0;
         for (int i = 0; i < 4; i++) {
             char name[4] = {'n', (char)('0' + i), 0};
-            if (i < 3)
+            const double a = ds_lrun_report_num(rep, name, "test_acc");
+            if (i < 3) {
                 s += ds_lrun_report_num(rep, name, "samples_per_s") / 3;
-            acc += ds_lrun_report_num(rep, name, "test_acc") / 4;
+                res->others_acc += a / 3;
+            }
+            acc += a / 4;
         }
+        res->n3_acc = ds_lrun_report_num(rep, "n3", "test_acc");
         res->others_sps = s;
         res->n3_sps = ds_lrun_report_num(rep, "n3", "samples_per_s");
         res->acc = acc;
@@ -248,6 +253,9 @@ static int scenario_straggler(const gf_opts *o)
         ds_row_num(&row, "n3_samples_per_s", x->ok ? x->n3_sps : NAN, 0);
         ds_row_num(&row, "test_acc", x->ok ? x->acc : NAN, 4);
         ds_row_num(&row, "acc_delta_pt", x->ok && b->ok ? 100 * (x->acc - b->acc) : NAN, 2);
+        ds_row_num(&row, "others_delta_pt",
+                   x->ok && b->ok ? 100 * (x->others_acc - b->others_acc) : NAN, 2);
+        ds_row_num(&row, "n3_delta_pt", x->ok && b->ok ? 100 * (x->n3_acc - b->n3_acc) : NAN, 2);
         ds_row_num(&row, "consensus", x->ok ? x->cd : NAN, 4);
         ds_row_num(&row, "wall_s", x->ok ? x->wall : NAN, 1);
         bad |= ds_row_end(&row) < 0 || !x->ok;

@@ -21,12 +21,14 @@ void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms, int floor_ms)
     cfg->floor_slow_ns = 5000000u; /* 5 ms */
     cfg->min_samples = 4;
     cfg->share_factor = 2.0;
+    cfg->share_up = 1.25;
 }
 
 int ds_glat_init(ds_glat *t, const ds_glat_cfg *cfg)
 {
     if (!t || !cfg || cfg->floor_ns > cfg->ceil_ns || cfg->factor < 1.0 ||
-        cfg->clear_ratio <= 1.0 || cfg->clear_ratio > cfg->slow_ratio || cfg->share_factor <= 0)
+        cfg->clear_ratio <= 1.0 || cfg->clear_ratio > cfg->slow_ratio || cfg->share_factor <= 0 ||
+        cfg->share_up <= 1.0)
         return -EINVAL;
     memset(t, 0, sizeof(*t));
     t->cfg = *cfg;
@@ -183,7 +185,7 @@ float ds_glat_share(ds_glat *t, uint32_t peer)
         if (p->share < DS_GLAT_SHARE_MIN)
             p->share = DS_GLAT_SHARE_MIN;
     } else if (mean < 0.5 * (double)target) {
-        p->share *= 1.25f;
+        p->share *= (float)t->cfg.share_up;
         if (p->share > 1.0f)
             p->share = 1.0f;
     }

@@ -44,7 +44,9 @@
  *   exchange takes longer than share_factor (2) x this node's median
  *   round interval gets a share of k in each exchange (gossip.c,
  *   ds_gossip_trim), down by the ratio while too slow, back up by 1.25x
- *   while under half the target. At 10 Mbit/s a full MiCRO 1% exchange
+ *   while under half the target (1.08x cut 3-5x fewer rounds at the
+ *   deadline on the way up, the others' rate 0.90x against 0.83x, and
+ *   lost more accuracy: -0.29 pt against -0.22; docs/benchmarks.md). At 10 Mbit/s a full MiCRO 1% exchange
  *   needed four to eight rounds of the link: exchanges queued in the
  *   token bucket, came rounds late, and the slow node's model sat 10x
  *   further from the others' (issue 16); with the share, 2x closer.
@@ -66,6 +68,7 @@ typedef struct ds_glat_cfg {
     uint64_t floor_slow_ns; /* and over this (microsecond noise is no straggler) */
     uint32_t min_samples;   /* samples before either rule applies */
     double share_factor;    /* ds_glat_share's target: this x the median round period */
+    double share_up;        /* its step up (> 1) while well under the target */
 } ds_glat_cfg;
 
 struct ds_glat_peer {
@@ -95,7 +98,7 @@ typedef struct ds_glat {
 void ds_glat_cfg_default(ds_glat_cfg *cfg, int timeout_ms, int floor_ms);
 
 /* 0, or -EINVAL (floor > ceil, factor < 1, not 1 < clear_ratio <=
- * slow_ratio). */
+ * slow_ratio, share_factor <= 0, share_up <= 1). */
 int ds_glat_init(ds_glat *t, const ds_glat_cfg *cfg);
 void ds_glat_free(ds_glat *t);
 
@@ -116,8 +119,8 @@ void ds_glat_period(ds_glat *t, uint64_t period_ns);
  * `peer` carries, updated: it moves once DS_GLAT_PEER / 2 new samples
  * came since it last could, down by target / mean (at most halved) while
  * the partner's mean exchange takes longer than target = share_factor x
- * the median round period (at least floor_slow_ns), up by 1.25x (to 1
- * at most) while it takes under half of that; with fewer than
+ * the median round period (at least floor_slow_ns), up by share_up
+ * (1.25; to 1 at most) while it takes under half of that; with fewer than
  * min_samples samples or periods it stays. Call it once a round. */
 float ds_glat_share(ds_glat *t, uint32_t peer);
 #define DS_GLAT_SHARE_MIN (1.0f / 32.0f)

@@ -45,8 +45,9 @@
  *   round interval gets a share of k in each exchange (gossip.c,
  *   ds_gossip_trim), down by the ratio while too slow, back up by 1.25x
  *   while under half the target (1.08x cut 3-5x fewer rounds at the
- *   deadline on the way up, the others' rate 0.90x against 0.83x, and
- *   lost more accuracy: -0.29 pt against -0.22; docs/benchmarks.md). At 10 Mbit/s a full MiCRO 1% exchange
+ *   deadline on the way up, the others' rate 0.90x against 0.84x, and
+ *   lost more accuracy: -0.29 pt against -0.22; docs/benchmarks.md).
+ *   At 10 Mbit/s a full MiCRO 1% exchange
  *   needed four to eight rounds of the link: exchanges queued in the
  *   token bucket, came rounds late, and the slow node's model sat 10x
  *   further from the others' (issue 16); with the share, 2x closer.

@@ -38,8 +38,6 @@
  *   slow node (issue 16: 4.2x slower for everyone) without ever missing
  *   the 2 s deadline. Since the slow partner's replies are still measured
  *   when they come late, a partner that is fast again is waited for again.
- */
-/*
  * - The share of a slow link (ds_glat_share). A partner whose mean
  *   exchange takes longer than share_factor (2) x this node's median
  *   round interval gets a share of k in each exchange (gossip.c,
@@ -47,10 +45,10 @@
  *   while under half the target (1.08x cut 3-5x fewer rounds at the
  *   deadline on the way up, the others' rate 0.90x against 0.84x, and
  *   lost more accuracy: -0.29 pt against -0.22; docs/benchmarks.md).
- *   At 10 Mbit/s a full MiCRO 1% exchange
- *   needed four to eight rounds of the link: exchanges queued in the
- *   token bucket, came rounds late, and the slow node's model sat 10x
- *   further from the others' (issue 16); with the share, 2x closer.
+ *   At 10 Mbit/s a full MiCRO 1% exchange needed four to eight rounds of
+ *   the link: exchanges queued in the token bucket, came rounds late, and
+ *   the slow node's model sat 10x further from the others' (issue 16);
+ *   with the share, 2x closer.
  */
 #ifndef DS_NODE_GOSSIP_LATENCY_H
 #define DS_NODE_GOSSIP_LATENCY_H

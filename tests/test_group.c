@@ -37,6 +37,7 @@ struct member {
     uint64_t t_end;       /* the fake clock when the member was done */
     int direct_once;      /* ds_greduce_direct_once before every run */
     int direct_first;     /* ... before the first this many runs only */
+    const uint8_t *skip;  /* NULL: everyone waited for */
 };
 
 static void *member_main(void *p)
@@ -50,7 +51,7 @@ static void *member_main(void *p)
         if (m->direct_once || k < m->direct_first)
             ds_greduce_direct_once(r);
         m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->vec, N, N_MEAN, m->G, m->me,
-                                NULL, (uint64_t)k, m->deadline, m->sp, &m->res);
+                                m->skip, (uint64_t)k, m->deadline, m->sp, &m->res);
     }
     m->t_end = ds_fakenet_now_ns(m->net);
     ds_greduce_destroy(&r);
@@ -203,6 +204,31 @@ Test(group, skipped_member_is_not_waited_for)
                                 5000000000ull, NULL, &res), -EINVAL, "n_mean over n");
     ds_greduce_destroy(&r);
     ds_fakenet_destroy(net);
+}
+
+/* A member not waited for (a soft skip, group.h) is still sent our frames,
+ * so its own reduction, which waits for us, completes (and its skip
+ * window on us would end); one skipped hard is sent nothing and waits out
+ * its deadline. */
+Test(group, a_member_not_waited_for_still_hears_from_us)
+{
+    static struct member m[2];
+    static const uint8_t soft[2] = {DS_GREDUCE_SKIP_WAIT, DS_GREDUCE_SKIP_NOWAIT};
+    static const uint8_t hard[2] = {DS_GREDUCE_SKIP_WAIT, DS_GREDUCE_SKIP_ALL};
+    memset(m, 0, sizeof(m));
+    m[0].skip = soft;
+    run_group(m, 2, 1, -1);
+    cr_assert_eq(m[0].ret, 0);
+    cr_assert_eq(m[1].ret, 0);
+    cr_expect(m[1].res.complete, "member 1 waited for member 0 and did not hear from it");
+    cr_expect_eq(m[1].res.contributions, 2);
+    cr_expect(!m[0].res.complete, "member 0 did not wait for member 1's chunk");
+    memset(m, 0, sizeof(m));
+    m[0].skip = hard;
+    run_group(m, 2, 1, -1);
+    cr_assert_eq(m[1].ret, 0);
+    cr_expect(!m[1].res.complete, "member 1 heard from member 0, which skipped it hard");
+    cr_expect_eq(m[1].res.contributions, 1);
 }
 
 /* Members a step ahead: the laggard sees their tag and meets them. */

@@ -354,8 +354,8 @@ static void sum_lists(ds_greduce *r, const struct run *x)
     }
 }
 
-/* Our sparse list (when there is one) to every member not skipped; with
- * none, nobody's is waited for. */
+/* Our sparse list (when there is one) to every member but those skipped
+ * hard (group.h); with none, nobody's is waited for. */
 static void send_list(ds_greduce *r, const ds_gossip_io *io, uint32_t G, uint32_t me,
                       const uint8_t *skip, uint64_t tag, uint64_t deadline, const ds_gsparse *sp)
 {
@@ -366,7 +366,7 @@ static void send_list(ds_greduce *r, const ds_gossip_io *io, uint32_t G, uint32_
     memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
     memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
     for (uint32_t c = 0; c < G; c++) {
-        if (c == me || (skip && skip[c]))
+        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
             continue;
         ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
                      .segment = PHASE_LIST, .count = 2 * sp->count, .val = r->pack};
@@ -734,9 +734,10 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
      * reach everyone before the deadline. */
     const uint64_t half = t0 + (deadline_ns > t0 ? (deadline_ns - t0) / 2 : 0);
 
-    /* Phase 0: chunk c to its owner c. */
+    /* Phase 0: chunk c to its owner c (one not waited for too, unless
+     * skipped hard: our frames end its skip window on us, group.h). */
     for (uint32_t c = 0; c < G; c++) {
-        if (c == me || (skip && skip[c]))
+        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
             continue;
         size_t co, cl;
         ds_greduce_chunk(n, G, c, &co, &cl);
@@ -778,9 +779,9 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
     r->have[me] = 1;
     res->contributions = k;
 
-    /* Phase 1: our reduced chunk to every member. */
+    /* Phase 1: our reduced chunk to every member (but those skipped hard). */
     for (uint32_t c = 0; c < G && !res->stopped; c++) {
-        if (c == me || (skip && skip[c]))
+        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
             continue;
         ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
                      .segment = PHASE_RESULT, .count = (uint32_t)len + 1, .val = out};

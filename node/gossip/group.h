@@ -77,15 +77,27 @@ int ds_greduce_create(ds_greduce **out, size_t max_n) __attribute__((warn_unused
 /* NULL-safe; clears the caller's pointer. */
 void ds_greduce_destroy(ds_greduce **r);
 
+/* skip[] values (ds_greduce_run): a member not waited for is still sent
+ * our frames (direct: our contribution, our reduced chunk, our list), so
+ * that its own skip window on us ends when it hears from us; one skipped
+ * hard (a transport that cannot reach it, a membership verdict) is sent
+ * nothing. Two members that stopped waiting for each other and also
+ * stopped sending never heard from each other again: the two survivors
+ * of a group of three each reduced alone for the rest of a run
+ * (docs/gossip.md, "Groups", failures). The values are
+ * node/runtime/skip.h's verdicts. */
+enum { DS_GREDUCE_SKIP_WAIT = 0, DS_GREDUCE_SKIP_NOWAIT = 1, DS_GREDUCE_SKIP_ALL = 2 };
+
 /* Reduce vec (n floats, n <= max_n) over G members, this one `me`:
  * elements [0, n_mean) become the mean over the contributions that
  * reached their chunk's owner, the rest their sum. sp (may be NULL):
  * this member's sparse list, gathered and summed as ds_gsparse says (count
- * at most max_n / 2). skip (G entries, may
- * be NULL): members not waited for, neither their contribution nor their
- * chunk (a chunk not waited for keeps this member's values). Waits until
- * deadline_ns on io's clock at most. Returns 0 with *res filled, or
- * -EINVAL. */
+ * at most max_n / 2). skip (G entries, may be NULL; values above): members
+ * not waited for, neither their contribution nor their chunk (a chunk not
+ * waited for keeps this member's values, or the owner's if it came in
+ * time), the ring and the butterfly leave them out of their schedule.
+ * Waits until deadline_ns on io's clock at most. Returns 0 with *res
+ * filled, or -EINVAL. */
 int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
                    uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
                    uint64_t deadline_ns, const ds_gsparse *sp, ds_greduce_result *res);

@@ -564,9 +564,10 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     int doubt = 0;
     const uint64_t now = ds_now_ms();
     pthread_mutex_lock(&r->skip_lock);
+    /* The verdict itself: one not waited for is still sent to (group.h). */
     for (uint32_t k = 0; k < r->gsize; k++) {
-        skip[k] = k != r->gmember &&
-                  ds_skip_check(&r->skip, r->gmembers[k], round, now) != DS_SKIP_WAIT;
+        skip[k] = k == r->gmember ? DS_GREDUCE_SKIP_WAIT
+                                  : (uint8_t)ds_skip_check(&r->skip, r->gmembers[k], round, now);
         doubt |= k != r->gmember && ds_skip_listed(&r->skip, r->gmembers[k]);
     }
     pthread_mutex_unlock(&r->skip_lock);
@@ -662,6 +663,10 @@ static void take_position(rt *r, const float *v, int64_t step)
     r->gst.steps_taken++;
     r->round0 = round0;
 }
+
+_Static_assert((int)DS_GREDUCE_SKIP_NOWAIT == (int)DS_SKIP_NOWAIT &&
+                   (int)DS_GREDUCE_SKIP_ALL == (int)DS_SKIP_ALL,
+               "group.h's skip values are skip.h's verdicts");
 
 /* This step's sparse list from glist[from]: the nonzeros of the carry
  * (the round deltas not yet sent), their indices plus `base`, up to

@@ -185,7 +185,12 @@
       "owners (2 latencies), ring = chunks passed round the members, butterfly = recursive " \
       "doubling of whole vectors, auto = direct or butterfly, whichever the group's member 0 " \
       "timed faster (median of 8 reductions each) when the group formed (again every 2000); " \
-      "ring and butterfly run direct for 16 reductions after one fails")
+      "ring and butterfly run direct for 16 reductions after one fails") \
+    X(BOOL, group, overlap, "false", \
+      "reduce each layer's gradient on a thread of its own as soon as backward wrote it, " \
+      "behind the rest of backward (small layers together, up to 256 KiB; the first layer " \
+      "with the step's own reduction); dense groups only (group.sparsify = none), not with " \
+      "group.allreduce = auto")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

@@ -32,6 +32,7 @@
 #include <criterion/criterion.h>
 #include <dsnode/dsnode.h>
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -449,6 +450,7 @@ typedef struct member {
     const char *key, *value; /* what makes the config average gradients */
     float sign;              /* this member's own gradient: sign * (1 + i % 3) / 64 */
     float apart;             /* added to its parameters after its last step */
+    int overlap;             /* group.overlap: hands its layers over from "backward" */
     float p[N], g[N];
     int rc_join, rc_leave, bad_calls, steps, no_reduce_refused;
     dsnode_stats st;
@@ -464,6 +466,12 @@ static void *member_main(void *arg)
     node_sets ns;
     node_sets_init(&ns, m->name, m->port, m->seed, 2);
     add(&ns, m->key, m->value);
+    char status[400];
+    if (m->overlap) {
+        add(&ns, "group.overlap", "true");
+        snprintf(status, sizeof(status), "%s/%s.status.json", g_dir, m->name);
+        add(&ns, "status.file", status);
+    }
     m->rc_join = -1;
     if (dsnode_open(&d, NULL, ns.p, ns.n) < 0 || dsnode_register_grad(d, m->g, NULL) < 0 ||
         dsnode_register(d, m->p, N, two_layers, 2, adopt_cb, NULL) < 0 ||
@@ -479,6 +487,13 @@ static void *member_main(void *arg)
         /* "backward": this member's own gradient, apart from the other's. */
         for (int i = 0; i < N; i++)
             m->g[i] = m->sign * (float)(1 + i % 3) / 64.0f;
+        if (m->overlap) {
+            /* As backward writes them: the last layer first. */
+            CHECK(m, dsnode_layer_ready(d, 1) == 0);
+            CHECK(m, dsnode_layer_ready(d, 1) == -EALREADY); /* once a step */
+            CHECK(m, dsnode_layer_ready(d, 2) == -EINVAL);   /* no such layer */
+            CHECK(m, dsnode_layer_ready(d, 0) == 0);
+        }
         if (s == 0) {
             /* The optimizer step may not come before the reduction. */
             m->no_reduce_refused = dsnode_step(d) == -EINVAL &&
@@ -486,6 +501,7 @@ static void *member_main(void *arg)
         }
         CHECK(m, dsnode_reduce(d) == 0);
         CHECK(m, dsnode_reduce(d) == -EINVAL); /* once a step */
+        CHECK(m, dsnode_layer_ready(d, 0) == -EINVAL); /* not after the reduction */
         /* The optimizer: plain SGD, lr 0.5, on the averaged gradient. */
         for (int i = 0; i < N; i++)
             m->p[i] -= 0.5f * m->g[i];
@@ -507,12 +523,14 @@ static void *member_main(void *arg)
  * pattern, and 3 times it): after every reduction both hold the mean, so
  * both take the same steps and end bit for bit alike, where they would be
  * without the reduction is far apart. */
-static void two_members_average(const char *key, const char *value, int port, float apart)
+static void two_members_average(const char *key, const char *value, int port, float apart,
+                                int overlap)
 {
     static member a, b;
-    a = (member){.name = "ma", .port = port, .seed = port, .key = key, .value = value, .sign = 1.0f};
+    a = (member){.name = "ma", .port = port, .seed = port, .key = key, .value = value, .sign = 1.0f,
+                 .overlap = overlap};
     b = (member){.name = "mb", .port = port + 1, .seed = port, .key = key, .value = value,
-                 .sign = 3.0f, .apart = apart};
+                 .sign = 3.0f, .apart = apart, .overlap = overlap};
     pthread_t ta, tb;
     cr_assert_eq(pthread_create(&ta, NULL, member_main, &a), 0);
     cr_assert_eq(pthread_create(&tb, NULL, member_main, &b), 0);
@@ -538,19 +556,43 @@ static void two_members_average(const char *key, const char *value, int port, fl
 
 Test(api, a_group_of_two_reduces_to_one_model, .timeout = 180)
 {
-    two_members_average("node.group", "g0", 7410, 0.0f);
+    two_members_average("node.group", "g0", 7410, 0.0f, 0);
+}
+
+/* The layer count a member's last status document gives (-1: none). */
+static double layer_reductions(const char *name)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s.status.json", g_dir, name);
+    json_t *doc = json_load_file(path, 0, NULL);
+    const json_t *v = json_object_get(json_object_get(doc, "group"), "layer_reductions");
+    const double n = json_is_number(v) ? json_number_value(v) : -1;
+    json_decref(doc);
+    return n;
+}
+
+/* group.overlap: each member hands its layers over as "backward" writes
+ * them (last first); layer 1 is reduced on the engine's layer thread,
+ * layer 0 with the step's reduction. The same bytes as without overlap,
+ * every order error refused, and the layer thread did the work (its
+ * count in the status document: one layer reduction a step). */
+Test(api, a_group_of_two_reduces_layer_by_layer_with_overlap, .timeout = 180)
+{
+    two_members_average("node.group", "g0", 7440, 0.0f, 1);
+    cr_assert_eq(layer_reductions("ma"), GSTEPS, "ma: %g layer reductions", layer_reductions("ma"));
+    cr_assert_eq(layer_reductions("mb"), GSTEPS, "mb: %g layer reductions", layer_reductions("mb"));
 }
 
 /* One member's parameters apart after the last step: the group's final
  * sync (at leave) gives both the mean, so they end as one model. */
 Test(api, a_group_ends_as_one_model_after_a_last_step_apart, .timeout = 180)
 {
-    two_members_average("node.group", "g0", 7430, 0.25f);
+    two_members_average("node.group", "g0", 7430, 0.25f, 0);
 }
 
 Test(api, allreduce_averages_the_gradients, .timeout = 180)
 {
-    two_members_average("gossip.topology", "allreduce", 7420, 0.0f);
+    two_members_average("gossip.topology", "allreduce", 7420, 0.0f, 0);
 }
 
 /* ---- checkpoints, host mirrors, outcomes ------------------------------------------ */

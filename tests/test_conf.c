@@ -259,6 +259,8 @@ static const key_case cases[] = {
      "group.allreduce: expected one of direct|ring|butterfly|auto, found 'tree'"},
     {"group.density", "0.05", "0.05", "1.5",
      "group.density: expected a number in (0, 1], found '1.5'"},
+    {"group.overlap", "yes", "true", "sometimes",
+     "group.overlap: expected " BOOL_WHAT ", found 'sometimes'"},
     {"transport.provider", "tcp;ofi_rxm", "tcp;ofi_rxm", "", "transport.provider: empty value"},
     {"transport.op_timeout_ms", "1", "1", "0",
      "transport.op_timeout_ms: expected an integer in 1..600000, found '0'"},
@@ -1144,6 +1146,21 @@ Test(conf, cross_key_groups_gossip_between_them)
                      "gossip.topology = allreduce (every node all-reduces already; leave "
                      "node.group empty)");
     c = with((const char *const[]){"node.group=auto", NULL});
+    expect_check(&c, NULL);
+}
+
+Test(conf, cross_key_group_overlap_dense_and_fixed_algorithm)
+{
+    ds_conf c = with((const char *const[]){"node.group=g0", "group.overlap=true",
+                                           "group.sparsify=micro", NULL});
+    expect_check(&c, "group.overlap = true requires group.sparsify = none (the layers' "
+                     "reductions are dense), found group.sparsify = micro");
+    c = with((const char *const[]){"node.group=g0", "group.overlap=true", "group.allreduce=auto",
+                                   NULL});
+    expect_check(&c, "group.overlap = true requires group.allreduce = direct, ring or butterfly "
+                     "(auto times whole reductions, not a layer's), found group.allreduce = auto");
+    c = with((const char *const[]){"node.group=g0", "group.overlap=true", "group.allreduce=ring",
+                                   NULL});
     expect_check(&c, NULL);
 }
 

@@ -1056,12 +1056,13 @@ static int groups_owners_seen(void *arg)
 }
 
 static void run_groups_with(int groups, int steps, const char *mode, const char *algo,
-                            double min_acc)
+                            double min_acc, int overlap)
 {
-    char s_steps[64], s_groups[16], name[48], s_intra[64], s_algo[64];
+    char s_steps[64], s_groups[16], name[64], s_intra[64], s_algo[64], s_ov[64];
     snprintf(s_steps, sizeof(s_steps), "train.steps=%d", steps);
     snprintf(s_groups, sizeof(s_groups), "%d", groups);
-    snprintf(name, sizeof(name), "groups%d-%s-%s", groups, mode, algo);
+    snprintf(name, sizeof(name), "groups%d-%s-%s%s", groups, mode, algo, overlap ? "-ov" : "");
+    snprintf(s_ov, sizeof(s_ov), "group.overlap=%s", overlap ? "true" : "false");
     snprintf(s_intra, sizeof(s_intra), "group.sparsify=%s", mode);
     snprintf(s_algo, sizeof(s_algo), "group.allreduce=%s", algo);
     const char *out = tmp_path(name);
@@ -1071,7 +1072,7 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
                           "--set", "gossip.segments=8", "--set", "sparsify.method=micro",
                           "--set", "sparsify.density=0.01", "--set", "gossip.timeout_ms=2000",
                           "--set", STATUS_FILE_ON, "--set", s_intra,
-                          "--set", "group.density=0.01", "--set", s_algo,
+                          "--set", "group.density=0.01", "--set", s_algo, "--set", s_ov,
                           "--out", out, "--json", "--timeout", "400",
                           "--dsnode", bin("DSNODE"), NULL};
     struct live l;
@@ -1125,6 +1126,11 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
         cr_expect(want_r ? rr >= 1 : rr == 0, "%s: %.0f ring (%s)", node_names[i], rr, algo);
         cr_expect(want_b ? rb >= 1 : rb == 0, "%s: %.0f butterfly (%s)", node_names[i], rb,
                   algo);
+        /* group.overlap: the layers above the first went on the layer
+         * thread, one reduction (a bucket) a step. */
+        const double lr = status_num(doc, "group.layer_reductions");
+        cr_expect(overlap ? lr >= steps / 2 : lr == 0, "%s: %.0f layer reductions in %d steps",
+                  node_names[i], lr, steps);
         json_decref(doc);
     }
     cr_log_info("--groups %d, group.sparsify %s, group.allreduce %s, %d steps: mean test_acc "
@@ -1138,7 +1144,7 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
 
 static void run_groups(int groups, int steps, const char *mode, double min_acc)
 {
-    run_groups_with(groups, steps, mode, "direct", min_acc);
+    run_groups_with(groups, steps, mode, "direct", min_acc, 0);
 }
 
 Test(cluster, groups_of_four_hold_one_model)
@@ -1174,12 +1180,19 @@ Test(cluster, groups_of_three_three_two_hold_one_model)
  * vector in and gets the result back). Members hold one model. */
 Test(cluster, groups_of_four_ring_hold_one_model)
 {
-    run_groups_with(2, 300, "none", "ring", 0.70);
+    run_groups_with(2, 300, "none", "ring", 0.70, 0);
+}
+
+/* group.overlap: each layer's gradient (but the first) reduced on the
+ * layer thread while backward goes on; members hold one model. */
+Test(cluster, groups_of_four_overlap_hold_one_model)
+{
+    run_groups_with(2, 300, "none", "direct", 0.70, 1);
 }
 
 Test(cluster, groups_of_three_three_two_butterfly_hold_one_model)
 {
-    run_groups_with(3, 300, "none", "butterfly", 0.70);
+    run_groups_with(3, 300, "none", "butterfly", 0.70, 0);
 }
 
 /* group.allreduce = auto: each group's member 0 times direct and the
@@ -1188,7 +1201,7 @@ Test(cluster, groups_of_three_three_two_butterfly_hold_one_model)
  * the timing), members hold one model. */
 Test(cluster, groups_of_three_three_two_auto_hold_one_model)
 {
-    run_groups_with(3, 300, "none", "auto", 0.70);
+    run_groups_with(3, 300, "none", "auto", 0.70, 0);
 }
 
 /* Issue 10, failures in groups: 6 nodes as 2 groups of 3; n1 (group g0)
@@ -1230,15 +1243,16 @@ static void log_tail(const char *out, const char *name, int max)
     free(log);
 }
 
-static void group_failures(const char *algo)
+static void group_failures(const char *algo, int overlap)
 {
-    char name[32], s_algo[48];
-    snprintf(name, sizeof(name), "groupfail-%s", algo);
+    char name[32], s_algo[48], s_ov[48];
+    snprintf(name, sizeof(name), "groupfail-%s%s", algo, overlap ? "-ov" : "");
     snprintf(s_algo, sizeof(s_algo), "group.allreduce=%s", algo);
+    snprintf(s_ov, sizeof(s_ov), "group.overlap=%s", overlap ? "true" : "false");
     const char *out = tmp_path(name);
     const char *extra[] = {"--set", "train.steps=1200", "--set", "train.eval_every=0",
                            "--set", "gossip.segments=8", "--set", "sparsify.method=micro",
-                           "--set", s_algo, "--groups", "2", NULL};
+                           "--set", s_algo, "--set", s_ov, "--groups", "2", NULL};
     const char *args[40];
     el_args(args, 6, out, extra);
     struct live l;
@@ -1300,7 +1314,14 @@ static void group_failures(const char *algo)
 
 Test(elastic, group_member_killed_and_another_frozen)
 {
-    group_failures("direct");
+    group_failures("direct", 0);
+}
+
+/* The same with group.overlap: a layer's reduction that meets the dead or
+ * the frozen member ends at the step's deadline like the step's own. */
+Test(elastic, group_member_killed_and_another_frozen_overlap)
+{
+    group_failures("direct", 1);
 }
 
 /* The same with the ring and the butterfly: the reduction that meets the
@@ -1308,10 +1329,10 @@ Test(elastic, group_member_killed_and_another_frozen)
  * the group goes on as with direct. */
 Test(elastic, group_member_killed_and_another_frozen_ring)
 {
-    group_failures("ring");
+    group_failures("ring", 0);
 }
 
 Test(elastic, group_member_killed_and_another_frozen_butterfly)
 {
-    group_failures("butterfly");
+    group_failures("butterfly", 0);
 }

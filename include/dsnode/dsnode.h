@@ -28,6 +28,9 @@
  *     dsnode_ready     1: take this step; 0: not now (a joiner keeping the
  *                      cluster's pace or shadowing it), ask again
  *     (the program's forward and backward)
+ *     dsnode_layer_ready (optional, with group.overlap) from inside
+ *                      backward: one layer's gradient is final; its
+ *                      reduction starts behind the rest of backward
  *     dsnode_reduce    (when dsnode_reduces says 1) the gradient averaged
  *                      over the group (node.group) or the view (topology
  *                      allreduce), in place
@@ -282,6 +285,23 @@ int dsnode_ready(dsnode *d);
  * reduction that did not complete leaves the local gradient (logged,
  * counted). dsnode_reduces 0: nothing. 0, or -EINVAL (order). */
 int dsnode_reduce(dsnode *d);
+
+/* group.overlap: from inside the program's backward, after layer `layer`
+ * of the table (its index in dsnode_register's) has its final gradient
+ * in the gradient buffer and before the layers below it run: that layer's
+ * reduction over the group starts now, on an engine thread, behind the
+ * rest of backward. Training thread, between dsnode_ready and
+ * dsnode_reduce; each layer at most once a step. Every member of a group
+ * must hand over the same layers in the same order (as one backward pass
+ * does: last layer first). The program does not write that layer's range
+ * of the gradient again until dsnode_reduce returns; dsnode_reduce reduces
+ * the layers not handed over, waits for all, and returns with the group's
+ * mean gradient as without overlap. Does nothing (returns 0) without
+ * group.overlap, in a step with no group to reduce with, and with
+ * dsnode_register_copies (the mirrors are copied whole inside
+ * dsnode_reduce). 0; -EINVAL: order, or layer not in the table;
+ * -EALREADY: that layer was handed over already this step. */
+int dsnode_layer_ready(dsnode *d, size_t layer);
 
 /* After the optimizer step: counts the step, finishes the round still
  * open (its deltas added to the buffer) and starts this step's round

@@ -504,6 +504,25 @@ int dsnode_reduce(dsnode *d)
     return 0;
 }
 
+int dsnode_layer_ready(dsnode *d, size_t layer)
+{
+    int e = need(d, ST_JOINED, "dsnode_layer_ready");
+    if (e < 0)
+        return e;
+    if (!reduces(d))
+        return 0;
+    if (d->reduced)
+        return fail(-EINVAL, "dsnode_layer_ready: called after dsnode_reduce; expected it "
+                    "between dsnode_ready and dsnode_reduce");
+    if (layer >= (size_t)d->n_layers)
+        return fail(-EINVAL, "dsnode_layer_ready: layer %zu: expected an index of the %zu "
+                    "registered layers", layer, (size_t)d->n_layers);
+    if (ds_engine_layer_ready(d->e, d->step, (int)layer) < 0)
+        return fail(-EALREADY, "dsnode_layer_ready: layer %zu handed over twice in one step",
+                    layer);
+    return 0;
+}
+
 int dsnode_step(dsnode *d)
 {
     int e = need(d, ST_JOINED, "dsnode_step");

@@ -178,6 +178,14 @@ static void describe_trainer(run *u)
 
 /* Hand the trainer's memory to the engine: its own on the CPU, host
  * mirrors of a device's. 0, or -1 with the failure logged. */
+/* Backward wrote one layer's gradient (model.h, grad_ready). */
+static void layer_ready(void *ctx, int layer)
+{
+    run *u = ctx;
+    if (dsnode_layer_ready(u->d, (size_t)layer) < 0)
+        ds_log_rl(DS_LOG_WARN, "node", "%s", dsnode_error());
+}
+
 static int register_trainer(run *u)
 {
     ds_trainer *t = &u->t;
@@ -206,6 +214,12 @@ static int register_trainer(run *u)
     if (e < 0) {
         ds_error("node", "cannot start: %s", dsnode_error());
         return -1;
+    }
+    /* group.overlap: each layer's gradient leaves as backward writes it
+     * (on the CPU; a device's mirrors are copied whole at the reduce). */
+    if (dsnode_reduces(u->d) == 1 && t->ops.kind == DS_BACKEND_CPU) {
+        t->model.grad_ready = layer_ready;
+        t->model.grad_ctx = u;
     }
     return 0;
 }

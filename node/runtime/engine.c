@@ -387,6 +387,9 @@ static void stop_threads(rt *r)
     pthread_mutex_unlock(&r->lock);
     if (r->comm_up)
         pthread_join(r->comm, NULL);
+    if (r->lth_up)
+        pthread_join(r->lth, NULL);
+    r->lth_up = 0;
     if (r->fd_up)
         pthread_join(r->fd, NULL);
     r->comm_up = r->fd_up = 0;
@@ -581,6 +584,17 @@ static int open_group(rt *r)
     /* A list of (index, value) pairs travels as 2 floats a pair in one
      * frame: at most half the longest vector (the rest waits a step). */
     r->glist_cap = (uint32_t)(n / 2);
+    /* group.overlap: a layer thread's jobs (rounds.c); a layer's place
+     * in the step travels in a tag's low byte. */
+    if (e == 0 && r->c->group.overlap && r->p.n_layers > DS_LAYER_TAG_MAX) {
+        ds_error("node", "cannot start: group.overlap: expected at most %d layers, found %d",
+                 DS_LAYER_TAG_MAX, r->p.n_layers);
+        return -EINVAL;
+    }
+    if (e == 0 && r->c->group.overlap &&
+        (!(r->lq = calloc((size_t)r->p.n_layers, sizeof(*r->lq))) ||
+         !(r->lsent = calloc((size_t)r->p.n_layers, 1))))
+        e = -ENOMEM;
     if (e == 0 && (!(r->gvec = malloc(n * sizeof(float))) ||
                    !(r->gcarry = calloc(r->p.n, sizeof(float))) ||
                    !(r->glist_idx = malloc(r->glist_cap * sizeof(uint32_t))) ||
@@ -1017,6 +1031,8 @@ void ds_engine_close(ds_engine **ep)
     ds_gnet_destroy(&r->gn_grp);
     ds_greduce_destroy(&r->gred);
     free(r->gvec);
+    free(r->lq);
+    free(r->lsent);
     free(r->gcarry);
     free(r->glist_idx);
     free(r->glist_val);

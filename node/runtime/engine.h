@@ -191,6 +191,17 @@ int ds_engine_before_step(ds_engine *e);
  * incomplete reduction leaves the local gradient (logged). */
 void ds_engine_reduce(ds_engine *e, int64_t step);
 
+/* group.overlap, between ds_engine_before_step and ds_engine_reduce of
+ * optimizer step `step`: layer `layer` of the table has its final
+ * gradient in p.grad; its reduction over the group starts now on the
+ * layer thread (rounds.c, "layer reductions"). Every member hands over
+ * the same layers in the same order (one backward pass: last first); the
+ * client does not write that range again before ds_engine_reduce, which
+ * reduces the layers not handed over and waits for all. 0 (also: no
+ * overlap, no group this step, pull/push mirrors, a layer out of range);
+ * -EALREADY: handed over already this step. */
+int ds_engine_layer_ready(ds_engine *e, int64_t step, int layer);
+
 /* After the optimizer took step number `step` (1, 2, ...): finish the
  * round still open (its deltas added to params), start this step's round
  * when step % gossip.every == 0 (on the comm thread with gossip.overlap,

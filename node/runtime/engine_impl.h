@@ -36,6 +36,23 @@
  * (rounds.c). */
 #define DS_AUTO_PROBE 8
 
+/* group.overlap: a reduction's tag is the group's count << 8 | its place
+ * in the step (the layers in the order handed over, then the step's own
+ * at 255), so the layers of a step come in order and before the next
+ * step's. */
+#define DS_LAYER_TAG_BITS 8
+#define DS_LAYER_TAG_MAX 254
+
+/* group.overlap: one layer's reduction, handed to the layer thread
+ * (rounds.c, "layer reductions"). */
+struct ds_ljob {
+    size_t off, len;          /* the layer's range of the gradient */
+    uint32_t pos;             /* its place in the step's order: the tag's low byte */
+    int e;                    /* ds_greduce_run's return */
+    ds_greduce_result res;
+    uint64_t ns;              /* how long it took */
+};
+
 struct ds_engine {
     const ds_conf *c;
     ds_engine_stop stop;
@@ -155,6 +172,26 @@ struct ds_engine {
     uint64_t gauto_ns[3][DS_AUTO_PROBE];
     uint32_t gauto_cnt[3];
     ds_group_stats gst;
+    /* group.overlap (rounds.c, "layer reductions"): the layer thread
+     * reduces each layer's gradient as the client's backward hands it over
+     * (ds_engine_layer_ready), and the step's reduction waits for those.
+     * lq_n and lq_done are under `lock` (`cond` wakes both sides); while
+     * lq_done < lq_n the layer thread owns gred, lgseq and the jobs from
+     * lq_done on, the main thread the rest (it writes lq[lq_n] before it
+     * raises lq_n). lopen: 0 no layer handed over yet this step, 1 the
+     * step's layers are on their way, -1 this step has no group to reduce
+     * with. */
+    pthread_t lth;
+    int lth_up;
+    int lopen;
+    struct ds_ljob *lq;       /* p.n_layers */
+    uint8_t *lsent;           /* p.n_layers: handed over this step */
+    uint32_t lq_n, lq_done;
+    size_t lb_off, lb_len;    /* layers gathered, not yet handed to the thread */
+    uint64_t lgseq;           /* the group's count as the layer thread runs it */
+    uint64_t ldeadline_ns;    /* the step's layers' deadline */
+    int ldoubt;               /* a member in doubt: each layer runs direct */
+    uint64_t lwaited_ns;      /* the step waited this long for its layers */
     uint64_t hist_round, hist_t0_ns; /* the round in progress, for the status history */
     /* The round in progress between groups (set_group_view), for the
      * history: its groups (rg_*: count, ours, our member index and group

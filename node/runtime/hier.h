@@ -36,7 +36,13 @@
     X(U64, steps_taken, "steps_taken", "dsnode_group_steps_taken_total", COUNTER, NULL, NULL, \
       "Times this member took member 0's step count (it was apart in steps).") \
     X(NS, reduce_ns, "reduce_s", "dsnode_group_reduce_seconds_total", COUNTER, NULL, NULL, \
-      "Time in the group's reductions, all exposed (the step waits for them).") \
+      "Time the steps waited for the group's reductions (exposed); with group.overlap the " \
+      "wait for the layers' included.") \
+    X(NS, reduce_hidden_ns, "reduce_hidden_s", "dsnode_group_reduce_hidden_seconds_total", \
+      COUNTER, NULL, NULL, \
+      "group.overlap: time of the layers' reductions that ran behind backward (hidden).") \
+    X(U64, layer_reductions, "layer_reductions", "dsnode_group_layer_reductions_total", \
+      COUNTER, NULL, NULL, "group.overlap: reductions of one layer's gradient.") \
     X(NS, exchange_wait_ns, "exchange_wait_s", "dsnode_group_exchange_wait_seconds_total", \
       COUNTER, NULL, NULL, \
       "Exposed time waiting for the overlapped inter-group exchange to finish.") \

@@ -579,8 +579,11 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     show_group_wait(r, skip);
     if (r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO)
         ds_greduce_set_algo(r->gred, (enum ds_greduce_algo)r->galgo);
+    /* group.overlap: the step's own reduction comes after its layers'. */
+    const int bits = r->lq ? DS_LAYER_TAG_BITS : 0;
+    const uint64_t tag = bits ? r->gseq << bits | 255u : r->gseq;
     int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
-                           r->gmember, skip, r->gseq, deadline_ns, sp, res);
+                           r->gmember, skip, tag, deadline_ns, sp, res);
     ds_status_clear_wait(r->status);
     if (e == 0) {
         if (res->ran == DS_GREDUCE_BUTTERFLY)
@@ -592,14 +595,17 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     }
     /* Tags: the next count, or a member's if it is ahead (a joiner, or
      * members apart after a miss, meet again so). */
-    r->gseq = res->max_tag >= r->gseq + 1 ? res->max_tag : r->gseq + 1;
+    const uint64_t seen = res->max_tag >> bits;
+    r->gseq = seen >= r->gseq + 1 ? seen : r->gseq + 1;
     r->gst.reductions++;
     r->gst.incomplete += e == 0 && !res->complete;
     const uint64_t took = ds_now_ns() - t0;
     *took_ns = took;
-    r->gst.reduce_ns += took;
+    /* With group.overlap the step also waited for its layers: exposed. */
+    r->gst.reduce_ns += took + r->lwaited_ns;
     if (r->snap)
-        ds_status_times_add(&r->snap->gtimes.reduce, took);
+        ds_status_times_add(&r->snap->gtimes.reduce, took + r->lwaited_ns);
+    r->lwaited_ns = 0;
     if (e == 0 && !res->complete && !res->stopped)
         ds_log_rl(DS_LOG_WARN, "group", "reduction %llu incomplete: %u chunk(s) missing "
                   "(the slices re-sync them)", (unsigned long long)r->gseq - 1,
@@ -720,6 +726,219 @@ static uint32_t group_select(rt *r, int deft, float *sq, size_t nu)
     return (uint32_t)res.count;
 }
 
+/* ---- layer reductions (group.overlap) -------------------------------------- */
+
+/* With group.overlap the gradient leaves by layer: as the client's
+ * backward writes layer l's gradient (last layer first) it hands it over
+ * (ds_engine_layer_ready) and the layer thread reduces that range of
+ * p.grad in place, the mean over the group, while backward goes on with
+ * the layers below. Layer 0, the last backward writes (nothing runs
+ * after it to hide a reduction behind), stays with the step's own
+ * reduction (group_reduce), which waits for the other layers (handing
+ * over, last first, any the client did not) and reduces layer 0's
+ * gradient with the slices, the position and the round deltas: one
+ * reduction fewer a step. Adjacent small layers go together (buckets,
+ * layer_add). Each bucket is a reduction of its own, tagged with the
+ * group's count and its place in the step (DS_LAYER_TAG_BITS), so every
+ * member must hand over the same layers in the same order: the order of
+ * one backward pass. A step's buckets share one deadline, half of
+ * gossip.timeout_ms from the first, inside the step's own (which starts
+ * before it waits for them). A bucket that did not complete keeps the
+ * member's own values where chunks are missing, as the dense reduction
+ * does, and the slices re-sync the members; only the step's own
+ * reduction reports a member that did not answer (io->peer_failed:
+ * membership, skip windows). With layers reporting too, members of a
+ * group of three skipped each other in windows that never lined up after
+ * one of them was frozen for 5 s (docs/gossip.md, "Layer by layer"). */
+
+static void layer_run(rt *r, struct ds_ljob *j)
+{
+    const uint64_t tag = r->lgseq << DS_LAYER_TAG_BITS | j->pos;
+    if (r->ldoubt)
+        ds_greduce_direct_once(r->gred);
+    const uint64_t t0 = ds_now_ns();
+    /* A member missing here is the step's own reduction's to report
+     * (its deadline, its skip windows): a layer only keeps that member's
+     * chunk as ours. */
+    ds_gossip_io io = *ds_gnet_io(r->gn_grp);
+    io.peer_failed = NULL;
+    j->e = ds_greduce_run(r->gred, &io, r->p.grad + j->off, j->len, j->len, r->gsize, r->gmember,
+                          r->gskip, tag, r->ldeadline_ns, NULL, &j->res);
+    j->ns = ds_now_ns() - t0;
+    /* Members ahead (a joiner, a miss): the next layer meets them. */
+    if (j->e == 0 && j->res.max_tag >> DS_LAYER_TAG_BITS > r->lgseq)
+        r->lgseq = j->res.max_tag >> DS_LAYER_TAG_BITS;
+}
+
+static void *layer_main(void *arg)
+{
+    rt *r = arg;
+    pthread_setname_np(pthread_self(), "ds-layers");
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        while (r->lq_done == r->lq_n && !r->stop_threads)
+            pthread_cond_wait(&r->cond, &r->lock);
+        if (r->stop_threads)
+            break;
+        struct ds_ljob *j = &r->lq[r->lq_done];
+        pthread_mutex_unlock(&r->lock);
+        layer_run(r, j);
+        pthread_mutex_lock(&r->lock);
+        r->lq_done++;
+        pthread_cond_broadcast(&r->cond);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+/* Layer reductions run for this member: the thread is up and p.grad is
+ * the gradient itself (with pull and push it is a mirror, copied whole
+ * inside ds_engine_reduce: the step reduces it whole there). */
+static int layers_on(const rt *r)
+{
+    return r->lth_up && !r->p.pull;
+}
+
+/* The step's first layer: its group, who is not waited for, its
+ * deadline. 1: layers go; 0: no group to reduce with this step. */
+static int layer_open(rt *r, int64_t step)
+{
+    const uint64_t round = r->round0 + (uint64_t)(step / r->c->gossip.every);
+    if (group_at(r, round) < 0 || r->gsize < 2) {
+        r->lopen = -1;
+        return 0;
+    }
+    const uint64_t now = ds_now_ms();
+    int doubt = 0;
+    pthread_mutex_lock(&r->skip_lock);
+    for (uint32_t k = 0; k < r->gsize; k++) {
+        r->gskip[k] = k == r->gmember
+                          ? DS_GREDUCE_SKIP_WAIT
+                          : (uint8_t)ds_skip_check(&r->skip, r->gmembers[k], round, now);
+        doubt |= k != r->gmember && ds_skip_listed(&r->skip, r->gmembers[k]);
+    }
+    pthread_mutex_unlock(&r->skip_lock);
+    r->ldoubt = doubt;
+    r->lgseq = r->gseq;
+    r->ldeadline_ns = ds_now_ns() + (uint64_t)r->c->gossip.timeout_ms * 500000u;
+    r->lopen = 1;
+    return 1;
+}
+
+/* A bucket smaller than this (floats: 256 KiB) waits for the layer below
+ * it, as PyTorch's DDP fills buckets: each reduction costs two message
+ * latencies or more, which a layer of a few thousand floats does not
+ * repay. */
+#define LAYER_BUCKET_MIN 65536u
+
+/* Hand the bucket of layers gathered so far to the layer thread. */
+static void bucket_post(rt *r)
+{
+    if (!r->lb_len)
+        return;
+    struct ds_ljob *j = &r->lq[r->lq_n];
+    j->off = r->lb_off;
+    j->len = r->lb_len;
+    j->pos = r->lq_n;
+    r->lb_len = 0;
+    pthread_mutex_lock(&r->lock);
+    r->lq_n++;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* Layer `layer` (>= 1) joins the bucket when it lies just below it in the
+ * buffer (one backward pass hands them over so), else starts one; the
+ * bucket goes once it is large enough, or at layer 1 (layer 0 is the
+ * step's reduction's). */
+static void layer_add(rt *r, int layer)
+{
+    const ds_layer *l = &r->p.layers[layer];
+    r->lsent[layer] = 1;
+    if (r->lb_len && l->off + l->len != r->lb_off)
+        bucket_post(r);
+    r->lb_off = l->off;
+    r->lb_len += l->len;
+    if (r->lb_len >= LAYER_BUCKET_MIN || layer == 1)
+        bucket_post(r);
+}
+
+int ds_engine_layer_ready(ds_engine *r, int64_t step, int layer)
+{
+    if (!layers_on(r) || layer < 0 || layer >= r->p.n_layers || r->lopen < 0)
+        return 0;
+    if (!r->lopen && !layer_open(r, step))
+        return 0;
+    if (r->lsent[layer])
+        return -EALREADY;
+    if (layer == 0) {
+        r->lsent[0] = 1; /* it goes with the step's reduction */
+        return 0;
+    }
+    layer_add(r, layer);
+    return 0;
+}
+
+/* In the step's reduction: hand over the layers the client did not (last
+ * first; layer 0 is the step's reduction's), wait for all, and count
+ * them. Returns the time waited (ns): the layers' exposed part. */
+static uint64_t layer_finish(rt *r)
+{
+    for (int l = r->p.n_layers - 1; l >= 1; l--)
+        if (!r->lsent[l])
+            layer_add(r, l);
+    bucket_post(r);
+    const uint64_t t0 = ds_now_ns();
+    pthread_mutex_lock(&r->lock);
+    while (r->lq_done < r->lq_n && !r->stop_threads)
+        pthread_cond_wait(&r->cond, &r->lock);
+    pthread_mutex_unlock(&r->lock);
+    const uint64_t waited = ds_now_ns() - t0;
+    uint64_t busy = 0;
+    uint32_t missing = 0;
+    for (uint32_t i = 0; i < r->lq_done; i++) {
+        const struct ds_ljob *j = &r->lq[i];
+        busy += j->ns;
+        r->gst.layer_reductions++;
+        if (j->e < 0)
+            continue;
+        if (!j->res.complete && !j->res.stopped) {
+            r->gst.incomplete++;
+            missing += j->res.chunks_missing;
+        }
+        if (j->res.ran == DS_GREDUCE_BUTTERFLY)
+            r->gst.ran_butterfly++;
+        else if (j->res.ran == DS_GREDUCE_RING)
+            r->gst.ran_ring++;
+        else
+            r->gst.ran_direct++;
+    }
+    if (missing)
+        ds_log_rl(DS_LOG_WARN, "group", "layer reductions of count %llu incomplete: %u "
+                  "chunk(s) missing (the slices re-sync them)", (unsigned long long)r->lgseq,
+                  missing);
+    r->gseq = r->lgseq;
+    const uint64_t hidden = busy > waited ? busy - waited : 0;
+    r->gst.reduce_hidden_ns += hidden;
+    if (r->snap)
+        ds_status_times_add(&r->snap->gtimes.reduce_hidden, hidden);
+    return waited;
+}
+
+/* The step is over (every path of group_reduce): the next one starts
+ * with no layer handed over. */
+static void layer_close(rt *r)
+{
+    if (!r->lq)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->lq_n = r->lq_done = 0;
+    pthread_mutex_unlock(&r->lock);
+    memset(r->lsent, 0, (size_t)r->p.n_layers);
+    r->lb_len = 0;
+    r->lopen = 0;
+}
+
 /* Every step of a node in a group: wait for the round's exchange, then
  * one reduction of
  *
@@ -781,6 +1000,11 @@ static void group_reduce(rt *r, int64_t step)
             r->gcarry[i] += d[i];
         memset(d, 0, n * sizeof(float));
     }
+    /* group.overlap: the layers, if backward handed none over. */
+    const int lay = layers_on(r) && (r->lopen == 1 || (r->lopen == 0 && layer_open(r, step)));
+    if (lay)
+        r->lwaited_ns = layer_finish(r);
+    layer_close(r);
     if (group_at(r, round) < 0 || r->gsize < 2) {
         /* Alone: what waits is ours to apply. */
         memcpy(ds_gossip_delta(r->gossip), r->gcarry, n * sizeof(float));
@@ -795,7 +1019,10 @@ static void group_reduce(rt *r, int64_t step)
         return;
     }
     const int sparse = r->gsp != NULL;
-    const size_t gn = sparse ? 0 : n; /* the dense gradient's floats */
+    /* The dense gradient's floats, from g0: all of it, or with
+     * group.overlap layer 0's (the others are reduced already). */
+    const size_t gn = sparse ? 0 : lay ? r->p.layers[0].len : n;
+    const size_t g0 = lay ? r->p.layers[0].off : 0;
     size_t soff, slen;
     sync_slice(r, &soff, &slen);
     const size_t mlen = r->p.opt ? slen : 0;
@@ -808,6 +1035,8 @@ static void group_reduce(rt *r, int64_t step)
     uint32_t gk = 0;
     if (sparse)
         gk = group_select(r, deft, nu ? sq : NULL, nu);
+    else if (lay)
+        memcpy(v, r->p.grad + g0, gn * sizeof(float));
     else
         pull_into(r, DS_ENGINE_GRAD, r->p.grad, v);
     memcpy(ps, params_host(r) + soff, slen * sizeof(float));
@@ -821,10 +1050,12 @@ static void group_reduce(rt *r, int64_t step)
         pos[4] = (float)gk;
     *next = auto_publish(r);
     const ds_gsparse sp = {.idx = r->glist_idx, .val = r->glist_val,
-                           .count = gk + take_list(r, gk, gn ? 0 : n),
+                           .count = gk + take_list(r, gk, sparse ? n : 0),
                            .out = sparse ? r->gsout : ds_gossip_delta(r->gossip),
                            .n_out = sparse ? 2 * n : n};
     ds_greduce_result res;
+    /* (With group.overlap the wait for the layers, which end at half a
+     * timeout from the first, is inside this deadline.) */
     uint64_t deadline = t0 + timeout_ns;
     if (deadline < t1 + 100000000u)
         deadline = t1 + 100000000u;
@@ -839,7 +1070,7 @@ static void group_reduce(rt *r, int64_t step)
         for (uint32_t j = 0; j < gk; j++)
             r->gres[sp.idx[j]] = sp.val[j];
         for (uint32_t j = gk; j < sp.count; j++)
-            r->gcarry[sp.idx[j] - (gn ? 0 : n)] += sp.val[j];
+            r->gcarry[sp.idx[j] - (sparse ? n : 0)] += sp.val[j];
         if (sparse) {
             memset(r->p.grad, 0, n * sizeof(float));
             if (r->p.push)
@@ -866,6 +1097,8 @@ static void group_reduce(rt *r, int64_t step)
             ds_micro_feedback(r->gsp, (size_t)pos[4]);
         else if (nu)
             ds_deft_feedback(r->gsp, r->gsize, sq, nu);
+    } else if (lay) {
+        memcpy(r->p.grad + g0, v, gn * sizeof(float));
     } else {
         push_from(r, DS_ENGINE_GRAD, r->p.grad, v);
     }
@@ -1091,6 +1324,13 @@ int ds_engine_start(ds_engine *r, char *err, size_t err_len)
         r->round0 = first_round(r);
         ds_info("gossip", "training starts at round %llu with %lld members",
                 (unsigned long long)r->round0, (long long)c->cluster.min_members);
+    }
+    if (r->lq) {
+        if ((e = pthread_create(&r->lth, NULL, layer_main, r)) != 0) {
+            snprintf(err, err_len, "cannot start the layer reduction thread: %s", strerror(e));
+            return -e;
+        }
+        r->lth_up = 1;
     }
     if (c->gossip.overlap && ds_topo_gossips(r->topo)) {
         if ((e = pthread_create(&r->comm, NULL, comm_main, r)) != 0) {

@@ -265,10 +265,15 @@ static void history_part(FILE *f, const ds_status_snapshot *s)
     if (s->group[0]) {
         const ds_status_group_times *g = &s->gtimes;
         histogram(f, s, "dsnode_group_reduce_seconds",
-                  "Group reductions, one per step, by duration: all exposed (the step waits "
-                  "for it).",
+                  "Per step, the time the step waited for its group reduction (exposed; with "
+                  "group.overlap the wait for its layers' included).",
                   ds_status_xchg_bounds, g->reduce.bucket, DS_STATUS_XCHG_BUCKETS,
                   g->reduce.sum_ns, g->reduce.count);
+        histogram(f, s, "dsnode_group_reduce_hidden_seconds",
+                  "group.overlap: per step, the part of its layers' reductions that ran behind "
+                  "backward (hidden).",
+                  ds_status_xchg_bounds, g->reduce_hidden.bucket, DS_STATUS_XCHG_BUCKETS,
+                  g->reduce_hidden.sum_ns, g->reduce_hidden.count);
         histogram(f, s, "dsnode_group_exchange_exposed_seconds",
                   "Per step, the time the step waited for the exchange between groups "
                   "(exposed).",

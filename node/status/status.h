@@ -195,11 +195,12 @@ typedef struct ds_status_times {
 } ds_status_times;
 
 /* A node in a group, every step (node/runtime records them): the group
- * reduction (all of it exposed: the step waits for it), and the exchange
+ * reduction, what the step waited for (exposed), and with group.overlap
+ * what its layers' reductions ran behind backward (hidden); the exchange
  * between groups, split into what the step waited for (exposed) and
  * what ran behind its compute (hidden). */
 typedef struct ds_status_group_times {
-    ds_status_times reduce, exchange_exposed, exchange_hidden;
+    ds_status_times reduce, reduce_hidden, exchange_exposed, exchange_hidden;
 } ds_status_group_times;
 
 /* Add one duration to t. */

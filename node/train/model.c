@@ -283,6 +283,8 @@ int ds_model_forward_backward(ds_model *m, const float *theta, float *grad, cons
             float *dw = grad + l->off, *db = dw + (size_t)l->in * l->out;
             o->gemm(1, 0, l->out, l->in, batch, 1.0f, dz, l->out, in[i], l->in, 0.0f, dw, l->in);
             o->bias_grad(db, dz, batch, l->out);
+            if (m->grad_ready)
+                m->grad_ready(m->grad_ctx, op->layer);
             if (need_dx) {
                 o->gemm(0, 0, batch, l->in, l->out, 1.0f, dz, l->out, w, l->in, 0.0f,
                         m->dact[cur ^ 1], l->in);
@@ -297,6 +299,8 @@ int ds_model_forward_backward(ds_model *m, const float *theta, float *grad, cons
             ds_conv_shape s = conv_shape(op, batch);
             s.k = l->k;
             o->conv2d_bwd(need_dx ? m->dact[cur ^ 1] : NULL, dw, db, dz, in[i], w, &s, m->col);
+            if (m->grad_ready)
+                m->grad_ready(m->grad_ctx, op->layer);
             if (need_dx)
                 cur ^= 1;
             break;

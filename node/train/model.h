@@ -63,6 +63,13 @@ typedef struct ds_model {
      * the largest conv (NULL without conv). */
     float *dact[2];
     float *col;
+    /* May be NULL (the default): backward calls it as soon as layer i's
+     * gradient (weight and bias) is written, last layer first, before the
+     * layers below it run; the caller may start reducing that range
+     * (group.overlap). On a device backend the kernels are only enqueued
+     * by then. Set by the caller after init; fini clears it. */
+    void (*grad_ready)(void *ctx, int layer);
+    void *grad_ctx;
 } ds_model;
 
 /* Build an MLP: input_dim -> hidden[0] -> ... -> n_classes. Returns 0,
@@ -89,7 +96,8 @@ void ds_model_init_params(const ds_model *m, float *theta_host, uint64_t seed);
 
 /* Forward pass over `batch` rows of x (backend memory, batch x input_dim),
  * then, when grad is non-NULL, backward into grad (overwritten, n_params,
- * gradient of the MEAN loss). Returns the SUM of per-row losses in
+ * gradient of the MEAN loss; m->grad_ready, when set, hears of each
+ * layer's as it is written). Returns the SUM of per-row losses in
  * *loss_sum and the number of correct arg-max predictions in *correct. */
 int ds_model_forward_backward(ds_model *m, const float *theta, float *grad, const float *x,
                               const int32_t *labels, int batch, double *loss_sum, int64_t *correct);

@@ -72,6 +72,9 @@ int ds_bench_cluster(int argc, char **argv);
 int ds_bench_torch(int argc, char **argv);
 /* dsbench hier (bench_cluster.c): 2 hosts x 4 nodes, flat vs groups. */
 int ds_bench_hier(int argc, char **argv);
+/* dsbench allreduce (bench_allreduce.c): one group's reduction by
+ * algorithm, with and without group.overlap (issue 10). */
+int ds_bench_allreduce(int argc, char **argv);
 int ds_bench_status(int argc, char **argv);
 /* dsbench scale (bench_scale_cmd.c, simulation in bench_scale.c): issue 18. */
 int ds_bench_scale(int argc, char **argv);

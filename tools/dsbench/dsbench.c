@@ -29,6 +29,7 @@ static const struct {
     {"status", ds_bench_status, "scrapes from one address while another floods the status server with idle connections"},
     {"cluster", ds_bench_cluster, "4-node clusters per variant on loopback and rate-limited namespaces vs PyTorch DDP; bytes/node/round at 2-8 nodes"},
     {"hier", ds_bench_hier, "8 nodes as 2 hosts x 4 (namespaces, rate-limited link between hosts): flat gossip vs one group per host vs flat all-reduce"},
+    {"allreduce", ds_bench_allreduce, "one group of real processes: its reduction by algorithm (direct, ring, butterfly), with and without group.overlap; step time, exposed and hidden reduction"},
     {"viz", ds_bench_viz, "dsviz --serve's page refresh with 64 simulated members (sim.h) and 1,000 rounds of history vs 8 members and 32 rounds"},
     {"torch", ds_bench_torch, "4 PyTorch processes under dsnode gossip (libdsnode) vs PyTorch DDP (gloo) vs native dsnode; the binding's cost per step"},
 };

@@ -532,13 +532,7 @@ static int faults_opts_read(faults_opts *o, int argc, char **argv)
     o->partition_s = 15;
     snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
              ds_bench_tools_dir());
-    char self[PATH_MAX - 64];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    self[n > 0 ? n : 0] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash)
-        *slash = 0;
-    snprintf(o->dslaunch, sizeof(o->dslaunch), "%s/../dslaunch/dslaunch", self);
+    ds_lrun_default_dslaunch(o->dslaunch, sizeof(o->dslaunch));
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--faults"))

@@ -20,6 +20,17 @@
 #include "tools/dsbench/bench.h"
 #include "tools/dsbench/lrun.h"
 
+void ds_lrun_default_dslaunch(char *out, size_t len)
+{
+    char self[PATH_MAX - 64];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    self[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(out, len, "%s/../dslaunch/dslaunch", self);
+}
+
 void ds_lrun_sleep_ms(int ms)
 {
     const struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

@@ -24,6 +24,10 @@ typedef struct ds_lrun {
 
 void ds_lrun_sleep_ms(int ms);
 
+/* The dslaunch built beside this dsbench (BUILD/tools/dslaunch/dslaunch),
+ * into out (len bytes). */
+void ds_lrun_default_dslaunch(char *out, size_t len);
+
 /* args: dslaunch's options after `local -n N` (NULL-ended, at most 56). */
 int ds_lrun_start(ds_lrun *r, const char *tag, const char *dslaunch, int nodes,
                   const char *const *args);

@@ -879,6 +879,15 @@ int ds_engine_layer_ready(ds_engine *r, int64_t step, int layer)
     return 0;
 }
 
+/* Until the layer thread has reduced every bucket handed to it. */
+static void layer_wait(rt *r)
+{
+    pthread_mutex_lock(&r->lock);
+    while (r->lq_done < r->lq_n && !r->stop_threads)
+        pthread_cond_wait(&r->cond, &r->lock);
+    pthread_mutex_unlock(&r->lock);
+}
+
 /* In the step's reduction: hand over the layers the client did not (last
  * first; layer 0 is the step's reduction's), wait for all, and count
  * them. Returns the time waited (ns): the layers' exposed part. */
@@ -889,10 +898,7 @@ static uint64_t layer_finish(rt *r)
             layer_add(r, l);
     bucket_post(r);
     const uint64_t t0 = ds_now_ns();
-    pthread_mutex_lock(&r->lock);
-    while (r->lq_done < r->lq_n && !r->stop_threads)
-        pthread_cond_wait(&r->cond, &r->lock);
-    pthread_mutex_unlock(&r->lock);
+    layer_wait(r);
     const uint64_t waited = ds_now_ns() - t0;
     uint64_t busy = 0;
     uint32_t missing = 0;
@@ -939,6 +945,18 @@ static void layer_close(rt *r)
     r->lopen = 0;
 }
 
+/* Wait for the layers handed over and not yet reduced, then close the
+ * step: a client that handed some over and left the step without
+ * dsnode_reduce (a failed step, a stop) must not have the layer thread
+ * on gred while the final sync or the close uses it. */
+static void layer_drain(rt *r)
+{
+    if (!r->lq)
+        return;
+    layer_wait(r);
+    layer_close(r);
+}
+
 /* Every step of a node in a group: wait for the round's exchange, then
  * one reduction of
  *
@@ -974,7 +992,12 @@ static void layer_close(rt *r)
  *
  * The mean comes back the same on every member and decides the next
  * step's per-unit k and bins (ds_deft_feedback), so the members' units
- * never overlap without a message of their own. */
+ * never overlap without a message of their own.
+ *
+ * group.overlap (dense): the other layers were reduced by the layer
+ * thread (above), so the gradient part is layer 0's only:
+ *
+ *   [layer 0's gradient | params slice | momentum slice | position (4) | next (1)] */
 static void group_reduce(rt *r, int64_t step)
 {
     const uint64_t t0 = ds_now_ns();
@@ -1614,6 +1637,7 @@ static void leave_and_drain(rt *r)
  * calls it (engine.h), and not when its training failed. */
 void ds_engine_final_sync(ds_engine *r)
 {
+    layer_drain(r);
     if (!in_group(r) || r->gsize < 2 || !r->gred || ds_rt_stop_signal(r))
         return;
     const size_t n = r->p.n;
@@ -1644,6 +1668,7 @@ void ds_engine_final_sync(ds_engine *r)
 
 void ds_engine_leave(ds_engine *r)
 {
+    layer_drain(r);
     linger(r);
     leave_and_drain(r);
 }

@@ -176,8 +176,6 @@ static void describe_trainer(run *u)
     ds_info("train", "layer table: %s", table);
 }
 
-/* Hand the trainer's memory to the engine: its own on the CPU, host
- * mirrors of a device's. 0, or -1 with the failure logged. */
 /* Backward wrote one layer's gradient (model.h, grad_ready). */
 static void layer_ready(void *ctx, int layer)
 {
@@ -186,6 +184,8 @@ static void layer_ready(void *ctx, int layer)
         ds_log_rl(DS_LOG_WARN, "node", "%s", dsnode_error());
 }
 
+/* Hand the trainer's memory to the engine: its own on the CPU, host
+ * mirrors of a device's. 0, or -1 with the failure logged. */
 static int register_trainer(run *u)
 {
     ds_trainer *t = &u->t;

@@ -554,6 +554,36 @@ static void show_group_wait(rt *r, const uint8_t *skip)
     ds_status_set_wait(r->status, &w);
 }
 
+/* The step's skip verdict for each member of the group into r->gskip
+ * (the verdict itself: one not waited for is still sent to, group.h).
+ * Returns 1 when a member is in doubt (listed: it missed and has not been
+ * heard from since). */
+static int group_skips(rt *r, uint64_t round)
+{
+    int doubt = 0;
+    const uint64_t now = ds_now_ms();
+    pthread_mutex_lock(&r->skip_lock);
+    for (uint32_t k = 0; k < r->gsize; k++) {
+        r->gskip[k] = k == r->gmember
+                          ? DS_GREDUCE_SKIP_WAIT
+                          : (uint8_t)ds_skip_check(&r->skip, r->gmembers[k], round, now);
+        doubt |= k != r->gmember && ds_skip_listed(&r->skip, r->gmembers[k]);
+    }
+    pthread_mutex_unlock(&r->skip_lock);
+    return doubt;
+}
+
+/* Count a reduction by the algorithm it ran. */
+static void count_ran(rt *r, int ran)
+{
+    if (ran == DS_GREDUCE_BUTTERFLY)
+        r->gst.ran_butterfly++;
+    else if (ran == DS_GREDUCE_RING)
+        r->gst.ran_ring++;
+    else
+        r->gst.ran_direct++;
+}
+
 /* One reduction of the group over r->gvec (n floats, the first n_mean
  * averaged) and the sparse lists sp, tagged with the group's count; until
  * deadline_ns. *took_ns: how long it took. */
@@ -561,16 +591,7 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
                      const ds_gsparse *sp, ds_greduce_result *res, uint64_t *took_ns)
 {
     uint8_t *skip = r->gskip;
-    int doubt = 0;
-    const uint64_t now = ds_now_ms();
-    pthread_mutex_lock(&r->skip_lock);
-    /* The verdict itself: one not waited for is still sent to (group.h). */
-    for (uint32_t k = 0; k < r->gsize; k++) {
-        skip[k] = k == r->gmember ? DS_GREDUCE_SKIP_WAIT
-                                  : (uint8_t)ds_skip_check(&r->skip, r->gmembers[k], round, now);
-        doubt |= k != r->gmember && ds_skip_listed(&r->skip, r->gmembers[k]);
-    }
-    pthread_mutex_unlock(&r->skip_lock);
+    const int doubt = group_skips(r, round);
     /* A member that missed and has not been heard from since: the ring
      * and the butterfly would wait on it at every step (group.h). */
     if (doubt)
@@ -585,14 +606,8 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     int e = ds_greduce_run(r->gred, ds_gnet_io(r->gn_grp), r->gvec, n, n_mean, r->gsize,
                            r->gmember, skip, tag, deadline_ns, sp, res);
     ds_status_clear_wait(r->status);
-    if (e == 0) {
-        if (res->ran == DS_GREDUCE_BUTTERFLY)
-            r->gst.ran_butterfly++;
-        else if (res->ran == DS_GREDUCE_RING)
-            r->gst.ran_ring++;
-        else
-            r->gst.ran_direct++;
-    }
+    if (e == 0)
+        count_ran(r, res->ran);
     /* Tags: the next count, or a member's if it is ahead (a joiner, or
      * members apart after a miss, meet again so). */
     const uint64_t seen = res->max_tag >> bits;
@@ -808,17 +823,7 @@ static int layer_open(rt *r, int64_t step)
         r->lopen = -1;
         return 0;
     }
-    const uint64_t now = ds_now_ms();
-    int doubt = 0;
-    pthread_mutex_lock(&r->skip_lock);
-    for (uint32_t k = 0; k < r->gsize; k++) {
-        r->gskip[k] = k == r->gmember
-                          ? DS_GREDUCE_SKIP_WAIT
-                          : (uint8_t)ds_skip_check(&r->skip, r->gmembers[k], round, now);
-        doubt |= k != r->gmember && ds_skip_listed(&r->skip, r->gmembers[k]);
-    }
-    pthread_mutex_unlock(&r->skip_lock);
-    r->ldoubt = doubt;
+    r->ldoubt = group_skips(r, round);
     r->lgseq = r->gseq;
     r->ldeadline_ns = ds_now_ns() + (uint64_t)r->c->gossip.timeout_ms * 500000u;
     r->lopen = 1;
@@ -912,12 +917,7 @@ static uint64_t layer_finish(rt *r)
             r->gst.incomplete++;
             missing += j->res.chunks_missing;
         }
-        if (j->res.ran == DS_GREDUCE_BUTTERFLY)
-            r->gst.ran_butterfly++;
-        else if (j->res.ran == DS_GREDUCE_RING)
-            r->gst.ran_ring++;
-        else
-            r->gst.ran_direct++;
+        count_ran(r, j->res.ran);
     }
     if (missing)
         ds_log_rl(DS_LOG_WARN, "group", "layer reductions of count %llu incomplete: %u "
@@ -951,8 +951,6 @@ static void layer_close(rt *r)
  * on gred while the final sync or the close uses it. */
 static void layer_drain(rt *r)
 {
-    if (!r->lq)
-        return;
     layer_wait(r);
     layer_close(r);
 }

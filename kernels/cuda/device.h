@@ -1,0 +1,36 @@
+/*
+ * kernels/cuda/device.h: what the CUDA op table (cuda_ops.cu) and the CUDA
+ * selection kernels (select.cu) share for one device: its stream.
+ *
+ * Everything dsnode queues on a device goes on that device's one stream, so
+ * training ops, selection, packing and copies are ordered with each other
+ * without a host synchronisation between them (issue 11: select.cu used to
+ * run on a stream of its own). Streams are per device, created on first
+ * use, never on the legacy default stream, and live until
+ * ds_cuda_device_release() drops the last reference.
+ *
+ * C++ (nvcc) only: the header names cudaStream_t.
+ */
+#ifndef DS_KERNELS_CUDA_DEVICE_H
+#define DS_KERNELS_CUDA_DEVICE_H
+
+#include <stddef.h>
+
+#include <cuda_runtime.h>
+
+#define DS_CUDA_MAX_DEVICES 16
+
+/* Take a reference on device `device`: make it current for the calling
+ * thread and create its stream (non-blocking) on the first reference.
+ * Returns 0, or -ENODEV with the reason in why (no driver, no such device,
+ * index over DS_CUDA_MAX_DEVICES, a stream that cannot be created). */
+int ds_cuda_device_acquire(int device, char *why, size_t why_len);
+
+/* Drop a reference; the last one synchronises and destroys the stream. */
+void ds_cuda_device_release(int device);
+
+/* The stream of an acquired device (0, the legacy stream, is never
+ * returned for an acquired device; an unacquired one gives 0). */
+cudaStream_t ds_cuda_device_stream(int device);
+
+#endif

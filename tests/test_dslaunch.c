@@ -900,6 +900,9 @@ Test(dslaunch_run, two_nodes_train_and_report)
     cr_assert_eq(jnum(j, "exit_status"), 0);
     cr_assert(json_is_null(json_object_get(j, "stopped_by")));
     cr_assert_not_null(strstr(r.out, "consensus distance (relative"), "%s", r.out);
+    /* no node.group: no group, no distance inside one */
+    cr_assert(json_is_null(json_object_get(jnode(j, "n0"), "group")));
+    cr_assert(json_is_null(json_object_get(j, "intra_group_consensus")));
 
     /* keys: secrets 0600, the allow-list holds both public keys under the
      * nodes' names */
@@ -972,6 +975,31 @@ Test(dslaunch_run, two_nodes_train_and_report)
     }
     if (strstr(r.err, " samples/s in all"))
         cr_expect_not_null(strstr(r.err, "  eta "), "stderr:\n%s", r.err);
+    json_decref(j);
+    result_free(&r);
+}
+
+/* node.group set by --set (not --groups): each node's summary names its
+ * group, so dslaunch still reports it and the members' distance (0: one
+ * model, the group all-reduces). Before, intra_group_consensus was null
+ * unless dslaunch had named the groups itself. */
+Test(dslaunch_run, a_group_set_by_the_config_is_reported)
+{
+    const char *out = tmp_path("run");
+    const char *args[] = {"local", "-n", "2", "--config", BASE_CONFIG,
+                          "--set", "train.steps=120", "--set", "train.eval_every=0",
+                          "--set", "node.group=rackA", "--out", out, "--json",
+                          "--timeout", "150", "--dsnode", bin("DSNODE"), NULL};
+    struct result r = run_dslaunch(180000, args);
+    cr_assert_eq(r.code, 0, "dslaunch exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    json_t *j = last_json(r.out);
+    cr_assert_str_eq(jstr(jnode(j, "n0"), "group"), "rackA");
+    cr_assert_str_eq(jstr(jnode(j, "n1"), "group"), "rackA");
+    const json_t *intra = json_object_get(j, "intra_group_consensus");
+    cr_assert(json_is_number(intra), "intra_group_consensus is a number:\n%s", r.out);
+    cr_assert_eq(json_number_value(intra), 0.0, "one model in the group");
+    cr_assert_not_null(strstr(r.out, "intra-group consensus distance (the largest over 1 group;"),
+                       "%s", r.out);
     json_decref(j);
     result_free(&r);
 }

@@ -25,7 +25,7 @@
  * prints it):
  *   summary node=NAME status=done|paused|stopped|failed steps=N loss=L test_acc=A
  *           samples_per_s=S wall_s=W backend=B bytes_sent=X bytes_received=Y
- *           rounds=R max_round_s=M group_max_wait_s=G
+ *           rounds=R max_round_s=M group_max_wait_s=G group=NAME
  * Everything else goes to the log (stderr). At exit the final parameters
  * go to <node.data_dir>/model.bin so a launcher can measure how far the
  * nodes' models are apart. The results are never lost silently:

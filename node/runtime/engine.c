@@ -1003,6 +1003,7 @@ void ds_engine_info_get(ds_engine *r, ds_engine_info *out)
     out->rounds = r->rounds;
     out->view_size = r->last_G;
     out->group = r->gst;
+    snprintf(out->group_name, sizeof(out->group_name), "%s", r->group);
     if (r->gossip)
         ds_gossip_report(r->gossip, &out->gossip, NULL, 0, NULL, 0);
     if (r->net)

@@ -134,6 +134,7 @@ typedef struct ds_engine_info {
     ds_gossip_stats gossip;
     ds_net_stats net;
     ds_group_stats group;      /* the node's group (size 1: none) */
+    char group_name[32];       /* node.group, "auto" resolved; "" for none */
 } ds_engine_info;
 
 /* Open an engine for the node `c` describes (validated by ds_conf_check;

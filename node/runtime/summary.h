@@ -4,7 +4,9 @@
  * line dslaunch reads (docs/dslaunch.md):
  *   summary node=NAME status=done|stopped|failed steps=N loss=L test_acc=A
  *           samples_per_s=S wall_s=W backend=B bytes_sent=X bytes_received=Y
- *           rounds=R max_round_s=M
+ *           rounds=R max_round_s=M group_max_wait_s=W group=G
+ * (G: node.group with auto resolved, "-" for none; dslaunch groups the
+ * models by it for intra_group_consensus).
  * `dsnode run` (run.c) and libdsnode's dsnode_leave (node/api) print it.
  */
 #ifndef DS_NODE_RUNTIME_SUMMARY_H

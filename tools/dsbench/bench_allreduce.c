@@ -143,11 +143,9 @@ static int ar_run(const ar_opts *o, const char *model, const char *algo, int ove
         res->exposed_ms = 1000.0 * exposed / o->nodes / o->steps;
         res->hidden_ms = 1000.0 * hidden / o->nodes / o->steps;
         res->acc = acc / o->nodes;
-        /* With --rate dslaunch knows no groups of its own: all nodes are
-         * the one group, so the whole run's distance is the group's. */
+        /* dslaunch groups the models by each node's summary (group=g0
+         * with --rate, --groups without). */
         const json_t *ic = json_object_get(rep, "intra_group_consensus");
-        if (!json_is_number(ic))
-            ic = json_object_get(rep, "consensus_distance");
         res->intra = json_is_number(ic) ? json_number_value(ic) : NAN;
         res->ok = 1;
     } else {

@@ -145,7 +145,7 @@ struct node {
     int have_summary;
     ds_kvline summary;
     int forwarded;
-    char group[16];   /* local --groups: its node.group */
+    char group[32];   /* local --groups: its node.group */
     int gidx;         /* and its index */
 };
 
@@ -2065,6 +2065,16 @@ static json_t *summary_json(const struct node *nd, const char *key)
     return v ? ds_json_text_or_number(v) : json_null();
 }
 
+/* Node i's group: --groups' name, else the one its summary line names
+ * (node.group from its config, "auto" resolved), else NULL. */
+static const char *group_of_node(const struct node *nd)
+{
+    if (nd->group[0])
+        return nd->group;
+    const char *g = nd->have_summary ? ds_kv_get(&nd->summary, "group") : NULL;
+    return g && g[0] && strcmp(g, "-") ? g : NULL;
+}
+
 /* One node's entry of the --json report: exit status, status, the four
  * fixed summary fields, every other summary key as dsnode wrote it, then
  * what dslaunch knows (pid, --add-at step, model, listen address, log).
@@ -2097,7 +2107,8 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
     bad = bad || ds_json_set(o, "listen", ds_json_text(listen)) < 0;
     if (L->hosts_mode)
         bad = bad || ds_json_set(o, "host", ds_json_text(L->hosts[nd->host])) < 0;
-    bad = bad || ds_json_set(o, "group", nd->group[0] ? ds_json_text(nd->group) : json_null()) < 0;
+    const char *grp = group_of_node(nd);
+    bad = bad || ds_json_set(o, "group", grp ? ds_json_text(grp) : json_null()) < 0;
     bad = bad || ds_json_set(o, "log", ds_json_text(nd->logp)) < 0;
     if (bad) {
         json_decref(o);
@@ -2106,32 +2117,43 @@ static json_t *node_json(const struct launch *L, int i, int model_ok)
     return o;
 }
 
-/* The --json report object (docs/dslaunch.md); NULL when out of memory. */
-/* --groups: the largest relative consensus distance among the members of
- * one group (0 when members hold the same model); NAN without a group of
- * two models. */
-static double intra_group_consensus(const struct launch *L, const char **paths)
+/* The largest relative consensus distance among the members of one group
+ * (0 when members hold the same model), over the groups of two models or
+ * more, their count in *n_groups; NAN without such a group. */
+static double intra_group_consensus(const struct launch *L, const char **paths, int *n_groups)
 {
     double worst = NAN;
-    for (int g = 0; L->groups && g < L->groups; g++) {
-        char name[16];
-        snprintf(name, sizeof(name), "g%d", g);
-        const char **gp = calloc((size_t)L->started + 1, sizeof(char *));
-        int *gst = calloc((size_t)L->started + 1, sizeof(int));
+    *n_groups = 0;
+    const char **gp = calloc((size_t)L->started + 1, sizeof(char *));
+    int *gst = calloc((size_t)L->started + 1, sizeof(int));
+    for (int i = 0; gp && gst && i < L->started; i++) {
+        const char *name = group_of_node(&L->nodes[i]);
+        int first = name != NULL;
+        for (int j = 0; first && j < i; j++) {
+            const char *o = group_of_node(&L->nodes[j]);
+            first = !o || strcmp(o, name);
+        }
+        if (!first)
+            continue; /* no group, or one counted at its first member */
         int k = 0;
-        for (int i = 0; gp && gst && i < L->started; i++)
-            if (!strcmp(L->nodes[i].group, name))
-                gp[k++] = paths[i];
+        for (int j = i; j < L->started; j++) {
+            const char *o = group_of_node(&L->nodes[j]);
+            if (o && !strcmp(o, name))
+                gp[k++] = paths[j];
+        }
         ds_consensus c = {0, 0, NAN, NAN, NAN};
-        if (k >= 2 && gp && gst && ds_consensus_compute(gp, k, gst, &c, NULL) == 0 &&
-            c.n_models >= 2 && (isnan(worst) || c.rel > worst))
-            worst = c.rel;
-        free(gp);
-        free(gst);
+        if (k >= 2 && ds_consensus_compute(gp, k, gst, &c, NULL) == 0 && c.n_models >= 2) {
+            (*n_groups)++;
+            if (isnan(worst) || c.rel > worst)
+                worst = c.rel;
+        }
     }
+    free(gp);
+    free(gst);
     return worst;
 }
 
+/* The --json report object (docs/dslaunch.md); NULL when out of memory. */
 static json_t *report_json(const struct launch *L, const ds_consensus *cons, const int *mst,
                            double mean_acc, double wall, int exit_status, double intra)
 {
@@ -2220,10 +2242,11 @@ static int report(struct launch *L, int exit_status)
     else
         printf("consensus distance: not defined (%d final model%s readable)\n", cons.n_models,
                cons.n_models == 1 ? "" : "s");
-    const double intra = paths && mst ? intra_group_consensus(L, paths) : NAN;
-    if (L->groups && !isnan(intra))
-        printf("intra-group consensus distance (the largest over %d groups; 0: members hold "
-               "the same model): %.6g\n", L->groups, intra);
+    int n_groups = 0;
+    const double intra = paths && mst ? intra_group_consensus(L, paths, &n_groups) : NAN;
+    if (!isnan(intra))
+        printf("intra-group consensus distance (the largest over %d group%s; 0: members hold "
+               "the same model): %.6g\n", n_groups, n_groups == 1 ? "" : "s", intra);
     if (acc_n)
         printf("mean test accuracy: %.4f over %d node%s\n", acc_sum / acc_n, acc_n,
                acc_n == 1 ? "" : "s");

@@ -119,6 +119,17 @@ static inline size_t ds_conv_col_floats(const ds_conv_shape *s)
 #define DS_DECL_MAXPOOL_BWD(name) \
     void (name)(float *dx, const float *dy, const float *x, int planes, int h, int w)
 
+/* A batch from a data set held in this backend's memory (uploaded once):
+ * for b < batch, row i = idx ? idx[b] : first + b (idx in this backend's
+ * memory), x[b][j] = (float)images[i * dim + j] * scale + shift for j < dim
+ * (the product and the sum each rounded to float, no fused multiply-add,
+ * so every backend gives the bits node/train/data.c's gather gives), and
+ * y[b] = labels[i]. */
+#define DS_DECL_GATHER_IMAGES(name) \
+    void (name)(float *x, int32_t *y, const uint8_t *images, const uint8_t *labels, \
+                const uint32_t *idx, size_t first, int batch, size_t dim, float scale, \
+                float shift)
+
 typedef DS_DECL_GEMM(*ds_gemm_fn);
 typedef DS_DECL_BIAS_ADD(*ds_bias_add_fn);
 typedef DS_DECL_BIAS_GRAD(*ds_bias_grad_fn);
@@ -135,6 +146,7 @@ typedef DS_DECL_CONV2D_FWD(*ds_conv2d_fwd_fn);
 typedef DS_DECL_CONV2D_BWD(*ds_conv2d_bwd_fn);
 typedef DS_DECL_MAXPOOL_FWD(*ds_maxpool_fwd_fn);
 typedef DS_DECL_MAXPOOL_BWD(*ds_maxpool_bwd_fn);
+typedef DS_DECL_GATHER_IMAGES(*ds_gather_images_fn);
 
 typedef struct ds_ops {
     enum ds_backend_kind kind;
@@ -174,6 +186,11 @@ typedef struct ds_ops {
     ds_conv2d_bwd_fn conv2d_bwd;
     ds_maxpool_fwd_fn maxpool_fwd;
     ds_maxpool_bwd_fn maxpool_bwd;
+
+    /* The trainer's batches from a data set resident in this backend's
+     * memory (node/train/train.c uses it on a device: the images go up
+     * once, and a step moves only its indices). */
+    ds_gather_images_fn gather_images;
 } ds_ops;
 
 /* Fill *ops with the CPU table: the C reference, overridden by the SIMD

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "node/train/data.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
@@ -441,4 +442,39 @@ Test(data, sampler_is_a_permutation_per_epoch_and_seeded)
     ds_sampler_free(&b);
     ds_sampler_free(&c);
     cr_expect_eq(ds_sampler_init(&c, 0, 1), -EINVAL);
+}
+
+/* The backend's gather (kernels.h gather_images: a device gathers from its
+ * own copy of the images) gives the bits of the host gather, for a batch
+ * by indices and one by position, on seeded random pixels with every byte
+ * value. The CUDA kernel is compared with the same reference in
+ * tests/test_cuda.c. */
+Test(data, backend_gather_equals_the_host_gather)
+{
+    enum { N = 37, ROWS = 5, COLS = 7, B = 11 };
+    const size_t dim = (size_t)ROWS * COLS;
+    uint8_t images[N * ROWS * COLS], labels[N];
+    uint64_t s = 42;
+    for (size_t i = 0; i < sizeof(images); i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        images[i] = i < 256 ? (uint8_t)i : (uint8_t)(s >> 56);
+    }
+    for (int i = 0; i < N; i++)
+        labels[i] = (uint8_t)(i % 10);
+    ds_dataset d = {.n = N, .rows = ROWS, .cols = COLS, .images = images, .labels = labels};
+    const uint32_t idx[B] = {36, 0, 5, 5, 17, 2, 33, 8, 9, 21, 1};
+    float scale, shift;
+    ds_dataset_norm(&scale, &shift);
+    float xh[B * ROWS * COLS], xk[B * ROWS * COLS];
+    int32_t yh[B], yk[B];
+    for (int by_idx = 0; by_idx < 2; by_idx++) {
+        const size_t first = by_idx ? 0 : 20;
+        memset(xk, 0xff, sizeof(xk));
+        memset(yk, 0xff, sizeof(yk));
+        ds_dataset_gather(&d, by_idx ? idx : NULL, first, B, xh, yh);
+        ds_gather_images_c(xk, yk, images, labels, by_idx ? idx : NULL, first, B, dim, scale,
+                           shift);
+        cr_assert_eq(memcmp(xh, xk, sizeof(xh)), 0, "pixels differ (by_idx %d)", by_idx);
+        cr_assert_eq(memcmp(yh, yk, sizeof(yh)), 0, "labels differ (by_idx %d)", by_idx);
+    }
 }

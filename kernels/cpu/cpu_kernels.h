@@ -34,6 +34,7 @@ DS_DECL_CONV2D_BWD(ds_conv2d_bwd_blas);
  * backward, its window compares mispredicted). */
 DS_DECL_MAXPOOL_FWD(ds_maxpool_fwd_c);
 DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c);
+DS_DECL_GATHER_IMAGES(ds_gather_images_c);
 
 /* Convolution per ISA (simd_tmpl.c): _direct_ is direct loops over a
  * zero-padded image (any shape; the backward forms dx through the im2col

@@ -276,6 +276,20 @@ DS_DECL_MAXPOOL_BWD(ds_maxpool_bwd_c)
 
 /* ---- host memory ops ----------------------------------------------------- */
 
+DS_DECL_GATHER_IMAGES(ds_gather_images_c)
+{
+    for (int b = 0; b < batch; b++) {
+        const size_t i = idx ? idx[b] : first + (size_t)b;
+        const uint8_t *p = images + i * dim;
+        float *o = x + (size_t)b * dim;
+        for (size_t j = 0; j < dim; j++) {
+            const float v = (float)p[j] * scale; /* two roundings, as on every backend */
+            o[j] = v + shift;
+        }
+        y[b] = labels[i];
+    }
+}
+
 static void *host_alloc(size_t bytes)
 {
     size_t rounded = (bytes + 63) & ~(size_t)63;
@@ -333,6 +347,7 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
     ops->conv2d_bwd = ds_conv2d_bwd_c;
     ops->maxpool_fwd = ds_maxpool_fwd_c;
     ops->maxpool_bwd = ds_maxpool_bwd_c;
+    ops->gather_images = ds_gather_images_c;
 
 #define SET_SIMD(sfx) \
     do { \

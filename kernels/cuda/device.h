@@ -15,6 +15,7 @@
 #define DS_KERNELS_CUDA_DEVICE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cuda_runtime.h>
 
@@ -32,5 +33,12 @@ void ds_cuda_device_release(int device);
 /* The stream of an acquired device (0, the legacy stream, is never
  * returned for an acquired device; an unacquired one gives 0). */
 cudaStream_t ds_cuda_device_stream(int device);
+
+/* kernels.h's gather_images on `stream` (kernels/cuda/data.cu): the
+ * launch's status (a kernel's own faults surface at the next sync). */
+cudaError_t ds_cuda_gather_images(cudaStream_t stream, float *x, int32_t *y,
+                                  const uint8_t *images, const uint8_t *labels,
+                                  const uint32_t *idx, size_t first, int batch, size_t dim,
+                                  float scale, float shift);
 
 #endif

@@ -541,11 +541,18 @@ void ds_dataset_free(ds_dataset *d)
     memset(d, 0, sizeof(*d));
 }
 
+void ds_dataset_norm(float *scale, float *shift)
+{
+    *scale = 1.0f / (255.0f * FMNIST_STD);
+    *shift = -FMNIST_MEAN / FMNIST_STD;
+}
+
 void ds_dataset_gather(const ds_dataset *d, const uint32_t *idx, size_t first, int batch,
                        float *x, int32_t *y)
 {
     const size_t dim = (size_t)d->rows * d->cols;
-    const float scale = 1.0f / (255.0f * FMNIST_STD), shift = -FMNIST_MEAN / FMNIST_STD;
+    float scale, shift;
+    ds_dataset_norm(&scale, &shift);
     for (int b = 0; b < batch; b++) {
         const size_t i = idx ? idx[b] : first + (size_t)b;
         const uint8_t *p = d->images + i * dim;

@@ -60,6 +60,10 @@ void ds_dataset_free(ds_dataset *d);
 void ds_dataset_gather(const ds_dataset *d, const uint32_t *idx, size_t first, int batch,
                        float *x, int32_t *y);
 
+/* The gather's affine map, x = p * scale + shift, for a backend that
+ * gathers from its own copy of the images (kernels.h, gather_images). */
+void ds_dataset_norm(float *scale, float *shift);
+
 /* An endless stream of minibatch indices: a fresh seeded permutation per
  * epoch (Fisher-Yates), batches taken in order, wrapping into the next
  * epoch mid-batch. */

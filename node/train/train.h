@@ -60,6 +60,10 @@ typedef struct ds_trainer {
     float *x_host;                   /* == x_dev on the CPU backend */
     int32_t *y_host;
     uint32_t *idx;
+    /* On a device: the data sets' images and labels, uploaded once
+     * (train 0, test 1), and a batch's indices; NULL on the CPU. */
+    uint8_t *img_dev[2], *lab_dev[2];
+    uint32_t *idx_dev;
     int64_t step;                    /* optimizer steps taken */
     uint64_t samples;                /* training samples consumed */
     char backend_note[256];          /* why this backend, for the log */

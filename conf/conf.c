@@ -106,6 +106,7 @@ enum kcheck {
     CHK_PATH_OR_EMPTY,     /* "" (off) or a PATH */
     CHK_LAYERS_OR_EMPTY,   /* "" or a layer list (base/layerspec.h) that
                             * fits the Fashion-MNIST image */
+    CHK_DEVICE,            /* "auto" or a device index 0..DS_CONF_DEVICE_MAX */
 };
 
 /* One choice of an enum key: its value and its name. */
@@ -428,6 +429,7 @@ static void describe_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_PATH] = "a non-empty path",
         [CHK_PATH_OR_EMPTY] = "empty or a path",
         [CHK_LAYERS_OR_EMPTY] = "empty or a layer list",
+        [CHK_DEVICE] = "auto or a device index in 0..1023",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -510,6 +512,7 @@ static void constraint_str_check(enum kcheck chk, char *out, size_t n)
         [CHK_PATH] = "path",
         [CHK_PATH_OR_EMPTY] = "empty or path",
         [CHK_LAYERS_OR_EMPTY] = "empty or layer list",
+        [CHK_DEVICE] = "auto|0..1023",
     };
     snprintf(out, n, "%s", d[chk]);
 }
@@ -585,6 +588,28 @@ static bool name_ok(const char *s, size_t n)
     return true;
 }
 
+int ds_conf_device(const char *s, int *device)
+{
+    if (!strcmp(s, "auto")) {
+        if (device)
+            *device = DS_CONF_DEVICE_AUTO;
+        return 0;
+    }
+    if (!*s || strlen(s) > 4)
+        return -EINVAL;
+    int v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -EINVAL;
+        v = v * 10 + (*p - '0');
+    }
+    if (v > DS_CONF_DEVICE_MAX)
+        return -EINVAL;
+    if (device)
+        *device = v;
+    return 0;
+}
+
 static bool check_str(enum kcheck chk, const char *s, size_t n)
 {
     char buf[DS_CONF_STR_MAX];
@@ -613,6 +638,12 @@ static bool check_str(enum kcheck chk, const char *s, size_t n)
         buf[n] = '\0';
         ds_hostport hp;
         return ds_hostport_parse(buf, &hp) == 0 && hp.port >= 1;
+    case CHK_DEVICE:
+        if (n >= sizeof(buf))
+            return false;
+        memcpy(buf, s, n);
+        buf[n] = '\0';
+        return ds_conf_device(buf, NULL) == 0;
     }
     return false;
 }

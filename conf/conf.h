@@ -119,6 +119,13 @@ int ds_conf_resolve_paths(ds_conf *c, char *err, size_t err_len);
  * 0 or -EINVAL with ONE line in err. */
 int ds_conf_check(const ds_conf *c, char *err, size_t err_len);
 
+/* train.device: "auto" (DS_CONF_DEVICE_AUTO) or an index in
+ * 0..DS_CONF_DEVICE_MAX into *device (may be NULL: only check). 0 or
+ * -EINVAL. */
+#define DS_CONF_DEVICE_AUTO (-1)
+#define DS_CONF_DEVICE_MAX 1023
+int ds_conf_device(const char *s, int *device);
+
 /* Write *c as ini text (every key, in list order) that ds_conf_load turns
  * back into an identical struct when loaded over ds_conf_defaults. 0, -EIO
  * when writing to out failed, -ENOMEM, or -EINVAL (after writing the rest) when a

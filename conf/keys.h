@@ -101,8 +101,8 @@
 #define DS_CONF_KEYS_train(X) \
     X(ENUM, train, backend, "auto", enum ds_ops_backend, DS_OPS_BACKENDS, \
       "compute backend; auto = CUDA when a device answers, else the CPU") \
-    X(INT, train, device, "0", 0, 1023, \
-      "CUDA device index of the cuda backend (and of auto); --slurm: SLURM_LOCALID mod the devices in CUDA_VISIBLE_DEVICES") \
+    X(STR, train, device, "auto", DEVICE, \
+      "CUDA device of the cuda backend (and of auto): an index, or auto = the local rank (DSNODE_RANK, SLURM_LOCALID or LOCAL_RANK; 0 without one) modulo the devices; --slurm: SLURM_LOCALID mod the devices in CUDA_VISIBLE_DEVICES") \
     X(ENUM, train, model, "mlp", enum ds_model_kind, DS_MODELS, \
       "model architecture: mlp (train.hidden), cnn (conv-pool x2, 128, 10) or custom (train.layers)") \
     X(ILIST, train, hidden, "256,256", 1, 65536, 1, 8, \

@@ -238,6 +238,12 @@ int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, int device, char *wh
  * in `why`. */
 int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len);
 
+/* CUDA devices this process sees (0: no CUDA in this build, no driver,
+ * or none), and train.device = auto's choice for a node of local rank
+ * `rank` on this host: rank modulo that count (0 without a device). */
+int ds_ops_cuda_devices(void);
+int ds_ops_device_auto(int rank);
+
 /* Threads OpenBLAS may use for the CPU GEMM (1 = the caller's thread). */
 void ds_blas_set_threads(int n);
 

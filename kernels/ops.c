@@ -18,7 +18,18 @@ void ds_ops_init_cpu(ds_ops *ops)
     ds_ops_fill_cpu(ops, ds_cpu_flags());
 }
 
+int ds_ops_device_auto(int rank)
+{
+    const int n = ds_ops_cuda_devices();
+    return n > 0 && rank >= 0 ? rank % n : 0;
+}
+
 #if !HAVE_CUDA
+int ds_ops_cuda_devices(void)
+{
+    return 0;
+}
+
 int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len)
 {
     (void)ops;

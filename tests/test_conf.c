@@ -195,7 +195,9 @@ static const key_case cases[] = {
      "cluster.join_timeout_s: expected an integer in 1..86400, found '0'"},
     {"train.backend", "cpu", "cpu", "gpu",
      "train.backend: expected one of auto|cpu|cuda, found 'gpu'"},
-    {"train.device", "3", "3", "1024", "train.device: expected an integer in 0..1023, found '1024'"},
+    {"train.device", "3", "3", "1024",
+     "train.device: expected auto or a device index in 0..1023, found '1024'"},
+
     {"train.model", "CNN", "cnn", "resnet",
      "train.model: expected one of mlp|cnn|custom, found 'resnet'"},
     {"train.hidden", "512, 128,10", "512, 128, 10", "64,0",
@@ -1509,3 +1511,29 @@ Test(conf, example_single) { expect_example("single.ini", single_more); }
 Test(conf, example_cluster) { expect_example("cluster.ini", cluster_more); }
 Test(conf, example_hier) { expect_example("hier.ini", hier_more); }
 Test(conf, example_cnn) { expect_example("cnn.ini", cnn_more); }
+
+/* train.device = auto|N: what else is refused (how auto resolves:
+ * tests/test_conf_choices.c). */
+Test(conf, train_device_auto_and_indices)
+{
+    int d = 7;
+    cr_assert_eq(ds_conf_device("auto", &d), 0);
+    cr_assert_eq(d, DS_CONF_DEVICE_AUTO);
+    cr_assert_eq(ds_conf_device("0", &d), 0);
+    cr_assert_eq(d, 0);
+    cr_assert_eq(ds_conf_device("1023", &d), 0);
+    cr_assert_eq(d, 1023);
+    const char *bad[] = {"", "-1", "1024", "01024", "cuda:0", "Auto", "1.5", "99999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(ds_conf_device(bad[i], &d), -EINVAL, "'%s'", bad[i]);
+        if (!bad[i][0])
+            continue; /* an empty value has its own message */
+        char err[512], set[64];
+        ds_conf c;
+        ds_conf_defaults(&c);
+        snprintf(set, sizeof(set), "train.device=%s", bad[i]);
+        cr_assert_neq(ds_conf_set(&c, set, err, sizeof(err)), 0, "'%s' accepted", bad[i]);
+        cr_assert_not_null(strstr(err, "train.device: expected auto or a device index in 0..1023"),
+                           "%s", err);
+    }
+}

@@ -96,10 +96,6 @@ static void take_backend(const ds_conf *c, const char *name, int value)
     cr_expect(r == 0 || r == -ENODEV, "backend %s: %d %s", name, r, why);
     if (r == 0)
         ds_ops_fini(&ops);
-    r = ds_ops_init_backend(&ops, c->train.backend, (int)c->train.device, why, sizeof(why));
-    cr_expect(r == 0 || r == -ENODEV, "backend %s: %d %s", name, r, why);
-    if (r == 0)
-        ds_ops_fini(&ops);
     cr_expect_str_eq(ds_ops_backend_name(c->train.backend), name);
     cr_expect_eq(ds_ops_backend_parse(name), value);
 }
@@ -387,4 +383,43 @@ Test(choices, every_choice_is_taken_by_its_consumer)
                           k->names[m], k->names[i]);
         }
     }
+}
+
+/* train.device = auto: the local rank from the environment (DSNODE_RANK,
+ * then SLURM_LOCALID, then LOCAL_RANK; a value that is not a non-negative
+ * integer is passed over) modulo the devices, 0 without a device (this
+ * build or machine may have none); an index is taken as it is. */
+Test(conf_choices, train_device_auto_is_the_local_rank_modulo_the_devices)
+{
+    const char *vars[] = {"DSNODE_RANK", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (int i = 0; i < 3; i++)
+        unsetenv(vars[i]);
+    cr_assert_eq(ds_run_local_rank(), 0);
+    setenv("LOCAL_RANK", "3", 1);
+    cr_assert_eq(ds_run_local_rank(), 3);
+    setenv("SLURM_LOCALID", "x2", 1);
+    cr_assert_eq(ds_run_local_rank(), 3, "a bad SLURM_LOCALID is passed over");
+    setenv("SLURM_LOCALID", "2", 1);
+    cr_assert_eq(ds_run_local_rank(), 2);
+    setenv("DSNODE_RANK", "-1", 1);
+    cr_assert_eq(ds_run_local_rank(), 2, "a negative DSNODE_RANK is passed over");
+    setenv("DSNODE_RANK", "5", 1);
+    cr_assert_eq(ds_run_local_rank(), 5);
+
+    const int n = ds_ops_cuda_devices();
+    cr_assert_geq(n, 0);
+    cr_assert_eq(ds_ops_device_auto(5), n ? 5 % n : 0);
+    cr_assert_eq(ds_ops_device_auto(0), 0);
+    ds_conf c;
+    ds_conf_defaults(&c);
+    ds_train_cfg t;
+    char err[256];
+    cr_assert_str_eq(c.train.device, "auto", "the default");
+    ds_run_train_cfg(&c, &t);
+    cr_assert_eq(t.device, n ? 5 % n : 0);
+    cr_assert_eq(ds_conf_set(&c, "train.device=7", err, sizeof(err)), 0, "%s", err);
+    ds_run_train_cfg(&c, &t);
+    cr_assert_eq(t.device, 7);
+    for (int i = 0; i < 3; i++)
+        unsetenv(vars[i]);
 }

@@ -8,6 +8,12 @@
 
 #include "kernels/cuda/device.h"
 
+extern "C" int ds_ops_cuda_devices(void)
+{
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? count : 0;
+}
+
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     cudaStream_t stream;

@@ -49,11 +49,28 @@
 #include "node/run/run.h"
 #include "node/run/state.h"
 
+int ds_run_local_rank(void)
+{
+    static const char *const vars[] = {"DSNODE_RANK", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        char *end;
+        errno = 0;
+        const long r = v && *v ? strtol(v, &end, 10) : -1;
+        if (v && *v && !errno && !*end && r >= 0 && r <= INT32_MAX)
+            return (int)r;
+    }
+    return 0;
+}
+
 void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *t)
 {
     ds_train_cfg_defaults(t);
     t->backend = c->train.backend;
-    t->device = (int)c->train.device;
+    int dev = 0;
+    if (ds_conf_device(c->train.device, &dev) < 0)
+        dev = 0; /* not reached: the config's check refused it */
+    t->device = dev == DS_CONF_DEVICE_AUTO ? ds_ops_device_auto(ds_run_local_rank()) : dev;
     snprintf(t->dataset_dir, sizeof(t->dataset_dir), "%s", c->train.dataset_dir);
     snprintf(t->dataset_cache, sizeof(t->dataset_cache), "%s", c->train.dataset_cache);
     t->model = c->train.model == DS_MODEL_CNN      ? DS_TRAIN_CNN

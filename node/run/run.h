@@ -18,6 +18,11 @@
  * order per node). */
 void ds_run_train_cfg(const ds_conf *c, ds_train_cfg *out);
 
+/* This node's rank among the nodes of its host, for train.device = auto:
+ * the first of DSNODE_RANK (dslaunch local), SLURM_LOCALID and LOCAL_RANK
+ * (torchrun's) that holds a non-negative integer; 0 without one. */
+int ds_run_local_rank(void);
+
 /* ds_node_run flag: the caller ends the process (_exit) as soon as
  * ds_node_run returns: the engine is abandoned (dsnode_abandon), not
  * closed (node/main.c says why). Without it everything is closed and

@@ -1653,7 +1653,13 @@ static int start_node(struct launch *L, struct node *nd)
             argv[k++] = "--config";
             argv[k++] = nd->conf;
             argv[k] = NULL;
+            /* Its local rank, for train.device = auto (the nodes of this
+             * host spread over its GPUs). */
+            char rank[16];
+            snprintf(rank, sizeof(rank), "%d", (int)(nd - L->nodes));
+            setenv("DSNODE_RANK", rank, 1);
             pid = ds_proc_spawn(argv, &nd->fd[0], &nd->fd[1], err, sizeof(err));
+            unsetenv("DSNODE_RANK");
         }
     }
     if (pid < 0) {

@@ -9,7 +9,11 @@
  * two.
  *
  *   dsbench train [--model mlp|cnn] [--steps N] [--rounds R] [--batch B] [--lr LR]
- *                 [--no-torch] [--json]
+ *                 [--gpu] [--no-torch] [--json]
+ *
+ * --gpu: dsnode on CUDA device 0 too, its row beside the CPU's (the same
+ * steps, data and initialisation; the accuracies should agree within
+ * noise). Without a CUDA build or device it fails (exit 1) saying why.
  *
  * --lr: the peak learning rate of both (default the node's, 0.05; the CNN
  * does best at about 0.03, docs/benchmarks.md).
@@ -36,16 +40,18 @@
 
 typedef struct run_result {
     double samples_per_s, test_acc, train_s;
+    char backend[96];
 } run_result;
 
-static int run_dsnode(int cnn, int steps, int batch, double lr, run_result *r)
+static int run_dsnode(int cnn, int gpu, int steps, int batch, double lr, run_result *r)
 {
     ds_train_cfg c;
     ds_trainer t;
     char err[512];
     ds_train_cfg_defaults(&c);
     c.model = cnn ? DS_TRAIN_CNN : DS_TRAIN_MLP;
-    c.backend = DS_OPS_CPU;
+    c.backend = gpu ? DS_OPS_CUDA : DS_OPS_CPU;
+    c.device = 0;
     c.batch = batch;
     c.threads = 1;
     c.total_steps = steps;
@@ -64,10 +70,20 @@ static int run_dsnode(int cnn, int steps, int batch, double lr, run_result *r)
         }
         ds_trainer_apply_grad(&t);
     }
-    t.ops.sync();
+    if (t.ops.sync() < 0) {
+        fprintf(stderr, "dsbench train: %s failed: %s\n", t.ops.name,
+                t.ops.error ? t.ops.error() : "?");
+        ds_trainer_fini(&t);
+        return -1;
+    }
     r->train_s = ds_bench_now() - t0;
     r->samples_per_s = (double)steps * batch / r->train_s;
-    ds_trainer_evaluate(&t, NULL, &r->test_acc);
+    snprintf(r->backend, sizeof(r->backend), "%s", t.ops.name);
+    if (ds_trainer_evaluate(&t, NULL, &r->test_acc) < 0) {
+        fprintf(stderr, "dsbench train: evaluation on %s failed\n", t.ops.name);
+        ds_trainer_fini(&t);
+        return -1;
+    }
     fprintf(stderr, "dsnode  (%s, OpenBLAS %s): %.0f samples/s, test_acc %.4f\n", t.ops.name,
             ds_blas_corename(), r->samples_per_s, r->test_acc);
     ds_trainer_fini(&t);
@@ -117,9 +133,10 @@ int ds_bench_train(int argc, char **argv)
         {"no-torch", no_argument, NULL, 'T'},
         {"model", required_argument, NULL, 'm'},
         {"lr", required_argument, NULL, 'l'},
+        {"gpu", no_argument, NULL, 'g'},
         {NULL, 0, NULL, 0},
     };
-    int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1, cnn = 0, bad = 0, opt;
+    int json = 0, steps = 3000, rounds = 2, batch = 64, torch = 1, cnn = 0, gpu = 0, bad = 0, opt;
     double lr = 0;
     char *end;
     optind = 0; /* start afresh on this argv; messages are ours */
@@ -131,6 +148,7 @@ int ds_bench_train(int argc, char **argv)
         case 'r': rounds = atoi(optarg); break;
         case 'b': batch = atoi(optarg); break;
         case 'T': torch = 0; break;
+        case 'g': gpu = 1; break;
         case 'l':
             lr = strtod(optarg, &end);
             bad = end == optarg || *end || !(lr > 0 && lr < 10);
@@ -146,7 +164,7 @@ int ds_bench_train(int argc, char **argv)
     }
     if (bad || optind < argc) {
         fprintf(stderr, "usage: dsbench train [--model mlp|cnn] [--steps N] [--rounds R] [--batch B] "
-                        "[--lr LR (0 < LR < 10)] [--no-torch] [--json]\n");
+                        "[--lr LR (0 < LR < 10)] [--gpu] [--no-torch] [--json]\n");
         return 2;
     }
     if (steps < 1 || rounds < 1 || batch < 1) {
@@ -160,13 +178,29 @@ int ds_bench_train(int argc, char **argv)
                         "this CPU's best are %s: unset OPENBLAS_CORETYPE to measure with them\n",
                 ds_blas_corename(), env ? env : "", want);
 
-    run_result best_ds = {0}, best_pt = {0};
+    if (gpu) {
+        char why[256];
+        ds_ops probe;
+        if (ds_ops_init_cuda(&probe, 0, why, sizeof(why)) < 0) {
+            fprintf(stderr, "dsbench train: --gpu: %s\n", why);
+            return 1;
+        }
+        ds_ops_fini(&probe);
+    }
+
+    run_result best_ds = {0}, best_gpu = {0}, best_pt = {0};
     for (int r = 0; r < rounds; r++) {
-        run_result a, b = {0};
-        if (run_dsnode(cnn, steps, batch, lr, &a) < 0)
+        run_result a, g, b = {0};
+        if (run_dsnode(cnn, 0, steps, batch, lr, &a) < 0)
             return 1;
         if (a.samples_per_s > best_ds.samples_per_s)
             best_ds = a;
+        if (gpu) {
+            if (run_dsnode(cnn, 1, steps, batch, lr, &g) < 0)
+                return 1;
+            if (g.samples_per_s > best_gpu.samples_per_s)
+                best_gpu = g;
+        }
         if (torch) {
             if (run_torch(cnn, steps, batch, lr, &b) < 0)
                 return 1;
@@ -177,24 +211,21 @@ int ds_bench_train(int argc, char **argv)
 
     ds_row row;
     ds_row_table(&row, json);
-    ds_row_str(&row, "impl", "dsnode");
-    ds_row_str(&row, "model", cnn ? "cnn" : "mlp");
-    ds_row_str(&row, "openblas", ds_blas_corename());
-    ds_row_int(&row, "steps", steps);
-    ds_row_int(&row, "batch", batch);
-    ds_row_num(&row, "samples_per_s", best_ds.samples_per_s, 0);
-    ds_row_num(&row, "test_acc", best_ds.test_acc, 4);
-    ds_row_num(&row, "speedup_vs_torch", torch ? best_ds.samples_per_s / best_pt.samples_per_s : NAN, 2);
-    ds_row_end(&row);
-    if (torch) {
-        ds_row_str(&row, "impl", "pytorch");
+    const run_result *rows[3] = {&best_ds, gpu ? &best_gpu : NULL, torch ? &best_pt : NULL};
+    static const char *const impl[3] = {"dsnode", "dsnode", "pytorch"};
+    for (int i = 0; i < 3; i++) {
+        if (!rows[i])
+            continue;
+        ds_row_str(&row, "impl", impl[i]);
+        ds_row_str(&row, "backend", i == 2 ? "cpu, 1 thread" : rows[i]->backend);
         ds_row_str(&row, "model", cnn ? "cnn" : "mlp");
-        ds_row_str(&row, "openblas", ds_blas_corename());
+        ds_row_str(&row, "openblas", i == 1 ? "-" : ds_blas_corename());
         ds_row_int(&row, "steps", steps);
         ds_row_int(&row, "batch", batch);
-        ds_row_num(&row, "samples_per_s", best_pt.samples_per_s, 0);
-        ds_row_num(&row, "test_acc", best_pt.test_acc, 4);
-        ds_row_num(&row, "speedup_vs_torch", 1.0, 2);
+        ds_row_num(&row, "samples_per_s", rows[i]->samples_per_s, 0);
+        ds_row_num(&row, "test_acc", rows[i]->test_acc, 4);
+        ds_row_num(&row, "speedup_vs_torch",
+                   torch ? rows[i]->samples_per_s / best_pt.samples_per_s : NAN, 2);
         ds_row_end(&row);
     }
     return 0;

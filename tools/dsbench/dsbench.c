@@ -19,7 +19,7 @@ static const struct {
     int (*fn)(int argc, char **argv);
     const char *help;
 } commands[] = {
-    {"train", ds_bench_train, "samples/s and accuracy of one CPU node vs PyTorch (same MLP, batch)"},
+    {"train", ds_bench_train, "samples/s and accuracy of one node vs PyTorch (same MLP or CNN, batch; --gpu: on CUDA too)"},
     {"topology", ds_bench_topology, "cost of one round's schedule per view size, vs a plain shuffle"},
     {"sparsify", ds_bench_sparsify, "time per call of every sparsifier vs exact top-k and a plain read"},
     {"wire", ds_bench_wire, "sparse index encodings by density, seal/open MB/s per mode and cipher, handshake"},

@@ -210,6 +210,12 @@ const char *dsnode_name(const dsnode *d);
  * then allowed and do nothing). -EINVAL: d is NULL. Any time after open. */
 int dsnode_reduces(const dsnode *d);
 
+/* 1 when dsnode_layer_ready starts reductions (group.overlap in a group,
+ * no dsnode_register_copies so far): a program may then hand its layers
+ * over from inside its backward. 0 otherwise; -EINVAL: d is NULL. Any
+ * time after open (after dsnode_register_copies for its final answer). */
+int dsnode_overlaps(const dsnode *d);
+
 /* The program keeps its tensors elsewhere (a GPU): the buffers of
  * dsnode_register_grad and dsnode_register are host mirrors, copied by
  * pull and push (dsnode_copy_fn; both required) with ctx. The mirrors may

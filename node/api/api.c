@@ -296,6 +296,14 @@ int dsnode_reduces(const dsnode *d)
     return reduces(d);
 }
 
+int dsnode_overlaps(const dsnode *d)
+{
+    begin_call();
+    if (!d)
+        return fail(-EINVAL, "dsnode_overlaps: the engine is NULL");
+    return d->c.node.group[0] != 0 && d->c.group.overlap && !d->pull;
+}
+
 int dsnode_register_grad(dsnode *d, float *grad, float *opt)
 {
     int e = need(d, ST_OPEN, "dsnode_register_grad");

@@ -116,6 +116,8 @@ def _declare(lib):
                                            ctypes.c_uint]),
         "dsnode_name": (ctypes.c_char_p, [P]),
         "dsnode_reduces": (ctypes.c_int, [P]),
+        "dsnode_overlaps": (ctypes.c_int, [P]),
+        "dsnode_layer_ready": (ctypes.c_int, [P, ctypes.c_size_t]),
         "dsnode_register_grad": (ctypes.c_int, [P, P, P]),
         "dsnode_register_copies": (ctypes.c_int, [P, _COPY, _COPY, P]),
         "dsnode_resume": (ctypes.c_int, [P, ctypes.c_char_p, _RESTORE, P]),
@@ -225,6 +227,22 @@ class Engine:
         or gossip.topology = allreduce): register_grad() before
         register(), and reduce() between backward and the optimizer step."""
         return _check(_lib.dsnode_reduces(self._handle())) == 1
+
+    @property
+    def overlaps(self):
+        """True when layer_ready() starts reductions (group.overlap in a
+        group, no register_copies()): hand each layer over from inside
+        backward, as soon as its gradient is final."""
+        return _check(_lib.dsnode_overlaps(self._handle())) == 1
+
+    def layer_ready(self, layer):
+        """group.overlap: layer `layer` (its index in register()'s table)
+        has its final gradient in the gradient buffer: its reduction over
+        the group starts now, on an engine thread, behind the rest of
+        backward. Between ready() and reduce(), each layer at most once a
+        step, the same layers in the same order on every member; that
+        range of the gradient is not written again until reduce()."""
+        _check(_lib.dsnode_layer_ready(self._handle(), int(layer)))
 
     def register_copies(self, pull, push):
         """The program keeps its tensors elsewhere (a GPU): the buffers of

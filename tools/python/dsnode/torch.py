@@ -18,7 +18,11 @@ allreduce), step() first copies the parameters' gradients into one buffer
 of the same layout, has the engine average it (the group's mean), and
 copies the mean back before the optimizer step: every member of a group
 then takes the same step (the optimizer's momentum is not shared: a member
-that adopted a state starts it over).
+that adopted a state starts it over). With group.overlap (CPU
+parameters), a hook on each parameter's gradient accumulation copies the
+gradient as backward writes it and hands each finished layer to the
+engine, whose reduction then runs behind the rest of backward; one
+backward per step then (a second one before step() raises dsnode.Error).
 CUDA parameters (all on one device) are flattened the same way on their
 device; the engine then works on a host mirror that it fills and copies
 back through two callbacks (dsnode_register_copies), inside its own calls
@@ -31,6 +35,8 @@ objects, which do not change. Every process must start from the same
 parameters (seed torch the same everywhere): the engine mixes what each
 process changed since it registered, as `dsnode run` does.
 """
+import bisect
+import errno
 import io
 import time
 
@@ -133,12 +139,73 @@ class GossipOptimizer:
             if self.grad is not None:
                 self.engine.register_grad(self.mirror if self.mirror is not None else self.grad)
             self.engine.register(host, self.layers, self._adopt)
+            self._step_ready = None  # this step's engine.ready(), once asked
+            self._hooked = False
+            self.layers_handed = 0  # group.overlap: layer_ready() calls from backward
+            if self.grad is not None and self.mirror is None and self.engine.overlaps:
+                self._hook_layers()
             if resume is not None:
                 self.engine.resume(resume, self._restore)
             self.engine.join()
         except BaseException:
             self.engine.close()
             raise
+
+    def _hook_layers(self):
+        """group.overlap: a hook after each parameter's gradient is
+        accumulated (its AccumulateGrad node, as DDP hooks it) copies it
+        into self.grad; the last parameter of a layer hands the layer to
+        the engine, whose reduction then runs behind the rest of
+        backward."""
+        starts = [o for _, o, _ in self.layers]
+        self._layer_params = [0] * len(self.layers)
+        self._acc_nodes = []  # the hooks live as long as their nodes
+        self._fired = []
+        off = 0
+        for i, p in enumerate(self.model.parameters()):
+            k = p.numel()
+            li = bisect.bisect_right(starts, off) - 1
+            if p.requires_grad and k:
+                self._layer_params[li] += 1
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+                node.register_hook(self._layer_hook(i, p, off, k, li))
+                self._acc_nodes.append(node)
+            self._fired.append(False)
+            off += k
+        self._left = list(self._layer_params)
+        self._handed = [False] * len(self.layers)
+        self._hooked = True
+
+    def _layer_hook(self, i, p, off, k, li):
+        def hook(*_):
+            if self._fired[i]:
+                raise dsnode.Error(errno.EINVAL, "group.overlap: a second backward before "
+                                   "step() (gradients accumulated over several backward "
+                                   "passes); expected one backward per step")
+            self._fired[i] = True
+            if self._step_ready is None:
+                t0 = time.perf_counter()
+                self._step_ready = self.engine.ready()
+                self.engine_s += time.perf_counter() - t0
+            if not self._step_ready:
+                return
+            with torch.no_grad():
+                self.grad[off:off + k].copy_(p.grad.reshape(-1))
+            self._left[li] -= 1
+            if self._left[li] == 0:
+                self._handed[li] = True
+                t0 = time.perf_counter()
+                self.engine.layer_ready(li)
+                self.engine_s += time.perf_counter() - t0
+                self.layers_handed += 1
+        return hook
+
+    def _end_step(self):
+        self._step_ready = None
+        if self._hooked:
+            self._left = list(self._layer_params)
+            self._handed = [False] * len(self.layers)
+            self._fired = [False] * len(self._fired)
 
     def _device_buf(self, which):
         return self.grad if which == dsnode.GRAD else self.flat
@@ -200,10 +267,14 @@ class GossipOptimizer:
         """The optimizer step, then the engine's (this step's round, the
         last round's deltas applied in place). Returns the closure's loss;
         None when the engine said not now (the gradient is not applied)."""
-        t0 = time.perf_counter()
-        ready = self.engine.ready()
-        self.engine_s += time.perf_counter() - t0
+        if self._step_ready is None:
+            t0 = time.perf_counter()
+            ready = self.engine.ready()
+            self.engine_s += time.perf_counter() - t0
+        else:
+            ready = self._step_ready  # asked by the first layer's hook
         if not ready:
+            self._end_step()
             return None
         if closure is not None and self.grad is not None:
             # The closure computes the gradient that must be averaged first.
@@ -222,6 +293,7 @@ class GossipOptimizer:
         self.engine.step()
         self.engine_s += time.perf_counter() - t1
         self.steps_taken += 1
+        self._end_step()
         return loss
 
     def _reduce(self):
@@ -229,10 +301,13 @@ class GossipOptimizer:
         without one), the engine's mean, and back."""
         off = 0
         params = list(self.model.parameters())
+        starts = [o for _, o, _ in self.layers]
         with torch.no_grad():
             for p in params:
                 k = p.numel()
-                if p.grad is None:
+                if self._hooked and self._handed[bisect.bisect_right(starts, off) - 1]:
+                    pass  # copied by its hook, its layer on the way
+                elif p.grad is None:
                     self.grad[off:off + k].zero_()
                 else:
                     self.grad[off:off + k].copy_(p.grad.reshape(-1))

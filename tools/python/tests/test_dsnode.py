@@ -305,11 +305,80 @@ def test_fashion_mlp_torch_in_two_groups_under_dslaunch(tmp_path):
     assert rep["consensus_models"] == 4
 
 
+def test_torch_group_overlap_hands_layers_over_from_backward(tmp_path):
+    """Two PyTorch processes in one group (torch_node.py), without and then
+    with group.overlap: with it each layer leaves from backward through
+    GossipOptimizer's hooks (the status counts the layer reductions). The
+    members end byte for byte alike, and since the mean is the same bytes
+    with or without overlap, both runs end with the same model."""
+    pytest.importorskip("torch")
+    steps = 40
+    models = {}
+    for overlap in ("false", "true"):
+        tmp = tmp_path / f"overlap-{overlap}"
+        tmp.mkdir()
+        c = Cluster(str(tmp), 2, extra=("node.group=g0", f"group.overlap={overlap}",
+                                        "gossip.timeout_ms=5000"))
+        try:
+            for i, sets in enumerate(c.sets):
+                argv = [PY, os.path.join(HERE, "torch_node.py"), "--steps", str(steps)]
+                for s in sets:
+                    argv += ["--set", s]
+                c.procs.append(subprocess.Popen(argv, env=dict(os.environ, DSNODE_RANK=str(i)),
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                text=True))
+            for rc, out, err in c.wait(180):
+                assert rc == 0, err[-3000:]
+                assert "status=done" in out, out
+                # the hooks handed the three layers over, every step
+                handed = 3 * steps if overlap == "true" else 0
+                assert f"torch_node: layers_handed={handed}\n" in err, err[-2000:]
+        finally:
+            c.kill_all()
+        m = [read_model(f"{tmp}/p{i}/model.bin") for i in range(2)]
+        assert m[0].tobytes() == m[1].tobytes(), f"overlap={overlap}: the members differ"
+        lr = [c.status(i).get("group", {}).get("layer_reductions") for i in range(2)]
+        # three layers: the last two leave from backward in one bucket
+        # (a small layer waits for the one below it), layer 0 with the step
+        assert lr == ([steps, steps] if overlap == "true" else [0, 0]), (overlap, lr)
+        models[overlap] = m[0].tobytes()
+    assert models["true"] == models["false"], "overlap changed the mean"
+
+
 def _solo_sets(tmp, name, port):
     return {"node.name": name, "node.listen": f"127.0.0.1:{port}",
             "cluster.seeds": f"127.0.0.1:{port}", "cluster.min_members": 1,
             "node.data_dir": f"{tmp}/{name}", "node.log_level": "warn",
             "security.mode": "none", "train.steps": 1000}
+
+
+def test_torch_group_overlap_refuses_two_backwards_in_one_step(tmp_path):
+    """With group.overlap a layer leaves as soon as its gradient is final:
+    a second backward before step() (gradient accumulation) would change a
+    gradient already sent, so its first hook raises dsnode.Error."""
+    torch = pytest.importorskip("torch")
+    import dsnode.torch as dt
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    sets = dict(_solo_sets(tmp_path, "ov", free_ports(1)[0]),
+                **{"node.group": "g0", "group.overlap": "true"})
+    opt = dt.GossipOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
+                             overrides=sets, handle_signals=False)
+    try:
+        assert opt.engine.overlaps
+        x = torch.randn(5, 8)
+        for _ in range(3):  # one backward per step is fine
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        assert opt.layers_handed == 3 * 2
+        opt.zero_grad()
+        model(x).sum().backward()
+        with pytest.raises(dsnode.Error) as ex:
+            model(x).sum().backward()
+        assert "one backward per step" in str(ex.value)
+    finally:
+        opt.finish()
 
 
 @pytest.mark.parametrize("where", ["cpu", "cpu-mirror", "cuda"])

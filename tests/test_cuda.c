@@ -183,6 +183,77 @@ Test(cuda, gemm_bias_softmax_match_reference)
     ds_ops_fini(&dev);
 }
 
+/* A device index past the count (or negative) is -ENODEV with a reason,
+ * device or not; cuda asked for it is refused, auto falls back to the CPU. */
+Test(cuda, device_past_the_count_is_enodev)
+{
+    ds_ops o;
+    char why[256] = "";
+    cr_expect_eq(ds_ops_init_cuda(&o, 1024, why, sizeof(why)), -ENODEV);
+    cr_expect(why[0] != '\0', "no reason given");
+    why[0] = '\0';
+    cr_expect_eq(ds_ops_init_cuda(&o, -1, why, sizeof(why)), -ENODEV);
+    cr_expect(why[0] != '\0', "no reason given");
+    cr_expect_eq(ds_ops_init_backend(&o, DS_OPS_CUDA, 1024, why, sizeof(why)), -ENODEV);
+    cr_expect(strstr(why, "cuda asked for but not available") != NULL, "%s", why);
+    cr_expect_eq(ds_ops_init_backend(&o, DS_OPS_AUTO, 1024, why, sizeof(why)), 0, "%s", why);
+    cr_expect_eq(o.kind, DS_BACKEND_CPU, "%s", why);
+    if (ds_ops_init_cuda(&o, 0, why, sizeof(why)) == 0) {
+        /* With a device the reason names the count. */
+        ds_ops_fini(&o);
+        cr_expect_eq(ds_ops_init_cuda(&o, 1024, why, sizeof(why)), -ENODEV);
+        cr_expect(strstr(why, "1024 asked for") != NULL, "%s", why);
+    }
+}
+
+/* Two tables of device 0 share its stream, handle and scratch by reference:
+ * closing the first (twice: the second close must do nothing) leaves the
+ * second working, memory allocated through the first included; the last
+ * close frees the state, and a table opened afterwards builds it afresh. */
+Test(cuda, two_tables_of_one_device_open_and_close_in_turn)
+{
+    need_device();
+    ds_ops b;
+    char why[256];
+    cr_assert_eq(ds_ops_init_cuda(&b, 0, why, sizeof(why)), 0, "%s", why);
+    cr_expect_eq(b.device, 0);
+    enum { N = 257 };
+    float h[N], r[N];
+    ds_t_fill(h, N, 70, -1, 1);
+    float *pa = up(h, N);
+    ds_ops_fini(&dev);
+    cr_expect_null(dev.alloc, "fini empties the table");
+    ds_ops_fini(&dev);
+
+    float *pb = b.alloc(N * sizeof(float));
+    cr_assert_not_null(pb);
+    cr_expect_eq(b.copy(pb, pa, N * sizeof(float)), 0);
+    b.scale(N, 2.0f, pb);
+    cr_assert_eq(b.download(r, pb, sizeof(r)), 0);
+    cr_expect_eq(b.sync(), 0, "%s", b.error() ? b.error() : "");
+    for (int i = 0; i < N; i++)
+        h[i] *= 2.0f;
+    cr_expect(ds_t_close("scale after the other table closed", 70, r, h, N, 0, 0));
+    b.free(pa);
+    b.free(pb);
+    ds_ops_fini(&b);
+
+    cr_assert_eq(ds_ops_init_cuda(&b, 0, why, sizeof(why)), 0, "%s", why);
+    float a[6] = {1, 2, 3, 4, 5, 6}, c[4];
+    float *da = b.alloc(sizeof(a)), *dc = b.alloc(sizeof(c));
+    cr_assert(da && dc);
+    cr_assert_eq(b.upload(da, a, sizeof(a)), 0);
+    /* C (2x2) = A (2x3) A^T */
+    b.gemm(0, 1, 2, 2, 3, 1.0f, da, 3, da, 3, 0.0f, dc, 2);
+    cr_assert_eq(b.download(c, dc, sizeof(c)), 0);
+    cr_expect_eq(b.sync(), 0, "%s", b.error() ? b.error() : "");
+    const float want[4] = {14, 32, 32, 77};
+    cr_expect(ds_t_close("gemm on a reopened device", 0, c, want, 4, 0, 0));
+    b.free(da);
+    b.free(dc);
+    ds_ops_fini(&b);
+}
+
 Test(cuda, short_training_run_on_device, .timeout = 300)
 {
     need_device();

@@ -1,8 +1,27 @@
 /*
  * kernels/cuda/cuda_ops.cu: the CUDA backend's op table.
  *
- * One process owns one device (design §1), so the stream and cuBLAS handle
- * are per process. Every compute op is queued on that stream; reductions and
+ * State is per device. Device d has one record in g_dev[d]: the stream of
+ * kernels/cuda/device.h (shared with every other CUDA user of the process,
+ * so training ops and selection are ordered without host syncs), a cuBLAS
+ * handle bound to that stream, device scratch, and the sticky first error.
+ * The record is created by the first table opened on d and destroyed by the
+ * last one closed (refs, under g_lock); two tables of one device share it,
+ * as they share the stream, and tables of two devices share nothing.
+ *
+ * The ds_ops signatures carry no context pointer (many callers, and the CPU
+ * table has nothing to point at), so the device index is bound at compile
+ * time instead: every op is written once as a static function whose first
+ * argument is its device's record, and on_device<D, F>::call is the
+ * argument-less-context entry point that looks up g_dev[D], makes D the
+ * calling thread's current device when it is not already, and calls F.
+ * fill<D> fills a table with the D instantiations; g_fill[d] picks the one
+ * for the device asked for, for d in 0..DS_CUDA_MAX_DEVICES-1. Kernels are
+ * not templated: only these host wrappers (a few hundred bytes each) are.
+ * Ops leave D current for the calling thread: every CUDA entry point of
+ * dsnode selects its own device, so none relies on what it was before.
+ *
+ * Every compute op is queued on the device's stream; reductions and
  * softmax cross-entropy copy their scalar results back, which synchronizes.
  * "No driver" and "no device" are normal answers: ds_ops_init_cuda returns
  * -ENODEV with the reason and the caller uses the CPU.
@@ -11,12 +30,15 @@
  * compares them on seeded random inputs and skips when no device answers.
  * Run it with: meson test -C build cuda --verbose
  */
+#include <array>
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <utility>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -24,17 +46,16 @@
 extern "C" {
 #include "kernels/kernels.h"
 }
+#include "kernels/cuda/device.h"
 
 #define THREADS 256
-
-static cudaStream_t g_stream;
-static cublasHandle_t g_blas;
 
 /* cuBLAS is opened at run time, once a device has answered, not linked:
  * libcublasLt's static constructors cost every process 0.5-0.9 s of CPU
  * at start-up (perf: 70% of `dsnode --version` in call_init, most of it
  * libcublasLt), CPU-only machines and nodes included. The header gives the
- * types; these four are all the backend calls. */
+ * types; these are all the backend calls. The library is one per process,
+ * opened under g_lock by the first table and never closed. */
 static struct {
     void *lib;
     decltype(&cublasCreate_v2) create;
@@ -66,37 +87,59 @@ static int cublas_open(char *why, size_t why_len)
         memset(&g_cublas, 0, sizeof(g_cublas));
         return -ENODEV;
     }
-    g_cublas.lib = lib; /* kept open: the handle's code lives there */
+    g_cublas.lib = lib; /* kept open: the handles' code lives there */
     return 0;
 }
 
-static double *g_scratch;      /* device: reduction results */
-static int g_ready;
+/* Doubles of dev_state.red: the results of a reduction (red[0..4)). */
+#define RED_DOUBLES 4
 
-/* The first failure since the backend started (a launch, a cuBLAS
- * status, an asynchronous copy or memset): ops->sync returns -EIO from
- * then on, and ops->error says what it was. Ops that return nothing record here;
- * a step that syncs (node/train/train.c) fails on it, so nothing goes on
- * computing from a fault's leftovers. */
-static int g_failed;
-static char g_error[160];
+/* What one device's tables share. Written under g_lock by open and close;
+ * the ops read it without the lock, which is safe because a table exists
+ * only between its open and its close. */
+struct dev_state {
+    int refs;              /* tables open on this device */
+    cudaStream_t stream;   /* device.h's, borrowed while refs > 0 */
+    cublasHandle_t blas;   /* bound to stream */
+    double *red;           /* device: RED_DOUBLES reduction results */
 
-static void fail(const char *what, const char *why)
+    /* The first failure since the record was created (a launch, a cuBLAS
+     * status, an asynchronous copy or memset): ops->sync returns -EIO from
+     * then on, and ops->error says what it was. Ops that return nothing
+     * record here; a step that syncs (node/train/train.c) fails on it, so
+     * nothing goes on computing from a fault's leftovers. */
+    int failed;
+    char error[160];
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static dev_state g_dev[DS_CUDA_MAX_DEVICES];
+
+static void fail(dev_state *st, const char *what, const char *why)
 {
-    if (g_failed)
+    if (st->failed)
         return;
-    g_failed = 1;
-    snprintf(g_error, sizeof(g_error), "%s: %s", what, why);
+    st->failed = 1;
+    snprintf(st->error, sizeof(st->error), "%s: %s", what, why);
 }
 
-static void note(cudaError_t e, const char *what)
+static void note(dev_state *st, cudaError_t e, const char *what)
 {
     if (e != cudaSuccess)
-        fail(what, cudaGetErrorString(e));
+        fail(st, what, cudaGetErrorString(e));
+}
+
+static void note_blas(dev_state *st, cublasStatus_t s, const char *what)
+{
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char why[32];
+        snprintf(why, sizeof(why), "cuBLAS status %d", (int)s);
+        fail(st, what, why);
+    }
 }
 
 /* After a kernel launch: a bad configuration or a fault already known. */
-#define LAUNCHED(name) note(cudaGetLastError(), name)
+#define LAUNCHED(st, name) note(st, cudaGetLastError(), name)
 
 static unsigned grid_for(size_t n)
 {
@@ -108,87 +151,90 @@ static unsigned grid_for(size_t n)
 
 /* ---- memory ---------------------------------------------------------------- */
 
-static void *cu_alloc(size_t bytes)
+static void *cu_alloc(dev_state *st, size_t bytes)
 {
     void *p = NULL;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (!rounded)
         rounded = 64;
-    if (cudaMalloc(&p, rounded) != cudaSuccess)
+    if (cudaMalloc(&p, rounded) != cudaSuccess) {
+        /* Out of memory is the caller's to handle (NULL), not a device
+         * fault: clear it so the next launch check does not record it. */
+        (void)cudaGetLastError();
         return NULL;
+    }
     /* On the ops' stream, not the legacy one, and finished before use. */
-    if (cudaMemsetAsync(p, 0, rounded, g_stream) != cudaSuccess ||
-        cudaStreamSynchronize(g_stream) != cudaSuccess) {
+    if (cudaMemsetAsync(p, 0, rounded, st->stream) != cudaSuccess ||
+        cudaStreamSynchronize(st->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
         cudaFree(p);
         return NULL;
     }
     return p;
 }
 
-static void cu_free(void *p)
+static void cu_free(dev_state *st, void *p)
 {
     if (p)
-        cudaFree(p);
+        note(st, cudaFree(p), "free");
 }
 
 /* 0, or -EIO with the failure kept for sync and error. */
-static int cu_check(cudaError_t e, const char *what)
+static int cu_check(dev_state *st, cudaError_t e, const char *what)
 {
-    note(e, what);
+    note(st, e, what);
     return e == cudaSuccess ? 0 : -EIO;
 }
 
-static int cu_upload(void *dst, const void *src, size_t bytes)
+static int cu_upload(dev_state *st, void *dst, const void *src, size_t bytes)
 {
-    int ret = cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream),
+    int ret = cu_check(st, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
                        "upload");
-    return ret ? ret : cu_check(cudaStreamSynchronize(g_stream), "upload");
+    return ret ? ret : cu_check(st, cudaStreamSynchronize(st->stream), "upload");
 }
 
-static int cu_download(void *dst, const void *src, size_t bytes)
+static int cu_download(dev_state *st, void *dst, const void *src, size_t bytes)
 {
-    int ret = cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream),
+    int ret = cu_check(st, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->stream),
                        "download");
-    return ret ? ret : cu_check(cudaStreamSynchronize(g_stream), "download");
+    return ret ? ret : cu_check(st, cudaStreamSynchronize(st->stream), "download");
 }
 
-static int cu_copy(void *dst, const void *src, size_t bytes)
+static int cu_copy(dev_state *st, void *dst, const void *src, size_t bytes)
 {
-    return cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream), "copy");
+    return cu_check(st, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st->stream),
+                    "copy");
 }
 
-static int cu_memzero(void *dst, size_t bytes)
+static int cu_memzero(dev_state *st, void *dst, size_t bytes)
 {
-    return cu_check(cudaMemsetAsync(dst, 0, bytes, g_stream), "memzero");
+    return cu_check(st, cudaMemsetAsync(dst, 0, bytes, st->stream), "memzero");
 }
 
-/* Waits for the stream; -EIO when it or anything since the last sync
- * failed (the failure stays: a device fault is not cleared by a sync). */
-static int cu_sync(void)
+/* Waits for the stream; -EIO when it or anything since the record was
+ * created failed (the failure stays: a device fault is not cleared by a
+ * sync). */
+static int cu_sync(dev_state *st)
 {
-    note(cudaStreamSynchronize(g_stream), "sync");
-    return g_failed ? -EIO : 0;
+    note(st, cudaStreamSynchronize(st->stream), "sync");
+    return st->failed ? -EIO : 0;
 }
 
-static const char *cu_error(void) { return g_failed ? g_error : NULL; }
+static const char *cu_error(dev_state *st) { return st->failed ? st->error : NULL; }
 
 /* ---- GEMM: row-major on top of column-major cuBLAS ------------------------- */
 
 /* A row-major matrix seen column-major is its transpose, so C = op(A) op(B)
  * (row-major) is C^T = op(B)^T op(A)^T (column-major): swap the operands. */
-static void cu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
-                    const float *a, int lda, const float *b, int ldb, float beta,
-                    float *c, int ldc)
+static void cu_gemm(dev_state *st, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                    const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                    int ldc)
 {
-    const cublasStatus_t st =
-        g_cublas.sgemm(g_blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
-                       &beta, c, ldc);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        char why[32];
-        snprintf(why, sizeof(why), "cuBLAS status %d", (int)st);
-        fail("cublasSgemm", why);
-    }
+    note_blas(st,
+              g_cublas.sgemm(st->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
+                             &beta, c, ldc),
+              "cublasSgemm");
 }
 
 /* ---- elementwise ------------------------------------------------------------ */
@@ -201,10 +247,10 @@ __global__ void k_bias_add(float *y, const float *bias, int rows, int cols)
         y[i] += bias[i % cols];
 }
 
-static void cu_bias_add(float *y, const float *bias, int rows, int cols)
+static void cu_bias_add(dev_state *st, float *y, const float *bias, int rows, int cols)
 {
-    k_bias_add<<<grid_for((size_t)rows * cols), THREADS, 0, g_stream>>>(y, bias, rows, cols);
-    LAUNCHED("k_bias_add");
+    k_bias_add<<<grid_for((size_t)rows * cols), THREADS, 0, st->stream>>>(y, bias, rows, cols);
+    LAUNCHED(st, "k_bias_add");
 }
 
 __global__ void k_bias_grad(float *db, const float *dy, int rows, int cols)
@@ -217,10 +263,10 @@ __global__ void k_bias_grad(float *db, const float *dy, int rows, int cols)
     }
 }
 
-static void cu_bias_grad(float *db, const float *dy, int rows, int cols)
+static void cu_bias_grad(dev_state *st, float *db, const float *dy, int rows, int cols)
 {
-    k_bias_grad<<<grid_for((size_t)cols), THREADS, 0, g_stream>>>(db, dy, rows, cols);
-    LAUNCHED("k_bias_grad");
+    k_bias_grad<<<grid_for((size_t)cols), THREADS, 0, st->stream>>>(db, dy, rows, cols);
+    LAUNCHED(st, "k_bias_grad");
 }
 
 __global__ void k_relu_fwd(float *y, const float *x, size_t n)
@@ -230,10 +276,10 @@ __global__ void k_relu_fwd(float *y, const float *x, size_t n)
         y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-static void cu_relu_fwd(float *y, const float *x, size_t n)
+static void cu_relu_fwd(dev_state *st, float *y, const float *x, size_t n)
 {
-    k_relu_fwd<<<grid_for(n), THREADS, 0, g_stream>>>(y, x, n);
-    LAUNCHED("k_relu_fwd");
+    k_relu_fwd<<<grid_for(n), THREADS, 0, st->stream>>>(y, x, n);
+    LAUNCHED(st, "k_relu_fwd");
 }
 
 __global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
@@ -243,10 +289,10 @@ __global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
         dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-static void cu_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
+static void cu_relu_bwd(dev_state *st, float *dx, const float *dy, const float *y, size_t n)
 {
-    k_relu_bwd<<<grid_for(n), THREADS, 0, g_stream>>>(dx, dy, y, n);
-    LAUNCHED("k_relu_bwd");
+    k_relu_bwd<<<grid_for(n), THREADS, 0, st->stream>>>(dx, dy, y, n);
+    LAUNCHED(st, "k_relu_bwd");
 }
 
 __global__ void k_sgd(float *theta, float *mom, const float *grad, size_t n, float lr,
@@ -264,11 +310,12 @@ __global__ void k_sgd(float *theta, float *mom, const float *grad, size_t n, flo
     }
 }
 
-static void cu_sgd(float *theta, float *mom, const float *grad, size_t n, const ds_sgd_params *p)
+static void cu_sgd(dev_state *st, float *theta, float *mom, const float *grad, size_t n,
+                   const ds_sgd_params *p)
 {
-    k_sgd<<<grid_for(n), THREADS, 0, g_stream>>>(theta, mom, grad, n, p->lr, p->momentum,
-                                                 p->weight_decay, p->nesterov);
-    LAUNCHED("k_sgd");
+    k_sgd<<<grid_for(n), THREADS, 0, st->stream>>>(theta, mom, grad, n, p->lr, p->momentum,
+                                                   p->weight_decay, p->nesterov);
+    LAUNCHED(st, "k_sgd");
 }
 
 __global__ void k_axpy(size_t n, float a, const float *x, float *y)
@@ -278,10 +325,10 @@ __global__ void k_axpy(size_t n, float a, const float *x, float *y)
         y[i] += a * x[i];
 }
 
-static void cu_axpy(size_t n, float a, const float *x, float *y)
+static void cu_axpy(dev_state *st, size_t n, float a, const float *x, float *y)
 {
-    k_axpy<<<grid_for(n), THREADS, 0, g_stream>>>(n, a, x, y);
-    LAUNCHED("k_axpy");
+    k_axpy<<<grid_for(n), THREADS, 0, st->stream>>>(n, a, x, y);
+    LAUNCHED(st, "k_axpy");
 }
 
 __global__ void k_scale(size_t n, float a, float *x)
@@ -291,14 +338,14 @@ __global__ void k_scale(size_t n, float a, float *x)
         x[i] *= a;
 }
 
-static void cu_scale(size_t n, float a, float *x)
+static void cu_scale(dev_state *st, size_t n, float a, float *x)
 {
-    k_scale<<<grid_for(n), THREADS, 0, g_stream>>>(n, a, x);
-    LAUNCHED("k_scale");
+    k_scale<<<grid_for(n), THREADS, 0, st->stream>>>(n, a, x);
+    LAUNCHED(st, "k_scale");
 }
 
 /* ---- reductions: grid-stride partial sums in double, block tree, one
- * atomicAdd per block into g_scratch[slot] ---------------------------------- */
+ * atomicAdd per block into red[0] --------------------------------------------- */
 
 enum { RED_SUM, RED_DOT, RED_SQ };
 
@@ -322,24 +369,35 @@ __global__ void k_reduce(int kind, size_t n, const float *x, const float *y, dou
         atomicAdd(out, part[0]);
 }
 
-static double cu_reduce(int kind, size_t n, const float *x, const float *y)
+static double cu_reduce(dev_state *st, int kind, size_t n, const float *x, const float *y)
 {
     double h = 0;
     unsigned g = grid_for(n);
     if (g > 1024)
         g = 1024;
-    note(cudaMemsetAsync(g_scratch, 0, sizeof(double), g_stream), "reduce");
-    k_reduce<<<g, THREADS, 0, g_stream>>>(kind, n, x, y, g_scratch);
-    LAUNCHED("k_reduce");
+    note(st, cudaMemsetAsync(st->red, 0, sizeof(double), st->stream), "reduce");
+    k_reduce<<<g, THREADS, 0, st->stream>>>(kind, n, x, y, st->red);
+    LAUNCHED(st, "k_reduce");
     /* A failed reduction is NaN, never a zero that looks valid. */
-    if (cu_download(&h, g_scratch, sizeof(h)) < 0 || g_failed)
+    if (cu_download(st, &h, st->red, sizeof(h)) < 0 || st->failed)
         return NAN;
     return h;
 }
 
-static double cu_dot(size_t n, const float *x, const float *y) { return cu_reduce(RED_DOT, n, x, y); }
-static double cu_nrm2(size_t n, const float *x) { return sqrt(cu_reduce(RED_SQ, n, x, x)); }
-static double cu_sum(size_t n, const float *x) { return cu_reduce(RED_SUM, n, x, x); }
+static double cu_dot(dev_state *st, size_t n, const float *x, const float *y)
+{
+    return cu_reduce(st, RED_DOT, n, x, y);
+}
+
+static double cu_nrm2(dev_state *st, size_t n, const float *x)
+{
+    return sqrt(cu_reduce(st, RED_SQ, n, x, x));
+}
+
+static double cu_sum(dev_state *st, size_t n, const float *x)
+{
+    return cu_reduce(st, RED_SUM, n, x, x);
+}
 
 /* ---- softmax cross-entropy: one thread per row ------------------------------ */
 
@@ -387,103 +445,161 @@ __global__ void k_softmax_xent(float *dlogits, const float *logits, const int32_
     }
 }
 
-static void cu_softmax_xent(float *dlogits, const float *logits, const int32_t *labels,
-                            int rows, int cols, double *loss_sum, int64_t *correct)
+static void cu_softmax_xent(dev_state *st, float *dlogits, const float *logits,
+                            const int32_t *labels, int rows, int cols, double *loss_sum,
+                            int64_t *correct)
 {
     double h[2] = {0, 0};
     unsigned g = grid_for((size_t)rows);
     if (g > 256)
         g = 256;
-    note(cudaMemsetAsync(g_scratch, 0, 2 * sizeof(double), g_stream), "softmax_xent");
-    k_softmax_xent<<<g, THREADS, 0, g_stream>>>(dlogits, logits, labels, rows, cols, g_scratch);
-    LAUNCHED("k_softmax_xent");
-    if (cu_download(h, g_scratch, sizeof(h)) < 0 || g_failed)
+    note(st, cudaMemsetAsync(st->red, 0, 2 * sizeof(double), st->stream), "softmax_xent");
+    k_softmax_xent<<<g, THREADS, 0, st->stream>>>(dlogits, logits, labels, rows, cols, st->red);
+    LAUNCHED(st, "k_softmax_xent");
+    if (cu_download(st, h, st->red, sizeof(h)) < 0 || st->failed)
         h[0] = h[1] = NAN; /* never a loss of 0 that looks valid */
     *loss_sum = h[0];
     *correct = isnan(h[1]) ? -1 : (int64_t)(h[1] + 0.5);
 }
 
-/* ---- init -------------------------------------------------------------------- */
+/* ---- one table per device ---------------------------------------------------- */
 
-extern "C" int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len)
+/* The entry point of op F on device D (see the header comment). */
+template <int D, auto F> struct on_device;
+template <int D, typename R, typename... A, R (*F)(dev_state *, A...)>
+struct on_device<D, F> {
+    static R call(A... a)
+    {
+        dev_state *st = &g_dev[D];
+        int cur = -1;
+        if (cudaGetDevice(&cur) != cudaSuccess || cur != D)
+            note(st, cudaSetDevice(D), "cudaSetDevice");
+        return F(st, a...);
+    }
+};
+
+template <int D> static void fill(ds_ops *ops)
 {
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        snprintf(why, why_len, "no CUDA driver or device (%s)", cudaGetErrorString(e));
-        return -ENODEV;
-    }
-    if (device >= count) {
-        snprintf(why, why_len, "CUDA device %d asked for, %d present", device, count);
-        return -ENODEV;
-    }
-    struct cudaDeviceProp prop;
-    if ((e = cudaSetDevice(device)) != cudaSuccess ||
-        (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
-        snprintf(why, why_len, "CUDA device %d unusable (%s)", device, cudaGetErrorString(e));
-        return -ENODEV;
-    }
-    if (!g_ready) {
-        if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
-            snprintf(why, why_len, "cudaStreamCreate failed");
-            return -ENODEV;
-        }
-        if (cublas_open(why, why_len) < 0)
-            goto fail_stream;
-        if (g_cublas.create(&g_blas) != CUBLAS_STATUS_SUCCESS) {
-            snprintf(why, why_len, "cublasCreate failed");
-            goto fail_stream;
-        }
-        g_cublas.set_stream(g_blas, g_stream);
-        if (cudaMalloc(&g_scratch, 4 * sizeof(double)) != cudaSuccess) {
-            snprintf(why, why_len, "cudaMalloc of scratch failed");
-            goto fail_blas;
-        }
-        g_ready = 1;
-    }
+    ops->alloc = on_device<D, cu_alloc>::call;
+    ops->free = on_device<D, cu_free>::call;
+    ops->upload = on_device<D, cu_upload>::call;
+    ops->download = on_device<D, cu_download>::call;
+    ops->copy = on_device<D, cu_copy>::call;
+    ops->memzero = on_device<D, cu_memzero>::call;
+    ops->sync = on_device<D, cu_sync>::call;
+    ops->error = on_device<D, cu_error>::call;
+    ops->gemm = on_device<D, cu_gemm>::call;
+    ops->bias_add = on_device<D, cu_bias_add>::call;
+    ops->bias_grad = on_device<D, cu_bias_grad>::call;
+    ops->relu_fwd = on_device<D, cu_relu_fwd>::call;
+    ops->relu_bwd = on_device<D, cu_relu_bwd>::call;
+    ops->softmax_xent = on_device<D, cu_softmax_xent>::call;
+    ops->sgd = on_device<D, cu_sgd>::call;
+    ops->axpy = on_device<D, cu_axpy>::call;
+    ops->scale = on_device<D, cu_scale>::call;
+    ops->dot = on_device<D, cu_dot>::call;
+    ops->nrm2 = on_device<D, cu_nrm2>::call;
+    ops->sum = on_device<D, cu_sum>::call;
+}
 
-    memset(ops, 0, sizeof(*ops));
-    ops->kind = DS_BACKEND_CUDA;
-    snprintf(ops->name, sizeof(ops->name), "cuda:%d %.60s", device, prop.name);
-    ops->alloc = cu_alloc;
-    ops->free = cu_free;
-    ops->upload = cu_upload;
-    ops->download = cu_download;
-    ops->copy = cu_copy;
-    ops->memzero = cu_memzero;
-    ops->sync = cu_sync;
-    ops->error = cu_error;
-    ops->gemm = cu_gemm;
-    ops->bias_add = cu_bias_add;
-    ops->bias_grad = cu_bias_grad;
-    ops->relu_fwd = cu_relu_fwd;
-    ops->relu_bwd = cu_relu_bwd;
-    ops->softmax_xent = cu_softmax_xent;
-    ops->sgd = cu_sgd;
-    ops->axpy = cu_axpy;
-    ops->scale = cu_scale;
-    ops->dot = cu_dot;
-    ops->nrm2 = cu_nrm2;
-    ops->sum = cu_sum;
-    snprintf(why, why_len, "CUDA device %d: %s, %d SMs, %.1f GiB", device, prop.name,
-             prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+template <size_t... I>
+static constexpr std::array<void (*)(ds_ops *), sizeof...(I)> fillers(std::index_sequence<I...>)
+{
+    return {{fill<(int)I>...}};
+}
+
+/* g_fill[d] fills a table with device d's entry points. */
+static constexpr auto g_fill = fillers(std::make_index_sequence<DS_CUDA_MAX_DEVICES>());
+
+/* Create device d's record (d current, its stream acquired); g_lock held. */
+static int state_open(dev_state *st, int d, char *why, size_t why_len)
+{
+    cublasStatus_t bs;
+    memset(st, 0, sizeof(*st));
+    st->stream = ds_cuda_device_stream(d);
+    if (cublas_open(why, why_len) < 0)
+        return -ENODEV;
+    if ((bs = g_cublas.create(&st->blas)) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(why, why_len, "CUDA device %d: cublasCreate failed (status %d)", d, (int)bs);
+        return -ENODEV;
+    }
+    if ((bs = g_cublas.set_stream(st->blas, st->stream)) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(why, why_len, "CUDA device %d: cublasSetStream failed (status %d)", d, (int)bs);
+        goto fail_blas;
+    }
+    cudaError_t e;
+    if ((e = cudaMalloc(&st->red, RED_DOUBLES * sizeof(double))) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, why_len, "CUDA device %d: cudaMalloc of scratch failed (%s)", d,
+                 cudaGetErrorString(e));
+        goto fail_blas;
+    }
     return 0;
 
 fail_blas:
-    g_cublas.destroy(g_blas);
-fail_stream:
-    cudaStreamDestroy(g_stream);
+    g_cublas.destroy(st->blas);
+    memset(st, 0, sizeof(*st));
     return -ENODEV;
+}
+
+/* Destroy device d's record after its work finished; g_lock held. Errors
+ * are past caring about here: the record goes either way. */
+static void state_close(dev_state *st, int d)
+{
+    cudaSetDevice(d);
+    cudaStreamSynchronize(st->stream);
+    cudaFree(st->red);
+    g_cublas.destroy(st->blas);
+    memset(st, 0, sizeof(*st));
+}
+
+extern "C" int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len)
+{
+    /* Checks the driver, the index against the count and the limit, makes
+     * the device current and gives it its stream. */
+    int ret = ds_cuda_device_acquire(device, why, why_len);
+    if (ret < 0)
+        return ret;
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "CUDA device %d unusable (%s)", device, cudaGetErrorString(e));
+        ds_cuda_device_release(device);
+        return -ENODEV;
+    }
+    pthread_mutex_lock(&g_lock);
+    dev_state *st = &g_dev[device];
+    if (st->refs == 0 && (ret = state_open(st, device, why, why_len)) < 0) {
+        pthread_mutex_unlock(&g_lock);
+        ds_cuda_device_release(device);
+        return ret;
+    }
+    st->refs++;
+    pthread_mutex_unlock(&g_lock);
+
+    memset(ops, 0, sizeof(*ops));
+    ops->kind = DS_BACKEND_CUDA;
+    ops->device = device;
+    snprintf(ops->name, sizeof(ops->name), "cuda:%d %.60s", device, prop.name);
+    g_fill[device](ops);
+    snprintf(why, why_len, "CUDA device %d: %s, %d SMs, %.1f GiB", device, prop.name,
+             prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    return 0;
 }
 
 extern "C" void ds_ops_fini(ds_ops *ops)
 {
-    if (ops && ops->kind == DS_BACKEND_CUDA && g_ready) {
-        cudaStreamSynchronize(g_stream);
-        cudaFree(g_scratch);
-        g_cublas.destroy(g_blas);
-        cudaStreamDestroy(g_stream);
-        g_scratch = NULL;
-        g_ready = 0;
+    if (!ops || ops->kind != DS_BACKEND_CUDA)
+        return;
+    const int d = ops->device;
+    if (d >= 0 && d < DS_CUDA_MAX_DEVICES) {
+        pthread_mutex_lock(&g_lock);
+        if (g_dev[d].refs > 0 && --g_dev[d].refs == 0)
+            state_close(&g_dev[d], d);
+        pthread_mutex_unlock(&g_lock);
+        ds_cuda_device_release(d);
     }
+    /* A second fini of this table, or a late op through it, must not drop
+     * another table's reference: the table is emptied. */
+    memset(ops, 0, sizeof(*ops));
 }

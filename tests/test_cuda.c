@@ -183,6 +183,98 @@ Test(cuda, gemm_bias_softmax_match_reference)
     ds_ops_fini(&dev);
 }
 
+/* bias_grad reduces rows in parallel (16 row lanes per column): rows that
+ * are not a multiple of the lanes, columns not a multiple of the block's
+ * 32, and one row. Sums of at most 1025 values of [-1, 1] in double, so
+ * the device and the reference round the same sum to float, up to an ulp. */
+Test(cuda, bias_grad_matches_reference)
+{
+    need_device();
+    const int shapes[][2] = {{1, 10}, {37, 10}, {37, 33}, {1000, 100}, {1025, 1}, {17, 129}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int rows = shapes[si][0], cols = shapes[si][1];
+        const size_t n = (size_t)rows * cols;
+        const uint64_t seed = 80 + si;
+        float *dy = malloc(n * 4), *want = malloc((size_t)cols * 4), *got = malloc((size_t)cols * 4);
+        cr_assert(dy && want && got);
+        ds_t_fill(dy, n, seed, -1, 1);
+        float *ddy = up(dy, n), *ddb = dev.alloc((size_t)cols * 4);
+        cr_assert_not_null(ddb);
+        ds_bias_grad_c(want, dy, rows, cols);
+        dev.bias_grad(ddb, ddy, rows, cols);
+        down(got, ddb, (size_t)cols);
+        cr_expect_eq(dev.sync(), 0, "%s", dev.error() ? dev.error() : "");
+        cr_expect(ds_t_close("bias_grad", seed, got, want, (size_t)cols, 1e-6, 1e-6),
+                  "rows %d cols %d", rows, cols);
+        dev.free(ddy);
+        dev.free(ddb);
+        free(dy);
+        free(want);
+        free(got);
+    }
+    ds_ops_fini(&dev);
+}
+
+/* Softmax cross-entropy, one warp per row: 10 and 37 columns (37 spans two
+ * strides of a warp), rows not a multiple of the 8 rows of a block, and
+ * logits drawn from {-1, 0, 1, 2} so that most rows have tied maxima, in
+ * one lane and across lanes. Labels hit the first and the later maxima, so
+ * the count of correct rows checks the reference's tie rule (the first
+ * maximum wins) exactly. Also without dlogits (evaluation). */
+Test(cuda, softmax_xent_matches_reference_with_ties)
+{
+    need_device();
+    const int shapes[][2] = {{37, 10}, {37, 37}, {1, 37}, {1001, 10}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int rows = shapes[si][0], cols = shapes[si][1];
+        const size_t n = (size_t)rows * cols;
+        const uint64_t seed = 90 + si;
+        float *lg = malloc(n * 4), *d0 = malloc(n * 4), *d1 = malloc(n * 4);
+        int32_t *lab = malloc((size_t)rows * 4);
+        cr_assert(lg && d0 && d1 && lab);
+        ds_t_fill(lg, n, seed, -1, 3);
+        for (size_t i = 0; i < n; i++)
+            lg[i] = floorf(lg[i]);
+        for (int r = 0; r < rows; r++) {
+            /* Every third row: the label is the LAST maximum (a hit only if
+             * it is also the first); otherwise a seeded column. */
+            const float *x = lg + (size_t)r * cols;
+            int last = 0;
+            for (int c = 1; c < cols; c++)
+                if (x[c] >= x[last])
+                    last = c;
+            lab[r] = r % 3 == 0 ? last : (r * 7 + (int)si) % cols;
+        }
+        float *dl = up(lg, n), *dd = dev.alloc(n * 4);
+        int32_t *dlab = dev.alloc((size_t)rows * 4);
+        cr_assert(dd && dlab);
+        cr_assert_eq(dev.upload(dlab, lab, (size_t)rows * 4), 0);
+        double l0, l1, l2;
+        int64_t g0, g1, g2;
+        ds_softmax_xent_c(d0, lg, lab, rows, cols, &l0, &g0);
+        dev.softmax_xent(dd, dl, dlab, rows, cols, &l1, &g1);
+        down(d1, dd, n);
+        cr_expect(ds_t_close("softmax_xent grad", seed, d1, d0, n, 1e-7, 1e-5),
+                  "rows %d cols %d", rows, cols);
+        cr_expect(ds_t_close_d(l1, l0, 1e-9 * rows, 1e-9), "rows %d cols %d: loss %.12g vs %.12g",
+                  rows, cols, l1, l0);
+        cr_expect_eq(g1, g0, "rows %d cols %d: correct %lld vs %lld", rows, cols, (long long)g1,
+                     (long long)g0);
+        dev.softmax_xent(NULL, dl, dlab, rows, cols, &l2, &g2);
+        cr_expect(ds_t_close_d(l2, l0, 1e-9 * rows, 1e-9), "loss without dlogits %.12g", l2);
+        cr_expect_eq(g2, g0);
+        cr_expect_eq(dev.sync(), 0, "%s", dev.error() ? dev.error() : "");
+        dev.free(dl);
+        dev.free(dd);
+        dev.free(dlab);
+        free(lg);
+        free(d0);
+        free(d1);
+        free(lab);
+    }
+    ds_ops_fini(&dev);
+}
+
 /* A device index past the count (or negative) is -ENODEV with a reason,
  * device or not; cuda asked for it is refused, auto falls back to the CPU. */
 Test(cuda, device_past_the_count_is_enodev)

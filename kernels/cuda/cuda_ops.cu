@@ -91,8 +91,14 @@ static int cublas_open(char *why, size_t why_len)
     return 0;
 }
 
-/* Doubles of dev_state.red: the results of a reduction (red[0..4)). */
-#define RED_DOUBLES 4
+/* softmax_xent: rows per block (one warp each) and the most blocks, whose
+ * partial sums wait in dev_state.red for the final pass. */
+#define SX_WARPS 8
+#define SX_BLOCKS_MAX 1024
+
+/* Doubles of dev_state.red: the results of a reduction or of softmax_xent
+ * (red[0..4)), then softmax_xent's per-block partials (2 per block). */
+#define RED_DOUBLES (4 + 2 * SX_BLOCKS_MAX)
 
 /* What one device's tables share. Written under g_lock by open and close;
  * the ops read it without the lock, which is safe because a table exists
@@ -253,19 +259,40 @@ static void cu_bias_add(dev_state *st, float *y, const float *bias, int rows, in
     LAUNCHED(st, "k_bias_add");
 }
 
+/* bias_grad: a block is BG_COLS columns by BG_ROWS row lanes. Lane ty of
+ * column c sums rows ty, ty + BG_ROWS, ... in double (reads of a row are
+ * coalesced across the columns), then the lanes are added in a fixed tree:
+ * the same order every run, no atomics. Rows are a batch (hundreds), so one
+ * block per 32 columns has work enough. */
+#define BG_COLS 32
+#define BG_ROWS 16
+
 __global__ void k_bias_grad(float *db, const float *dy, int rows, int cols)
 {
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
-        double s = 0;
-        for (int r = 0; r < rows; r++)
+    __shared__ double part[BG_ROWS][BG_COLS];
+    const int c = blockIdx.x * BG_COLS + threadIdx.x;
+    double s = 0;
+    if (c < cols)
+        for (int r = threadIdx.y; r < rows; r += BG_ROWS)
             s += dy[(size_t)r * cols + c];
-        db[c] = (float)s;
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    for (int h = BG_ROWS / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.y < h)
+            part[threadIdx.y][threadIdx.x] += part[threadIdx.y + h][threadIdx.x];
+        __syncthreads();
     }
+    if (threadIdx.y == 0 && c < cols)
+        db[c] = (float)part[0][threadIdx.x];
 }
 
 static void cu_bias_grad(dev_state *st, float *db, const float *dy, int rows, int cols)
 {
-    k_bias_grad<<<grid_for((size_t)cols), THREADS, 0, st->stream>>>(db, dy, rows, cols);
+    if (cols <= 0)
+        return;
+    const dim3 block(BG_COLS, BG_ROWS);
+    k_bias_grad<<<(unsigned)((cols + BG_COLS - 1) / BG_COLS), block, 0, st->stream>>>(db, dy,
+                                                                                      rows, cols);
     LAUNCHED(st, "k_bias_grad");
 }
 
@@ -399,49 +426,109 @@ static double cu_sum(dev_state *st, size_t n, const float *x)
     return cu_reduce(st, RED_SUM, n, x, x);
 }
 
-/* ---- softmax cross-entropy: one thread per row ------------------------------ */
+/* ---- softmax cross-entropy: one warp per row -------------------------------- */
 
-__global__ void k_softmax_xent(float *dlogits, const float *logits, const int32_t *labels,
-                               int rows, int cols, double *out)
+/* The first maximum of a row, as the reference's scan finds it: the larger
+ * value, or the lower index of two equal ones (idx < 0: nothing yet). */
+__device__ __forceinline__ void argmax_merge(float *v, int *idx, float ov, int oi)
 {
-    __shared__ double part_loss[THREADS];
-    __shared__ double part_good[THREADS];
-    double loss = 0, good = 0;
+    if (oi >= 0 && (*idx < 0 || ov > *v || (ov == *v && oi < *idx))) {
+        *v = ov;
+        *idx = oi;
+    }
+}
+
+/* Each warp takes rows warp, warp + SX_WARPS*gridDim.x, ...: its lanes
+ * stride the columns, shuffles combine them (arg-max, sum of exp in double)
+ * and lane 0 broadcasts, so every lane of a row works from the same max and
+ * sum. The row's loss and hit go to lane 0; the block adds its warps in
+ * order and writes part[block] (loss) and part[gridDim.x + block] (hits),
+ * which k_softmax_total adds in order: the totals are the same every run.
+ * For finite logits the arg-max is the reference's (first maximum); the
+ * loss differs from it only by the order of the sum of exp. A label outside
+ * 0..cols-1 makes the row's loss and gradient NaN rather than reading past
+ * the row (the C reference does not check). */
+__global__ void k_softmax_xent(float *dlogits, const float *logits, const int32_t *labels,
+                               int rows, int cols, double *part)
+{
+    __shared__ double w_loss[SX_WARPS], w_good[SX_WARPS];
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float inv_rows = 1.0f / (float)rows;
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+    double loss = 0, good = 0;
+    /* r is the same for the 32 lanes of a warp: the shuffles see them all. */
+    for (int r = blockIdx.x * SX_WARPS + warp; r < rows; r += gridDim.x * SX_WARPS) {
         const float *x = logits + (size_t)r * cols;
-        int best = 0;
-        for (int c = 1; c < cols; c++)
-            if (x[c] > x[best])
-                best = c;
+        float bv = 0.0f;
+        int bi = -1;
+        for (int c = lane; c < cols; c += 32)
+            argmax_merge(&bv, &bi, x[c], c);
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_down_sync(all, bv, o);
+            const int oi = __shfl_down_sync(all, bi, o);
+            argmax_merge(&bv, &bi, ov, oi);
+        }
+        const int best = __shfl_sync(all, bi, 0);
         const float mx = x[best];
         double se = 0;
-        for (int c = 0; c < cols; c++)
+        for (int c = lane; c < cols; c += 32)
             se += exp((double)(x[c] - mx));
+        for (int o = 16; o > 0; o >>= 1)
+            se += __shfl_down_sync(all, se, o);
+        se = __shfl_sync(all, se, 0);
         const int y = labels[r];
-        loss += log(se) - (double)(x[y] - mx);
-        good += best == y;
+        const bool bad = y < 0 || y >= cols;
+        if (lane == 0) {
+            loss += bad ? (double)NAN : log(se) - (double)(x[y] - mx);
+            good += best == y;
+        }
         if (dlogits) {
             float *d = dlogits + (size_t)r * cols;
-            for (int c = 0; c < cols; c++) {
+            for (int c = lane; c < cols; c += 32) {
                 const float p = (float)(exp((double)(x[c] - mx)) / se);
-                d[c] = (p - (c == y ? 1.0f : 0.0f)) * inv_rows;
+                d[c] = bad ? NAN : (p - (c == y ? 1.0f : 0.0f)) * inv_rows;
             }
         }
     }
-    part_loss[threadIdx.x] = loss;
-    part_good[threadIdx.x] = good;
+    if (lane == 0) {
+        w_loss[warp] = loss;
+        w_good[warp] = good;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double l = 0, g = 0;
+        for (int i = 0; i < SX_WARPS; i++) {
+            l += w_loss[i];
+            g += w_good[i];
+        }
+        part[blockIdx.x] = l;
+        part[gridDim.x + blockIdx.x] = g;
+    }
+}
+
+/* out[0] = sum of part[0..n), out[1] = sum of part[n..2n), in a fixed order;
+ * one block of THREADS threads. */
+__global__ void k_softmax_total(const double *part, int n, double *out)
+{
+    __shared__ double sl[THREADS], sg[THREADS];
+    double l = 0, g = 0;
+    for (int i = threadIdx.x; i < n; i += THREADS) {
+        l += part[i];
+        g += part[n + i];
+    }
+    sl[threadIdx.x] = l;
+    sg[threadIdx.x] = g;
     __syncthreads();
     for (int w = THREADS / 2; w > 0; w >>= 1) {
         if ((int)threadIdx.x < w) {
-            part_loss[threadIdx.x] += part_loss[threadIdx.x + w];
-            part_good[threadIdx.x] += part_good[threadIdx.x + w];
+            sl[threadIdx.x] += sl[threadIdx.x + w];
+            sg[threadIdx.x] += sg[threadIdx.x + w];
         }
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        atomicAdd(&out[0], part_loss[0]);
-        atomicAdd(&out[1], part_good[0]);
+        out[0] = sl[0];
+        out[1] = sg[0];
     }
 }
 
@@ -449,13 +536,23 @@ static void cu_softmax_xent(dev_state *st, float *dlogits, const float *logits,
                             const int32_t *labels, int rows, int cols, double *loss_sum,
                             int64_t *correct)
 {
-    double h[2] = {0, 0};
-    unsigned g = grid_for((size_t)rows);
-    if (g > 256)
-        g = 256;
-    note(st, cudaMemsetAsync(st->red, 0, 2 * sizeof(double), st->stream), "softmax_xent");
-    k_softmax_xent<<<g, THREADS, 0, st->stream>>>(dlogits, logits, labels, rows, cols, st->red);
+    double h[2] = {NAN, NAN};
+    if (rows <= 0 || cols <= 0) {
+        /* No row: the reference's sums (0, 0); no column: nothing to
+         * classify, which is no valid loss. */
+        *loss_sum = rows <= 0 && cols > 0 ? 0.0 : NAN;
+        *correct = rows <= 0 && cols > 0 ? 0 : -1;
+        return;
+    }
+    int g = (rows + SX_WARPS - 1) / SX_WARPS;
+    if (g > SX_BLOCKS_MAX)
+        g = SX_BLOCKS_MAX;
+    double *part = st->red + 4;
+    k_softmax_xent<<<g, SX_WARPS * 32, 0, st->stream>>>(dlogits, logits, labels, rows, cols,
+                                                        part);
     LAUNCHED(st, "k_softmax_xent");
+    k_softmax_total<<<1, THREADS, 0, st->stream>>>(part, g, st->red);
+    LAUNCHED(st, "k_softmax_total");
     if (cu_download(st, h, st->red, sizeof(h)) < 0 || st->failed)
         h[0] = h[1] = NAN; /* never a loss of 0 that looks valid */
     *loss_sum = h[0];

@@ -275,6 +275,69 @@ Test(cuda, softmax_xent_matches_reference_with_ties)
     ds_ops_fini(&dev);
 }
 
+/* Max-pool forward and backward bit for bit against the reference: odd h
+ * and w (the last row and column dropped, their gradient 0), even ones,
+ * planes too narrow for any window; values from {-1, 0, 1}, with -0.0 and
+ * NaN sprinkled in, so most windows have ties, which the first maximum in
+ * row-major order must win. Outputs start as a canary, so every element
+ * must be written. */
+Test(cuda, maxpool_matches_reference_bit_for_bit)
+{
+    need_device();
+    const int shapes[][3] = {{15, 7, 9}, {15, 8, 6}, {2, 1, 5}, {3, 5, 1}, {64, 28, 28}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int planes = shapes[si][0], h = shapes[si][1], w = shapes[si][2];
+        const size_t nx = (size_t)planes * h * w, ny = (size_t)planes * (h / 2) * (w / 2);
+        const uint64_t seed = 100 + si;
+        float *x = malloc(nx * 4), *dx0 = malloc(nx * 4), *dx1 = malloc(nx * 4);
+        /* At least one element: a plane too narrow for a window has none. */
+        float *dy = calloc(ny + 1, 4), *y0 = calloc(ny + 1, 4), *y1 = calloc(ny + 1, 4);
+        cr_assert(x && dx0 && dx1 && dy && y0 && y1);
+        ds_t_fill(x, nx, seed, -1, 2);
+        for (size_t i = 0; i < nx; i++) {
+            x[i] = floorf(x[i]);
+            if (i % 23 == 5)
+                x[i] = -0.0f;
+            if (i % 97 == 11)
+                x[i] = NAN;
+        }
+        ds_t_fill(dy, ny, seed + 1, -1, 1);
+        for (size_t i = 0; i < nx; i++)
+            dx1[i] = 7.0f;
+        for (size_t i = 0; i < ny; i++)
+            y1[i] = 7.0f;
+        float *dxd = up(x, nx), *ddx = up(dx1, nx), *ddy = up(dy, ny + 1);
+        float *dyo = up(y1, ny + 1);
+
+        ds_maxpool_fwd_c(y0, x, planes, h, w);
+        dev.maxpool_fwd(dyo, dxd, planes, h, w);
+        down(y1, dyo, ny);
+        cr_expect(!memcmp(y0, y1, ny * 4), "maxpool_fwd differs: planes %d h %d w %d", planes, h,
+                  w);
+        ds_maxpool_bwd_c(dx0, dy, x, planes, h, w);
+        dev.maxpool_bwd(ddx, ddy, dxd, planes, h, w);
+        down(dx1, ddx, nx);
+        cr_expect(!memcmp(dx0, dx1, nx * 4), "maxpool_bwd differs: planes %d h %d w %d", planes,
+                  h, w);
+        for (size_t i = 0, bad = 0; i < nx && bad < 10; i++)
+            if (memcmp(&dx0[i], &dx1[i], 4) && ++bad)
+                cr_log_error("maxpool_bwd seed=%llu [%zu] got %.9g want %.9g",
+                             (unsigned long long)seed, i, dx1[i], dx0[i]);
+        cr_expect_eq(dev.sync(), 0, "%s", dev.error() ? dev.error() : "");
+        dev.free(dxd);
+        dev.free(ddx);
+        dev.free(ddy);
+        dev.free(dyo);
+        free(x);
+        free(dx0);
+        free(dx1);
+        free(dy);
+        free(y0);
+        free(y1);
+    }
+    ds_ops_fini(&dev);
+}
+
 /* A device index past the count (or negative) is -ENODEV with a reason,
  * device or not; cuda asked for it is refused, auto falls back to the CPU. */
 Test(cuda, device_past_the_count_is_enodev)

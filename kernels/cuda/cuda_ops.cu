@@ -559,6 +559,72 @@ static void cu_softmax_xent(dev_state *st, float *dlogits, const float *logits,
     *correct = isnan(h[1]) ? -1 : (int64_t)(h[1] + 0.5);
 }
 
+/* ---- 2x2 max-pool ------------------------------------------------------------ */
+
+/* Index (within the plane xp, w wide) of the first maximum of the window at
+ * (oy, ox): the reference's pool_arg, comparison for comparison, so both
+ * pick the same element (NaN and signed zeros included). */
+__device__ __forceinline__ size_t pool_arg(const float *xp, int w, int oy, int ox)
+{
+    size_t best = (size_t)(2 * oy) * w + 2 * ox;
+    const size_t cand[3] = {best + 1, best + w, best + w + 1};
+    for (int i = 0; i < 3; i++)
+        if (xp[cand[i]] > xp[best])
+            best = cand[i];
+    return best;
+}
+
+/* One thread per output element. */
+__global__ void k_maxpool_fwd(float *y, const float *x, int planes, int h, int w)
+{
+    const int oh = h / 2, ow = w / 2;
+    const size_t total = (size_t)planes * oh * ow;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % ow), oy = (int)(i / ow % oh);
+        const float *xp = x + i / ((size_t)oh * ow) * ((size_t)h * w);
+        y[i] = xp[pool_arg(xp, w, oy, ox)];
+    }
+}
+
+/* One thread per input element: it takes dy when it is its window's first
+ * maximum, else 0 (dropped last row or column included). Every element of
+ * dx is written by exactly one thread, so there is no race and no memset. */
+__global__ void k_maxpool_bwd(float *dx, const float *dy, const float *x, int planes, int h,
+                              int w)
+{
+    const int oh = h / 2, ow = w / 2;
+    const size_t plane = (size_t)h * w, total = (size_t)planes * plane;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t p = i / plane, at = i % plane;
+        const int iy = (int)(at / w), ix = (int)(at % w), oy = iy / 2, ox = ix / 2;
+        float v = 0.0f;
+        if (oy < oh && ox < ow && pool_arg(x + p * plane, w, oy, ox) == at)
+            v = dy[(p * oh + oy) * ow + ox];
+        dx[i] = v;
+    }
+}
+
+static void cu_maxpool_fwd(dev_state *st, float *y, const float *x, int planes, int h, int w)
+{
+    const size_t total = planes > 0 && h > 1 && w > 1 ? (size_t)planes * (h / 2) * (w / 2) : 0;
+    if (!total)
+        return;
+    k_maxpool_fwd<<<grid_for(total), THREADS, 0, st->stream>>>(y, x, planes, h, w);
+    LAUNCHED(st, "k_maxpool_fwd");
+}
+
+static void cu_maxpool_bwd(dev_state *st, float *dx, const float *dy, const float *x, int planes,
+                           int h, int w)
+{
+    const size_t total = planes > 0 && h > 0 && w > 0 ? (size_t)planes * h * w : 0;
+    if (!total)
+        return;
+    k_maxpool_bwd<<<grid_for(total), THREADS, 0, st->stream>>>(dx, dy, x, planes, h, w);
+    LAUNCHED(st, "k_maxpool_bwd");
+}
+
 /* ---- one table per device ---------------------------------------------------- */
 
 /* The entry point of op F on device D (see the header comment). */
@@ -597,6 +663,8 @@ template <int D> static void fill(ds_ops *ops)
     ops->dot = on_device<D, cu_dot>::call;
     ops->nrm2 = on_device<D, cu_nrm2>::call;
     ops->sum = on_device<D, cu_sum>::call;
+    ops->maxpool_fwd = on_device<D, cu_maxpool_fwd>::call;
+    ops->maxpool_bwd = on_device<D, cu_maxpool_bwd>::call;
 }
 
 template <size_t... I>

@@ -42,6 +42,39 @@ static void down(float *h, const float *d, size_t n)
     cr_assert_eq(dev.download(h, d, n * sizeof(float)), 0);
 }
 
+/* For GEMM-based ops: |got - want| <= rtol * mag + 1e-6 everywhere, where
+ * mag is the reference run on the absolute values of the inputs (the sum
+ * of the magnitudes of the terms of each output), so the tolerance follows
+ * what float accumulation can lose, not the size of the result. Prints the
+ * seed and the first ten mismatches. */
+static int close_mag(const char *what, uint64_t seed, const float *got, const float *want,
+                     const float *mag, size_t n, double rtol)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= rtol * mag[i] + 1e-6)) {
+            if (bad < 10)
+                cr_log_error("%s seed=%llu n=%zu: [%zu] got %.9g want %.9g (diff %.3g, "
+                             "magnitude %.3g)",
+                             what, (unsigned long long)seed, n, i, got[i], want[i], d, mag[i]);
+            bad++;
+        }
+    }
+    if (bad)
+        cr_log_error("%s: %d of %zu values differ", what, bad, n);
+    return bad == 0;
+}
+
+static float *abs_copy(const float *x, size_t n)
+{
+    float *a = malloc(n * sizeof(float));
+    cr_assert_not_null(a);
+    for (size_t i = 0; i < n; i++)
+        a[i] = fabsf(x[i]);
+    return a;
+}
+
 static const size_t sizes[] = {1, 7, 255, 256, 257, 1000, 65537};
 
 Test(cuda, elementwise_and_reductions_match_reference)
@@ -271,6 +304,90 @@ Test(cuda, softmax_xent_matches_reference_with_ties)
         free(d0);
         free(d1);
         free(lab);
+    }
+    ds_ops_fini(&dev);
+}
+
+/* Convolution forward and backward (im2col + cuBLAS) against the direct
+ * reference: odd sizes with k 3 and 5, k 1, one image (the caller's col),
+ * and a shape whose batch does not fit one chunk of the device's scratch
+ * (two chunks, the last of one image). Outputs start as NaN so every
+ * element must be written; the backward also runs with dx NULL. */
+Test(cuda, conv2d_matches_reference, .timeout = 120)
+{
+    need_device();
+    const ds_conv_shape shapes[] = {
+        {.batch = 3, .c_in = 5, .h = 7, .w = 9, .c_out = 6, .k = 3},
+        {.batch = 3, .c_in = 5, .h = 7, .w = 9, .c_out = 6, .k = 5},
+        {.batch = 2, .c_in = 3, .h = 5, .w = 4, .c_out = 7, .k = 1},
+        {.batch = 1, .c_in = 4, .h = 6, .w = 11, .c_out = 3, .k = 3},
+        {.batch = 11, .c_in = 64, .h = 32, .w = 32, .c_out = 4, .k = 5},
+    };
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const ds_conv_shape *sh = &shapes[si];
+        const uint64_t seed = 120 + si;
+        const size_t P = (size_t)sh->h * sh->w, kk = (size_t)sh->k * sh->k;
+        const size_t nx = (size_t)sh->batch * sh->c_in * P, ny = (size_t)sh->batch * sh->c_out * P;
+        const size_t nw = (size_t)sh->c_out * sh->c_in * kk, nb = (size_t)sh->c_out;
+        float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(nb * 4), *dy = malloc(ny * 4);
+        float *y0 = malloc(ny * 4), *y1 = malloc(ny * 4), *ym = malloc(ny * 4);
+        float *dx0 = malloc(nx * 4), *dx1 = malloc(nx * 4), *dxm = malloc(nx * 4);
+        float *dw0 = malloc(nw * 4), *dw1 = malloc(nw * 4), *dwm = malloc(nw * 4);
+        float *db0 = malloc(nb * 4), *db1 = malloc(nb * 4), *dbm = malloc(nb * 4);
+        const size_t nmax = nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw);
+        float *nan = malloc(nmax * 4);
+        cr_assert(x && w && b && dy && y0 && y1 && ym && dx0 && dx1 && dxm && dw0 && dw1 && dwm &&
+                  db0 && db1 && dbm && nan);
+        ds_t_fill(x, nx, seed, -1, 1);
+        ds_t_fill(w, nw, seed + 1, -0.5f, 0.5f);
+        ds_t_fill(b, nb, seed + 2, -1, 1);
+        ds_t_fill(dy, ny, seed + 3, -1, 1);
+        for (size_t i = 0; i < nmax; i++)
+            nan[i] = NAN;
+
+        float *ax = abs_copy(x, nx), *aw = abs_copy(w, nw), *ab = abs_copy(b, nb);
+        float *ady = abs_copy(dy, ny);
+        ds_conv2d_fwd_c(y0, x, w, b, sh, NULL);
+        ds_conv2d_fwd_c(ym, ax, aw, ab, sh, NULL);
+        ds_conv2d_bwd_c(dx0, dw0, db0, dy, x, w, sh, NULL);
+        ds_conv2d_bwd_c(dxm, dwm, dbm, ady, ax, aw, sh, NULL);
+
+        float *dx_ = up(x, nx), *dw_ = up(w, nw), *db_ = up(b, nb), *ddy = up(dy, ny);
+        float *dyo = up(nan, ny), *ddx = up(nan, nx), *ddw = up(nan, nw), *ddb = up(nan, nb);
+        float *col = dev.alloc(ds_conv_col_floats(sh) * 4);
+        cr_assert_not_null(col);
+        char what[64];
+        snprintf(what, sizeof(what), "conv2d b%d c%d %dx%d o%d k%d", sh->batch, sh->c_in, sh->h,
+                 sh->w, sh->c_out, sh->k);
+
+        dev.conv2d_fwd(dyo, dx_, dw_, db_, sh, col);
+        down(y1, dyo, ny);
+        cr_expect(close_mag(what, seed, y1, y0, ym, ny, 1e-5), "%s: y", what);
+
+        dev.conv2d_bwd(ddx, ddw, ddb, ddy, dx_, dw_, sh, col);
+        down(dx1, ddx, nx);
+        down(dw1, ddw, nw);
+        down(db1, ddb, nb);
+        cr_expect(close_mag(what, seed, dx1, dx0, dxm, nx, 1e-5), "%s: dx", what);
+        cr_expect(close_mag(what, seed, dw1, dw0, dwm, nw, 1e-5), "%s: dw", what);
+        cr_expect(close_mag(what, seed, db1, db0, dbm, nb, 1e-5), "%s: db", what);
+
+        cr_assert_eq(dev.upload(ddw, nan, nw * 4), 0);
+        cr_assert_eq(dev.upload(ddb, nan, nb * 4), 0);
+        dev.conv2d_bwd(NULL, ddw, ddb, ddy, dx_, dw_, sh, col);
+        down(dw1, ddw, nw);
+        down(db1, ddb, nb);
+        cr_expect(close_mag(what, seed, dw1, dw0, dwm, nw, 1e-5), "%s: dw, dx NULL", what);
+        cr_expect(close_mag(what, seed, db1, db0, dbm, nb, 1e-5), "%s: db, dx NULL", what);
+        cr_expect_eq(dev.sync(), 0, "%s", dev.error() ? dev.error() : "");
+
+        float *dev_bufs[] = {dx_, dw_, db_, ddy, dyo, ddx, ddw, ddb, col};
+        for (size_t i = 0; i < sizeof(dev_bufs) / sizeof(dev_bufs[0]); i++)
+            dev.free(dev_bufs[i]);
+        float *host_bufs[] = {x, w, b, dy, y0, y1, ym, dx0, dx1, dxm, dw0, dw1, dwm,
+                              db0, db1, dbm, nan, ax, aw, ab, ady};
+        for (size_t i = 0; i < sizeof(host_bufs) / sizeof(host_bufs[0]); i++)
+            free(host_bufs[i]);
     }
     ds_ops_fini(&dev);
 }

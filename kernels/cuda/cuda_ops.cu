@@ -62,6 +62,7 @@ static struct {
     decltype(&cublasDestroy_v2) destroy;
     decltype(&cublasSetStream_v2) set_stream;
     decltype(&cublasSgemm_v2) sgemm;
+    decltype(&cublasSgemmStridedBatched) sgemm_strided;
 } g_cublas;
 
 static int cublas_open(char *why, size_t why_len)
@@ -80,9 +81,12 @@ static int cublas_open(char *why, size_t why_len)
     g_cublas.destroy = (decltype(g_cublas.destroy))dlsym(lib, "cublasDestroy_v2");
     g_cublas.set_stream = (decltype(g_cublas.set_stream))dlsym(lib, "cublasSetStream_v2");
     g_cublas.sgemm = (decltype(g_cublas.sgemm))dlsym(lib, "cublasSgemm_v2");
-    if (!g_cublas.create || !g_cublas.destroy || !g_cublas.set_stream || !g_cublas.sgemm) {
-        snprintf(why, why_len, "%s lacks cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2 "
-                 "or cublasSgemm_v2", name);
+    g_cublas.sgemm_strided =
+        (decltype(g_cublas.sgemm_strided))dlsym(lib, "cublasSgemmStridedBatched");
+    if (!g_cublas.create || !g_cublas.destroy || !g_cublas.set_stream || !g_cublas.sgemm ||
+        !g_cublas.sgemm_strided) {
+        snprintf(why, why_len, "%s lacks cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2, "
+                 "cublasSgemm_v2 or cublasSgemmStridedBatched", name);
         dlclose(lib);
         memset(&g_cublas, 0, sizeof(g_cublas));
         return -ENODEV;
@@ -108,6 +112,8 @@ struct dev_state {
     cudaStream_t stream;   /* device.h's, borrowed while refs > 0 */
     cublasHandle_t blas;   /* bound to stream */
     double *red;           /* device: RED_DOUBLES reduction results */
+    float *conv;           /* device: im2col of a chunk of images, grown on demand */
+    size_t conv_floats;    /* its size */
 
     /* The first failure since the record was created (a launch, a cuBLAS
      * status, an asynchronous copy or memset): ops->sync returns -EIO from
@@ -241,6 +247,20 @@ static void cu_gemm(dev_state *st, int trans_a, int trans_b, int m, int n, int k
                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
                              &beta, c, ldc),
               "cublasSgemm");
+}
+
+/* The same for `count` products at once: A_i = a + i*sa, B_i = b + i*sb,
+ * C_i = c + i*sc (a stride of 0 shares one matrix among all). */
+static void cu_gemm_strided(dev_state *st, int trans_a, int trans_b, int m, int n, int k,
+                            float alpha, const float *a, int lda, long long sa, const float *b,
+                            int ldb, long long sb, float beta, float *c, int ldc, long long sc,
+                            int count)
+{
+    note_blas(st,
+              g_cublas.sgemm_strided(st->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
+                                     sb, a, lda, sa, &beta, c, ldc, sc, count),
+              "cublasSgemmStridedBatched");
 }
 
 /* ---- elementwise ------------------------------------------------------------ */
@@ -559,6 +579,235 @@ static void cu_softmax_xent(dev_state *st, float *dlogits, const float *logits,
     *correct = isnan(h[1]) ? -1 : (int64_t)(h[1] + 0.5);
 }
 
+/* ---- 2-D convolution: im2col + cuBLAS ---------------------------------------- */
+
+/* A chunk of cnt images is unrolled into one matrix, col, (c_in*k*k) x
+ * (cnt*h*w) row-major: row (ci, ky, kx), column (image j, pixel oy, ox)
+ * holds x[j][ci][oy + ky - k/2][ox + kx - k/2], 0 in the padding. Image j's
+ * K x P block (K = c_in*k*k, P = h*w) is then columns j*P.. of col, which a
+ * strided batched GEMM addresses with ld cnt*P and stride P:
+ *   forward   y_j = W col_j                  (one batched GEMM, W shared)
+ *   weights   dW  = sum_j dy_j col_j^T       (one GEMM over cnt*P columns,
+ *                                             dy moved to c_out x (cnt*P))
+ *   input     dcol_j = W^T dy_j, then col2im (one thread per dx element
+ *                                             gathers its k*k terms: no race)
+ * Chunks use the device's own scratch (dev_state.conv, up to
+ * CONV_SCRATCH_MAX floats); with one image, an image over that cap, or a
+ * scratch that cannot grow, they are one image in the caller's col, where
+ * dy_j is already c_out x P. Results then differ from the chunked ones by
+ * float rounding only. */
+#define CONV_SCRATCH_MAX ((size_t)1 << 24) /* 64 MiB; conv2 of the CNN: ~240 images */
+
+__global__ void k_im2col(float *col, const float *x, int c_in, int h, int w, int k, int cnt)
+{
+    const size_t P = (size_t)h * w, cols = (size_t)cnt * P;
+    const size_t total = (size_t)c_in * k * k * cols;
+    const int pad = k / 2;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t q = i / cols, r = i % cols, j = r / P;
+        const int kx = (int)(q % k), ky = (int)(q / k % k), ci = (int)(q / ((size_t)k * k));
+        const int at = (int)(r % P), iy = at / w + ky - pad, ix = at % w + kx - pad;
+        col[i] = iy >= 0 && iy < h && ix >= 0 && ix < w
+                     ? x[(j * c_in + ci) * P + (size_t)iy * w + ix]
+                     : 0.0f;
+    }
+}
+
+/* dx[j][ci][iy][ix] = sum over (ky, kx) of dcol[(ci, ky, kx)][j, oy, ox]
+ * with oy = iy - ky + k/2, ox = ix - kx + k/2 inside the image: the terms
+ * im2col copied this input element to. Overwrites dx. */
+__global__ void k_col2im(float *dx, const float *dcol, int c_in, int h, int w, int k, int cnt)
+{
+    const size_t P = (size_t)h * w, cols = (size_t)cnt * P, total = (size_t)cnt * c_in * P;
+    const int pad = k / 2;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int ix = (int)(i % w), iy = (int)(i / w % h), ci = (int)(i / P % c_in);
+        const size_t j = i / (P * c_in);
+        float acc = 0.0f;
+        for (int ky = 0; ky < k; ky++) {
+            const int oy = iy - ky + pad;
+            if (oy < 0 || oy >= h)
+                continue;
+            for (int kx = 0; kx < k; kx++) {
+                const int ox = ix - kx + pad;
+                if (ox >= 0 && ox < w)
+                    acc += dcol[((size_t)(ci * k + ky) * k + kx) * cols + j * P +
+                                (size_t)oy * w + ox];
+            }
+        }
+        dx[i] = acc;
+    }
+}
+
+/* y[plane][.] += bias[plane % c_out] over `planes` planes of P. */
+__global__ void k_bias_planes(float *y, const float *bias, size_t planes, int c_out, size_t P)
+{
+    const size_t total = planes * P;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] += bias[i / P % c_out];
+}
+
+/* out (c_out x cnt x P) = in (cnt x c_out x P): dy of a chunk with the
+ * images of one channel side by side, as the weight GEMM reads it. */
+__global__ void k_nchw_to_cnhw(float *out, const float *in, int cnt, int c_out, size_t P)
+{
+    const size_t total = (size_t)cnt * c_out * P;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t p = i % P, j = i / P % cnt, co = i / (P * cnt);
+        out[i] = in[(j * c_out + co) * P + p];
+    }
+}
+
+/* db[co] = sum over the batch and the plane of dy[n][co]: one block per
+ * channel, a fixed order (strided partials in double, then a tree). */
+__global__ void k_conv_bias_grad(float *db, const float *dy, int batch, int c_out, size_t P)
+{
+    __shared__ double part[THREADS];
+    const int co = blockIdx.x;
+    const size_t total = (size_t)batch * P;
+    double s = 0;
+    for (size_t i = threadIdx.x; i < total; i += THREADS)
+        s += dy[(i / P * c_out + co) * P + i % P];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        db[co] = (float)part[0];
+}
+
+static bool conv_shape_ok(const ds_conv_shape *s)
+{
+    return s->batch >= 0 && s->c_in > 0 && s->h > 0 && s->w > 0 && s->c_out > 0 && s->k > 0 &&
+           (s->k & 1);
+}
+
+/* Where a conv op unrolls its images, per_image floats each, and how many
+ * at a time (*cnt): see the section comment. NULL when there is no room
+ * at all (col NULL and no own scratch). */
+static float *conv_scratch(dev_state *st, int batch, size_t per_image, float *col, int *cnt)
+{
+    size_t want = CONV_SCRATCH_MAX / per_image;
+    if (want > (size_t)batch)
+        want = (size_t)batch;
+    *cnt = 1;
+    if (want < 2)
+        return col;
+    if (st->conv_floats >= want * per_image) {
+        *cnt = (int)want;
+        return st->conv;
+    }
+    /* Growing: queued ops may still read the old buffer. */
+    cudaError_t e = cudaStreamSynchronize(st->stream);
+    if (e != cudaSuccess) {
+        note(st, e, "conv scratch");
+        return col;
+    }
+    if (st->conv)
+        note(st, cudaFree(st->conv), "conv scratch");
+    st->conv = NULL;
+    st->conv_floats = 0;
+    if (cudaMalloc(&st->conv, want * per_image * sizeof(float)) != cudaSuccess) {
+        /* Not a fault: the caller's col still does, one image at a time. */
+        (void)cudaGetLastError();
+        st->conv = NULL;
+        return col;
+    }
+    st->conv_floats = want * per_image;
+    *cnt = (int)want;
+    return st->conv;
+}
+
+static void cu_conv2d_fwd(dev_state *st, float *y, const float *x, const float *w,
+                          const float *bias, const ds_conv_shape *s, float *col)
+{
+    if (!conv_shape_ok(s)) {
+        fail(st, "conv2d_fwd", "bad shape (sizes must be positive, k odd)");
+        return;
+    }
+    if (s->batch == 0)
+        return;
+    const int P = s->h * s->w, K = s->c_in * s->k * s->k;
+    int nb;
+    float *buf = conv_scratch(st, s->batch, (size_t)K * P, col, &nb);
+    if (!buf) {
+        fail(st, "conv2d_fwd", "no im2col scratch (col is NULL)");
+        return;
+    }
+    for (int n0 = 0; n0 < s->batch; n0 += nb) {
+        const int cnt = s->batch - n0 < nb ? s->batch - n0 : nb;
+        k_im2col<<<grid_for((size_t)K * cnt * P), THREADS, 0, st->stream>>>(
+            buf, x + (size_t)n0 * s->c_in * P, s->c_in, s->h, s->w, s->k, cnt);
+        LAUNCHED(st, "k_im2col");
+        /* y_j (c_out x P) = W (c_out x K) col_j (K x P) */
+        cu_gemm_strided(st, 0, 0, s->c_out, P, K, 1.0f, w, K, 0, buf, cnt * P, P, 0.0f,
+                        y + (size_t)n0 * s->c_out * P, P, (long long)s->c_out * P, cnt);
+    }
+    const size_t planes = (size_t)s->batch * s->c_out;
+    k_bias_planes<<<grid_for(planes * P), THREADS, 0, st->stream>>>(y, bias, planes, s->c_out,
+                                                                    (size_t)P);
+    LAUNCHED(st, "k_bias_planes");
+}
+
+static void cu_conv2d_bwd(dev_state *st, float *dx, float *dw, float *db, const float *dy,
+                          const float *x, const float *w, const ds_conv_shape *s, float *col)
+{
+    if (!conv_shape_ok(s)) {
+        fail(st, "conv2d_bwd", "bad shape (sizes must be positive, k odd)");
+        return;
+    }
+    const int P = s->h * s->w, K = s->c_in * s->k * s->k, co_n = s->c_out;
+    if (s->batch == 0) {
+        /* The sum over no image. */
+        note(st, cudaMemsetAsync(dw, 0, (size_t)co_n * K * sizeof(float), st->stream),
+             "conv2d_bwd");
+        note(st, cudaMemsetAsync(db, 0, (size_t)co_n * sizeof(float), st->stream), "conv2d_bwd");
+        return;
+    }
+    k_conv_bias_grad<<<co_n, THREADS, 0, st->stream>>>(db, dy, s->batch, co_n, (size_t)P);
+    LAUNCHED(st, "k_conv_bias_grad");
+    int nb;
+    float *buf = conv_scratch(st, s->batch, (size_t)(K + co_n) * P, col, &nb);
+    if (!buf) {
+        fail(st, "conv2d_bwd", "no im2col scratch (col is NULL)");
+        return;
+    }
+    for (int n0 = 0; n0 < s->batch; n0 += nb) {
+        const int cnt = s->batch - n0 < nb ? s->batch - n0 : nb;
+        const float *dyc = dy + (size_t)n0 * co_n * P;
+        k_im2col<<<grid_for((size_t)K * cnt * P), THREADS, 0, st->stream>>>(
+            buf, x + (size_t)n0 * s->c_in * P, s->c_in, s->h, s->w, s->k, cnt);
+        LAUNCHED(st, "k_im2col");
+        /* dW (c_out x K) = dy (c_out x cnt*P) col^T, added up over chunks. */
+        const float *dyt = dyc;
+        if (cnt > 1) {
+            float *t = buf + (size_t)K * cnt * P;
+            k_nchw_to_cnhw<<<grid_for((size_t)cnt * co_n * P), THREADS, 0, st->stream>>>(
+                t, dyc, cnt, co_n, (size_t)P);
+            LAUNCHED(st, "k_nchw_to_cnhw");
+            dyt = t;
+        }
+        cu_gemm(st, 0, 1, co_n, K, cnt * P, 1.0f, dyt, cnt * P, buf, cnt * P, n0 ? 1.0f : 0.0f,
+                dw, K);
+        if (!dx)
+            continue;
+        /* dcol_j (K x P, over col_j: the weight GEMM before it on the
+         * stream has read it) = W^T (K x c_out) dy_j (c_out x P). */
+        cu_gemm_strided(st, 1, 0, K, P, co_n, 1.0f, w, K, 0, dyc, P, (long long)co_n * P, 0.0f,
+                        buf, cnt * P, P, cnt);
+        k_col2im<<<grid_for((size_t)cnt * s->c_in * P), THREADS, 0, st->stream>>>(
+            dx + (size_t)n0 * s->c_in * P, buf, s->c_in, s->h, s->w, s->k, cnt);
+        LAUNCHED(st, "k_col2im");
+    }
+}
+
 /* ---- 2x2 max-pool ------------------------------------------------------------ */
 
 /* Index (within the plane xp, w wide) of the first maximum of the window at
@@ -663,6 +912,8 @@ template <int D> static void fill(ds_ops *ops)
     ops->dot = on_device<D, cu_dot>::call;
     ops->nrm2 = on_device<D, cu_nrm2>::call;
     ops->sum = on_device<D, cu_sum>::call;
+    ops->conv2d_fwd = on_device<D, cu_conv2d_fwd>::call;
+    ops->conv2d_bwd = on_device<D, cu_conv2d_bwd>::call;
     ops->maxpool_fwd = on_device<D, cu_maxpool_fwd>::call;
     ops->maxpool_bwd = on_device<D, cu_maxpool_bwd>::call;
 }
@@ -714,6 +965,7 @@ static void state_close(dev_state *st, int d)
     cudaSetDevice(d);
     cudaStreamSynchronize(st->stream);
     cudaFree(st->red);
+    cudaFree(st->conv);
     g_cublas.destroy(st->blas);
     memset(st, 0, sizeof(*st));
 }

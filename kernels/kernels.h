@@ -95,7 +95,9 @@ typedef struct ds_conv_shape {
 } ds_conv_shape;
 
 /* Floats of the scratch `col` a conv op may use: one image's im2col matrix,
- * (c_in*k*k) x (h*w). The plain C reference does not touch it. */
+ * (c_in*k*k) x (h*w), in the backend's memory. The plain C reference does
+ * not touch it; the CUDA ops use it when they work one image at a time
+ * (a batch of one, or their own larger scratch could not grow). */
 static inline size_t ds_conv_col_floats(const ds_conv_shape *s)
 {
     return (size_t)s->c_in * s->k * s->k * (size_t)s->h * s->w;
@@ -171,8 +173,9 @@ typedef struct ds_ops {
     ds_nrm2_fn nrm2;
     ds_sum_fn sum;
 
-    /* Image ops of the CNN (node/train/model.c). NULL in a table that has
-     * none yet (the CUDA one): a model that needs them is refused there. */
+    /* Image ops of the CNN (node/train/model.c); both the CPU and the CUDA
+     * table have them. A table without them (NULL) makes a model that needs
+     * them fail there with -ENOTSUP. */
     ds_conv2d_fwd_fn conv2d_fwd;
     ds_conv2d_bwd_fn conv2d_bwd;
     ds_maxpool_fwd_fn maxpool_fwd;

@@ -526,6 +526,68 @@ Test(cuda, two_tables_of_one_device_open_and_close_in_turn)
     ds_ops_fini(&b);
 }
 
+/* The CNN on the device: its first gradient (batch 64, the chunked conv
+ * path) against the CPU trainer's with the same seeds, then 60 steps must
+ * learn as on the CPU (tests/test_train.c: 0.7290 there, 0.6 required);
+ * the evaluation's batches of 500 run the forward in two chunks. */
+Test(cuda, cnn_matches_cpu_and_learns_on_device, .timeout = 300)
+{
+    need_device();
+    ds_ops_fini(&dev);
+    ds_train_cfg c;
+    ds_trainer tc, tg;
+    char err[512];
+    ds_train_cfg_defaults(&c);
+    c.model = DS_TRAIN_CNN;
+    c.init_seed = 7;
+    c.data_seed = 8;
+    c.backend = DS_OPS_CPU;
+    cr_assert_eq(ds_trainer_init(&tc, &c, err, sizeof(err)), 0, "%s", err);
+    c.backend = DS_OPS_CUDA;
+    cr_assert_eq(ds_trainer_init(&tg, &c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(tg.ops.kind, DS_BACKEND_CUDA);
+    cr_assert_eq(tg.n_params, tc.n_params);
+    double lc, lg;
+    cr_assert_eq(ds_trainer_compute_grad(&tc, &lc, NULL), 0);
+    cr_assert_eq(ds_trainer_compute_grad(&tg, &lg, NULL), 0, "%s",
+                 tg.ops.error() ? tg.ops.error() : "");
+    cr_expect(ds_t_close_d(lg, lc, 1e-5, 1e-4), "first loss %.9g on the device, %.9g on the CPU",
+              lg, lc);
+    float *g = malloc(tg.n_params * sizeof(float));
+    cr_assert_not_null(g);
+    cr_assert_eq(tg.ops.download(g, tg.grad, tg.n_params * sizeof(float)), 0);
+    /* Per layer, the norm of the difference against the norm of the CPU's
+     * gradient: float rounding is about 1e-6 of it, and a ReLU that flips
+     * on a pre-activation near 0 moves a few elements without moving the
+     * norm; an indexing error moves it by its own size. */
+    for (int l = 0; l < tg.model.n_layers; l++) {
+        const ds_layer *ly = &tg.model.layer[l];
+        double dd = 0, nn = 0;
+        for (size_t i = ly->off; i < ly->off + ly->len; i++) {
+            const double d = (double)g[i] - (double)tc.grad[i];
+            dd += d * d;
+            nn += (double)tc.grad[i] * tc.grad[i];
+        }
+        cr_expect(sqrt(dd) <= 1e-4 * sqrt(nn) + 1e-9, "%s: |grad diff| %.3g, |grad| %.3g",
+                  ly->name, sqrt(dd), sqrt(nn));
+    }
+    free(g);
+    ds_trainer_fini(&tc);
+
+    ds_trainer_apply_grad(&tg);
+    for (int s = 1; s < 60; s++) {
+        double loss;
+        cr_assert_eq(ds_trainer_compute_grad(&tg, &loss, NULL), 0);
+        cr_assert(isfinite(loss), "step %d loss %g", s, loss);
+        ds_trainer_apply_grad(&tg);
+    }
+    double loss, acc;
+    cr_assert_eq(ds_trainer_evaluate(&tg, &loss, &acc), 0);
+    cr_log_info("cuda cnn: 60 steps, test accuracy %.4f", acc);
+    cr_expect_gt(acc, 0.6, "test accuracy %.4f after 60 steps", acc);
+    ds_trainer_fini(&tg);
+}
+
 Test(cuda, short_training_run_on_device, .timeout = 300)
 {
     need_device();

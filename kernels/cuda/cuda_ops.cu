@@ -20,6 +20,9 @@
  * not templated: only these host wrappers (a few hundred bytes each) are.
  * Ops leave D current for the calling thread: every CUDA entry point of
  * dsnode selects its own device, so none relies on what it was before.
+ * The ops of one device share its scratch, so they are called from one
+ * thread at a time (the trainer's); opening and closing tables may happen
+ * on any thread.
  *
  * Every compute op is queued on the device's stream; reductions and
  * softmax cross-entropy copy their scalar results back, which synchronizes.

@@ -12,9 +12,11 @@
  * with ops->upload / ops->download. Reductions (dot, sum, nrm2) return their
  * value on the host and accumulate in double.
  *
- * One dsnode process owns one accelerator (design §1), so the CUDA backend
- * keeps its stream and cuBLAS handle per process; compute ops are ordered on
- * that stream and ops->sync waits for them.
+ * A CUDA table works on one device: its compute ops are ordered on that
+ * device's stream (kernels/cuda/device.h, shared with the other CUDA code of
+ * the process) and ops->sync waits for them. The stream, cuBLAS handle,
+ * scratch and failure state are per device: tables of one device share
+ * them (reference-counted), tables of two devices share nothing.
  *
  * Matrices are row-major throughout. Fused softmax cross-entropy takes int32
  * class labels.
@@ -93,7 +95,9 @@ typedef struct ds_conv_shape {
 } ds_conv_shape;
 
 /* Floats of the scratch `col` a conv op may use: one image's im2col matrix,
- * (c_in*k*k) x (h*w). The plain C reference does not touch it. */
+ * (c_in*k*k) x (h*w), in the backend's memory. The plain C reference does
+ * not touch it; the CUDA ops use it when they work one image at a time
+ * (a batch of one, or their own larger scratch could not grow). */
 static inline size_t ds_conv_col_floats(const ds_conv_shape *s)
 {
     return (size_t)s->c_in * s->k * s->k * (size_t)s->h * s->w;
@@ -150,6 +154,7 @@ typedef DS_DECL_GATHER_IMAGES(*ds_gather_images_fn);
 
 typedef struct ds_ops {
     enum ds_backend_kind kind;
+    int device;         /* the CUDA device of a CUDA table; 0 in a CPU one */
     char name[96];      /* "cpu-avx512", "cpu-ref", "cuda:0 NVIDIA H200", ... */
 
     /* Memory of this backend. alloc returns 64-byte aligned, zeroed memory
@@ -180,8 +185,9 @@ typedef struct ds_ops {
     ds_nrm2_fn nrm2;
     ds_sum_fn sum;
 
-    /* Image ops of the CNN (node/train/model.c). NULL in a table that has
-     * none yet (the CUDA one): a model that needs them is refused there. */
+    /* Image ops of the CNN (node/train/model.c); both the CPU and the CUDA
+     * table have them. A table without them (NULL) makes a model that needs
+     * them fail there with -ENOTSUP. */
     ds_conv2d_fwd_fn conv2d_fwd;
     ds_conv2d_bwd_fn conv2d_bwd;
     ds_maxpool_fwd_fn maxpool_fwd;
@@ -197,10 +203,12 @@ typedef struct ds_ops {
  * variants allowed by ds_cpu_flags() (which honours DS_KERNELS). */
 void ds_ops_init_cpu(ds_ops *ops);
 
-/* Fill *ops with the CUDA table for device `device`. Returns 0, or
- * -ENODEV when CUDA is not built in, no driver answers or no device exists
- * (a normal state: the caller falls back to the CPU), with the reason in
- * why[0..why_len). */
+/* Fill *ops with the CUDA table for device `device` (0-based, below both
+ * the device count and DS_CUDA_MAX_DEVICES of kernels/cuda/device.h).
+ * Returns 0, or -ENODEV when CUDA is not built in, no driver answers or no
+ * such device exists (a normal state: the caller falls back to the CPU),
+ * with the reason in why[0..why_len). Every table filled must be released
+ * with ds_ops_fini(). */
 int ds_ops_init_cuda(ds_ops *ops, int device, char *why, size_t why_len);
 
 /* The backends one can ask for, in the order the config and the help list
@@ -234,9 +242,9 @@ int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, int device, char *wh
                         size_t why_len);
 
 /* ds_ops_init_backend() for the backend named `backend` ("auto", "cpu" or
- * "cuda"), on CUDA device 0; an unknown name is -EINVAL with the choices
- * in `why`. */
-int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len);
+ * "cuda"), on CUDA device `device`; an unknown name is -EINVAL with the
+ * choices in `why`. */
+int ds_ops_init(ds_ops *ops, const char *backend, int device, char *why, size_t why_len);
 
 /* CUDA devices this process sees (0: no CUDA in this build, no driver,
  * or none), and train.device = auto's choice for a node of local rank
@@ -259,7 +267,10 @@ const char *ds_blas_wanted_coretype(void);
  * DS_BLAS_KEEP=1 turns this off. */
 void ds_blas_reexec_if_needed(char **argv);
 
-/* Release what the backend holds (CUDA stream and handle). */
+/* Release what the table holds: for a CUDA table, its reference on the
+ * device's stream, cuBLAS handle and scratch (the last table of a device
+ * waits for its work and frees them), and the table is emptied so a second
+ * call does nothing. NULL and CPU tables are fine. */
 void ds_ops_fini(ds_ops *ops);
 
 #endif

@@ -98,11 +98,11 @@ int ds_ops_init_backend(ds_ops *ops, enum ds_ops_backend b, int device, char *wh
     return -EINVAL;
 }
 
-int ds_ops_init(ds_ops *ops, const char *backend, char *why, size_t why_len)
+int ds_ops_init(ds_ops *ops, const char *backend, int device, char *why, size_t why_len)
 {
     const int b = ds_ops_backend_parse(backend);
     if (b >= 0)
-        return ds_ops_init_backend(ops, (enum ds_ops_backend)b, 0, why, why_len);
+        return ds_ops_init_backend(ops, (enum ds_ops_backend)b, device, why, why_len);
     /* "unknown backend 'x' (expected auto, cpu or cuda)", from the list. */
     size_t o = (size_t)snprintf(why, why_len, "unknown backend '%s' (expected",
                                 backend ? backend : "(null)");

@@ -518,13 +518,13 @@ Test(kernels, backend_chooser)
 {
     ds_ops o;
     char why[256];
-    cr_expect_eq(ds_ops_init(&o, "cpu", why, sizeof(why)), 0);
+    cr_expect_eq(ds_ops_init(&o, "cpu", 0, why, sizeof(why)), 0);
     cr_expect_eq(o.kind, DS_BACKEND_CPU);
-    cr_expect_eq(ds_ops_init(&o, "auto", why, sizeof(why)), 0, "%s", why);
+    cr_expect_eq(ds_ops_init(&o, "auto", 0, why, sizeof(why)), 0, "%s", why);
     ds_ops_fini(&o);
-    cr_expect_eq(ds_ops_init(&o, "tpu", why, sizeof(why)), -EINVAL);
+    cr_expect_eq(ds_ops_init(&o, "tpu", 0, why, sizeof(why)), -EINVAL);
     cr_expect(strstr(why, "unknown backend 'tpu'") != NULL, "%s", why);
-    int r = ds_ops_init(&o, "cuda", why, sizeof(why));
+    int r = ds_ops_init(&o, "cuda", 0, why, sizeof(why));
     cr_expect(r == 0 || r == -ENODEV, "%d %s", r, why);
     if (r == 0)
         ds_ops_fini(&o);

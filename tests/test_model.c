@@ -422,7 +422,8 @@ Test(model, cnn_ref_and_blas_agree)
 
 Test(model, image_ops_missing_from_the_table_is_enotsup)
 {
-    /* As the CUDA table is today: no conv2d or max-pool kernels. */
+    /* A table without conv2d or max-pool kernels (as the CUDA one was
+     * before issue 11): the model says which op is missing. */
     ds_ops o;
     ds_ops_fill_cpu(&o, 0);
     snprintf(o.name, sizeof(o.name), "cuda:0 test");

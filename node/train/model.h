@@ -80,8 +80,8 @@ int ds_model_init_mlp(ds_model *m, const ds_ops *ops, int input_dim, const int *
 /* Build the model of a layer list (base/layerspec.h) for c x h x w inputs.
  * Returns 0; -EINVAL for a list the grammar or the shapes refuse, with
  * "expected ..., found '<item>' (layer i)" in err; -ENOTSUP when the list
- * needs an op the backend's table lacks (conv2d or max-pool on CUDA), with
- * the op in err; -ENOMEM. */
+ * needs an op the backend's table lacks (conv2d or max-pool, NULL in the
+ * table), with the op in err; -ENOMEM. */
 int ds_model_init_layers(ds_model *m, const ds_ops *ops, const char *spec, int c, int h, int w,
                          int n_classes, int max_batch, char *err, size_t err_len);
 

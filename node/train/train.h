@@ -75,9 +75,9 @@ void ds_train_cfg_defaults(ds_train_cfg *c);
 
 /* Load data, pick the backend, build the model, initialise theta.
  * 0 or a negative errno with one line in err. A model that needs kernels
- * the backend lacks (cnn or custom with conv/maxpool2 on CUDA) is refused
- * with -ENOTSUP when the backend was asked for, and runs on the CPU (said
- * in backend_note) when it was auto. */
+ * the backend's table lacks (conv2d or max-pool; today every table has
+ * them) is refused with -ENOTSUP when the backend was asked for, and runs
+ * on the CPU (said in backend_note) when it was auto. */
 int ds_trainer_init(ds_trainer *t, const ds_train_cfg *cfg, char *err, size_t err_len);
 void ds_trainer_fini(ds_trainer *t);
 

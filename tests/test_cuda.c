@@ -455,6 +455,59 @@ Test(cuda, maxpool_matches_reference_bit_for_bit)
     ds_ops_fini(&dev);
 }
 
+/* A batch gathered on the device from images uploaded once equals the
+ * reference gather bit for bit (no fused multiply-add), by indices and by
+ * position, with every byte value among the pixels. */
+Test(cuda, gather_images_matches_reference_bit_for_bit)
+{
+    need_device();
+    enum { N = 301, DIM = 785, B = 67 };
+    uint8_t *img = malloc((size_t)N * DIM), *lab = malloc(N);
+    uint32_t idx[B];
+    cr_assert(img && lab);
+    uint64_t r = 7;
+    for (size_t i = 0; i < (size_t)N * DIM; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        img[i] = i < 256 ? (uint8_t)i : (uint8_t)(r >> 56);
+    }
+    for (int i = 0; i < N; i++)
+        lab[i] = (uint8_t)(i * 7 % 10);
+    for (int b = 0; b < B; b++)
+        idx[b] = (uint32_t)((b * 113 + 5) % N);
+    const float scale = 1.0f / (255.0f * 0.3530f), shift = -0.2860f / 0.3530f;
+    uint8_t *dimg = dev.alloc((size_t)N * DIM), *dlab = dev.alloc(N);
+    uint32_t *didx = dev.alloc(sizeof(idx));
+    float *dx = dev.alloc((size_t)B * DIM * 4);
+    int32_t *dy = dev.alloc(B * 4);
+    cr_assert(dimg && dlab && didx && dx && dy);
+    cr_assert_eq(dev.upload(dimg, img, (size_t)N * DIM), 0);
+    cr_assert_eq(dev.upload(dlab, lab, N), 0);
+    cr_assert_eq(dev.upload(didx, idx, sizeof(idx)), 0);
+    float *x0 = malloc((size_t)B * DIM * 4), *x1 = malloc((size_t)B * DIM * 4);
+    int32_t y0[B], y1[B];
+    cr_assert(x0 && x1);
+    for (int by_idx = 0; by_idx < 2; by_idx++) {
+        const size_t first = by_idx ? 0 : N - B;
+        ds_gather_images_c(x0, y0, img, lab, by_idx ? idx : NULL, first, B, DIM, scale, shift);
+        dev.gather_images(dx, dy, dimg, dlab, by_idx ? didx : NULL, first, B, DIM, scale, shift);
+        cr_assert_eq(dev.download(x1, dx, (size_t)B * DIM * 4), 0);
+        cr_assert_eq(dev.download(y1, dy, sizeof(y1)), 0);
+        cr_expect(!memcmp(x0, x1, (size_t)B * DIM * 4), "pixels differ (by_idx %d)", by_idx);
+        cr_expect(!memcmp(y0, y1, sizeof(y0)), "labels differ (by_idx %d)", by_idx);
+    }
+    cr_expect_eq(dev.sync(), 0, "%s", dev.error() ? dev.error() : "");
+    dev.free(dimg);
+    dev.free(dlab);
+    dev.free(didx);
+    dev.free(dx);
+    dev.free(dy);
+    free(img);
+    free(lab);
+    free(x0);
+    free(x1);
+    ds_ops_fini(&dev);
+}
+
 /* A device index past the count (or negative) is -ENODEV with a reason,
  * device or not; cuda asked for it is refused, auto falls back to the CPU. */
 Test(cuda, device_past_the_count_is_enodev)
@@ -493,7 +546,8 @@ Test(cuda, two_tables_of_one_device_open_and_close_in_turn)
     cr_expect(b.alloc && b.free && b.upload && b.download && b.copy && b.memzero && b.sync &&
               b.error && b.gemm && b.bias_add && b.bias_grad && b.relu_fwd && b.relu_bwd &&
               b.softmax_xent && b.sgd && b.axpy && b.scale && b.dot && b.nrm2 && b.sum &&
-              b.conv2d_fwd && b.conv2d_bwd && b.maxpool_fwd && b.maxpool_bwd);
+              b.conv2d_fwd && b.conv2d_bwd && b.maxpool_fwd && b.maxpool_bwd &&
+              b.gather_images);
     enum { N = 257 };
     float h[N], r[N];
     ds_t_fill(h, N, 70, -1, 1);

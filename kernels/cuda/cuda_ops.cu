@@ -877,6 +877,16 @@ static void cu_maxpool_bwd(dev_state *st, float *dx, const float *dy, const floa
     LAUNCHED(st, "k_maxpool_bwd");
 }
 
+/* A training batch from the data set uploaded once (kernels/cuda/data.cu). */
+static void cu_gather_images(dev_state *st, float *x, int32_t *y, const uint8_t *images,
+                             const uint8_t *labels, const uint32_t *idx, size_t first, int batch,
+                             size_t dim, float scale, float shift)
+{
+    note(st, ds_cuda_gather_images(st->stream, x, y, images, labels, idx, first, batch, dim,
+                                   scale, shift),
+         "k_gather_images");
+}
+
 /* ---- one table per device ---------------------------------------------------- */
 
 /* The entry point of op F on device D (see the header comment). */
@@ -919,6 +929,7 @@ template <int D> static void fill(ds_ops *ops)
     ops->conv2d_bwd = on_device<D, cu_conv2d_bwd>::call;
     ops->maxpool_fwd = on_device<D, cu_maxpool_fwd>::call;
     ops->maxpool_bwd = on_device<D, cu_maxpool_bwd>::call;
+    ops->gather_images = on_device<D, cu_gather_images>::call;
 }
 
 template <size_t... I>

@@ -161,6 +161,11 @@ typedef struct ds_ops {
      * or NULL; the caller owns it and releases it with free (NULL is fine). */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
+    /* Host memory the backend copies fastest from and to (pinned, page-
+     * locked on CUDA; ordinary on the CPU): 64-byte aligned, zeroed, or
+     * NULL. Released with host_free. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
     int (*upload)(void *dst, const void *src_host, size_t bytes);
     int (*download)(void *dst_host, const void *src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes);

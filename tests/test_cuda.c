@@ -543,7 +543,7 @@ Test(cuda, two_tables_of_one_device_open_and_close_in_turn)
     cr_assert_eq(ds_ops_init_cuda(&b, 0, why, sizeof(why)), 0, "%s", why);
     cr_expect_eq(b.device, 0);
     /* The table is complete: the CNN's image ops included. */
-    cr_expect(b.alloc && b.free && b.upload && b.download && b.copy && b.memzero && b.sync &&
+    cr_expect(b.alloc && b.free && b.host_alloc && b.host_free && b.upload && b.download && b.copy && b.memzero && b.sync &&
               b.error && b.gemm && b.bias_add && b.bias_grad && b.relu_fwd && b.relu_bwd &&
               b.softmax_xent && b.sgd && b.axpy && b.scale && b.dot && b.nrm2 && b.sum &&
               b.conv2d_fwd && b.conv2d_bwd && b.maxpool_fwd && b.maxpool_bwd &&

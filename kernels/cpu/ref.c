@@ -324,6 +324,8 @@ void ds_ops_fill_cpu(ds_ops *ops, unsigned flags)
     ops->kind = DS_BACKEND_CPU;
     ops->alloc = host_alloc;
     ops->free = host_free;
+    ops->host_alloc = host_alloc;
+    ops->host_free = host_free;
     ops->upload = host_copy;
     ops->download = host_copy;
     ops->copy = host_copy;

@@ -201,6 +201,29 @@ static int cu_check(dev_state *st, cudaError_t e, const char *what)
     return e == cudaSuccess ? 0 : -EIO;
 }
 
+/* Pinned host memory: copies to and from it are DMA, with no staging
+ * through a driver buffer (the engine's host mirrors, run.c). */
+static void *cu_host_alloc(dev_state *st, size_t bytes)
+{
+    (void)st;
+    void *p = NULL;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (!rounded)
+        rounded = 64;
+    if (cudaHostAlloc(&p, rounded, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError(); /* the caller's to handle, not a fault */
+        return NULL;
+    }
+    memset(p, 0, rounded);
+    return p;
+}
+
+static void cu_host_free(dev_state *st, void *p)
+{
+    if (p)
+        note(st, cudaFreeHost(p), "cudaFreeHost");
+}
+
 static int cu_upload(dev_state *st, void *dst, const void *src, size_t bytes)
 {
     int ret = cu_check(st, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
@@ -907,6 +930,8 @@ template <int D> static void fill(ds_ops *ops)
 {
     ops->alloc = on_device<D, cu_alloc>::call;
     ops->free = on_device<D, cu_free>::call;
+    ops->host_alloc = on_device<D, cu_host_alloc>::call;
+    ops->host_free = on_device<D, cu_host_free>::call;
     ops->upload = on_device<D, cu_upload>::call;
     ops->download = on_device<D, cu_download>::call;
     ops->copy = on_device<D, cu_copy>::call;

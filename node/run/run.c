@@ -209,7 +209,8 @@ static int register_trainer(run *u)
     float *params = t->theta, *grad = t->grad, *opt = t->mom;
     int e = 0;
     if (t->ops.kind != DS_BACKEND_CPU) {
-        if (!(u->host = malloc(t->n_params * sizeof(float)))) {
+        /* Pinned on a device: the engine's pulls and pushes are DMA. */
+        if (!(u->host = t->ops.host_alloc(t->n_params * sizeof(float)))) {
             ds_error("node", "out of memory");
             return -1;
         }
@@ -423,8 +424,9 @@ int ds_node_run(const ds_conf *c, const char *path, const char *const *sets, siz
         return code;
     }
 fini_trainer:
+    if (u.host)
+        u.t.ops.host_free(u.host);
     ds_trainer_fini(&u.t);
-    free(u.host);
 close:
     dsnode_close(&u.d);
     return code;

@@ -121,13 +121,45 @@ torch_cuda() {
         -k 'torch_checkpoint_resume_and_mirrors'
 }
 
+# Four nodes sharing the GPU (dslaunch local, train.device = auto: device
+# rank mod the GPUs), MiCRO 1% gossip: every node done on cuda.
+cluster_gpu() {
+    rm -rf /tmp/gpu-cluster
+    build-gpu/tools/dslaunch/dslaunch local -n 4 --config conf/examples/cluster.ini \
+        --set train.backend=cuda --set train.steps=600 --set train.eval_every=0 \
+        --set train.dataset_dir="$PWD/$GPU_DIR/data" --out /tmp/gpu-cluster --json \
+        --timeout 240 --dsnode build-gpu/node/dsnode >/tmp/gpu-cluster.json || return 1
+    tail -n 1 /tmp/gpu-cluster.json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+for name, n in sorted(r["nodes"].items()):
+    print(name, n["status"], n["backend"], n["test_acc"], n["samples_per_s"])
+    assert n["status"] == "done" and n["backend"].startswith("cuda"), name
+print("consensus", r["consensus_distance"], "mean_test_acc", r["mean_test_acc"])'
+}
+
+bench_gpu() {
+    torch=--no-torch
+    python3 -c 'import torch' 2>/dev/null && torch=
+    build-gpu/tools/dsbench/dsbench sparsify --gpu --json &&
+        build-gpu/tools/dsbench/dsbench train --gpu --steps 1000 --rounds 1 $torch --json &&
+        build-gpu/tools/dsbench/dsbench train --gpu --model cnn --lr 0.03 --steps 300 \
+            --rounds 1 $torch --json
+}
+
 run_checks() {
     nvidia-smi -L || die "no GPU answers nvidia-smi"
     step build build enabled
-    step unit-cuda meson_cmd test -C build-gpu --print-errorlogs cuda select_cuda kernels model train
+    step unit-cuda meson_cmd test -C build-gpu --print-errorlogs cuda select_cuda kernels model \
+        train select sparsify
     # Each summary's samples_per_s is the GPU's and the CPU's training
-    # speed; dsbench has no GPU rows yet.
+    # speed, accuracy within 0.5 pt of the CPU's at the same steps.
     step mlp-cuda-vs-cpu train_pair mlp 3000
+    step cnn-cuda-vs-cpu train_pair cnn 1000
+    step cluster-4-on-one-gpu cluster_gpu
+    # Selection GB/s against a plain read and CUB's radix top-k; training
+    # samples/s on the GPU beside the CPU's.
+    step bench-gpu bench_gpu
     # The PyTorch wrapper's CUDA path (host mirrors through libdsnode's copy
     # callbacks), when the image's python3 has torch and pytest.
     step torch-cuda torch_cuda

@@ -135,6 +135,7 @@ typedef DS_DECL_SEL_ZERO_AT(*ds_sel_zero_at_fn);
 
 typedef struct ds_select_ops {
     enum ds_backend_kind kind;
+    int device;    /* the CUDA device a CUDA table works on; -1 for the CPU table */
     char name[96]; /* "select-avx512", "select-ref", "select-cuda:0 NVIDIA H200" */
 
     ds_sel_count_fn count;
@@ -164,17 +165,29 @@ int ds_select_cuda_available(int device, char *why, size_t why_len);
 
 /* Fill *ops with the CUDA selection kernels for `device`: count, compact,
  * gather, scatter_add, zero_at and sync; the CPU-only slots are NULL.
- * Returns 0, or -ENODEV (a normal state) with the reason in why.
+ * Returns 0, or -ENODEV (a normal state) with the reason in why. Each
+ * successful call takes a reference on the device (its stream and the
+ * selection scratch) that ds_select_cuda_fini gives back; tables for
+ * different devices may coexist.
  *
- * The kernels run on a stream of their own. Data written by the training
- * backend's stream must be complete first: call ds_ops.sync() before
- * handing its buffers here. count and compact return their tally on the
- * host, so they are synchronous; gather, scatter_add and zero_at are
- * queued, and ops->sync() waits for them. */
+ * The kernels run on the device's one stream (kernels/cuda/device.h),
+ * which every CUDA table of the process shares: once the CUDA training
+ * table (kernels.h) queues its ops there too (issue 11 moves cuda_ops.cu
+ * onto it), buffers a training op is still writing can be handed here
+ * without ds_ops.sync(), as the stream orders them; a training table on a
+ * stream of its own still needs ds_ops.sync() first. count and compact return their tally on the
+ * host, so they return synchronized; gather, scatter_add and zero_at are
+ * queued, and ops->sync() waits for them and reports the first error since
+ * the last sync. The table's kernels share the device's scratch: call
+ * them from one thread at a time. */
 int ds_select_ops_init_cuda(ds_select_ops *ops, int device, char *why, size_t why_len);
 
-/* Release the CUDA stream and scratch (no-op without CUDA). */
-void ds_select_cuda_fini(void);
+/* Give back the reference a successful ds_select_ops_init_cuda took (the
+ * last one waits for the stream and frees the device's scratch), and clear
+ * *ops. Call it once per successful init, after the last use of the table
+ * and of every copy of it (a sparsifier holds a copy). NULL, a CPU table
+ * and a cleared table are no-ops, as is every call without CUDA. */
+void ds_select_cuda_fini(ds_select_ops *ops);
 
 /* ---- every CPU variant, declared from the family macros ---------------- */
 

@@ -376,5 +376,5 @@ Test(select, cuda_probe_answers_cleanly)
     cr_expect(have ? ret == 0 : ret == -ENODEV, "available=%d init=%d (%s)", have, ret, why2);
     cr_expect_eq(ds_select_cuda_available(-1, why, sizeof(why)), 0);
     if (ret == 0)
-        ds_select_cuda_fini();
+        ds_select_cuda_fini(&o);
 }

@@ -134,7 +134,7 @@ Test(select_cuda, count_and_compact_match_reference, .timeout = 120)
         free(i0);
         free(i1);
     }
-    ds_select_cuda_fini();
+    ds_select_cuda_fini(&sel);
 }
 
 Test(select_cuda, gather_scatter_zero_match_reference, .timeout = 120)
@@ -187,5 +187,5 @@ Test(select_cuda, gather_scatter_zero_match_reference, .timeout = 120)
         free(g0);
         free(g1);
     }
-    ds_select_cuda_fini();
+    ds_select_cuda_fini(&sel);
 }

@@ -142,6 +142,7 @@ void ds_select_ops_init(ds_select_ops *ops, unsigned cpu_flags)
 {
     memset(ops, 0, sizeof(*ops));
     ops->kind = DS_BACKEND_CPU;
+    ops->device = -1;
     ops->count = ds_sel_count_c;
     ops->compact = ds_sel_compact_c;
     ops->filter = ds_sel_filter_c;
@@ -191,7 +192,8 @@ int ds_select_ops_init_cuda(ds_select_ops *ops, int device, char *why, size_t wh
     return -ENODEV;
 }
 
-void ds_select_cuda_fini(void)
+void ds_select_cuda_fini(ds_select_ops *ops)
 {
+    (void)ops;
 }
 #endif

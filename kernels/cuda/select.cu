@@ -19,23 +19,35 @@
  * The vector is read twice (tally, compact); the kept count is known only
  * after the first pass, which is what makes the output order exact.
  *
- * These kernels run on a stream of their own (the op table of kernels.h
- * keeps its stream private), so a caller synchronizes the producer first:
- * ds_ops.sync(), then count / compact here. Count and compact copy their
- * tally to the host and so return synchronized; gather, scatter_add and
- * zero_at are queued, and ops->sync() waits for them and reports the first
- * launch error since the last sync. No driver and no device are normal
- * answers: ds_select_ops_init_cuda returns -ENODEV with the reason.
+ * Streams and state. Every kernel is queued on the device's one stream
+ * (kernels/cuda/device.h), the stream the training op table uses too, so
+ * selection is ordered after the training ops that produced its input and
+ * before whatever reads its output, with no host synchronisation between
+ * them. Count and compact copy their tally to the host and so return
+ * synchronized; gather, scatter_add and zero_at are queued, and ops->sync()
+ * waits for them and reports the first error since the last sync.
+ *
+ * The scratch (the tally, the per-tile offsets) and the sticky error are
+ * per device, in g_sel[device]. The table's function pointers carry no
+ * context, so each table is filled with functions bound to its device at
+ * compile time (the template on<D> below, one instantiation per device
+ * index): a table for device 1 always works on device 1's stream and
+ * scratch, whichever device the calling thread has current. One device's
+ * kernels share its scratch, so they are called from one thread at a time.
+ * No driver and no device are normal answers: ds_select_ops_init_cuda
+ * returns -ENODEV with the reason.
  *
  * Test: meson test -C build select_cuda --verbose (skips without a device).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/device.h"
 extern "C" {
 #include "kernels/select.h"
 }
@@ -47,18 +59,25 @@ extern "C" {
 #define SEL_SCAN_THREADS 1024
 #define SEL_MAX_GRID 65535u
 
-static cudaStream_t s_stream;
-static int s_ready;
-static int s_device = -1;
-static unsigned long long *s_tally;       /* device: kept, counted, nonfinite */
-static unsigned long long *s_tile_off;    /* device: per-tile counts, then offsets */
-static size_t s_tile_cap;
-static cudaError_t s_err = cudaSuccess;   /* first error since the last sync */
+/* What the selection kernels keep per device. */
+typedef struct sel_dev {
+    int refs;                       /* tables handed out, not yet given to fini */
+    cudaStream_t stream;            /* the device's shared stream (device.h) */
+    unsigned long long *tally;      /* device: kept, counted, nonfinite */
+    unsigned long long *tile_off;   /* device: per-tile counts, then offsets */
+    size_t tile_cap;
+    cudaError_t err;                /* first error since the last sync */
+} sel_dev;
 
-static void note(cudaError_t e)
+/* g_lock guards refs (init and fini may come from any thread); the rest of
+ * an entry belongs to the thread calling that device's kernels. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static sel_dev g_sel[DS_CUDA_MAX_DEVICES];
+
+static void note(sel_dev *d, cudaError_t e)
 {
-    if (e != cudaSuccess && s_err == cudaSuccess)
-        s_err = e;
+    if (e != cudaSuccess && d->err == cudaSuccess)
+        d->err = e;
 }
 
 __device__ __forceinline__ uint32_t dkey(float x)
@@ -252,15 +271,15 @@ static unsigned grid_elems(size_t n)
 
 /* Copy the device tally to *out; on any error *out is zero and the error is
  * kept for the next sync. */
-static void fetch_tally(ds_sel_tally *out)
+static void fetch_tally(sel_dev *d, ds_sel_tally *out)
 {
     unsigned long long h[3] = {0, 0, 0};
-    cudaError_t e = cudaMemcpyAsync(h, s_tally, sizeof(h), cudaMemcpyDeviceToHost, s_stream);
+    cudaError_t e = cudaMemcpyAsync(h, d->tally, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
     if (e == cudaSuccess)
-        e = cudaStreamSynchronize(s_stream);
+        e = cudaStreamSynchronize(d->stream);
     if (e == cudaSuccess)
         e = cudaGetLastError();
-    note(e);
+    note(d, e);
     if (e != cudaSuccess)
         h[0] = h[1] = h[2] = 0;
     out->kept = (size_t)h[0];
@@ -268,75 +287,169 @@ static void fetch_tally(ds_sel_tally *out)
     out->nonfinite = (size_t)h[2];
 }
 
-static void cu_sel_count(const float *v, size_t n, uint32_t t, ds_sel_tally *out)
+/* Grow a device buffer of `elem`-byte entries to hold `need`; what it held
+ * is not kept. 0, or -1 with the error noted. */
+static int grow(sel_dev *d, void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    void *q = NULL;
+    const cudaError_t e = cudaMalloc(&q, need * elem);
+    if (e != cudaSuccess) {
+        note(d, e);
+        return -1;
+    }
+    /* cudaFree waits for the kernels still reading the old buffer. */
+    cudaFree(*p);
+    *p = q;
+    *cap = need;
+    return 0;
+}
+
+static void sel_count(sel_dev *d, const float *v, size_t n, uint32_t t, ds_sel_tally *out)
 {
     memset(out, 0, sizeof(*out));
     if (n == 0)
         return;
-    note(cudaMemsetAsync(s_tally, 0, 3 * sizeof(unsigned long long), s_stream));
-    k_sel_tally<<<grid_tiles(n), SEL_THREADS, 0, s_stream>>>(v, n, t, t, NULL, s_tally);
-    fetch_tally(out);
+    note(d, cudaMemsetAsync(d->tally, 0, 3 * sizeof(unsigned long long), d->stream));
+    k_sel_tally<<<grid_tiles(n), SEL_THREADS, 0, d->stream>>>(v, n, t, t, NULL, d->tally);
+    fetch_tally(d, out);
     out->kept = 0;
 }
 
-static void cu_sel_compact(const float *v, size_t n, uint32_t t_keep, uint32_t t_count,
-                           uint32_t base, uint32_t *idx, float *val, size_t cap,
-                           ds_sel_tally *out)
+static void sel_compact(sel_dev *d, const float *v, size_t n, uint32_t t_keep, uint32_t t_count,
+                        uint32_t base, uint32_t *idx, float *val, size_t cap, ds_sel_tally *out)
 {
     memset(out, 0, sizeof(*out));
     if (n == 0)
         return;
     const size_t tiles = (n + SEL_TILE - 1) / SEL_TILE;
-    if (tiles > s_tile_cap) {
-        unsigned long long *p = NULL;
-        cudaError_t e = cudaMalloc(&p, tiles * sizeof(*p));
-        if (e != cudaSuccess) {
-            note(e);
-            return;
-        }
-        cudaFree(s_tile_off);
-        s_tile_off = p;
-        s_tile_cap = tiles;
-    }
-    note(cudaMemsetAsync(s_tally, 0, 3 * sizeof(unsigned long long), s_stream));
-    k_sel_tally<<<grid_tiles(n), SEL_THREADS, 0, s_stream>>>(v, n, t_keep, t_count, s_tile_off,
-                                                             s_tally);
-    k_sel_scan<<<1, SEL_SCAN_THREADS, 0, s_stream>>>(s_tile_off, tiles);
-    k_sel_compact<<<grid_tiles(n), SEL_THREADS, 0, s_stream>>>(v, n, t_keep, base, s_tile_off,
-                                                               idx, val, cap);
-    fetch_tally(out);
+    if (grow(d, (void **)&d->tile_off, &d->tile_cap, tiles, sizeof(*d->tile_off)) < 0)
+        return;
+    note(d, cudaMemsetAsync(d->tally, 0, 3 * sizeof(unsigned long long), d->stream));
+    k_sel_tally<<<grid_tiles(n), SEL_THREADS, 0, d->stream>>>(v, n, t_keep, t_count, d->tile_off,
+                                                              d->tally);
+    k_sel_scan<<<1, SEL_SCAN_THREADS, 0, d->stream>>>(d->tile_off, tiles);
+    k_sel_compact<<<grid_tiles(n), SEL_THREADS, 0, d->stream>>>(v, n, t_keep, base, d->tile_off,
+                                                                idx, val, cap);
+    fetch_tally(d, out);
 }
 
-static void cu_sel_gather(float *out, const float *v, const uint32_t *idx, size_t count)
+static void sel_gather(sel_dev *d, float *out, const float *v, const uint32_t *idx, size_t count)
 {
     if (count)
-        k_sel_gather<<<grid_elems(count), SEL_THREADS, 0, s_stream>>>(out, v, idx, count);
-    note(cudaGetLastError());
+        k_sel_gather<<<grid_elems(count), SEL_THREADS, 0, d->stream>>>(out, v, idx, count);
+    note(d, cudaGetLastError());
 }
 
-static void cu_sel_scatter_add(float *y, const uint32_t *idx, const float *val, size_t count,
-                               float w)
+static void sel_scatter_add(sel_dev *d, float *y, const uint32_t *idx, const float *val,
+                            size_t count, float w)
 {
     if (count)
-        k_sel_scatter_add<<<grid_elems(count), SEL_THREADS, 0, s_stream>>>(y, idx, val, count, w);
-    note(cudaGetLastError());
+        k_sel_scatter_add<<<grid_elems(count), SEL_THREADS, 0, d->stream>>>(y, idx, val, count, w);
+    note(d, cudaGetLastError());
 }
 
-static void cu_sel_zero_at(float *y, const uint32_t *idx, size_t count)
+static void sel_zero_at(sel_dev *d, float *y, const uint32_t *idx, size_t count)
 {
     if (count)
-        k_sel_zero_at<<<grid_elems(count), SEL_THREADS, 0, s_stream>>>(y, idx, count);
-    note(cudaGetLastError());
+        k_sel_zero_at<<<grid_elems(count), SEL_THREADS, 0, d->stream>>>(y, idx, count);
+    note(d, cudaGetLastError());
 }
 
-static int cu_sel_sync(void)
+static int sel_sync(sel_dev *d)
 {
-    cudaError_t e = cudaStreamSynchronize(s_stream);
-    note(e);
-    note(cudaGetLastError());
-    e = s_err;
-    s_err = cudaSuccess;
+    note(d, cudaStreamSynchronize(d->stream));
+    note(d, cudaGetLastError());
+    const cudaError_t e = d->err;
+    d->err = cudaSuccess;
     return e == cudaSuccess ? 0 : -EIO;
+}
+
+/* The state of `device`, made current for the calling thread first: a
+ * launch goes to the current device, and the stream belongs to this one. */
+static sel_dev *enter(int device)
+{
+    sel_dev *d = &g_sel[device];
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != device)
+        note(d, cudaSetDevice(device));
+    return d;
+}
+
+/* The table's entries for device D. */
+template <int D> struct on {
+    static DS_DECL_SEL_COUNT(count)
+    {
+        sel_count(enter(D), v, n, t, out);
+    }
+    static DS_DECL_SEL_COMPACT(compact)
+    {
+        sel_compact(enter(D), v, n, t_keep, t_count, base, idx, val, cap, out);
+    }
+    static DS_DECL_SEL_GATHER(gather)
+    {
+        sel_gather(enter(D), out, v, idx, count);
+    }
+    static DS_DECL_SEL_SCATTER_ADD(scatter_add)
+    {
+        sel_scatter_add(enter(D), y, idx, val, count, w);
+    }
+    static DS_DECL_SEL_ZERO_AT(zero_at)
+    {
+        sel_zero_at(enter(D), y, idx, count);
+    }
+    static int sync(void)
+    {
+        return sel_sync(enter(D));
+    }
+    static void bind(ds_select_ops *ops)
+    {
+        ops->count = count;
+        ops->compact = compact;
+        ops->gather = gather;
+        ops->scatter_add = scatter_add;
+        ops->zero_at = zero_at;
+        ops->sync = sync;
+    }
+};
+
+static_assert(DS_CUDA_MAX_DEVICES == 16, "g_bind lists one binder per device index");
+static void (*const g_bind[DS_CUDA_MAX_DEVICES])(ds_select_ops *) = {
+    on<0>::bind,  on<1>::bind,  on<2>::bind,  on<3>::bind,  on<4>::bind,  on<5>::bind,
+    on<6>::bind,  on<7>::bind,  on<8>::bind,  on<9>::bind,  on<10>::bind, on<11>::bind,
+    on<12>::bind, on<13>::bind, on<14>::bind, on<15>::bind,
+};
+
+/* First reference to `device`: its scratch. The device is current and its
+ * stream acquired. 0 or -ENODEV with the reason. */
+static int dev_open(sel_dev *d, int device, char *why, size_t why_len)
+{
+    const cudaError_t e = cudaMalloc(&d->tally, 3 * sizeof(unsigned long long));
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "CUDA device %d: cudaMalloc of the tally failed (%s)", device,
+                 cudaGetErrorString(e));
+        d->tally = NULL;
+        return -ENODEV;
+    }
+    d->stream = ds_cuda_device_stream(device);
+    d->err = cudaSuccess;
+    return 0;
+}
+
+/* Last reference gone: wait for what is queued, free the scratch. */
+static void dev_close(sel_dev *d, int device)
+{
+    int cur = -1;
+    const int have_cur = cudaGetDevice(&cur) == cudaSuccess;
+    if (cudaSetDevice(device) == cudaSuccess) {
+        cudaStreamSynchronize(d->stream);
+        cudaFree(d->tile_off);
+        cudaFree(d->tally);
+    }
+    memset(d, 0, sizeof(*d));
+    if (have_cur && cur != device)
+        cudaSetDevice(cur);
 }
 
 extern "C" int ds_select_cuda_available(int device, char *why, size_t why_len)
@@ -359,60 +472,54 @@ extern "C" int ds_select_ops_init_cuda(ds_select_ops *ops, int device, char *why
 {
     if (!ds_select_cuda_available(device, why, why_len))
         return -ENODEV;
+    /* The device's shared stream; this also checks the index against
+     * DS_CUDA_MAX_DEVICES and makes the device current. */
+    int ret = ds_cuda_device_acquire(device, why, why_len);
+    if (ret < 0)
+        return ret;
     struct cudaDeviceProp prop;
-    cudaError_t e;
-    if ((e = cudaSetDevice(device)) != cudaSuccess ||
-        (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
+    const cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) {
         snprintf(why, why_len, "CUDA device %d unusable (%s)", device, cudaGetErrorString(e));
+        ds_cuda_device_release(device);
         return -ENODEV;
     }
-    if (s_ready && s_device != device) {
-        /* One process owns one accelerator (design §1). */
-        snprintf(why, why_len, "selection kernels already bound to CUDA device %d", s_device);
-        return -EBUSY;
-    }
-    if (!s_ready) {
-        if ((e = cudaStreamCreateWithFlags(&s_stream, cudaStreamNonBlocking)) != cudaSuccess) {
-            snprintf(why, why_len, "cudaStreamCreate failed (%s)", cudaGetErrorString(e));
-            return -ENODEV;
-        }
-        if ((e = cudaMalloc(&s_tally, 3 * sizeof(unsigned long long))) != cudaSuccess) {
-            snprintf(why, why_len, "cudaMalloc of the tally failed (%s)", cudaGetErrorString(e));
-            goto fail_stream;
-        }
-        s_ready = 1;
-        s_device = device;
-        s_err = cudaSuccess;
+    pthread_mutex_lock(&g_lock);
+    sel_dev *d = &g_sel[device];
+    ret = d->refs ? 0 : dev_open(d, device, why, why_len);
+    if (ret == 0)
+        d->refs++;
+    pthread_mutex_unlock(&g_lock);
+    if (ret < 0) {
+        ds_cuda_device_release(device);
+        return ret;
     }
     memset(ops, 0, sizeof(*ops));
     ops->kind = DS_BACKEND_CUDA;
+    ops->device = device;
     snprintf(ops->name, sizeof(ops->name), "select-cuda:%d %.70s", device, prop.name);
-    ops->count = cu_sel_count;
-    ops->compact = cu_sel_compact;
-    ops->gather = cu_sel_gather;
-    ops->scatter_add = cu_sel_scatter_add;
-    ops->zero_at = cu_sel_zero_at;
-    ops->sync = cu_sel_sync;
+    g_bind[device](ops);
     snprintf(why, why_len, "CUDA device %d: %s", device, prop.name);
     return 0;
-
-fail_stream:
-    cudaStreamDestroy(s_stream);
-    return -ENODEV;
 }
 
-extern "C" void ds_select_cuda_fini(void)
+extern "C" void ds_select_cuda_fini(ds_select_ops *ops)
 {
-    if (!s_ready)
+    if (!ops || ops->kind != DS_BACKEND_CUDA || ops->device < 0 ||
+        ops->device >= DS_CUDA_MAX_DEVICES)
         return;
-    cudaStreamSynchronize(s_stream);
-    cudaFree(s_tile_off);
-    cudaFree(s_tally);
-    cudaStreamDestroy(s_stream);
-    s_tile_off = NULL;
-    s_tile_cap = 0;
-    s_tally = NULL;
-    s_ready = 0;
-    s_device = -1;
-    s_err = cudaSuccess;
+    const int device = ops->device;
+    int had = 0;
+    pthread_mutex_lock(&g_lock);
+    sel_dev *d = &g_sel[device];
+    if (d->refs > 0) {
+        had = 1;
+        if (--d->refs == 0)
+            dev_close(d, device);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (had)
+        ds_cuda_device_release(device);
+    memset(ops, 0, sizeof(*ops));
+    ops->device = -1;
 }

@@ -9,8 +9,8 @@
  * form (gather, scatter-add, zeroing at an index set). Those passes live
  * here so that each has a plain C reference (kernels/cpu/select_ref.c), an
  * AVX2 and an AVX-512 variant (select_avx2.c, select_avx512.c, one template
- * select_tmpl.c), and, for count / compact / gather / scatter-add / zeroing,
- * a CUDA version (kernels/cuda/select.cu).
+ * select_tmpl.c), and a CUDA version of every family
+ * (kernels/cuda/select.cu).
  *
  * Magnitudes are compared as integers. For a float x, key(x) = bits(x) with
  * the sign bit cleared; for finite non-negative floats a >= b exactly when
@@ -26,8 +26,9 @@
  * caller keeps base + n <= 2^32.
  *
  * Pointers handed to a table's kernels are that table's memory: host memory
- * for the CPU table, device memory for the CUDA table. Tallies, norms and
- * means always come back in host memory.
+ * for the CPU table, device memory for the CUDA table, except where a
+ * family says "host". Tallies, histograms, norms and means always come
+ * back in host memory.
  *
  * Test: meson test -C build select --verbose (tests/test_select.c, and
  * tests/test_select_cuda.c which skips without a device). Bench: dsbench
@@ -94,13 +95,15 @@ typedef struct ds_sel_tally {
 
 /* Histogram: hist[key(v[i]) >> DS_SEL_HIST_SHIFT] += 1 for every i < n,
  * non-finite entries included (they land in buckets >= DS_SEL_KEY_INF >> 20).
- * hist has DS_SEL_HIST_BUCKETS entries and is added to, not cleared. */
+ * hist (host) has DS_SEL_HIST_BUCKETS entries and is added to, not cleared. */
 #define DS_DECL_SEL_HIST(name) \
     void (name)(const float *v, size_t n, uint32_t *hist)
 
 /* Per-unit L2 norms over finite entries: norms[u] = sqrt(sum of v[i]^2 for
  * unit_off[u] <= i < unit_off[u+1], v[i] finite), accumulated in double.
- * unit_off has n_units + 1 non-decreasing entries. */
+ * unit_off (table memory) has n_units + 1 non-decreasing entries; norms is
+ * host memory. Variants may differ from the reference in the last bits of
+ * the sum (its order), never from run to run. */
 #define DS_DECL_SEL_NORMS(name) \
     void (name)(const float *v, const uint32_t *unit_off, size_t n_units, double *norms)
 
@@ -140,10 +143,10 @@ typedef struct ds_select_ops {
 
     ds_sel_count_fn count;
     ds_sel_compact_fn compact;
-    ds_sel_filter_fn filter;           /* CPU only (NULL in the CUDA table) */
-    ds_sel_hist_fn hist;               /* CPU only */
-    ds_sel_norms_fn norms;             /* CPU only */
-    ds_sel_absmean_at_fn absmean_at;   /* CPU only */
+    ds_sel_filter_fn filter;
+    ds_sel_hist_fn hist;
+    ds_sel_norms_fn norms;
+    ds_sel_absmean_at_fn absmean_at;
     ds_sel_gather_fn gather;
     ds_sel_scatter_add_fn scatter_add;
     ds_sel_zero_at_fn zero_at;
@@ -163,8 +166,7 @@ void ds_select_ops_init(ds_select_ops *ops, unsigned cpu_flags);
  * CUDA in this build, no driver, no device), with the reason in why. */
 int ds_select_cuda_available(int device, char *why, size_t why_len);
 
-/* Fill *ops with the CUDA selection kernels for `device`: count, compact,
- * gather, scatter_add, zero_at and sync; the CPU-only slots are NULL.
+/* Fill *ops with the CUDA selection kernels for `device`, every slot.
  * Returns 0, or -ENODEV (a normal state) with the reason in why. Each
  * successful call takes a reference on the device (its stream and the
  * selection scratch) that ds_select_cuda_fini gives back; tables for
@@ -175,11 +177,12 @@ int ds_select_cuda_available(int device, char *why, size_t why_len);
  * table (kernels.h) queues its ops there too (issue 11 moves cuda_ops.cu
  * onto it), buffers a training op is still writing can be handed here
  * without ds_ops.sync(), as the stream orders them; a training table on a
- * stream of its own still needs ds_ops.sync() first. count and compact return their tally on the
- * host, so they return synchronized; gather, scatter_add and zero_at are
- * queued, and ops->sync() waits for them and reports the first error since
- * the last sync. The table's kernels share the device's scratch: call
- * them from one thread at a time. */
+ * stream of its own still needs ds_ops.sync() first. The kernels that
+ * return a result on the host (count, compact, filter, hist, norms,
+ * absmean_at) return synchronized; gather, scatter_add and zero_at are
+ * queued, and ops->sync() waits for them and reports the first error
+ * since the last sync. The table's kernels share the device's scratch:
+ * call them from one thread at a time. */
 int ds_select_ops_init_cuda(ds_select_ops *ops, int device, char *why, size_t why_len);
 
 /* Give back the reference a successful ds_select_ops_init_cuda took (the

@@ -1,9 +1,12 @@
 /*
  * tests/test_select_cuda.c: the CUDA selection kernels (kernels/cuda/
- * select.cu: threshold count, block-scan compaction, gather, scatter-add,
- * zeroing) against the C reference, bit for bit, on seeded inputs of odd
- * sizes salted with NaN, +-Inf, -0 and ties, with short output buffers and
- * sizes that span many tiles. Every test skips (never fails) when no CUDA
+ * select.cu) against the C reference on seeded inputs of odd sizes salted
+ * with NaN, +-Inf, -0 and ties, with short output buffers, empty inputs and
+ * sizes that span many tiles: count, compaction, filter (whole lists, NaN
+ * entries included), the histogram (added to), absmean_at, gather,
+ * scatter-add and zeroing bit for bit; the norms within 1e-9 relative (the
+ * sum's order differs from the C loop's) and bit for bit from one call to
+ * the next. Every test skips (never fails) when no CUDA
  * device answers; Criterion forks per test, so CUDA is initialised inside
  * each test. Run: meson test -C build select_cuda --verbose
  */
@@ -187,5 +190,145 @@ Test(select_cuda, gather_scatter_zero_match_reference, .timeout = 120)
         free(g0);
         free(g1);
     }
+    ds_select_cuda_fini(&sel);
+}
+
+/* Thresholds for the list and vector tests: every entry, a few inside the
+ * data's range (0.02 is a salted tie), +Inf (NaN and Inf only) and past it. */
+static const uint32_t list_ts[] = {0, 0x00800000u, 0x3c23d70au /* 0.01 */, 0x3ca3d70au /* 0.02 */,
+                                   0x3d48b439u /* 0.049 */, DS_SEL_KEY_INF, DS_SEL_KEY_INF + 1};
+
+Test(select_cuda, filter_matches_reference, .timeout = 120)
+{
+    need_device();
+    /* A list straight from the vector, NaN and Inf included: filter keeps
+     * key >= t whatever the entry, and must agree on them too. */
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        const size_t n = sizes[si];
+        float *x = malloc(n * sizeof(float)), *v0 = malloc(n * sizeof(float)), *v1 = malloc(n * sizeof(float));
+        uint32_t *i0 = malloc(n * sizeof(uint32_t)), *i1 = malloc(n * sizeof(uint32_t)),
+                 *in = malloc(n * sizeof(uint32_t));
+        fill_awkward(x, n, 40 + si);
+        for (size_t i = 0; i < n; i++)
+            in[i] = (uint32_t)(3 * i + 1);
+        float *dv = up(x, n * sizeof(float));
+        uint32_t *di = up(in, n * sizeof(uint32_t));
+        for (size_t ti = 0; ti < sizeof(list_ts) / sizeof(list_ts[0]); ti++) {
+            memcpy(i0, in, n * sizeof(uint32_t));
+            memcpy(v0, x, n * sizeof(float));
+            const size_t want = ds_sel_filter_c(i0, v0, n, list_ts[ti]);
+            cr_assert_eq(dev.upload(dv, x, n * sizeof(float)), 0);
+            cr_assert_eq(dev.upload(di, in, n * sizeof(uint32_t)), 0);
+            const size_t got = sel.filter(di, dv, n, list_ts[ti]);
+            cr_assert_eq(sel.sync(), 0);
+            cr_expect_eq(got, want, "filter n=%zu t=%#x: kept %zu, reference %zu", n, list_ts[ti], got, want);
+            /* The whole arrays: the kept prefix, and what lies past it untouched. */
+            down(i1, di, n * sizeof(uint32_t));
+            down(v1, dv, n * sizeof(float));
+            cr_expect(memcmp(i1, i0, n * sizeof(uint32_t)) == 0 && memcmp(v1, v0, n * sizeof(float)) == 0,
+                      "filter n=%zu t=%#x: lists differ", n, list_ts[ti]);
+        }
+        cr_expect_eq(sel.filter(di, dv, 0, 0), 0u, "an empty list keeps nothing");
+        dev.free(dv);
+        dev.free(di);
+        free(x);
+        free(v0);
+        free(v1);
+        free(i0);
+        free(i1);
+        free(in);
+    }
+    ds_select_cuda_fini(&sel);
+}
+
+Test(select_cuda, hist_matches_reference, .timeout = 120)
+{
+    need_device();
+    uint32_t h0[DS_SEL_HIST_BUCKETS], h1[DS_SEL_HIST_BUCKETS];
+    for (size_t si = 0; si <= sizeof(sizes) / sizeof(sizes[0]); si++) {
+        const size_t n = si ? sizes[si - 1] : 0; /* 0 first: adds nothing */
+        float *x = malloc((n + 1) * sizeof(float));
+        fill_awkward(x, n, 60 + si);
+        float *dx = up(x, n * sizeof(float));
+        /* Added to, not cleared: start from something other than zeros. */
+        for (uint32_t b = 0; b < DS_SEL_HIST_BUCKETS; b++)
+            h0[b] = h1[b] = b * 7u;
+        ds_sel_hist_c(x, n, h0);
+        sel.hist(dx, n, h1);
+        cr_assert_eq(sel.sync(), 0);
+        size_t first = DS_SEL_HIST_BUCKETS;
+        for (uint32_t b = 0; b < DS_SEL_HIST_BUCKETS && first == DS_SEL_HIST_BUCKETS; b++)
+            if (h0[b] != h1[b])
+                first = b;
+        cr_expect_eq(first, (size_t)DS_SEL_HIST_BUCKETS, "hist n=%zu: bucket %zu is %u, reference %u", n,
+                     first, first < DS_SEL_HIST_BUCKETS ? h1[first] : 0, first < DS_SEL_HIST_BUCKETS ? h0[first] : 0);
+        dev.free(dx);
+        free(x);
+    }
+    ds_select_cuda_fini(&sel);
+}
+
+Test(select_cuda, norms_match_reference_and_repeat_exactly, .timeout = 120)
+{
+    need_device();
+    /* Units of every shape: empty, one entry, one all NaN / Inf, short,
+     * a warp's, across tiles and parts, and one of most of the vector. */
+    const size_t n = 5000011;
+    float *x = malloc(n * sizeof(float));
+    fill_awkward(x, n, 80);
+    x[40] = NAN;
+    x[41] = INFINITY;
+    const uint32_t off[] = {0, 0, 1, 40, 42, 42, 74, 331, 4096, 4097, 70000, 70001, 1048576, (uint32_t)n - 1,
+                            (uint32_t)n};
+    const size_t nu = sizeof(off) / sizeof(off[0]) - 1;
+    double r[16], g[16], g2[16];
+    float *dx = up(x, n * sizeof(float));
+    uint32_t *doff = up(off, sizeof(off));
+    ds_sel_norms_c(x, off, nu, r);
+    sel.norms(dx, doff, nu, g);
+    sel.norms(dx, doff, nu, g2);
+    cr_assert_eq(sel.sync(), 0);
+    for (size_t u = 0; u < nu; u++) {
+        /* Every square is exact in double; the sums round in another order
+         * than the C loop: at most (len - 1) ulps of relative error, under
+         * 1e-9 for these lengths, halved by the square root. */
+        cr_expect(ds_t_close_d(g[u], r[u], 0, 1e-9), "unit %zu [%u, %u): %.17g, reference %.17g", u, off[u],
+                  off[u + 1], g[u], r[u]);
+        cr_expect(memcmp(&g[u], &g2[u], sizeof(double)) == 0, "unit %zu: %.17g then %.17g", u, g[u], g2[u]);
+    }
+    cr_expect(g[0] == 0.0 && g[4] == 0.0, "empty units: %g %g", g[0], g[4]);
+    cr_expect(g[3] == 0.0, "a unit of NaN / Inf only: %g", g[3]);
+    sel.norms(dx, doff, 0, g); /* no units: nothing to do, nothing written */
+    cr_assert_eq(sel.sync(), 0);
+    dev.free(dx);
+    dev.free(doff);
+    free(x);
+    ds_select_cuda_fini(&sel);
+}
+
+Test(select_cuda, absmean_at_matches_reference_bit_for_bit, .timeout = 60)
+{
+    need_device();
+    const size_t n = 100003;
+    float *x = malloc(n * sizeof(float));
+    fill_awkward(x, n, 90);
+    float *dx = up(x, n * sizeof(float));
+    static const size_t counts[] = {0, 1, 255, 256, 257, 400, 1000};
+    uint32_t pos[1000];
+    uint64_t s = 91;
+    for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+        const size_t c = counts[ci];
+        for (size_t j = 0; j < c; j++)
+            pos[j] = (uint32_t)(ds_t_next(&s) % n);
+        size_t u0 = 7, u1 = 9;
+        const double m0 = ds_sel_absmean_at_c(x, pos, c, &u0);
+        /* pos is host memory, per the contract. */
+        const double m1 = sel.absmean_at(dx, pos, c, &u1);
+        cr_assert_eq(sel.sync(), 0);
+        cr_expect_eq(u1, u0, "absmean count=%zu: used %zu, reference %zu", c, u1, u0);
+        cr_expect(memcmp(&m0, &m1, sizeof(double)) == 0, "absmean count=%zu: %.17g, reference %.17g", c, m1, m0);
+    }
+    dev.free(dx);
+    free(x);
     ds_select_cuda_fini(&sel);
 }

@@ -1,8 +1,9 @@
 /*
- * kernels/cuda/select.cu: CUDA versions of the selection kernels that a
- * sparsifier runs on device memory: threshold count, threshold compaction,
- * gather, scatter-add and zeroing at an index set (see kernels/select.h for
- * what each computes; kernels/cpu/select_ref.c is the reference).
+ * kernels/cuda/select.cu: the CUDA selection table, every kernel family of
+ * kernels/select.h on device memory: threshold count and compaction, list
+ * filtering, the magnitude histogram, per-unit L2 norms, the sampled mean
+ * |v|, gather, scatter-add and zeroing at an index set
+ * (kernels/cpu/select_ref.c is the reference each is tested against).
  *
  * Compaction keeps the indices sorted, so it is a stable stream compaction
  * in three launches over tiles of SEL_TILE elements:
@@ -18,14 +19,35 @@
  *      stores of one slice are coalesced.
  * The vector is read twice (tally, compact); the kept count is known only
  * after the first pass, which is what makes the output order exact.
+ * Filtering a list is the same three steps over the list's values
+ * (k_list_tally, k_sel_scan, k_list_compact), into scratch and copied back,
+ * because blocks run in any order and an in-place write could land on a
+ * tile another block has not read yet.
+ *
+ * Exactness. Counts, lists and the histogram are integers and come out
+ * equal to the reference. The histogram adds per-block shared-memory
+ * counts into the global one with integer atomics, whose order does not
+ * matter. The norms are sums of doubles, whose order does: each unit is
+ * cut into SEL_NORM_PARTS interleaved parts by a fixed rule, each part
+ * summed by one block (per-thread sums, then a fixed tree), and the parts
+ * added in order by one thread, so a unit's norm depends on its entries
+ * only, never on scheduling, and is the same bits on every run and device
+ * of one architecture; it differs from the sequential C sum in the last
+ * bits only (every square is exact in double; only the additions round, in
+ * a different order), the same latitude the AVX variants have. The mean
+ * |v| at a few hundred positions gathers them in parallel and adds them on
+ * one thread in the reference's order: the same bits as the reference.
  *
  * Streams and state. Every kernel is queued on the device's one stream
- * (kernels/cuda/device.h), the stream the training op table uses too, so
- * selection is ordered after the training ops that produced its input and
- * before whatever reads its output, with no host synchronisation between
- * them. Count and compact copy their tally to the host and so return
- * synchronized; gather, scatter_add and zero_at are queued, and ops->sync()
- * waits for them and reports the first error since the last sync.
+ * (kernels/cuda/device.h), shared by every CUDA table of the process, so
+ * selection is ordered with whatever else is queued on the device (the
+ * training table's ops, once cuda_ops.cu is on that stream too) with no
+ * host synchronisation between them. The kernels that return a result on
+ * the host (count, compact, filter, hist, norms, absmean_at) copy it back
+ * and so return synchronized; gather, scatter_add and zero_at are queued,
+ * and ops->sync() waits for them and reports the first error since the
+ * last sync. A kernel whose launch or scratch allocation failed returns
+ * zeros and leaves the error for ops->sync().
  *
  * The scratch (the tally, the per-tile offsets) and the sticky error are
  * per device, in g_sel[device]. The table's function pointers carry no
@@ -58,14 +80,26 @@ extern "C" {
 #define SEL_TILE (SEL_THREADS * SEL_ITEMS)
 #define SEL_SCAN_THREADS 1024
 #define SEL_MAX_GRID 65535u
+#define SEL_NORM_PARTS 64        /* blocks per unit for the norms */
 
 /* What the selection kernels keep per device. */
 typedef struct sel_dev {
     int refs;                       /* tables handed out, not yet given to fini */
     cudaStream_t stream;            /* the device's shared stream (device.h) */
+    int sms;                        /* multiprocessors: sizes the histogram grid */
     unsigned long long *tally;      /* device: kept, counted, nonfinite */
     unsigned long long *tile_off;   /* device: per-tile counts, then offsets */
-    size_t tile_cap;
+    unsigned long long *tile_eq;    /* device: filter's per-tile ties, then offsets */
+    size_t tile_cap, tile_eq_cap;
+    unsigned *hist;                 /* device: DS_SEL_HIST_BUCKETS counts */
+    uint32_t *lst_idx;              /* device: filter's output before the copy back */
+    float *lst_val;
+    size_t lst_idx_cap, lst_val_cap;
+    double *norm;                   /* device: per-unit parts, then the norms */
+    size_t norm_cap;
+    uint32_t *pos;                  /* device: absmean_at's positions */
+    size_t pos_cap;
+    double *mean;                   /* device: absmean_at's sum and count */
     cudaError_t err;                /* first error since the last sync */
 } sel_dev;
 
@@ -257,6 +291,185 @@ __global__ void k_sel_zero_at(float *y, const uint32_t *idx, size_t count)
         y[idx[j]] = 0.0f;
 }
 
+/* Rank of this thread's flag among the block's set flags (threads in
+ * order), and their number in *total. Every thread of the block calls it;
+ * warp_cnt is SEL_WARPS shared words, free again on return. */
+__device__ unsigned block_rank(bool flag, unsigned *warp_cnt, unsigned *total)
+{
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+    if (lane == 0)
+        warp_cnt[warp] = __popc(ballot);
+    __syncthreads();
+    unsigned before = 0, tot = 0;
+    for (int w = 0; w < SEL_WARPS; w++) {
+        before += w < (int)warp ? warp_cnt[w] : 0;
+        tot += warp_cnt[w];
+    }
+    __syncthreads(); /* warp_cnt is rewritten by the next call */
+    *total = tot;
+    return before + __popc(ballot & ((1u << lane) - 1u));
+}
+
+/* Filtering a list at key t, the first `ties` entries equal to t kept:
+ * per tile, the entries with key > t (tile_gt) and key == t (tile_eq); the
+ * totals into tally[0], tally[1]. */
+__global__ void k_list_tally(const float *val, size_t n, uint32_t t, unsigned long long *tile_gt,
+                             unsigned long long *tile_eq, unsigned long long *tally)
+{
+    __shared__ unsigned part[SEL_WARPS];
+    unsigned long long tot_gt = 0, tot_eq = 0;
+    const size_t tiles = (n + SEL_TILE - 1) / SEL_TILE;
+    for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const size_t start = tile * SEL_TILE;
+        unsigned gt = 0, eq = 0;
+        for (int j = 0; j < SEL_ITEMS; j++) {
+            const size_t i = start + (size_t)j * SEL_THREADS + threadIdx.x;
+            if (i < n) {
+                const uint32_t k = dkey(val[i]);
+                gt += k > t;
+                eq += k == t;
+            }
+        }
+        const unsigned bgt = block_sum(gt, part);
+        const unsigned beq = block_sum(eq, part);
+        if (threadIdx.x == 0) {
+            tile_gt[tile] = bgt;
+            tile_eq[tile] = beq;
+        }
+        tot_gt += gt;
+        tot_eq += eq;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        tot_gt += __shfl_down_sync(0xffffffffu, tot_gt, o);
+        tot_eq += __shfl_down_sync(0xffffffffu, tot_eq, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&tally[0], tot_gt);
+        atomicAdd(&tally[1], tot_eq);
+    }
+}
+
+/* Keep key > t, and key == t while fewer than `ties` such were met before
+ * (in list order); gt_off / eq_off are the exclusive per-tile offsets of
+ * k_list_tally's counts. A tile's output starts after the entries kept
+ * before it: gt_off + min(ties, eq_off). */
+__global__ void k_list_compact(const uint32_t *idx, const float *val, size_t n, uint32_t t,
+                               unsigned long long ties, const unsigned long long *gt_off,
+                               const unsigned long long *eq_off, uint32_t *oidx, float *oval)
+{
+    __shared__ unsigned warp_cnt[SEL_WARPS];
+    const size_t tiles = (n + SEL_TILE - 1) / SEL_TILE;
+    for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const size_t start = tile * SEL_TILE;
+        unsigned long long eq_run = eq_off[tile];
+        unsigned long long out = gt_off[tile] + (eq_run < ties ? eq_run : ties);
+        for (int j = 0; j < SEL_ITEMS; j++) {
+            const size_t i = start + (size_t)j * SEL_THREADS + threadIdx.x;
+            const bool in = i < n;
+            const float x = in ? val[i] : 0.0f;
+            const uint32_t k = dkey(x);
+            const bool gt = in && k > t, eq = in && k == t;
+            unsigned eq_tot, keep_tot;
+            const unsigned er = block_rank(eq, warp_cnt, &eq_tot);
+            const bool keep = gt || (eq && eq_run + er < ties);
+            const unsigned kr = block_rank(keep, warp_cnt, &keep_tot);
+            if (keep) {
+                oidx[out + kr] = idx[i];
+                oval[out + kr] = x;
+            }
+            out += keep_tot;
+            eq_run += eq_tot;
+        }
+    }
+}
+
+/* hist[key >> DS_SEL_HIST_SHIFT] += 1 for every entry: counts per block in
+ * shared memory, then one integer atomicAdd per non-empty bucket. */
+__global__ void k_sel_hist(const float *v, size_t n, unsigned *hist)
+{
+    __shared__ unsigned h[DS_SEL_HIST_BUCKETS];
+    for (int b = threadIdx.x; b < DS_SEL_HIST_BUCKETS; b += blockDim.x)
+        h[b] = 0;
+    __syncthreads();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        atomicAdd(&h[dkey(v[i]) >> DS_SEL_HIST_SHIFT], 1u);
+    __syncthreads();
+    for (int b = threadIdx.x; b < DS_SEL_HIST_BUCKETS; b += blockDim.x)
+        if (h[b])
+            atomicAdd(&hist[b], h[b]);
+}
+
+/* Block (u, p) of the norms: the squares of unit u's finite entries at
+ * offsets p * SEL_THREADS + tid + j * SEL_NORM_PARTS * SEL_THREADS, summed
+ * by each thread in increasing j, then over the block in a fixed tree, into
+ * part[u * SEL_NORM_PARTS + p]. The assignment depends on the offset only,
+ * so the sum's order is fixed. Each square is exact in double. */
+__global__ void k_sel_norm_parts(const float *v, const uint32_t *unit_off, size_t u0, double *part)
+{
+    __shared__ double sh[SEL_THREADS];
+    const size_t u = u0 + blockIdx.x;
+    const uint32_t lo = unit_off[u], hi = unit_off[u + 1];
+    const size_t len = hi > lo ? hi - lo : 0;
+    double s = 0;
+    for (size_t i = (size_t)blockIdx.y * SEL_THREADS + threadIdx.x; i < len;
+         i += (size_t)SEL_NORM_PARTS * SEL_THREADS) {
+        const float x = v[lo + i];
+        if (dkey(x) < DS_SEL_KEY_INF)
+            s += (double)x * (double)x;
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = SEL_THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        part[u * SEL_NORM_PARTS + blockIdx.y] = sh[0];
+}
+
+/* norms[u] = sqrt of unit u's parts added in order. */
+__global__ void k_sel_norm_sum(const double *part, size_t n_units, double *norms)
+{
+    for (size_t u = blockIdx.x * (size_t)blockDim.x + threadIdx.x; u < n_units;
+         u += (size_t)gridDim.x * blockDim.x) {
+        double s = 0;
+        for (int p = 0; p < SEL_NORM_PARTS; p++)
+            s += part[u * SEL_NORM_PARTS + p];
+        norms[u] = sqrt(s);
+    }
+}
+
+/* One block: the values at pos[0..count) are loaded SEL_THREADS at a time
+ * in parallel, then thread 0 adds the finite |x| in the order of pos, as
+ * the reference does. out[0] = the sum, out[1] = how many were finite. */
+__global__ void k_sel_absmean(const float *v, const uint32_t *pos, size_t count, double *out)
+{
+    __shared__ float x[SEL_THREADS];
+    double s = 0, good = 0;
+    for (size_t j0 = 0; j0 < count; j0 += SEL_THREADS) {
+        const size_t j = j0 + threadIdx.x;
+        if (j < count)
+            x[threadIdx.x] = v[pos[j]];
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const size_t m = count - j0 < SEL_THREADS ? count - j0 : SEL_THREADS;
+            for (size_t i = 0; i < m; i++)
+                if (dkey(x[i]) < DS_SEL_KEY_INF) {
+                    s += fabs((double)x[i]);
+                    good += 1.0;
+                }
+        }
+        __syncthreads(); /* x is reloaded by the next round */
+    }
+    if (threadIdx.x == 0) {
+        out[0] = s;
+        out[1] = good;
+    }
+}
+
 static unsigned grid_tiles(size_t n)
 {
     const size_t tiles = (n + SEL_TILE - 1) / SEL_TILE;
@@ -335,6 +548,138 @@ static void sel_compact(sel_dev *d, const float *v, size_t n, uint32_t t_keep, u
     fetch_tally(d, out);
 }
 
+/* Filter (idx, val)[0..count) into (oidx, oval): keep key > t, and the
+ * first `ties` entries with key == t. In place when oidx == idx (through
+ * scratch, then copied back). Returns how many were kept; 0 on error
+ * (noted). */
+static size_t sel_filter_ties(sel_dev *d, uint32_t *oidx, float *oval, const uint32_t *idx,
+                              const float *val, size_t count, uint32_t t, size_t ties)
+{
+    if (count == 0)
+        return 0;
+    const size_t tiles = (count + SEL_TILE - 1) / SEL_TILE;
+    const bool in_place = oidx == idx;
+    if (grow(d, (void **)&d->tile_off, &d->tile_cap, tiles, sizeof(*d->tile_off)) < 0 ||
+        grow(d, (void **)&d->tile_eq, &d->tile_eq_cap, tiles, sizeof(*d->tile_eq)) < 0)
+        return 0;
+    uint32_t *wi = oidx;
+    float *wv = oval;
+    if (in_place) {
+        if (grow(d, (void **)&d->lst_idx, &d->lst_idx_cap, count, sizeof(*d->lst_idx)) < 0 ||
+            grow(d, (void **)&d->lst_val, &d->lst_val_cap, count, sizeof(*d->lst_val)) < 0)
+            return 0;
+        wi = d->lst_idx;
+        wv = d->lst_val;
+    }
+    note(d, cudaMemsetAsync(d->tally, 0, 2 * sizeof(unsigned long long), d->stream));
+    k_list_tally<<<grid_tiles(count), SEL_THREADS, 0, d->stream>>>(val, count, t, d->tile_off,
+                                                                   d->tile_eq, d->tally);
+    k_sel_scan<<<1, SEL_SCAN_THREADS, 0, d->stream>>>(d->tile_off, tiles);
+    k_sel_scan<<<1, SEL_SCAN_THREADS, 0, d->stream>>>(d->tile_eq, tiles);
+    k_list_compact<<<grid_tiles(count), SEL_THREADS, 0, d->stream>>>(
+        idx, val, count, t, (unsigned long long)ties, d->tile_off, d->tile_eq, wi, wv);
+    unsigned long long h[2] = {0, 0};
+    cudaError_t e = cudaMemcpyAsync(h, d->tally, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    note(d, e);
+    if (e != cudaSuccess)
+        return 0;
+    const size_t kept = (size_t)h[0] + (h[1] < ties ? (size_t)h[1] : ties);
+    if (in_place && kept) {
+        note(d, cudaMemcpyAsync(oidx, wi, kept * sizeof(*oidx), cudaMemcpyDeviceToDevice,
+                                d->stream));
+        note(d, cudaMemcpyAsync(oval, wv, kept * sizeof(*oval), cudaMemcpyDeviceToDevice,
+                                d->stream));
+    }
+    return kept;
+}
+
+static size_t sel_filter(sel_dev *d, uint32_t *idx, float *val, size_t count, uint32_t t)
+{
+    /* key >= t is key > t or key == t, with no limit on the ties. */
+    return sel_filter_ties(d, idx, val, idx, val, count, t, SIZE_MAX);
+}
+
+static void sel_hist(sel_dev *d, const float *v, size_t n, uint32_t *hist)
+{
+    if (n == 0)
+        return;
+    /* A few blocks per multiprocessor: each block adds its whole shared
+     * histogram to the global one, so more blocks cost more atomics. */
+    const size_t want = (n + SEL_TILE - 1) / SEL_TILE, most = 4 * (size_t)d->sms;
+    const unsigned grid = (unsigned)(want < most ? want : most);
+    unsigned h[DS_SEL_HIST_BUCKETS];
+    note(d, cudaMemsetAsync(d->hist, 0, sizeof(h), d->stream));
+    k_sel_hist<<<grid, SEL_THREADS, 0, d->stream>>>(v, n, d->hist);
+    cudaError_t e = cudaMemcpyAsync(h, d->hist, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    note(d, e);
+    if (e != cudaSuccess)
+        return;
+    for (int b = 0; b < DS_SEL_HIST_BUCKETS; b++)
+        hist[b] += h[b];
+}
+
+static void sel_norms(sel_dev *d, const float *v, const uint32_t *unit_off, size_t n_units,
+                      double *norms)
+{
+    if (n_units == 0)
+        return;
+    memset(norms, 0, n_units * sizeof(*norms));
+    /* The parts, then the norms behind them. */
+    if (grow(d, (void **)&d->norm, &d->norm_cap, n_units * (SEL_NORM_PARTS + 1),
+             sizeof(*d->norm)) < 0)
+        return;
+    double *dn = d->norm + n_units * SEL_NORM_PARTS;
+    const size_t batch = 1u << 20; /* well inside gridDim.x */
+    for (size_t u0 = 0; u0 < n_units; u0 += batch) {
+        const size_t nu = n_units - u0 < batch ? n_units - u0 : batch;
+        k_sel_norm_parts<<<dim3((unsigned)nu, SEL_NORM_PARTS), SEL_THREADS, 0, d->stream>>>(
+            v, unit_off, u0, d->norm);
+    }
+    k_sel_norm_sum<<<grid_elems(n_units), SEL_THREADS, 0, d->stream>>>(d->norm, n_units, dn);
+    cudaError_t e = cudaMemcpyAsync(norms, dn, n_units * sizeof(*norms), cudaMemcpyDeviceToHost,
+                                    d->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    note(d, e);
+    if (e != cudaSuccess)
+        memset(norms, 0, n_units * sizeof(*norms));
+}
+
+static double sel_absmean_at(sel_dev *d, const float *v, const uint32_t *pos, size_t count,
+                             size_t *used)
+{
+    *used = 0;
+    if (count == 0)
+        return 0.0;
+    if (grow(d, (void **)&d->pos, &d->pos_cap, count, sizeof(*d->pos)) < 0)
+        return 0.0;
+    /* From pageable memory the copy has read pos when the call returns. */
+    note(d, cudaMemcpyAsync(d->pos, pos, count * sizeof(*pos), cudaMemcpyHostToDevice,
+                            d->stream));
+    k_sel_absmean<<<1, SEL_THREADS, 0, d->stream>>>(v, d->pos, count, d->mean);
+    double h[2] = {0, 0};
+    cudaError_t e = cudaMemcpyAsync(h, d->mean, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    note(d, e);
+    if (e != cudaSuccess || !(h[1] > 0))
+        return 0.0;
+    *used = (size_t)h[1];
+    return h[0] / h[1];
+}
+
 static void sel_gather(sel_dev *d, float *out, const float *v, const uint32_t *idx, size_t count)
 {
     if (count)
@@ -387,6 +732,22 @@ template <int D> struct on {
     {
         sel_compact(enter(D), v, n, t_keep, t_count, base, idx, val, cap, out);
     }
+    static DS_DECL_SEL_FILTER(filter)
+    {
+        return sel_filter(enter(D), idx, val, count, t);
+    }
+    static DS_DECL_SEL_HIST(hist)
+    {
+        sel_hist(enter(D), v, n, hist);
+    }
+    static DS_DECL_SEL_NORMS(norms)
+    {
+        sel_norms(enter(D), v, unit_off, n_units, norms);
+    }
+    static DS_DECL_SEL_ABSMEAN_AT(absmean_at)
+    {
+        return sel_absmean_at(enter(D), v, pos, count, used);
+    }
     static DS_DECL_SEL_GATHER(gather)
     {
         sel_gather(enter(D), out, v, idx, count);
@@ -407,6 +768,10 @@ template <int D> struct on {
     {
         ops->count = count;
         ops->compact = compact;
+        ops->filter = filter;
+        ops->hist = hist;
+        ops->norms = norms;
+        ops->absmean_at = absmean_at;
         ops->gather = gather;
         ops->scatter_add = scatter_add;
         ops->zero_at = zero_at;
@@ -421,17 +786,36 @@ static void (*const g_bind[DS_CUDA_MAX_DEVICES])(ds_select_ops *) = {
     on<12>::bind, on<13>::bind, on<14>::bind, on<15>::bind,
 };
 
-/* First reference to `device`: its scratch. The device is current and its
- * stream acquired. 0 or -ENODEV with the reason. */
+/* First reference to `device`: its fixed scratch (what grows with the
+ * input is allocated on first use). The device is current and its stream
+ * acquired. 0 or -ENODEV with the reason. */
 static int dev_open(sel_dev *d, int device, char *why, size_t why_len)
 {
-    const cudaError_t e = cudaMalloc(&d->tally, 3 * sizeof(unsigned long long));
+    cudaError_t e = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, device);
+    const char *what = "the multiprocessor count";
+    if (e == cudaSuccess) {
+        what = "cudaMalloc of the tally";
+        e = cudaMalloc(&d->tally, 3 * sizeof(unsigned long long));
+    }
+    if (e == cudaSuccess) {
+        what = "cudaMalloc of the histogram";
+        e = cudaMalloc(&d->hist, DS_SEL_HIST_BUCKETS * sizeof(unsigned));
+    }
+    if (e == cudaSuccess) {
+        what = "cudaMalloc of the mean";
+        e = cudaMalloc(&d->mean, 2 * sizeof(double));
+    }
     if (e != cudaSuccess) {
-        snprintf(why, why_len, "CUDA device %d: cudaMalloc of the tally failed (%s)", device,
+        snprintf(why, why_len, "CUDA device %d: %s failed (%s)", device, what,
                  cudaGetErrorString(e));
-        d->tally = NULL;
+        cudaFree(d->mean);
+        cudaFree(d->hist);
+        cudaFree(d->tally);
+        memset(d, 0, sizeof(*d));
         return -ENODEV;
     }
+    if (d->sms < 1)
+        d->sms = 1;
     d->stream = ds_cuda_device_stream(device);
     d->err = cudaSuccess;
     return 0;
@@ -445,6 +829,13 @@ static void dev_close(sel_dev *d, int device)
     if (cudaSetDevice(device) == cudaSuccess) {
         cudaStreamSynchronize(d->stream);
         cudaFree(d->tile_off);
+        cudaFree(d->tile_eq);
+        cudaFree(d->hist);
+        cudaFree(d->lst_idx);
+        cudaFree(d->lst_val);
+        cudaFree(d->norm);
+        cudaFree(d->pos);
+        cudaFree(d->mean);
         cudaFree(d->tally);
     }
     memset(d, 0, sizeof(*d));

@@ -36,11 +36,13 @@ static void need_device(void)
     cr_assert_eq(sel.kind, DS_BACKEND_CUDA);
 }
 
+/* Device memory holding a copy of h, or zeros when h is NULL (dev.alloc
+ * zeroes; a copy from NULL would be an error). */
 static void *up(const void *h, size_t bytes)
 {
     void *d = dev.alloc(bytes ? bytes : 4);
     cr_assert_not_null(d);
-    if (bytes)
+    if (h && bytes)
         cr_assert_eq(dev.upload(d, h, bytes), 0);
     return d;
 }
@@ -330,5 +332,135 @@ Test(select_cuda, absmean_at_matches_reference_bit_for_bit, .timeout = 60)
     }
     dev.free(dx);
     free(x);
+    ds_select_cuda_fini(&sel);
+}
+
+Test(select_cuda, table_is_complete)
+{
+    need_device();
+    /* The sparsifier takes a device table only when every slot is there. */
+    cr_expect(sel.count && sel.compact && sel.filter && sel.filter_ties && sel.hist && sel.hist_sub &&
+              sel.norms && sel.absmean_at && sel.gather && sel.scatter_add && sel.zero_at && sel.accumulate &&
+              sel.alloc && sel.free && sel.upload && sel.download && sel.sync);
+    cr_expect_eq(sel.device, 0);
+    /* Memory round trip through the table's own functions. */
+    float h[33], back[33];
+    ds_t_fill(h, 33, 5, -1, 1);
+    float *d = sel.alloc(sizeof(h));
+    cr_assert_not_null(d);
+    cr_expect_eq(sel.upload(d, h, sizeof(h)), 0);
+    cr_expect_eq(sel.download(back, d, sizeof(back)), 0);
+    cr_expect(memcmp(h, back, sizeof(h)) == 0);
+    sel.free(d);
+    void *z = sel.alloc(0);
+    cr_expect_not_null(z, "alloc(0) is memory, not a failure");
+    sel.free(z);
+    cr_expect_eq(sel.sync(), 0);
+    ds_select_cuda_fini(&sel);
+    cr_expect(sel.count == NULL && sel.device == -1, "fini clears the table");
+    ds_select_cuda_fini(&sel); /* a cleared table: nothing to give back */
+}
+
+Test(select_cuda, filter_ties_matches_reference, .timeout = 120)
+{
+    need_device();
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        const size_t n = sizes[si];
+        float *x = malloc(n * sizeof(float)), *v0 = malloc(n * sizeof(float)), *v1 = malloc(n * sizeof(float));
+        uint32_t *i0 = malloc(n * sizeof(uint32_t)), *i1 = malloc(n * sizeof(uint32_t)),
+                 *in = malloc(n * sizeof(uint32_t));
+        fill_awkward(x, n, 140 + si);
+        for (size_t i = 0; i < n; i++)
+            in[i] = (uint32_t)(5 * i);
+        /* t = 0.02, the salted tie: about n / 89 entries equal it. */
+        const uint32_t t = 0x3ca3d70au;
+        size_t eq = 0;
+        for (size_t i = 0; i < n; i++)
+            eq += ds_sel_key(x[i]) == t;
+        const size_t quotas[] = {0, 1, eq / 2, eq ? eq - 1 : 0, eq, SIZE_MAX};
+        float *dx = up(x, n * sizeof(float)), *dov = up(NULL, n * sizeof(float));
+        uint32_t *din = up(in, n * sizeof(uint32_t)), *doi = up(NULL, n * sizeof(uint32_t));
+        for (size_t qi = 0; qi < sizeof(quotas) / sizeof(quotas[0]); qi++) {
+            const size_t want = ds_sel_filter_ties_c(i0, v0, in, x, n, t, quotas[qi]);
+            /* Out of place into fresh buffers... */
+            size_t got = sel.filter_ties(doi, dov, din, dx, n, t, quotas[qi]);
+            cr_assert_eq(sel.sync(), 0);
+            cr_expect_eq(got, want, "filter_ties n=%zu ties=%zu: kept %zu, reference %zu", n, quotas[qi], got, want);
+            const size_t w = got < want ? got : want;
+            down(i1, doi, w * sizeof(uint32_t));
+            down(v1, dov, w * sizeof(float));
+            cr_expect(memcmp(i1, i0, w * sizeof(uint32_t)) == 0 && memcmp(v1, v0, w * sizeof(float)) == 0,
+                      "filter_ties n=%zu ties=%zu: out-of-place lists differ", n, quotas[qi]);
+            /* ...and in place, on a copy of the input. */
+            cr_assert_eq(sel.upload(doi, in, n * sizeof(uint32_t)), 0);
+            cr_assert_eq(sel.upload(dov, x, n * sizeof(float)), 0);
+            got = sel.filter_ties(doi, dov, doi, dov, n, t, quotas[qi]);
+            cr_assert_eq(sel.sync(), 0);
+            cr_expect_eq(got, want, "filter_ties in place n=%zu ties=%zu", n, quotas[qi]);
+            down(i1, doi, w * sizeof(uint32_t));
+            down(v1, dov, w * sizeof(float));
+            cr_expect(memcmp(i1, i0, w * sizeof(uint32_t)) == 0 && memcmp(v1, v0, w * sizeof(float)) == 0,
+                      "filter_ties n=%zu ties=%zu: in-place lists differ", n, quotas[qi]);
+        }
+        dev.free(dx);
+        dev.free(dov);
+        dev.free(din);
+        dev.free(doi);
+        free(x);
+        free(v0);
+        free(v1);
+        free(i0);
+        free(i1);
+        free(in);
+    }
+    ds_select_cuda_fini(&sel);
+}
+
+Test(select_cuda, hist_sub_and_accumulate_match_reference, .timeout = 120)
+{
+    need_device();
+    for (size_t si = 0; si <= sizeof(sizes) / sizeof(sizes[0]); si++) {
+        const size_t n = si ? sizes[si - 1] : 0;
+        float *x = malloc((n + 1) * sizeof(float)), *y0 = malloc((n + 1) * sizeof(float)),
+              *y1 = malloc((n + 1) * sizeof(float));
+        fill_awkward(x, n, 160 + si);
+        float *dx = up(x, n * sizeof(float));
+        /* The prefixes a radix select would take: the bucket of 0.02 (the
+         * tie) and of the first finite entry, at both levels. */
+        uint32_t k1 = 0x3ca3d70au;
+        for (size_t i = 0; i < n; i++)
+            if (ds_sel_key(x[i]) < DS_SEL_KEY_INF) {
+                k1 = ds_sel_key(x[i]);
+                break;
+            }
+        const uint32_t keys[] = {0x3ca3d70au, k1};
+        for (int ki = 0; ki < 2; ki++)
+            for (unsigned shift = 0; shift <= 10; shift += 10) {
+                uint32_t h0[DS_SEL_SUB_BUCKETS], h1[DS_SEL_SUB_BUCKETS];
+                for (int b = 0; b < DS_SEL_SUB_BUCKETS; b++)
+                    h0[b] = h1[b] = (uint32_t)b;
+                const uint32_t prefix = keys[ki] >> (shift + 10);
+                ds_sel_hist_sub_c(x, n, prefix, shift, h0);
+                sel.hist_sub(dx, n, prefix, shift, h1);
+                cr_assert_eq(sel.sync(), 0);
+                cr_expect(memcmp(h0, h1, sizeof(h0)) == 0, "hist_sub n=%zu prefix=%#x shift=%u", n, prefix, shift);
+            }
+        /* accumulate: every sum rounded to float once, NaN and Inf as IEEE says. */
+        ds_t_fill(y0, n, 170 + si, -1, 1);
+        float *dy = up(y0, n * sizeof(float));
+        ds_sel_accumulate_c(y0, x, n);
+        sel.accumulate(dy, dx, n);
+        cr_assert_eq(sel.sync(), 0);
+        down(y1, dy, n * sizeof(float));
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += memcmp(&y0[i], &y1[i], 4) != 0 && !(isnan(y0[i]) && isnan(y1[i]));
+        cr_expect_eq(bad, 0u, "accumulate n=%zu: %zu entries differ", n, bad);
+        dev.free(dx);
+        dev.free(dy);
+        free(x);
+        free(y0);
+        free(y1);
+    }
     ds_select_cuda_fini(&sel);
 }

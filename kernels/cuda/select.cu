@@ -1,9 +1,11 @@
 /*
  * kernels/cuda/select.cu: the CUDA selection table, every kernel family of
  * kernels/select.h on device memory: threshold count and compaction, list
- * filtering, the magnitude histogram, per-unit L2 norms, the sampled mean
- * |v|, gather, scatter-add and zeroing at an index set
- * (kernels/cpu/select_ref.c is the reference each is tested against).
+ * filtering (with a quota on ties, for top-k), the magnitude histogram and
+ * the sub-histograms that refine it, per-unit L2 norms, the sampled mean
+ * |v|, gather, scatter-add, zeroing at an index set and residual += g, and
+ * the table's memory functions (kernels/cpu/select_ref.c is the reference
+ * each kernel is tested against).
  *
  * Compaction keeps the indices sorted, so it is a stable stream compaction
  * in three launches over tiles of SEL_TILE elements:
@@ -24,8 +26,8 @@
  * because blocks run in any order and an in-place write could land on a
  * tile another block has not read yet.
  *
- * Exactness. Counts, lists and the histogram are integers and come out
- * equal to the reference. The histogram adds per-block shared-memory
+ * Exactness. Counts, lists and the histograms are integers and come out
+ * equal to the reference. A histogram adds per-block shared-memory
  * counts into the global one with integer atomics, whose order does not
  * matter. The norms are sums of doubles, whose order does: each unit is
  * cut into SEL_NORM_PARTS interleaved parts by a fixed rule, each part
@@ -43,19 +45,21 @@
  * selection is ordered with whatever else is queued on the device (the
  * training table's ops, once cuda_ops.cu is on that stream too) with no
  * host synchronisation between them. The kernels that return a result on
- * the host (count, compact, filter, hist, norms, absmean_at) copy it back
- * and so return synchronized; gather, scatter_add and zero_at are queued,
- * and ops->sync() waits for them and reports the first error since the
- * last sync. A kernel whose launch or scratch allocation failed returns
- * zeros and leaves the error for ops->sync().
+ * the host (count, compact, filter, filter_ties, hist, hist_sub, norms,
+ * absmean_at) copy it back and so return synchronized, as do upload and
+ * download; gather, scatter_add, zero_at and accumulate are queued, and
+ * ops->sync() waits for them and reports the first error since the last
+ * sync. A kernel whose launch or scratch allocation failed returns zeros
+ * and leaves the error for ops->sync().
  *
- * The scratch (the tally, the per-tile offsets) and the sticky error are
- * per device, in g_sel[device]. The table's function pointers carry no
- * context, so each table is filled with functions bound to its device at
- * compile time (the template on<D> below, one instantiation per device
- * index): a table for device 1 always works on device 1's stream and
- * scratch, whichever device the calling thread has current. One device's
- * kernels share its scratch, so they are called from one thread at a time.
+ * The scratch (tally, per-tile offsets, histogram, list and norm buffers)
+ * and the sticky error are per device, in g_sel[device]. The table's
+ * function pointers carry no context, so each table is filled with
+ * functions bound to its device at compile time (the template on<D> below,
+ * one instantiation per device index): a table for device 1 always works
+ * on device 1's stream and scratch, whichever device the calling thread
+ * has current. One device's kernels share its scratch, so they are called
+ * from one thread at a time.
  * No driver and no device are normal answers: ds_select_ops_init_cuda
  * returns -ENODEV with the reason.
  *
@@ -401,6 +405,34 @@ __global__ void k_sel_hist(const float *v, size_t n, unsigned *hist)
             atomicAdd(&hist[b], h[b]);
 }
 
+/* hist[(key >> shift) & 1023] += 1 for the entries whose key >> (shift +
+ * 10) is prefix; as k_sel_hist. */
+__global__ void k_sel_hist_sub(const float *v, size_t n, uint32_t prefix, unsigned shift,
+                               unsigned *hist)
+{
+    __shared__ unsigned h[DS_SEL_SUB_BUCKETS];
+    for (int b = threadIdx.x; b < DS_SEL_SUB_BUCKETS; b += blockDim.x)
+        h[b] = 0;
+    __syncthreads();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t k = dkey(v[i]);
+        if ((k >> (shift + 10)) == prefix)
+            atomicAdd(&h[(k >> shift) & (DS_SEL_SUB_BUCKETS - 1)], 1u);
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < DS_SEL_SUB_BUCKETS; b += blockDim.x)
+        if (h[b])
+            atomicAdd(&hist[b], h[b]);
+}
+
+__global__ void k_sel_accumulate(float *y, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
 /* Block (u, p) of the norms: the squares of unit u's finite entries at
  * offsets p * SEL_THREADS + tid + j * SEL_NORM_PARTS * SEL_THREADS, summed
  * by each thread in increasing j, then over the block in a fixed tree, into
@@ -603,18 +635,22 @@ static size_t sel_filter(sel_dev *d, uint32_t *idx, float *val, size_t count, ui
     return sel_filter_ties(d, idx, val, idx, val, count, t, SIZE_MAX);
 }
 
-static void sel_hist(sel_dev *d, const float *v, size_t n, uint32_t *hist)
+/* Blocks for a shared-memory histogram of n entries: a few per
+ * multiprocessor, as each block adds its whole histogram to the global one
+ * and more blocks cost more atomics. */
+static unsigned grid_hist(const sel_dev *d, size_t n)
 {
-    if (n == 0)
-        return;
-    /* A few blocks per multiprocessor: each block adds its whole shared
-     * histogram to the global one, so more blocks cost more atomics. */
     const size_t want = (n + SEL_TILE - 1) / SEL_TILE, most = 4 * (size_t)d->sms;
-    const unsigned grid = (unsigned)(want < most ? want : most);
+    return (unsigned)(want == 0 ? 1 : want < most ? want : most);
+}
+
+/* Add the first `buckets` counts of d->hist to the host's hist; nothing on
+ * error (noted). */
+static void hist_fetch(sel_dev *d, size_t buckets, uint32_t *hist)
+{
     unsigned h[DS_SEL_HIST_BUCKETS];
-    note(d, cudaMemsetAsync(d->hist, 0, sizeof(h), d->stream));
-    k_sel_hist<<<grid, SEL_THREADS, 0, d->stream>>>(v, n, d->hist);
-    cudaError_t e = cudaMemcpyAsync(h, d->hist, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
+    cudaError_t e = cudaMemcpyAsync(h, d->hist, buckets * sizeof(*h), cudaMemcpyDeviceToHost,
+                                    d->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(d->stream);
     if (e == cudaSuccess)
@@ -622,8 +658,27 @@ static void sel_hist(sel_dev *d, const float *v, size_t n, uint32_t *hist)
     note(d, e);
     if (e != cudaSuccess)
         return;
-    for (int b = 0; b < DS_SEL_HIST_BUCKETS; b++)
+    for (size_t b = 0; b < buckets; b++)
         hist[b] += h[b];
+}
+
+static void sel_hist(sel_dev *d, const float *v, size_t n, uint32_t *hist)
+{
+    if (n == 0)
+        return;
+    note(d, cudaMemsetAsync(d->hist, 0, DS_SEL_HIST_BUCKETS * sizeof(*d->hist), d->stream));
+    k_sel_hist<<<grid_hist(d, n), SEL_THREADS, 0, d->stream>>>(v, n, d->hist);
+    hist_fetch(d, DS_SEL_HIST_BUCKETS, hist);
+}
+
+static void sel_hist_sub(sel_dev *d, const float *v, size_t n, uint32_t prefix, unsigned shift,
+                         uint32_t *hist)
+{
+    if (n == 0 || shift > 21)
+        return;
+    note(d, cudaMemsetAsync(d->hist, 0, DS_SEL_SUB_BUCKETS * sizeof(*d->hist), d->stream));
+    k_sel_hist_sub<<<grid_hist(d, n), SEL_THREADS, 0, d->stream>>>(v, n, prefix, shift, d->hist);
+    hist_fetch(d, DS_SEL_SUB_BUCKETS, hist);
 }
 
 static void sel_norms(sel_dev *d, const float *v, const uint32_t *unit_off, size_t n_units,
@@ -702,6 +757,44 @@ static void sel_zero_at(sel_dev *d, float *y, const uint32_t *idx, size_t count)
     note(d, cudaGetLastError());
 }
 
+static void sel_accumulate(sel_dev *d, float *y, const float *x, size_t n)
+{
+    if (n)
+        k_sel_accumulate<<<grid_elems(n), SEL_THREADS, 0, d->stream>>>(y, x, n);
+    note(d, cudaGetLastError());
+}
+
+static void *sel_alloc(sel_dev *d, size_t bytes)
+{
+    (void)d;
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess) {
+        /* NULL says it; keep the error from the next fetch's
+         * cudaGetLastError(), which would take it for a kernel's. */
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void sel_free(sel_dev *d, void *p)
+{
+    (void)d;
+    cudaFree(p); /* waits for the kernels that may still use it */
+}
+
+/* A copy on the stream, finished on return; 0 or -EIO (noted). */
+static int sel_copy(sel_dev *d, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    if (bytes == 0)
+        return 0;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, d->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->stream);
+    note(d, e);
+    return e == cudaSuccess ? 0 : -EIO;
+}
+
 static int sel_sync(sel_dev *d)
 {
     note(d, cudaStreamSynchronize(d->stream));
@@ -736,9 +829,17 @@ template <int D> struct on {
     {
         return sel_filter(enter(D), idx, val, count, t);
     }
+    static DS_DECL_SEL_FILTER_TIES(filter_ties)
+    {
+        return sel_filter_ties(enter(D), oidx, oval, idx, val, count, t, ties);
+    }
     static DS_DECL_SEL_HIST(hist)
     {
         sel_hist(enter(D), v, n, hist);
+    }
+    static DS_DECL_SEL_HIST_SUB(hist_sub)
+    {
+        sel_hist_sub(enter(D), v, n, prefix, shift, hist);
     }
     static DS_DECL_SEL_NORMS(norms)
     {
@@ -760,22 +861,49 @@ template <int D> struct on {
     {
         sel_zero_at(enter(D), y, idx, count);
     }
+    static DS_DECL_SEL_ACCUMULATE(accumulate)
+    {
+        sel_accumulate(enter(D), y, x, n);
+    }
     static int sync(void)
     {
         return sel_sync(enter(D));
+    }
+    static void *alloc(size_t bytes)
+    {
+        return sel_alloc(enter(D), bytes);
+    }
+    static void free(void *p)
+    {
+        sel_free(enter(D), p);
+    }
+    static int upload(void *dst, const void *src_host, size_t bytes)
+    {
+        return sel_copy(enter(D), dst, src_host, bytes, cudaMemcpyHostToDevice);
+    }
+    static int download(void *dst_host, const void *src, size_t bytes)
+    {
+        return sel_copy(enter(D), dst_host, src, bytes, cudaMemcpyDeviceToHost);
     }
     static void bind(ds_select_ops *ops)
     {
         ops->count = count;
         ops->compact = compact;
         ops->filter = filter;
+        ops->filter_ties = filter_ties;
         ops->hist = hist;
+        ops->hist_sub = hist_sub;
         ops->norms = norms;
         ops->absmean_at = absmean_at;
         ops->gather = gather;
         ops->scatter_add = scatter_add;
         ops->zero_at = zero_at;
+        ops->accumulate = accumulate;
         ops->sync = sync;
+        ops->alloc = alloc;
+        ops->free = free;
+        ops->upload = upload;
+        ops->download = download;
     }
 };
 

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "base/splitmix.h"
 #include "sparsify/sparsify.h"
@@ -17,6 +18,12 @@ struct ds_sparsifier {
     size_t n_units;
     size_t n_max;
     ds_select_ops ops;
+    /* ops is a device table: vectors, idx, val and the scratch the kernels
+     * touch live in the table's memory, reached only through ops (the
+     * host reads downloaded copies). The CPU path never looks at this
+     * beyond choosing itself. */
+    int dev;
+    uint32_t *units_k;         /* deft: units as the kernels read them (== units on the CPU) */
 
     uint64_t rng;              /* SplitMix64 state: random, sage samples */
 
@@ -29,11 +36,15 @@ struct ds_sparsifier {
     size_t micro_group_count;
     size_t micro_k_group;      /* k of the whole vector at the last call */
 
-    /* Scratch, grown on demand and kept: top-k candidates, random's bitmap,
-     * deft's per-unit arrays. */
+    /* Scratch, grown on demand and kept: top-k candidates (in the table's
+     * memory), random's bitmap, deft's per-unit arrays, and on a device
+     * random's draws before they are uploaded. */
     uint32_t *cand_idx;
     float *cand_val;
     size_t cand_cap;
+    uint32_t *h_idx;
+    float *h_val;
+    size_t h_cap;
     uint64_t *bitmap;          /* n_max bits, zero between calls */
     double *norms;
     size_t *k_unit;
@@ -44,6 +55,7 @@ struct ds_sparsifier {
      * per-unit k and bins. */
     unsigned g_G;
     uint32_t *g_units;
+    uint32_t *g_units_k;       /* g_units as the kernels read them (== g_units on the CPU) */
     size_t g_n_units;
     double *g_norms, *g_sq;
     size_t *g_k;
@@ -64,6 +76,21 @@ static inline uint32_t ds_sp_below(uint64_t *state, uint64_t n)
             m = (ds_splitmix64_step(state) >> 32) * n;
     }
     return (uint32_t)(m >> 32);
+}
+
+/* Memory the kernels touch: the table's on a device, malloc's otherwise
+ * (the CPU path as it always was). */
+static inline void *ds_sp_alloc(const ds_sparsifier *s, size_t bytes)
+{
+    return s->dev ? s->ops.alloc(bytes) : malloc(bytes);
+}
+
+static inline void ds_sp_free(const ds_sparsifier *s, void *p)
+{
+    if (s->dev)
+        s->ops.free(p);
+    else
+        free(p);
 }
 
 /* Make room for `need` top-k candidates in s->cand_*; 0 or -ENOMEM. */

@@ -64,6 +64,22 @@
  *   threshold method. A threshold that leaves the finite positive range
  *   (a vector of zeros for many calls, say) triggers a new threshold start,
  *   counted in totals.starts.
+ *
+ * Device memory. Created with a device table (the CUDA one,
+ * kernels/select.h), a sparsifier takes vectors, idx, val and residuals in
+ * that device's memory and touches them only through the table: every pass
+ * above is a kernel, the top-k's refining histograms and its final cut
+ * are kernels too (topk.c), and what the host decides from comes back as
+ * tallies, histograms, norms and means. What stays on the host is the
+ * sparsifier's own state: thresholds, the generator, random's bitmap,
+ * DEFT's unit offsets (uploaded once, at create and at each new cut, for
+ * the norms kernel) and per-unit k. Two places copy a little: SAGE's
+ * sample positions go up with absmean_at (400 at most), and random draws
+ * its k indices on the host, uploads them, gathers on the device and
+ * downloads the k values to drop NaN / Inf (k entries each way, never n).
+ * The selection is the CPU path's, bit for bit (tests/test_sparsify.c runs
+ * both on the same input). A call ends with the table's sync, so a failed
+ * kernel is -EIO and the call changes no state.
  */
 #include "config.h"
 
@@ -158,6 +174,15 @@ static int check_units(const uint32_t *off, size_t n_units, size_t n)
     return 0;
 }
 
+/* A device table names its device and has every kernel the methods use. */
+static int device_table_ok(const ds_select_ops *o)
+{
+    return o->device >= 0 && o->count && o->compact && o->filter && o->filter_ties && o->hist &&
+           o->hist_sub && o->norms && o->absmean_at && o->gather && o->scatter_add &&
+           o->zero_at && o->accumulate && o->alloc && o->free && o->upload && o->download &&
+           o->sync;
+}
+
 int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t n_max,
                          const ds_select_ops *ops)
 {
@@ -168,8 +193,8 @@ int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t
         return -EINVAL;
     if (n_max > UINT32_MAX)
         return -EOVERFLOW;
-    if (ops && ops->kind != DS_BACKEND_CPU)
-        return -EINVAL; /* the sparsifier reads host memory */
+    if (ops && ops->kind != DS_BACKEND_CPU && !device_table_ok(ops))
+        return -EINVAL;
     if (!(cfg->threshold >= 0.0f) || !isfinite(cfg->threshold))
         return -EINVAL;
     if (cfg->start != DS_START_KTH && cfg->start != DS_START_PUBLISHED)
@@ -181,29 +206,43 @@ int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t
     ds_sparsifier *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
+    int ret = -ENOMEM;
     s->cfg = *cfg;
     s->n_max = n_max;
     if (ops)
         s->ops = *ops;
     else
         ds_select_ops_init(&s->ops, ds_cpu_flags());
+    s->dev = s->ops.kind != DS_BACKEND_CPU;
     s->rng = cfg->seed ^ SP_RNG_DOMAIN;
 
     if (cfg->method == DS_SPARSIFY_DEFT) {
         s->n_units = cfg->unit_off ? cfg->n_units : 1;
-        s->units = malloc((s->n_units + 1) * sizeof(*s->units));
+        const size_t ubytes = (s->n_units + 1) * sizeof(*s->units);
+        s->units = malloc(ubytes);
         s->norms = malloc(s->n_units * sizeof(*s->norms));
         s->k_unit = malloc(s->n_units * sizeof(*s->k_unit));
         if (!s->units || !s->norms || !s->k_unit)
-            goto fail_alloc;
+            goto fail;
         if (cfg->unit_off) {
-            memcpy(s->units, cfg->unit_off, (s->n_units + 1) * sizeof(*s->units));
+            memcpy(s->units, cfg->unit_off, ubytes);
         } else {
             s->units[0] = 0;
             s->units[1] = (uint32_t)n_max;
         }
         s->cfg.unit_off = s->units;
         s->cfg.n_units = s->n_units;
+        /* The norms kernel reads the offsets from the table's memory. */
+        s->units_k = s->units;
+        if (s->dev) {
+            s->units_k = s->ops.alloc(ubytes);
+            if (!s->units_k)
+                goto fail;
+            if (s->ops.upload(s->units_k, s->units, ubytes) < 0) {
+                ret = -EIO;
+                goto fail;
+            }
+        }
     } else {
         s->cfg.unit_off = NULL;
         s->cfg.n_units = 0;
@@ -211,14 +250,14 @@ int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t
     if (cfg->method == DS_SPARSIFY_RANDOM) {
         s->bitmap = calloc(n_max / 64 + 1, sizeof(*s->bitmap));
         if (!s->bitmap)
-            goto fail_alloc;
+            goto fail;
     }
     *out = s;
     return 0;
 
-fail_alloc:
+fail:
     ds_sparsifier_destroy(&s);
-    return -ENOMEM;
+    return ret;
 }
 
 void ds_sparsifier_destroy(ds_sparsifier **sp)
@@ -226,6 +265,10 @@ void ds_sparsifier_destroy(ds_sparsifier **sp)
     if (!sp || !*sp)
         return;
     ds_sparsifier *s = *sp;
+    if (s->dev) {
+        s->ops.free(s->units_k);
+        s->ops.free(s->g_units_k);
+    }
     free(s->units);
     free(s->norms);
     free(s->k_unit);
@@ -235,8 +278,10 @@ void ds_sparsifier_destroy(ds_sparsifier **sp)
     free(s->g_k);
     free(s->g_bin);
     free(s->bitmap);
-    free(s->cand_idx);
-    free(s->cand_val);
+    ds_sp_free(s, s->cand_idx);
+    ds_sp_free(s, s->cand_val);
+    free(s->h_idx);
+    free(s->h_val);
     free(s);
     *sp = NULL;
 }
@@ -414,14 +459,13 @@ static int m_none(ds_sparsifier *s, call *c)
     return 0;
 }
 
-static int m_random(ds_sparsifier *s, call *c)
+/* Floyd's algorithm: for j = n-k .. n-1 draw t in [0, j]; take t, or j
+ * when t is taken already. Every k-subset comes out equally likely, after
+ * k draws. A bitmap of n bits holds the set and, scanned word by word,
+ * yields it in increasing order into out[0..k) (and is left zero). */
+static size_t random_draw(ds_sparsifier *s, size_t n, size_t k, uint32_t *out)
 {
-    /* Floyd's algorithm: for j = n-k .. n-1 draw t in [0, j]; take t, or j
-     * when t is taken already. Every k-subset comes out equally likely,
-     * after k draws. A bitmap of n bits holds the set and, scanned word by
-     * word, yields it in increasing order. */
     uint64_t *bm = s->bitmap;
-    const size_t n = c->n, k = c->k;
     for (size_t j = n - k; j < n; j++) {
         const uint32_t t = ds_sp_below(&s->rng, (uint64_t)j + 1);
         const uint64_t bit = 1ull << (t & 63);
@@ -435,22 +479,83 @@ static int m_random(ds_sparsifier *s, call *c)
         uint64_t x = bm[w];
         bm[w] = 0;
         while (x) {
-            c->idx[cnt++] = (uint32_t)(w * 64 + (size_t)__builtin_ctzll(x));
+            out[cnt++] = (uint32_t)(w * 64 + (size_t)__builtin_ctzll(x));
             x &= x - 1;
         }
     }
-    s->ops.gather(c->val, c->v, c->idx, cnt);
-    /* Drop the draws that hit NaN / Inf, and make the indices base-relative. */
-    size_t j = 0, bad = 0;
+    return cnt;
+}
+
+/* Drop the draws that hit NaN / Inf, and make the indices base-relative,
+ * in place (host memory); returns how many remain, *bad how many went. */
+static size_t random_keep_finite(uint32_t *idx, float *val, size_t cnt, uint32_t base,
+                                 size_t *bad)
+{
+    size_t j = 0, nf = 0;
     for (size_t i = 0; i < cnt; i++) {
-        const int fin = ds_sel_key(c->val[i]) < DS_SEL_KEY_INF;
-        c->idx[j] = c->base + c->idx[i];
-        c->val[j] = c->val[i];
+        const int fin = ds_sel_key(val[i]) < DS_SEL_KEY_INF;
+        idx[j] = base + idx[i];
+        val[j] = val[i];
         j += (size_t)fin;
-        bad += (size_t)!fin;
+        nf += (size_t)!fin;
     }
+    *bad = nf;
+    return j;
+}
+
+/* Host room for `need` draws and their values (random on a device). */
+static int host_reserve(ds_sparsifier *s, size_t need)
+{
+    if (need <= s->h_cap)
+        return 0;
+    uint32_t *ni = malloc(need * sizeof(*ni));
+    float *nv = malloc(need * sizeof(*nv));
+    if (!ni || !nv) {
+        free(ni);
+        free(nv);
+        return -ENOMEM;
+    }
+    free(s->h_idx);
+    free(s->h_val);
+    s->h_idx = ni;
+    s->h_val = nv;
+    s->h_cap = need;
+    return 0;
+}
+
+/* random with v, idx and val on a device: the draws are made here, go up,
+ * the values are gathered there and come down (k of them) to be checked
+ * for NaN / Inf; what is sent goes up again only when that or the base
+ * changed it. */
+static int m_random_dev(ds_sparsifier *s, call *c)
+{
+    int ret = host_reserve(s, c->k);
+    if (ret < 0)
+        return ret;
+    const size_t cnt = random_draw(s, c->n, c->k, s->h_idx);
+    ret = s->ops.upload(c->idx, s->h_idx, cnt * sizeof(*c->idx));
+    if (ret == 0) {
+        s->ops.gather(c->val, c->v, c->idx, cnt);
+        ret = s->ops.download(s->h_val, c->val, cnt * sizeof(*c->val));
+    }
+    if (ret < 0)
+        return ret;
+    const size_t j = random_keep_finite(s->h_idx, s->h_val, cnt, c->base, &c->nonfinite);
+    if (j != cnt || c->base)
+        ret = s->ops.upload(c->idx, s->h_idx, j * sizeof(*c->idx));
+    if (ret == 0 && j != cnt)
+        ret = s->ops.upload(c->val, s->h_val, j * sizeof(*c->val));
     c->count = j;
-    c->nonfinite = bad;
+    return ret;
+}
+
+static int m_random(ds_sparsifier *s, call *c)
+{
+    if (s->dev)
+        return m_random_dev(s, c);
+    const size_t cnt = random_draw(s, c->n, c->k, c->idx);
+    s->ops.gather(c->val, c->v, c->idx, cnt);
+    c->count = random_keep_finite(c->idx, c->val, cnt, c->base, &c->nonfinite);
     return 0;
 }
 
@@ -538,8 +643,15 @@ static int m_sage(ds_sparsifier *s, call *c)
     /* Within +-10% of k (the top of the file). */
     const size_t k = c->k, band_lo = k - k / 10, band_hi = k + k / 10;
     size_t at_t = 0;
-    for (size_t i = 0; i < tl.kept; i++)
-        at_t += ds_sel_key(c->val[i]) >= t;
+    if (s->dev) {
+        /* The candidates are finite (compacted), so "counted" is at_t. */
+        ds_sel_tally ct;
+        s->ops.count(c->val, tl.kept, t, &ct);
+        at_t = ct.counted;
+    } else {
+        for (size_t i = 0; i < tl.kept; i++)
+            at_t += ds_sel_key(c->val[i]) >= t;
+    }
     float next_delta = delta;
     if (at_t < band_lo || at_t > band_hi) {
         if (tl.kept > k) {
@@ -648,7 +760,7 @@ static int m_micro(ds_sparsifier *s, call *c)
 
 static int m_deft(ds_sparsifier *s, call *c)
 {
-    s->ops.norms(c->v, s->units, s->n_units, s->norms);
+    s->ops.norms(c->v, s->units_k, s->n_units, s->norms);
     long long sum = ds_deft_alloc(s->units, s->n_units, s->norms, c->k, s->k_unit);
     if (sum < 0)
         return (int)sum;
@@ -685,14 +797,39 @@ static int run(ds_sparsifier *s, const float *v, size_t n, uint32_t base, double
         .idx = idx, .val = val, .cap = cap,
     };
     if (n > 0) {
+        /* On a device a kernel can fail after the method moved its state
+         * on; the table's sync says so, and the call is undone. */
+        ds_sparsify_state saved;
+        ds_sparsify_totals saved_totals;
+        if (s->dev) {
+            ds_sparsifier_state_get(s, &saved);
+            saved_totals = s->totals;
+        }
         int ret = methods[s->cfg.method](s, &c);
+        if (ret == 0 && s->dev && s->ops.sync() < 0)
+            ret = -EIO;
         if (ret < 0) {
+            if (s->dev) {
+                ds_sparsifier_state_set(s, &saved);
+                s->totals = saved_totals;
+            }
             s->totals.rejected++;
             return ret;
         }
     }
     ds_sp_account(s, res, n, c.k, c.count, c.nonfinite, c.threshold);
     return 0;
+}
+
+/* residual += g in the sparsifier's memory: ds_ef_accumulate on the host,
+ * the table's kernel (queued, before the selection that reads it) on a
+ * device. */
+static void accumulate(ds_sparsifier *s, float *residual, const float *g, size_t n)
+{
+    if (s->dev)
+        s->ops.accumulate(residual, g, n);
+    else
+        ds_ef_accumulate(residual, g, n);
 }
 
 int ds_sparsify_select(ds_sparsifier *s, const float *v, size_t n, double density,
@@ -764,7 +901,7 @@ int ds_micro_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n
             s->totals.rejected++;
         return ret;
     }
-    ds_ef_accumulate(residual, g, n);
+    accumulate(s, residual, g, n);
     ds_sparsify_result rr;
     ret = ds_micro_select_owned(s, residual, n, G, r, t, density, idx, val, cap, &rr);
     if (ret < 0)
@@ -835,6 +972,10 @@ int ds_deft_select_owned(ds_sparsifier *s, const float *v, const uint32_t *unit_
         count += got;
         nonfinite += nf;
     }
+    if (s->dev && s->ops.sync() < 0) {
+        s->totals.rejected++;
+        return -EIO;
+    }
     ds_sp_account(s, res, unit_off[n_units], k_total, count, nonfinite, 0.0f);
     return 0;
 }
@@ -859,14 +1000,30 @@ static int deft_cut(ds_sparsifier *s, unsigned G)
     int ret = units && norms && sq && k && bin ? 0 : -ENOMEM;
     if (!ret)
         ret = ds_deft_units(s->units, s->n_units, G, units, cap, &nu);
+    if (ret == -ENOBUFS)
+        ret = -EINVAL; /* not reached: at most G parts a layer */
+    /* The norms kernel reads the cut from the table's memory. */
+    uint32_t *units_k = units;
+    if (!ret && s->dev) {
+        units_k = s->ops.alloc((nu + 1) * sizeof(*units_k));
+        if (!units_k)
+            ret = -ENOMEM;
+        else if (s->ops.upload(units_k, units, (nu + 1) * sizeof(*units)) < 0)
+            ret = -EIO;
+    }
     if (ret < 0) {
+        if (s->dev && units_k != units)
+            s->ops.free(units_k);
         free(units);
         free(norms);
         free(sq);
         free(k);
         free(bin);
-        return ret == -ENOBUFS ? -EINVAL : ret; /* not reached: at most G parts a layer */
+        return ret;
     }
+    if (s->dev)
+        s->ops.free(s->g_units_k);
+    s->g_units_k = units_k;
     free(s->g_units);
     free(s->g_norms);
     free(s->g_sq);
@@ -928,11 +1085,11 @@ int ds_deft_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n,
         s->totals.rejected++;
         return ret;
     }
-    ds_ef_accumulate(residual, g, n);
+    accumulate(s, residual, g, n);
     /* This member's part of the next step's norms: its residual's, what
      * the authors' worker takes the norms of (gradient + memory). */
     if (sq_norms) {
-        s->ops.norms(residual, s->g_units, nu, s->g_norms);
+        s->ops.norms(residual, s->g_units_k, nu, s->g_norms);
         for (size_t u = 0; u < nu; u++)
             sq_norms[u] = (float)(s->g_norms[u] * s->g_norms[u]);
     }
@@ -1005,7 +1162,7 @@ int ds_ef_step(ds_sparsifier *s, float *residual, const float *g, size_t n, doub
             s->totals.rejected++;
         return ret;
     }
-    ds_ef_accumulate(residual, g, n);
+    accumulate(s, residual, g, n);
     ds_sparsify_result r;
     ret = ds_sparsify_select(s, residual, n, density, idx, val, cap, &r);
     if (ret < 0)

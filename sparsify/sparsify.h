@@ -33,8 +33,13 @@
  * Sparsifiers log nothing (sparsify/ sits below node/); the caller logs
  * from the result and the totals.
  *
- * A sparsifier is not thread-safe; one thread uses it at a time. All
- * buffers are host memory.
+ * A sparsifier is not thread-safe; one thread uses it at a time. Its
+ * vectors (v, residual, g) and outputs (idx, val) are in the memory of the
+ * selection table it was created with: host memory for a CPU table (the
+ * default), the device's for a CUDA table (ds_select_ops_init_cuda), where
+ * every method runs on the device and selects the same entries as on the
+ * CPU (sparsify.c, "Device memory"). Everything else (configuration, unit
+ * offsets, k_unit, bins, sq_norms, results) is host memory.
  *
  * The group-level variants (MiCRO's rotating chunk ownership, DEFT's units,
  * allocation and bin packing) are pure functions at the end of this file.
@@ -133,11 +138,14 @@ typedef struct ds_sparsify_totals {
 typedef struct ds_sparsifier ds_sparsifier;
 
 /* Create a sparsifier for vectors of up to n_max entries (n_max <=
- * UINT32_MAX; deft takes exactly the length its units cover). ops: the CPU
+ * UINT32_MAX; deft takes exactly the length its units cover). ops: the
  * selection kernels to use, copied; NULL means ds_select_ops_init(ops,
- * ds_cpu_flags()). The caller owns *out and frees it with
- * ds_sparsifier_destroy. Returns 0, -EINVAL (unknown method, bad units, a
- * CUDA table), -EOVERFLOW (n_max over UINT32_MAX) or -ENOMEM. */
+ * ds_cpu_flags()). A CUDA table stays borrowed: keep it initialised
+ * (ds_select_cuda_fini not yet called) until the sparsifier is destroyed.
+ * The caller owns *out and frees it with ds_sparsifier_destroy. Returns 0,
+ * -EINVAL (unknown method, bad units, a device table that names no device
+ * or lacks a kernel), -EOVERFLOW (n_max over UINT32_MAX), -ENOMEM, or -EIO
+ * (a device table failed to take deft's unit offsets). */
 int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t n_max,
                          const ds_select_ops *ops) __attribute__((warn_unused_result));
 
@@ -186,7 +194,8 @@ size_t ds_sparsify_capacity(const ds_sparsifier *s, size_t n, double density);
  * unique indices and their values. res may be NULL.
  * Returns 0; -EINVAL for NULL pointers, a density that is NaN, <= 0 or > 1,
  * n > n_max (deft: n != its units' length); -EOVERFLOW for n > UINT32_MAX;
- * -ENOBUFS when cap is short; -ENOMEM when scratch cannot grow. n = 0 is
+ * -ENOBUFS when cap is short; -ENOMEM when scratch cannot grow; -EIO when
+ * a device kernel failed (the state is then as before the call). n = 0 is
  * accepted and selects nothing. */
 int ds_sparsify_select(ds_sparsifier *s, const float *v, size_t n, double density,
                        uint32_t *idx, float *val, size_t cap, ds_sparsify_result *res)
@@ -194,12 +203,14 @@ int ds_sparsify_select(ds_sparsifier *s, const float *v, size_t n, double densit
 
 /* ---- error feedback: what is not sent stays --------------------------- */
 
-/* residual[i] = residual[i] + g[i] for i < n. */
+/* residual[i] = residual[i] + g[i] for i < n (host memory; the steps
+ * below use the sparsifier's table). */
 void ds_ef_accumulate(float *residual, const float *g, size_t n);
 
 /* residual[idx[j]] = 0 for j < count: the sent entries leave the residual.
  * idx must be strictly increasing and below n; otherwise nothing is
- * written and -EINVAL (order) or -ERANGE (an index >= n) comes back. */
+ * written and -EINVAL (order) or -ERANGE (an index >= n) comes back. Host
+ * memory. */
 int ds_ef_zero(float *residual, size_t n, const uint32_t *idx, size_t count)
     __attribute__((warn_unused_result));
 

@@ -22,6 +22,14 @@
  * Two passes over the vector and none of sorting. The candidates are built
  * in the caller's buffers when they fit and in the sparsifier's scratch
  * otherwise.
+ *
+ * On a device table (s->dev) every pass is a kernel of the table and the
+ * host sees histograms only: step 3's histograms come from hist_sub on
+ * the device's candidates (the CPU runs the same kernel on its own), step
+ * 4 is filter_ties (the first `ties` entries equal to the k-th key), and
+ * "every finite entry" (k >= the finite count) takes the general path
+ * with k = that count, whose refine finds the smallest key the CPU path
+ * reads off the values. The selection is the same, bit for bit.
  */
 #include "config.h"
 
@@ -40,15 +48,15 @@ int ds_sp_cand_reserve(ds_sparsifier *s, size_t need)
     size_t cap = s->cand_cap ? s->cand_cap : 1024;
     while (cap < need)
         cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-    uint32_t *ni = malloc(cap * sizeof(*ni));
-    float *nv = malloc(cap * sizeof(*nv));
+    uint32_t *ni = ds_sp_alloc(s, cap * sizeof(*ni));
+    float *nv = ds_sp_alloc(s, cap * sizeof(*nv));
     if (!ni || !nv) {
-        free(ni);
-        free(nv);
+        ds_sp_free(s, ni);
+        ds_sp_free(s, nv);
         return -ENOMEM;
     }
-    free(s->cand_idx);
-    free(s->cand_val);
+    ds_sp_free(s, s->cand_idx);
+    ds_sp_free(s, s->cand_val);
     s->cand_idx = ni;
     s->cand_val = nv;
     s->cand_cap = cap;
@@ -73,17 +81,15 @@ static void find_bucket(const uint32_t *hist, size_t k, uint32_t *b1, size_t *ab
 
 /* Steps 3: the need-th largest key among the candidates whose key lies in
  * bucket b1 (1 <= need <= their number). Returns the key and, in *gt, how
- * many of those bucket entries are strictly greater. */
-static uint32_t refine(const float *cv, size_t nc, uint32_t b1, size_t need, size_t *gt)
+ * many of those bucket entries are strictly greater. The histograms are
+ * the table's hist_sub, so cv may be device memory. */
+static uint32_t refine(const ds_sparsifier *s, const float *cv, size_t nc, uint32_t b1,
+                       size_t need, size_t *gt)
 {
-    uint32_t h[1024];
+    uint32_t h[DS_SEL_SUB_BUCKETS];
     memset(h, 0, sizeof(h));
-    for (size_t i = 0; i < nc; i++) {
-        const uint32_t key = ds_sel_key(cv[i]);
-        /* The candidates above b1 are selected already; only b1's count. */
-        if ((key >> 20) == b1)
-            h[(key >> 10) & 1023]++;
-    }
+    /* The candidates above b1 are selected already; only b1's count. */
+    s->ops.hist_sub(cv, nc, b1, 10, h);
     size_t acc = 0;
     uint32_t b2 = 1024;
     while (b2-- > 0) {
@@ -93,11 +99,7 @@ static uint32_t refine(const float *cv, size_t nc, uint32_t b1, size_t need, siz
     }
     const uint32_t prefix = (b1 << 10) | b2;
     memset(h, 0, sizeof(h));
-    for (size_t i = 0; i < nc; i++) {
-        const uint32_t key = ds_sel_key(cv[i]);
-        if ((key >> 10) == prefix)
-            h[key & 1023]++;
-    }
+    s->ops.hist_sub(cv, nc, prefix, 0, h);
     uint32_t b3 = 1024;
     while (b3-- > 0) {
         if (acc + h[b3] >= need)
@@ -137,7 +139,7 @@ int ds_sp_topk(ds_sparsifier *s, const float *v, size_t n, size_t k, uint32_t ba
     const size_t finite = n - nf;
     if (finite == 0)
         return 0;
-    if (k >= finite) {
+    if (k >= finite && !s->dev) {
         /* Everything finite goes; cap >= min(k, n) >= finite. */
         s->ops.compact(v, n, 0, 0, base, idx, val, cap, &tl);
         *count = tl.kept;
@@ -149,6 +151,8 @@ int ds_sp_topk(ds_sparsifier *s, const float *v, size_t n, size_t k, uint32_t ba
         *kth_key = lo;
         return 0;
     }
+    if (k > finite)
+        k = finite; /* a device: every finite entry by the general path (top of the file) */
 
     uint32_t b1;
     size_t above;
@@ -166,8 +170,14 @@ int ds_sp_topk(ds_sparsifier *s, const float *v, size_t n, size_t k, uint32_t ba
     s->ops.compact(v, n, b1 << DS_SEL_HIST_SHIFT, 0, base, ci, cv, nc, &tl);
 
     size_t gt_in_bucket;
-    const uint32_t kth = refine(cv, nc, b1, k - above, &gt_in_bucket);
+    const uint32_t kth = refine(s, cv, nc, b1, k - above, &gt_in_bucket);
     size_t ties = k - above - gt_in_bucket; /* entries equal to kth to keep */
+    *kth_key = kth;
+    if (s->dev) {
+        /* Step 4 as a kernel: what the loop below keeps. */
+        *count = s->ops.filter_ties(idx, val, ci, cv, nc, kth, ties);
+        return 0;
+    }
 
     /* Step 4, branch-free: write every candidate at j, advance j only for
      * the ones kept. j <= i, so this works in place; once k are kept the
@@ -183,7 +193,6 @@ int ds_sp_topk(ds_sparsifier *s, const float *v, size_t n, size_t k, uint32_t ba
         ties -= (size_t)(eq & take);
     }
     *count = j;
-    *kth_key = kth;
     return 0;
 }
 
@@ -207,6 +216,6 @@ int ds_sp_kth_key(ds_sparsifier *s, const float *v, size_t n, size_t k, uint32_t
     ds_sel_tally tl;
     s->ops.compact(v, n, b1 << DS_SEL_HIST_SHIFT, 0, 0, s->cand_idx, s->cand_val, nc, &tl);
     size_t gt;
-    *kth_key = refine(s->cand_val, nc, b1, k - above, &gt);
+    *kth_key = refine(s, s->cand_val, nc, b1, k - above, &gt);
     return 0;
 }

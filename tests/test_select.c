@@ -3,7 +3,9 @@
  * (kernels/select.h) against the C reference, on seeded inputs of odd sizes
  * salted with the awkward values (NaN, +-Inf, -0, zeros, denormals, ties),
  * checkasm style: outputs canary-filled, compared bit for bit (norms to a
- * relative 1e-12), buffers checked for writes past their end.
+ * relative 1e-12), buffers checked for writes past their end; and the
+ * reference-only families (filter with a tie quota, the refining
+ * sub-histogram, accumulate) and the CPU table's memory functions.
  * Run: meson test -C build select --verbose
  */
 #include <criterion/criterion.h>
@@ -376,5 +378,124 @@ Test(select, cuda_probe_answers_cleanly)
     cr_expect(have ? ret == 0 : ret == -ENODEV, "available=%d init=%d (%s)", have, ret, why2);
     cr_expect_eq(ds_select_cuda_available(-1, why, sizeof(why)), 0);
     if (ret == 0)
-        ds_select_cuda_fini();
+        ds_select_cuda_fini(&o);
+}
+
+Test(select, filter_ties_keeps_the_first_ties_in_order)
+{
+    /* Keys 3 > t = 2: keep every 3, the first `ties` 2s, never a 1; NaN and
+     * Inf have keys above any finite t and are kept like the 3s. */
+    const float v[] = {2, 1, 3, 2, -2, NAN, 3, 2, 1, -3, INFINITY, 2};
+    const size_t n = sizeof(v) / sizeof(v[0]);
+    uint32_t idx[12];
+    for (size_t i = 0; i < n; i++)
+        idx[i] = (uint32_t)(10 + i);
+    const uint32_t t = ds_sel_key(2.0f);
+    for (size_t ties = 0; ties <= 7; ties++) {
+        uint32_t oi[12], ii[12];
+        float ov[12], iv[12];
+        const size_t got = ds_sel_filter_ties_c(oi, ov, idx, v, n, t, ties);
+        size_t want = 0, eq = 0;
+        for (size_t i = 0; i < n; i++) {
+            const uint32_t k = ds_sel_key(v[i]);
+            if (k > t || (k == t && eq++ < ties)) {
+                cr_expect(want < got && oi[want] == idx[i] && !memcmp(&ov[want], &v[i], 4),
+                          "ties=%zu: entry %zu should be index %u", ties, want, idx[i]);
+                want++;
+            }
+        }
+        cr_expect_eq(got, want, "ties=%zu", ties);
+        /* In place gives the same. */
+        memcpy(ii, idx, sizeof(ii));
+        memcpy(iv, v, sizeof(iv));
+        cr_expect_eq(ds_sel_filter_ties_c(ii, iv, ii, iv, n, t, ties), got);
+        cr_expect(!memcmp(ii, oi, got * 4) && !memcmp(iv, ov, got * 4), "ties=%zu in place", ties);
+    }
+    /* With no quota it is filter. */
+    for (size_t si = 0; si < NSIZES; si++) {
+        const size_t m = sizes[si];
+        float *x = falloc(m), *x2 = falloc(m);
+        uint32_t *i1 = ualloc(m), *i2 = ualloc(m);
+        fill_awkward(x, m, 300 + si);
+        for (size_t i = 0; i < m; i++)
+            i1[i] = i2[i] = (uint32_t)i;
+        memcpy(x2, x, m * sizeof(float));
+        const uint32_t tk = ds_sel_key(0.01f);
+        const size_t a = ds_sel_filter_c(i1, x, m, tk);
+        const size_t b = ds_sel_filter_ties_c(i2, x2, i2, x2, m, tk, SIZE_MAX);
+        cr_expect(a == b && !memcmp(i1, i2, a * 4) && !memcmp(x, x2, a * 4), "n=%zu: %zu vs %zu", m, a, b);
+        free(x);
+        free(x2);
+        free(i1);
+        free(i2);
+    }
+}
+
+Test(select, hist_sub_refines_one_bucket)
+{
+    const size_t n = 65537;
+    float *x = falloc(n);
+    fill_awkward(x, n, 400);
+    uint32_t top[DS_SEL_HIST_BUCKETS] = {0};
+    ds_sel_hist_c(x, n, top);
+    /* The fullest finite bucket, then the fullest of its sub-buckets: the
+     * two levels must split it exactly. */
+    uint32_t b1 = 0;
+    for (uint32_t b = 0; b < (DS_SEL_KEY_INF >> DS_SEL_HIST_SHIFT); b++)
+        if (top[b] > top[b1])
+            b1 = b;
+    uint32_t h2[DS_SEL_SUB_BUCKETS], h3[DS_SEL_SUB_BUCKETS];
+    for (int b = 0; b < DS_SEL_SUB_BUCKETS; b++)
+        h2[b] = 5; /* added to, not cleared */
+    ds_sel_hist_sub_c(x, n, b1, 10, h2);
+    uint64_t sum = 0;
+    uint32_t b2 = 0;
+    for (int b = 0; b < DS_SEL_SUB_BUCKETS; b++) {
+        sum += h2[b] - 5;
+        if (h2[b] > h2[b2])
+            b2 = (uint32_t)b;
+    }
+    cr_expect_eq(sum, top[b1], "level 2 holds %llu of bucket %u's %u", (unsigned long long)sum, b1, top[b1]);
+    memset(h3, 0, sizeof(h3));
+    ds_sel_hist_sub_c(x, n, (b1 << 10) | b2, 0, h3);
+    sum = 0;
+    for (int b = 0; b < DS_SEL_SUB_BUCKETS; b++)
+        sum += h3[b];
+    cr_expect_eq(sum, h2[b2] - 5u);
+    for (int b = 0; b < DS_SEL_SUB_BUCKETS; b++) {
+        uint32_t want = 0;
+        for (size_t i = 0; i < n; i++)
+            want += ds_sel_key(x[i]) == (((b1 << 10 | b2) << 10) | (uint32_t)b);
+        cr_expect_eq(h3[b], want, "level 3 bucket %d", b);
+    }
+    free(x);
+}
+
+Test(select, accumulate_and_memory_of_the_cpu_table)
+{
+    ds_select_ops o;
+    ds_select_ops_init(&o, ds_cpu_flags());
+    cr_expect_eq(o.device, -1);
+    const float y0[] = {1.0f, -2.5f, 1e30f, NAN, 0.1f};
+    const float g[] = {0.5f, 2.5f, 1e30f, 1.0f, 0.2f};
+    float y[5];
+    memcpy(y, y0, sizeof(y));
+    o.accumulate(y, g, 5);
+    for (int i = 0; i < 5; i++) {
+        const float want = y0[i] + g[i];
+        cr_expect(!memcmp(&y[i], &want, 4) || (isnan(y[i]) && isnan(want)), "[%d] %g", i, y[i]);
+    }
+    float *p = o.alloc(0);
+    cr_expect_not_null(p, "alloc(0) is memory, not a failure");
+    o.free(p);
+    p = o.alloc(sizeof(y));
+    cr_assert_not_null(p);
+    float back[5];
+    cr_expect_eq(o.upload(p, y0, sizeof(y0)), 0);
+    cr_expect_eq(o.download(back, p, sizeof(back)), 0);
+    cr_expect(!memcmp(back, y0, sizeof(back)));
+    o.free(p);
+    o.free(NULL);
+    ds_select_cuda_fini(&o); /* a CPU table: nothing to give back */
+    cr_expect_not_null(o.count);
 }

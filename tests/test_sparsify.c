@@ -16,7 +16,13 @@
  *   heaviest bin is within 4/3 of the optimum (found by brute force);
  * - MiCRO's chunks partition the vector at every step and rotate;
  * - error feedback conserves mass bit for bit;
- * - bad input is refused, counted, and changes nothing.
+ * - bad input is refused, counted, and changes nothing;
+ * - on a device table every method, ds_ef_step and the group steps select
+ *   what the CPU path selects, index and value, with the same state,
+ *   totals and residuals, over rounds that make the rules steer, band and
+ *   restart: on a fake device (the C kernels behind pointers the host
+ *   cannot dereference, so a stray host access crashes) always, and on
+ *   CUDA when a device answers (skipped otherwise).
  * Run: meson test -C build sparsify sparsify_train --verbose
  */
 #include <criterion/criterion.h>
@@ -1298,4 +1304,398 @@ Test(sparsify, deft_ef_step_conserves_and_refuses_cleanly)
         first += (double)want[i] * want[i];
     cr_expect(fabs(sq[0] - first) <= 1e-4 * first, "unit 0: %g, want %g", (double)sq[0], first);
     ds_sparsifier_destroy(&s);
+}
+
+/* ---- the device path: on a fake device here, on CUDA when one answers ----
+ *
+ * A sparsifier made with a device table must touch its vectors only
+ * through the table. The fake device is the C reference behind pointers
+ * the host cannot dereference: its "device memory" is malloc'd memory
+ * handed out tagged into the non-canonical address range and untagged by
+ * each fake kernel, so a host read or write that bypasses the table
+ * crashes the test instead of passing. Both runs are compared with the CPU
+ * path (the reference table) on the same input and state, call by call. */
+
+#define FAKE_TAG ((uintptr_t)1 << 62)
+
+static void *untag(const void *p)
+{
+    return p ? (void *)((uintptr_t)p - FAKE_TAG) : NULL;
+}
+
+static void fake_count(const float *v, size_t n, uint32_t t, ds_sel_tally *out)
+{
+    ds_sel_count_c(untag(v), n, t, out);
+}
+
+static void fake_compact(const float *v, size_t n, uint32_t t_keep, uint32_t t_count, uint32_t base,
+                         uint32_t *idx, float *val, size_t cap, ds_sel_tally *out)
+{
+    ds_sel_compact_c(untag(v), n, t_keep, t_count, base, untag(idx), untag(val), cap, out);
+}
+
+static size_t fake_filter(uint32_t *idx, float *val, size_t count, uint32_t t)
+{
+    return ds_sel_filter_c(untag(idx), untag(val), count, t);
+}
+
+static size_t fake_filter_ties(uint32_t *oidx, float *oval, const uint32_t *idx, const float *val,
+                               size_t count, uint32_t t, size_t ties)
+{
+    return ds_sel_filter_ties_c(untag(oidx), untag(oval), untag(idx), untag(val), count, t, ties);
+}
+
+static void fake_hist(const float *v, size_t n, uint32_t *hist)
+{
+    ds_sel_hist_c(untag(v), n, hist); /* hist: host */
+}
+
+static void fake_hist_sub(const float *v, size_t n, uint32_t prefix, unsigned shift, uint32_t *hist)
+{
+    ds_sel_hist_sub_c(untag(v), n, prefix, shift, hist);
+}
+
+static void fake_norms(const float *v, const uint32_t *unit_off, size_t n_units, double *norms)
+{
+    ds_sel_norms_c(untag(v), untag(unit_off), n_units, norms); /* norms: host */
+}
+
+static double fake_absmean_at(const float *v, const uint32_t *pos, size_t count, size_t *used)
+{
+    return ds_sel_absmean_at_c(untag(v), pos, count, used); /* pos: host */
+}
+
+static void fake_gather(float *out, const float *v, const uint32_t *idx, size_t count)
+{
+    ds_sel_gather_c(untag(out), untag(v), untag(idx), count);
+}
+
+static void fake_scatter_add(float *y, const uint32_t *idx, const float *val, size_t count, float w)
+{
+    ds_sel_scatter_add_c(untag(y), untag(idx), untag(val), count, w);
+}
+
+static void fake_zero_at(float *y, const uint32_t *idx, size_t count)
+{
+    ds_sel_zero_at_c(untag(y), untag(idx), count);
+}
+
+static void fake_accumulate(float *y, const float *x, size_t n)
+{
+    ds_sel_accumulate_c(untag(y), untag(x), n);
+}
+
+static void *fake_alloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    return p ? (void *)((uintptr_t)p + FAKE_TAG) : NULL;
+}
+
+static void fake_free(void *p)
+{
+    free(untag(p));
+}
+
+static int fake_upload(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(untag(dst), src, bytes);
+    return 0;
+}
+
+static int fake_download(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(dst, untag(src), bytes);
+    return 0;
+}
+
+static int fake_sync(void)
+{
+    return 0;
+}
+
+static void fake_device(ds_select_ops *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->kind = DS_BACKEND_CUDA; /* all the sparsifier asks: not host memory */
+    o->device = 0;
+    snprintf(o->name, sizeof(o->name), "select-fake-device");
+    o->count = fake_count;
+    o->compact = fake_compact;
+    o->filter = fake_filter;
+    o->filter_ties = fake_filter_ties;
+    o->hist = fake_hist;
+    o->hist_sub = fake_hist_sub;
+    o->norms = fake_norms;
+    o->absmean_at = fake_absmean_at;
+    o->gather = fake_gather;
+    o->scatter_add = fake_scatter_add;
+    o->zero_at = fake_zero_at;
+    o->accumulate = fake_accumulate;
+    o->alloc = fake_alloc;
+    o->free = fake_free;
+    o->upload = fake_upload;
+    o->download = fake_download;
+    o->sync = fake_sync;
+}
+
+/* Device buffers of the comparison, through the table under test. */
+static void *dev_buf(const ds_select_ops *o, size_t bytes)
+{
+    void *p = o->alloc(bytes);
+    cr_assert_not_null(p, "%s: alloc of %zu bytes", o->name, bytes);
+    return p;
+}
+
+#define CMP_N 100003
+#define CMP_ROUNDS 6
+
+/* Round r's vector: gradient-like with NaN / Inf, its scale moving so that
+ * the threshold rules steer, band, restart (x30, x0.05) and start over
+ * (a round of zeros). */
+static void cmp_fill(float *v, size_t n, int r)
+{
+    static const float scale[CMP_ROUNDS] = {1.0f, 1.02f, 1.5f, 0.05f, 0.0f, 30.0f};
+    fill_grad(v, n, 1000 + (uint64_t)r, 1);
+    for (size_t i = 0; i < n; i++)
+        v[i] = scale[r] == 0.0f ? 0.0f : v[i] * scale[r];
+}
+
+static int same_state(const ds_sparsifier *a, const ds_sparsifier *b)
+{
+    ds_sparsify_state x, y;
+    ds_sparsifier_state_get(a, &x);
+    ds_sparsifier_state_get(b, &y);
+    ds_sparsify_totals tx, ty;
+    ds_sparsifier_totals(a, &tx);
+    ds_sparsifier_totals(b, &ty);
+    return x.rng == y.rng && x.started == y.started && !memcmp(&x.delta, &y.delta, sizeof(float)) &&
+           !memcmp(&x.mean_prev, &y.mean_prev, sizeof(double)) &&
+           !memcmp(&x.micro_ratio, &y.micro_ratio, sizeof(double)) && x.micro_fed == y.micro_fed &&
+           x.micro_group_count == y.micro_group_count && x.micro_k_group == y.micro_k_group &&
+           !memcmp(&tx, &ty, sizeof(tx));
+}
+
+/* Residuals: the same bits, except that any NaN matches any NaN (x86
+ * keeps a NaN operand's payload in a sum, CUDA answers its canonical NaN;
+ * NaN entries are never selected, so only the residuals can show it). */
+static int same_residual(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) && !(isnan(a[i]) && isnan(b[i]))) {
+            cr_log_error("residual[%zu]: %.9g on the CPU, %.9g on the device", i, a[i], b[i]);
+            return 0;
+        }
+    return 1;
+}
+
+/* The same call's outputs: return code, result, and the lists (the
+ * device's downloaded). */
+static int same_call(const char *what, int rh, int rd, const ds_sparsify_result *a,
+                     const ds_sparsify_result *b, const uint32_t *ih, const float *vh, const uint32_t *id,
+                     const float *vd)
+{
+    if (rh != rd || rh != 0) {
+        cr_log_error("%s: returned %d on the CPU, %d on the device", what, rh, rd);
+        return 0;
+    }
+    if (a->n != b->n || a->k != b->k || a->count != b->count || a->nonfinite != b->nonfinite ||
+        memcmp(&a->threshold, &b->threshold, sizeof(float))) {
+        cr_log_error("%s: count %zu/%zu nonfinite %zu/%zu threshold %.9g/%.9g k %zu/%zu", what, a->count,
+                     b->count, a->nonfinite, b->nonfinite, a->threshold, b->threshold, a->k, b->k);
+        return 0;
+    }
+    for (size_t j = 0; j < a->count; j++)
+        if (ih[j] != id[j] || memcmp(&vh[j], &vd[j], sizeof(float))) {
+            cr_log_error("%s: entry %zu of %zu: (%u, %.9g) on the CPU, (%u, %.9g) on the device", what, j,
+                         a->count, ih[j], vh[j], id[j], vd[j]);
+            return 0;
+        }
+    return 1;
+}
+
+/* Every method, and every step with error feedback, with the table `dops`
+ * and with the CPU reference, from the same input and state, over
+ * CMP_ROUNDS rounds: the selections must be the same, index and value,
+ * and so must the states, the totals and the residuals. */
+static void compare_with_cpu(const ds_select_ops *dops)
+{
+    const size_t n = CMP_N;
+    ds_select_ops ref;
+    ds_select_ops_init(&ref, 0);
+    /* DEFT's layers: a long one, a one-entry one, an empty one, the rest. */
+    const uint32_t layers[] = {0, 30000, 30001, 30001, 70000, (uint32_t)n};
+    const size_t n_layers = sizeof(layers) / sizeof(layers[0]) - 1;
+    float *v = malloc(n * sizeof(float)), *vh = malloc(n * sizeof(float)), *vd = malloc(n * sizeof(float));
+    float *rh = malloc(n * sizeof(float)), *rdh = malloc(n * sizeof(float));
+    uint32_t *ih = malloc(n * sizeof(uint32_t)), *id = malloc(n * sizeof(uint32_t));
+    cr_assert(v && vh && vd && rh && rdh && ih && id);
+    float *dv = dev_buf(dops, n * sizeof(float)), *dval = dev_buf(dops, n * sizeof(float)),
+          *dres = dev_buf(dops, n * sizeof(float));
+    uint32_t *didx = dev_buf(dops, n * sizeof(uint32_t));
+    static const double dens[] = {0.01, 0.3};
+    int bad = 0;
+    for (int m = 0; m < NM && bad < 5; m++)
+        for (size_t di = 0; di < 2 && bad < 5; di++) {
+            const double d = dens[di];
+            ds_sparsify_cfg c;
+            ds_sparsify_cfg_defaults(&c, (enum ds_sparsify_method)m);
+            c.seed = 777;
+            if (m == DS_SPARSIFY_DEFT) {
+                c.unit_off = layers;
+                c.n_units = n_layers;
+            }
+            /* sel: plain selection; ef: ds_ef_step; grp: the group steps
+             * (MiCRO's owned chunk, DEFT's bins), on every method that has
+             * one. Each pair starts from the same state. */
+            ds_sparsifier *sh = NULL, *sd = NULL, *eh = NULL, *ed = NULL, *gh = NULL, *gd = NULL;
+            cr_assert_eq(ds_sparsifier_create(&sh, &c, n, &ref), 0);
+            cr_assert_eq(ds_sparsifier_create(&sd, &c, n, dops), 0, "%s refused", dops->name);
+            cr_assert_eq(ds_sparsifier_create(&eh, &c, n, &ref), 0);
+            cr_assert_eq(ds_sparsifier_create(&ed, &c, n, dops), 0);
+            cr_assert_eq(ds_sparsifier_create(&gh, &c, n, &ref), 0);
+            cr_assert_eq(ds_sparsifier_create(&gd, &c, n, dops), 0);
+            memset(rh, 0, n * sizeof(float));
+            cr_assert_eq(dops->upload(dres, rh, n * sizeof(float)), 0);
+            float *grh = malloc(n * sizeof(float)), *grd = dev_buf(dops, n * sizeof(float));
+            memset(grh, 0, n * sizeof(float));
+            cr_assert_eq(dops->upload(grd, grh, n * sizeof(float)), 0);
+            const unsigned G = 3;
+            for (int r = 0; r < CMP_ROUNDS && bad < 5; r++) {
+                char what[96];
+                ds_sparsify_result a, b;
+                int x, y;
+                cmp_fill(v, n, r);
+                cr_assert_eq(dops->upload(dv, v, n * sizeof(float)), 0);
+
+                snprintf(what, sizeof(what), "%s d=%g round %d: select", ds_sparsify_method_name(m), d, r);
+                x = ds_sparsify_select(sh, v, n, d, ih, vh, n, &a);
+                y = ds_sparsify_select(sd, dv, n, d, didx, dval, n, &b);
+                cr_assert_eq(dops->download(id, didx, b.count * sizeof(uint32_t)), 0);
+                cr_assert_eq(dops->download(vd, dval, b.count * sizeof(float)), 0);
+                if (!same_call(what, x, y, &a, &b, ih, vh, id, vd) || !same_state(sh, sd)) {
+                    cr_log_error("%s: differs (state or call)", what);
+                    bad++;
+                }
+
+                /* Error feedback: residual += v, select, zero what was sent. */
+                snprintf(what, sizeof(what), "%s d=%g round %d: ef_step", ds_sparsify_method_name(m), d, r);
+                x = ds_ef_step(eh, rh, v, n, d, ih, vh, n, &a);
+                y = ds_ef_step(ed, dres, dv, n, d, didx, dval, n, &b);
+                cr_assert_eq(dops->download(id, didx, b.count * sizeof(uint32_t)), 0);
+                cr_assert_eq(dops->download(vd, dval, b.count * sizeof(float)), 0);
+                cr_assert_eq(dops->sync(), 0);
+                cr_assert_eq(dops->download(rdh, dres, n * sizeof(float)), 0);
+                if (!same_call(what, x, y, &a, &b, ih, vh, id, vd) || !same_state(eh, ed) ||
+                    !same_residual(rh, rdh, n)) {
+                    cr_log_error("%s: differs (state, call or residual)", what);
+                    bad++;
+                }
+
+                /* The group steps, member r % G at step r. */
+                snprintf(what, sizeof(what), "%s d=%g round %d: group step", ds_sparsify_method_name(m), d, r);
+                if (m == DS_SPARSIFY_DEFT) {
+                    float sqh[64], sqd[64];
+                    cr_assert_leq(ds_deft_group_units(gh, G), 64u);
+                    const size_t nu = ds_deft_group_units(gh, G);
+                    cr_assert_eq(ds_deft_group_units(gd, G), nu);
+                    x = ds_deft_ef_step(gh, grh, v, n, G, (unsigned)r % G, (uint64_t)r, d, ih, vh, n, sqh, &a);
+                    y = ds_deft_ef_step(gd, grd, dv, n, G, (unsigned)r % G, (uint64_t)r, d, didx, dval, n, sqd,
+                                        &b);
+                    /* The squared norms: the same up to the norms kernel's
+                     * order of summation (bitwise on the fake device). */
+                    for (size_t u = 0; u < nu; u++)
+                        if (!ds_t_close_d(sqd[u], sqh[u], 0, 1e-6)) {
+                            cr_log_error("%s: sq_norms[%zu] %.9g on the device, %.9g on the CPU", what, u,
+                                         (double)sqd[u], (double)sqh[u]);
+                            bad++;
+                        }
+                    /* Both take the CPU's as the group's mean: the same k next step. */
+                    ds_deft_feedback(gh, G, sqh, nu);
+                    ds_deft_feedback(gd, G, sqh, nu);
+                } else {
+                    x = ds_micro_ef_step(gh, grh, v, n, G, (unsigned)r % G, (uint64_t)r, d, ih, vh, n, &a);
+                    y = ds_micro_ef_step(gd, grd, dv, n, G, (unsigned)r % G, (uint64_t)r, d, didx, dval, n, &b);
+                    if (x == 0 && y == 0 && m == DS_SPARSIFY_MICRO) {
+                        ds_micro_feedback(gh, a.count * G);
+                        ds_micro_feedback(gd, b.count * G);
+                    }
+                }
+                cr_assert_eq(dops->download(id, didx, b.count * sizeof(uint32_t)), 0);
+                cr_assert_eq(dops->download(vd, dval, b.count * sizeof(float)), 0);
+                cr_assert_eq(dops->sync(), 0);
+                cr_assert_eq(dops->download(rdh, grd, n * sizeof(float)), 0);
+                if (!same_call(what, x, y, &a, &b, ih, vh, id, vd) || !same_state(gh, gd) ||
+                    !same_residual(grh, rdh, n)) {
+                    cr_log_error("%s: differs (state, call or residual)", what);
+                    bad++;
+                }
+            }
+            ds_sparsifier_destroy(&sh);
+            ds_sparsifier_destroy(&sd);
+            ds_sparsifier_destroy(&eh);
+            ds_sparsifier_destroy(&ed);
+            ds_sparsifier_destroy(&gh);
+            ds_sparsifier_destroy(&gd);
+            free(grh);
+            dops->free(grd);
+        }
+    cr_expect_eq(bad, 0, "%s: %d calls differ from the CPU's (first five logged)", dops->name, bad);
+    /* topk at density 1: every finite entry, the device's general path. */
+    {
+        ds_sparsifier *th = make(DS_SPARSIFY_TOPK, n, &ref), *td = make(DS_SPARSIFY_TOPK, n, dops);
+        ds_sparsify_result a, b;
+        cmp_fill(v, n, 0);
+        cr_assert_eq(dops->upload(dv, v, n * sizeof(float)), 0);
+        const int x = ds_sparsify_select(th, v, n, 1.0, ih, vh, n, &a);
+        const int y = ds_sparsify_select(td, dv, n, 1.0, didx, dval, n, &b);
+        cr_assert_eq(dops->download(id, didx, b.count * sizeof(uint32_t)), 0);
+        cr_assert_eq(dops->download(vd, dval, b.count * sizeof(float)), 0);
+        cr_expect(same_call("topk d=1", x, y, &a, &b, ih, vh, id, vd));
+        cr_expect_eq(a.count, n - count_nonfinite(v, n));
+        ds_sparsifier_destroy(&th);
+        ds_sparsifier_destroy(&td);
+    }
+    dops->free(dv);
+    dops->free(dval);
+    dops->free(dres);
+    dops->free(didx);
+    free(v);
+    free(vh);
+    free(vd);
+    free(rh);
+    free(rdh);
+    free(ih);
+    free(id);
+}
+
+Test(sparsify, device_path_selects_as_the_cpu_on_a_fake_device, .timeout = 300)
+{
+    ds_select_ops fake;
+    fake_device(&fake);
+    compare_with_cpu(&fake);
+    /* A device table missing a kernel is refused, as is one naming no
+     * device (the CPU table relabelled). */
+    ds_sparsify_cfg c;
+    ds_sparsify_cfg_defaults(&c, DS_SPARSIFY_SAGE);
+    ds_sparsifier *s = NULL;
+    fake.hist_sub = NULL;
+    cr_expect_eq(ds_sparsifier_create(&s, &c, 10, &fake), -EINVAL);
+    fake_device(&fake);
+    fake.device = -1;
+    cr_expect_eq(ds_sparsifier_create(&s, &c, 10, &fake), -EINVAL);
+    cr_expect_null(s);
+}
+
+Test(sparsify, cuda_table_selects_as_the_cpu, .timeout = 300)
+{
+    char why[256];
+    ds_select_ops cuda;
+    const int r = ds_select_ops_init_cuda(&cuda, 0, why, sizeof(why));
+    if (r == -ENODEV)
+        cr_skip_test("no CUDA device: %s", why);
+    cr_assert_eq(r, 0, "%s", why);
+    compare_with_cpu(&cuda);
+    ds_select_cuda_fini(&cuda);
 }

@@ -10,17 +10,22 @@
  * tallies and histogram, the same gathered and scattered floats; only the
  * norms may differ in the last bits of the double sum.
  *
- * Two families have no SIMD variant. absmean_at reads about 400 random
+ * Five families have no SIMD variant. absmean_at reads about 400 random
  * positions: it is bound by the latency of those loads, which a vector
  * gather does not hide, and it costs microseconds next to a pass over the
  * vector. zero_at writes scattered zeros; the stores are the whole cost and
- * a vector scatter issues the same stores.
+ * a vector scatter issues the same stores. hist_sub runs over a top-k's
+ * candidates only (a few times k entries, in cache), and filter_ties over
+ * a list; on the CPU the sparsifier keeps its own branch-free loop for the
+ * latter (sparsify/topk.c), so both are here as the definition the CUDA
+ * table is checked against. accumulate is a loop the compiler vectorizes.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu.h"
@@ -78,6 +83,30 @@ DS_DECL_SEL_FILTER(ds_sel_filter_c)
     return j;
 }
 
+DS_DECL_SEL_FILTER_TIES(ds_sel_filter_ties_c)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < count; i++) {
+        const uint32_t k = ds_sel_key(val[i]);
+        if (k > t || (k == t && ties > 0)) {
+            ties -= k == t;
+            oidx[j] = idx[i];
+            oval[j] = val[i];
+            j++;
+        }
+    }
+    return j;
+}
+
+DS_DECL_SEL_HIST_SUB(ds_sel_hist_sub_c)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t key = ds_sel_key(v[i]);
+        if ((key >> (shift + 10)) == prefix)
+            hist[(key >> shift) & (DS_SEL_SUB_BUCKETS - 1)]++;
+    }
+}
+
 DS_DECL_SEL_HIST(ds_sel_hist_c)
 {
     for (size_t i = 0; i < n; i++)
@@ -133,8 +162,32 @@ DS_DECL_SEL_ZERO_AT(ds_sel_zero_at_c)
         y[idx[j]] = 0.0f;
 }
 
+DS_DECL_SEL_ACCUMULATE(ds_sel_accumulate_c)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = y[i] + x[i];
+}
+
 static int sync_cpu(void)
 {
+    return 0;
+}
+
+static void *alloc_cpu(size_t bytes)
+{
+    /* Never NULL for 0 bytes: NULL means "no memory" here. */
+    return malloc(bytes ? bytes : 1);
+}
+
+static void free_cpu(void *p)
+{
+    free(p);
+}
+
+static int copy_cpu(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(dst, src, bytes);
     return 0;
 }
 
@@ -142,16 +195,24 @@ void ds_select_ops_init(ds_select_ops *ops, unsigned cpu_flags)
 {
     memset(ops, 0, sizeof(*ops));
     ops->kind = DS_BACKEND_CPU;
+    ops->device = -1;
     ops->count = ds_sel_count_c;
     ops->compact = ds_sel_compact_c;
     ops->filter = ds_sel_filter_c;
+    ops->filter_ties = ds_sel_filter_ties_c;
     ops->hist = ds_sel_hist_c;
+    ops->hist_sub = ds_sel_hist_sub_c;
     ops->norms = ds_sel_norms_c;
     ops->absmean_at = ds_sel_absmean_at_c;
     ops->gather = ds_sel_gather_c;
     ops->scatter_add = ds_sel_scatter_add_c;
     ops->zero_at = ds_sel_zero_at_c;
+    ops->accumulate = ds_sel_accumulate_c;
     ops->sync = sync_cpu;
+    ops->alloc = alloc_cpu;
+    ops->free = free_cpu;
+    ops->upload = copy_cpu;
+    ops->download = copy_cpu;
 #if ARCH_X86_64
     if (cpu_flags & DS_CPU_AVX2) {
         ops->count = ds_sel_count_avx2;
@@ -191,7 +252,8 @@ int ds_select_ops_init_cuda(ds_select_ops *ops, int device, char *why, size_t wh
     return -ENODEV;
 }
 
-void ds_select_cuda_fini(void)
+void ds_select_cuda_fini(ds_select_ops *ops)
 {
+    (void)ops;
 }
 #endif

@@ -23,10 +23,25 @@
  * DEFT needs layers: the array is cut like a model's parameters, ten
  * weight layers of near-equal length, each followed by a 1000-entry bias.
  *
- *   dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--json]
+ *   dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--gpu] [--json]
  *
  * Memory: the array plus worst-case idx / val buffers (12 bytes per entry:
  * 1.2 GB at 100M); the PyTorch script, alone before that, about 2.5 GB.
+ *
+ * --gpu measures on CUDA device 0 instead, with the array, idx and val in
+ * device memory and the sparsifiers on the CUDA selection table: SAGE,
+ * MiCRO and our exact top-k, beside two baselines in the same run
+ * (bench_sparsify_gpu.cu): a kernel reading every float once (the
+ * bandwidth bound of any one-pass method) and CUB's radix-sort top-k
+ * (cub::DeviceRadixSort::SortPairsDescending over magnitude keys, the
+ * first k taken). Rows give ms per call, the GB/s that is (the array's
+ * bytes over the time), the ratio to the read and the speedup over CUB.
+ * A sparsifier call returns its count on the host, so its time includes
+ * the waits for its tallies; the baselines run back to back and wait once
+ * per block, which is their best case. As a check, our top-k's k-th |v|
+ * must equal CUB's. No torch run. Without a CUDA build or a device it
+ * says why and exits 1; it never prints a number it did not measure.
+ * Memory on the device: 28 bytes per entry (2.8 GB at 100M).
  */
 #include "config.h"
 
@@ -43,6 +58,9 @@
 #include "kernels/select.h"
 #include "sparsify/sparsify.h"
 #include "tools/dsbench/bench.h"
+#if HAVE_CUDA
+#include "tools/dsbench/bench_gpu.h"
+#endif
 
 #define MAX_SIZES 8
 #define N_DENS 2
@@ -259,9 +277,192 @@ static int parse_sizes(const char *arg, size_t *sizes, size_t *n)
     return 0;
 }
 
+/* ---- --gpu: the sparsifiers on device memory ----------------------------- */
+
+#if HAVE_CUDA
+enum { G_READ, G_CUB, G_TOPK, G_SAGE, G_MICRO, G_CASES };
+static const enum ds_sparsify_method gpu_methods[G_CASES] = {
+    [G_TOPK] = DS_SPARSIFY_TOPK, [G_SAGE] = DS_SPARSIFY_SAGE, [G_MICRO] = DS_SPARSIFY_MICRO,
+};
+
+static void emit_gpu(ds_row *row, const char *method, const char *kernels, size_t n, double d,
+                     double ms, double achieved, double read_ms, double cub_ms)
+{
+    ds_row_str(row, "method", method);
+    ds_row_str(row, "kernels", kernels);
+    ds_row_int(row, "n", (int64_t)n);
+    ds_row_num(row, "density", d, 3);
+    ds_row_num(row, "ms", ms, 4);
+    ds_row_num(row, "gb_per_s", (double)n * sizeof(float) / (ms * 1e-3) / 1e9, 1);
+    ds_row_num(row, "achieved_density", achieved, 5);
+    ds_row_num(row, "ratio_vs_read", ms / read_ms, 2);
+    ds_row_num(row, "speedup_vs_cub_topk", cub_ms / ms, 2);
+    ds_row_end(row);
+}
+
+/* One (n, density) on the device: returns 0, or 1 on failure (printed). */
+static int gpu_bench_one(size_t n, double d, int reps, const float *dv, uint32_t *didx,
+                         float *dval, const ds_select_ops *sel, ds_gpu_bench *gb, result *out)
+{
+    ds_sparsifier *sp[G_CASES] = {0};
+    int rc = 1;
+    const size_t k = ds_sparsify_k(n, d);
+    for (int c = G_TOPK; c < G_CASES; c++) {
+        ds_sparsify_cfg cfg;
+        ds_sparsify_cfg_defaults(&cfg, gpu_methods[c]);
+        cfg.seed = 42;
+        int ret = ds_sparsifier_create(&sp[c], &cfg, n, sel);
+        if (ret < 0) {
+            fprintf(stderr, "dsbench sparsify --gpu: create %s: %s\n",
+                    ds_sparsify_method_name(cfg.method), strerror(-ret));
+            goto out;
+        }
+    }
+    /* Steady state, as on the CPU: threshold starts done, scratch grown;
+     * and the check that our top-k finds CUB's k-th magnitude. */
+    float topk_threshold = 0.0f;
+    for (int c = G_TOPK; c < G_CASES; c++)
+        for (int i = 0; i < 2; i++) {
+            ds_sparsify_result r;
+            int ret = ds_sparsify_select(sp[c], dv, n, d, didx, dval, n, &r);
+            if (ret < 0) {
+                fprintf(stderr, "dsbench sparsify --gpu: %s n=%zu: %s\n",
+                        ds_sparsify_method_name(gpu_methods[c]), n, strerror(-ret));
+                goto out;
+            }
+            if (c == G_TOPK)
+                topk_threshold = r.threshold;
+        }
+    uint32_t cub_kth = 0;
+    double sum = 0;
+    if (ds_gpu_bench_cub_topk(gb, dv, n, k, 1, &cub_kth) < 0 || ds_gpu_bench_read(gb, dv, n, 1, &sum) < 0)
+        goto out;
+    if (ds_sel_key(topk_threshold) != cub_kth) {
+        fprintf(stderr, "dsbench sparsify --gpu: n=%zu d=%g: our top-k's k-th |v| is %.9g, CUB's %.9g\n", n, d,
+                (double)topk_threshold, (double)ds_sel_key_value(cub_kth));
+        goto out;
+    }
+    /* Blocks of at least ~200M entries of work, at least two calls. */
+    const int iters = n >= 100000000 ? 2 : (int)(200000000 / n);
+    double best[G_CASES], selected_sum[G_CASES];
+    for (int c = 0; c < G_CASES; c++) {
+        best[c] = 1e30;
+        selected_sum[c] = 0;
+    }
+    for (int rep = 0; rep < reps; rep++) {
+        for (int c = 0; c < G_CASES; c++) {
+            size_t selected = 0;
+            const double t0 = ds_bench_now();
+            if (c == G_READ) {
+                if (ds_gpu_bench_read(gb, dv, n, iters, &sum) < 0)
+                    goto out;
+            } else if (c == G_CUB) {
+                if (ds_gpu_bench_cub_topk(gb, dv, n, k, iters, &cub_kth) < 0)
+                    goto out;
+                selected = k * (size_t)iters;
+            } else {
+                for (int it = 0; it < iters; it++) {
+                    ds_sparsify_result r;
+                    if (ds_sparsify_select(sp[c], dv, n, d, didx, dval, n, &r) < 0) {
+                        fprintf(stderr, "dsbench sparsify --gpu: %s n=%zu failed\n",
+                                ds_sparsify_method_name(gpu_methods[c]), n);
+                        goto out;
+                    }
+                    selected += r.count;
+                }
+            }
+            const double t = (ds_bench_now() - t0) / iters;
+            if (t < best[c])
+                best[c] = t;
+            selected_sum[c] += (double)selected;
+        }
+    }
+    for (int c = 0; c < G_CASES; c++) {
+        out[c].ms = best[c] * 1e3;
+        out[c].density = c == G_READ ? 1.0 : selected_sum[c] / ((double)reps * iters) / (double)n;
+    }
+    rc = sel->sync() < 0;
+    if (rc)
+        fprintf(stderr, "dsbench sparsify --gpu: a selection kernel failed\n");
+out:
+    for (int c = 0; c < G_CASES; c++)
+        ds_sparsifier_destroy(&sp[c]);
+    return rc;
+}
+#endif
+
+/* dsbench sparsify --gpu: 0, or 1 (said why). */
+static int gpu_run(const size_t *sizes, size_t nsizes, int reps, int json)
+{
+#if !HAVE_CUDA
+    (void)sizes;
+    (void)nsizes;
+    (void)reps;
+    (void)json;
+    fprintf(stderr, "dsbench sparsify --gpu: this build has no CUDA backend (configured without nvcc "
+                    "or with -Dcuda=disabled); nothing measured\n");
+    return 1;
+#else
+    char why[256];
+    ds_select_ops sel;
+    if (ds_select_ops_init_cuda(&sel, 0, why, sizeof(why)) < 0) {
+        fprintf(stderr, "dsbench sparsify --gpu: no CUDA device to measure on: %s; nothing measured\n", why);
+        return 1;
+    }
+    size_t n_max = 0;
+    for (size_t si = 0; si < nsizes; si++)
+        n_max = sizes[si] > n_max ? sizes[si] : n_max;
+    int rc = 1;
+    ds_gpu_bench *gb = NULL;
+    float *h = malloc(n_max * sizeof(float));
+    float *dv = sel.alloc(n_max * sizeof(float)), *dval = sel.alloc(n_max * sizeof(float));
+    uint32_t *didx = sel.alloc(n_max * sizeof(uint32_t));
+    if (!h || !dv || !dval || !didx) {
+        fprintf(stderr, "dsbench sparsify --gpu: out of %s memory for n=%zu\n", h ? "device" : "host", n_max);
+        goto out;
+    }
+    if (ds_gpu_bench_open(&gb, sel.device, n_max, why, sizeof(why)) < 0) {
+        fprintf(stderr, "dsbench sparsify --gpu: %s\n", why);
+        goto out;
+    }
+    ds_row row;
+    ds_row_table(&row, json);
+    for (size_t si = 0; si < nsizes; si++) {
+        const size_t n = sizes[si];
+        fill(h, n, 7);
+        if (sel.upload(dv, h, n * sizeof(float)) < 0) {
+            fprintf(stderr, "dsbench sparsify --gpu: upload of n=%zu failed\n", n);
+            goto out;
+        }
+        for (int di = 0; di < N_DENS; di++) {
+            result res[G_CASES];
+            const double d = densities[di];
+            if (gpu_bench_one(n, d, reps, dv, didx, dval, &sel, gb, res))
+                goto out;
+            const double read = res[G_READ].ms, cub = res[G_CUB].ms;
+            emit_gpu(&row, "read (device)", "one pass, float4 loads", n, d, read, 1.0, read, cub);
+            emit_gpu(&row, "cub_topk", "cub::DeviceRadixSort pairs, first k", n, d, cub, res[G_CUB].density,
+                     read, cub);
+            for (int c = G_TOPK; c < G_CASES; c++)
+                emit_gpu(&row, ds_sparsify_method_name(gpu_methods[c]), sel.name, n, d, res[c].ms,
+                         res[c].density, read, cub);
+        }
+    }
+    rc = 0;
+out:
+    ds_gpu_bench_close(&gb);
+    sel.free(dv);
+    sel.free(dval);
+    sel.free(didx);
+    free(h);
+    ds_select_cuda_fini(&sel);
+    return rc;
+#endif
+}
+
 int ds_bench_sparsify(int argc, char **argv)
 {
-    int json = 0, reps = 5, torch = 1;
+    int json = 0, reps = 5, torch = 1, gpu = 0;
     size_t sizes[MAX_SIZES] = {1000000, 25000000, 100000000};
     size_t nsizes = 3;
     static const struct option options[] = {
@@ -269,6 +470,7 @@ int ds_bench_sparsify(int argc, char **argv)
         {"reps", required_argument, NULL, 'r'},
         {"no-torch", no_argument, NULL, 'T'},
         {"sizes", required_argument, NULL, 's'},
+        {"gpu", no_argument, NULL, 'g'},
         {NULL, 0, NULL, 0},
     };
     int bad = 0, opt;
@@ -279,6 +481,7 @@ int ds_bench_sparsify(int argc, char **argv)
         case 'j': json = 1; break;
         case 'r': reps = atoi(optarg); break;
         case 'T': torch = 0; break;
+        case 'g': gpu = 1; break;
         case 's':
             if (parse_sizes(optarg, sizes, &nsizes) < 0)
                 return 2;
@@ -287,13 +490,17 @@ int ds_bench_sparsify(int argc, char **argv)
         }
     }
     if (bad || optind < argc) {
-        fprintf(stderr, "usage: dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--json]\n");
+        fprintf(stderr, "usage: dsbench sparsify [--sizes 1M,25M,100M] [--reps R] [--no-torch] [--gpu] [--json]\n"
+                        "  --gpu: SAGE, MiCRO and top-k on CUDA device 0 against a device read and CUB's top-k\n");
         return 2;
     }
     if (reps < 1 || nsizes == 0) {
         fprintf(stderr, "dsbench sparsify: --reps must be >= 1 and --sizes non-empty\n");
         return 2;
     }
+
+    if (gpu)
+        return gpu_run(sizes, nsizes, reps, json);
 
     torch_row trows[MAX_TORCH];
     const size_t ntorch = torch ? torch_collect(sizes, nsizes, reps > 3 ? 3 : reps, trows) : 0;

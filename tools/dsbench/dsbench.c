@@ -21,7 +21,7 @@ static const struct {
 } commands[] = {
     {"train", ds_bench_train, "samples/s and accuracy of one node vs PyTorch (same MLP or CNN, batch; --gpu: on CUDA too)"},
     {"topology", ds_bench_topology, "cost of one round's schedule per view size, vs a plain shuffle"},
-    {"sparsify", ds_bench_sparsify, "time per call of every sparsifier vs exact top-k and a plain read"},
+    {"sparsify", ds_bench_sparsify, "time per call of every sparsifier vs exact top-k and a plain read (--gpu: on CUDA, vs CUB top-k)"},
     {"wire", ds_bench_wire, "sparse index encodings by density, seal/open MB/s per mode and cipher, handshake"},
     {"elastic", ds_bench_elastic, "membership (--fake: simulated network): detection, dissemination, slow nodes"},
     {"transport", ds_bench_transport, "loopback goodput through node/net (none, auth, encrypt) and the bare transport vs fi_pingpong"},

@@ -231,12 +231,31 @@ __global__ void k_sel_scan(unsigned long long *a, size_t m)
     }
 }
 
+/* Rank of this thread's flag among the block's set flags (threads in
+ * order), and their number in *total. Every thread of the block calls it;
+ * warp_cnt is SEL_WARPS shared words, free again on return. */
+__device__ unsigned block_rank(bool flag, unsigned *warp_cnt, unsigned *total)
+{
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+    if (lane == 0)
+        warp_cnt[warp] = __popc(ballot);
+    __syncthreads();
+    unsigned before = 0, tot = 0;
+    for (int w = 0; w < SEL_WARPS; w++) {
+        before += w < (int)warp ? warp_cnt[w] : 0;
+        tot += warp_cnt[w];
+    }
+    __syncthreads(); /* warp_cnt is rewritten by the next call */
+    *total = tot;
+    return before + __popc(ballot & ((1u << lane) - 1u));
+}
+
 __global__ void k_sel_compact(const float *v, size_t n, uint32_t t_keep, uint32_t base,
                               const unsigned long long *tile_off, uint32_t *idx, float *val,
                               size_t cap)
 {
     __shared__ unsigned warp_cnt[SEL_WARPS];
-    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t tiles = (n + SEL_TILE - 1) / SEL_TILE;
     for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const size_t start = tile * SEL_TILE;
@@ -246,24 +265,16 @@ __global__ void k_sel_compact(const float *v, size_t n, uint32_t t_keep, uint32_
             const float x = i < n ? v[i] : 0.0f;
             const uint32_t k = dkey(x);
             const bool keep = i < n && k < DS_SEL_KEY_INF && k >= t_keep;
-            const unsigned ballot = __ballot_sync(0xffffffffu, keep);
-            if (lane == 0)
-                warp_cnt[warp] = __popc(ballot);
-            __syncthreads();
-            unsigned before = 0, total = 0;
-            for (int w = 0; w < SEL_WARPS; w++) {
-                before += w < (int)warp ? warp_cnt[w] : 0;
-                total += warp_cnt[w];
-            }
+            unsigned total;
+            const unsigned rank = block_rank(keep, warp_cnt, &total);
             if (keep) {
-                const unsigned long long pos = out + before + __popc(ballot & ((1u << lane) - 1u));
+                const unsigned long long pos = out + rank;
                 if (pos < cap) {
                     idx[pos] = base + (uint32_t)i;
                     val[pos] = x;
                 }
             }
             out += total;
-            __syncthreads(); /* warp_cnt is rewritten by the next slice */
         }
     }
 }
@@ -295,25 +306,6 @@ __global__ void k_sel_zero_at(float *y, const uint32_t *idx, size_t count)
         y[idx[j]] = 0.0f;
 }
 
-/* Rank of this thread's flag among the block's set flags (threads in
- * order), and their number in *total. Every thread of the block calls it;
- * warp_cnt is SEL_WARPS shared words, free again on return. */
-__device__ unsigned block_rank(bool flag, unsigned *warp_cnt, unsigned *total)
-{
-    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-    if (lane == 0)
-        warp_cnt[warp] = __popc(ballot);
-    __syncthreads();
-    unsigned before = 0, tot = 0;
-    for (int w = 0; w < SEL_WARPS; w++) {
-        before += w < (int)warp ? warp_cnt[w] : 0;
-        tot += warp_cnt[w];
-    }
-    __syncthreads(); /* warp_cnt is rewritten by the next call */
-    *total = tot;
-    return before + __popc(ballot & ((1u << lane) - 1u));
-}
 
 /* Filtering a list at key t, the first `ties` entries equal to t kept:
  * per tile, the entries with key > t (tile_gt) and key == t (tile_eq); the

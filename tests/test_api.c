@@ -352,7 +352,39 @@ typedef struct peer {
     dsnode_stats st;
     int rc_join, rc_leave, exit_status, steps_ready, bad_calls;
     char err[1024];
+    /* The parameters on a "device" (p, which the engine never sees): a
+     * host mirror, copies and dsnode_register_add, which counts. */
+    int mirror;
+    float host[N];
+    int pulls, adds;
 } peer;
+
+static int peer_pull(void *ctx, enum dsnode_buffer which)
+{
+    peer *pe = ctx;
+    pe->pulls += which == DSNODE_PARAMS;
+    memcpy(pe->host, pe->p, sizeof(pe->p));
+    return 0;
+}
+
+static int peer_push(void *ctx, enum dsnode_buffer which)
+{
+    peer *pe = ctx;
+    (void)which;
+    memcpy(pe->p, pe->host, sizeof(pe->p));
+    return 0;
+}
+
+static int peer_add(void *ctx, enum dsnode_buffer which, const float *delta)
+{
+    peer *pe = ctx;
+    if (which != DSNODE_PARAMS)
+        return -EINVAL;
+    pe->adds++;
+    for (int i = 0; i < N; i++)
+        pe->p[i] += delta[i];
+    return 0;
+}
 
 /* Criterion's asserts belong to the test's thread: a peer counts. */
 #define CHECK(pe, cond) ((pe)->bad_calls += !(cond))
@@ -364,8 +396,10 @@ static void *peer_main(void *arg)
     for (int i = 0; i < N; i++)
         pe->p[i] = (float)(1 + i % 7);
     pe->rc_join = -1;
-    if (open_node(&d, pe->name, pe->port, 7400, 2) < 0 ||
-        dsnode_register(d, pe->p, N, two_layers, 2, adopt_cb, NULL) < 0 ||
+    if (open_node(&d, pe->name, pe->port, pe->port & ~1, 2) < 0 ||
+        (pe->mirror && (dsnode_register_copies(d, peer_pull, peer_push, pe) < 0 ||
+                        dsnode_register_add(d, peer_add) < 0)) ||
+        dsnode_register(d, pe->mirror ? pe->host : pe->p, N, two_layers, 2, adopt_cb, NULL) < 0 ||
         (pe->rc_join = dsnode_join(d)) < 0) {
         snprintf(pe->err, sizeof(pe->err), "%s", dsnode_error());
         dsnode_close(&d);
@@ -401,10 +435,15 @@ static double dist(const float *a, const float *b)
     return sqrt(s);
 }
 
-Test(api, two_engines_gossip_conserve_the_sum_and_converge, .timeout = 180)
+/* Two engines gossip STEPS steps; their sum is conserved and they come
+ * together. mirror: each keeps its parameters on a "device" behind host
+ * mirrors, and a round's end adds its deltas there (dsnode_register_add)
+ * instead of pulling and pushing the parameters: one pull a round. */
+static void two_engines(int port, int mirror)
 {
-    static peer a = {.name = "alpha", .port = 7400, .init = 0.01f};
-    static peer b = {.name = "beta", .port = 7401, .init = -0.02f};
+    static peer a, b;
+    a = (peer){.name = "alpha", .port = port, .init = 0.01f, .mirror = mirror};
+    b = (peer){.name = "beta", .port = port + 1, .init = -0.02f, .mirror = mirror};
     /* Where the two would be without gossip, and their sum either way. */
     static float a0[N], b0[N];
     double sum0 = 0;
@@ -442,6 +481,24 @@ Test(api, two_engines_gossip_conserve_the_sum_and_converge, .timeout = 180)
     snprintf(path, sizeof(path), "%s/alpha/model.bin", g_dir);
     cr_assert_eq(stat(path, &sb), 0, "%s missing", path);
     cr_assert_eq(sb.st_size, 16 + N * 4);
+    if (mirror) {
+        /* every round's end went through add; the parameters were pulled
+         * once a round (its begin), plus a few times around the run */
+        cr_assert_eq((uint64_t)a.adds, a.st.rounds, "adds %d, rounds %llu", a.adds,
+                     (unsigned long long)a.st.rounds);
+        cr_assert_lt((uint64_t)a.pulls, a.st.rounds + 10, "pulls %d, rounds %llu", a.pulls,
+                     (unsigned long long)a.st.rounds);
+    }
+}
+
+Test(api, two_engines_gossip_conserve_the_sum_and_converge, .timeout = 180)
+{
+    two_engines(7400, 0);
+}
+
+Test(api, two_engines_on_devices_add_each_rounds_deltas, .timeout = 180)
+{
+    two_engines(7460, 1);
 }
 
 /* ---- a group of two, and allreduce --------------------------------------------------- */
@@ -811,7 +868,13 @@ Test(api, host_mirrors_order_and_distinct_buffers)
 
     v.mirror = a;
     cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_add(d, peer_add), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "dsnode_register_copies first"), "%s", dsnode_error());
     cr_assert_eq(dsnode_register_copies(d, dev_pull, dev_push, &v), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_add(d, NULL), -EINVAL);
+    cr_assert_eq(dsnode_register_add(d, peer_add), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register_add(d, peer_add), -EINVAL);
+    cr_assert(strstr(dsnode_error(), "called twice"), "%s", dsnode_error());
     cr_assert_eq(dsnode_register_grad(d, a, a), 0, "%s", dsnode_error());
     cr_assert_eq(dsnode_register(d, a, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
                  dsnode_error());

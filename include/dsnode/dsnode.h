@@ -151,6 +151,12 @@ enum dsnode_buffer {
  * buffers. 0, or a negative errno to fail that call. */
 typedef int (*dsnode_copy_fn)(void *ctx, enum dsnode_buffer which);
 
+/* Add delta (n floats of host memory, valid during the call) to buffer
+ * `which` in the program's own memory, element by element (x + delta,
+ * one rounding, as the engine would on the mirror). 0, or a negative
+ * errno to fail that call. */
+typedef int (*dsnode_add_fn)(void *ctx, enum dsnode_buffer which, const float *delta);
+
 /* Called inside dsnode_resume (and again inside dsnode_join or
  * dsnode_ready when a resumed node rejoining a running cluster prefers its
  * own checkpoint over the cluster's state) with the bytes the program gave
@@ -225,6 +231,14 @@ int dsnode_overlaps(const dsnode *d);
  * callback or order. */
 int dsnode_register_copies(dsnode *d, dsnode_copy_fn pull, dsnode_copy_fn push, void *ctx)
     __attribute__((warn_unused_result));
+
+/* Optional, with dsnode_register_copies: where the engine only adds to
+ * the parameters (a gossip round's end: its deltas), it hands the deltas
+ * to add (ctx: register_copies') instead of pulling the parameters and
+ * pushing them back, so one vector crosses instead of two. Once, after
+ * dsnode_register_copies and before dsnode_register. -EINVAL: NULL,
+ * order, or twice. */
+int dsnode_register_add(dsnode *d, dsnode_add_fn add) __attribute__((warn_unused_result));
 
 /* The gradient buffer `grad` and, optionally, the optimizer's momentum
  * `opt` (NULL: none), each as long as the parameter buffer of the coming

@@ -57,6 +57,7 @@ struct dsnode {
     dsnode_adopt_fn adopt;
     void *adopt_ctx;
     dsnode_copy_fn pull, push; /* dsnode_register_copies; NULL: none */
+    dsnode_add_fn add;         /* dsnode_register_add; NULL: none */
     void *copy_ctx;
     char *resume_path;         /* dsnode_resume's file, for a rejoin's choice */
     dsnode_restore_fn restore;
@@ -254,6 +255,12 @@ static int push_hook(void *ctx, enum ds_engine_buf which)
     return d->push(d->copy_ctx, public_buf(which));
 }
 
+static int add_hook(void *ctx, enum ds_engine_buf which, const float *delta)
+{
+    dsnode *d = ctx;
+    return d->add(d->copy_ctx, public_buf(which), delta);
+}
+
 static int restore_hook(void *ctx, int64_t *step);
 
 int dsnode_register_copies(dsnode *d, dsnode_copy_fn pull, dsnode_copy_fn push, void *ctx)
@@ -270,6 +277,21 @@ int dsnode_register_copies(dsnode *d, dsnode_copy_fn pull, dsnode_copy_fn push, 
     d->pull = pull;
     d->push = push;
     d->copy_ctx = ctx;
+    return 0;
+}
+
+int dsnode_register_add(dsnode *d, dsnode_add_fn add)
+{
+    int e = need(d, ST_OPEN, "dsnode_register_add");
+    if (e < 0)
+        return e;
+    if (!add)
+        return fail(-EINVAL, "dsnode_register_add: add is required");
+    if (!d->pull)
+        return fail(-EINVAL, "dsnode_register_add: expected dsnode_register_copies first");
+    if (d->add)
+        return fail(-EINVAL, "dsnode_register_add: called twice");
+    d->add = add;
     return 0;
 }
 
@@ -355,7 +377,8 @@ int dsnode_register(dsnode *d, float *params, size_t n, const dsnode_layer *laye
                                 .params = params, .grad = red ? d->grad : params,
                                 .opt = red ? d->opt : NULL, .ctx = d, .adopt = adopt_hook,
                                 .pull = d->pull ? pull_hook : NULL,
-                                .push = d->push ? push_hook : NULL, .restore = restore_hook};
+                                .push = d->push ? push_hook : NULL,
+                                .add = d->add ? add_hook : NULL, .restore = restore_hook};
     if ((e = ds_engine_register(d->e, &p)) < 0) {
         d->state = ST_FAILED;
         return fail_logged(e, "dsnode_register");

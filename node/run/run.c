@@ -102,6 +102,7 @@ typedef struct run {
     ds_train_cfg tc;
     ds_trainer t;
     float *host;          /* non-CPU backends: host mirror of theta, grad or mom */
+    float *delta_dev;     /* non-CPU backends: a round's deltas, on the device */
     double loss, test_acc, test_loss;
     double loss_mean, sps; /* the last log window's */
     uint64_t train_ns;    /* time in training steps, for samples_per_s */
@@ -124,6 +125,21 @@ static int pull(void *ctx, enum dsnode_buffer which)
     run *u = ctx;
     ds_trainer *t = &u->t;
     return t->ops.download(u->host, device_buf(t, which), t->n_params * sizeof(float));
+}
+
+/* A round's deltas (host memory) added to the parameters on the device:
+ * one upload and an axpy, instead of a download, the add on the mirror
+ * and an upload (dsnode_register_add). x + 1 * d is x + d, one rounding,
+ * as on the host. */
+static int add(void *ctx, enum dsnode_buffer which, const float *delta)
+{
+    run *u = ctx;
+    ds_trainer *t = &u->t;
+    const int e = t->ops.upload(u->delta_dev, delta, t->n_params * sizeof(float));
+    if (e < 0)
+        return e;
+    t->ops.axpy(t->n_params, 1.0f, u->delta_dev, device_buf(t, which));
+    return 0;
 }
 
 static int push(void *ctx, enum dsnode_buffer which)
@@ -215,7 +231,13 @@ static int register_trainer(run *u)
             return -1;
         }
         params = grad = opt = u->host;
+        if (!(u->delta_dev = t->ops.alloc(t->n_params * sizeof(float)))) {
+            ds_error("node", "out of device memory");
+            return -1;
+        }
         e = dsnode_register_copies(u->d, pull, push, u);
+        if (e == 0)
+            e = dsnode_register_add(u->d, add);
     }
     dsnode_layer layers[DS_MODEL_MAX_LAYERS];
     for (int i = 0; i < t->model.n_layers; i++)
@@ -426,6 +448,8 @@ int ds_node_run(const ds_conf *c, const char *path, const char *const *sets, siz
 fini_trainer:
     if (u.host)
         u.t.ops.host_free(u.host);
+    if (u.delta_dev)
+        u.t.ops.free(u.delta_dev);
     ds_trainer_fini(&u.t);
 close:
     dsnode_close(&u.d);

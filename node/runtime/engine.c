@@ -532,7 +532,7 @@ void ds_engine_signals_unlock(void)
 int ds_engine_register(ds_engine *r, const ds_engine_params *p)
 {
     if (r->registered || !p || !p->params || !p->grad || !p->layers || !p->adopt ||
-        !p->pull != !p->push)
+        !p->pull != !p->push || (p->add && !p->pull))
         return -EINVAL;
     /* gossip.segments is bounded statically by conf/; the model's size is
      * known only now, and is checked before gossip reserves a segment. */
@@ -541,6 +541,8 @@ int ds_engine_register(ds_engine *r, const ds_engine_params *p)
                  "parameters, found %lld", p->n, (long long)r->c->gossip.segments);
         return -EINVAL;
     }
+    if (p->add && !(r->addbuf = calloc(p->n, sizeof(float))))
+        return -ENOMEM;
     r->p = *p;
     r->registered = 1;
     if (r->p.pull)
@@ -1035,6 +1037,7 @@ void ds_engine_close(ds_engine **ep)
     free(r->lq);
     free(r->lsent);
     free(r->gcarry);
+    free(r->addbuf);
     free(r->glist_idx);
     free(r->glist_val);
     ds_sparsifier_destroy(&r->gsp);

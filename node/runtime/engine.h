@@ -103,6 +103,10 @@ typedef struct ds_engine_params {
     /* Both NULL, or both set. Return 0 or a negative errno. */
     int (*pull)(void *ctx, enum ds_engine_buf which);
     int (*push)(void *ctx, enum ds_engine_buf which);
+    /* May be NULL; only with pull/push. Adds delta (n floats) to the
+     * client's own buffer: a round's end hands its deltas here instead of
+     * pull, add on the mirror, push. */
+    int (*add)(void *ctx, enum ds_engine_buf which, const float *delta);
     /* Required. The engine replaced params with the cluster's state taken
      * at optimizer step `step` (a joiner), or its group re-synced to a
      * member at another step: the client continues from that step, its

@@ -144,6 +144,7 @@ struct ds_engine {
     ds_greduce *gred;
     float *gvec;               /* ds_hier_vec_len(n) floats */
     float *gcarry;             /* n: round deltas not yet sent to the group */
+    float *addbuf;             /* n zeros between rounds: with p.add, a round's deltas */
     uint32_t *glist_idx;       /* glist_cap: this step's (index, value) pairs */
     float *glist_val;
     uint32_t glist_cap;

@@ -256,9 +256,22 @@ static int round_begin(rt *r, uint64_t round)
 
 static void round_end(rt *r)
 {
-    ds_gossip_end(r->gossip, params_host(r));
+    if (!r->p.add) {
+        ds_gossip_end(r->gossip, params_host(r));
+        ds_rt_round_ended(r);
+        params_push(r);
+        r->rounds++;
+        return;
+    }
+    /* The round's deltas on zeros are the deltas (0 + d = d, a zero's
+     * sign aside); the client adds them where the parameters live, one
+     * rounding as on the mirror, so the parameters are not pulled. */
+    ds_gossip_end(r->gossip, r->addbuf);
     ds_rt_round_ended(r);
-    params_push(r);
+    if (r->p.add(r->p.ctx, DS_ENGINE_PARAMS, r->addbuf) < 0)
+        ds_log_rl(DS_LOG_WARN, "gossip", "a round's deltas could not be added to the "
+                  "parameters (the client's add failed)");
+    memset(r->addbuf, 0, r->p.n * sizeof(float));
     r->rounds++;
 }
 

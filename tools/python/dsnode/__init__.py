@@ -57,6 +57,8 @@ class _Stats(ctypes.Structure):
 
 _ADOPT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
 _COPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+_ADD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_float))
 _RESTORE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t)
 
@@ -120,6 +122,7 @@ def _declare(lib):
         "dsnode_layer_ready": (ctypes.c_int, [P, ctypes.c_size_t]),
         "dsnode_register_grad": (ctypes.c_int, [P, P, P]),
         "dsnode_register_copies": (ctypes.c_int, [P, _COPY, _COPY, P]),
+        "dsnode_register_add": (ctypes.c_int, [P, _ADD]),
         "dsnode_resume": (ctypes.c_int, [P, ctypes.c_char_p, _RESTORE, P]),
         "dsnode_checkpoint": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_size_t]),
         "dsnode_set_backend": (ctypes.c_int, [P, ctypes.c_char_p]),
@@ -256,6 +259,24 @@ class Engine:
         _check(_lib.dsnode_register_copies(self._handle(), c_pull, c_push, None))
         self._keep_copies = (c_pull, c_push)
 
+    def register_add(self, add):
+        """With register_copies(): add(which, delta) adds delta, a ctypes
+        float array of the buffers' length (buffer protocol: wrap it with
+        torch.frombuffer or numpy.frombuffer; valid during the call only),
+        to buffer `which` in the program's memory. A gossip round's end
+        then hands its deltas over instead of a pull and a push of the
+        parameters. After register_copies(), before register()."""
+        def cb(_ctx, which, delta):
+            try:
+                arr = (ctypes.c_float * self._n).from_address(ctypes.addressof(delta.contents))
+                add(int(which), arr)
+                return 0
+            except Exception:  # noqa: BLE001 -- any failure becomes the errno
+                return -_errno.EIO
+        c_add = _ADD(cb)
+        _check(_lib.dsnode_register_add(self._handle(), c_add))
+        self._keep_add = c_add
+
     def set_backend(self, name):
         """What the summary line shows as backend= (default "client")."""
         _check(_lib.dsnode_set_backend(self._handle(), str(name).encode()))
@@ -314,6 +335,7 @@ class Engine:
         floats; adopt(step): the buffer now holds the cluster's state at
         optimizer step `step` (reset the optimizer's state)."""
         ptr, n = _float_buffer(buffer)
+        self._n = n
         if self._keep_grad is not None and self._keep_grad[2] != n:
             raise Error(_errno.EINVAL, f"register: {n} floats, but register_grad's buffer has "
                         f"{self._keep_grad[2]}; expected the same length")

@@ -134,6 +134,7 @@ class GossipOptimizer:
                 self.mirror = torch.empty(self.flat.numel(), dtype=torch.float32,
                                           pin_memory=pin)
                 self.engine.register_copies(self._pull, self._push)
+                self.engine.register_add(self._add)
             self.engine.set_backend("torch-" + self.flat.device.type)
             host = self.mirror if self.mirror is not None else self.flat
             if self.grad is not None:
@@ -142,6 +143,7 @@ class GossipOptimizer:
             self._step_ready = None  # this step's engine.ready(), once asked
             self._hooked = False
             self.layers_handed = 0  # group.overlap: layer_ready() calls from backward
+            self.adds = 0  # with mirrors: rounds whose deltas were added in place
             if self.grad is not None and self.mirror is None and self.engine.overlaps:
                 self._hook_layers()
             if resume is not None:
@@ -215,6 +217,15 @@ class GossipOptimizer:
 
     def _push(self, which):
         self._device_buf(which).copy_(self.mirror)
+        if self.flat.device.type == "cuda":
+            torch.cuda.current_stream(self.flat.device).synchronize()
+
+    def _add(self, which, delta):
+        # A round's deltas: one copy to the device and an add there, in
+        # place of a pull and a push of the whole buffer.
+        d = torch.frombuffer(delta, dtype=torch.float32)
+        self._device_buf(which).add_(d.to(self.flat.device, non_blocking=False))
+        self.adds += 1
         if self.flat.device.type == "cuda":
             torch.cuda.current_stream(self.flat.device).synchronize()
 

@@ -332,7 +332,7 @@ def test_torch_group_overlap_hands_layers_over_from_backward(tmp_path):
                 assert "status=done" in out, out
                 # the hooks handed the three layers over, every step
                 handed = 3 * steps if overlap == "true" else 0
-                assert f"torch_node: layers_handed={handed}\n" in err, err[-2000:]
+                assert f"torch_node: layers_handed={handed} " in err, err[-2000:]
         finally:
             c.kill_all()
         m = [read_model(f"{tmp}/p{i}/model.bin") for i in range(2)]
@@ -350,6 +350,29 @@ def _solo_sets(tmp, name, port):
             "cluster.seeds": f"127.0.0.1:{port}", "cluster.min_members": 1,
             "node.data_dir": f"{tmp}/{name}", "node.log_level": "warn",
             "security.mode": "none", "train.steps": 1000}
+
+
+def test_torch_mirrors_add_each_rounds_deltas(cluster, tmp_path):
+    """Two PyTorch processes gossiping with the engine on host mirrors (the
+    GPU path, here on the CPU): every round's end adds its deltas to the
+    parameters through register_add (no pull and push of the whole
+    vector)."""
+    pytest.importorskip("torch")
+    c = cluster(2)
+    for i, sets in enumerate(c.sets):
+        argv = [PY, os.path.join(HERE, "torch_node.py"), "--steps", "60", "--mirror"]
+        for s in sets:
+            argv += ["--set", s]
+        c.procs.append(subprocess.Popen(argv, env=dict(os.environ, DSNODE_RANK=str(i)),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True))
+    for rc, out, err in c.wait(180):
+        assert rc == 0, err[-3000:]
+        line = [x for x in err.splitlines() if x.startswith("torch_node: ")][-1]
+        kv = dict(x.split("=") for x in line.split()[1:])
+        assert int(kv["rounds"]) > 0 and kv["adds"] == kv["rounds"], line
+    m = [read_model(f"{tmp_path}/p{i}/model.bin") for i in range(2)]
+    assert np.isfinite(m[0]).all() and np.isfinite(m[1]).all()
 
 
 def test_torch_group_overlap_refuses_two_backwards_in_one_step(tmp_path):

@@ -23,6 +23,8 @@ def main():
     ap.add_argument("--config", default=None)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--mirror", action="store_true",
+                    help="the engine works on host mirrors (the GPU path, on the CPU)")
     a = ap.parse_args()
     rank = int(os.environ.get("DSNODE_RANK", "0"))
     torch.set_num_threads(1)
@@ -32,7 +34,7 @@ def main():
                                 torch.nn.Linear(80, 10))
     opt = dsnode.torch.GossipOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, config=a.config,
-        overrides=dict(s.split("=", 1) for s in a.set))
+        overrides=dict(s.split("=", 1) for s in a.set), mirror=a.mirror or None)
     g = torch.Generator().manual_seed(100 + rank)  # this process's own data
     while opt.steps_taken < a.steps and not opt.stopped:
         x = torch.randn(32, 64, generator=g)
@@ -42,7 +44,9 @@ def main():
         loss.backward()
         opt.step()
         opt.report(loss.item())
-    print(f"torch_node: layers_handed={opt.layers_handed}", file=sys.stderr, flush=True)
+    opt.settle()
+    print(f"torch_node: layers_handed={opt.layers_handed} adds={opt.adds} "
+          f"rounds={opt.engine.stats()['rounds']}", file=sys.stderr, flush=True)
     sys.exit(opt.finish())
 
 

@@ -1569,12 +1569,6 @@ int ds_conf_check(const ds_conf *c, char *err, size_t err_len)
                   choice_name("group", "sparsify", (int)c->group.sparsify));
         goto out_free;
     }
-    if (c->group.overlap && c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO) {
-        rc = fail(err, err_len, NULL,
-                  "group.overlap = true requires group.allreduce = direct, ring or butterfly "
-                  "(auto times whole reductions, not a layer's), found group.allreduce = auto");
-        goto out_free;
-    }
     if (c->node.advertise[0]) {
         ds_hostport hp;
         if (ds_hostport_parse(c->node.advertise, &hp) == 0 && ds_host_is_wildcard(hp.host)) {

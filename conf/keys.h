@@ -184,13 +184,14 @@
       "algorithm of the group's reduction; direct = reduce-scatter then all-gather to chunk " \
       "owners (2 latencies), ring = chunks passed round the members, butterfly = recursive " \
       "doubling of whole vectors, auto = direct or butterfly, whichever the group's member 0 " \
-      "timed faster (median of 8 reductions each) when the group formed (again every 2000); " \
-      "ring and butterfly run direct for 16 reductions after one fails") \
+      "timed faster (median of 8 reductions each) when the group formed (again every 2000; " \
+      "with group.overlap, for each reduction's length from a model alpha + beta * floats " \
+      "fitted to those timings); ring and butterfly run direct for 16 reductions after one " \
+      "fails") \
     X(BOOL, group, overlap, "false", \
       "reduce each layer's gradient on a thread of its own as soon as backward wrote it, " \
       "behind the rest of backward (small layers together, up to 256 KiB; the first layer " \
-      "with the step's own reduction); dense groups only (group.sparsify = none), not with " \
-      "group.allreduce = auto")
+      "with the step's own reduction); dense groups only (group.sparsify = none)")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

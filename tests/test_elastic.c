@@ -1131,6 +1131,12 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
         const double lr = status_num(doc, "group.layer_reductions");
         cr_expect(overlap ? lr >= steps / 2 : lr == 0, "%s: %.0f layer reductions in %d steps",
                   node_names[i], lr, steps);
+        /* overlap and auto: after the probe the cost model picks every
+         * reduction's algorithm, member 0's model on every member */
+        const double mp = status_num(doc, "group.model_picks");
+        cr_expect(overlap && !strcmp(algo, "auto") ? mp >= steps / 2 : mp == 0,
+                  "%s: %.0f reductions picked by the cost model in %d steps", node_names[i], mp,
+                  steps);
         json_decref(doc);
     }
     cr_log_info("--groups %d, group.sparsify %s, group.allreduce %s, %d steps: mean test_acc "
@@ -1202,6 +1208,16 @@ Test(cluster, groups_of_three_three_two_butterfly_hold_one_model)
 Test(cluster, groups_of_three_three_two_auto_hold_one_model)
 {
     run_groups_with(3, 300, "none", "auto", 0.70, 0);
+}
+
+/* group.allreduce = auto with group.overlap: the probe alternates whole
+ * steps (layers and the step's own reduction alike), member 0 fits a
+ * cost model alpha + beta * floats to its timings of both algorithms and
+ * publishes it in every reduction, and each member picks each layer's
+ * algorithm from it by the layer's length: members hold one model. */
+Test(cluster, groups_of_three_three_two_overlap_auto_hold_one_model)
+{
+    run_groups_with(3, 300, "none", "auto", 0.70, 1);
 }
 
 /* Issue 10, failures in groups: 6 nodes as 2 groups of 3; n1 (group g0)

@@ -880,3 +880,55 @@ Test(group, deft_members_identical_own_bins_and_flat_k, .timeout = 60)
     cr_log_info("DEFT in a group: selected per step %.1f (G=2) %.1f (G=4) %.1f (G=8), k = %.0f",
                 c[0], c[1], c[2], k);
 }
+
+/* group.allreduce = auto with group.overlap: the cost model. A fit to
+ * timings drawn from known lines (with a little seeded noise) recovers
+ * them, and the pick follows the lines: the butterfly (lower fixed cost,
+ * dearer per float here) for small layers, direct for large ones, direct
+ * on a tie; a negative slope or intercept is refitted; one length gives
+ * its mean; no sample is an error. */
+Test(group, cost_model_fit_and_pick)
+{
+    enum { NS = 40 };
+    double x[NS], yd[NS], yb[NS];
+    uint64_t s = 9;
+    for (int i = 0; i < NS; i++) {
+        x[i] = (double)(1000 + (i % 8) * 60000);
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const double noise = ((double)(s >> 11) / 9007199254740992.0 - 0.5) * 0.02;
+        yd[i] = (2.0 + 1e-4 * x[i]) * (1 + noise);
+        yb[i] = (0.5 + 3e-4 * x[i]) * (1 - noise);
+    }
+    ds_greduce_cost c;
+    cr_assert_eq(ds_greduce_fit(x, yd, NS, &c.alpha_ms[0], &c.beta_ms[0]), 0);
+    cr_assert_eq(ds_greduce_fit(x, yb, NS, &c.alpha_ms[1], &c.beta_ms[1]), 0);
+    cr_assert_float_eq(c.alpha_ms[0], 2.0f, 0.2f, "%g", c.alpha_ms[0]);
+    cr_assert_float_eq(c.beta_ms[0], 1e-4f, 5e-6f, "%g", c.beta_ms[0]);
+    cr_assert_float_eq(c.alpha_ms[1], 0.5f, 0.2f, "%g", c.alpha_ms[1]);
+    cr_assert_float_eq(c.beta_ms[1], 3e-4f, 5e-6f, "%g", c.beta_ms[1]);
+    /* the lines cross at 1.5 / 2e-4 = 7500 floats */
+    cr_assert_eq(ds_greduce_pick(&c, 320), DS_GREDUCE_BUTTERFLY);
+    cr_assert_eq(ds_greduce_pick(&c, 4000), DS_GREDUCE_BUTTERFLY);
+    cr_assert_eq(ds_greduce_pick(&c, 20000), DS_GREDUCE_DIRECT);
+    cr_assert_eq(ds_greduce_pick(&c, 401408), DS_GREDUCE_DIRECT);
+    const ds_greduce_cost tie = {{1.0f, 1.0f}, {1e-4f, 1e-4f}};
+    cr_assert_eq(ds_greduce_pick(&tie, 5000), DS_GREDUCE_DIRECT);
+
+    /* slower for fewer floats: beta 0, alpha the mean */
+    const double xs[3] = {100, 200, 300}, ys[3] = {3, 2, 1};
+    float a, b;
+    cr_assert_eq(ds_greduce_fit(xs, ys, 3, &a, &b), 0);
+    cr_assert_eq(b, 0.0f);
+    cr_assert_float_eq(a, 2.0f, 1e-6f);
+    /* a negative intercept: through the origin */
+    const double yn[3] = {0.5, 1.5, 2.5};
+    cr_assert_eq(ds_greduce_fit(xs, yn, 3, &a, &b), 0);
+    cr_assert_eq(a, 0.0f);
+    cr_assert_gt(b, 0.0f);
+    /* one length: its mean, no slope */
+    const double x1[2] = {500, 500}, y1[2] = {1, 3};
+    cr_assert_eq(ds_greduce_fit(x1, y1, 2, &a, &b), 0);
+    cr_assert_eq(b, 0.0f);
+    cr_assert_float_eq(a, 2.0f, 1e-6f);
+    cr_assert_eq(ds_greduce_fit(x1, y1, 0, &a, &b), -EINVAL);
+}

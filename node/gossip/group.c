@@ -122,6 +122,49 @@ void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo)
     r->algo = algo == DS_GREDUCE_RING || algo == DS_GREDUCE_BUTTERFLY ? algo : DS_GREDUCE_DIRECT;
 }
 
+int ds_greduce_fit(const double *floats, const double *ms, size_t n, float *alpha,
+                   float *beta)
+{
+    if (!n)
+        return -EINVAL;
+    double sx = 0, sy = 0;
+    for (size_t i = 0; i < n; i++) {
+        sx += floats[i];
+        sy += ms[i];
+    }
+    const double mx = sx / (double)n, my = sy / (double)n;
+    double sxx = 0, sxy = 0;
+    for (size_t i = 0; i < n; i++) {
+        sxx += (floats[i] - mx) * (floats[i] - mx);
+        sxy += (floats[i] - mx) * (ms[i] - my);
+    }
+    double b = sxx > 0 ? sxy / sxx : 0, a = my - b * mx;
+    if (b < 0) {
+        b = 0; /* slower for fewer floats: noise; the mean alone */
+        a = my;
+    } else if (a < 0) {
+        /* Through the origin: beta alone. */
+        double xx = 0, xy = 0;
+        for (size_t i = 0; i < n; i++) {
+            xx += floats[i] * floats[i];
+            xy += floats[i] * ms[i];
+        }
+        a = 0;
+        b = xx > 0 ? xy / xx : 0;
+    }
+    *alpha = (float)a;
+    *beta = (float)b;
+    return 0;
+}
+
+enum ds_greduce_algo ds_greduce_pick(const ds_greduce_cost *c, size_t floats)
+{
+    const float x = (float)floats;
+    const float d = c->alpha_ms[0] + c->beta_ms[0] * x;
+    const float b = c->alpha_ms[1] + c->beta_ms[1] * x;
+    return b < d ? DS_GREDUCE_BUTTERFLY : DS_GREDUCE_DIRECT;
+}
+
 void ds_greduce_direct_once(ds_greduce *r)
 {
     r->direct_once = 1;

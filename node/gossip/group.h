@@ -150,6 +150,29 @@ void ds_greduce_set_algo(ds_greduce *r, enum ds_greduce_algo algo);
 void ds_greduce_direct_once(ds_greduce *r);
 const char *ds_greduce_algo_name(enum ds_greduce_algo algo);
 
+/* group.allreduce = auto with group.overlap: a reduction's time as
+ * alpha + beta * floats for direct [0] and the butterfly [1], fitted to a
+ * group's own reductions of several lengths (the layers' buckets and the
+ * step's own), so each length gets the algorithm the model says is
+ * faster: latency-bound small buckets and bandwidth-bound large ones may
+ * differ (docs/gossip.md, "Layer by layer"). */
+typedef struct ds_greduce_cost {
+    float alpha_ms[2];  /* a reduction's fixed cost */
+    float beta_ms[2];   /* its cost per float */
+} ds_greduce_cost;
+
+/* Least squares of ms[i] = alpha + beta * floats[i] over n samples:
+ * beta and alpha are kept non-negative (a negative slope or intercept is
+ * noise: the other is refitted alone); samples of one length only give
+ * beta = 0 and alpha their mean. 0, or -EINVAL without samples. */
+int ds_greduce_fit(const double *floats, const double *ms, size_t n, float *alpha,
+                   float *beta);
+
+/* The model's algorithm for a reduction of `floats`: DS_GREDUCE_DIRECT or
+ * DS_GREDUCE_BUTTERFLY, direct on a tie. The same floats give the same
+ * answer on every member. */
+enum ds_greduce_algo ds_greduce_pick(const ds_greduce_cost *c, size_t floats);
+
 /* Chunk c of n cut into G near-equal ranges (the one cut both the owner
  * and the members use). */
 void ds_greduce_chunk(size_t n, uint32_t G, uint32_t c, size_t *off, size_t *len);

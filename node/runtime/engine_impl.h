@@ -35,6 +35,9 @@
 /* group.allreduce = auto: reductions of each algorithm member 0 times
  * (rounds.c). */
 #define DS_AUTO_PROBE 8
+/* The cost model's samples per algorithm: the probe's steps, each its
+ * layers' buckets and its own reduction. */
+#define DS_AUTO_FIT_MAX (DS_AUTO_PROBE * 32)
 
 /* group.overlap: a reduction's tag is the group's count << 8 | its place
  * in the step (the layers in the order handed over, then the step's own
@@ -48,6 +51,7 @@
 struct ds_ljob {
     size_t off, len;          /* the layer's range of the gradient */
     uint32_t pos;             /* its place in the step's order: the tag's low byte */
+    int algo;                 /* enum ds_greduce_algo it was asked to run */
     int e;                    /* ds_greduce_run's return */
     ds_greduce_result res;
     uint64_t ns;              /* how long it took */
@@ -172,6 +176,15 @@ struct ds_engine {
     uint32_t gauto_n;
     uint64_t gauto_ns[3][DS_AUTO_PROBE];
     uint32_t gauto_cnt[3];
+    /* With group.overlap: member 0's samples in the probe (length in
+     * floats, ms) of direct [0] and the butterfly [1], layers and steps
+     * alike; the cost model fitted to them, which member 0 publishes in
+     * every reduction (gcost_ok: one came), and from which each member
+     * picks each layer's algorithm (ds_greduce_pick). */
+    double gfit_x[2][DS_AUTO_FIT_MAX], gfit_y[2][DS_AUTO_FIT_MAX];
+    uint32_t gfit_n[2];
+    ds_greduce_cost gcost, gcost_pub;
+    int gcost_ok, gcost_pub_ok;
     ds_group_stats gst;
     /* group.overlap (rounds.c, "layer reductions"): the layer thread
      * reduces each layer's gradient as the client's backward hands it over

@@ -43,6 +43,9 @@
       "group.overlap: time of the layers' reductions that ran behind backward (hidden).") \
     X(U64, layer_reductions, "layer_reductions", "dsnode_group_layer_reductions_total", \
       COUNTER, NULL, NULL, "group.overlap: reductions of one layer's gradient.") \
+    X(U64, model_picks, "model_picks", "dsnode_group_model_picks_total", COUNTER, NULL, NULL, \
+      "group.overlap with group.allreduce = auto: reductions whose algorithm the cost model " \
+      "picked for their length.") \
     X(NS, exchange_wait_ns, "exchange_wait_s", "dsnode_group_exchange_wait_seconds_total", \
       COUNTER, NULL, NULL, \
       "Exposed time waiting for the overlapped inter-group exchange to finish.") \
@@ -63,13 +66,14 @@
 #define GROUP_SYNC_SLICES 16
 
 /* The longest vector a group reduces, for a model of n parameters:
- * gradient, a slice of parameters and of momentum, 4 floats of position
- * and member 0's choice of the next algorithm (node/runtime/rounds.c);
- * the reducer's frames also carry a member's (index, value) pairs, 2
- * floats each, up to this length. */
+ * gradient, a slice of parameters and of momentum, 4 floats of position,
+ * member 0's choice of the next algorithm and, with group.overlap and
+ * auto, its cost model (5 floats; node/runtime/rounds.c); the reducer's
+ * frames also carry a member's (index, value) pairs, 2 floats each, up
+ * to this length. */
 static inline size_t ds_hier_vec_len(size_t n)
 {
-    return n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 5;
+    return n + 2 * ((n + GROUP_SYNC_SLICES - 1) / GROUP_SYNC_SLICES) + 10;
 }
 
 typedef struct ds_group_stats {

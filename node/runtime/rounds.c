@@ -500,6 +500,84 @@ static int auto_next(rt *r, uint32_t n)
     return (n - AUTO_WARM) % 2 ? DS_GREDUCE_BUTTERFLY : DS_GREDUCE_DIRECT;
 }
 
+/* group.overlap with group.allreduce = auto: the layers' reductions and
+ * the step's own pick their algorithm by length from a cost model (group.h,
+ * ds_greduce_cost) rather than one for the whole step. */
+static int cost_model_on(const rt *r)
+{
+    return r->lq && r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO;
+}
+
+/* Floats of the model in a reduction's tail, after `next`: whether to use
+ * it, then alpha and beta of direct and of the butterfly. */
+#define AUTO_MODEL_FLOATS 5
+
+/* Member 0 in the probe: a complete reduction of `floats` that ran what
+ * it was asked (direct or butterfly) took `ns`: a sample for the model. */
+static void cost_sample(rt *r, int algo, size_t floats, uint64_t ns)
+{
+    const int a = algo == DS_GREDUCE_BUTTERFLY ? 1 : algo == DS_GREDUCE_DIRECT ? 0 : -1;
+    if (!cost_model_on(r) || r->gmember != 0 || a < 0 || r->gauto_n < AUTO_WARM ||
+        r->gauto_n >= AUTO_WARM + 2 * AUTO_PROBE || r->gfit_n[a] >= DS_AUTO_FIT_MAX)
+        return;
+    r->gfit_x[a][r->gfit_n[a]] = (double)floats;
+    r->gfit_y[a][r->gfit_n[a]++] = (double)ns / 1e6;
+}
+
+/* Member 0 at the probe's end: the model from its samples. */
+static void cost_fit(rt *r)
+{
+    ds_greduce_cost c;
+    if (ds_greduce_fit(r->gfit_x[0], r->gfit_y[0], r->gfit_n[0], &c.alpha_ms[0],
+                       &c.beta_ms[0]) < 0 ||
+        ds_greduce_fit(r->gfit_x[1], r->gfit_y[1], r->gfit_n[1], &c.alpha_ms[1],
+                       &c.beta_ms[1]) < 0)
+        return;
+    r->gcost_pub = c;
+    r->gcost_pub_ok = 1;
+    ds_info("group", "group.allreduce auto: cost model from %u direct and %u butterfly "
+            "reductions: direct %.3f ms + %.3g ms/float, butterfly %.3f ms + %.3g ms/float "
+            "(butterfly from %s)", r->gfit_n[0], r->gfit_n[1], c.alpha_ms[0], c.beta_ms[0],
+            c.alpha_ms[1], c.beta_ms[1],
+            c.beta_ms[1] >= c.beta_ms[0] && c.alpha_ms[1] < c.alpha_ms[0] ? "small sizes"
+            : c.beta_ms[1] < c.beta_ms[0] && c.alpha_ms[1] >= c.alpha_ms[0] ? "large sizes"
+            : c.alpha_ms[1] + c.beta_ms[1] < c.alpha_ms[0] + c.beta_ms[0] ? "every size"
+                                                                         : "no size");
+}
+
+/* Member 0's model into a reduction's tail m (the others write zeros). */
+static void cost_publish(rt *r, float *m)
+{
+    memset(m, 0, AUTO_MODEL_FLOATS * sizeof(float));
+    if (r->gmember != 0 || !r->gcost_pub_ok || r->gauto_n < AUTO_WARM + 2 * AUTO_PROBE)
+        return;
+    m[0] = 1.0f;
+    m[1] = r->gcost_pub.alpha_ms[0];
+    m[2] = r->gcost_pub.beta_ms[0];
+    m[3] = r->gcost_pub.alpha_ms[1];
+    m[4] = r->gcost_pub.beta_ms[1];
+}
+
+/* Every member takes member 0's model from the reduced tail: the same
+ * floats, so the same algorithm for each length everywhere. */
+static void cost_take(rt *r, const float *m)
+{
+    r->gcost_ok = m[0] == 1.0f && m[1] >= 0 && m[2] >= 0 && m[3] >= 0 && m[4] >= 0;
+    if (r->gcost_ok)
+        r->gcost = (ds_greduce_cost){{m[1], m[3]}, {m[2], m[4]}};
+}
+
+/* The algorithm of a reduction of `floats` under auto: the model's once
+ * member 0 published one (counted), else the step's (the probe's
+ * alternation). Main thread. */
+static int auto_algo(rt *r, size_t floats)
+{
+    if (!cost_model_on(r) || !r->gcost_ok)
+        return r->galgo;
+    r->gst.model_picks++;
+    return (int)ds_greduce_pick(&r->gcost, floats);
+}
+
 /* Before a reduction: member 0's choice for the next one, into its slot
  * (the others leave it 0). */
 static float auto_publish(rt *r)
@@ -517,10 +595,15 @@ static float auto_publish(rt *r)
                       r->gauto_cnt[DS_GREDUCE_DIRECT], r->gauto_cnt[DS_GREDUCE_BUTTERFLY],
                       AUTO_PROBE);
             memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt));
+            memset(r->gfit_n, 0, sizeof(r->gfit_n));
             r->gauto_n = AUTO_WARM - 1; /* the next is the probe's first */
             return (float)(auto_next(r, AUTO_WARM) + 1);
         }
+        /* With the model the step's own choice stays for reductions
+         * without layers (a device's mirrors). */
         auto_choose(r);
+        if (cost_model_on(r))
+            cost_fit(r);
     }
     return (float)(auto_next(r, r->gauto_n + 1) + 1);
 }
@@ -528,7 +611,8 @@ static float auto_publish(rt *r)
 /* After it (e: group_run's return): member 0 times it (in the probe, when
  * complete and run as asked); every member takes what member 0 put in
  * the slot (next, as reduced) as the next reduction's algorithm. */
-static void auto_after(rt *r, int e, const ds_greduce_result *res, uint64_t took, float next)
+static void auto_after(rt *r, int e, const ds_greduce_result *res, uint64_t took, float next,
+                       size_t floats, const float *model)
 {
     if (r->c->group.allreduce != DS_GROUP_ALLREDUCE_AUTO)
         return;
@@ -538,6 +622,12 @@ static void auto_after(rt *r, int e, const ds_greduce_result *res, uint64_t took
         if (r->gauto_cnt[r->galgo] < AUTO_PROBE)
             r->gauto_ns[r->galgo][r->gauto_cnt[r->galgo]++] = took;
     }
+    if (cost_model_on(r)) {
+        if (e == 0 && res->complete && res->ran == r->galgo)
+            cost_sample(r, res->ran, floats, took);
+        if (e == 0 && model)
+            cost_take(r, model);
+    }
     /* 1 or 3: direct or butterfly; anything else (0: member 0's chunk did
      * not come; more: two members took themselves for member 0) keeps
      * the algorithm. */
@@ -546,6 +636,7 @@ static void auto_after(rt *r, int e, const ds_greduce_result *res, uint64_t took
     if (++r->gauto_n == AUTO_EVERY) {
         r->gauto_n = AUTO_WARM;
         memset(r->gauto_cnt, 0, sizeof(r->gauto_cnt));
+        memset(r->gfit_n, 0, sizeof(r->gfit_n));
     }
 }
 
@@ -612,7 +703,7 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     const uint64_t t0 = ds_now_ns();
     show_group_wait(r, skip);
     if (r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO)
-        ds_greduce_set_algo(r->gred, (enum ds_greduce_algo)r->galgo);
+        ds_greduce_set_algo(r->gred, (enum ds_greduce_algo)auto_algo(r, n));
     /* group.overlap: the step's own reduction comes after its layers'. */
     const int bits = r->lq ? DS_LAYER_TAG_BITS : 0;
     const uint64_t tag = bits ? r->gseq << bits | 255u : r->gseq;
@@ -784,6 +875,8 @@ static void layer_run(rt *r, struct ds_ljob *j)
     const uint64_t tag = r->lgseq << DS_LAYER_TAG_BITS | j->pos;
     if (r->ldoubt)
         ds_greduce_direct_once(r->gred);
+    if (r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO)
+        ds_greduce_set_algo(r->gred, (enum ds_greduce_algo)j->algo);
     const uint64_t t0 = ds_now_ns();
     /* A member missing here is the step's own reduction's to report
      * (its deadline, its skip windows): a layer only keeps that member's
@@ -858,6 +951,7 @@ static void bucket_post(rt *r)
     j->off = r->lb_off;
     j->len = r->lb_len;
     j->pos = r->lq_n;
+    j->algo = auto_algo(r, j->len);
     r->lb_len = 0;
     pthread_mutex_lock(&r->lock);
     r->lq_n++;
@@ -929,6 +1023,8 @@ static uint64_t layer_finish(rt *r)
         if (!j->res.complete && !j->res.stopped) {
             r->gst.incomplete++;
             missing += j->res.chunks_missing;
+        } else if (j->res.complete && j->res.ran == j->algo) {
+            cost_sample(r, j->algo, j->len, j->ns);
         }
         count_ran(r, j->res.ran);
     }
@@ -1066,6 +1162,8 @@ static void group_reduce(rt *r, int64_t step)
         nu = 0; /* a model with fewer parameters than units: k by length */
     float *v = r->gvec, *ps = v + gn, *ms = ps + slen, *sq = ms + mlen, *pos = sq + nu;
     float *next = pos + 4 + sparse; /* member 0's algorithm for the next reduction (auto) */
+    /* group.overlap with auto: member 0's cost model after it */
+    const size_t model = lay && cost_model_on(r) ? AUTO_MODEL_FLOATS : 0;
     uint32_t gk = 0;
     if (sparse)
         gk = group_select(r, deft, nu ? sq : NULL, nu);
@@ -1083,6 +1181,8 @@ static void group_reduce(rt *r, int64_t step)
     if (sparse)
         pos[4] = (float)gk;
     *next = auto_publish(r);
+    if (model)
+        cost_publish(r, next + 1);
     const ds_gsparse sp = {.idx = r->glist_idx, .val = r->glist_val,
                            .count = gk + take_list(r, gk, sparse ? n : 0),
                            .out = sparse ? r->gsout : ds_gossip_delta(r->gossip),
@@ -1094,9 +1194,10 @@ static void group_reduce(rt *r, int64_t step)
     if (deadline < t1 + 100000000u)
         deadline = t1 + 100000000u;
     uint64_t red_ns = 0;
-    const int ge = group_run(r, gn + slen + mlen + nu + 5 + (size_t)sparse,
+    const size_t vlen = gn + slen + mlen + nu + 5 + (size_t)sparse + model;
+    const int ge = group_run(r, vlen,
                              gn + slen + mlen + nu, round, deadline, &sp, &res, &red_ns);
-    auto_after(r, ge, &res, red_ns, *next);
+    auto_after(r, ge, &res, red_ns, *next, vlen, model ? next + 1 : NULL);
     if (ge < 0) {
         /* Not sent: what the list held waits for the next step (a
          * selected gradient entry back in the residual, where it was

@@ -6,8 +6,11 @@
  * the model's and the group's alone).
  *
  *   dsbench allreduce [--quick] [--json] [--nodes 2] [--model mlp|cnn|both]
- *       [--steps N] [--rounds 2] [--algos direct,ring,butterfly] [--rate RATE]
+ *       [--steps N] [--rounds 2] [--algos direct,ring,butterfly[,auto]] [--rate RATE]
  *       [--config FILE] [--dslaunch PATH]
+ *
+ * --algos auto: group.allreduce = auto (with overlap, each reduction's
+ * algorithm from member 0's cost model; docs/gossip.md "Layer by layer").
  *
  * --rate RATE (root): every member in a network namespace of its own
  * behind a tc tbf link of RATE (dslaunch --netns-rate, node.group = g0 for
@@ -47,7 +50,7 @@
 #include "tools/dsbench/bench.h"
 #include "tools/dsbench/lrun.h"
 
-#define MAX_ALGOS 3
+#define MAX_ALGOS 4
 
 typedef struct ar_opts {
     int json, quick, nodes, steps, rounds, n_models, n_algos;
@@ -240,14 +243,15 @@ static int ar_opts_read(ar_opts *o, int argc, char **argv, char *algos_buf, size
         return 2;
     }
     if ((o->n_algos = split(algos_buf, o->algos, MAX_ALGOS)) <= 0) {
-        fprintf(stderr, "dsbench allreduce: --algos expects a list of direct, ring, butterfly\n");
+        fprintf(stderr, "dsbench allreduce: --algos expects a list of direct, ring, butterfly, "
+                        "auto\n");
         return 2;
     }
     for (int k = 0; k < o->n_algos; k++)
         if (strcmp(o->algos[k], "direct") && strcmp(o->algos[k], "ring") &&
-            strcmp(o->algos[k], "butterfly")) {
-            fprintf(stderr, "dsbench allreduce: --algos: expected direct, ring or butterfly, "
-                            "found '%s'\n", o->algos[k]);
+            strcmp(o->algos[k], "butterfly") && strcmp(o->algos[k], "auto")) {
+            fprintf(stderr, "dsbench allreduce: --algos: expected direct, ring, butterfly or "
+                            "auto, found '%s'\n", o->algos[k]);
             return 2;
         }
     if (o->quick && !o->steps)

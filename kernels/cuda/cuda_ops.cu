@@ -422,6 +422,21 @@ static void cu_scale(dev_state *st, size_t n, float a, float *x)
 
 enum { RED_SUM, RED_DOT, RED_SQ };
 
+/* Each thread's s summed over the block (THREADS threads, all calling) in
+ * a fixed tree order, with part as THREADS doubles of shared scratch;
+ * thread 0 gets the sum. */
+__device__ double block_tree_sum(double s, double *part)
+{
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    return part[0];
+}
+
 __global__ void k_reduce(int kind, size_t n, const float *x, const float *y, double *out)
 {
     __shared__ double part[THREADS];
@@ -431,15 +446,9 @@ __global__ void k_reduce(int kind, size_t n, const float *x, const float *y, dou
         const double v = x[i];
         s += kind == RED_SUM ? v : kind == RED_DOT ? v * (double)y[i] : v * v;
     }
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = THREADS / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w)
-            part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
+    s = block_tree_sum(s, part);
     if (threadIdx.x == 0)
-        atomicAdd(out, part[0]);
+        atomicAdd(out, s);
 }
 
 static double cu_reduce(dev_state *st, int kind, size_t n, const float *x, const float *y)
@@ -562,19 +571,11 @@ __global__ void k_softmax_total(const double *part, int n, double *out)
         l += part[i];
         g += part[n + i];
     }
-    sl[threadIdx.x] = l;
-    sg[threadIdx.x] = g;
-    __syncthreads();
-    for (int w = THREADS / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w) {
-            sl[threadIdx.x] += sl[threadIdx.x + w];
-            sg[threadIdx.x] += sg[threadIdx.x + w];
-        }
-        __syncthreads();
-    }
+    l = block_tree_sum(l, sl);
+    g = block_tree_sum(g, sg);
     if (threadIdx.x == 0) {
-        out[0] = sl[0];
-        out[1] = sg[0];
+        out[0] = l;
+        out[1] = g;
     }
 }
 
@@ -698,15 +699,9 @@ __global__ void k_conv_bias_grad(float *db, const float *dy, int batch, int c_ou
     double s = 0;
     for (size_t i = threadIdx.x; i < total; i += THREADS)
         s += dy[(i / P * c_out + co) * P + i % P];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = THREADS / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w)
-            part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
+    s = block_tree_sum(s, part);
     if (threadIdx.x == 0)
-        db[co] = (float)part[0];
+        db[co] = (float)s;
 }
 
 static bool conv_shape_ok(const ds_conv_shape *s)

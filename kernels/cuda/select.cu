@@ -506,18 +506,26 @@ static unsigned grid_elems(size_t n)
     return g == 0 ? 1u : g > SEL_MAX_GRID ? SEL_MAX_GRID : (unsigned)g;
 }
 
-/* Copy the device tally to *out; on any error *out is zero and the error is
+/* bytes of device memory src into host h, after everything queued before
+ * it: 0, or -1 with the error (the copy's, the stream's or a launch's)
  * kept for the next sync. */
-static void fetch_tally(sel_dev *d, ds_sel_tally *out)
+static int fetch(sel_dev *d, void *h, const void *src, size_t bytes)
 {
-    unsigned long long h[3] = {0, 0, 0};
-    cudaError_t e = cudaMemcpyAsync(h, d->tally, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
+    cudaError_t e = cudaMemcpyAsync(h, src, bytes, cudaMemcpyDeviceToHost, d->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(d->stream);
     if (e == cudaSuccess)
         e = cudaGetLastError();
     note(d, e);
-    if (e != cudaSuccess)
+    return e == cudaSuccess ? 0 : -1;
+}
+
+/* Copy the device tally to *out; on any error *out is zero and the error is
+ * kept for the next sync. */
+static void fetch_tally(sel_dev *d, ds_sel_tally *out)
+{
+    unsigned long long h[3] = {0, 0, 0};
+    if (fetch(d, h, d->tally, sizeof(h)) < 0)
         h[0] = h[1] = h[2] = 0;
     out->kept = (size_t)h[0];
     out->counted = (size_t)h[1];
@@ -603,13 +611,7 @@ static size_t sel_filter_ties(sel_dev *d, uint32_t *oidx, float *oval, const uin
     k_list_compact<<<grid_tiles(count), SEL_THREADS, 0, d->stream>>>(
         idx, val, count, t, (unsigned long long)ties, d->tile_off, d->tile_eq, wi, wv);
     unsigned long long h[2] = {0, 0};
-    cudaError_t e = cudaMemcpyAsync(h, d->tally, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(d->stream);
-    if (e == cudaSuccess)
-        e = cudaGetLastError();
-    note(d, e);
-    if (e != cudaSuccess)
+    if (fetch(d, h, d->tally, sizeof(h)) < 0)
         return 0;
     const size_t kept = (size_t)h[0] + (h[1] < ties ? (size_t)h[1] : ties);
     if (in_place && kept) {
@@ -641,14 +643,7 @@ static unsigned grid_hist(const sel_dev *d, size_t n)
 static void hist_fetch(sel_dev *d, size_t buckets, uint32_t *hist)
 {
     unsigned h[DS_SEL_HIST_BUCKETS];
-    cudaError_t e = cudaMemcpyAsync(h, d->hist, buckets * sizeof(*h), cudaMemcpyDeviceToHost,
-                                    d->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(d->stream);
-    if (e == cudaSuccess)
-        e = cudaGetLastError();
-    note(d, e);
-    if (e != cudaSuccess)
+    if (fetch(d, h, d->hist, buckets * sizeof(*h)) < 0)
         return;
     for (size_t b = 0; b < buckets; b++)
         hist[b] += h[b];
@@ -691,14 +686,7 @@ static void sel_norms(sel_dev *d, const float *v, const uint32_t *unit_off, size
             v, unit_off, u0, d->norm);
     }
     k_sel_norm_sum<<<grid_elems(n_units), SEL_THREADS, 0, d->stream>>>(d->norm, n_units, dn);
-    cudaError_t e = cudaMemcpyAsync(norms, dn, n_units * sizeof(*norms), cudaMemcpyDeviceToHost,
-                                    d->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(d->stream);
-    if (e == cudaSuccess)
-        e = cudaGetLastError();
-    note(d, e);
-    if (e != cudaSuccess)
+    if (fetch(d, norms, dn, n_units * sizeof(*norms)) < 0)
         memset(norms, 0, n_units * sizeof(*norms));
 }
 
@@ -715,13 +703,7 @@ static double sel_absmean_at(sel_dev *d, const float *v, const uint32_t *pos, si
                             d->stream));
     k_sel_absmean<<<1, SEL_THREADS, 0, d->stream>>>(v, d->pos, count, d->mean);
     double h[2] = {0, 0};
-    cudaError_t e = cudaMemcpyAsync(h, d->mean, sizeof(h), cudaMemcpyDeviceToHost, d->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(d->stream);
-    if (e == cudaSuccess)
-        e = cudaGetLastError();
-    note(d, e);
-    if (e != cudaSuccess || !(h[1] > 0))
+    if (fetch(d, h, d->mean, sizeof(h)) < 0 || !(h[1] > 0))
         return 0.0;
     *used = (size_t)h[1];
     return h[0] / h[1];

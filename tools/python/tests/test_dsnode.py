@@ -94,11 +94,11 @@ class Cluster:
                 "node.log_level=warn", "gossip.timeout_ms=500", *extra])
         self.procs = []
 
-    def start(self, args, only=None):
+    def start(self, args, only=None, script="sum_node.py"):
         for i, sets in enumerate(self.sets):
             if only is not None and i not in only:
                 continue
-            argv = [PY, os.path.join(HERE, "sum_node.py"), *args]
+            argv = [PY, os.path.join(HERE, script), *args]
             for s in sets:
                 argv += ["--set", s]
             env = dict(os.environ, DSNODE_RANK=str(i))
@@ -320,13 +320,7 @@ def test_torch_group_overlap_hands_layers_over_from_backward(tmp_path):
         c = Cluster(str(tmp), 2, extra=("node.group=g0", f"group.overlap={overlap}",
                                         "gossip.timeout_ms=5000"))
         try:
-            for i, sets in enumerate(c.sets):
-                argv = [PY, os.path.join(HERE, "torch_node.py"), "--steps", str(steps)]
-                for s in sets:
-                    argv += ["--set", s]
-                c.procs.append(subprocess.Popen(argv, env=dict(os.environ, DSNODE_RANK=str(i)),
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                text=True))
+            c.start(["--steps", str(steps)], script="torch_node.py")
             for rc, out, err in c.wait(180):
                 assert rc == 0, err[-3000:]
                 assert "status=done" in out, out
@@ -359,13 +353,7 @@ def test_torch_mirrors_add_each_rounds_deltas(cluster, tmp_path):
     vector)."""
     pytest.importorskip("torch")
     c = cluster(2)
-    for i, sets in enumerate(c.sets):
-        argv = [PY, os.path.join(HERE, "torch_node.py"), "--steps", "60", "--mirror"]
-        for s in sets:
-            argv += ["--set", s]
-        c.procs.append(subprocess.Popen(argv, env=dict(os.environ, DSNODE_RANK=str(i)),
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True))
+    c.start(["--steps", "60", "--mirror"], script="torch_node.py")
     for rc, out, err in c.wait(180):
         assert rc == 0, err[-3000:]
         line = [x for x in err.splitlines() if x.startswith("torch_node: ")][-1]

@@ -193,11 +193,14 @@ struct ds_engine {
      * lq_done < lq_n the layer thread owns gred, lgseq and the jobs from
      * lq_done on, the main thread the rest (it writes lq[lq_n] before it
      * raises lq_n). lopen: 0 no layer handed over yet this step, 1 the
-     * step's layers are on their way, -1 this step has no group to reduce
-     * with. */
+     * step's layers are on their way, -1 this step reduces its gradient
+     * whole in its own reduction (no group, or lok is 0). lok: this
+     * member's last step reduction, and its layers, completed since the
+     * group formed; until then the layers wait (rounds.c, layer_open). */
     pthread_t lth;
     int lth_up;
     int lopen;
+    int lok;
     struct ds_ljob *lq;       /* p.n_layers */
     uint8_t *lsent;           /* p.n_layers: handed over this step */
     uint32_t lq_n, lq_done;

@@ -433,6 +433,7 @@ static int group_at(rt *r, uint64_t round)
             h.size, h.member, (unsigned long long)round);
     r->gsize = h.size;
     r->gmember = h.member;
+    r->lok = 0; /* a new group: one whole reduction before layers */
     r->gst.size = h.size;
     r->gst.member = h.member;
     /* group.allreduce = auto: a new group times the algorithms again. */
@@ -921,11 +922,25 @@ static int layers_on(const rt *r)
 }
 
 /* The step's first layer: its group, who is not waited for, its
- * deadline. 1: layers go; 0: no group to reduce with this step. */
+ * deadline. 1: layers go; 0: this step's gradient goes whole with the
+ * step's own reduction (no group, or lok is 0).
+ *
+ * Layers wait for one complete step reduction (lok) since the group
+ * formed, and stop after a step whose reduction or layers missed a
+ * chunk. The layers' deadline is half a timeout from the member's own
+ * first layer, so members apart in time (a first reduction over fresh
+ * connections that took longer than that, a freeze) miss each other's
+ * layers, start their step reductions apart, miss those too, and stayed
+ * so: 3 of 5 runs of 4 members behind 1 Gbit/s links ran every step at
+ * the two deadlines (docs/gossip.md, "Layers after a whole step"). A
+ * step reduced whole is the path that brings members back together, as
+ * without group.overlap. Members that disagree for a step (one with
+ * layers, one without) reduce vectors of different lengths: both miss
+ * chunks, both go whole the next step. */
 static int layer_open(rt *r, int64_t step)
 {
     const uint64_t round = r->round0 + (uint64_t)(step / r->c->gossip.every);
-    if (group_at(r, round) < 0 || r->gsize < 2) {
+    if (group_at(r, round) < 0 || r->gsize < 2 || !r->lok) {
         r->lopen = -1;
         return 0;
     }
@@ -977,16 +992,15 @@ static void layer_add(rt *r, int layer)
 
 int ds_engine_layer_ready(ds_engine *r, int64_t step, int layer)
 {
-    if (!layers_on(r) || layer < 0 || layer >= r->p.n_layers || r->lopen < 0)
-        return 0;
-    if (!r->lopen && !layer_open(r, step))
+    if (!layers_on(r) || layer < 0 || layer >= r->p.n_layers)
         return 0;
     if (r->lsent[layer])
-        return -EALREADY;
-    if (layer == 0) {
-        r->lsent[0] = 1; /* it goes with the step's reduction */
+        return -EALREADY; /* (also in a step that goes whole) */
+    r->lsent[layer] = 1;
+    if (r->lopen < 0 || (!r->lopen && !layer_open(r, step)))
         return 0;
-    }
+    if (layer == 0)
+        return 0; /* it goes with the step's reduction */
     layer_add(r, layer);
     return 0;
 }
@@ -1018,9 +1032,12 @@ static uint64_t layer_finish(rt *r)
         const struct ds_ljob *j = &r->lq[i];
         busy += j->ns;
         r->gst.layer_reductions++;
-        if (j->e < 0)
+        if (j->e < 0) {
+            r->lok = 0;
             continue;
+        }
         if (!j->res.complete && !j->res.stopped) {
+            r->lok = 0;
             r->gst.incomplete++;
             missing += j->res.chunks_missing;
         } else if (j->res.complete && j->res.ran == j->algo) {
@@ -1198,6 +1215,8 @@ static void group_reduce(rt *r, int64_t step)
     const int ge = group_run(r, vlen,
                              gn + slen + mlen + nu, round, deadline, &sp, &res, &red_ns);
     auto_after(r, ge, &res, red_ns, *next, vlen, model ? next + 1 : NULL);
+    /* The next step's layers: only after a whole step (layer_open). */
+    r->lok = ge == 0 && res.complete && (!lay || r->lok);
     if (ge < 0) {
         /* Not sent: what the list held waits for the next step (a
          * selected gradient entry back in the residual, where it was

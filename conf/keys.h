@@ -96,7 +96,8 @@
     X(INT, cluster, min_members, "1", 1, 65536, \
       "wait until this many members are alive before the first training step") \
     X(INT, cluster, join_timeout_s, "120", 1, 86400, \
-      "a joining node that no seed lets in within this many seconds exits with an error")
+      "a joining node that no seed lets in, or that sees fewer than cluster.min_members " \
+      "alive, within this many seconds exits with an error")
 
 #define DS_CONF_KEYS_train(X) \
     X(ENUM, train, backend, "auto", enum ds_ops_backend, DS_OPS_BACKENDS, \

@@ -313,6 +313,13 @@ Test(api, register_wants_a_gradient_buffer_when_gradients_are_averaged_and_a_goo
     dsnode_close(&d);
 }
 
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 Test(api, join_stopped_and_join_timeout_then_only_close)
 {
     dsnode *d = NULL;
@@ -337,6 +344,21 @@ Test(api, join_stopped_and_join_timeout_then_only_close)
                  dsnode_error());
     cr_assert_eq(dsnode_join(d), -ETIMEDOUT);
     cr_assert(strstr(dsnode_error(), "cannot join cluster 'apitest'"), "%s", dsnode_error());
+    dsnode_close(&d);
+
+    /* A founder whose other members never come (or came and finished):
+     * the wait for cluster.min_members is bounded by join_timeout_s too. */
+    node_sets_init(&ns, "founder", 7332, 7332, 2);
+    add(&ns, "cluster.join_timeout_s", "1");
+    cr_assert_eq(dsnode_open(&d, NULL, ns.p, ns.n), 0, "%s", dsnode_error());
+    cr_assert_eq(dsnode_register(d, p, N, two_layers, 2, adopt_cb, NULL), 0, "%s",
+                 dsnode_error());
+    const uint64_t t0 = mono_ms();
+    cr_assert_eq(dsnode_join(d), -ETIMEDOUT);
+    const uint64_t took = mono_ms() - t0;
+    cr_assert(strstr(dsnode_error(), "only 1 of cluster.min_members=2 members alive after "
+                                     "cluster.join_timeout_s=1"), "%s", dsnode_error());
+    cr_assert(took >= 1000 && took < 10000, "%llu ms", (unsigned long long)took);
     dsnode_close(&d);
 }
 

@@ -817,6 +817,9 @@ static int start_membership(rt *r, char *err, size_t err_len)
 static int wait_for_cluster(rt *r, char *err, size_t err_len)
 {
     const int64_t want = r->c->cluster.min_members;
+    /* Members that never come (or came and have finished) must not keep
+     * a node waiting for good: the wait is bounded as the join is. */
+    const uint64_t give_up = ds_now_ms() + (uint64_t)r->c->cluster.join_timeout_s * 1000u;
     uint64_t last_log = 0;
     ds_status_wait wait = {0}; /* shown while too few are alive */
     pthread_mutex_lock(&r->lock);
@@ -844,6 +847,13 @@ static int wait_for_cluster(rt *r, char *err, size_t err_len)
             if ((int64_t)st.alive >= want)
                 break;
             const uint64_t now = ds_now_ms();
+            if (now >= give_up) {
+                pthread_mutex_unlock(&r->lock);
+                snprintf(err, err_len, "only %u of cluster.min_members=%lld members alive after "
+                         "cluster.join_timeout_s=%lld", st.alive, (long long)want,
+                         (long long)r->c->cluster.join_timeout_s);
+                return -ETIMEDOUT;
+            }
             if (now - last_log >= 2000) {
                 ds_info("membership", "waiting for members: %u of %lld alive", st.alive,
                         (long long)want);

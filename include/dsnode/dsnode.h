@@ -284,7 +284,8 @@ int dsnode_resume(dsnode *d, const char *path, dsnode_restore_fn restore, void *
  * it through cluster.seeds, wait for cluster.min_members, and agree on the
  * first round (a late joiner fetches the cluster's state). Blocks. -EINTR:
  * stopped (dsnode_stop); -EACCES: not admitted; -ETIMEDOUT: no seed let
- * us in; -EADDRINUSE...: the endpoint. On failure the summary line of a
+ * us in, or fewer than cluster.min_members alive, within
+ * cluster.join_timeout_s; -EADDRINUSE...: the endpoint. On failure the summary line of a
  * run that did not start is printed (status=failed, or stopped), as
  * dsnode_leave would. */
 int dsnode_join(dsnode *d) __attribute__((warn_unused_result));

@@ -527,6 +527,13 @@ Test(api, two_engines_on_devices_add_each_rounds_deltas, .timeout = 180)
 
 #define GSTEPS 200
 
+/* With group.overlap the members register a layer 1 large enough for a
+ * bucket of its own (LAYER_BUCKET_MIN, 64 Ki floats, in rounds.c), so the
+ * layer thread reduces it; a smaller one would ride with layer 0 in the
+ * step's own reduction. */
+#define NM (1000 + 66000)
+static const dsnode_layer member_layers[] = {{"fc1", 0, 1000}, {"fc2", 1000, 66000}};
+
 typedef struct member {
     const char *name;
     int port, seed;
@@ -539,7 +546,8 @@ typedef struct member {
     int members;             /* cluster.min_members (0: 2) */
     int64_t s;               /* the step: member 0's when the group gives it (adopt) */
     char tmo[16];
-    float p[N], g[N];
+    size_t n;                /* floats registered: N, with overlap NM */
+    float p[NM], g[NM];
     int rc_join, rc_leave, bad_calls, steps, no_reduce_refused;
     dsnode_stats st;
     char err[1024];
@@ -559,7 +567,8 @@ static void *member_main(void *arg)
 {
     member *m = arg;
     dsnode *d = NULL;
-    for (int i = 0; i < N; i++)
+    m->n = m->overlap ? NM : N;
+    for (size_t i = 0; i < m->n; i++)
         m->p[i] = (float)(1 + i % 7);
     node_sets ns;
     node_sets_init(&ns, m->name, m->port, m->seed, m->members ? m->members : 2);
@@ -577,7 +586,8 @@ static void *member_main(void *arg)
     }
     m->rc_join = -1;
     if (dsnode_open(&d, NULL, ns.p, ns.n) < 0 || dsnode_register_grad(d, m->g, NULL) < 0 ||
-        dsnode_register(d, m->p, N, two_layers, 2, member_adopt, m) < 0 ||
+        dsnode_register(d, m->p, m->n, m->overlap ? member_layers : two_layers, 2, member_adopt,
+                        m) < 0 ||
         (m->rc_join = dsnode_join(d)) < 0) {
         snprintf(m->err, sizeof(m->err), "%s", dsnode_error());
         dsnode_close(&d);
@@ -594,7 +604,7 @@ static void *member_main(void *arg)
         if (dsnode_ready(d) != 1)
             continue;
         /* "backward": this member's own gradient, apart from the other's. */
-        for (int i = 0; i < N; i++)
+        for (size_t i = 0; i < m->n; i++)
             m->g[i] = m->sign * (float)(1 + i % 3) / 64.0f;
         if (m->overlap) {
             /* As backward writes them: the last layer first. */
@@ -612,7 +622,7 @@ static void *member_main(void *arg)
         CHECK(m, dsnode_reduce(d) == -EINVAL); /* once a step */
         CHECK(m, dsnode_layer_ready(d, 0) == -EINVAL); /* not after the reduction */
         /* The optimizer: plain SGD, lr 0.5, on the averaged gradient. */
-        for (int i = 0; i < N; i++)
+        for (size_t i = 0; i < m->n; i++)
             m->p[i] -= 0.5f * m->g[i];
         CHECK(m, dsnode_step(d) == 0);
         m->steps++;
@@ -620,7 +630,7 @@ static void *member_main(void *arg)
     /* A member apart after the last step (as a chunk missed in the last
      * reductions leaves it): the group's final sync at leave averages. */
     CHECK(m, dsnode_settle(d) == 0);
-    for (int i = 0; m->apart != 0.0f && i < N; i++)
+    for (size_t i = 0; m->apart != 0.0f && i < m->n; i++)
         m->p[i] += m->apart;
     m->rc_leave = dsnode_leave(d, DSNODE_DONE);
     dsnode_stats_get(d, &m->st);
@@ -666,10 +676,10 @@ static void members_late(int G, const char *key, const char *value, int port, fl
     /* The mean of sign 1 and 3 is 2: each step took 0.5 * 2 * pattern / 64
      * (exact in binary, whatever the order of the sums). A member late to
      * its first step misses a reduction or two: one model, not this one. */
-    for (int i = 0; !late_ms && i < N; i++) {
+    for (size_t i = 0; !late_ms && i < ms[0].n; i++) {
         const float want = (float)(1 + i % 7) - GSTEPS * 0.5f * 2.0f * (float)(1 + i % 3) / 64.0f +
                            apart / 2.0f;
-        cr_assert_float_eq(ms[0].p[i], want, 1e-4f, "p[%d] = %g, want %g", i, ms[0].p[i], want);
+        cr_assert_float_eq(ms[0].p[i], want, 1e-4f, "p[%zu] = %g, want %g", i, ms[0].p[i], want);
     }
 }
 

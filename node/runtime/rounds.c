@@ -976,8 +976,11 @@ static void bucket_post(rt *r)
 
 /* Layer `layer` (>= 1) joins the bucket when it lies just below it in the
  * buffer (one backward pass hands them over so), else starts one; the
- * bucket goes once it is large enough, or at layer 1 (layer 0 is the
- * step's reduction's). */
+ * bucket goes once it is large enough. What is left at the end (layer 1
+ * and the small layers above it) rides with layer 0 in the step's own
+ * reduction (layer_finish): after layer 1 only layer 0's backward runs,
+ * too little to hide a reduction behind, and a reduction of its own would
+ * wait behind the layers before it and cost its own latencies. */
 static void layer_add(rt *r, int layer)
 {
     const ds_layer *l = &r->p.layers[layer];
@@ -986,7 +989,7 @@ static void layer_add(rt *r, int layer)
         bucket_post(r);
     r->lb_off = l->off;
     r->lb_len += l->len;
-    if (r->lb_len >= LAYER_BUCKET_MIN || layer == 1)
+    if (r->lb_len >= LAYER_BUCKET_MIN)
         bucket_post(r);
 }
 
@@ -1017,11 +1020,17 @@ static void layer_wait(rt *r)
 /* In the step's reduction: hand over the layers the client did not (last
  * first; layer 0 is the step's reduction's), wait for all, and count
  * them. Returns the time waited (ns): the layers' exposed part. */
-static uint64_t layer_finish(rt *r)
+static uint64_t layer_finish(rt *r, size_t *tail)
 {
     for (int l = r->p.n_layers - 1; l >= 1; l--)
         if (!r->lsent[l])
             layer_add(r, l);
+    /* A last bucket just above layer 0 goes with it (layer_add). */
+    *tail = 0;
+    if (r->lb_len && r->lb_off == r->p.layers[0].off + r->p.layers[0].len) {
+        *tail = r->lb_len;
+        r->lb_len = 0;
+    }
     bucket_post(r);
     const uint64_t t0 = ds_now_ns();
     layer_wait(r);
@@ -1149,8 +1158,9 @@ static void group_reduce(rt *r, int64_t step)
     }
     /* group.overlap: the layers, if backward handed none over. */
     const int lay = layers_on(r) && (r->lopen == 1 || (r->lopen == 0 && layer_open(r, step)));
+    size_t tail = 0; /* the layers above layer 0 that go with it */
     if (lay)
-        r->lwaited_ns = layer_finish(r);
+        r->lwaited_ns = layer_finish(r, &tail);
     layer_close(r);
     if (group_at(r, round) < 0 || r->gsize < 2) {
         /* Alone: what waits is ours to apply. */
@@ -1168,7 +1178,7 @@ static void group_reduce(rt *r, int64_t step)
     const int sparse = r->gsp != NULL;
     /* The dense gradient's floats, from g0: all of it, or with
      * group.overlap layer 0's (the others are reduced already). */
-    const size_t gn = sparse ? 0 : lay ? r->p.layers[0].len : n;
+    const size_t gn = sparse ? 0 : lay ? r->p.layers[0].len + tail : n;
     const size_t g0 = lay ? r->p.layers[0].off : 0;
     size_t soff, slen;
     sync_slice(r, &soff, &slen);

@@ -29,9 +29,12 @@ def main():
     rank = int(os.environ.get("DSNODE_RANK", "0"))
     torch.set_num_threads(1)
     torch.manual_seed(1)  # the same initial model on every process
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(),
-                                torch.nn.Linear(96, 80), torch.nn.ReLU(),
-                                torch.nn.Linear(80, 10))
+    # The middle layer and the last (65,792 + 2,570 floats) fill a bucket
+    # of their own with group.overlap (64 Ki floats), so the engine's layer
+    # thread reduces them; smaller ones would ride with the first layer.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
     opt = dsnode.torch.GossipOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, config=a.config,
         overrides=dict(s.split("=", 1) for s in a.set), mirror=a.mirror or None)

@@ -932,7 +932,7 @@ static int layers_on(const rt *r)
  * connections that took longer than that, a freeze) miss each other's
  * layers, start their step reductions apart, miss those too, and stayed
  * so: 3 of 5 runs of 4 members behind 1 Gbit/s links ran every step at
- * the two deadlines (docs/gossip.md, "Layers after a whole step"). A
+ * the two deadlines (docs/gossip.md, "Layer by layer"). A
  * step reduced whole is the path that brings members back together, as
  * without group.overlap. Members that disagree for a step (one with
  * layers, one without) reduce vectors of different lengths: both miss

@@ -546,7 +546,8 @@ typedef struct member {
     int members;             /* cluster.min_members (0: 2) */
     int64_t s;               /* the step: member 0's when the group gives it (adopt) */
     char tmo[16];
-    size_t n;                /* floats registered: N, with overlap NM */
+    size_t n;                /* floats registered: N, with overlap NM (small: N) */
+    int small;               /* with overlap, the two small layers of N */
     float p[NM], g[NM];
     int rc_join, rc_leave, bad_calls, steps, no_reduce_refused;
     dsnode_stats st;
@@ -567,7 +568,8 @@ static void *member_main(void *arg)
 {
     member *m = arg;
     dsnode *d = NULL;
-    m->n = m->overlap ? NM : N;
+    const int big = m->overlap && !m->small;
+    m->n = big ? NM : N;
     for (size_t i = 0; i < m->n; i++)
         m->p[i] = (float)(1 + i % 7);
     node_sets ns;
@@ -586,8 +588,7 @@ static void *member_main(void *arg)
     }
     m->rc_join = -1;
     if (dsnode_open(&d, NULL, ns.p, ns.n) < 0 || dsnode_register_grad(d, m->g, NULL) < 0 ||
-        dsnode_register(d, m->p, m->n, m->overlap ? member_layers : two_layers, 2, member_adopt,
-                        m) < 0 ||
+        dsnode_register(d, m->p, m->n, big ? member_layers : two_layers, 2, member_adopt, m) < 0 ||
         (m->rc_join = dsnode_join(d)) < 0) {
         snprintf(m->err, sizeof(m->err), "%s", dsnode_error());
         dsnode_close(&d);
@@ -642,6 +643,10 @@ static void *member_main(void *arg)
  * pattern, and 3 times it): after every reduction both hold the mean, so
  * both take the same steps and end bit for bit alike, where they would be
  * without the reduction is far apart. */
+/* overlap: 0 none, 1 group.overlap with a layer 1 of its own bucket, 2
+ * group.overlap with the two small layers. timeout_ms: gossip.timeout_ms
+ * with overlap (0: 5000). late_ms: the last member sleeps this long
+ * before its first step. */
 static void members_late(int G, const char *key, const char *value, int port, float apart,
                          int overlap, int timeout_ms, int late_ms)
 {
@@ -653,7 +658,8 @@ static void members_late(int G, const char *key, const char *value, int port, fl
     for (int k = 0; k < G; k++) {
         ms[k] = (member){.name = names[k], .port = port + k, .seed = port, .key = key,
                          .value = value, .sign = k % 2 ? 3.0f : 1.0f,
-                         .apart = k % 2 ? apart : 0.0f, .overlap = overlap,
+                         .apart = k % 2 ? apart : 0.0f, .overlap = overlap != 0,
+                         .small = overlap == 2,
                          .timeout_ms = timeout_ms, .late_ms = k == G - 1 ? late_ms : 0,
                          .members = G};
         cr_assert_eq(pthread_create(&t[k], NULL, member_main, &ms[k]), 0);
@@ -746,6 +752,18 @@ Test(api, members_apart_at_the_start_meet_and_reduce_layer_by_layer, .timeout = 
         cr_assert_eq(layer_reductions(names[k]), GSTEPS - 1, "%s: %g layer reductions",
                      names[k], layer_reductions(names[k]));
     }
+}
+
+/* group.overlap with a layer 1 too small for a bucket of its own (400
+ * floats): it rides with layer 0 in the step's own reduction, so the layer
+ * thread reduces nothing, and the mean is the same bytes (members_late
+ * checks the exact trajectory). */
+Test(api, a_small_last_layer_rides_with_layer_0, .timeout = 180)
+{
+    members_late(2, "node.group", "g0", 7470, 0.0f, 2, 0, 0);
+    cr_assert_eq(layer_reductions("ma"), 0, "ma: %g layer reductions", layer_reductions("ma"));
+    cr_assert_eq(layer_reductions("mb"), 0, "mb: %g layer reductions", layer_reductions("mb"));
+    cr_assert_eq(group_count("ma", "incomplete"), 0);
 }
 
 Test(api, a_group_ends_as_one_model_after_a_last_step_apart, .timeout = 180)

@@ -422,21 +422,6 @@ static void cu_scale(dev_state *st, size_t n, float a, float *x)
 
 enum { RED_SUM, RED_DOT, RED_SQ };
 
-/* Each thread's s summed over the block (THREADS threads, all calling) in
- * a fixed tree order, with part as THREADS doubles of shared scratch;
- * thread 0 gets the sum. */
-__device__ double block_tree_sum(double s, double *part)
-{
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = THREADS / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w)
-            part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
-    return part[0];
-}
-
 __global__ void k_reduce(int kind, size_t n, const float *x, const float *y, double *out)
 {
     __shared__ double part[THREADS];
@@ -446,7 +431,7 @@ __global__ void k_reduce(int kind, size_t n, const float *x, const float *y, dou
         const double v = x[i];
         s += kind == RED_SUM ? v : kind == RED_DOT ? v * (double)y[i] : v * v;
     }
-    s = block_tree_sum(s, part);
+    s = ds_block_tree_sum<THREADS>(s, part);
     if (threadIdx.x == 0)
         atomicAdd(out, s);
 }
@@ -571,8 +556,8 @@ __global__ void k_softmax_total(const double *part, int n, double *out)
         l += part[i];
         g += part[n + i];
     }
-    l = block_tree_sum(l, sl);
-    g = block_tree_sum(g, sg);
+    l = ds_block_tree_sum<THREADS>(l, sl);
+    g = ds_block_tree_sum<THREADS>(g, sg);
     if (threadIdx.x == 0) {
         out[0] = l;
         out[1] = g;
@@ -699,7 +684,7 @@ __global__ void k_conv_bias_grad(float *db, const float *dy, int batch, int c_ou
     double s = 0;
     for (size_t i = threadIdx.x; i < total; i += THREADS)
         s += dy[(i / P * c_out + co) * P + i % P];
-    s = block_tree_sum(s, part);
+    s = ds_block_tree_sum<THREADS>(s, part);
     if (threadIdx.x == 0)
         db[co] = (float)s;
 }

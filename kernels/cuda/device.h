@@ -1,6 +1,7 @@
 /*
  * kernels/cuda/device.h: what the CUDA op table (cuda_ops.cu) and the CUDA
- * selection kernels (select.cu) share for one device: its stream.
+ * selection kernels (select.cu) share for one device: its stream, and the
+ * block reduction both use.
  *
  * Everything dsnode queues on a device goes on that device's one stream, so
  * training ops, selection, packing and copies are ordered with each other
@@ -40,5 +41,20 @@ cudaError_t ds_cuda_gather_images(cudaStream_t stream, float *x, int32_t *y,
                                   const uint8_t *images, const uint8_t *labels,
                                   const uint32_t *idx, size_t first, int batch, size_t dim,
                                   float scale, float shift);
+
+/* Each thread's s summed over the block (T threads, all calling) in a
+ * fixed tree order, with part as T doubles of shared scratch; thread 0
+ * gets the sum. */
+template <int T> __device__ inline double ds_block_tree_sum(double s, double *part)
+{
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = T / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    return part[0];
+}
 
 #endif

@@ -443,15 +443,9 @@ __global__ void k_sel_norm_parts(const float *v, const uint32_t *unit_off, size_
         if (dkey(x) < DS_SEL_KEY_INF)
             s += (double)x * (double)x;
     }
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = SEL_THREADS / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w)
-            sh[threadIdx.x] += sh[threadIdx.x + w];
-        __syncthreads();
-    }
+    s = ds_block_tree_sum<SEL_THREADS>(s, sh);
     if (threadIdx.x == 0)
-        part[u * SEL_NORM_PARTS + blockIdx.y] = sh[0];
+        part[u * SEL_NORM_PARTS + blockIdx.y] = s;
 }
 
 /* norms[u] = sqrt of unit u's parts added in order. */

@@ -1029,9 +1029,6 @@ void ds_engine_close(ds_engine **ep)
     if (!ep || !*ep)
         return;
     rt *r = *ep;
-    ds_status_destroy(&r->status);
-    free(r->snap);
-    r->snap = NULL;
     stop_threads(r);
     ds_net_close(&r->net);
     atomic_store(&r->gn_ready, 0);
@@ -1040,6 +1037,12 @@ void ds_engine_close(ds_engine **ep)
     ds_state_destroy(&r->st);
     ds_membership *ms = atomic_exchange(&r->ms, NULL);
     ds_membership_destroy(&ms);
+    /* After every thread that writes into them (the net worker and
+     * membership's thread note events in the status; ThreadSanitizer saw
+     * a frame from a peer still training land in a status being freed). */
+    ds_status_destroy(&r->status);
+    free(r->snap);
+    r->snap = NULL;
     ds_gnet_destroy(&r->gn);
     ds_gnet_destroy(&r->gn_grp);
     ds_greduce_destroy(&r->gred);

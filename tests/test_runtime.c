@@ -198,6 +198,25 @@ Test(lag, moves_only_by_more_than_a_quarter)
     cr_expect_eq(l.lag, 650);
 }
 
+/* A round that goes back (a group member takes member 0's step) starts
+ * the window again: before, the unsigned difference gave a lag of 2^20
+ * rounds for good, and a death this node declared never took effect (CI:
+ * a group kept its killed member to the end and its survivors differed). */
+Test(lag, a_round_that_goes_back_starts_the_window_again)
+{
+    ds_lag l;
+    ds_lag_init(&l, 32);
+    ds_lag_update(&l, 0, 100);
+    ds_lag_update(&l, 2000, 300); /* 100 rounds/s */
+    cr_assert_eq(l.lag, 500);
+    cr_expect_eq(ds_lag_update(&l, 3000, 120), 0, "back from 300 to 120: no rate from that");
+    cr_expect_eq(l.lag, 500);
+    cr_expect_eq(ds_lag_update(&l, 4500, 270), 0, "1.5 s since the new window began");
+    cr_expect_eq(ds_lag_update(&l, 5000, 320), 0, "100 rounds/s again: 500, unchanged");
+    cr_expect_eq(l.lag, 500);
+    cr_expect_float_eq(l.rate, 100.0, 1e-9, "the rate of the window since the round went back");
+}
+
 /* The lag follows a peak of the pace that decays by a fifth per window,
  * so the stall right after a crash (rounds waiting out their timeouts)
  * does not shrink the lag of the death that follows (commit 3f33fb9). */

@@ -38,6 +38,18 @@ int ds_lag_update(ds_lag *l, uint64_t now_ms, uint64_t round)
         l->r0 = round;
         return 0;
     }
+    /* The round went back (a group member took member 0's step, rounds.c
+     * take_position): the window starts again from here. Its unsigned
+     * difference made a rate of 1e19 rounds/s, a lag of 2^20 rounds that
+     * the decaying peak kept for good, and a death this node declared
+     * took effect at round 2^20 + r, never: its group kept the dead
+     * member and reduced without its chunk to the end (CI, elastic
+     * group_member_killed_and_another_frozen_ring). */
+    if (round < l->r0) {
+        l->t0_ms = now_ms;
+        l->r0 = round;
+        return 0;
+    }
     if (now_ms - l->t0_ms < DS_LAG_WINDOW_MS)
         return 0;
     const double rate = (double)(round - l->r0) * 1000.0 / (double)(now_ms - l->t0_ms);

@@ -540,6 +540,7 @@ typedef struct member {
     const char *key, *value; /* what makes the config average gradients */
     float sign;              /* this member's own gradient: sign * (1 + i % 3) / 64 */
     float apart;             /* added to its parameters after its last step */
+    float start;             /* added to its parameters before its first step */
     int overlap;             /* group.overlap: hands its layers over from "backward" */
     int timeout_ms;          /* gossip.timeout_ms with overlap (0: 5000) */
     int late_ms;             /* sleeps this long before its first step */
@@ -549,6 +550,7 @@ typedef struct member {
     size_t n;                /* floats registered: N, with overlap NM (small: N) */
     int small;               /* with overlap, the two small layers of N */
     float p[NM], g[NM];
+    float last[NM];          /* its parameters after its last step, before the leave */
     int rc_join, rc_leave, bad_calls, steps, no_reduce_refused;
     dsnode_stats st;
     char err[1024];
@@ -571,7 +573,7 @@ static void *member_main(void *arg)
     const int big = m->overlap && !m->small;
     m->n = big ? NM : N;
     for (size_t i = 0; i < m->n; i++)
-        m->p[i] = (float)(1 + i % 7);
+        m->p[i] = (float)(1 + i % 7) + m->start;
     node_sets ns;
     node_sets_init(&ns, m->name, m->port, m->seed, m->members ? m->members : 2);
     add(&ns, m->key, m->value);
@@ -631,6 +633,7 @@ static void *member_main(void *arg)
     /* A member apart after the last step (as a chunk missed in the last
      * reductions leaves it): the group's final sync at leave averages. */
     CHECK(m, dsnode_settle(d) == 0);
+    memcpy(m->last, m->p, sizeof(m->p));
     for (size_t i = 0; m->apart != 0.0f && i < m->n; i++)
         m->p[i] += m->apart;
     m->rc_leave = dsnode_leave(d, DSNODE_DONE);
@@ -646,9 +649,11 @@ static void *member_main(void *arg)
 /* overlap: 0 none, 1 group.overlap with a layer 1 of its own bucket, 2
  * group.overlap with the two small layers. timeout_ms: gossip.timeout_ms
  * with overlap (0: 5000). late_ms: the last member sleeps this long
- * before its first step. */
+ * before its first step. start: added to every odd member's parameters
+ * before the first step (the slices re-sync them; checked before the
+ * final sync at leave, which would hide them). */
 static void members_late(int G, const char *key, const char *value, int port, float apart,
-                         int overlap, int timeout_ms, int late_ms)
+                         int overlap, int timeout_ms, int late_ms, float start)
 {
     static const char *names[] = {"ma", "mb", "mc", "md"};
     static member ms[4];
@@ -658,7 +663,8 @@ static void members_late(int G, const char *key, const char *value, int port, fl
     for (int k = 0; k < G; k++) {
         ms[k] = (member){.name = names[k], .port = port + k, .seed = port, .key = key,
                          .value = value, .sign = k % 2 ? 3.0f : 1.0f,
-                         .apart = k % 2 ? apart : 0.0f, .overlap = overlap != 0,
+                         .apart = k % 2 ? apart : 0.0f, .start = k % 2 ? start : 0.0f,
+                         .overlap = overlap != 0,
                          .small = overlap == 2,
                          .timeout_ms = timeout_ms, .late_ms = k == G - 1 ? late_ms : 0,
                          .members = G};
@@ -678,13 +684,16 @@ static void members_late(int G, const char *key, const char *value, int port, fl
                   m->steps);
         cr_assert_eq(memcmp(ms[0].p, m->p, sizeof(m->p)), 0, "ma's and %s's parameters differ",
                      m->name);
+        for (size_t i = 0; start != 0.0f && i < m->n; i++)
+            cr_assert_eq(ms[0].last[i], m->last[i], "after the last step, before the final "
+                         "sync: ma's p[%zu] = %g, %s's %g", i, ms[0].last[i], m->name, m->last[i]);
     }
     /* The mean of sign 1 and 3 is 2: each step took 0.5 * 2 * pattern / 64
      * (exact in binary, whatever the order of the sums). A member late to
      * its first step misses a reduction or two: one model, not this one. */
     for (size_t i = 0; !late_ms && i < ms[0].n; i++) {
         const float want = (float)(1 + i % 7) - GSTEPS * 0.5f * 2.0f * (float)(1 + i % 3) / 64.0f +
-                           apart / 2.0f;
+                           apart / 2.0f + start / 2.0f;
         cr_assert_float_eq(ms[0].p[i], want, 1e-4f, "p[%zu] = %g, want %g", i, ms[0].p[i], want);
     }
 }
@@ -692,7 +701,7 @@ static void members_late(int G, const char *key, const char *value, int port, fl
 static void two_members_average(const char *key, const char *value, int port, float apart,
                                 int overlap)
 {
-    members_late(2, key, value, port, apart, overlap, 0, 0);
+    members_late(2, key, value, port, apart, overlap, 0, 0, 0.0f);
 }
 
 Test(api, a_group_of_two_reduces_to_one_model, .timeout = 180)
@@ -745,7 +754,7 @@ Test(api, a_group_of_two_reduces_layer_by_layer_with_overlap, .timeout = 180)
 Test(api, members_apart_at_the_start_meet_and_reduce_layer_by_layer, .timeout = 60)
 {
     static const char *names[] = {"ma", "mb", "mc", "md"};
-    members_late(4, "node.group", "g0", 7450, 0.0f, 1, 1000, 700);
+    members_late(4, "node.group", "g0", 7450, 0.0f, 1, 1000, 700, 0.0f);
     for (int k = 0; k < 4; k++) {
         const double inc = group_count(names[k], "incomplete");
         cr_assert_eq(inc, 0, "%s: %g incomplete reductions", names[k], inc);
@@ -760,10 +769,25 @@ Test(api, members_apart_at_the_start_meet_and_reduce_layer_by_layer, .timeout = 
  * checks the exact trajectory). */
 Test(api, a_small_last_layer_rides_with_layer_0, .timeout = 180)
 {
-    members_late(2, "node.group", "g0", 7470, 0.0f, 2, 0, 0);
+    members_late(2, "node.group", "g0", 7470, 0.0f, 2, 0, 0, 0.0f);
     cr_assert_eq(layer_reductions("ma"), 0, "ma: %g layer reductions", layer_reductions("ma"));
     cr_assert_eq(layer_reductions("mb"), 0, "mb: %g layer reductions", layer_reductions("mb"));
     cr_assert_eq(group_count("ma", "incomplete"), 0);
+}
+
+/* Members that start apart are one model again within GROUP_SYNC_SLICES
+ * steps, before the final sync: the slices of parameters travel in the
+ * step's own reduction, with group.overlap (where the layers go on the
+ * layer thread) and without. */
+Test(api, members_that_start_apart_are_one_model_by_the_slices_with_overlap, .timeout = 180)
+{
+    members_late(2, "node.group", "g0", 7480, 0.0f, 1, 0, 0, 0.25f);
+    cr_assert_eq(layer_reductions("ma"), GSTEPS - 1);
+}
+
+Test(api, members_that_start_apart_are_one_model_by_the_slices, .timeout = 180)
+{
+    members_late(2, "node.group", "g0", 7490, 0.0f, 0, 0, 0, 0.25f);
 }
 
 Test(api, a_group_ends_as_one_model_after_a_last_step_apart, .timeout = 180)

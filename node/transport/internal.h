@@ -298,6 +298,8 @@ typedef struct tp_fab {
     uint32_t last_slot, last_sidx;
 
     int idle_scan;              /* a TCP provider: look for idle connections */
+    uint64_t idle_print;        /* the last pass's sockets (idle.c) */
+    unsigned idle_silent;       /* and the silent ones it found */
     uint64_t idle_warned_ms;    /* the last warning about closed ones */
     unsigned idle_unwarned;     /* closed since, and the first one's peer */
     char idle_first[64];

@@ -217,6 +217,29 @@ Test(lag, a_round_that_goes_back_starts_the_window_again)
     cr_expect_float_eq(l.rate, 100.0, 1e-9, "the rate of the window since the round went back");
 }
 
+/* A jump forward told by ds_lag_restart (a member took member 0's step
+ * ahead of its own) is not a pace: the window starts at the jump. */
+Test(lag, a_restart_at_a_jump_forward_keeps_the_pace)
+{
+    ds_lag l;
+    ds_lag_init(&l, 32);
+    ds_lag_update(&l, 0, 100);
+    ds_lag_update(&l, 2000, 300); /* 100 rounds/s: 500 */
+    cr_assert_eq(l.lag, 500);
+    ds_lag_restart(&l, 2500, 750); /* 400 rounds ahead, at 350 */
+    cr_expect_eq(ds_lag_update(&l, 4500, 950), 0, "100 rounds/s since the jump: 500 still");
+    cr_expect_eq(l.lag, 500);
+    cr_expect_float_eq(l.rate, 100.0, 1e-9);
+    /* Without the restart the window from 2000 to 4500 ms held 650
+     * rounds: 260 rounds/s, a lag of 1300. */
+    ds_lag m;
+    ds_lag_init(&m, 32);
+    ds_lag_update(&m, 0, 100);
+    ds_lag_update(&m, 2000, 300);
+    cr_expect_eq(ds_lag_update(&m, 4500, 950), 1);
+    cr_expect_eq(m.lag, 1300);
+}
+
 /* The lag follows a peak of the pace that decays by a fifth per window,
  * so the stall right after a crash (rounds waiting out their timeouts)
  * does not shrink the lag of the death that follows (commit 3f33fb9). */

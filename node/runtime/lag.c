@@ -65,3 +65,10 @@ int ds_lag_update(ds_lag *l, uint64_t now_ms, uint64_t round)
     l->r0 = round;
     return changed;
 }
+
+void ds_lag_restart(ds_lag *l, uint64_t now_ms, uint64_t round)
+{
+    l->started = 1;
+    l->t0_ms = now_ms;
+    l->r0 = round;
+}

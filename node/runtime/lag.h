@@ -75,4 +75,12 @@ void ds_lag_init(ds_lag *l, uint64_t lag_rounds);
  * (membership must be told), else 0. */
 int ds_lag_update(ds_lag *l, uint64_t now_ms, uint64_t round);
 
+/* The node's round moved by itself, not by the pace (a group member took
+ * member 0's step: forward or back by the rounds they were apart): the
+ * window starts again at (now_ms, round), the peak and the lag stay.
+ * Without it a jump forward of 200 rounds counted as 100 rounds/s more
+ * for a window, and a jump back as 10^19 (ds_lag_update guards that one
+ * too). */
+void ds_lag_restart(ds_lag *l, uint64_t now_ms, uint64_t round);
+
 #endif

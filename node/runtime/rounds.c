@@ -788,6 +788,8 @@ static void take_position(rt *r, const float *v, int64_t step)
     r->step = step0;
     r->gst.steps_taken++;
     r->round0 = round0;
+    /* Our round jumps with the step: not a pace (lag.h). */
+    ds_lag_restart(&r->lag, ds_now_ms(), round0 + (uint64_t)(step0 / r->c->gossip.every));
 }
 
 _Static_assert((int)DS_GREDUCE_SKIP_NOWAIT == (int)DS_SKIP_NOWAIT &&

@@ -198,6 +198,16 @@ Test(lag, moves_only_by_more_than_a_quarter)
     cr_expect_eq(l.lag, 650);
 }
 
+/* A lag sized at 100 rounds/s (500 rounds), its window begun at 2000 ms
+ * and round 300. */
+static void lag_at_100_a_second(ds_lag *l)
+{
+    ds_lag_init(l, 32);
+    ds_lag_update(l, 0, 100);
+    ds_lag_update(l, 2000, 300);
+    cr_assert_eq(l->lag, 500);
+}
+
 /* A round that goes back (a group member takes member 0's step) starts
  * the window again: before, the unsigned difference gave a lag of 2^20
  * rounds for good, and a death this node declared never took effect (CI:
@@ -205,10 +215,7 @@ Test(lag, moves_only_by_more_than_a_quarter)
 Test(lag, a_round_that_goes_back_starts_the_window_again)
 {
     ds_lag l;
-    ds_lag_init(&l, 32);
-    ds_lag_update(&l, 0, 100);
-    ds_lag_update(&l, 2000, 300); /* 100 rounds/s */
-    cr_assert_eq(l.lag, 500);
+    lag_at_100_a_second(&l);
     cr_expect_eq(ds_lag_update(&l, 3000, 120), 0, "back from 300 to 120: no rate from that");
     cr_expect_eq(l.lag, 500);
     cr_expect_eq(ds_lag_update(&l, 4500, 270), 0, "1.5 s since the new window began");
@@ -222,10 +229,7 @@ Test(lag, a_round_that_goes_back_starts_the_window_again)
 Test(lag, a_restart_at_a_jump_forward_keeps_the_pace)
 {
     ds_lag l;
-    ds_lag_init(&l, 32);
-    ds_lag_update(&l, 0, 100);
-    ds_lag_update(&l, 2000, 300); /* 100 rounds/s: 500 */
-    cr_assert_eq(l.lag, 500);
+    lag_at_100_a_second(&l);
     ds_lag_restart(&l, 2500, 750); /* 400 rounds ahead, at 350 */
     cr_expect_eq(ds_lag_update(&l, 4500, 950), 0, "100 rounds/s since the jump: 500 still");
     cr_expect_eq(l.lag, 500);
@@ -233,9 +237,7 @@ Test(lag, a_restart_at_a_jump_forward_keeps_the_pace)
     /* Without the restart the window from 2000 to 4500 ms held 650
      * rounds: 260 rounds/s, a lag of 1300. */
     ds_lag m;
-    ds_lag_init(&m, 32);
-    ds_lag_update(&m, 0, 100);
-    ds_lag_update(&m, 2000, 300);
+    lag_at_100_a_second(&m);
     cr_expect_eq(ds_lag_update(&m, 4500, 950), 1);
     cr_expect_eq(m.lag, 1300);
 }

@@ -1365,9 +1365,6 @@ static int adopt_state(rt *r, const float *theta, const ds_state_info *info, uin
 
 static int pick_member(rt *r, uint64_t before, int same_group_only);
 
-/* A late joiner: ask the member that admitted us for its model, step and
- * rounds, and start from them; retry a few times (each retry asks a member
- * in the views before round `before`). */
 /* The member asked for the state has left or is dead (membership's
  * verdict): its answer will not come. */
 static int asked_gone(rt *r)
@@ -1377,6 +1374,9 @@ static int asked_gone(rt *r)
            (mi.state == DS_MEMBER_LEFT || mi.state == DS_MEMBER_DEAD);
 }
 
+/* A late joiner: ask the member that admitted us for its model, step and
+ * rounds, and start from them; retry a few times (each retry asks a member
+ * in the views before round `before`). */
 static int fetch_state(rt *r, int attempts, uint64_t attempt_ms, uint64_t before)
 {
     float *theta = malloc(r->p.n * sizeof(float));

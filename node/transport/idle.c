@@ -50,6 +50,7 @@
 #include <linux/tcp.h>
 
 #include "base/log.h"
+#include "base/splitmix.h"
 #include "node/transport/internal.h"
 
 /* tcpi_state of an established connection (the kernel's TCP_ESTABLISHED,
@@ -267,14 +268,6 @@ struct sockfd {
     long inode;
 };
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15u;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebu;
-    return x ^ (x >> 31);
-}
-
 static struct sockfd *own_sockets(size_t *n, uint64_t *print)
 {
     *n = 0;
@@ -311,10 +304,10 @@ static struct sockfd *own_sockets(size_t *n, uint64_t *print)
             cap = c;
         }
         v[(*n)++] = (struct sockfd){(int)fd, inode};
-        *print += mix64((uint64_t)inode ^ ((uint64_t)fd << 40));
+        *print += ds_splitmix64_mix((uint64_t)inode ^ ((uint64_t)fd << 40));
     }
     closedir(d);
-    *print ^= mix64(*n);
+    *print ^= ds_splitmix64_mix(*n);
     return v;
 }
 

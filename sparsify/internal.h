@@ -35,6 +35,10 @@ struct ds_sparsifier {
     int micro_fed;             /* ds_micro_feedback() supplied the group's count */
     size_t micro_group_count;
     size_t micro_k_group;      /* k of the whole vector at the last call */
+    float micro_cand;          /* micro: the pass also keeps the entries over
+                                  delta x this (0 < x <= 1), so that a call
+                                  under the band finds its k-th largest among
+                                  them; speed only, never the result */
 
     /* Scratch, grown on demand and kept: top-k candidates (in the table's
      * memory), random's bitmap, deft's per-unit arrays, and on a device

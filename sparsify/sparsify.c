@@ -45,9 +45,11 @@
  *   (5x in the first few hundred steps) it sends 0.14-3.9x its target, and
  *   a cluster's bytes per node varied 19% between 2 and 8 nodes (issue 17
  *   asks for +-10%). Over the band the call keeps the k largest of what
- *   its one pass kept (a radix select over those); under it, it reads the
- *   vector again for its exact k-th largest. Either threshold is the
- *   delta the rule steers from next. Counted in totals.banded.
+ *   its one pass kept (a radix select over those); under it, the same
+ *   when the pass's candidates (every entry over delta x micro_cand, kept
+ *   beside the count over delta) hold k or more, else it reads the vector
+ *   again for its exact k-th largest (totals.reread). Either threshold is
+ *   the delta the rule steers from next. Counted in totals.banded.
  * - SAGE samples: the authors draw with Python's random.randrange and size
  *   the sample by Slovin's formula (e = 0.05: n / (1 + n e^2), under 400)
  *   on the first call. We draw positions with SplitMix64 from the
@@ -161,6 +163,15 @@ size_t ds_sparsify_capacity(const ds_sparsifier *s, size_t n, double density)
         return n;
     }
 }
+
+/* Candidates for m_micro: the pass keeps the entries over delta x
+ * micro_cand as well as counting those over delta (the top of the file).
+ * The ratio follows how far the rule has been missing: down when a call's
+ * candidates held fewer than k (a second read), up when they held more
+ * than MICRO_CAND_MAX x k (writes for nothing). */
+#define MICRO_CAND_START 0.75f
+#define MICRO_CAND_MIN (1.0f / 64.0f)
+#define MICRO_CAND_MAX 4
 
 /* ---- object ------------------------------------------------------------- */
 
@@ -297,6 +308,7 @@ void ds_sparsifier_reset(ds_sparsifier *s)
     s->micro_fed = 0;
     s->micro_group_count = 0;
     s->micro_k_group = 0;
+    s->micro_cand = MICRO_CAND_START;
     s->g_fed = 0;
 }
 
@@ -679,6 +691,7 @@ static int m_sage(ds_sparsifier *s, call *c)
             s->delta = delta;
             s->mean_prev = m;
             s->totals.banded++;
+            s->totals.reread++;
             return 0;
         }
         s->totals.banded++;
@@ -689,6 +702,12 @@ static int m_sage(ds_sparsifier *s, call *c)
     s->delta = next_delta;
     s->mean_prev = m;
     return 0;
+}
+
+static uint32_t micro_cand_key(const ds_sparsifier *s, float delta)
+{
+    const float low = delta * s->micro_cand;
+    return low > 0.0f ? ds_sel_key(low) : 0;
 }
 
 static int m_micro(ds_sparsifier *s, call *c)
@@ -707,9 +726,15 @@ static int m_micro(ds_sparsifier *s, call *c)
             return ret;
         s->totals.starts++;
     }
+    if (!(s->micro_cand > 0.0f && s->micro_cand <= 1.0f))
+        s->micro_cand = MICRO_CAND_START;
+    /* One pass: the rule's selection (>= t) counted, the candidates
+     * (>= tc <= t) kept; the buffers hold n (cap >= n, the capacity). */
     ds_sel_tally tl;
-    uint32_t t = ds_sel_key(delta);
-    s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+    uint32_t t = ds_sel_key(delta), tc = micro_cand_key(s, delta);
+    s->ops.compact(c->v, c->n, tc, t, c->base, c->idx, c->val, c->cap, &tl);
+    size_t cand = tl.kept, count = tl.counted;
+    const size_t nonfinite = tl.nonfinite;
     /* Runaway guard (ours, not the authors'): MiCRO moves its threshold by
      * at most 0.5% per call, so when the vector's scale changes by orders
      * of magnitude -- accumulated drift after a first call on one step's
@@ -718,42 +743,53 @@ static int m_micro(ds_sparsifier *s, call *c)
      * DS_SPARSIFY_RUNAWAY x k, or fewer than k / DS_SPARSIFY_RUNAWAY,
      * restart from this call's exact k-th largest |v|, as on a first call. */
     if (s->started && c->k >= DS_SPARSIFY_RUNAWAY &&
-        (tl.kept > DS_SPARSIFY_RUNAWAY * c->k || tl.kept * DS_SPARSIFY_RUNAWAY < c->k)) {
+        (count > DS_SPARSIFY_RUNAWAY * c->k || count * DS_SPARSIFY_RUNAWAY < c->k)) {
         int ret = start_threshold(s, c->v, c->n, c->k, &delta);
         if (ret < 0)
             return ret;
         s->totals.starts++;
-        t = ds_sel_key(delta);
+        t = tc = ds_sel_key(delta);
         s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+        cand = count = tl.kept;
     }
     /* Within +-10% of k (the top of the file): over the band, the k
-     * largest of what was kept; under it, the exact k-th largest of the
-     * whole vector (a second read). The threshold found steers on. */
+     * largest of the candidates; under it, the same when the candidates
+     * hold k or more (all entries over tc are there, so the k-th largest
+     * of the candidates is the vector's), else the exact k-th largest of
+     * the whole vector (a second read). Either way the selection is the
+     * one a second read would give, bit for bit. The threshold found
+     * steers on. */
     const size_t k = c->k, band_lo = k - k / 10, band_hi = k + k / 10;
-    if (s->started && (tl.kept < band_lo || tl.kept > band_hi)) {
+    if (s->started && (count < band_lo || count > band_hi)) {
         uint32_t kth;
-        if (tl.kept > band_hi) {
-            int ret = ds_sp_kth_key(s, c->val, tl.kept, k, &kth);
+        if (count > band_hi || cand >= k) {
+            int ret = ds_sp_kth_key(s, c->val, cand, k, &kth);
             if (ret < 0)
                 return ret;
             delta = positive(ds_sel_key_value(kth));
-            tl.kept = s->ops.filter(c->idx, c->val, tl.kept, ds_sel_key(delta));
+            t = ds_sel_key(delta);
         } else {
             int ret = ds_sp_kth_key(s, c->v, c->n, k, &kth);
             if (ret < 0)
                 return ret;
             delta = positive(ds_sel_key_value(kth));
-            t = ds_sel_key(delta);
+            t = tc = ds_sel_key(delta);
             s->ops.compact(c->v, c->n, t, t, c->base, c->idx, c->val, c->cap, &tl);
+            cand = tl.kept;
+            s->totals.reread++;
+            s->micro_cand = fmaxf(s->micro_cand * 0.75f, MICRO_CAND_MIN);
         }
         s->totals.banded++;
     }
-    c->count = tl.kept;
-    c->nonfinite = tl.nonfinite;
+    if (cand > MICRO_CAND_MAX * k && s->micro_cand < 1.0f)
+        s->micro_cand = fminf(s->micro_cand * 1.05f, 1.0f);
+    count = tc < t ? s->ops.filter(c->idx, c->val, cand, t) : cand;
+    c->count = count;
+    c->nonfinite = nonfinite;
     c->threshold = delta;
     s->delta = delta;
     s->started = 1;
-    s->micro_ratio = (double)tl.kept / (double)c->k;
+    s->micro_ratio = (double)count / (double)c->k;
     s->micro_fed = 0;
     return 0;
 }

@@ -133,6 +133,9 @@ typedef struct ds_sparsify_totals {
                                       after the threshold left the finite range */
     uint64_t banded;               /* sage, micro: calls whose rule landed outside
                                       +-10% of k and were brought inside */
+    uint64_t reread;               /* sage, micro: banded calls that read the
+                                      vector a second time (their candidates
+                                      held fewer than k) */
 } ds_sparsify_totals;
 
 typedef struct ds_sparsifier ds_sparsifier;

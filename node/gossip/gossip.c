@@ -93,6 +93,13 @@ struct ds_gossip {
     ds_gseg *seg;
     size_t max_len;
     float *acc, *snap, *delta;
+    /* Where delta may be non-zero: the indices the exchanges wrote
+     * (duplicates allowed), so that ds_gossip_apply visits those alone;
+     * or "anywhere" (delta_dense: a crossover mix, the caller's own writes
+     * through ds_gossip_delta, more indices than the list holds). */
+    uint32_t *touched;
+    size_t n_touched, touched_cap;
+    int delta_dense;
     ds_sparsifier **sp;
     ds_select_ops sel;
     struct gout *out;
@@ -235,6 +242,7 @@ void ds_gossip_destroy(ds_gossip **gp)
     free(g->acc);
     free(g->snap);
     free(g->delta);
+    free(g->touched);
     free(g->in_from);
     free(g->in_done);
     free(g->in_n);
@@ -329,13 +337,16 @@ int ds_gossip_create(ds_gossip **out, const ds_gossip_cfg *cfg, const ds_layer *
     g->acc = calloc(n_params, sizeof(float));
     g->snap = malloc(n_params * sizeof(float));
     g->delta = calloc(n_params, sizeof(float));
+    /* A quarter of the vector: past that the dense pass costs no more. */
+    g->touched_cap = n_params / 4 + 1;
+    g->touched = malloc(g->touched_cap * sizeof(uint32_t));
     g->resp = malloc(g->max_len * sizeof(float));
     g->sp = calloc((size_t)g->n_seg, sizeof(*g->sp));
     g->out = calloc((size_t)g->n_seg, sizeof(*g->out));
     g->in_n = calloc((size_t)g->n_seg, sizeof(*g->in_n));
     g->pub_x = calloc((size_t)g->n_seg, sizeof(*g->pub_x));
-    if (!g->acc || !g->snap || !g->delta || !g->resp || !g->sp || !g->out || !g->in_n ||
-        !g->pub_x)
+    if (!g->acc || !g->snap || !g->delta || !g->touched || !g->resp || !g->sp || !g->out ||
+        !g->in_n || !g->pub_x)
         goto nomem;
     memcpy(g->snap, theta, n_params * sizeof(float));
     ds_select_ops_init(&g->sel, ds_cpu_flags());
@@ -449,6 +460,8 @@ void ds_gossip_reset(ds_gossip *g, const float *theta)
     memcpy(g->snap, theta, g->n * sizeof(float));
     memset(g->acc, 0, g->n * sizeof(float));
     memset(g->delta, 0, g->n * sizeof(float));
+    g->n_touched = 0;
+    g->delta_dense = 0;
     for (int s = 0; g->sp && s < g->n_seg; s++)
         if (g->sp[s])
             ds_sparsifier_reset(g->sp[s]);
@@ -643,6 +656,21 @@ static int nowait_pending(const ds_gossip *g)
  * |1 - 4 w| as the two exchanges did where both selected it (w <= 1/4),
  * and by 0 where they overshot (w > 1/4). The same on both sides of an
  * exchange: they are in the same view epoch, which fixes the groups. */
+/* Note that delta[off + idx[j]] (j < count) was written. */
+static void touch(ds_gossip *g, size_t off, const uint32_t *idx, size_t count)
+{
+    if (g->delta_dense)
+        return;
+    if (count > g->touched_cap - g->n_touched) {
+        g->delta_dense = 1;
+        return;
+    }
+    uint32_t *t = g->touched + g->n_touched;
+    for (size_t j = 0; j < count; j++)
+        t[j] = (uint32_t)(off + idx[j]);
+    g->n_touched += count;
+}
+
 static float exchange_weight(const ds_gossip *g)
 {
     const float w = g->cfg.weight;
@@ -710,13 +738,16 @@ int ds_gossip_begin(ds_gossip *g, const float *theta, uint64_t round)
     const size_t n = g->n;
     float *acc = g->acc, *snap = g->snap;
     if (g->cfg.error_feedback) {
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             acc[i] += theta[i] - snap[i];
+            snap[i] = theta[i];
+        }
     } else {
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             acc[i] = theta[i] - snap[i];
+            snap[i] = theta[i];
+        }
     }
-    memcpy(snap, theta, n * sizeof(float));
 
     memset(g->ahead, 0, g->G);
     const int gossips = ds_topo_gossips(g->cfg.topology);
@@ -798,18 +829,33 @@ void ds_gossip_end(ds_gossip *g, float *theta)
 
 float *ds_gossip_delta(ds_gossip *g)
 {
+    g->delta_dense = 1; /* the caller may write anywhere */
     return g->delta;
 }
 
 void ds_gossip_apply(ds_gossip *g, float *theta)
 {
-    const size_t n = g->n;
     float *d = g->delta, *snap = g->snap;
-    for (size_t i = 0; i < n; i++) {
-        theta[i] += d[i];
-        snap[i] += d[i];
-        d[i] = 0.0f;
+    if (g->delta_dense) {
+        const size_t n = g->n;
+        for (size_t i = 0; i < n; i++) {
+            theta[i] += d[i];
+            snap[i] += d[i];
+            d[i] = 0.0f;
+        }
+    } else {
+        /* Only the indices written; a repeated one adds the 0 left by
+         * its first visit. */
+        const uint32_t *t = g->touched;
+        for (size_t j = 0; j < g->n_touched; j++) {
+            const uint32_t i = t[j];
+            theta[i] += d[i];
+            snap[i] += d[i];
+            d[i] = 0.0f;
+        }
     }
+    g->n_touched = 0;
+    g->delta_dense = 0;
 }
 
 /* ---- exchange ---------------------------------------------------------------- */
@@ -957,6 +1003,7 @@ static void answer_req(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
         d[i] += w * (m->val[j] - g->resp[j]);
         acc[i] = 0.0f;
     }
+    touch(g, sg->off, m->idx, m->count);
     g->st.answered++;
     g->st.values_received += m->count;
     g->st.bytes_received += payload_bytes(m);
@@ -1022,6 +1069,7 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
         }
         for (size_t j = 0; j < o->count; j++)
             g->delta[sg->off + o->idx[j]] += w * (m->val[j] - o->val[j]);
+        touch(g, sg->off, o->idx, o->count);
         o->latency_ns = io->now_ns(io->ctx) - o->sent_ns;
         ds_glat_peer(&g->lat, o->target, link_time(o->latency_ns, m));
         o->state = OUT_OK;
@@ -1049,6 +1097,7 @@ static int handle_current(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m
         float *d = g->delta + sg->off;
         for (size_t i = 0; i < sg->len; i++)
             d[i] += 0.5f * (m->val[i] - mine[i]);
+        g->delta_dense = 1;
         *done = 1;
         g->st.answered++;
         g->st.values_received += m->count;
@@ -1136,6 +1185,7 @@ static int late_answer(ds_gossip *g, const ds_gossip_io *io, const ds_gmsg *m)
     const float w = l->w;
     for (size_t j = 0; j < l->count; j++)
         d[l->idx[j]] += w * (m->val[j] - l->val[j]);
+    touch(g, g->seg[m->segment].off, l->idx, l->count);
     g->st.late_applied++;
     g->st.values_received += m->count;
     g->st.bytes_received += payload_bytes(m);

@@ -11,7 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -248,6 +252,81 @@ Test(data, cache_written_then_mapped_and_never_stale)
     cr_expect_eq(st.st_mode & 0777, 0700, "the cache directory is %o", st.st_mode & 0777);
     free(img);
     free(lab);
+}
+
+/* Nodes started together (data.c's top): four processes load the real
+ * training set into one empty cache at the same moment (a pipe holds them
+ * until all are forked). Exactly one inflates and writes it; the three
+ * others wait on its lock and map what it wrote. Without the lock each
+ * missed, inflated and wrote. */
+Test(data, cache_nodes_started_together_inflate_once, .timeout = 60)
+{
+    char cache[300];
+    snprintf(cache, sizeof(cache), "%s/together", dir);
+    int go[2];
+    cr_assert_eq(pipe(go), 0);
+    enum { N = 4 };
+    pid_t pid[N];
+    for (int i = 0; i < N; i++) {
+        pid[i] = fork();
+        cr_assert_geq(pid[i], 0);
+        if (pid[i] == 0) {
+            close(go[1]);
+            char b;
+            if (read(go[0], &b, 1) != 0)
+                _exit(20);
+            ds_dataset d;
+            if (ds_dataset_load(&d, FMNIST "/train-images-idx3-ubyte.gz",
+                                FMNIST "/train-labels-idx1-ubyte.gz", cache, err, sizeof(err)) < 0)
+                _exit(10);
+            const int c = d.cache, n_ok = d.n == 60000;
+            ds_dataset_free(&d);
+            _exit(n_ok ? c : 11);
+        }
+    }
+    close(go[0]);
+    close(go[1]); /* all of them go */
+    int count[4] = {0};
+    for (int i = 0; i < N; i++) {
+        int st;
+        cr_assert_eq(waitpid(pid[i], &st, 0), pid[i]);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) <= 3, "loader %d: status %#x", i, st);
+        count[WEXITSTATUS(st)]++;
+    }
+    cr_expect_eq(count[DS_DATA_CACHE_WRITTEN], 1, "%d loaders wrote the cache, %d mapped it",
+                 count[DS_DATA_CACHE_WRITTEN], count[DS_DATA_CACHE_HIT]);
+    cr_expect_eq(count[DS_DATA_CACHE_HIT], N - 1, "%d loaders wrote the cache, %d mapped it",
+                 count[DS_DATA_CACHE_WRITTEN], count[DS_DATA_CACHE_HIT]);
+}
+
+/* A holder that keeps the lock (a frozen node) is waited for
+ * CACHE_LOCK_WAIT_MS at most: the load then inflates without it. */
+Test(data, cache_lock_held_by_a_frozen_loader_is_not_waited_out)
+{
+    char cache[300], lname[600];
+    snprintf(cache, sizeof(cache), "%s/frozen", dir);
+    cr_assert_eq(mkdir(cache, 0700), 0);
+    struct stat st;
+    cr_assert_eq(stat(FMNIST "/t10k-images-idx3-ubyte.gz", &st), 0);
+    snprintf(lname, sizeof(lname), "%s/idx3-%llx-%llx.bin.lock", cache,
+             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    const int fd = open(lname, O_RDWR | O_CREAT, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(flock(fd, LOCK_EX), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ds_dataset d;
+    cr_assert_eq(ds_dataset_load(&d, FMNIST "/t10k-images-idx3-ubyte.gz",
+                                 FMNIST "/t10k-labels-idx1-ubyte.gz", cache, err, sizeof(err)),
+                 0, "%s", err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    cr_expect_eq(d.cache, DS_DATA_CACHE_WRITTEN, "cache %d (%s)", d.cache, d.cache_note);
+    cr_expect_eq(d.n, 10000);
+    /* The wait is 2 s; the bound is for a loaded machine's inflate. */
+    cr_expect(s >= 1.9 && s < 30.0, "the load took %.2f s with the lock held", s);
+    ds_dataset_free(&d);
+    close(fd);
 }
 
 /* A cache directory others can write to is not used (a planted file

@@ -8,11 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include "base/clock.h"
 #include "base/file.h"
 #include "node/train/data.h"
 
@@ -158,10 +161,20 @@ out:
  * is created 0700 and refused unless it is ours and writable by no one
  * else. Whatever goes wrong with the cache, the data is inflated as
  * without one; ds_dataset's cache fields say what happened.
+ *
+ * Nodes started together all miss the cache at once: each inflated and
+ * wrote the same 47 MB (4 nodes on 2 cores: three inflations for
+ * nothing). So a miss takes an exclusive flock(2) on "<name>.lock" and
+ * looks again under it: the first inflates and writes, the others wait
+ * for it and map. The lock goes with its holder's descriptor (a process
+ * that dies releases it); a holder that does not let go within
+ * CACHE_LOCK_WAIT_MS (frozen) is not waited for longer: the data is then
+ * inflated without the lock, as before.
  */
 #define CACHE_MAGIC "DSIDXC1\n"
 #define CACHE_HDR 4096
 #define CACHE_MIN ((size_t)1 << 20)
+#define CACHE_LOCK_WAIT_MS 2000
 
 typedef struct cache_hdr {
     char magic[8];
@@ -352,6 +365,26 @@ static void cache_write(cache_ctx *cc, cache_hdr *h, const char *name, const uin
     unlinkat(cc->dfd, tmp, 0);
 }
 
+/* The exclusive lock of cache file `name` (data.c's top): its descriptor,
+ * or -1 (no lock file, or a holder that kept it CACHE_LOCK_WAIT_MS). */
+static int cache_lock(const cache_ctx *cc, const char *name)
+{
+    char lname[128];
+    snprintf(lname, sizeof(lname), "%s.lock", name);
+    int fd = openat(cc->dfd, lname, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    const uint64_t until = ds_now_ms() + CACHE_LOCK_WAIT_MS;
+    while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || ds_now_ms() >= until) {
+            close(fd);
+            return -1;
+        }
+        nanosleep(&(struct timespec){0, 5000000}, NULL);
+    }
+    return fd;
+}
+
 /* Parse one IDX file of unsigned bytes with `ndims` dimensions. */
 static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data, cache_ctx *cc,
                     void **map, size_t *map_len, char *err, size_t err_len)
@@ -372,10 +405,19 @@ static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data,
     cache_hdr key;
     char cname[96];
     const int cacheable = cc && cc->dfd >= 0 && cache_key(fd, &st, ndims, &key) == 0;
+    int lock = -1;
     if (cacheable) {
         cache_name(&st, ndims, cname, sizeof(cname));
         if (cache_map(cc, &key, cname, dims, data, map, map_len) == 0) {
             cache_note(cc, DS_DATA_CACHE_HIT, "mapped", "");
+            close(fd);
+            return 0;
+        }
+        /* A miss: another node may be writing it now (the top). */
+        lock = cache_lock(cc, cname);
+        if (lock >= 0 && cache_map(cc, &key, cname, dims, data, map, map_len) == 0) {
+            cache_note(cc, DS_DATA_CACHE_HIT, "mapped", "");
+            close(lock);
             close(fd);
             return 0;
         }
@@ -390,9 +432,13 @@ static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data,
                 total *= dims[i];
             cache_write(cc, &key, cname, dims, *data, (size_t)total);
         }
+        if (lock >= 0)
+            close(lock);
         close(fd);
         return ret;
     }
+    if (lock >= 0)
+        close(lock); /* not a whole gzip member: the stream path, not cached */
     gzFile f = gzdopen(fd, "rb");
     if (!f) {
         close(fd);

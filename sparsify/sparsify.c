@@ -226,6 +226,7 @@ int ds_sparsifier_create(ds_sparsifier **out, const ds_sparsify_cfg *cfg, size_t
         ds_select_ops_init(&s->ops, ds_cpu_flags());
     s->dev = s->ops.kind != DS_BACKEND_CPU;
     s->rng = cfg->seed ^ SP_RNG_DOMAIN;
+    s->micro_cand = MICRO_CAND_START;
 
     if (cfg->method == DS_SPARSIFY_DEFT) {
         s->n_units = cfg->unit_off ? cfg->n_units : 1;
@@ -726,8 +727,6 @@ static int m_micro(ds_sparsifier *s, call *c)
             return ret;
         s->totals.starts++;
     }
-    if (!(s->micro_cand > 0.0f && s->micro_cand <= 1.0f))
-        s->micro_cand = MICRO_CAND_START;
     /* One pass: the rule's selection (>= t) counted, the candidates
      * (>= tc <= t) kept; the buffers hold n (cap >= n, the capacity). */
     ds_sel_tally tl;

@@ -649,13 +649,6 @@ static int nowait_pending(const ds_gossip *g)
 
 /* ---- begin / end ---------------------------------------------------------- */
 
-/* The pairwise weight of this round's exchanges: gossip.weight, or between
- * two groups, where one exchange stands for the two the swap would make,
- * their combined 2 w, at most 1/2 (an exact average of the coordinates
- * exchanged). Per coordinate it contracts the pair's difference by
- * |1 - 4 w| as the two exchanges did where both selected it (w <= 1/4),
- * and by 0 where they overshot (w > 1/4). The same on both sides of an
- * exchange: they are in the same view epoch, which fixes the groups. */
 /* Note that delta[off + idx[j]] (j < count) was written. */
 static void touch(ds_gossip *g, size_t off, const uint32_t *idx, size_t count)
 {
@@ -671,6 +664,13 @@ static void touch(ds_gossip *g, size_t off, const uint32_t *idx, size_t count)
     g->n_touched += count;
 }
 
+/* The pairwise weight of this round's exchanges: gossip.weight, or between
+ * two groups, where one exchange stands for the two the swap would make,
+ * their combined 2 w, at most 1/2 (an exact average of the coordinates
+ * exchanged). Per coordinate it contracts the pair's difference by
+ * |1 - 4 w| as the two exchanges did where both selected it (w <= 1/4),
+ * and by 0 where they overshot (w > 1/4). The same on both sides of an
+ * exchange: they are in the same view epoch, which fixes the groups. */
 static float exchange_weight(const ds_gossip *g)
 {
     const float w = g->cfg.weight;

@@ -423,22 +423,20 @@ static int idx_load(const char *path, int ndims, uint32_t *dims, uint8_t **data,
         }
     }
     int ret = idx_load_whole(fd, ndims, dims, data);
+    if (ret == 0 && cacheable) {
+        uint64_t total = 1;
+        for (int i = 0; i < ndims; i++)
+            total *= dims[i];
+        cache_write(cc, &key, cname, dims, *data, (size_t)total);
+    }
+    if (lock >= 0)
+        close(lock); /* (ret > 0, not a whole gzip member: the stream path, not cached) */
     if (ret <= 0) {
         if (ret < 0)
             snprintf(err, err_len, "%s: out of memory while inflating", path);
-        else if (cacheable) {
-            uint64_t total = 1;
-            for (int i = 0; i < ndims; i++)
-                total *= dims[i];
-            cache_write(cc, &key, cname, dims, *data, (size_t)total);
-        }
-        if (lock >= 0)
-            close(lock);
         close(fd);
         return ret;
     }
-    if (lock >= 0)
-        close(lock); /* not a whole gzip member: the stream path, not cached */
     gzFile f = gzdopen(fd, "rb");
     if (!f) {
         close(fd);

@@ -164,10 +164,20 @@ static int ctld_port(void)
     return 30000 + (int)(getpid() % 400) * 2;
 }
 
-/* dsnode's port base for job k (0, 1) of this test. */
+/* dsnode's port base for job k (0, 1) of this test: 4 ports free when
+ * first asked, kept for the test. Below the kernel's ephemeral range
+ * (32768 and up), where the connections of tests running beside this
+ * one take their local ports: a task whose port was taken fails to
+ * start, and its job fails for a reason that is not the test's. */
 static int node_port(int k)
 {
-    return 31000 + (int)(getpid() % 400) * 8 + 4 * k;
+    static int base[2];
+    if (!base[k]) {
+        base[k] = ds_port_find(31000 + (int)(getpid() % 200) * 8 + 4 * k, 4);
+        cr_assert_gt(base[k], 0, "no 4 free ports for job %d", k);
+        cr_assert_lt(base[k] + 4, 32768, "ports %d.. inside the ephemeral range", base[k]);
+    }
+    return base[k];
 }
 
 /* munged, slurmctld, slurmd; returns when the node is idle. */
@@ -347,6 +357,30 @@ static int wait_for(int ms, int (*pred)(void *), void *arg)
     return pred(arg);
 }
 
+/* Up to 3 KiB of the warn and error lines that task `node` (e.g. "1-0")
+ * wrote into the job's output text, into out: what a failed status came
+ * from, in the assertion's message. */
+static void task_complaints(const char *text, const char *node, char *out, size_t n)
+{
+    char tag[64];
+    size_t at = 0;
+    out[0] = '\0';
+    for (const char *l = text; l && *l && at + 1 < n;) {
+        const char *end = strchr(l, '\n');
+        const size_t len = end ? (size_t)(end - l) : strlen(l);
+        for (int k = 0; k < 2; k++) {
+            snprintf(tag, sizeof(tag), k ? " error %s " : " warn %s ", node);
+            const char *hit = memmem(l, len, tag, strlen(tag));
+            if (hit) {
+                const int w = snprintf(out + at, n - at, "\n    %.*s", (int)len, l);
+                at = w < 0 || (size_t)w >= n - at ? n - 1 : at + (size_t)w;
+                break;
+            }
+        }
+        l = end ? end + 1 : NULL;
+    }
+}
+
 /* The job's output has a summary line for each of its n tasks with this
  * status, and test accuracy of at least min_acc (< 0: not checked). */
 static void check_summaries(long job, int n, const char *status, double min_acc)
@@ -361,8 +395,14 @@ static void check_summaries(long job, int n, const char *status, double min_acc)
         const char *l = strstr(text, key);
         cr_assert_not_null(l, "no '%s' line in %s", key, path);
         l += strlen(key);
-        cr_expect(!strncmp(l, status, strlen(status)), "task %d of job %ld: status %.*s, expected %s",
-                  i, job, (int)strcspn(l, " "), l, status);
+        if (strncmp(l, status, strlen(status))) {
+            char node[40], why[3072];
+            snprintf(node, sizeof(node), "%ld-%d", job, i);
+            task_complaints(text, node, why, sizeof(why));
+            cr_expect_fail("task %d of job %ld: status %.*s, expected %s; its warnings and "
+                           "errors:%s", i, job, (int)strcspn(l, " "), l, status,
+                           why[0] ? why : " none");
+        }
         if (min_acc >= 0) {
             const char *a = strstr(l, "test_acc=");
             cr_assert_not_null(a);

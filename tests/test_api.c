@@ -36,6 +36,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -373,6 +374,7 @@ typedef struct peer {
     float p[N];
     dsnode_stats st;
     int rc_join, rc_leave, exit_status, steps_ready, bad_calls;
+    int drifts; /* steps that added this node's drift */
     char err[1024];
     /* The parameters on a "device" (p, which the engine never sees): a
      * host mirror, copies and dsnode_register_add, which counts. */
@@ -408,6 +410,13 @@ static int peer_add(void *ctx, enum dsnode_buffer which, const float *delta)
     return 0;
 }
 
+/* Peers whose dsnode_join returned: drift starts when both have. The one
+ * that joins second takes the other's parameters (the state transfer):
+ * a drift the first had taken by then would be in both models, and the
+ * sum would hold more than the drifts taken (1 run in 10 or so, when the
+ * first node's steps ran ahead of the second's join). */
+static atomic_int peers_joined;
+
 /* Criterion's asserts belong to the test's thread: a peer counts. */
 #define CHECK(pe, cond) ((pe)->bad_calls += !(cond))
 
@@ -425,16 +434,22 @@ static void *peer_main(void *arg)
         (pe->rc_join = dsnode_join(d)) < 0) {
         snprintf(pe->err, sizeof(pe->err), "%s", dsnode_error());
         dsnode_close(&d);
+        atomic_fetch_add(&peers_joined, 1);
         return NULL;
     }
+    atomic_fetch_add(&peers_joined, 1);
     for (int s = 0; s < STEPS; s++) {
         if (dsnode_ready(d) != 1)
             continue;
         pe->steps_ready++;
         CHECK(pe, dsnode_reduces(d) == 0 && dsnode_reduce(d) == 0); /* nothing to average */
-        /* The "optimizer step": a drift of this node's own. */
-        for (int i = 0; i < N; i++)
-            pe->p[i] += pe->init * (float)(1 + i % 5);
+        /* The "optimizer step": a drift of this node's own, once both
+         * hold the same start. */
+        if (atomic_load(&peers_joined) == 2) {
+            for (int i = 0; i < N; i++)
+                pe->p[i] += pe->init * (float)(1 + i % 5);
+            pe->drifts++;
+        }
         CHECK(pe, dsnode_step(d) == 0);
         CHECK(pe, dsnode_report(d, 1.0, -1, 0.1, 100) == 0);
     }
@@ -466,19 +481,22 @@ static void two_engines(int port, int mirror)
     static peer a, b;
     a = (peer){.name = "alpha", .port = port, .init = 0.01f, .mirror = mirror};
     b = (peer){.name = "beta", .port = port + 1, .init = -0.02f, .mirror = mirror};
-    /* Where the two would be without gossip, and their sum either way. */
-    static float a0[N], b0[N];
-    double sum0 = 0;
-    for (int i = 0; i < N; i++) {
-        a0[i] = (float)(1 + i % 7) + STEPS * a.init * (float)(1 + i % 5);
-        b0[i] = (float)(1 + i % 7) + STEPS * b.init * (float)(1 + i % 5);
-        sum0 += (double)a0[i] + b0[i];
-    }
+    atomic_store(&peers_joined, 0);
     pthread_t ta, tb;
     cr_assert_eq(pthread_create(&ta, NULL, peer_main, &a), 0);
     cr_assert_eq(pthread_create(&tb, NULL, peer_main, &b), 0);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
+    /* Where the two would be without gossip, and their sum either way. */
+    static float a0[N], b0[N];
+    double sum0 = 0;
+    for (int i = 0; i < N; i++) {
+        a0[i] = (float)(1 + i % 7) + (float)a.drifts * a.init * (float)(1 + i % 5);
+        b0[i] = (float)(1 + i % 7) + (float)b.drifts * b.init * (float)(1 + i % 5);
+        sum0 += (double)a0[i] + b0[i];
+    }
+    cr_assert_gt(a.drifts, STEPS / 2, "alpha drifted in %d steps", a.drifts);
+    cr_assert_gt(b.drifts, STEPS / 2, "beta drifted in %d steps", b.drifts);
     cr_assert_eq(a.rc_join, 0, "alpha: %s", a.err);
     cr_assert_eq(b.rc_join, 0, "beta: %s", b.err);
     cr_assert_eq(a.bad_calls + b.bad_calls, 0);

@@ -197,8 +197,8 @@
       "how the group's reductions reach members on this host: tcp = the node's endpoint; " \
       "shm = a second endpoint on libfabric's shm provider (named by the node's address; " \
       "the node fails to start without it); auto = shm when it opens, else tcp; a member " \
-      "is sent to over shm once a session with it is up there, over tcp until then, for " \
-      "members on other hosts, and for everyone once a member has missed a reduction")
+      "is sent to over shm once a session with it is up there, over tcp until then and " \
+      "for members on other hosts")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

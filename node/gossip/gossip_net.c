@@ -74,10 +74,10 @@ struct ds_gnet {
     /* ds_gnet_set_local: the host-local endpoint, our host, and when a
      * handshake there was last started with each member (under lock). */
     ds_net *local;
-    int local_off; /* a member failed a reduction: tcp for everyone from then on */
     char self_host[DS_HOST_MAX + 1];
     struct dial {
-        uint64_t id, at_ms; /* a handshake there last started at at_ms */
+        uint64_t id, at_ms;  /* a handshake there last started at at_ms */
+        uint64_t tcp_until;  /* missed by a reduction: over tcp until then (ms) */
     } dial[LOCAL_DIALS];
     unsigned n_dial;
 };
@@ -157,16 +157,16 @@ static struct dial *dial_entry(ds_gnet *g, uint64_t id)
 }
 
 /* The host-local endpoint for node `to` at addr when a session with it
- * is up there and no reduction has missed a member; otherwise NULL, after
+ * is up there and no reduction missed it lately; otherwise NULL, after
  * starting a handshake there (at most every LOCAL_REDIAL_MS) when addr is
  * on our host. */
 static ds_net *local_route(ds_gnet *g, uint64_t to, const char *addr)
 {
     const uint64_t now = ds_now_ms();
     pthread_mutex_lock(&g->lock);
-    const int off = g->local_off;
+    const int to_tcp = now < dial_entry(g, to)->tcp_until;
     pthread_mutex_unlock(&g->lock);
-    if (off)
+    if (to_tcp)
         return NULL;
     if (ds_net_connected(g->local, to))
         return g->local;
@@ -387,21 +387,13 @@ static void gnet_failed(void *ctx, uint32_t peer)
 {
     ds_gnet *g = ctx;
     const uint64_t id = ds_gnet_view_id(g, peer);
-    /* A member a reduction waited for in vain: the group goes back to
-     * tcp, every member, for the rest of the run. shm takes frames for a
-     * process that died (its region stays), where tcp's refusal tells the
-     * runtime at once not to wait for it; and libfabric 1.17's shm stalled
-     * the survivors' frames to each other after a member was killed
-     * mid-transfer (most of their reductions incomplete, members apart at
-     * the end), which tcp does not. */
+    /* A member a reduction waited for in vain is sent to over tcp for a
+     * while: shm takes frames for a process that died (its region stays),
+     * where tcp's refusal tells the runtime at once not to wait for it. */
     if (id && g->local) {
         pthread_mutex_lock(&g->lock);
-        const int was = g->local_off;
-        g->local_off = 1;
+        dial_entry(g, id)->tcp_until = ds_now_ms() + LOCAL_REDIAL_MS;
         pthread_mutex_unlock(&g->lock);
-        if (!was)
-            ds_warn("group", "a member missed a reduction: the group's frames go over tcp "
-                    "from now on (group.transport)");
     }
     if (id && g->failed_fn)
         g->failed_fn(g->failed_ctx, id);

@@ -15,7 +15,6 @@
  *   sparsify.value_format DS_VALUE_FORMATS enum ds_value_format node/gossip -> node/wire
  *   group.sparsify     DS_GROUP_SPARSIFIERS enum ds_group_sparsify node/runtime (rounds.c)
  *   group.allreduce    DS_GROUP_ALLREDUCES  enum ds_group_allreduce node/gossip (group.c)
- *   group.transport    DS_GROUP_TRANSPORTS  enum ds_group_transport node/runtime (engine.c)
  *
  * Every list has the same form, X(enumerator, value, name), in the order
  * the config's help and its errors list the names. The value is written
@@ -82,16 +81,6 @@
     X(DS_GROUP_ALLREDUCE_BUTTERFLY, 2, "butterfly") \
     X(DS_GROUP_ALLREDUCE_AUTO, 3, "auto")
 
-/* group.transport: how a group's reductions reach the members on this
- * host (docs/transport.md, "A group's second endpoint"): tcp = the node's
- * one endpoint; shm = a second endpoint on libfabric's shm provider, the
- * node fails to start without it; auto = shm when the provider opens,
- * else tcp. Members on other hosts are reached over tcp either way. */
-#define DS_GROUP_TRANSPORTS(X) \
-    X(DS_GROUP_TRANSPORT_TCP, 0, "tcp") \
-    X(DS_GROUP_TRANSPORT_SHM, 1, "shm") \
-    X(DS_GROUP_TRANSPORT_AUTO, 2, "auto")
-
 #define DS_CHOICE_ENUMERATOR_(e, v, name) e = v,
 enum ds_mix { DS_MIXES(DS_CHOICE_ENUMERATOR_) };
 enum ds_sec_mode { DS_SEC_MODES(DS_CHOICE_ENUMERATOR_) };
@@ -100,7 +89,6 @@ enum ds_lr_schedule { DS_LR_SCHEDULES(DS_CHOICE_ENUMERATOR_) };
 enum ds_value_format { DS_VALUE_FORMATS(DS_CHOICE_ENUMERATOR_) };
 enum ds_group_sparsify { DS_GROUP_SPARSIFIERS(DS_CHOICE_ENUMERATOR_) };
 enum ds_group_allreduce { DS_GROUP_ALLREDUCES(DS_CHOICE_ENUMERATOR_) };
-enum ds_group_transport { DS_GROUP_TRANSPORTS(DS_CHOICE_ENUMERATOR_) };
 #undef DS_CHOICE_ENUMERATOR_
 
 /* The name of a gossip.mix value, or "?" for one not in DS_MIXES. */
@@ -120,17 +108,6 @@ static inline const char *ds_group_sparsify_name(enum ds_group_sparsify m)
 #define DS_CHOICE_CASE_(e, v, name) case e: return name;
     switch (m) {
     DS_GROUP_SPARSIFIERS(DS_CHOICE_CASE_)
-    }
-#undef DS_CHOICE_CASE_
-    return "?";
-}
-
-/* The name of a group.transport value, or "?". */
-static inline const char *ds_group_transport_name(enum ds_group_transport m)
-{
-#define DS_CHOICE_CASE_(e, v, name) case e: return name;
-    switch (m) {
-    DS_GROUP_TRANSPORTS(DS_CHOICE_CASE_)
     }
 #undef DS_CHOICE_CASE_
     return "?";

@@ -192,13 +192,7 @@
     X(BOOL, group, overlap, "false", \
       "reduce each layer's gradient on a thread of its own as soon as backward wrote it, " \
       "behind the rest of backward (small layers together, up to 256 KiB; the first layer " \
-      "with the step's own reduction); dense groups only (group.sparsify = none)") \
-    X(ENUM, group, transport, "tcp", enum ds_group_transport, DS_GROUP_TRANSPORTS, \
-      "how the group's reductions reach members on this host: tcp = the node's endpoint; " \
-      "shm = a second endpoint on libfabric's shm provider (named by the node's address; " \
-      "the node fails to start without it); auto = shm when it opens, else tcp; a member " \
-      "is sent to over shm once a session with it is up there, over tcp until then and " \
-      "for members on other hosts")
+      "with the step's own reduction); dense groups only (group.sparsify = none)")
 
 #define DS_CONF_KEYS_transport(X) \
     X(STR, transport, provider, "tcp", NONEMPTY, \

@@ -263,8 +263,6 @@ static const key_case cases[] = {
      "group.density: expected a number in (0, 1], found '1.5'"},
     {"group.overlap", "yes", "true", "sometimes",
      "group.overlap: expected " BOOL_WHAT ", found 'sometimes'"},
-    {"group.transport", "shm", "shm", "udp",
-     "group.transport: expected one of tcp|shm|auto, found 'udp'"},
     {"transport.provider", "tcp;ofi_rxm", "tcp;ofi_rxm", "", "transport.provider: empty value"},
     {"transport.op_timeout_ms", "1", "1", "0",
      "transport.op_timeout_ms: expected an integer in 1..600000, found '0'"},

@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/log.h"
 #include "conf/conf.h"
@@ -37,7 +36,6 @@
 #include "node/runtime/hier.h"
 #include "node/run/run.h"
 #include "node/sec/crypto.h"
-#include "node/transport/transport.h"
 #include "node/wire/values.h"
 #include "node/train/model.h"
 #include "sparsify/sparsify.h"
@@ -317,35 +315,6 @@ static void take_group_allreduce(const ds_conf *c, const char *name, int value)
     }
 }
 
-/* node/runtime (engine.c's open_local): the value's name is the one the
- * log uses, and for shm and auto the second endpoint the node would open
- * (libfabric's shm provider, named by a node's host:port) opens here. */
-static void drop_frame(void *ctx, ds_transport_msg *msg)
-{
-    (void)ctx, (void)msg;
-}
-
-static void take_group_transport(const ds_conf *c, const char *name, int value)
-{
-    cr_expect_str_eq(ds_group_transport_name(c->group.transport), name);
-    cr_expect_eq((int)c->group.transport, value);
-    if (c->group.transport == DS_GROUP_TRANSPORT_TCP)
-        return;
-    char listen[64];
-    snprintf(listen, sizeof(listen), "127.0.0.1:%d", 21000 + (int)(getpid() % 5000) * 2 + value);
-    ds_transport_opts o;
-    ds_transport_opts_default(&o);
-    o.provider = "shm";
-    o.listen = listen;
-    o.on_recv = drop_frame;
-    ds_transport *t = NULL;
-    const int e = ds_transport_open(&o, &t);
-    if (e == -ENODATA && c->group.transport == DS_GROUP_TRANSPORT_AUTO)
-        return; /* auto goes on over tcp without it */
-    cr_expect_eq(e, 0, "group.transport %s: shm endpoint %s: %s", name, listen, strerror(-e));
-    ds_transport_close(&t);
-}
-
 /* node/sec: a session in that mode is set up, and the mode's name is the
  * one logs and tools use. */
 static void take_sec_mode(const ds_conf *c, const char *name, int value)
@@ -372,7 +341,6 @@ static const consumer consumers[] = {
     {"sparsify.value_format", NULL, NULL, take_value_format, false},
     {"group.sparsify", NULL, NULL, take_group_sparsify, false},
     {"group.allreduce", NULL, NULL, take_group_allreduce, false},
-    {"group.transport", NULL, NULL, take_group_transport, false},
 };
 #define NCONSUMERS (sizeof(consumers) / sizeof(consumers[0]))
 

@@ -1056,14 +1056,12 @@ static int groups_owners_seen(void *arg)
 }
 
 static void run_groups_with(int groups, int steps, const char *mode, const char *algo,
-                            double min_acc, int overlap, const char *transport)
+                            double min_acc, int overlap)
 {
-    char s_steps[64], s_groups[16], name[80], s_intra[64], s_algo[64], s_ov[64], s_tp[64];
+    char s_steps[64], s_groups[16], name[64], s_intra[64], s_algo[64], s_ov[64];
     snprintf(s_steps, sizeof(s_steps), "train.steps=%d", steps);
     snprintf(s_groups, sizeof(s_groups), "%d", groups);
-    snprintf(name, sizeof(name), "groups%d-%s-%s%s-%s", groups, mode, algo, overlap ? "-ov" : "",
-             transport);
-    snprintf(s_tp, sizeof(s_tp), "group.transport=%s", transport);
+    snprintf(name, sizeof(name), "groups%d-%s-%s%s", groups, mode, algo, overlap ? "-ov" : "");
     snprintf(s_ov, sizeof(s_ov), "group.overlap=%s", overlap ? "true" : "false");
     snprintf(s_intra, sizeof(s_intra), "group.sparsify=%s", mode);
     snprintf(s_algo, sizeof(s_algo), "group.allreduce=%s", algo);
@@ -1075,7 +1073,7 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
                           "--set", "sparsify.density=0.01", "--set", "gossip.timeout_ms=2000",
                           "--set", STATUS_FILE_ON, "--set", s_intra,
                           "--set", "group.density=0.01", "--set", s_algo, "--set", s_ov,
-                          "--set", s_tp, "--out", out, "--json", "--timeout", "400",
+                          "--out", out, "--json", "--timeout", "400",
                           "--dsnode", bin("DSNODE"), NULL};
     struct live l;
     live_start(&l, args);
@@ -1135,18 +1133,6 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
                   node_names[i], lr, steps);
         /* overlap and auto: after the probe the cost model picks every
          * reduction's algorithm, member 0's model on every member */
-        /* group.transport shm: every reduction's frames to the three
-         * other members went over shm once the sessions were up (the
-         * first steps' over tcp), none failed there; tcp: none. */
-        const double sl = status_num(doc, "gossip_net.sent_local");
-        const double lf = status_num(doc, "gossip_net.local_failed");
-        cr_log_info("%s: %.0f group frames over shm, %.0f failed there", node_names[i], sl, lf);
-        if (strcmp(transport, "tcp"))
-            cr_expect(sl >= steps, "%s: %.0f group frames over shm in %d steps (%s)",
-                      node_names[i], sl, steps, transport);
-        else
-            cr_expect(sl == 0, "%s: %.0f group frames over shm with tcp", node_names[i], sl);
-        cr_expect(lf == 0, "%s: %.0f sends failed over shm", node_names[i], lf);
         const double mp = status_num(doc, "group.model_picks");
         cr_expect(overlap && !strcmp(algo, "auto") ? mp >= steps / 2 : mp == 0,
                   "%s: %.0f reductions picked by the cost model in %d steps", node_names[i], mp,
@@ -1164,7 +1150,7 @@ static void run_groups_with(int groups, int steps, const char *mode, const char 
 
 static void run_groups(int groups, int steps, const char *mode, double min_acc)
 {
-    run_groups_with(groups, steps, mode, "direct", min_acc, 0, "tcp");
+    run_groups_with(groups, steps, mode, "direct", min_acc, 0);
 }
 
 Test(cluster, groups_of_four_hold_one_model)
@@ -1200,29 +1186,19 @@ Test(cluster, groups_of_three_three_two_hold_one_model)
  * vector in and gets the result back). Members hold one model. */
 Test(cluster, groups_of_four_ring_hold_one_model)
 {
-    run_groups_with(2, 300, "none", "ring", 0.70, 0, "tcp");
-}
-
-/* group.transport = shm: each member opens a second endpoint on
- * libfabric's shm provider and sends its group's reductions to the other
- * members (all on this host) through it once a session there is up;
- * gossip between the groups stays on tcp. Members hold one model, and
- * every member's status counts its frames over shm, none failed. */
-Test(cluster, groups_of_four_over_shm_hold_one_model)
-{
-    run_groups_with(2, 300, "none", "direct", 0.70, 0, "shm");
+    run_groups_with(2, 300, "none", "ring", 0.70, 0);
 }
 
 /* group.overlap: each layer's gradient (but the first) reduced on the
  * layer thread while backward goes on; members hold one model. */
 Test(cluster, groups_of_four_overlap_hold_one_model)
 {
-    run_groups_with(2, 300, "none", "direct", 0.70, 1, "tcp");
+    run_groups_with(2, 300, "none", "direct", 0.70, 1);
 }
 
 Test(cluster, groups_of_three_three_two_butterfly_hold_one_model)
 {
-    run_groups_with(3, 300, "none", "butterfly", 0.70, 0, "tcp");
+    run_groups_with(3, 300, "none", "butterfly", 0.70, 0);
 }
 
 /* group.allreduce = auto: each group's member 0 times direct and the
@@ -1231,7 +1207,7 @@ Test(cluster, groups_of_three_three_two_butterfly_hold_one_model)
  * the timing), members hold one model. */
 Test(cluster, groups_of_three_three_two_auto_hold_one_model)
 {
-    run_groups_with(3, 300, "none", "auto", 0.70, 0, "tcp");
+    run_groups_with(3, 300, "none", "auto", 0.70, 0);
 }
 
 /* group.allreduce = auto with group.overlap: the probe alternates whole
@@ -1241,7 +1217,7 @@ Test(cluster, groups_of_three_three_two_auto_hold_one_model)
  * algorithm from it by the layer's length: members hold one model. */
 Test(cluster, groups_of_three_three_two_overlap_auto_hold_one_model)
 {
-    run_groups_with(3, 300, "none", "auto", 0.70, 1, "tcp");
+    run_groups_with(3, 300, "none", "auto", 0.70, 1);
 }
 
 /* Issue 10, failures in groups: 6 nodes as 2 groups of 3; n1 (group g0)
@@ -1253,8 +1229,7 @@ Test(cluster, groups_of_three_three_two_overlap_auto_hold_one_model)
  * gossip.timeout_ms + 1 s (group_max_wait_s: the summary line's longest
  * exchange wait + reduction), no gossip exchange longer either
  * (max_round_s); everyone but n1 finishes, and every group ends with one
- * model (the slices re-sync what the misses made differ). freeze 0: n1
- * killed alone. */
+ * model (the slices re-sync what the misses made differ). */
 /* On a failure only: node `name`'s last `max` log lines that are not
  * training progress (membership, state, gossip and group news), so that a
  * CI log says what happened. */
@@ -1286,19 +1261,17 @@ static void log_tail(const char *out, const char *name, int max)
     free(log);
 }
 
-static void group_failures(const char *algo, int overlap, const char *transport, int freeze)
+static void group_failures(const char *algo, int overlap)
 {
-    char name[48], s_algo[48], s_ov[48], s_tp[48];
-    snprintf(name, sizeof(name), "groupfail-%s%s-%s", algo, overlap ? "-ov" : "", transport);
-    snprintf(s_tp, sizeof(s_tp), "group.transport=%s", transport);
+    char name[32], s_algo[48], s_ov[48];
+    snprintf(name, sizeof(name), "groupfail-%s%s", algo, overlap ? "-ov" : "");
     snprintf(s_algo, sizeof(s_algo), "group.allreduce=%s", algo);
     snprintf(s_ov, sizeof(s_ov), "group.overlap=%s", overlap ? "true" : "false");
     const char *out = tmp_path(name);
     const char *extra[] = {"--set", "train.steps=1200", "--set", "train.eval_every=0",
                            "--set", "gossip.segments=8", "--set", "sparsify.method=micro",
-                           "--set", s_algo, "--set", s_ov, "--set", s_tp, "--groups", "2",
-                           NULL};
-    const char *args[48];
+                           "--set", s_algo, "--set", s_ov, "--groups", "2", NULL};
+    const char *args[40];
     el_args(args, 6, out, extra);
     struct live l;
     live_start(&l, args);
@@ -1309,36 +1282,29 @@ static void group_failures(const char *algo, int overlap, const char *transport,
      * instead, and the rounds that went back were there in one run of
      * three (CI 43 was one). */
     int fz = -1;
-    if (!freeze) {
-        /* Only n1 killed: the group of the survivors goes on. */
-        const pid_t dead = node_pid(out, "n1");
-        cr_assert(dead > 0, "n1 found");
-        cr_assert_eq(kill(dead, SIGKILL), 0);
-    } else {
-        for (int i = 3; i < 6 && fz < 0; i++) {
-            json_t *doc = status_load(out, node_names[i]);
-            const json_t *m = json_object_get(json_object_get(doc, "group"), "member");
-            if (json_is_integer(m) && json_integer_value(m) == 0)
-                fz = i;
-            json_decref(doc);
-        }
-        cr_assert(fz >= 0, "g1's member 0 found among n3, n4, n5");
-        const char *fname = node_names[fz];
-        const pid_t dead = node_pid(out, "n1"), frozen = node_pid(out, fname);
-        cr_assert(dead > 0 && frozen > 0, "n1 and %s found", fname);
-        cr_assert_eq(kill(dead, SIGKILL), 0);
-        cr_assert_eq(kill(frozen, SIGSTOP), 0);
-        struct freeze_watch fw = {.out = out, .first = -1, .last = -1};
-        fw.t_stop = now_unix_ms();
-        fw.t_cont = fw.t_stop + FREEZE_MS;
-        live_wait(&l, FREEZE_MS + 1000, n0_went_on, &fw);
-        cr_assert_eq(kill(frozen, SIGCONT), 0);
-        cr_expect_geq(fw.last - fw.first, FREEZE_MIN_STEPS,
-                      "n0 took %lld steps while %s was frozen; its documents:%s",
-                      fw.last - fw.first, fname, fw.trace);
-        cr_log_info("n0 took %lld steps while %s was frozen (from step %lld)", fw.last - fw.first,
-                    fname, fw.first);
+    for (int i = 3; i < 6 && fz < 0; i++) {
+        json_t *doc = status_load(out, node_names[i]);
+        const json_t *m = json_object_get(json_object_get(doc, "group"), "member");
+        if (json_is_integer(m) && json_integer_value(m) == 0)
+            fz = i;
+        json_decref(doc);
     }
+    cr_assert(fz >= 0, "g1's member 0 found among n3, n4, n5");
+    const char *fname = node_names[fz];
+    const pid_t dead = node_pid(out, "n1"), frozen = node_pid(out, fname);
+    cr_assert(dead > 0 && frozen > 0, "n1 and %s found", fname);
+    cr_assert_eq(kill(dead, SIGKILL), 0);
+    cr_assert_eq(kill(frozen, SIGSTOP), 0);
+    struct freeze_watch fw = {.out = out, .first = -1, .last = -1};
+    fw.t_stop = now_unix_ms();
+    fw.t_cont = fw.t_stop + FREEZE_MS;
+    live_wait(&l, FREEZE_MS + 1000, n0_went_on, &fw);
+    cr_assert_eq(kill(frozen, SIGCONT), 0);
+    cr_expect_geq(fw.last - fw.first, FREEZE_MIN_STEPS,
+                  "n0 took %lld steps while %s was frozen; its documents:%s",
+                  fw.last - fw.first, fname, fw.trace);
+    cr_log_info("n0 took %lld steps while %s was frozen (from step %lld)", fw.last - fw.first,
+                fname, fw.first);
     const int code = live_end(&l, 240000);
     cr_assert_eq(code, 1, "dslaunch reports the killed node: exit %d\n%s", code, l.err);
     json_t *j = last_json(l.out);
@@ -1409,27 +1375,14 @@ static void group_failures(const char *algo, int overlap, const char *transport,
 
 Test(elastic, group_member_killed_and_another_frozen)
 {
-    group_failures("direct", 0, "tcp", 1);
+    group_failures("direct", 0);
 }
 
 /* The same with group.overlap: a layer's reduction that meets the dead or
  * the frozen member ends at the step's deadline like the step's own. */
 Test(elastic, group_member_killed_and_another_frozen_overlap)
 {
-    group_failures("direct", 1, "tcp", 1);
-}
-
-/* The same with group.transport = shm, n1 killed alone: shm takes frames
- * for a process that died (its region stays), so the first reduction
- * after the kill waits out its deadline for n1, where tcp's refusal is
- * at once; the reduction's report puts n1 on tcp (gossip_net.c), whose
- * refusal stops the waits. No step waits longer than the bound, and the
- * survivors end as one model. (With a member also frozen for 5 s, n0 took
- * 4 to 6 steps in the freeze in two runs of four under load, against the
- * 10 the tcp test asks: that first deadline is the difference.) */
-Test(elastic, group_member_killed_over_shm)
-{
-    group_failures("direct", 0, "shm", 0);
+    group_failures("direct", 1);
 }
 
 /* The same with the ring and the butterfly: the reduction that meets the
@@ -1437,10 +1390,10 @@ Test(elastic, group_member_killed_over_shm)
  * the group goes on as with direct. */
 Test(elastic, group_member_killed_and_another_frozen_ring)
 {
-    group_failures("ring", 0, "tcp", 1);
+    group_failures("ring", 0);
 }
 
 Test(elastic, group_member_killed_and_another_frozen_butterfly)
 {
-    group_failures("butterfly", 0, "tcp", 1);
+    group_failures("butterfly", 0);
 }

@@ -11,8 +11,6 @@
 
 #include "node/gossip/gossip_net.h"
 #include "node/wire/values.h"
-#include "base/clock.h"
-#include "base/hostport.h"
 #include "base/log.h"
 
 struct gq {
@@ -31,12 +29,6 @@ struct gq {
 #define GQ_KEEP 4
 #define GQ_KEEP_MIN ((size_t)64 << 10)
 /* and together at most a quarter of the queue's bound (max_queue_bytes) */
-
-/* Members whose handshake times on the local endpoint are kept (more
- * members than that: the oldest entry is reused). */
-#define LOCAL_DIALS 64
-/* A member not up on the local endpoint is dialled again after this. */
-#define LOCAL_REDIAL_MS 2000
 
 struct ds_gnet {
     ds_net *net;
@@ -70,16 +62,6 @@ struct ds_gnet {
     void *heard_ctx;
     const atomic_int *stop; /* non-zero: waits end (may be NULL) */
     ds_gnet_stats st;
-
-    /* ds_gnet_set_local: the host-local endpoint, our host, and when a
-     * handshake there was last started with each member (under lock). */
-    ds_net *local;
-    char self_host[DS_HOST_MAX + 1];
-    struct dial {
-        uint64_t id, at_ms;  /* a handshake there last started at at_ms */
-        uint64_t tcp_until;  /* missed by a reduction: over tcp until then (ms) */
-    } dial[LOCAL_DIALS];
-    unsigned n_dial;
 };
 
 /* How often a recv looks at the stop flag while it waits. A signal
@@ -134,58 +116,6 @@ static uint8_t from_wire_type(unsigned t)
 static_assert((int)DS_VALUE_F32 == (int)DS_VF_F32 && (int)DS_VALUE_F16 == (int)DS_VF_F16 &&
                   (int)DS_VALUE_BF16 == (int)DS_VF_BF16,
               "conf/choices.h DS_VALUE_FORMATS = node/wire enum ds_wire_vfmt");
-
-/* Node id's entry in the dial table, made (or the oldest one reused)
- * when it has none. Under lock. */
-static struct dial *dial_entry(ds_gnet *g, uint64_t id)
-{
-    unsigned i = 0;
-    while (i < g->n_dial && g->dial[i].id != id)
-        i++;
-    if (i == g->n_dial) {
-        if (g->n_dial < LOCAL_DIALS) {
-            g->n_dial++;
-        } else {
-            i = 0; /* the oldest attempt */
-            for (unsigned j = 1; j < LOCAL_DIALS; j++)
-                if (g->dial[j].at_ms < g->dial[i].at_ms)
-                    i = j;
-        }
-        g->dial[i] = (struct dial){.id = id};
-    }
-    return &g->dial[i];
-}
-
-/* The host-local endpoint for node `to` at addr when a session with it
- * is up there and no reduction missed it lately; otherwise NULL, after
- * starting a handshake there (at most every LOCAL_REDIAL_MS) when addr is
- * on our host. */
-static ds_net *local_route(ds_gnet *g, uint64_t to, const char *addr)
-{
-    const uint64_t now = ds_now_ms();
-    pthread_mutex_lock(&g->lock);
-    const int to_tcp = now < dial_entry(g, to)->tcp_until;
-    pthread_mutex_unlock(&g->lock);
-    if (to_tcp)
-        return NULL;
-    if (ds_net_connected(g->local, to))
-        return g->local;
-    ds_hostport hp;
-    if (ds_hostport_parse(addr, &hp) < 0 || strcmp(hp.host, g->self_host) != 0)
-        return NULL;
-    int dial = 0;
-    pthread_mutex_lock(&g->lock);
-    struct dial *d = dial_entry(g, to);
-    if (!d->at_ms || now - d->at_ms >= LOCAL_REDIAL_MS) {
-        d->at_ms = now;
-        dial = 1;
-    }
-    pthread_mutex_unlock(&g->lock);
-    /* A dial that cannot start is tried again, as one that fails. */
-    if (dial && ds_net_connect(g->local, addr, to) < 0)
-        ds_debug("gossip", "no handshake with %s on the host-local endpoint", addr);
-    return NULL;
-}
 
 static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
 {
@@ -242,27 +172,7 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
         break;
     }
     const ds_net_send_opts o = {.deadline_ms = deadline_ns / 1000000u};
-    ds_net *via = m->type == DS_GMSG_ARED && g->local && to_addr[0] ? local_route(g, to, to_addr)
-                                                                    : NULL;
-    int r;
-    if (via) {
-        r = ds_net_send_msg(via, to, to_addr, &w, &o);
-        pthread_mutex_lock(&g->lock);
-        if (r == 0)
-            g->st.sent_local++;
-        else
-            g->st.local_failed++;
-        pthread_mutex_unlock(&g->lock);
-        if (r == 0)
-            return 0;
-        /* Whatever broke there, this member is reached over the main net
-         * from now on, until a new handshake on the local one completes. */
-        ds_log_rl(DS_LOG_WARN, "gossip", "send %s over the host-local endpoint failed: %s; "
-                  "tcp from now on", ds_msg_type_name((unsigned)type), strerror(-r));
-        (void)ds_net_forget(via, to);
-        return r;
-    }
-    r = ds_net_send_msg(g->net, to, to_addr[0] ? to_addr : NULL, &w, &o);
+    int r = ds_net_send_msg(g->net, to, to_addr[0] ? to_addr : NULL, &w, &o);
     if (r < 0) {
         pthread_mutex_lock(&g->lock);
         g->st.send_failed++;
@@ -387,14 +297,6 @@ static void gnet_failed(void *ctx, uint32_t peer)
 {
     ds_gnet *g = ctx;
     const uint64_t id = ds_gnet_view_id(g, peer);
-    /* A member a reduction waited for in vain is sent to over tcp for a
-     * while: shm takes frames for a process that died (its region stays),
-     * where tcp's refusal tells the runtime at once not to wait for it. */
-    if (id && g->local) {
-        pthread_mutex_lock(&g->lock);
-        dial_entry(g, id)->tcp_until = ds_now_ms() + LOCAL_REDIAL_MS;
-        pthread_mutex_unlock(&g->lock);
-    }
     if (id && g->failed_fn)
         g->failed_fn(g->failed_ctx, id);
 }
@@ -649,16 +551,6 @@ void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void
 {
     g->heard_fn = fn;
     g->heard_ctx = ctx;
-}
-
-void ds_gnet_set_local(ds_gnet *g, ds_net *local, const char *self_addr)
-{
-    ds_hostport hp;
-    pthread_mutex_lock(&g->lock);
-    g->local = local;
-    snprintf(g->self_host, sizeof(g->self_host), "%s",
-             self_addr && ds_hostport_parse(self_addr, &hp) == 0 ? hp.host : "");
-    pthread_mutex_unlock(&g->lock);
 }
 
 void ds_gnet_stats_get(ds_gnet *g, ds_gnet_stats *st)

@@ -43,11 +43,7 @@ typedef struct ds_gnet ds_gnet;
     X(U64, send_failed, "send_failed", "dsnode_gossip_net_send_failed_total", COUNTER, NULL, \
       NULL, "Gossip sends that failed.") \
     X(U64, queue_reused, "queue_reused", "dsnode_gossip_net_queue_reused_total", COUNTER, NULL, \
-      NULL, "Large gossip frames queued in memory kept from an earlier one (not allocated).") \
-    X(U64, sent_local, "sent_local", "dsnode_gossip_net_sent_local_total", COUNTER, NULL, NULL, \
-      "Group frames sent over the second, host-local endpoint (group.transport).") \
-    X(U64, local_failed, "local_failed", "dsnode_gossip_net_local_failed_total", COUNTER, NULL, \
-      NULL, "Sends over the host-local endpoint that failed (that member goes back to tcp).")
+      NULL, "Large gossip frames queued in memory kept from an earlier one (not allocated).")
 
 typedef struct ds_gnet_stats {
     DS_GNET_STATS(DS_METRIC_FIELD)
@@ -104,16 +100,6 @@ void ds_gnet_set_heard_hook(ds_gnet *g, void (*fn)(void *ctx, uint64_t id), void
  * recv gives -ECANCELED within 50 ms instead of waiting out its deadline,
  * and send gives -ECANCELED at once. Call before the first round. */
 void ds_gnet_set_stop(ds_gnet *g, const atomic_int *flag);
-
-/* A second, host-local endpoint (group.transport = shm or auto; borrowed
- * for the gnet's life, set before the first send). self_addr is this
- * node's address as its view entries show it ("host:port"). A frame to a
- * member whose address has self_addr's host goes over `local` once a
- * session with that member is up there; until then, and for other hosts,
- * over the main net, while a handshake on `local` is started (again at
- * most every 2 s). A send that fails there forgets that session: the
- * next frames go over the main net. */
-void ds_gnet_set_local(ds_gnet *g, ds_net *local, const char *self_addr);
 
 void ds_gnet_stats_get(ds_gnet *g, ds_gnet_stats *st);
 

@@ -570,94 +570,6 @@ static size_t max_segment(const rt *r)
     return r->group[0] && chunk > max_seg ? chunk : max_seg;
 }
 
-/* What the node's nets share: identity, cluster, keys, security mode,
- * sizes, limits, and on_recv; the caller sets provider, addresses and
- * on_event. */
-static void net_cfg(rt *r, ds_net_cfg *nc)
-{
-    const ds_conf *c = r->c;
-    ds_net_cfg_default(nc);
-    nc->identity = &r->id;
-    nc->name = c->node.name;
-    nc->cluster = c->cluster.id;
-    nc->cluster_key = r->have_ck ? &r->ck : NULL;
-    nc->allow = r->allow;
-    /* SIGHUP: the net's worker re-reads the allow-list (without one, the
-     * empty list of load_keys stays: there is no file to re-read). */
-    nc->allow_file = c->cluster.allowed_keys[0] ? c->cluster.allowed_keys : NULL;
-    nc->allow_reload = r->stop.reload;
-    nc->mode = r->mode;
-    nc->transport.max_inflight_bytes = (size_t)c->transport.max_inflight_mb << 20;
-    /* A frame carries at most one segment of indices and values. */
-    ds_wire_limits_default(&nc->limits);
-    nc->limits.max_segment = (uint32_t)max_segment(r);
-    nc->limits.max_count = nc->limits.max_segment;
-    nc->on_recv = on_net_recv;
-    nc->cb_ctx = r;
-}
-
-/* The host-local endpoint's events: its sessions only carry the group's
- * reductions, and every member is reached over the main net without
- * them, so nothing here is evidence about a peer (membership hears the
- * main net's). A member that has no such endpoint (group.transport = tcp
- * there) fails our handshakes: quietly. */
-static void on_local_event(void *ctx, const ds_net_event *ev)
-{
-    (void)ctx;
-    switch (ev->kind) {
-    case DS_NET_EV_PEER_UP:
-        ds_info("group", "host-local endpoint: session up with %s (%s)", ev->name, ev->addr);
-        break;
-    case DS_NET_EV_RESET:
-        ds_warn("group", "host-local endpoint reset (%d stuck operations discarded)",
-                ev->status);
-        break;
-    default:
-        ds_debug("group", "host-local endpoint: event %d from %s (%s): %s", (int)ev->kind,
-                 ev->name, ev->addr, strerror(ev->status < 0 ? -ev->status : 0));
-        break;
-    }
-}
-
-/* group.transport = shm or auto: a second net on libfabric's shm
- * provider, named by this node's address on the main net ("fi_ns://" +
- * host:port), with the same identity, keys and limits; the group's
- * adapter sends to members on this host through it (ds_gnet_set_local).
- * 0 (auto: also when shm does not open; the main net carries it all), or
- * the error (shm). */
-static int open_local(rt *r)
-{
-    const ds_conf *c = r->c;
-    if (c->group.transport == DS_GROUP_TRANSPORT_TCP)
-        return 0;
-    if (!strcmp(c->transport.provider, "shm")) {
-        ds_info("group", "group.transport %s: the node's endpoint is shm already",
-                ds_group_transport_name(c->group.transport));
-        return 0;
-    }
-    char addr[DS_WIRE_ADDR_MAX + 1] = "";
-    ds_net_addr(r->net, addr, sizeof(addr));
-    ds_net_cfg nc;
-    net_cfg(r, &nc);
-    nc.transport.provider = "shm";
-    nc.transport.listen = addr;
-    nc.on_event = on_local_event; /* its ALLREDUCE frames go to the group's adapter */
-    int e = ds_net_open(&nc, &r->net_local);
-    if (e < 0) {
-        if (c->group.transport == DS_GROUP_TRANSPORT_SHM) {
-            ds_error("node", "cannot start: group.transport = shm: no shm endpoint named %s: %s "
-                     "(group.transport = auto falls back to tcp)", addr, strerror(-e));
-            return e;
-        }
-        ds_info("group", "group.transport auto: no shm endpoint (%s): tcp", strerror(-e));
-        return 0;
-    }
-    ds_gnet_set_local(r->gn_grp, r->net_local, addr);
-    ds_info("group", "group.transport %s: members on this host over shm (%s)",
-            ds_group_transport_name(c->group.transport), addr);
-    return 0;
-}
-
 /* A node in a group: the adapter, reducer and vector of its group's
  * reductions (rounds.c). */
 static int open_group(rt *r)
@@ -729,8 +641,6 @@ static int open_group(rt *r)
     ds_gnet_set_heard_hook(r->gn_grp, heard_hook, r);
     ds_gnet_set_failure_hook(r->gn_grp, gossip_failed_hook, r);
     ds_gnet_set_stop(r->gn_grp, r->stop.signal);
-    if ((e = open_local(r)) < 0)
-        return e;
     atomic_store(&r->gn_grp_ready, 1);
     return 0;
 }
@@ -739,7 +649,17 @@ static int open_net(rt *r)
 {
     const ds_conf *c = r->c;
     ds_net_cfg nc;
-    net_cfg(r, &nc);
+    ds_net_cfg_default(&nc);
+    nc.identity = &r->id;
+    nc.name = c->node.name;
+    nc.cluster = c->cluster.id;
+    nc.cluster_key = r->have_ck ? &r->ck : NULL;
+    nc.allow = r->allow;
+    /* SIGHUP: the net's worker re-reads the allow-list (without one, the
+     * empty list of load_keys stays: there is no file to re-read). */
+    nc.allow_file = c->cluster.allowed_keys[0] ? c->cluster.allowed_keys : NULL;
+    nc.allow_reload = r->stop.reload;
+    nc.mode = r->mode;
     nc.transport.provider = c->transport.provider;
     nc.transport.listen = c->node.listen;
     /* The transport advertises its bound address unless told otherwise:
@@ -748,7 +668,14 @@ static int open_net(rt *r)
     if (c->node.advertise[0] ||
         (ds_hostport_parse(c->node.listen, &hp) == 0 && ds_host_is_wildcard(hp.host)))
         nc.transport.advertise = r->advertise;
+    nc.transport.max_inflight_bytes = (size_t)c->transport.max_inflight_mb << 20;
+    /* A frame carries at most one segment of indices and values. */
+    ds_wire_limits_default(&nc.limits);
+    nc.limits.max_segment = (uint32_t)max_segment(r);
+    nc.limits.max_count = nc.limits.max_segment;
+    nc.on_recv = on_net_recv;
     nc.on_event = on_net_event;
+    nc.cb_ctx = r;
     int e = ds_net_open(&nc, &r->net);
     if (e < 0)
         ds_error("net", "cannot listen on %s (provider %s): %s", c->node.listen,
@@ -1001,7 +928,6 @@ void ds_engine_publish(ds_engine *r, int force)
         .self_id = r->id.id,
         .gossip = r->gossip,
         .gnet = r->gn,
-        .gnet_group = r->gn_grp,
         .net = r->net,
         .membership = atomic_load(&r->ms),
         .layers = r->registered ? r->p.layers : NULL,
@@ -1104,7 +1030,6 @@ void ds_engine_close(ds_engine **ep)
         return;
     rt *r = *ep;
     stop_threads(r);
-    ds_net_close(&r->net_local);
     ds_net_close(&r->net);
     atomic_store(&r->gn_ready, 0);
     atomic_store(&r->gn_grp_ready, 0);

@@ -67,7 +67,6 @@ struct ds_engine {
     int have_ck;
     ds_allowlist *allow;
     ds_net *net;
-    ds_net *net_local; /* group.transport: the group's host-local endpoint, or NULL */
     _Atomic(ds_membership *) ms;
     ds_gnet *gn;
     _Atomic int gn_ready; /* gn exists: the net worker may hand it frames */

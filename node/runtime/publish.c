@@ -342,13 +342,6 @@ static void fill_metrics(ds_status_snapshot *sn, const ds_publish_src *src,
         ps.group = *src->group;
     if (src->gnet)
         ds_gnet_stats_get(src->gnet, &ps.gnet);
-    if (src->gnet_group) {
-        ds_gnet_stats gg;
-        ds_gnet_stats_get(src->gnet_group, &gg);
-#define GNET_ADD_(T, field, ...) ps.gnet.field += gg.field;
-        DS_GNET_STATS(GNET_ADD_)
-#undef GNET_ADD_
-    }
     if (src->net) {
         ds_net_stats_get(src->net, &ps.net);
         const ds_drop_counters *dc = ds_net_drops(src->net);

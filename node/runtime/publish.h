@@ -71,7 +71,6 @@ typedef struct ds_publish_src {
     uint64_t self_id;
     ds_gossip *gossip;
     ds_gnet *gnet;
-    ds_gnet *gnet_group; /* a group's reductions' adapter (counted with gnet), or NULL */
     ds_net *net;
     ds_membership *membership;
     const ds_layer *layers;          /* the model's layer table, NULL before */

@@ -1777,17 +1777,11 @@ static void leave_and_drain(rt *r)
             usleep(20000);
         ds_info("membership", "left the cluster at round %llu", (unsigned long long)r->leave_round);
     }
-    /* Give the transport time to deliver the last replies; the group's
-     * second endpoint too (group.transport: shm copies a large message
-     * out of the sender's memory while the receiver takes it, so one sent
-     * just before our exit, the final sync's, would be lost with us). */
+    /* Give the transport time to deliver the last replies. */
     while (ds_now_ms() < until) {
-        ds_net_stats st, lst = {0};
+        ds_net_stats st;
         ds_net_stats_get(r->net, &st);
-        if (r->net_local)
-            ds_net_stats_get(r->net_local, &lst);
-        if (st.transport.queued_bytes == 0 && st.pending_frames == 0 &&
-            lst.transport.queued_bytes == 0 && lst.pending_frames == 0)
+        if (st.transport.queued_bytes == 0 && st.pending_frames == 0)
             break;
         usleep(10000);
     }

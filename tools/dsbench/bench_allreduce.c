@@ -7,12 +7,7 @@
  *
  *   dsbench allreduce [--quick] [--json] [--nodes 2] [--model mlp|cnn|both]
  *       [--steps N] [--rounds 2] [--algos direct,ring,butterfly[,auto]] [--rate RATE]
- *       [--transports tcp[,shm][,auto]] [--config FILE] [--dslaunch PATH]
- *
- * --transports: group.transport values, each variant run with each (the
- * default: tcp alone); a row of another than tcp is named
- * "ALGO[+overlap]@TRANSPORT". On loopback only: with --rate every member
- * is a host of its own, which shm does not reach.
+ *       [--config FILE] [--dslaunch PATH]
  *
  * --algos auto: group.allreduce = auto (with overlap, each reduction's
  * algorithm from member 0's cost model; docs/gossip.md "Layer by layer").
@@ -56,14 +51,12 @@
 #include "tools/dsbench/lrun.h"
 
 #define MAX_ALGOS 4
-#define MAX_TPS 3
 
 typedef struct ar_opts {
-    int json, quick, nodes, steps, rounds, n_models, n_algos, n_tps;
+    int json, quick, nodes, steps, rounds, n_models, n_algos;
     char rate[32];
     const char *models[2];
     const char *algos[MAX_ALGOS];
-    const char *tps[MAX_TPS];
     char config[PATH_MAX], dslaunch[PATH_MAX];
 } ar_opts;
 
@@ -76,8 +69,7 @@ static void ar_usage(FILE *f)
 {
     fprintf(f, "usage: dsbench allreduce [--quick] [--json] [--nodes 2] [--model mlp|cnn|both]\n"
                "         [--steps N] [--rounds 2] [--algos direct,ring,butterfly]\n"
-               "         [--rate RATE] [--transports tcp,shm,auto] [--config FILE]\n"
-               "         [--dslaunch PATH]\n");
+               "         [--rate RATE] [--config FILE] [--dslaunch PATH]\n");
 }
 
 static double num(const json_t *o, const char *k)
@@ -89,10 +81,9 @@ static double num(const json_t *o, const char *k)
 /* One run: `nodes` members in one group, the model, the algorithm, the
  * overlap. 0, or -1 (a member failed, or a file was unreadable). */
 static int ar_run(const ar_opts *o, const char *model, const char *algo, int overlap,
-                  const char *tp, ar_result *res)
+                  ar_result *res)
 {
-    char s_model[64], s_steps[64], s_algo[64], s_ov[64], s_warm[64], s_tp[64];
-    snprintf(s_tp, sizeof(s_tp), "group.transport=%s", tp);
+    char s_model[64], s_steps[64], s_algo[64], s_ov[64], s_warm[64];
     snprintf(s_model, sizeof(s_model), "train.model=%s", model);
     snprintf(s_steps, sizeof(s_steps), "train.steps=%d", o->steps);
     snprintf(s_algo, sizeof(s_algo), "group.allreduce=%s", algo);
@@ -105,7 +96,7 @@ static int ar_run(const ar_opts *o, const char *model, const char *algo, int ove
                             "--set", "train.eval_every=0", "--set", "train.log_every=50",
                             "--set", "status.file=status.json",
                             "--set", s_model, "--set", s_steps, "--set", s_algo, "--set", s_ov,
-                            "--set", s_warm, "--set", s_tp, "--timeout", "900"};
+                            "--set", s_warm, "--timeout", "900"};
     int k = 0;
     while (args[k])
         k++;
@@ -186,8 +177,7 @@ static int split(char *s, const char **out, int max)
     return n;
 }
 
-static int ar_opts_read(ar_opts *o, int argc, char **argv, char *algos_buf, size_t algos_len,
-                        char *tps_buf, size_t tps_len)
+static int ar_opts_read(ar_opts *o, int argc, char **argv, char *algos_buf, size_t algos_len)
 {
     memset(o, 0, sizeof(*o));
     o->nodes = 2;
@@ -195,7 +185,6 @@ static int ar_opts_read(ar_opts *o, int argc, char **argv, char *algos_buf, size
     o->steps = 0;
     const char *model = "both";
     snprintf(algos_buf, algos_len, "direct,ring,butterfly");
-    snprintf(tps_buf, tps_len, "tcp");
     snprintf(o->config, sizeof(o->config), "%s/../conf/examples/cluster.ini",
              ds_bench_tools_dir());
     ds_lrun_default_dslaunch(o->dslaunch, sizeof(o->dslaunch));
@@ -229,8 +218,6 @@ static int ar_opts_read(ar_opts *o, int argc, char **argv, char *algos_buf, size
             model = v;
         else if (!strcmp(a, "--algos"))
             snprintf(algos_buf, algos_len, "%s", v);
-        else if (!strcmp(a, "--transports"))
-            snprintf(tps_buf, tps_len, "%s", v);
         else if (!strcmp(a, "--rate"))
             snprintf(o->rate, sizeof(o->rate), "%s", v);
         else if (!strcmp(a, "--config"))
@@ -267,21 +254,6 @@ static int ar_opts_read(ar_opts *o, int argc, char **argv, char *algos_buf, size
                             "auto, found '%s'\n", o->algos[k]);
             return 2;
         }
-    if ((o->n_tps = split(tps_buf, o->tps, MAX_TPS)) <= 0) {
-        fprintf(stderr, "dsbench allreduce: --transports expects a list of tcp, shm, auto\n");
-        return 2;
-    }
-    for (int k = 0; k < o->n_tps; k++)
-        if (strcmp(o->tps[k], "tcp") && strcmp(o->tps[k], "shm") && strcmp(o->tps[k], "auto")) {
-            fprintf(stderr, "dsbench allreduce: --transports: expected tcp, shm or auto, found "
-                            "'%s'\n", o->tps[k]);
-            return 2;
-        }
-    if (o->rate[0] && (o->n_tps > 1 || strcmp(o->tps[0], "tcp"))) {
-        fprintf(stderr, "dsbench allreduce: --transports other than tcp with --rate: each "
-                        "member is then a host of its own, which shm does not reach\n");
-        return 2;
-    }
     if (o->quick && !o->steps)
         o->rounds = 1;
     if (o->nodes < 2 || o->nodes > 16 || o->rounds < 1 || o->rounds > 20 || o->steps < 0 ||
@@ -305,8 +277,8 @@ static int ar_opts_read(ar_opts *o, int argc, char **argv, char *algos_buf, size
 int ds_bench_allreduce(int argc, char **argv)
 {
     ar_opts o;
-    char algos[128], tps[64];
-    int ret = ar_opts_read(&o, argc, argv, algos, sizeof(algos), tps, sizeof(tps));
+    char algos[128];
+    int ret = ar_opts_read(&o, argc, argv, algos, sizeof(algos));
     if (ret)
         return ret == 1 ? 0 : ret;
     ds_row row;
@@ -318,51 +290,46 @@ int ds_bench_allreduce(int argc, char **argv)
                                                                     : (o.quick ? 200 : 1000);
         ar_opts om = o;
         om.steps = steps;
-        ar_result best[MAX_ALGOS][2][MAX_TPS];
+        ar_result best[MAX_ALGOS][2];
         memset(best, 0, sizeof(best));
         for (int k = 0; k < o.rounds; k++)
             for (int a = 0; a < o.n_algos; a++)
-                for (int ov = 0; ov < 2; ov++)
-                    for (int t = 0; t < o.n_tps; t++) {
-                        ar_result res;
-                        if (ar_run(&om, model, o.algos[a], ov, o.tps[t], &res) < 0) {
-                            failed = 1;
-                            continue;
-                        }
-                        fprintf(stderr, "dsbench allreduce: %s %s%s@%s round %d: step %.2f ms, "
-                                "exposed %.2f ms, hidden %.2f ms\n", model, o.algos[a],
-                                ov ? "+overlap" : "", o.tps[t], k + 1, res.step_ms,
-                                res.exposed_ms, res.hidden_ms);
-                        if (!best[a][ov][t].ok || res.step_ms < best[a][ov][t].step_ms)
-                            best[a][ov][t] = res;
+                for (int ov = 0; ov < 2; ov++) {
+                    ar_result res;
+                    if (ar_run(&om, model, o.algos[a], ov, &res) < 0) {
+                        failed = 1;
+                        continue;
                     }
-        /* vs_ring: against the ring without overlap on the first transport listed. */
+                    fprintf(stderr, "dsbench allreduce: %s %s%s round %d: step %.2f ms, "
+                            "exposed %.2f ms, hidden %.2f ms\n", model, o.algos[a],
+                            ov ? "+overlap" : "", k + 1, res.step_ms, res.exposed_ms,
+                            res.hidden_ms);
+                    if (!best[a][ov].ok || res.step_ms < best[a][ov].step_ms)
+                        best[a][ov] = res;
+                }
         double ring = NAN;
         for (int a = 0; a < o.n_algos; a++)
-            if (!strcmp(o.algos[a], "ring") && best[a][0][0].ok)
-                ring = best[a][0][0].step_ms;
+            if (!strcmp(o.algos[a], "ring") && best[a][0].ok)
+                ring = best[a][0].step_ms;
         for (int a = 0; a < o.n_algos; a++)
-            for (int ov = 0; ov < 2; ov++)
-                for (int t = 0; t < o.n_tps; t++) {
-                    const ar_result *b = &best[a][ov][t];
-                    char variant[64];
-                    const int other = strcmp(o.tps[t], "tcp") != 0;
-                    snprintf(variant, sizeof(variant), "%s%s%s%s", o.algos[a],
-                             ov ? "+overlap" : "", other ? "@" : "", other ? o.tps[t] : "");
-                    ds_row_str(&row, "model", model);
-                    ds_row_str(&row, "variant", variant);
-                    ds_row_int(&row, "nodes", o.nodes);
-                    ds_row_str(&row, "link", o.rate[0] ? o.rate : "loopback");
-                    ds_row_int(&row, "steps", steps);
-                    ds_row_num(&row, "step_ms", b->ok ? b->step_ms : NAN, 2);
-                    ds_row_num(&row, "exposed_ms", b->ok ? b->exposed_ms : NAN, 2);
-                    ds_row_num(&row, "hidden_ms", b->ok ? b->hidden_ms : NAN, 2);
-                    ds_row_num(&row, "vs_ring", b->ok ? b->step_ms / ring : NAN, 3);
-                    ds_row_num(&row, "final_acc", b->ok ? b->acc : NAN, 4);
-                    ds_row_num(&row, "intra_group_consensus", b->ok ? b->intra : NAN, 6);
-                    if (ds_row_end(&row) < 0)
-                        failed = 1;
-                }
+            for (int ov = 0; ov < 2; ov++) {
+                const ar_result *b = &best[a][ov];
+                char variant[48];
+                snprintf(variant, sizeof(variant), "%s%s", o.algos[a], ov ? "+overlap" : "");
+                ds_row_str(&row, "model", model);
+                ds_row_str(&row, "variant", variant);
+                ds_row_int(&row, "nodes", o.nodes);
+                ds_row_str(&row, "link", o.rate[0] ? o.rate : "loopback");
+                ds_row_int(&row, "steps", steps);
+                ds_row_num(&row, "step_ms", b->ok ? b->step_ms : NAN, 2);
+                ds_row_num(&row, "exposed_ms", b->ok ? b->exposed_ms : NAN, 2);
+                ds_row_num(&row, "hidden_ms", b->ok ? b->hidden_ms : NAN, 2);
+                ds_row_num(&row, "vs_ring", b->ok ? b->step_ms / ring : NAN, 3);
+                ds_row_num(&row, "final_acc", b->ok ? b->acc : NAN, 4);
+                ds_row_num(&row, "intra_group_consensus", b->ok ? b->intra : NAN, 6);
+                if (ds_row_end(&row) < 0)
+                    failed = 1;
+            }
     }
     return failed ? 1 : 0;
 }

@@ -495,10 +495,10 @@ static void two_engines(int port, int mirror)
         b0[i] = (float)(1 + i % 7) + (float)b.drifts * b.init * (float)(1 + i % 5);
         sum0 += (double)a0[i] + b0[i];
     }
-    cr_assert_gt(a.drifts, STEPS / 2, "alpha drifted in %d steps", a.drifts);
-    cr_assert_gt(b.drifts, STEPS / 2, "beta drifted in %d steps", b.drifts);
     cr_assert_eq(a.rc_join, 0, "alpha: %s", a.err);
     cr_assert_eq(b.rc_join, 0, "beta: %s", b.err);
+    cr_assert_gt(a.drifts, STEPS / 2, "alpha drifted in %d steps", a.drifts);
+    cr_assert_gt(b.drifts, STEPS / 2, "beta drifted in %d steps", b.drifts);
     cr_assert_eq(a.bad_calls + b.bad_calls, 0);
     cr_assert_eq(a.rc_leave, 0);
     cr_assert_eq(b.rc_leave, 0);

@@ -362,20 +362,17 @@ static int wait_for(int ms, int (*pred)(void *), void *arg)
  * from, in the assertion's message. */
 static void task_complaints(const char *text, const char *node, char *out, size_t n)
 {
-    char tag[64];
+    char warn[64], error[64];
+    snprintf(warn, sizeof(warn), " warn %s ", node);
+    snprintf(error, sizeof(error), " error %s ", node);
     size_t at = 0;
     out[0] = '\0';
     for (const char *l = text; l && *l && at + 1 < n;) {
         const char *end = strchr(l, '\n');
         const size_t len = end ? (size_t)(end - l) : strlen(l);
-        for (int k = 0; k < 2; k++) {
-            snprintf(tag, sizeof(tag), k ? " error %s " : " warn %s ", node);
-            const char *hit = memmem(l, len, tag, strlen(tag));
-            if (hit) {
-                const int w = snprintf(out + at, n - at, "\n    %.*s", (int)len, l);
-                at = w < 0 || (size_t)w >= n - at ? n - 1 : at + (size_t)w;
-                break;
-            }
+        if (memmem(l, len, warn, strlen(warn)) || memmem(l, len, error, strlen(error))) {
+            const int w = snprintf(out + at, n - at, "\n    %.*s", (int)len, l);
+            at = w < 0 || (size_t)w >= n - at ? n - 1 : at + (size_t)w;
         }
         l = end ? end + 1 : NULL;
     }

@@ -17,8 +17,13 @@ When the config averages gradients (node.group, or gossip.topology =
 allreduce), step() first copies the parameters' gradients into one buffer
 of the same layout, has the engine average it (the group's mean), and
 copies the mean back before the optimizer step: every member of a group
-then takes the same step (the optimizer's momentum is not shared: a member
-that adopted a state starts it over). With group.overlap (CPU
+then takes the same step. With torch.optim.SGD with momentum (dampening
+0) over the model's parameters in order, the momentum buffers are views of
+one flat buffer too, which the engine re-syncs a slice at a time (a member
+that adopted a state starts over from zeros, then takes its group's) and,
+with group.sparsify, zeroes where the group's sparse gradient has an entry
+(momentum factor masking: without it a sparse group diverged). Other
+optimizers keep their state to themselves. With group.overlap (CPU
 parameters), a hook on each parameter's gradient accumulation copies the
 gradient as backward writes it and hands each finished layer to the
 engine, whose reduction then runs behind the rest of backward; one
@@ -71,6 +76,22 @@ def layer_table(model):
                 merged.append(rows[i])
         rows = merged
     return [(name[:15], o, n) for name, o, n in rows]
+
+
+def sgd_momentum(optimizer, model):
+    """True when `optimizer` is torch.optim.SGD with momentum over exactly
+    `model`'s parameters, in their order, and dampening 0 in every group:
+    its momentum buffers can then live in one flat buffer beside the
+    parameters (GossipOptimizer hands it to the engine)."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return False
+    params = []
+    for g in optimizer.param_groups:
+        if not g.get("momentum", 0) or g.get("dampening", 0):
+            return False
+        params.extend(g["params"])
+    mine = list(model.parameters())
+    return len(params) == len(mine) and all(a is b for a, b in zip(params, mine))
 
 
 def flatten_(model):
@@ -137,8 +158,22 @@ class GossipOptimizer:
                 self.engine.register_add(self._add)
             self.engine.set_backend("torch-" + self.flat.device.type)
             host = self.mirror if self.mirror is not None else self.flat
+            # SGD's momentum, when the engine averages gradients: one flat
+            # buffer of the parameters' layout, each parameter's
+            # momentum_buffer a view of it, handed to the engine as opt
+            # (re-synced by slices; with group.sparsify, masked where the
+            # group's sparse gradient has an entry).
+            self.mom = self.mom_host = None
+            if self.grad is not None and sgd_momentum(optimizer, model):
+                self.mom = torch.zeros_like(self.flat)
+                self.mom_host = self.mom
+                if self.mirror is not None:
+                    self.mom_host = torch.zeros(self.flat.numel(), dtype=torch.float32,
+                                                pin_memory=self.flat.device.type == "cuda")
+                self._bind_momentum()
             if self.grad is not None:
-                self.engine.register_grad(self.mirror if self.mirror is not None else self.grad)
+                self.engine.register_grad(self.mirror if self.mirror is not None else self.grad,
+                                          self.mom_host)
             self.engine.register(host, self.layers, self._adopt)
             self._step_ready = None  # this step's engine.ready(), once asked
             self._hooked = False
@@ -210,13 +245,18 @@ class GossipOptimizer:
             self._fired = [False] * len(self._fired)
 
     def _device_buf(self, which):
+        if which == dsnode.OPT:
+            return self.mom
         return self.grad if which == dsnode.GRAD else self.flat
 
+    def _host_buf(self, which):
+        return self.mom_host if which == dsnode.OPT else self.mirror
+
     def _pull(self, which):
-        self.mirror.copy_(self._device_buf(which))
+        self._host_buf(which).copy_(self._device_buf(which))
 
     def _push(self, which):
-        self._device_buf(which).copy_(self.mirror)
+        self._device_buf(which).copy_(self._host_buf(which))
         if self.flat.device.type == "cuda":
             torch.cuda.current_stream(self.flat.device).synchronize()
 
@@ -234,6 +274,7 @@ class GossipOptimizer:
         # optimizer's state, our step and the program's extra here.
         d = torch.load(io.BytesIO(state), map_location=self.flat.device, weights_only=False)
         self.optimizer.load_state_dict(d["optimizer"])
+        self._bind_momentum()
         self.steps_taken = int(step)
         self.resumed_extra = d.get("extra")
 
@@ -243,7 +284,7 @@ class GossipOptimizer:
         (anything torch.save takes: a data loader's position). resume= of
         a later GossipOptimizer continues from it."""
         buf = io.BytesIO()
-        torch.save({"optimizer": self.optimizer.state_dict(), "extra": extra}, buf)
+        torch.save({"optimizer": self.state_dict(), "extra": extra}, buf)
         t0 = time.perf_counter()
         self.engine.checkpoint(buf.getvalue())
         self.engine_s += time.perf_counter() - t0
@@ -252,7 +293,31 @@ class GossipOptimizer:
         # The buffer holds the cluster's model at its step `step`: start
         # over from there, without our momentum.
         self.optimizer.state.clear()
+        if self.mom is not None:
+            self.mom.zero_()
+            self._bind_momentum()
         self.steps_taken = step
+
+    def _bind_momentum(self):
+        """Each parameter's momentum_buffer a view of self.mom, holding
+        what the optimizer's state had (a state loaded or cleared). A
+        buffer preset to zeros takes SGD's first step as a fresh one does
+        (momentum * 0 + gradient: sgd_momentum asks dampening 0)."""
+        if self.mom is None:
+            return
+        off = 0
+        with torch.no_grad():
+            for p in self.model.parameters():
+                k = p.numel()
+                view = self.mom[off:off + k].view_as(p)
+                st = self.optimizer.state[p]
+                old = st.get("momentum_buffer")
+                if old is None:
+                    view.zero_()
+                elif old.data_ptr() != view.data_ptr():
+                    view.copy_(old)
+                st["momentum_buffer"] = view
+                off += k
 
     @property
     def param_groups(self):
@@ -357,10 +422,17 @@ class GossipOptimizer:
         self.engine.report_eval(float(test_loss), float(test_acc))
 
     def state_dict(self):
-        return self.optimizer.state_dict()
+        sd = self.optimizer.state_dict()
+        if self.mom is not None:
+            # Copies: a view saved by torch.save carries its whole storage.
+            sd["state"] = {k: {n: (v.clone() if n == "momentum_buffer" and v is not None
+                                   else v) for n, v in st.items()}
+                           for k, st in sd["state"].items()}
+        return sd
 
     def load_state_dict(self, sd):
         self.optimizer.load_state_dict(sd)
+        self._bind_momentum()
 
     def finish(self, failed=False, paused=False):
         """Leave the cluster, write model.bin, print the summary line, close

@@ -1173,8 +1173,9 @@ int ds_bench_cluster(int argc, char **argv)
  * evaluation cadence three ways, in one invocation: 4 PyTorch processes
  * under dsnode gossip through libdsnode (dslaunch local -- python3
  * tools/python/examples/fashion_mlp.py; pairwise MiCRO at 1%), the same 4
- * PyTorch processes with DDP (gloo; tools/torch_ddp.py), and 4 native
- * dsnode processes with the same gossip. The three loopback runs alternate
+ * PyTorch processes with DDP (gloo; tools/torch_ddp.py), 4 native dsnode
+ * processes with the same gossip, and the 4 PyTorch processes as one group
+ * (loopback only: the group's dense mean gradient every step). The three loopback runs alternate
  * --rounds times and the best of each is kept, as in `dsbench cluster`.
  * --nets adds rate-limited namespaces, one per process, for the three
  * (root; DDP's ranks enter the namespaces made for them, torch_ddp.py
@@ -1190,6 +1191,14 @@ int ds_bench_cluster(int argc, char **argv)
 static const variant torch_gossip = {
     "torch-pairwise-micro-1%",
     {"gossip.topology=crossover", "gossip.mix=pairwise", "sparsify.method=micro", NULL}, 1};
+/* The same 4 processes as one group (node.group = auto: one host), as
+ * dsnode lays out the processes of one host: the group's mean gradient
+ * every step (dense, group.allreduce = direct; group.overlap measured
+ * slower here, docs/benchmarks.md). */
+static const variant torch_group = {
+    "torch-group-dense",
+    {"node.group=auto", "gossip.topology=crossover", "gossip.mix=pairwise",
+     "sparsify.method=micro", NULL}, 1};
 
 static void torch_usage(FILE *f)
 {
@@ -1197,8 +1206,9 @@ static void torch_usage(FILE *f)
                "                     [--rounds R] [--nets loopback,100mbit] [--config FILE]\n"
                "                     [--dslaunch PATH] [--keep DIR]\n"
                "4 PyTorch processes under dsnode gossip (libdsnode), with PyTorch DDP (gloo),\n"
-               "and 4 native dsnode processes: time to the target, final accuracy, the\n"
-               "binding's cost per step. Networks other than loopback need root.\n");
+               "4 native dsnode processes, and the 4 PyTorch processes as one group (loopback):\n"
+               "time to the target, final accuracy, the binding's cost per step. Networks\n"
+               "other than loopback need root.\n");
 }
 
 /* The options dsbench torch and dsbench hier share: --json, --steps,
@@ -1321,11 +1331,12 @@ int ds_bench_torch(int argc, char **argv)
         return 2;
 
     const variant *native = &all_variants[MICRO];
-    result ddp, nat, tor, t, rows[3 * MAX_NETS];
+    result ddp, nat, tor, grp, t, rows[3 * MAX_NETS];
     int n_rows = 0, idx = 0, failed = 0;
     memset(&ddp, 0, sizeof(ddp));
     memset(&nat, 0, sizeof(nat));
     memset(&tor, 0, sizeof(tor));
+    memset(&grp, 0, sizeof(grp));
     for (int round = 0; round < o.rounds; round++) {
         if (run_ddp(&o, &c, 4, "loopback", 0, &t) < 0)
             failed = 1;
@@ -1336,6 +1347,9 @@ int ds_bench_torch(int argc, char **argv)
         if (run_cluster(&o, &c, &torch_gossip, "loopback", 4, idx++, &t) < 0)
             failed = 1;
         keep_best(&tor, &t, round);
+        if (run_cluster(&o, &c, &torch_group, "loopback", 4, idx++, &t) < 0)
+            failed = 1;
+        keep_best(&grp, &t, round);
     }
     for (int k = 0; k < o.n_nets && netns_ok; k++) {
         if (!strcmp(o.nets[k], "loopback"))
@@ -1360,6 +1374,7 @@ int ds_bench_torch(int argc, char **argv)
     torch_row(&row, &ddp, &ddp, NULL);
     torch_row(&row, &nat, &ddp, NULL);
     torch_row(&row, &tor, &ddp, &nat);
+    torch_row(&row, &grp, &ddp, &nat);
     for (int i = 0; i < n_rows; i += 3) {
         torch_row(&row, &rows[i], &rows[i], NULL);
         torch_row(&row, &rows[i + 1], &rows[i], NULL);

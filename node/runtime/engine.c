@@ -633,6 +633,12 @@ static int open_group(rt *r)
     if (r->gsp)
         ds_info("group", "group.sparsify %s: gradients sparse inside the group, density %g",
                 ds_group_sparsify_name(r->c->group.sparsify), r->c->group.density);
+    if (r->gsp && !r->p.opt)
+        ds_warn("group", "group.sparsify %s without the optimizer's momentum (no opt "
+                "registered): the engine cannot mask it where an owner's accumulated "
+                "residual lands; an optimizer with momentum may diverge (docs/gossip.md, "
+                "\"Momentum factor masking\"); plain SGD is unaffected",
+                ds_group_sparsify_name(r->c->group.sparsify));
     if (r->c->group.allreduce == DS_GROUP_ALLREDUCE_AUTO)
         ds_info("group", "group.allreduce auto: direct or butterfly, as member 0 times them");
     else if (r->c->group.allreduce != DS_GROUP_ALLREDUCE_DIRECT)

@@ -38,20 +38,47 @@ struct member {
     int direct_once;      /* ds_greduce_direct_once before every run */
     int direct_first;     /* ... before the first this many runs only */
     const uint8_t *skip;  /* NULL: everyone waited for */
+    int twice;            /* every frame this member sends is delivered twice */
+    ds_gossip_io dup;     /* (its io then: the fake's, each send made twice) */
 };
+
+static int send_twice(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
+{
+    const ds_gossip_io *io = ctx;
+    const int e = io->send(io->ctx, m, deadline_ns);
+    return e < 0 ? e : io->send(io->ctx, m, deadline_ns);
+}
+
+static uint64_t now_of(void *ctx)
+{
+    const ds_gossip_io *io = ctx;
+    return io->now_ns(io->ctx);
+}
+
+static int recv_of(void *ctx, ds_gmsg *m, uint64_t deadline_ns)
+{
+    const ds_gossip_io *io = ctx;
+    return io->recv(io->ctx, m, deadline_ns);
+}
 
 static void *member_main(void *p)
 {
     struct member *m = p;
     ds_greduce *r;
+    const ds_gossip_io *io = ds_fakenet_io(m->net, m->me);
+    if (m->twice) {
+        m->dup = (ds_gossip_io){.ctx = (void *)io, .send = send_twice, .recv = recv_of,
+                                .now_ns = now_of};
+        io = &m->dup;
+    }
     m->ret = ds_greduce_create(&r, N);
     if (m->ret == 0)
         ds_greduce_set_algo(r, m->algo);
     for (int k = 0; k < m->rounds && m->ret == 0; k++) {
         if (m->direct_once || k < m->direct_first)
             ds_greduce_direct_once(r);
-        m->ret = ds_greduce_run(r, ds_fakenet_io(m->net, m->me), m->vec, N, N_MEAN, m->G, m->me,
-                                m->skip, (uint64_t)k, m->deadline, m->sp, &m->res);
+        m->ret = ds_greduce_run(r, io, m->vec, N, N_MEAN, m->G, m->me, m->skip, (uint64_t)k,
+                                m->deadline, m->sp, &m->res);
     }
     m->t_end = ds_fakenet_now_ns(m->net);
     ds_greduce_destroy(&r);
@@ -449,6 +476,56 @@ Test(group, ring_and_butterfly_follow_a_member_that_runs_direct)
                     const double sum = (double)in[0][j] + in[1][j] + in[2][j] + in[3][j];
                     const double want = j < N_MEAN ? sum / 4 : sum;
                     cr_assert(fabs(m[0].vec[j] - want) < 1e-5, "algo %d element %zu", a, j);
+                }
+            }
+        }
+    }
+}
+
+/* Every frame delivered twice (a transport that resends what it reported
+ * lost, two endpoints to one member): each counts once, since what comes
+ * is kept per sender and per step, never added on arrival. Direct, ring and
+ * butterfly, 2 to 5 members, once against the reference and twenty
+ * reductions in a row with one member running direct for the first
+ * three (the others follow it, then return to their algorithm): every
+ * member complete, the same bytes, the mean of the first part and the
+ * sum of the rest, never a contribution counted twice. */
+Test(group, a_frame_delivered_twice_counts_once)
+{
+    for (int a = 0; a <= 2; a++) {
+        for (uint32_t G = 2; G <= MAXG; G++) {
+            for (int rounds = 1; rounds <= 20; rounds += 19) {
+                static struct member m[MAXG];
+                memset(m, 0, sizeof(m));
+                for (uint32_t i = 0; i < G; i++) {
+                    m[i].algo = (enum ds_greduce_algo)a;
+                    m[i].twice = 1;
+                    m[i].direct_first = rounds > 1 && i == 1 ? 3 : 0;
+                }
+                run_group(m, G, rounds, -1);
+                for (uint32_t i = 0; i < G; i++) {
+                    cr_assert_eq(m[i].ret, 0);
+                    cr_assert(m[i].res.complete, "algo %d G=%u rounds %d: member %u incomplete",
+                              a, G, rounds, i);
+                    cr_assert_eq(m[i].res.contributions, G, "algo %d G=%u member %u: %u", a, G,
+                                 i, m[i].res.contributions);
+                    cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0,
+                                 "algo %d G=%u rounds %d: member %u differs", a, G, rounds, i);
+                }
+                /* After the first reduction the members are alike: each
+                 * next one keeps the mean and multiplies the sum by G. */
+                float in[MAXG][N];
+                for (uint32_t i = 0; i < G; i++)
+                    ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+                const double grow = pow((double)G, rounds - 1);
+                for (size_t j = 0; j < N; j++) {
+                    double sum = 0;
+                    for (uint32_t i = 0; i < G; i++)
+                        sum += in[i][j];
+                    const double want = j < N_MEAN ? sum / G : sum * grow;
+                    cr_assert(fabs(m[0].vec[j] - want) <= 1e-5 * (j < N_MEAN ? 1 : grow),
+                              "algo %d G=%u rounds %d element %zu: %g, want %g", a, G, rounds,
+                              j, (double)m[0].vec[j], want);
                 }
             }
         }

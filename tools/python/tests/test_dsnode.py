@@ -286,21 +286,28 @@ def test_fashion_mlp_4_torch_processes_under_dslaunch(tmp_path):
     assert rep["consensus_distance"] < 0.05
 
 
+def _fashion_groups(tmp_path, groups, *sets):
+    """fashion_mlp.py, 400 steps, in 4 processes as `groups` groups
+    (dslaunch --groups) with the --set's given: dslaunch's JSON summary."""
+    argv = [DSLAUNCH, "local", "-n", "4", "--groups", str(groups), "--config",
+            os.path.join(ROOT, "conf", "examples", "cluster.ini"),
+            "--out", str(tmp_path / "run"), "--json", "--timeout", "600"]
+    for kv in sets:
+        argv += ["--set", kv]
+    argv += ["--", PY, os.path.join(ROOT, "tools", "python", "examples", "fashion_mlp.py"),
+             "--steps", "400", "--eval-every", "400"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=660)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),
                     reason="Fashion-MNIST is not installed (dataset-fashion-mnist)")
 def test_fashion_mlp_torch_in_two_groups_under_dslaunch(tmp_path):
     """GossipOptimizer averages the gradients inside each group: the members
     of a group end with one model (intra_group_consensus 0)."""
     pytest.importorskip("torch")
-    out = tmp_path / "run"
-    argv = [DSLAUNCH, "local", "-n", "4", "--groups", "2", "--config",
-            os.path.join(ROOT, "conf", "examples", "cluster.ini"), "--out", str(out),
-            "--json", "--timeout", "600", "--",
-            PY, os.path.join(ROOT, "tools", "python", "examples", "fashion_mlp.py"),
-            "--steps", "400", "--eval-every", "400"]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=660)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = json.loads(p.stdout.strip().splitlines()[-1])
+    rep = _fashion_groups(tmp_path, 2)
     for name, nd in rep["nodes"].items():
         assert nd["status"] == "done", name
         assert nd["steps"] == 400, name
@@ -318,15 +325,7 @@ def test_fashion_mlp_torch_group_sparsify_micro_trains(tmp_path):
     owner's accumulated burst on, and four such processes fell to 27-53%
     test accuracy in 600 steps; with it they reach 85%."""
     pytest.importorskip("torch")
-    out = tmp_path / "run"
-    argv = [DSLAUNCH, "local", "-n", "4", "--groups", "1", "--config",
-            os.path.join(ROOT, "conf", "examples", "cluster.ini"), "--out", str(out),
-            "--set", "group.sparsify=micro", "--json", "--timeout", "600", "--",
-            PY, os.path.join(ROOT, "tools", "python", "examples", "fashion_mlp.py"),
-            "--steps", "400", "--eval-every", "400"]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=660)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = json.loads(p.stdout.strip().splitlines()[-1])
+    rep = _fashion_groups(tmp_path, 1, "group.sparsify=micro")
     for name, nd in rep["nodes"].items():
         assert nd["status"] == "done", name
         assert nd["test_acc"] >= 0.80, (name, nd["test_acc"])

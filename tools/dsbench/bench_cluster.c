@@ -1175,9 +1175,10 @@ int ds_bench_cluster(int argc, char **argv)
  * tools/python/examples/fashion_mlp.py; pairwise MiCRO at 1%), the same 4
  * PyTorch processes with DDP (gloo; tools/torch_ddp.py), 4 native dsnode
  * processes with the same gossip, and the 4 PyTorch processes as one group
- * (loopback only: the group's dense mean gradient every step). The three loopback runs alternate
- * --rounds times and the best of each is kept, as in `dsbench cluster`.
- * --nets adds rate-limited namespaces, one per process, for the three
+ * (loopback only: the group's dense mean gradient every step). The four
+ * loopback runs alternate --rounds times and the best of each is kept, as
+ * in `dsbench cluster`. --nets adds rate-limited namespaces, one per
+ * process, for the first three
  * (root; DDP's ranks enter the namespaces made for them, torch_ddp.py
  * --netns). Columns as in `dsbench cluster`, plus, for the
  * PyTorch gossip row, fashion_mlp.py's "binding" line: step_ms (a training

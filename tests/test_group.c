@@ -40,6 +40,7 @@ struct member {
     const uint8_t *skip;  /* NULL: everyone waited for */
     int twice;            /* every frame this member sends is delivered twice */
     ds_gossip_io dup;     /* (its io then: the fake's, each send made twice) */
+    int whole;            /* ds_greduce_mean_all instead of ds_greduce_run */
 };
 
 static int send_twice(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
@@ -77,8 +78,10 @@ static void *member_main(void *p)
     for (int k = 0; k < m->rounds && m->ret == 0; k++) {
         if (m->direct_once || k < m->direct_first)
             ds_greduce_direct_once(r);
-        m->ret = ds_greduce_run(r, io, m->vec, N, N_MEAN, m->G, m->me, m->skip, (uint64_t)k,
-                                m->deadline, m->sp, &m->res);
+        m->ret = m->whole ? ds_greduce_mean_all(r, io, m->vec, N, m->G, m->me, m->skip,
+                                                (uint64_t)k, m->deadline, &m->res)
+                          : ds_greduce_run(r, io, m->vec, N, N_MEAN, m->G, m->me, m->skip,
+                                           (uint64_t)k, m->deadline, m->sp, &m->res);
     }
     m->t_end = ds_fakenet_now_ns(m->net);
     ds_greduce_destroy(&r);
@@ -211,6 +214,140 @@ Test(group, dead_member_costs_the_deadline_and_only_its_chunk)
             cr_assert(fabs(m[i].vec[j] - want) < 1e-5, "element %zu", j);
         }
     }
+}
+
+/* The mean of the whole vectors over `who` (a bit per member), as
+ * ds_greduce_mean_all computes it: summed in member order, then scaled. */
+static void whole_mean(uint32_t G, unsigned who, float *out)
+{
+    static float in[MAXG][N];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < G; i++)
+        ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+    memset(out, 0, N * sizeof(float));
+    for (uint32_t i = 0; i < G; i++)
+        if (who >> i & 1) {
+            for (size_t j = 0; j < N; j++)
+                out[j] += in[i][j];
+            k++;
+        }
+    const float inv = 1.0f / (float)k;
+    for (size_t j = 0; j < N; j++)
+        out[j] *= inv;
+}
+
+/* The final sync's reduction: every member ends with the mean of all the
+ * vectors, the same bytes on every member. */
+Test(group, mean_all_members_end_with_the_same_bytes)
+{
+    static float want[N];
+    for (uint32_t G = 2; G <= MAXG; G++) {
+        static struct member m[MAXG];
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < G; i++)
+            m[i].whole = 1;
+        run_group(m, G, 1, -1);
+        whole_mean(G, (1u << G) - 1, want);
+        for (uint32_t i = 0; i < G; i++) {
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(m[i].res.complete, "G=%u member %u incomplete", G, i);
+            cr_assert_eq(m[i].res.contributions, G);
+            cr_assert_eq(memcmp(m[i].vec, want, sizeof(want)), 0,
+                         "G=%u: member %u is not the mean in member order", G, i);
+        }
+    }
+}
+
+/* A member that died while still in the view: the survivors wait out the
+ * deadline for it (once) and end with the same bytes, the mean of the
+ * survivors, where the direct algorithm leaves its chunk as each one's
+ * own (dead_member_costs_the_deadline_and_only_its_chunk; CI 56 ended so,
+ * 3.9e-7 apart). Held dead (skipped hard) by every survivor, nobody waits. */
+Test(group, mean_all_a_dead_member_costs_nothing_of_the_result)
+{
+    static struct member m[4];
+    static float want[N];
+    static const uint8_t hard[4] = {0, 0, DS_GREDUCE_SKIP_ALL, 0};
+    const uint32_t dead = 2;
+    whole_mean(4, 0xbu, want);
+    for (int held = 0; held < 2; held++) {
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < 4; i++) {
+            m[i].whole = 1;
+            m[i].skip = held ? hard : NULL;
+        }
+        run_group(m, 4, 1, (int)dead);
+        for (uint32_t i = 0; i < 4; i++) {
+            if (i == dead)
+                continue;
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(!m[i].res.complete, "member %u: complete without member %u", i, dead);
+            cr_assert_eq(m[i].res.contributions, 3);
+            cr_assert_eq(m[i].res.chunks_missing, 1);
+            cr_assert_eq(memcmp(m[i].vec, want, sizeof(want)), 0,
+                         "held=%d: member %u is not the survivors' mean", held, i);
+            if (held)
+                cr_expect_lt(m[i].t_end, m[i].deadline, "member %u waited for the dead", i);
+            else
+                cr_expect_geq(m[i].t_end, m[i].deadline, "member %u did not wait", i);
+        }
+    }
+}
+
+/* A member skipped softly (not waited for by a step's reduction) is
+ * waited for here: one only slow sends to every member alike, and a
+ * member one waits for and another does not would be in one mean only.
+ * One skipped hard is left out even when its vector comes. */
+Test(group, mean_all_waits_for_a_soft_skip_and_leaves_out_a_hard_one)
+{
+    static struct member m[3];
+    static float want[N];
+    static const uint8_t soft[3] = {0, DS_GREDUCE_SKIP_NOWAIT, DS_GREDUCE_SKIP_NOWAIT};
+    static const uint8_t hard[3] = {0, DS_GREDUCE_SKIP_ALL, 0};
+    memset(m, 0, sizeof(m));
+    for (uint32_t i = 0; i < 3; i++)
+        m[i].whole = 1;
+    m[0].skip = soft;
+    run_group(m, 3, 1, -1);
+    whole_mean(3, 0x7u, want);
+    for (uint32_t i = 0; i < 3; i++) {
+        cr_assert(m[i].res.complete, "member %u", i);
+        cr_assert_eq(memcmp(m[i].vec, want, sizeof(want)), 0, "member %u", i);
+    }
+    memset(m, 0, sizeof(m));
+    for (uint32_t i = 0; i < 3; i++)
+        m[i].whole = 1;
+    m[0].skip = hard;
+    run_group(m, 3, 1, -1);
+    whole_mean(3, 0x5u, want);
+    cr_assert_eq(m[0].res.contributions, 2);
+    cr_assert_eq(memcmp(m[0].vec, want, sizeof(want)), 0, "member 0 used member 1's vector");
+    /* Member 1 heard nothing from member 0 (skipped hard: not sent to). */
+    cr_assert_eq(m[1].res.contributions, 2);
+    whole_mean(3, 0x6u, want);
+    cr_assert_eq(memcmp(m[1].vec, want, sizeof(want)), 0, "member 1");
+}
+
+/* Bad arguments, and a group too large for every member's vector. */
+Test(group, mean_all_refuses_what_does_not_fit)
+{
+    ds_fakenet *net = ds_fakenet_create(2);
+    ds_greduce *r;
+    cr_assert_eq(ds_greduce_create(&r, N), 0);
+    static float v[N];
+    ds_greduce_result res;
+    const ds_gossip_io *io = ds_fakenet_io(net, 0);
+    cr_expect_eq(ds_greduce_mean_all(r, io, v, N + 1, 2, 0, NULL, 0, 1, &res), -EINVAL,
+                 "n over max_n");
+    cr_expect_eq(ds_greduce_mean_all(r, io, v, N, 2, 2, NULL, 0, 1, &res), -EINVAL, "me >= G");
+    cr_expect_eq(ds_greduce_mean_all(r, io, v, 0, 2, 0, NULL, 0, 1, &res), -EINVAL, "n 0");
+    const uint32_t big = (uint32_t)(DS_GREDUCE_WHOLE_MAX / N + 1);
+    cr_expect_eq(ds_greduce_mean_all(r, io, v, N, big, 0, NULL, 0, 1, &res), -EINVAL,
+                 "G * n over DS_GREDUCE_WHOLE_MAX");
+    cr_expect_eq(ds_greduce_mean_all(r, io, v, N, 1, 0, NULL, 0, 1, &res), 0);
+    cr_expect(res.complete, "a group of one");
+    ds_greduce_destroy(&r);
+    ds_fakenet_destroy(net);
 }
 
 Test(group, skipped_member_is_not_waited_for)

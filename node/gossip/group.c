@@ -8,7 +8,7 @@
 #include "base/log.h"
 #include "node/gossip/group.h"
 
-enum { PHASE_CONTRIB = 0, PHASE_RESULT = 1, PHASE_LIST = 2, PHASE_STEP0 = 16 };
+enum { PHASE_CONTRIB = 0, PHASE_RESULT = 1, PHASE_LIST = 2, PHASE_WHOLE = 3, PHASE_STEP0 = 16 };
 #define KEEP_MAX 64 /* messages of later reductions kept, at most */
 
 struct kept {
@@ -44,6 +44,7 @@ struct ds_greduce {
     int saw_direct;          /* this run took a direct-phase message */
     uint32_t direct_left;    /* reductions to run direct after a failure */
     int direct_once;         /* the next one runs direct (ds_greduce_direct_once) */
+    int whole;               /* a ds_greduce_mean_all runs: PHASE_WHOLE is taken */
     struct kept *q;
     int qn;
     ds_greduce_stats st;
@@ -279,6 +280,15 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
         r->saw_direct = 1;
         return 1;
     }
+    if (m->segment == PHASE_WHOLE) {
+        if (!r->whole || m->count != x->n || r->got[m->from])
+            return 0;
+        memcpy(r->in + (size_t)m->from * x->n, m->val, x->n * sizeof(float));
+        r->got[m->from] = 1;
+        return 1;
+    }
+    if (r->whole)
+        return 0; /* a step's frame of the same tag: not a whole vector */
     if (m->segment == PHASE_LIST) {
         if (!x->sp || (m->count & 1) || r->listed[m->from] || m->count / 2 > x->sp->n_out)
             return 0;
@@ -841,6 +851,77 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
     if (sp)
         sum_lists(r, &x);
     res->complete = res->chunks_missing == 0 && res->lists_missing == 0;
+    if (!res->complete)
+        r->st.incomplete++;
+    return 0;
+}
+
+/* ---- the mean of whole vectors (the final sync) ------------------------- */
+
+int ds_greduce_mean_all(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
+                        uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
+                        uint64_t deadline_ns, ds_greduce_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    if (!G || me >= G || n > r->max_n || !n || (size_t)G * n > DS_GREDUCE_WHOLE_MAX)
+        return -EINVAL;
+    r->st.reductions++;
+    res->contributions = 1;
+    res->max_tag = tag;
+    res->ran = DS_GREDUCE_DIRECT;
+    if (G == 1) {
+        res->complete = 1;
+        return 0;
+    }
+    if (reserve(r, G, n) < 0)
+        return -ENOMEM;
+    /* Waited for: every member not skipped hard, a soft skip too (a member
+     * that is only slow sends to every member alike, and a member waited
+     * for by one and not by another would be in one's mean only). have[]
+     * holds the members left out: skipped hard, their vectors never used
+     * even when they come. */
+    uint8_t *out_of = r->have;
+    for (uint32_t i = 0; i < G; i++)
+        out_of[i] = i != me && skip && skip[i] >= DS_GREDUCE_SKIP_ALL;
+    memset(r->got, 0, G);
+    r->got[me] = 1;
+    for (uint32_t c = 0; c < G; c++) {
+        if (c == me || out_of[c])
+            continue;
+        ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
+                     .segment = PHASE_WHOLE, .count = (uint32_t)n, .val = vec};
+        io->send(io->ctx, &m, deadline_ns);
+    }
+    memcpy(r->in + (size_t)me * n, vec, n * sizeof(float));
+    const struct run x = {vec, n, G, me, tag, &res->max_tag, NULL};
+    r->whole = 1;
+    take_kept(r, &x);
+    res->stopped = wait_for(r, io, &x, out_of, r->got, deadline_ns);
+    r->whole = 0;
+    if (res->stopped)
+        return 0;
+    for (uint32_t i = 0; i < G && io->peer_failed; i++)
+        if (!r->got[i] && !out_of[i])
+            io->peer_failed(io->ctx, i);
+    /* The sum in member order over the members that came (and were not
+     * left out): members that had the same ones hold the same bytes. */
+    float *sum = r->orig;
+    memset(sum, 0, n * sizeof(float));
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < G; i++) {
+        if (!r->got[i] || out_of[i])
+            continue;
+        const float *v = r->in + (size_t)i * n;
+        for (size_t j = 0; j < n; j++)
+            sum[j] += v[j];
+        k++;
+    }
+    const float inv = 1.0f / (float)k;
+    for (size_t j = 0; j < n; j++)
+        vec[j] = sum[j] * inv;
+    res->contributions = k;
+    res->chunks_missing = G - k;
+    res->complete = k == G;
     if (!res->complete)
         r->st.incomplete++;
     return 0;

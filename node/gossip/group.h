@@ -173,6 +173,27 @@ int ds_greduce_fit(const double *floats, const double *ms, size_t n, float *alph
  * answer on every member. */
 enum ds_greduce_algo ds_greduce_pick(const ds_greduce_cost *c, size_t floats);
 
+/* The mean of the members' whole vectors, for the last reduction of a
+ * run (the final sync, node/runtime/rounds.c): each member sends all of
+ * vec to every member not skipped hard, waits until deadline_ns for every
+ * such member (one skipped softly too: a member only slow sends to every
+ * member alike), and sets vec to the mean, summed in member order, of
+ * the vectors that came, its own included; a member skipped hard is left
+ * out even when its vector comes. No member owns a part, so a member that
+ * is dead, or still in the view but gone, costs no part of the result:
+ * the members that had the same vectors hold the same bytes (the direct
+ * algorithm would leave a dead owner's chunk as each member's own).
+ * res: contributions (the vectors averaged), chunks_missing (the members
+ * whose vector is not in it), complete (all G). Bytes: G - 1 vectors out
+ * and in per member, against 2 (G - 1) / G of one for the others; G * n
+ * at most DS_GREDUCE_WHOLE_MAX floats (room for every member's vector),
+ * else -EINVAL: the caller then runs ds_greduce_run. 0, -EINVAL or
+ * -ENOMEM. */
+#define DS_GREDUCE_WHOLE_MAX ((size_t)16 << 20)
+int ds_greduce_mean_all(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
+                        uint32_t G, uint32_t me, const uint8_t *skip, uint64_t tag,
+                        uint64_t deadline_ns, ds_greduce_result *res);
+
 /* Chunk c of n cut into G near-equal ranges (the one cut both the owner
  * and the members use). */
 void ds_greduce_chunk(size_t n, uint32_t G, uint32_t c, size_t *off, size_t *len);

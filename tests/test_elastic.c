@@ -1269,6 +1269,32 @@ static void log_tail(const char *out, const char *name, int max)
     free(log);
 }
 
+/* Whether a node's last document (doc) shows n1's removal still to come:
+ * its newest event about n1 a death whose removal round lies past the
+ * document's round (and within the lag's bound, not CI 43's 2^20), or a
+ * suspicion only. why: what the document says, for a message. */
+static int n1_removal_pending(const json_t *doc, char *why, size_t n)
+{
+    const json_t *ev = json_object_get(doc, "events");
+    const json_int_t last = json_integer_value(json_object_get(doc, "round"));
+    const char *newest = NULL;
+    json_int_t eff = -1, at = -1;
+    for (size_t k = 0; k < json_array_size(ev) && !newest; k++) {
+        const json_t *e = json_array_get(ev, k);
+        const char *m = json_string_value(json_object_get(e, "member"));
+        const char *what = json_string_value(json_object_get(e, "event"));
+        if (!m || strcmp(m, "n1") || !what)
+            continue;
+        newest = what; /* newest first */
+        eff = json_integer_value(json_object_get(e, "effective_round"));
+        at = json_integer_value(json_object_get(e, "round"));
+    }
+    snprintf(why, n, "last round %lld, newest event about n1: %s at round %lld, effective %lld",
+             (long long)last, newest ? newest : "(none)", (long long)at, (long long)eff);
+    return newest && ((!strcmp(newest, "dead") && eff > last && eff - at < 100000) ||
+                      !strcmp(newest, "suspect"));
+}
+
 static void group_failures(const char *algo, int overlap)
 {
     char name[32], s_algo[48], s_ov[48];
@@ -1347,10 +1373,21 @@ static void group_failures(const char *algo, int overlap)
             continue;
         json_t *doc = status_load(out, node_names[i]);
         const json_t *gr = json_object_get(doc, "group");
-        if (i < 3)
-            cr_expect_eq(json_integer_value(json_object_get(gr, "size")), 2,
-                         "%s ends in a group of %lld, not the two survivors", node_names[i],
-                         (long long)json_integer_value(json_object_get(gr, "size")));
+        if (i < 3 && json_integer_value(json_object_get(gr, "size")) != 2) {
+            /* Still three at the end: allowed only when the death's
+             * removal round lies past this node's last round (the lag is
+             * 5 s of the peak pace, and a loaded machine slows the rounds
+             * after the failure: CI 56 ended so, every figure otherwise
+             * right), or the death was not declared yet (suspected only).
+             * Since the orphan chunks and the final sync over whole
+             * vectors, the survivors still end as one model (checked
+             * below). A removal round in the past, or none at all, fails. */
+            char why[256];
+            cr_expect(n1_removal_pending(doc, why, sizeof(why)),
+                      "%s ends in a group of %lld, not the two survivors: %s", node_names[i],
+                      (long long)json_integer_value(json_object_get(gr, "size")), why);
+            cr_log_info("%s ends with n1 still in its group: %s", node_names[i], why);
+        }
         const json_int_t lag = json_integer_value(
             json_object_get(json_object_get(doc, "membership"), "lag_rounds"));
         cr_expect(lag > 0 && lag < 100000, "%s: membership.lag_rounds %lld", node_names[i],
@@ -1437,6 +1474,11 @@ Test(elastic, group_member_killed_near_the_end_survivors_end_alike)
         json_t *doc = status_load(out, node_names[i]);
         size[i] = (long long)json_integer_value(
             json_object_get(json_object_get(doc, "group"), "size"));
+        char why[256];
+        if (size[i] == 3)
+            cr_expect(n1_removal_pending(doc, why, sizeof(why)),
+                      "%s ends with n1 in its group, its removal not pending: %s",
+                      node_names[i], why);
         json_decref(doc);
     }
     cr_log_info("group size at the end: n0 %lld, n2 %lld (3: n1's removal came after the "

@@ -350,6 +350,153 @@ Test(group, mean_all_refuses_what_does_not_fit)
     ds_fakenet_destroy(net);
 }
 
+/* A dead member that every survivor holds dead (skipped hard: a
+ * membership verdict) while it is still in the view: its chunk is an
+ * orphan, which the survivors sum themselves from each other's parts, so
+ * nothing is missing and nobody waits; every survivor holds the same
+ * bytes, the survivors' mean and sum. Twenty in a row stay alike. */
+Test(group, a_member_held_dead_leaves_no_orphan_chunk)
+{
+    static struct member m[4];
+    static const uint8_t hard[4] = {0, 0, DS_GREDUCE_SKIP_ALL, 0};
+    const uint32_t dead = 2;
+    for (int rounds = 1; rounds <= 20; rounds += 19) {
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < 4; i++)
+            m[i].skip = hard;
+        run_group(m, 4, rounds, (int)dead);
+        float in[4][N];
+        for (uint32_t i = 0; i < 4; i++)
+            ds_t_fill(in[i], N, 100 + i, -1.0f, 1.0f);
+        for (uint32_t i = 0; i < 4; i++) {
+            if (i == dead)
+                continue;
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(m[i].res.complete, "member %u: %u chunk(s) missing", i,
+                      m[i].res.chunks_missing);
+            cr_expect_lt(m[i].t_end, m[i].deadline, "member %u waited", i);
+            cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0,
+                         "%d reduction(s): member %u differs from member 0", rounds, i);
+            if (rounds > 1)
+                continue;
+            for (size_t j = 0; j < N; j++) {
+                const double sum = (double)in[0][j] + in[1][j] + in[3][j];
+                const double want = j < N_MEAN ? sum / 3 : sum;
+                cr_assert(fabs(m[i].vec[j] - want) < 1e-5, "element %zu: %g, want %g", j,
+                          (double)m[i].vec[j], want);
+            }
+        }
+    }
+}
+
+/* The same with sparse lists, and on the ring and the butterfly (which
+ * leave a member held dead out of their schedule): complete, the same
+ * bytes, the survivors' lists summed. */
+Test(group, a_member_held_dead_leaves_the_reduction_complete_in_every_algorithm)
+{
+    enum { G = 4, K = 30, NO = 200 };
+    static struct member m[G];
+    static uint32_t idx[G][K];
+    static float val[G][K], out[G][NO];
+    static ds_gsparse sp[G];
+    static const uint8_t hard[G] = {0, 0, DS_GREDUCE_SKIP_ALL, 0};
+    static const enum ds_greduce_algo algos[] = {DS_GREDUCE_DIRECT, DS_GREDUCE_RING,
+                                                 DS_GREDUCE_BUTTERFLY};
+    const uint32_t dead = 2;
+    for (size_t a = 0; a < 3; a++) {
+        double want[NO] = {0};
+        uint64_t seed = 7;
+        memset(m, 0, sizeof(m));
+        for (uint32_t i = 0; i < G; i++) {
+            for (uint32_t j = 0; j < K; j++) {
+                idx[i][j] = (uint32_t)(ds_t_next(&seed) % NO);
+                val[i][j] = (float)(ds_t_next(&seed) % 1000) / 100.0f - 5.0f;
+                if (i != dead)
+                    want[idx[i][j]] += val[i][j];
+            }
+            sp[i] = (ds_gsparse){.idx = idx[i], .val = val[i], .count = K, .out = out[i],
+                                 .n_out = NO};
+            m[i].sp = &sp[i];
+            m[i].skip = hard;
+            m[i].algo = algos[a];
+        }
+        run_group(m, G, 1, (int)dead);
+        for (uint32_t i = 0; i < G; i++) {
+            if (i == dead)
+                continue;
+            cr_assert_eq(m[i].ret, 0);
+            cr_assert(m[i].res.complete, "%s: member %u: %u chunk(s), %u list(s) missing",
+                      ds_greduce_algo_name(algos[a]), i, m[i].res.chunks_missing,
+                      m[i].res.lists_missing);
+            cr_expect_lt(m[i].t_end, m[i].deadline, "member %u waited", i);
+            cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0, "%s: member %u",
+                         ds_greduce_algo_name(algos[a]), i);
+            cr_assert_eq(memcmp(out[i], out[0], sizeof(out[0])), 0, "member %u's lists", i);
+        }
+        for (uint32_t j = 0; j < NO; j++)
+            cr_assert(fabs(out[0][j] - want[j]) < 1e-4, "index %u", j);
+    }
+    for (uint32_t i = 0; i < G; i++)
+        m[i].sp = NULL;
+}
+
+/* Members that differ on who is dead: member 0 holds member 2 dead, 1 and
+ * 3 still wait for it. The chunks of the living owners are reduced alike
+ * everywhere; member 2's chunk is the only one that differs, and each
+ * survivor says its reduction is incomplete (member 0 did not get 1's and
+ * 3's parts, which they sent to member 2). */
+Test(group, members_that_differ_on_a_dead_owner_differ_in_its_chunk_only)
+{
+    static struct member m[4];
+    static const uint8_t hard[4] = {0, 0, DS_GREDUCE_SKIP_ALL, 0};
+    const uint32_t dead = 2;
+    memset(m, 0, sizeof(m));
+    m[0].skip = hard;
+    run_group(m, 4, 1, (int)dead);
+    size_t doff, dlen;
+    ds_greduce_chunk(N, 4, dead, &doff, &dlen);
+    for (uint32_t i = 1; i < 4; i++) {
+        if (i == dead)
+            continue;
+        cr_assert_eq(m[i].ret, 0);
+        cr_assert(!m[i].res.complete, "member %u", i);
+        for (size_t j = 0; j < N; j++)
+            if (j < doff || j >= doff + dlen)
+                cr_assert_eq(m[i].vec[j], m[0].vec[j], "member %u element %zu", i, j);
+    }
+    cr_assert(!m[0].res.complete, "member 0 had no part of the orphan from 1 and 3");
+    cr_assert_eq(m[0].res.chunks_missing, 1);
+}
+
+/* Member 0 alone skips member 2 hard (its transport cannot reach it),
+ * the others hold nobody dead. Member 1's contribution says it holds no
+ * orphan, so member 0 does not wait for a part of chunk 2 that member 1
+ * sends to its owner instead: it is done well before half the deadline
+ * (with the wait, at half), its chunk 2 incomplete and kept as its own
+ * (member 2's result for it is not taken), the rest the group's. */
+Test(group, an_orphan_part_nobody_sends_is_not_waited_for)
+{
+    static struct member m[3];
+    static const uint8_t hard[3] = {0, 0, DS_GREDUCE_SKIP_ALL};
+    memset(m, 0, sizeof(m));
+    m[0].skip = hard;
+    run_group(m, 3, 1, -1);
+    cr_assert_eq(m[0].ret, 0);
+    cr_expect_lt(m[0].t_end, m[0].deadline / 2, "member 0 waited %llu ns",
+                 (unsigned long long)m[0].t_end);
+    cr_assert(!m[0].res.complete);
+    cr_assert_eq(m[0].res.chunks_missing, 1);
+    float own[N];
+    ds_t_fill(own, N, 100, -1.0f, 1.0f);
+    size_t off, len;
+    ds_greduce_chunk(N, 3, 2, &off, &len);
+    cr_assert_eq(memcmp(m[0].vec + off, own + off, len * sizeof(float)), 0,
+                 "member 0's chunk 2 is its own");
+    ds_greduce_chunk(N, 3, 1, &off, &len);
+    cr_assert_eq(memcmp(m[0].vec + off, m[1].vec + off, len * sizeof(float)), 0,
+                 "chunk 1, member 1's result");
+}
+
 Test(group, skipped_member_is_not_waited_for)
 {
     ds_fakenet *net = ds_fakenet_create(2);

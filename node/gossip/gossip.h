@@ -72,6 +72,8 @@ typedef struct ds_gmsg {
     uint32_t held_us;   /* RESP: how long its REQ waited, queued at the
                          * responder, while the responder itself waited on
                          * other partners (docs/gossip.md, slow partners) */
+    uint64_t aux;       /* ARED: the sender's orphan chunks in a direct
+                         * reduction, a bit per member (group.c); 0 else */
     uint8_t vfmt;       /* REQ, RESP, CROSS: enum ds_value_format the values
                          * go on the wire in (set by the engine; val already
                          * holds exactly what that format carries) */

@@ -167,7 +167,7 @@ static int gnet_send(void *ctx, const ds_gmsg *m, uint64_t deadline_ns)
     case DS_GMSG_ARED:
         w.u.ar.phase = 0;
         w.u.ar.step = m->segment;
-        w.u.ar.elem_offset = 0;
+        w.u.ar.elem_offset = m->aux; /* the wire's spare field: group.c's orphans */
         w.u.ar.val = m->val;
         break;
     }
@@ -443,6 +443,7 @@ void ds_gnet_on_frame(ds_gnet *g, const ds_net_rx *rx)
     q->m.round_now = type == DS_GMSG_STALE ? w.u.stale.round_now : w.h.round;
     q->m.held_us = type == DS_GMSG_RESP ? w.u.values.held_us : 0;
     q->m.segment = type == DS_GMSG_ARED ? w.u.ar.step : w.h.segment;
+    q->m.aux = type == DS_GMSG_ARED ? w.u.ar.elem_offset : 0;
     q->m.count = count;
     q->m.vfmt = (uint8_t)((w.h.flags & DS_WF_VAL_MASK) >> DS_WF_VAL_SHIFT);
     uint8_t *p = (uint8_t *)(q + 1);

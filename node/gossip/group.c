@@ -9,6 +9,9 @@
 #include "node/gossip/group.h"
 
 enum { PHASE_CONTRIB = 0, PHASE_RESULT = 1, PHASE_LIST = 2, PHASE_WHOLE = 3, PHASE_STEP0 = 16 };
+/* An orphan chunk's contribution (run_direct): segment = PHASE_ORPHAN0 + the
+ * chunk, above every ring or butterfly step. */
+#define PHASE_ORPHAN0 (1u << 24)
 #define KEEP_MAX 64 /* messages of later reductions kept, at most */
 
 struct kept {
@@ -45,6 +48,19 @@ struct ds_greduce {
     uint32_t direct_left;    /* reductions to run direct after a failure */
     int direct_once;         /* the next one runs direct (ds_greduce_direct_once) */
     int whole;               /* a ds_greduce_mean_all runs: PHASE_WHOLE is taken */
+    /* The direct algorithm's orphan chunks (their owner skipped hard): every
+     * member sends its part of one to every member, and each sums them. */
+    uint8_t *orph;           /* cap_G: chunk c is an orphan in this run */
+    uint32_t *orank;         /* cap_G: its place among the orphans */
+    uint64_t *omask;         /* cap_G: member i's orphans, as its frames say */
+    uint8_t *odone;          /* cap_G: member i's contribution came, and its
+                              * parts of the orphans both of us hold */
+    uint64_t mine;           /* our orphans, a bit per chunk */
+    uint8_t *ogot;           /* n_orph x G: (orphan, member) came */
+    size_t ogot_cap;
+    float *obuf;             /* n_orph x G x omax: what came */
+    size_t obuf_cap, omax;
+    uint32_t n_orph;         /* 0: no orphan (orph not in use) */
     struct kept *q;
     int qn;
     ds_greduce_stats st;
@@ -96,6 +112,12 @@ void ds_greduce_destroy(ds_greduce **rp)
     free(r->orig);
     free(r->live);
     free(r->cnt);
+    free(r->orph);
+    free(r->orank);
+    free(r->omask);
+    free(r->odone);
+    free(r->ogot);
+    free(r->obuf);
     free(r->step_from);
     free(r->step_len);
     free(r->step_off);
@@ -220,6 +242,10 @@ static int reserve(ds_greduce *r, uint32_t G, size_t len)
         r->list_cap = resized(r->list_cap, G * sizeof(*r->list_cap), &fail);
         r->live = resized(r->live, G * sizeof(*r->live), &fail);
         r->cnt = resized(r->cnt, G * sizeof(*r->cnt), &fail);
+        r->orph = resized(r->orph, G, &fail);
+        r->orank = resized(r->orank, G * sizeof(*r->orank), &fail);
+        r->omask = resized(r->omask, G * sizeof(*r->omask), &fail);
+        r->odone = resized(r->odone, G, &fail);
         if (fail)
             return -ENOMEM;
         for (uint32_t i = r->cap_G; i < G; i++) {
@@ -263,6 +289,21 @@ struct run {
     const ds_gsparse *sp;
 };
 
+/* Whether member i's part of the orphans is all here (odone): its
+ * contribution to our chunk came, with its orphans (omask), and its part
+ * of each orphan we both hold. A member that does not hold one of ours an
+ * orphan sends its part to the owner instead: not waited for (that chunk
+ * is then incomplete here). Members that hold the same orphans wait for
+ * one another's parts, sent with their contributions. */
+static void orphans_check(ds_greduce *r, uint32_t G, uint32_t i)
+{
+    int done = r->got[i];
+    for (uint32_t c = 0; c < G && done; c++)
+        if (r->orph[c] && (r->omask[i] >> c & 1))
+            done = r->ogot[(size_t)r->orank[c] * G + i];
+    r->odone[i] = (uint8_t)done;
+}
+
 /* Use a message of this reduction. 1: it was one, 0: not ours. */
 static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
 {
@@ -277,6 +318,10 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
             return 0;
         memcpy(r->in + (size_t)m->from * len, m->val, len * sizeof(float));
         r->got[m->from] = 1;
+        if (r->n_orph) {
+            r->omask[m->from] = m->aux;
+            orphans_check(r, x->G, m->from);
+        }
         r->saw_direct = 1;
         return 1;
     }
@@ -312,6 +357,21 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
         r->listed[m->from] = 1;
         return 1;
     }
+    if (m->segment >= PHASE_ORPHAN0) {
+        const uint32_t c = m->segment - PHASE_ORPHAN0;
+        if (!r->n_orph || c >= x->G || !r->orph[c])
+            return 0;
+        ds_greduce_chunk(x->n, x->G, c, &off, &len);
+        const size_t k = (size_t)r->orank[c] * x->G + m->from;
+        if (m->count != len || r->ogot[k])
+            return 0;
+        memcpy(r->obuf + k * r->omax, m->val, len * sizeof(float));
+        r->ogot[k] = 1;
+        r->omask[m->from] = m->aux;
+        orphans_check(r, x->G, m->from);
+        r->saw_direct = 1;
+        return 1;
+    }
     if (m->segment >= PHASE_STEP0) {
         const uint32_t st = m->segment - PHASE_STEP0;
         if (st >= r->n_steps || m->from != r->step_from[st] || r->step_got[st] ||
@@ -323,7 +383,9 @@ static int take(ds_greduce *r, const struct run *x, const ds_gmsg *m)
     }
     if (m->segment == PHASE_RESULT) {
         ds_greduce_chunk(x->n, x->G, m->from, &off, &len);
-        if (m->count != len + 1 || r->have[m->from])
+        /* An orphan's owner is held dead here: its result, should it
+         * come, is not taken (the members sum that chunk themselves). */
+        if (m->count != len + 1 || r->have[m->from] || (r->n_orph && r->orph[m->from]))
             return 0;
         memcpy(x->vec + off, m->val + 1, len * sizeof(float));
         r->have[m->from] = 1;
@@ -384,8 +446,19 @@ static int wait_for(ds_greduce *r, const ds_gossip_io *io, const struct run *x,
     }
 }
 
-/* The sum of the lists that came, ours included, in member order. */
-static void sum_lists(ds_greduce *r, const struct run *x)
+/* 1: member i is skipped hard (held dead, or unreachable). */
+static int held(const uint8_t *skip, uint32_t i)
+{
+    return skip && skip[i] >= DS_GREDUCE_SKIP_ALL;
+}
+
+/* The sum of the lists that came, ours included, in member order; not
+ * those of members skipped hard: such a member is not waited for, so its
+ * list, should it come, would be in some members' sums and not others'.
+ * Nor are they missing: a member held dead leaves the reduction complete
+ * (its chunk an orphan in the direct algorithm, left out of the ring's
+ * and the butterfly's schedule). */
+static void sum_lists(ds_greduce *r, const struct run *x, const uint8_t *skip)
 {
     const ds_gsparse *sp = x->sp;
     memset(sp->out, 0, sp->n_out * sizeof(float));
@@ -395,7 +468,7 @@ static void sum_lists(ds_greduce *r, const struct run *x)
                 sp->out[sp->idx[j]] += sp->val[j];
             continue;
         }
-        if (!r->listed[i])
+        if (!r->listed[i] || held(skip, i))
             continue;
         const float *l = r->list[i];
         const uint32_t k = r->list_n[i];
@@ -704,18 +777,107 @@ static int run_algo(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
     res->stopped = stopped;
     if (!res->stopped)
         res->stopped = wait_for(r, io, &x, skip, r->listed, deadline_ns);
-    /* Skipped members' shares were never reduced: counted as missing, as
-     * the direct algorithm counts their chunks. */
-    res->chunks_missing = missing + (G - P);
-    for (uint32_t i = 0; i < G; i++)
-        res->lists_missing += !r->listed[i];
+    /* Members skipped softly: their shares were never reduced, counted as
+     * missing, as the direct algorithm counts their chunks. One skipped
+     * hard (held dead) is not: the live members reduced everything among
+     * themselves, as the direct algorithm does its orphan chunks. */
+    res->chunks_missing = missing;
+    for (uint32_t i = 0; i < G; i++) {
+        res->chunks_missing += i != me && skip && skip[i] && !held(skip, i);
+        res->lists_missing += !r->listed[i] && !held(skip, i);
+    }
     if (sp)
-        sum_lists(r, &x);
+        sum_lists(r, &x, skip);
     res->complete = res->chunks_missing == 0 && res->lists_missing == 0;
     if (!res->complete)
         r->st.incomplete++;
     r->n_steps = 0;
     return 0;
+}
+
+static int run_dispatch(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
+                        size_t n_mean, uint32_t G, uint32_t me, const uint8_t *skip,
+                        uint64_t tag, uint64_t deadline_ns, const ds_gsparse *sp,
+                        ds_greduce_result *res);
+
+/* The orphan chunks of a direct reduction: those whose owner is skipped
+ * hard (a membership verdict, a transport that cannot reach it). No
+ * member would reduce them, and each member would keep its own values
+ * there until the owner left the view, a lag of rounds later (seconds;
+ * more under load, past the end of a run in CI 56). Instead each member
+ * sends its part of an orphan to every member not skipped hard and sums
+ * the parts that came, in member order, as the owner would have. Set up
+ * before the run (a ring member that meets such a part follows into
+ * direct with it kept); with no room, none (the chunks keep the member's
+ * own values, as before). */
+static void orphans_begin(ds_greduce *r, size_t n, uint32_t G, uint32_t me,
+                          const uint8_t *skip)
+{
+    r->n_orph = 0;
+    r->mine = 0;
+    if (!skip || G > 64 || reserve(r, G, 0) < 0)
+        return;
+    uint32_t k = 0;
+    for (uint32_t c = 0; c < G; c++) {
+        r->orph[c] = c != me && skip[c] >= DS_GREDUCE_SKIP_ALL;
+        if (r->orph[c])
+            r->orank[c] = k++;
+    }
+    if (!k)
+        return;
+    const size_t omax = n / G + 1, cells = (size_t)k * G;
+    if (cells > r->ogot_cap) {
+        uint8_t *g = realloc(r->ogot, cells);
+        if (!g)
+            return;
+        r->ogot = g;
+        r->ogot_cap = cells;
+    }
+    if (grow_floats(&r->obuf, &r->obuf_cap, cells * omax) < 0)
+        return;
+    memset(r->ogot, 0, cells);
+    memset(r->omask, 0, G * sizeof(*r->omask));
+    memset(r->odone, 0, G);
+    r->odone[me] = 1;
+    r->omax = omax;
+    r->n_orph = k;
+    for (uint32_t c = 0; c < G; c++)
+        if (r->orph[c])
+            r->mine |= (uint64_t)1 << c;
+}
+
+/* Each orphan chunk (orphans_begin) as the sum of the parts that came, our
+ * own included, in member order: the mean over them in [0, n_mean).
+ * Marked come (have) when every member not skipped hard sent its part. */
+static void orphans_sum(ds_greduce *r, float *vec, size_t n, size_t n_mean, uint32_t G,
+                        uint32_t me, const uint8_t *skip)
+{
+    float *sum = r->out + 1;
+    for (uint32_t c = 0; c < G; c++) {
+        if (!r->orph[c])
+            continue;
+        size_t off, len;
+        ds_greduce_chunk(n, G, c, &off, &len);
+        const uint8_t *got = r->ogot + (size_t)r->orank[c] * G;
+        memset(sum, 0, len * sizeof(float));
+        uint32_t k = 0, all = 1;
+        for (uint32_t i = 0; i < G; i++) {
+            const float *v = i == me ? vec + off
+                             : got[i] ? r->obuf + ((size_t)r->orank[c] * G + i) * r->omax
+                                      : NULL;
+            all &= v || skip[i] >= DS_GREDUCE_SKIP_ALL;
+            if (!v)
+                continue;
+            for (size_t j = 0; j < len; j++)
+                sum[j] += v[j];
+            k++;
+        }
+        const float inv = 1.0f / (float)k;
+        for (size_t j = 0; j < len && off + j < n_mean; j++)
+            sum[j] *= inv;
+        memcpy(vec + off, sum, len * sizeof(float));
+        r->have[c] = (uint8_t)all;
+    }
 }
 
 int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, size_t n_mean,
@@ -732,9 +894,20 @@ int ds_greduce_run(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n, 
     if (G == 1) {
         res->complete = 1;
         if (sp)
-            sum_lists(r, &(const struct run){vec, n, 1, 0, tag, &res->max_tag, sp});
+            sum_lists(r, &(const struct run){vec, n, 1, 0, tag, &res->max_tag, sp}, NULL);
         return 0;
     }
+    orphans_begin(r, n, G, me, skip);
+    const int e = run_dispatch(r, io, vec, n, n_mean, G, me, skip, tag, deadline_ns, sp, res);
+    r->n_orph = 0;
+    return e;
+}
+
+static int run_dispatch(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t n,
+                        size_t n_mean, uint32_t G, uint32_t me, const uint8_t *skip,
+                        uint64_t tag, uint64_t deadline_ns, const ds_gsparse *sp,
+                        ds_greduce_result *res)
+{
     const int once = r->direct_once;
     r->direct_once = 0;
     res->ran = DS_GREDUCE_DIRECT;
@@ -790,12 +963,25 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
     /* Phase 0: chunk c to its owner c (one not waited for too, unless
      * skipped hard: our frames end its skip window on us, group.h). */
     for (uint32_t c = 0; c < G; c++) {
-        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
-            continue;
         size_t co, cl;
         ds_greduce_chunk(n, G, c, &co, &cl);
+        if (r->n_orph && r->orph[c]) {
+            /* An orphan: our part to every member (but those skipped hard). */
+            for (uint32_t d = 0; d < G; d++) {
+                if (d == me || skip[d] >= DS_GREDUCE_SKIP_ALL)
+                    continue;
+                ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = d, .round = tag,
+                             .segment = PHASE_ORPHAN0 + c, .count = (uint32_t)cl,
+                             .aux = r->mine, .val = vec + co};
+                io->send(io->ctx, &m, deadline_ns);
+            }
+            continue;
+        }
+        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
+            continue;
         ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
-                     .segment = PHASE_CONTRIB, .count = (uint32_t)cl, .val = vec + co};
+                     .segment = PHASE_CONTRIB, .count = (uint32_t)cl, .aux = r->mine,
+                     .val = vec + co};
         io->send(io->ctx, &m, deadline_ns);
     }
     /* Our sparse list to every member, with the chunks (run_algo sent it
@@ -806,11 +992,15 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
     r->got[me] = 1;
     take_kept(r, &x);
     res->stopped = wait_for(r, io, &x, skip, r->got, half);
+    if (r->n_orph && !res->stopped)
+        res->stopped = wait_for(r, io, &x, skip, r->odone, half);
     /* A member we waited for in vain is reported, as gossip reports a
      * partner (membership hears of it; the runtime stops waiting for it). */
     for (uint32_t i = 0; i < G && !res->stopped && io->peer_failed; i++)
-        if (!r->got[i] && !(skip && skip[i]))
+        if ((!r->got[i] || (r->n_orph && !r->odone[i])) && !(skip && skip[i]))
             io->peer_failed(io->ctx, i);
+    if (r->n_orph)
+        orphans_sum(r, vec, n, n_mean, G, me, skip);
 
     /* Our chunk: the sum in member order, so a run is repeatable. */
     float *out = r->out, *sum = out + 1;
@@ -846,10 +1036,10 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
         res->stopped = wait_for(r, io, &x, skip, r->listed, deadline_ns);
     for (uint32_t i = 0; i < G; i++) {
         res->chunks_missing += !r->have[i];
-        res->lists_missing += !r->listed[i];
+        res->lists_missing += !r->listed[i] && !held(skip, i);
     }
     if (sp)
-        sum_lists(r, &x);
+        sum_lists(r, &x, skip);
     res->complete = res->chunks_missing == 0 && res->lists_missing == 0;
     if (!res->complete)
         r->st.incomplete++;

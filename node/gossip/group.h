@@ -18,6 +18,21 @@
  * says the reduction was incomplete here (the group re-syncs, group.c's
  * caller: node/runtime/rounds.c).
  *
+ * Orphans: a chunk whose owner this member skips hard (held dead by
+ * membership, or unreachable) has nobody to reduce it. Each member sends
+ * its part of it to every member not skipped hard (segment PHASE_ORPHAN0
+ * + the chunk), and each sums the parts that came, in member order, as
+ * the owner would have. Every contribution frame carries its sender's
+ * orphans (ds_gmsg.aux, a bit per member: G <= 64, else no orphans), and
+ * a member waits only for parts of the orphans both hold. A member held
+ * dead costs nothing of the result: with it, a reduction whose every
+ * other part came is complete (its list is neither summed nor missing),
+ * in the ring and the butterfly too, which leave it out of their
+ * schedule. Members that hold the same members dead and got the same
+ * frames hold the same bytes; one that differs on an owner differs in
+ * that chunk and says incomplete. An owner's result for a chunk this
+ * member holds an orphan is not taken.
+ *
  * Messages are DS_GMSG_ARED over an io of their own (the group's view:
  * index = member), tagged with `tag`: round = tag, segment = phase.
  * Messages of a later tag are kept (bounded); earlier ones are dropped
@@ -57,7 +72,8 @@ typedef struct ds_greduce_result {
     uint32_t contributions;  /* in the chunk this member owns (itself included) */
     uint32_t chunks_missing; /* chunks whose reduced values never came */
     uint32_t lists_missing;  /* sparse lists that never came */
-    int complete;            /* every chunk (and list) from every member */
+    int complete;            /* every chunk (and list) from every member not
+                              * skipped hard (held dead: see Orphans) */
     int stopped;             /* the io reported a stop: nobody to blame */
     uint64_t max_tag;        /* the largest tag seen from a member (or tag) */
     int ran;                 /* the algorithm this reduction ran (enum

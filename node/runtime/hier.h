@@ -32,7 +32,8 @@
     X(U64, reductions, "reductions", "dsnode_group_reductions_total", COUNTER, NULL, NULL, \
       "Reductions inside the group (one per step, and the final sync).") \
     X(U64, incomplete, "incomplete", "dsnode_group_incomplete_total", COUNTER, NULL, NULL, \
-      "Reductions that ended at their deadline with a chunk missing here.") \
+      "Reductions that ended with a chunk or list missing here (a member held dead " \
+      "leaves none missing).") \
     X(U64, steps_taken, "steps_taken", "dsnode_group_steps_taken_total", COUNTER, NULL, NULL, \
       "Times this member took member 0's step count (it was apart in steps).") \
     X(NS, reduce_ns, "reduce_s", "dsnode_group_reduce_seconds_total", COUNTER, NULL, NULL, \

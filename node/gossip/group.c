@@ -452,6 +452,22 @@ static int held(const uint8_t *skip, uint32_t i)
     return skip && skip[i] >= DS_GREDUCE_SKIP_ALL;
 }
 
+/* sum += v, len floats. */
+static void add_to(float *sum, const float *v, size_t len)
+{
+    for (size_t j = 0; j < len; j++)
+        sum[j] += v[j];
+}
+
+/* A chunk at off summed over k contributions: its elements below n_mean
+ * become their mean (those at or past it stay sums). */
+static void mean_below(float *sum, size_t off, size_t len, size_t n_mean, uint32_t k)
+{
+    const float inv = 1.0f / (float)k;
+    for (size_t j = 0; j < len && off + j < n_mean; j++)
+        sum[j] *= inv;
+}
+
 /* The sum of the lists that came, ours included, in member order; not
  * those of members skipped hard: such a member is not waited for, so its
  * list, should it come, would be in some members' sums and not others'.
@@ -868,13 +884,10 @@ static void orphans_sum(ds_greduce *r, float *vec, size_t n, size_t n_mean, uint
             all &= v || skip[i] >= DS_GREDUCE_SKIP_ALL;
             if (!v)
                 continue;
-            for (size_t j = 0; j < len; j++)
-                sum[j] += v[j];
+            add_to(sum, v, len);
             k++;
         }
-        const float inv = 1.0f / (float)k;
-        for (size_t j = 0; j < len && off + j < n_mean; j++)
-            sum[j] *= inv;
+        mean_below(sum, off, len, n_mean, k);
         memcpy(vec + off, sum, len * sizeof(float));
         r->have[c] = (uint8_t)all;
     }
@@ -1009,14 +1022,10 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
     for (uint32_t i = 0; i < G; i++) {
         if (!r->got[i])
             continue;
-        const float *c = r->in + (size_t)i * len;
-        for (size_t j = 0; j < len; j++)
-            sum[j] += c[j];
+        add_to(sum, r->in + (size_t)i * len, len);
         k++;
     }
-    const float inv = 1.0f / (float)k;
-    for (size_t j = 0; j < len && off + j < n_mean; j++)
-        sum[j] *= inv;
+    mean_below(sum, off, len, n_mean, k);
     out[0] = (float)k;
     memcpy(vec + off, sum, len * sizeof(float));
     r->have[me] = 1;
@@ -1101,14 +1110,11 @@ int ds_greduce_mean_all(ds_greduce *r, const ds_gossip_io *io, float *vec, size_
     for (uint32_t i = 0; i < G; i++) {
         if (!r->got[i] || out_of[i])
             continue;
-        const float *v = r->in + (size_t)i * n;
-        for (size_t j = 0; j < n; j++)
-            sum[j] += v[j];
+        add_to(sum, r->in + (size_t)i * n, n);
         k++;
     }
-    const float inv = 1.0f / (float)k;
-    for (size_t j = 0; j < n; j++)
-        vec[j] = sum[j] * inv;
+    mean_below(sum, 0, n, n, k);
+    memcpy(vec, sum, n * sizeof(float));
     res->contributions = k;
     res->chunks_missing = G - k;
     res->complete = k == G;

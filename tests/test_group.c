@@ -374,6 +374,7 @@ Test(group, a_member_held_dead_leaves_no_orphan_chunk)
             cr_assert_eq(m[i].ret, 0);
             cr_assert(m[i].res.complete, "member %u: %u chunk(s) missing", i,
                       m[i].res.chunks_missing);
+            cr_assert_eq(m[i].res.orphans, 1, "member %u summed the dead owner's chunk", i);
             cr_expect_lt(m[i].t_end, m[i].deadline, "member %u waited", i);
             cr_assert_eq(memcmp(m[i].vec, m[0].vec, sizeof(m[0].vec)), 0,
                          "%d reduction(s): member %u differs from member 0", rounds, i);
@@ -466,6 +467,8 @@ Test(group, members_that_differ_on_a_dead_owner_differ_in_its_chunk_only)
     }
     cr_assert(!m[0].res.complete, "member 0 had no part of the orphan from 1 and 3");
     cr_assert_eq(m[0].res.chunks_missing, 1);
+    cr_assert_eq(m[0].res.orphans, 1);
+    cr_assert_eq(m[1].res.orphans, 0, "member 1 does not hold member 2 dead");
 }
 
 /* Member 0 alone skips member 2 hard (its transport cannot reach it),

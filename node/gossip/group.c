@@ -866,7 +866,7 @@ static void orphans_begin(ds_greduce *r, size_t n, uint32_t G, uint32_t me,
  * own included, in member order: the mean over them in [0, n_mean).
  * Marked come (have) when every member not skipped hard sent its part. */
 static void orphans_sum(ds_greduce *r, float *vec, size_t n, size_t n_mean, uint32_t G,
-                        uint32_t me, const uint8_t *skip)
+                        uint32_t me, const uint8_t *skip, ds_greduce_result *res)
 {
     float *sum = r->out + 1;
     for (uint32_t c = 0; c < G; c++) {
@@ -890,6 +890,7 @@ static void orphans_sum(ds_greduce *r, float *vec, size_t n, size_t n_mean, uint
         mean_below(sum, off, len, n_mean, k);
         memcpy(vec + off, sum, len * sizeof(float));
         r->have[c] = (uint8_t)all;
+        res->orphans++;
     }
 }
 
@@ -1013,7 +1014,7 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
         if ((!r->got[i] || (r->n_orph && !r->odone[i])) && !(skip && skip[i]))
             io->peer_failed(io->ctx, i);
     if (r->n_orph)
-        orphans_sum(r, vec, n, n_mean, G, me, skip);
+        orphans_sum(r, vec, n, n_mean, G, me, skip, res);
 
     /* Our chunk: the sum in member order, so a run is repeatable. */
     float *out = r->out, *sum = out + 1;

@@ -72,6 +72,8 @@ typedef struct ds_greduce_result {
     uint32_t contributions;  /* in the chunk this member owns (itself included) */
     uint32_t chunks_missing; /* chunks whose reduced values never came */
     uint32_t lists_missing;  /* sparse lists that never came */
+    uint32_t orphans;        /* chunks this member summed itself, their owner
+                              * skipped hard (direct: see Orphans) */
     int complete;            /* every chunk (and list) from every member not
                               * skipped hard (held dead: see Orphans) */
     int stopped;             /* the io reported a stop: nobody to blame */

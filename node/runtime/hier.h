@@ -34,6 +34,9 @@
     X(U64, incomplete, "incomplete", "dsnode_group_incomplete_total", COUNTER, NULL, NULL, \
       "Reductions that ended with a chunk or list missing here (a member held dead " \
       "leaves none missing).") \
+    X(U64, orphaned, "orphaned", "dsnode_group_orphaned_total", COUNTER, NULL, NULL, \
+      "Reductions in which this member summed a chunk whose owner it holds dead (an " \
+      "orphan: docs/gossip.md, Failures).") \
     X(U64, steps_taken, "steps_taken", "dsnode_group_steps_taken_total", COUNTER, NULL, NULL, \
       "Times this member took member 0's step count (it was apart in steps).") \
     X(NS, reduce_ns, "reduce_s", "dsnode_group_reduce_seconds_total", COUNTER, NULL, NULL, \

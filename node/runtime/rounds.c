@@ -724,6 +724,7 @@ static int group_run(rt *r, size_t n, size_t n_mean, uint64_t round, uint64_t de
     r->gseq = seen >= r->gseq + 1 ? seen : r->gseq + 1;
     r->gst.reductions++;
     r->gst.incomplete += e == 0 && !res->complete;
+    r->gst.orphaned += e == 0 && res->orphans > 0;
     const uint64_t took = ds_now_ns() - t0;
     *took_ns = took;
     /* With group.overlap the step also waited for its layers: exposed. */
@@ -1048,6 +1049,7 @@ static uint64_t layer_finish(rt *r, size_t *tail)
         const struct ds_ljob *j = &r->lq[i];
         busy += j->ns;
         r->gst.layer_reductions++;
+        r->gst.orphaned += j->e == 0 && j->res.orphans > 0;
         if (j->e < 0) {
             r->lok = 0;
             continue;

@@ -508,7 +508,7 @@ static void send_list(ds_greduce *r, const ds_gossip_io *io, uint32_t G, uint32_
     memcpy(r->pack, sp->idx, (size_t)sp->count * 4);
     memcpy(r->pack + sp->count, sp->val, (size_t)sp->count * sizeof(float));
     for (uint32_t c = 0; c < G; c++) {
-        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
+        if (c == me || held(skip, c))
             continue;
         ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
                      .segment = PHASE_LIST, .count = 2 * sp->count, .val = r->pack};
@@ -834,10 +834,13 @@ static void orphans_begin(ds_greduce *r, size_t n, uint32_t G, uint32_t me,
     if (!skip || G > 64 || reserve(r, G, 0) < 0)
         return;
     uint32_t k = 0;
+    uint64_t mine = 0;
     for (uint32_t c = 0; c < G; c++) {
-        r->orph[c] = c != me && skip[c] >= DS_GREDUCE_SKIP_ALL;
-        if (r->orph[c])
+        r->orph[c] = c != me && held(skip, c);
+        if (r->orph[c]) {
             r->orank[c] = k++;
+            mine |= (uint64_t)1 << c;
+        }
     }
     if (!k)
         return;
@@ -857,9 +860,7 @@ static void orphans_begin(ds_greduce *r, size_t n, uint32_t G, uint32_t me,
     r->odone[me] = 1;
     r->omax = omax;
     r->n_orph = k;
-    for (uint32_t c = 0; c < G; c++)
-        if (r->orph[c])
-            r->mine |= (uint64_t)1 << c;
+    r->mine = mine;
 }
 
 /* Each orphan chunk (orphans_begin) as the sum of the parts that came, our
@@ -881,7 +882,7 @@ static void orphans_sum(ds_greduce *r, float *vec, size_t n, size_t n_mean, uint
             const float *v = i == me ? vec + off
                              : got[i] ? r->obuf + ((size_t)r->orank[c] * G + i) * r->omax
                                       : NULL;
-            all &= v || skip[i] >= DS_GREDUCE_SKIP_ALL;
+            all &= v || held(skip, i);
             if (!v)
                 continue;
             add_to(sum, v, len);
@@ -982,7 +983,7 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
         if (r->n_orph && r->orph[c]) {
             /* An orphan: our part to every member (but those skipped hard). */
             for (uint32_t d = 0; d < G; d++) {
-                if (d == me || skip[d] >= DS_GREDUCE_SKIP_ALL)
+                if (d == me || held(skip, d))
                     continue;
                 ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = d, .round = tag,
                              .segment = PHASE_ORPHAN0 + c, .count = (uint32_t)cl,
@@ -991,7 +992,7 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
             }
             continue;
         }
-        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
+        if (c == me || held(skip, c))
             continue;
         ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
                      .segment = PHASE_CONTRIB, .count = (uint32_t)cl, .aux = r->mine,
@@ -1034,7 +1035,7 @@ static int run_direct(ds_greduce *r, const ds_gossip_io *io, float *vec, size_t 
 
     /* Phase 1: our reduced chunk to every member (but those skipped hard). */
     for (uint32_t c = 0; c < G && !res->stopped; c++) {
-        if (c == me || (skip && skip[c] >= DS_GREDUCE_SKIP_ALL))
+        if (c == me || held(skip, c))
             continue;
         ds_gmsg m = {.type = DS_GMSG_ARED, .from = me, .to = c, .round = tag,
                      .segment = PHASE_RESULT, .count = (uint32_t)len + 1, .val = out};
@@ -1082,7 +1083,7 @@ int ds_greduce_mean_all(ds_greduce *r, const ds_gossip_io *io, float *vec, size_
      * even when they come. */
     uint8_t *out_of = r->have;
     for (uint32_t i = 0; i < G; i++)
-        out_of[i] = i != me && skip && skip[i] >= DS_GREDUCE_SKIP_ALL;
+        out_of[i] = i != me && held(skip, i);
     memset(r->got, 0, G);
     r->got[me] = 1;
     for (uint32_t c = 0; c < G; c++) {
